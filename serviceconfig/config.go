@@ -1,0 +1,285 @@
+package serviceconfig
+
+import (
+	"strings"
+	"time"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+)
+
+// DefaultMaxAttemptsCap is the largest MaxAttempts a retry or hedging policy
+// may have unless the cap is raised explicitly, as in grpc-go and gRFC A6.
+const DefaultMaxAttemptsCap = 5
+
+// Config is a parsed service config: the gRFC A6 fields grpc-go understands,
+// plus this module's extension blocks. The zero value is a valid, empty
+// config under which no method has a policy.
+type Config struct {
+	// MethodConfig lists the per-method entries in document order.
+	MethodConfig []MethodConfig
+
+	// RetryThrottling, when set, is gRFC A6's client-wide token bucket.
+	RetryThrottling *RetryThrottling
+
+	// RetryBudget, when set, caps retries to a share of requests over a
+	// sliding window, for all methods of a client. An extension block.
+	RetryBudget *RetryBudget
+}
+
+// Name selects the methods a MethodConfig applies to. Service and Method are
+// both set for one method; Service alone selects every method of a service;
+// both empty is the default for every method. Method without Service is
+// invalid.
+type Name struct {
+	// Service is the fully qualified service name, such as "shop.Orders".
+	Service string `json:"service,omitempty"`
+	// Method is the method name within the service, such as "Create".
+	Method string `json:"method,omitempty"`
+}
+
+// MethodConfig is one entry of methodConfig: the policies for the methods its
+// Name list selects. Nil pointers mean the policy is absent.
+type MethodConfig struct {
+	// Name lists the methods this entry applies to. An entry with no names
+	// applies to no method.
+	Name []Name
+
+	// WaitForReady, when set, overrides the channel's wait-for-ready
+	// behaviour for these methods.
+	WaitForReady *bool
+
+	// Timeout, when positive, is a deadline over all attempts of a call; it
+	// never extends the caller's own deadline. Zero means no timeout.
+	Timeout time.Duration
+
+	// MaxRequestMessageBytes and MaxResponseMessageBytes are carried for
+	// fidelity with gRFC A6; grpc itself applies them.
+	MaxRequestMessageBytes  *int64
+	MaxResponseMessageBytes *int64
+
+	// RetryPolicy retries failed attempts. At most one of RetryPolicy and
+	// HedgingPolicy is set.
+	RetryPolicy *RetryPolicy
+
+	// HedgingPolicy sends several attempts without waiting for failures.
+	HedgingPolicy *HedgingPolicy
+
+	// CircuitBreaker, an extension block, fails calls fast while the method
+	// is unhealthy. Each selected method gets a breaker of its own.
+	CircuitBreaker *CircuitBreaker
+
+	// Bulkhead, an extension block, bounds the attempts of each selected
+	// method in flight and queued.
+	Bulkhead *Bulkhead
+}
+
+// Lookup returns the entry that applies to fullMethod ("/pkg.Service/Method",
+// as grpc gives it): the entry naming that exact method, else the entry naming
+// its service, else the default entry (a Name with neither field set).
+// Entries at different levels are not merged. Lookup reports false when no
+// entry applies.
+func (c *Config) Lookup(fullMethod string) (MethodConfig, bool) {
+	if c == nil {
+		return MethodConfig{}, false
+	}
+	service, method := SplitMethod(fullMethod)
+	var svc, def *MethodConfig
+	for i := range c.MethodConfig {
+		mc := &c.MethodConfig[i]
+		for _, n := range mc.Name {
+			switch {
+			case n.Service == "" && n.Method == "":
+				if def == nil {
+					def = mc
+				}
+			case n.Service != service:
+			case n.Method == method:
+				return *mc, true
+			case n.Method == "":
+				if svc == nil {
+					svc = mc
+				}
+			}
+		}
+	}
+	if svc != nil {
+		return *svc, true
+	}
+	if def != nil {
+		return *def, true
+	}
+	return MethodConfig{}, false
+}
+
+// SplitMethod splits a full method name "/pkg.Service/Method" into its
+// service and method. A name without the leading slash is accepted; a name
+// without a second slash is all service.
+func SplitMethod(fullMethod string) (service, method string) {
+	s := strings.TrimPrefix(fullMethod, "/")
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		return s[:i], s[i+1:]
+	}
+	return s, ""
+}
+
+// Jitter names how a retry delay is randomized. The zero value is [JitterA6].
+type Jitter string
+
+// The jitters. With d the exponential delay min(InitialBackoff ×
+// BackoffMultiplier^n, MaxBackoff) and r uniform in [0, 1):
+const (
+	// JitterA6 is gRFC A6's: d × (0.8 + 0.4r), within ±20% of d. The default.
+	JitterA6 Jitter = "a6"
+	// JitterFull is random in [0, d]: d × r.
+	JitterFull Jitter = "full"
+	// JitterEqual keeps half of d: d/2 + d/2 × r.
+	JitterEqual Jitter = "equal"
+	// JitterDecorrelated is min(MaxBackoff, InitialBackoff + r ×
+	// (3 × previous − InitialBackoff)), where previous is the delay before
+	// (InitialBackoff at first); it ignores BackoffMultiplier.
+	JitterDecorrelated Jitter = "decorrelated"
+	// JitterNone is d exactly.
+	JitterNone Jitter = "none"
+)
+
+func (j Jitter) valid() bool {
+	switch j {
+	case "", JitterA6, JitterFull, JitterEqual, JitterDecorrelated, JitterNone:
+		return true
+	}
+	return false
+}
+
+// RetryPolicy is gRFC A6's retryPolicy with two extension fields
+// (PerAttemptRecvTimeout, Jitter). Field names are A6's.
+//
+// The zero values of the fields written in Go code mean the documented
+// defaults; a policy parsed from JSON always carries A6's required fields.
+type RetryPolicy struct {
+	// MaxAttempts counts every attempt, the first call included: 3 means one
+	// call and up to two retries. Values above the client's cap (5 unless
+	// raised) are lowered to it. 0 means 3; 1 means no retry.
+	MaxAttempts int
+
+	// InitialBackoff is the delay before the first retry, before jitter.
+	// 0 means 100ms.
+	InitialBackoff time.Duration
+
+	// MaxBackoff caps the exponential delay, before jitter. 0 means 5s.
+	MaxBackoff time.Duration
+
+	// BackoffMultiplier grows the delay after each retry. 0 means 2.
+	BackoffMultiplier float64
+
+	// RetryableStatusCodes, when non-empty, is the exact set of codes to
+	// retry. Empty means the defaults of package codes: UNAVAILABLE,
+	// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED of an attempt's own timeout, and
+	// ABORTED for idempotent methods.
+	RetryableStatusCodes rescodes.Set
+
+	// PerAttemptRecvTimeout, when positive, bounds each attempt until it
+	// commits (for unary calls, the whole attempt) within the caller's
+	// deadline; an attempt that runs out is retryable as DEADLINE_EXCEEDED.
+	PerAttemptRecvTimeout time.Duration
+
+	// Jitter randomizes each delay. The zero value is [JitterA6].
+	Jitter Jitter
+}
+
+// The defaults a RetryPolicy written in Go code gets for zero fields.
+const (
+	DefaultMaxAttempts       = 3
+	DefaultInitialBackoff    = 100 * time.Millisecond
+	DefaultMaxBackoff        = 5 * time.Second
+	DefaultBackoffMultiplier = 2.0
+)
+
+// HedgingPolicy is gRFC A6's hedgingPolicy: up to MaxAttempts copies of a
+// call, the next sent HedgingDelay after the previous unless a fatal status
+// arrives first.
+type HedgingPolicy struct {
+	// MaxAttempts counts every copy, the first included; capped as for
+	// RetryPolicy.
+	MaxAttempts int
+	// HedgingDelay is the wait before each further copy. 0 sends all copies
+	// at once.
+	HedgingDelay time.Duration
+	// NonFatalStatusCodes are the codes after which hedging goes on; any
+	// other code ends the call.
+	NonFatalStatusCodes rescodes.Set
+}
+
+// RetryThrottling is gRFC A6's retryThrottling: a token bucket per client
+// that starts full at MaxTokens. Each attempt that fails with a retryable code
+// takes one token, each success adds TokenRatio; retries stop while tokens ≤
+// MaxTokens/2.
+type RetryThrottling struct {
+	// MaxTokens is in (0, 1000].
+	MaxTokens float64
+	// TokenRatio is > 0; digits past the third decimal are ignored.
+	TokenRatio float64
+}
+
+// RetryBudget caps retries to a share of requests, shared by all methods of a
+// client, as Finagle and Linkerd do: a retry is allowed while retries ≤ Ratio
+// × requests over the last TTL, plus MinRetriesPerSecond. A retry that
+// succeeds earns back what it cost. An extension block.
+type RetryBudget struct {
+	// Ratio is the share of requests that may be retries, in [0, 1000].
+	// 0 means 0.2.
+	Ratio float64
+	// MinRetriesPerSecond lets a quiet client retry; 0 means 10.
+	MinRetriesPerSecond float64
+	// TTL is the sliding window; 0 means 10s.
+	TTL time.Duration
+}
+
+// CircuitBreaker trips a method's breaker on consecutive failures, on a
+// failure rate, or on a slow-call rate over a rolling window, fails calls fast
+// while open, and probes for recovery. An extension block.
+//
+// When neither ConsecutiveFailures nor FailureRateThreshold is set, both take
+// their defaults; when one is set, the other zero is off.
+type CircuitBreaker struct {
+	// ConsecutiveFailures trips the breaker after that many failures in a
+	// row. 0 is off (or 5, see above).
+	ConsecutiveFailures int
+	// FailureRateThreshold trips the breaker when failures/calls over Window
+	// reach it, once MinimumCalls were seen; in (0, 1]. 0 is off (or 0.5).
+	FailureRateThreshold float64
+	// SlowCallDuration marks a call as slow; 0 turns slow-call tripping off.
+	SlowCallDuration time.Duration
+	// SlowCallRateThreshold trips the breaker when slow/calls over Window
+	// reach it, in (0, 1]; 0 means 1 when SlowCallDuration is set.
+	SlowCallRateThreshold float64
+	// MinimumCalls is the number of calls in Window before a rate can trip
+	// the breaker. 0 means 20.
+	MinimumCalls int
+	// Window is the rolling window of the rates. 0 means 10s.
+	Window time.Duration
+	// OpenDuration is how long the breaker stays open after its first trip.
+	// 0 means 5s.
+	OpenDuration time.Duration
+	// MaxOpenDuration caps the open time, which doubles on each trip from
+	// half-open. 0 means OpenDuration (no growth).
+	MaxOpenDuration time.Duration
+	// HalfOpenProbes is how many attempts half-open lets through at once;
+	// that many successes close the breaker, one failure opens it. 0 means 1.
+	HalfOpenProbes int
+	// FailureStatusCodes, when non-empty, is the set of codes that count as
+	// failures; empty means codes.DefaultBreakerFailures.
+	FailureStatusCodes rescodes.Set
+}
+
+// Bulkhead bounds how much of a client one method may occupy. An extension
+// block.
+type Bulkhead struct {
+	// MaxConcurrent is the number of attempts in flight at once; > 0.
+	MaxConcurrent int
+	// MaxQueue is the number of attempts that may wait for a slot; 0 means
+	// none wait.
+	MaxQueue int
+	// MaxQueueWait bounds each wait (and never past the caller's deadline).
+	// 0 with MaxQueue > 0 means the wait is bounded by the deadline alone.
+	MaxQueueWait time.Duration
+}

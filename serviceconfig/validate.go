@@ -1,0 +1,235 @@
+package serviceconfig
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"time"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+)
+
+// Error is a configuration error: what is wrong (Err) and where (Path, the
+// JSON path of the offending value, such as
+// "methodConfig[1].retryPolicy.maxAttempts"). Errors of Validate name paths
+// relative to the policy they check.
+type Error struct {
+	Path string
+	Err  error
+}
+
+// Error returns "serviceconfig: <path>: <err>".
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return "serviceconfig: " + e.Err.Error()
+	}
+	return "serviceconfig: " + e.Path + ": " + e.Err.Error()
+}
+
+// Unwrap returns Err.
+func (e *Error) Unwrap() error { return e.Err }
+
+// newError returns an *Error at path with the message msg.
+func newError(path, msg string) *Error {
+	return &Error{Path: path, Err: errors.New(msg)}
+}
+
+// prefix returns err with p joined in front of its path when err is an
+// *Error, and err unchanged otherwise.
+func prefix(p string, err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	path := p
+	switch {
+	case e.Path == "":
+	case e.Path[0] == '[':
+		path += e.Path
+	default:
+		path += "." + e.Path
+	}
+	return &Error{Path: path, Err: e.Err}
+}
+
+func checkDuration(path string, d time.Duration) error {
+	if d < 0 {
+		return newError(path, "must not be negative")
+	}
+	return nil
+}
+
+func checkSet(path string, s rescodes.Set) error {
+	if s&^rescodes.All != 0 {
+		return newError(path, "holds codes outside 0 to 16")
+	}
+	return nil
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// Validate reports the first field of p that is out of range. Zero fields are
+// valid: they mean the documented defaults.
+func (p *RetryPolicy) Validate() error {
+	switch {
+	case p.MaxAttempts < 0:
+		return newError("maxAttempts", "must not be negative")
+	case p.BackoffMultiplier < 0 || !finite(p.BackoffMultiplier):
+		return newError("backoffMultiplier", "must be a finite number greater than 0")
+	case !p.Jitter.valid():
+		return newError("jitter", `must be one of "a6", "full", "equal", "decorrelated", "none"`)
+	}
+	if err := checkDuration("initialBackoff", p.InitialBackoff); err != nil {
+		return err
+	}
+	if err := checkDuration("maxBackoff", p.MaxBackoff); err != nil {
+		return err
+	}
+	if err := checkDuration("perAttemptRecvTimeout", p.PerAttemptRecvTimeout); err != nil {
+		return err
+	}
+	return checkSet("retryableStatusCodes", p.RetryableStatusCodes)
+}
+
+// Validate reports the first field of p that is out of range.
+func (p *HedgingPolicy) Validate() error {
+	if p.MaxAttempts < 2 {
+		return newError("maxAttempts", "must be greater than 1")
+	}
+	if err := checkDuration("hedgingDelay", p.HedgingDelay); err != nil {
+		return err
+	}
+	return checkSet("nonFatalStatusCodes", p.NonFatalStatusCodes)
+}
+
+// Validate reports the first field of t that is out of range: MaxTokens must
+// be in (0, 1000] and TokenRatio greater than 0, as gRFC A6 requires.
+func (t *RetryThrottling) Validate() error {
+	if !(t.MaxTokens > 0 && t.MaxTokens <= 1000) {
+		return newError("maxTokens", "must be greater than 0 and at most 1000")
+	}
+	if !(t.TokenRatio > 0) || !finite(t.TokenRatio) {
+		return newError("tokenRatio", "must be greater than 0")
+	}
+	return nil
+}
+
+// Validate reports the first field of b that is out of range.
+func (b *RetryBudget) Validate() error {
+	if !(b.Ratio >= 0 && b.Ratio <= 1000) {
+		return newError("ratio", "must be between 0 and 1000")
+	}
+	if !(b.MinRetriesPerSecond >= 0) || !finite(b.MinRetriesPerSecond) {
+		return newError("minRetriesPerSecond", "must not be negative")
+	}
+	return checkDuration("ttl", b.TTL)
+}
+
+// Validate reports the first field of c that is out of range.
+func (c *CircuitBreaker) Validate() error {
+	switch {
+	case c.ConsecutiveFailures < 0:
+		return newError("consecutiveFailures", "must not be negative")
+	case !(c.FailureRateThreshold >= 0 && c.FailureRateThreshold <= 1):
+		return newError("failureRateThreshold", "must be between 0 and 1")
+	case !(c.SlowCallRateThreshold >= 0 && c.SlowCallRateThreshold <= 1):
+		return newError("slowCallRateThreshold", "must be between 0 and 1")
+	case c.SlowCallRateThreshold > 0 && c.SlowCallDuration == 0:
+		return newError("slowCallDuration", "must be set when slowCallRateThreshold is")
+	case c.MinimumCalls < 0:
+		return newError("minimumCalls", "must not be negative")
+	case c.HalfOpenProbes < 0:
+		return newError("halfOpenProbes", "must not be negative")
+	case c.MaxOpenDuration > 0 && c.MaxOpenDuration < c.OpenDuration:
+		return newError("maxOpenDuration", "must not be less than openDuration")
+	}
+	for _, d := range []struct {
+		path string
+		d    time.Duration
+	}{
+		{"slowCallDuration", c.SlowCallDuration},
+		{"window", c.Window},
+		{"openDuration", c.OpenDuration},
+		{"maxOpenDuration", c.MaxOpenDuration},
+	} {
+		if err := checkDuration(d.path, d.d); err != nil {
+			return err
+		}
+	}
+	return checkSet("failureStatusCodes", c.FailureStatusCodes)
+}
+
+// Validate reports the first field of b that is out of range.
+func (b *Bulkhead) Validate() error {
+	switch {
+	case b.MaxConcurrent <= 0:
+		return newError("maxConcurrent", "must be greater than 0")
+	case b.MaxQueue < 0:
+		return newError("maxQueue", "must not be negative")
+	}
+	return checkDuration("maxQueueWait", b.MaxQueueWait)
+}
+
+// Validate checks every entry and block of c, as Parse does for a document,
+// and returns the first error with its JSON path: an invalid policy, a Name
+// with a method but no service, a name that appears twice, or an entry with
+// both a retry and a hedging policy.
+func (c *Config) Validate() error {
+	seen := make(map[Name]int)
+	for i := range c.MethodConfig {
+		if err := c.MethodConfig[i].validate(seen, i); err != nil {
+			return prefix("methodConfig["+itoa(i)+"]", err)
+		}
+	}
+	if c.RetryThrottling != nil {
+		if err := c.RetryThrottling.Validate(); err != nil {
+			return prefix("retryThrottling", err)
+		}
+	}
+	if c.RetryBudget != nil {
+		if err := c.RetryBudget.Validate(); err != nil {
+			return prefix("retryBudget", err)
+		}
+	}
+	return nil
+}
+
+func (mc *MethodConfig) validate(seen map[Name]int, entry int) error {
+	for j, n := range mc.Name {
+		path := "name[" + itoa(j) + "]"
+		if n.Service == "" && n.Method != "" {
+			return newError(path, "method set without service")
+		}
+		if k, dup := seen[n]; dup {
+			return newError(path, "duplicates the name of methodConfig["+itoa(k)+"]")
+		}
+		seen[n] = entry
+	}
+	if mc.Timeout < 0 {
+		return newError("timeout", "must not be negative")
+	}
+	if mc.RetryPolicy != nil && mc.HedgingPolicy != nil {
+		return newError("hedgingPolicy", "cannot be set together with retryPolicy")
+	}
+	checks := []struct {
+		path string
+		ok   bool
+		v    interface{ Validate() error }
+	}{
+		{"retryPolicy", mc.RetryPolicy != nil, mc.RetryPolicy},
+		{"hedgingPolicy", mc.HedgingPolicy != nil, mc.HedgingPolicy},
+		{"circuitBreaker", mc.CircuitBreaker != nil, mc.CircuitBreaker},
+		{"bulkhead", mc.Bulkhead != nil, mc.Bulkhead},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			continue
+		}
+		if err := c.v.Validate(); err != nil {
+			return prefix(c.path, err)
+		}
+	}
+	return nil
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
