@@ -1,0 +1,41 @@
+// Package clock abstracts time for the engines and the interceptors, so that
+// tests can pin every instant.
+//
+// Engines take now as a parameter wherever they can; a Clock is for the few
+// places that must wait (backoff, bulkhead queues) or read the time
+// themselves. Real is backed by package time, so tests that run inside a
+// testing/synctest bubble get fake time with it too.
+package clock
+
+import "time"
+
+// Clock tells the time and makes timers. Implementations are safe for
+// concurrent use.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// NewTimer returns a timer that fires once, d from now.
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a one-shot timer, as time.Timer.
+type Timer interface {
+	// C returns the channel the timer fires on.
+	C() <-chan time.Time
+	// Stop prevents the timer from firing; it reports whether it did so.
+	Stop() bool
+}
+
+// Real is the Clock of package time.
+var Real Clock = realClock{}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time { return t.t.C }
+func (t realTimer) Stop() bool          { return t.t.Stop() }
