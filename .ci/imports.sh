@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Checks the import rules of DESIGN.md with go list:
+#   codes         standard library, grpc/codes and grpc/status only
+#   serviceconfig standard library, our codes, grpc/codes only: no grpc runtime
+#   deadline      standard library only
+#   internal/...  (engines) no google.golang.org/grpc root package, and none of
+#                 our packages but other internal engines
+#   examples/...  and cmd/...: public packages only (nothing internal)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mod=$(go list -m)
+fail=0
+
+# std lists standard-library import paths.
+is_std() { [[ "$1" != *.* ]]; }
+
+check() { # package, import, verdict
+	echo "import rule: $1 must not import $2 ($3)" >&2
+	fail=1
+}
+
+while read -r pkg imports; do
+	rel=${pkg#"$mod"}
+	rel=${rel#/}
+	for imp in $imports; do
+		case "$rel" in
+		codes)
+			is_std "$imp" || [[ "$imp" == google.golang.org/grpc/codes || "$imp" == google.golang.org/grpc/status ]] ||
+				check "$rel" "$imp" "standard library, grpc/codes and grpc/status only"
+			;;
+		serviceconfig)
+			is_std "$imp" || [[ "$imp" == "$mod/codes" || "$imp" == google.golang.org/grpc/codes ]] ||
+				check "$rel" "$imp" "pure data: standard library and our codes only"
+			;;
+		deadline)
+			is_std "$imp" || check "$rel" "$imp" "standard library only"
+			;;
+		internal/*)
+			if [[ "$imp" == google.golang.org/grpc ]]; then
+				check "$rel" "$imp" "engines know nothing of grpc"
+			elif [[ "$imp" == "$mod"/* && "$imp" != "$mod"/internal/* ]]; then
+				check "$rel" "$imp" "engines import nothing of ours above them"
+			fi
+			;;
+		examples/* | cmd/*)
+			if [[ "$imp" == "$mod"/*internal* ]]; then
+				check "$rel" "$imp" "examples and commands use public packages only"
+			fi
+			;;
+		esac
+	done
+done < <(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./...)
+
+if [[ $fail -ne 0 ]]; then
+	exit 1
+fi
+echo "import rules: ok"

@@ -1,0 +1,159 @@
+package interceptor
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// Client holds the client side of grpc-resilience: the per-method policies
+// and state that its unary and stream interceptors share. Create it with
+// NewClient; it is safe for concurrent use, and its interceptors may be
+// installed on any number of connections.
+type Client struct {
+	opts  clientOptions
+	state atomic.Pointer[clientState]
+}
+
+// NewClient returns a Client configured by opts. It validates the
+// configuration and reports the first problem; it never panics on bad
+// configuration.
+func NewClient(opts ...ClientOption) (*Client, error) {
+	o := defaultClientOptions()
+	for _, opt := range opts {
+		if opt != nil {
+			opt.apply(&o)
+		}
+	}
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	c := &Client{opts: o}
+	cfg := o.config
+	if err := c.UpdateServiceConfig(&cfg); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// UpdateServiceConfig replaces the client's service config with cfg, as a
+// whole: the entries given to NewClient are dropped. Calls that started
+// before it finish under the config they started with; calls after it see
+// cfg. A config with errors is refused and the old one stays.
+func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
+	if cfg == nil {
+		cfg = &serviceconfig.Config{}
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	c.state.Store(newClientState(cfg, &c.opts))
+	return nil
+}
+
+// DialOptions returns the options that install the client on a connection:
+// its unary and stream interceptors, and grpc.WithDisableRetry, so that
+// grpc's built-in retry does not multiply with this one.
+func (c *Client) DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(c.UnaryClientInterceptor()),
+		grpc.WithChainStreamInterceptor(c.StreamClientInterceptor()),
+		grpc.WithDisableRetry(),
+	}
+}
+
+// UnaryClientInterceptor returns the interceptor for unary calls.
+func (c *Client) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
+	return c.unary
+}
+
+// unaryScratch holds what a unary call needs beyond its stack: the call
+// options it passes on and the trailer grpc fills. Pooled, so a call
+// allocates neither.
+type unaryScratch struct {
+	opts    []grpc.CallOption
+	trailer metadata.MD
+}
+
+var unaryScratchPool = sync.Pool{New: func() any { return new(unaryScratch) }}
+
+func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	mp := c.state.Load().policy(method)
+	co := scanCallOptions(opts)
+	if mp.passthrough && !co.any {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	if mp.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = withTimeout(ctx, mp.timeout)
+		defer cancel()
+	}
+
+	s := unaryScratchPool.Get().(*unaryScratch)
+	defer func() {
+		clear(s.opts)
+		s.opts, s.trailer = s.opts[:0], nil
+		unaryScratchPool.Put(s)
+	}()
+	s.opts = append(s.opts[:0], opts...)
+	if mp.waitForReady != nil {
+		s.opts = append(s.opts, grpc.WaitForReady(*mp.waitForReady))
+	}
+
+	rp, retrying := co.effectiveRetry(mp.retry, c.opts.maxAttemptsCap)
+	if !retrying {
+		err := invoker(ctx, method, req, reply, cc, s.opts...)
+		if err != nil && mp.retry != nil {
+			reason := StopNonRetryable
+			if co.noRetry || co.maxAttempts == 1 {
+				reason = StopNoRetry
+			}
+			return &RetryError{Attempts: 1, Reason: reason, Err: err, LastAttemptErr: err}
+		}
+		return err
+	}
+	s.opts = append(s.opts, grpc.Trailer(&s.trailer))
+
+	r := retrier{c: c, mp: mp, rp: rp}
+	for {
+		r.attempts++
+		actx := attemptContext(ctx, r.attempts)
+		var acancel context.CancelFunc
+		if rp.perAttempt > 0 {
+			actx, acancel = context.WithTimeout(actx, rp.perAttempt)
+		}
+		s.trailer = nil
+		err := invoker(actx, method, req, reply, cc, s.opts...)
+		timedOut := false
+		if acancel != nil {
+			timedOut = err != nil && actx.Err() == context.DeadlineExceeded && ctx.Err() == nil
+			acancel()
+		}
+		if err == nil {
+			return nil
+		}
+		d := r.decide(ctx, err, s.trailer, timedOut)
+		if d.stop != StopNone {
+			return r.fail(err, d.stop)
+		}
+		r.onRetry(ctx, err, d)
+		if werr := r.wait(ctx, d.delay); werr != nil {
+			return r.cancelled(werr, err)
+		}
+	}
+}
+
+// withTimeout bounds ctx by d from now, unless ctx already ends sooner: a
+// service config's timeout never extends the caller's deadline.
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, d)
+}

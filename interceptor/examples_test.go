@@ -1,0 +1,146 @@
+package interceptor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/grpc-resilience/resilience/interceptor"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// flakyEcho fails the first two calls with UNAVAILABLE.
+type flakyEcho struct {
+	echov1.UnimplementedEchoServiceServer
+	calls int
+}
+
+func (s *flakyEcho) Echo(_ context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+	s.calls++
+	if s.calls <= 2 {
+		return nil, status.Error(codes.Unavailable, "warming up")
+	}
+	return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+}
+
+// serve starts srv on an in-memory listener and returns a dialer for it and
+// a function that stops it.
+func serve(srv echov1.EchoServiceServer) (grpc.DialOption, func()) {
+	lis := bufconn.Listen(1 << 16)
+	gs := grpc.NewServer()
+	echov1.RegisterEchoServiceServer(gs, srv)
+	go func() { _ = gs.Serve(lis) }()
+	dial := grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() })
+	return dial, gs.Stop
+}
+
+func ExampleNewClient() {
+	dial, stop := serve(&flakyEcho{})
+	defer stop()
+
+	c, err := interceptor.NewClient(
+		interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
+			MaxAttempts:    4,
+			InitialBackoff: 10 * time.Millisecond,
+		}),
+		interceptor.WithOnRetry(func(_ context.Context, e interceptor.RetryEvent) {
+			fmt.Printf("attempt %d failed: %v\n", e.Attempt, status.Code(e.Err))
+		}),
+	)
+	if err != nil {
+		panic(err)
+	}
+	opts := append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("passthrough:///echo", opts...)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+
+	resp, err := echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{Message: "hello"})
+	fmt.Println(resp.GetMessage(), err)
+	// Output:
+	// attempt 1 failed: Unavailable
+	// attempt 2 failed: Unavailable
+	// hello <nil>
+}
+
+func ExampleRetryError() {
+	dial, stop := serve(&flakyEcho{})
+	defer stop()
+
+	c, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
+		MaxAttempts:    2,
+		InitialBackoff: time.Millisecond,
+	}))
+	if err != nil {
+		panic(err)
+	}
+	opts := append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("passthrough:///echo", opts...)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+
+	_, err = echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{})
+	var re *interceptor.RetryError
+	if errors.As(err, &re) {
+		fmt.Printf("%v after %d attempts (%v)\n", status.Code(err), re.Attempts, re.Reason)
+	}
+	// Output:
+	// Unavailable after 2 attempts (attempts exhausted)
+}
+
+func ExampleWithMethodConfig() {
+	c, err := interceptor.NewClient(interceptor.WithMethodConfig(
+		serviceconfig.MethodConfig{
+			Name: []serviceconfig.Name{{Service: "shop.Orders"}},
+			RetryPolicy: &serviceconfig.RetryPolicy{
+				MaxAttempts:           3,
+				InitialBackoff:        50 * time.Millisecond,
+				MaxBackoff:            time.Second,
+				BackoffMultiplier:     2,
+				PerAttemptRecvTimeout: 500 * time.Millisecond,
+				Jitter:                serviceconfig.JitterFull,
+			},
+		},
+		serviceconfig.MethodConfig{
+			// Creating an order twice is worse than failing: no retry.
+			Name:    []serviceconfig.Name{{Service: "shop.Orders", Method: "Create"}},
+			Timeout: 2 * time.Second,
+		},
+	))
+	fmt.Println(c != nil, err)
+	// Output: true <nil>
+}
+
+func ExampleNoRetry() {
+	dial, stop := serve(&flakyEcho{})
+	defer stop()
+
+	c, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{MaxAttempts: 5}))
+	if err != nil {
+		panic(err)
+	}
+	opts := append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("passthrough:///echo", opts...)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+
+	// This one call runs once, whatever the policy says.
+	_, err = echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{}, interceptor.NoRetry())
+	fmt.Println(status.Code(err))
+	// Output: Unavailable
+}

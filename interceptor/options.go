@@ -1,0 +1,221 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/grpc-resilience/resilience/internal/clock"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// ClientOption configures a Client.
+type ClientOption interface {
+	apply(*clientOptions)
+}
+
+type clientOptionFunc func(*clientOptions)
+
+func (f clientOptionFunc) apply(o *clientOptions) { f(o) }
+
+// DefaultMaxServerPushback caps how long a client waits on a server's hint
+// (grpc-retry-pushback-ms or RetryInfo) unless WithMaxServerPushback says
+// otherwise.
+const DefaultMaxServerPushback = 30 * time.Second
+
+// DefaultStreamReplayBuffer is how many bytes of sent messages a stream keeps
+// for replay before it commits.
+const DefaultStreamReplayBuffer = 256 << 10
+
+type clientOptions struct {
+	config         serviceconfig.Config // code-built and WithServiceConfig entries
+	maxAttemptsCap int
+	maxPushback    time.Duration
+	replayBuffer   int
+	clock          clock.Clock // always clock.Real: contexts run on package time
+	rand           func() float64
+	onRetry        func(context.Context, RetryEvent)
+	idempotent     []string // full methods ("/pkg.S/M") or services ("pkg.S")
+	errs           []error
+}
+
+func defaultClientOptions() clientOptions {
+	return clientOptions{
+		maxAttemptsCap: serviceconfig.DefaultMaxAttemptsCap,
+		maxPushback:    DefaultMaxServerPushback,
+		replayBuffer:   DefaultStreamReplayBuffer,
+		clock:          clock.Real,
+		rand:           rand.Float64,
+	}
+}
+
+func (o *clientOptions) errorf(format string, args ...any) {
+	o.errs = append(o.errs, fmt.Errorf("interceptor: "+format, args...))
+}
+
+// WithServiceConfig makes cfg the client's service config: its methodConfig
+// entries give each method its retry policy, timeout and wait-for-ready (and
+// the extension blocks), its retryThrottling and retryBudget blocks apply to
+// the whole client. Entries added with WithMethodConfig or WithRetryPolicy
+// join it. A config with errors makes NewClient fail.
+func WithServiceConfig(cfg *serviceconfig.Config) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if cfg == nil {
+			o.errorf("WithServiceConfig: nil config")
+			return
+		}
+		o.config.MethodConfig = append(o.config.MethodConfig, cfg.MethodConfig...)
+		if cfg.RetryThrottling != nil {
+			o.config.RetryThrottling = cfg.RetryThrottling
+		}
+		if cfg.RetryBudget != nil {
+			o.config.RetryBudget = cfg.RetryBudget
+		}
+	})
+}
+
+// WithMethodConfig adds method config entries, as a service config's
+// methodConfig list holds them: each entry applies to the methods its Name
+// list selects, the exact method before its service before the default. A
+// name given twice makes NewClient fail.
+func WithMethodConfig(mcs ...serviceconfig.MethodConfig) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		o.config.MethodConfig = append(o.config.MethodConfig, mcs...)
+	})
+}
+
+// WithRetryPolicy retries the methods named by names with p: full methods
+// ("/pkg.Service/Method") or services ("pkg.Service"). Without names, p is
+// the default policy of every method that has no entry of its own.
+func WithRetryPolicy(p *serviceconfig.RetryPolicy, names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		mc := serviceconfig.MethodConfig{RetryPolicy: p}
+		if len(names) == 0 {
+			mc.Name = []serviceconfig.Name{{}}
+		}
+		for _, n := range names {
+			name, err := parseName(n)
+			if err != nil {
+				o.errorf("WithRetryPolicy: %v", err)
+				return
+			}
+			mc.Name = append(mc.Name, name)
+		}
+		o.config.MethodConfig = append(o.config.MethodConfig, mc)
+	})
+}
+
+// parseName turns "/pkg.S/M" into {pkg.S, M} and "pkg.S" into {pkg.S}.
+func parseName(n string) (serviceconfig.Name, error) {
+	if strings.HasPrefix(n, "/") {
+		s, m := serviceconfig.SplitMethod(n)
+		if s == "" || m == "" {
+			return serviceconfig.Name{}, fmt.Errorf("method %q: want /package.Service/Method", n)
+		}
+		return serviceconfig.Name{Service: s, Method: m}, nil
+	}
+	if n == "" || strings.Contains(n, "/") {
+		return serviceconfig.Name{}, fmt.Errorf("service %q: want package.Service", n)
+	}
+	return serviceconfig.Name{Service: n}, nil
+}
+
+// WithMaxAttemptsCap raises (or lowers) the cap on MaxAttempts, 5 by default
+// as in grpc-go and gRFC A6. Policies and call options asking for more
+// attempts get the cap. n < 2 means 5, as grpc.WithMaxCallAttempts does.
+func WithMaxAttemptsCap(n int) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if n < 2 {
+			n = serviceconfig.DefaultMaxAttemptsCap
+		}
+		o.maxAttemptsCap = n
+	})
+}
+
+// WithMaxServerPushback caps every wait a server asks for, through the
+// grpc-retry-pushback-ms trailer or a google.rpc.RetryInfo detail: the client
+// waits min(hint, d). The default is DefaultMaxServerPushback.
+func WithMaxServerPushback(d time.Duration) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if d < 0 {
+			o.errorf("WithMaxServerPushback(%v): must not be negative", d)
+			return
+		}
+		o.maxPushback = d
+	})
+}
+
+// WithStreamReplayBuffer sets how many bytes of sent messages a stream keeps
+// so that it can replay them on a new attempt; a stream that sends more
+// commits to its current attempt. The default is DefaultStreamReplayBuffer
+// (256 KiB); 0 commits streams at their first message.
+func WithStreamReplayBuffer(bytes int) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if bytes < 0 {
+			o.errorf("WithStreamReplayBuffer(%d): must not be negative", bytes)
+			return
+		}
+		o.replayBuffer = bytes
+	})
+}
+
+// WithIdempotentMethods declares methods idempotent, in addition to those
+// whose proto declares idempotency_level IDEMPOTENT or NO_SIDE_EFFECTS: full
+// methods ("/pkg.Service/Method") or whole services ("pkg.Service"). Under
+// the default retry rules, ABORTED is retried only for idempotent methods.
+func WithIdempotentMethods(names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		for _, n := range names {
+			if _, err := parseName(n); err != nil {
+				o.errorf("WithIdempotentMethods: %v", err)
+				return
+			}
+		}
+		o.idempotent = append(o.idempotent, names...)
+	})
+}
+
+// WithRandSource makes jitter draw from src instead of the runtime's random
+// generator, so a seeded source gives a repeatable schedule. The client
+// serializes its use of src.
+func WithRandSource(src rand.Source) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if src == nil {
+			o.errorf("WithRandSource: nil source")
+			return
+		}
+		var mu sync.Mutex
+		r := rand.New(src)
+		o.rand = func() float64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return r.Float64()
+		}
+	})
+}
+
+// RetryEvent describes a retry about to happen, for WithOnRetry.
+type RetryEvent struct {
+	// FullMethod is the method called, "/pkg.Service/Method".
+	FullMethod string
+	// Attempt is the number of the attempt that failed, 1 for the first.
+	Attempt int
+	// Err is the error of that attempt.
+	Err error
+	// Delay is the wait before the next attempt.
+	Delay time.Duration
+	// Pushback reports whether Delay is a server's hint rather than backoff.
+	Pushback bool
+}
+
+// WithOnRetry calls f before every retry's wait, synchronously on the
+// calling goroutine, so callers can log what happens. f must not block.
+func WithOnRetry(f func(ctx context.Context, e RetryEvent)) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.onRetry = f })
+}
+
+func (o *clientOptions) err() error { return errors.Join(o.errs...) }

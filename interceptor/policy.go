@@ -1,0 +1,170 @@
+package interceptor
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/internal/backoff"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// retryPolicy is a serviceconfig.RetryPolicy with every default resolved.
+type retryPolicy struct {
+	maxAttempts int // ≥ 1, ≤ the client's cap
+	backoff     backoff.Config
+	codes       rescodes.Set // the exact retryable codes when explicit
+	explicit    bool         // codes was written out; else the default rules apply
+	perAttempt  time.Duration
+}
+
+func newRetryPolicy(p *serviceconfig.RetryPolicy, maxCap int) *retryPolicy {
+	rp := &retryPolicy{
+		maxAttempts: p.MaxAttempts,
+		backoff: backoff.Config{
+			Initial:    p.InitialBackoff,
+			Max:        p.MaxBackoff,
+			Multiplier: p.BackoffMultiplier,
+			Jitter:     jitterOf(p.Jitter),
+		},
+		codes:      p.RetryableStatusCodes,
+		explicit:   !p.RetryableStatusCodes.IsEmpty(),
+		perAttempt: p.PerAttemptRecvTimeout,
+	}
+	if rp.maxAttempts == 0 {
+		rp.maxAttempts = serviceconfig.DefaultMaxAttempts
+	}
+	rp.maxAttempts = min(rp.maxAttempts, maxCap)
+	if rp.backoff.Initial == 0 {
+		rp.backoff.Initial = serviceconfig.DefaultInitialBackoff
+	}
+	if rp.backoff.Max == 0 {
+		rp.backoff.Max = serviceconfig.DefaultMaxBackoff
+	}
+	if rp.backoff.Multiplier == 0 {
+		rp.backoff.Multiplier = serviceconfig.DefaultBackoffMultiplier
+	}
+	return rp
+}
+
+func jitterOf(j serviceconfig.Jitter) backoff.Jitter {
+	switch j {
+	case serviceconfig.JitterFull:
+		return backoff.Full
+	case serviceconfig.JitterEqual:
+		return backoff.Equal
+	case serviceconfig.JitterDecorrelated:
+		return backoff.Decorrelated
+	case serviceconfig.JitterNone:
+		return backoff.None
+	}
+	return backoff.A6
+}
+
+// methodPolicy is what one method runs under, resolved once per method and
+// config. It is immutable once published.
+type methodPolicy struct {
+	fullMethod   string
+	retry        *retryPolicy // nil: no retry
+	timeout      time.Duration
+	waitForReady *bool
+	idempotent   bool
+	// passthrough is true when nothing applies: the call goes straight to
+	// the invoker.
+	passthrough bool
+}
+
+// clientState is one service config in force, with the per-method policies
+// resolved from it. A Client swaps the whole state atomically on a config
+// update; calls keep the policy they started with.
+type clientState struct {
+	cfg  *serviceconfig.Config
+	opts *clientOptions
+
+	// methods maps full method names to policies. It is replaced, never
+	// modified, under mu: readers load it without a lock.
+	methods atomic.Pointer[map[string]*methodPolicy]
+	mu      sync.Mutex
+}
+
+func newClientState(cfg *serviceconfig.Config, opts *clientOptions) *clientState {
+	s := &clientState{cfg: cfg, opts: opts}
+	m := make(map[string]*methodPolicy)
+	s.methods.Store(&m)
+	return s
+}
+
+// policy returns the policy of fullMethod, resolving and caching it on the
+// first call. The fast path is one map read.
+func (s *clientState) policy(fullMethod string) *methodPolicy {
+	if p, ok := (*s.methods.Load())[fullMethod]; ok {
+		return p
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.methods.Load()
+	if p, ok := old[fullMethod]; ok {
+		return p
+	}
+	p := s.resolve(fullMethod)
+	m := make(map[string]*methodPolicy, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[fullMethod] = p
+	s.methods.Store(&m)
+	return p
+}
+
+func (s *clientState) resolve(fullMethod string) *methodPolicy {
+	p := &methodPolicy{fullMethod: fullMethod, idempotent: s.isIdempotent(fullMethod)}
+	if mc, ok := s.cfg.Lookup(fullMethod); ok {
+		p.timeout = mc.Timeout
+		p.waitForReady = mc.WaitForReady
+		if mc.RetryPolicy != nil {
+			p.retry = newRetryPolicy(mc.RetryPolicy, s.opts.maxAttemptsCap)
+		}
+	}
+	p.passthrough = p.retry == nil && p.timeout == 0 && p.waitForReady == nil
+	return p
+}
+
+// isIdempotent reports whether fullMethod was declared idempotent with
+// WithIdempotentMethods or by its proto's idempotency_level.
+func (s *clientState) isIdempotent(fullMethod string) bool {
+	service, _ := serviceconfig.SplitMethod(fullMethod)
+	for _, n := range s.opts.idempotent {
+		if n == fullMethod || n == service {
+			return true
+		}
+	}
+	name := protoreflect.FullName(strings.ReplaceAll(strings.TrimPrefix(fullMethod, "/"), "/", "."))
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
+	if err != nil {
+		return false
+	}
+	md, ok := d.(protoreflect.MethodDescriptor)
+	if !ok {
+		return false
+	}
+	opts, ok := md.Options().(*descriptorpb.MethodOptions)
+	if !ok {
+		return false
+	}
+	switch opts.GetIdempotencyLevel() {
+	case descriptorpb.MethodOptions_IDEMPOTENT, descriptorpb.MethodOptions_NO_SIDE_EFFECTS:
+		return true
+	}
+	return false
+}
+
+// defaultRetryPolicy is the policy of a zero serviceconfig.RetryPolicy.
+func defaultRetryPolicy(maxCap int) *retryPolicy {
+	return newRetryPolicy(&serviceconfig.RetryPolicy{}, maxCap)
+}

@@ -1,0 +1,89 @@
+// Package backoff computes retry delays: exponential growth with a cap, and a
+// choice of jitter.
+//
+// With n the number of retries since the last reset (0 for the first retry),
+// the exponential delay is
+//
+//	d(n) = min(Initial × Multiplier^n, Max)
+//
+// and the jitters, with r uniform in [0, 1), are
+//
+//	A6            d × (0.8 + 0.4r)                     within ±20% of d (gRFC A6)
+//	Full          d × r                                in [0, d)
+//	Equal         d/2 + d/2 × r                        in [d/2, d)
+//	Decorrelated  min(Max, Initial + r × (3p − Initial)) in [Initial, 3p); p is the
+//	              previous delay, Initial at first; Multiplier is not used
+//	None          d
+//
+// The functions are pure: randomness comes in as r, and the caller keeps the
+// previous delay, so tests pin every formula at its bounds. A6 jitter may
+// exceed Max by up to 20%, as gRFC A6 and grpc-go allow.
+package backoff
+
+import (
+	"math"
+	"time"
+)
+
+// Jitter selects the randomization of a delay.
+type Jitter uint8
+
+// The jitters; see the package documentation for their formulas.
+const (
+	A6 Jitter = iota
+	Full
+	Equal
+	Decorrelated
+	None
+)
+
+// Config is a normalized backoff configuration: Initial > 0, Max ≥ Initial
+// is not required, Multiplier > 0.
+type Config struct {
+	Initial    time.Duration
+	Max        time.Duration
+	Multiplier float64
+	Jitter     Jitter
+}
+
+// Exponential returns d(n) = min(Initial × Multiplier^n, Max), without jitter.
+func (c Config) Exponential(n int) time.Duration {
+	f := float64(c.Initial) * math.Pow(c.Multiplier, float64(n))
+	if f > float64(c.Max) || math.IsNaN(f) {
+		return c.Max
+	}
+	return time.Duration(f)
+}
+
+// Delay returns the delay before retry n (0 for the first retry since the
+// last reset), given the previous delay prev (0 when there was none since the
+// reset) and r in [0, 1).
+func (c Config) Delay(n int, prev time.Duration, r float64) time.Duration {
+	if c.Jitter == Decorrelated {
+		if prev <= 0 {
+			prev = c.Initial
+		}
+		upper := 3 * float64(prev)
+		f := float64(c.Initial) + r*(upper-float64(c.Initial))
+		if f > float64(c.Max) {
+			return c.Max
+		}
+		return time.Duration(f)
+	}
+	d := float64(c.Exponential(n))
+	switch c.Jitter {
+	case A6:
+		d *= 0.8 + 0.4*r
+	case Full:
+		d *= r
+	case Equal:
+		d = d/2 + d/2*r
+	}
+	return time.Duration(d)
+}
+
+// Bounds returns the smallest and largest delay Delay can return for retry n,
+// given the previous delay prev (for Decorrelated; 0 at first).
+func (c Config) Bounds(n int, prev time.Duration) (lo, hi time.Duration) {
+	return c.Delay(n, prev, 0), c.Delay(n, prev, 1)
+}
