@@ -204,8 +204,8 @@ func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err e
 	return tok, retryAfter, err
 }
 
-// Record reports the outcome at now of the attempt tok admitted, and its
-// duration, for slow-call accounting. An outcome for a token admitted in an
+// Record reports the outcome at now of the attempt tok admitted (by this
+// breaker's Allow), and its duration, for slow-call accounting. An outcome for a token admitted in an
 // earlier generation (before any later change of state or Reset) is
 // discarded, so stale outcomes never change the state.
 //
