@@ -1,0 +1,409 @@
+package breaker
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// State is the state of a Breaker. The zero value is StateClosed.
+type State uint8
+
+// The states. Closed, Open and HalfOpen follow each other by themselves; the
+// forced states are entered only by ForceOpen and ForceClosed and left only
+// by Reset (or the other Force call).
+const (
+	// StateClosed admits every attempt and counts outcomes.
+	StateClosed State = iota
+	// StateOpen rejects every attempt until its open time has passed.
+	StateOpen
+	// StateHalfOpen admits up to HalfOpenProbes attempts at once.
+	StateHalfOpen
+	// StateForcedOpen rejects every attempt until Reset.
+	StateForcedOpen
+	// StateForcedClosed admits every attempt and counts outcomes, but never
+	// trips, until Reset.
+	StateForcedClosed
+)
+
+// String returns the state's name: "closed", "open", "half-open",
+// "forced-open" or "forced-closed".
+func (s State) String() string {
+	switch s {
+	case StateClosed:
+		return "closed"
+	case StateOpen:
+		return "open"
+	case StateHalfOpen:
+		return "half-open"
+	case StateForcedOpen:
+		return "forced-open"
+	case StateForcedClosed:
+		return "forced-closed"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Outcome is what became of an admitted attempt. The zero value is Ignored.
+type Outcome uint8
+
+// The outcomes.
+const (
+	// Ignored is neither success nor failure: the caller cancelled, the
+	// request was bad, or the attempt never reached the server. It is not
+	// counted, but it frees a half-open probe slot. Values other than
+	// Success and Failure are taken as Ignored.
+	Ignored Outcome = iota
+	// Success counts as a call, and as a slow call when its duration is above
+	// SlowCallDuration.
+	Success
+	// Failure counts as a call and a failure, and as a slow call when its
+	// duration is above SlowCallDuration.
+	Failure
+)
+
+// String returns "ignored", "success" or "failure".
+func (o Outcome) String() string {
+	switch o {
+	case Success:
+		return "success"
+	case Failure:
+		return "failure"
+	}
+	return "ignored"
+}
+
+// The rejections of Allow. ErrForcedOpen and ErrHalfOpenFull wrap ErrOpen, so
+// errors.Is(err, ErrOpen) holds for every rejection.
+var (
+	// ErrOpen rejects an attempt while the breaker is open.
+	ErrOpen = errors.New("breaker: circuit open")
+	// ErrForcedOpen rejects an attempt while an operator holds the breaker
+	// open.
+	ErrForcedOpen = &wrapError{msg: "breaker: circuit forced open", err: ErrOpen}
+	// ErrHalfOpenFull rejects an attempt while the breaker is half-open and
+	// all its probes are in flight.
+	ErrHalfOpenFull = &wrapError{msg: "breaker: circuit half-open, probes in flight", err: ErrOpen}
+)
+
+type wrapError struct {
+	msg string
+	err error
+}
+
+func (e *wrapError) Error() string { return e.msg }
+func (e *wrapError) Unwrap() error { return e.err }
+
+// Token admits one attempt. Pass it to Record exactly once when the attempt
+// is over. The zero Token, which Allow returns with a rejection, is ignored by
+// Record.
+type Token struct {
+	// w is the breaker's state word at admission: generation and state.
+	w uint64
+}
+
+// Probe reports whether the token admits a half-open probe.
+func (t Token) Probe() bool { return t.w != 0 && State(t.w&stateMask) == StateHalfOpen }
+
+// The state word packs the generation above the state.
+const (
+	stateBits = 3
+	stateMask = 1<<stateBits - 1
+)
+
+// Breaker is the circuit breaker of one method. Create it with New; it is
+// safe for concurrent use.
+type Breaker struct {
+	// word is gen<<stateBits | state. It is written only with mu held and
+	// read without it by the fast paths of Allow and Record.
+	word atomic.Uint64
+	// The padding keeps word, read by every Allow, off the cache line of mu,
+	// written by every Record.
+	_ [56]byte
+
+	mu sync.Mutex
+
+	// Fixed by New.
+	cfg    Config // normalized
+	slowOn bool   // slow-call tripping is on
+	hook   func(from, to State)
+
+	// All guarded by mu.
+	gen         uint64 // incremented on every change of state and on Reset; starts at 1
+	state       State
+	consecutive int           // failures in a row, in Closed and ForcedClosed
+	win         window        // outcomes over Window, in Closed and ForcedClosed
+	openUntil   int64         // Unix ns at which Open turns HalfOpen
+	openFor     time.Duration // length of the current or last open period
+	probes      int           // probes in flight, in HalfOpen
+	successes   int           // successful probes, in HalfOpen
+	trips       uint64        // trips to Open since New, ForceOpen not included
+}
+
+// New returns a closed breaker, or an error if cfg is out of range.
+func New(cfg Config) (*Breaker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.normalized()
+	b := &Breaker{
+		cfg:     cfg,
+		slowOn:  cfg.SlowCallDuration > 0,
+		hook:    cfg.OnStateChange,
+		gen:     1,
+		openFor: cfg.OpenDuration,
+	}
+	b.win.width = int64(cfg.Window / numBuckets)
+	b.win.end = math.MinInt64 // the first instant sets the head
+	b.word.Store(b.gen << stateBits)
+	return b, nil
+}
+
+// Allow asks to admit one attempt at now. On admission it returns a Token for
+// Record and a nil error. On rejection it returns the zero Token, one of
+// ErrOpen, ErrForcedOpen and ErrHalfOpenFull, and retryAfter: the time from
+// now until the breaker turns half-open and lets a probe through, > 0 with
+// ErrOpen, and 0 when that time is unknown (forced open, or half-open with
+// every probe in flight).
+//
+// In Closed and ForcedClosed, Allow takes no lock and does not allocate. An
+// Open breaker whose open time has passed turns HalfOpen here.
+func (b *Breaker) Allow(now time.Time) (tok Token, retryAfter time.Duration, err error) {
+	w := b.word.Load()
+	if s := State(w & stateMask); s == StateClosed || s == StateForcedClosed {
+		return Token{w}, 0, nil
+	}
+	return b.allowSlow(now.UnixNano())
+}
+
+func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err error) {
+	b.mu.Lock()
+	from, changed := b.maybeHalfOpenLocked(t)
+	switch b.state {
+	case StateClosed, StateForcedClosed:
+		tok = Token{b.word.Load()}
+	case StateOpen:
+		retryAfter, err = time.Duration(b.openUntil-t), ErrOpen
+	case StateForcedOpen:
+		err = ErrForcedOpen
+	case StateHalfOpen:
+		if b.probes < b.cfg.HalfOpenProbes {
+			b.probes++
+			tok = Token{b.word.Load()}
+		} else {
+			err = ErrHalfOpenFull
+		}
+	}
+	b.mu.Unlock()
+	if changed {
+		b.notify(from, StateHalfOpen)
+	}
+	return tok, retryAfter, err
+}
+
+// Record reports the outcome at now of the attempt tok admitted (by this
+// breaker's Allow), and its duration, for slow-call accounting. An outcome for a token admitted in an
+// earlier generation (before any later change of state or Reset) is
+// discarded, so stale outcomes never change the state.
+//
+// In Closed, Record counts the outcome and trips the breaker when a trip
+// condition holds. In HalfOpen it frees the probe's slot; a Failure, or a
+// slow Success when slow-call tripping is on, opens the breaker again for
+// twice the last open time (at most MaxOpenDuration), and the
+// HalfOpenProbes-th Success closes it. Ignored outcomes take no lock except
+// for half-open probes. Record does not allocate.
+func (b *Breaker) Record(tok Token, now time.Time, outcome Outcome, duration time.Duration) {
+	if tok.w == 0 {
+		return
+	}
+	st := State(tok.w & stateMask)
+	if outcome != Success && outcome != Failure {
+		if st != StateHalfOpen {
+			return
+		}
+		outcome = Ignored
+	}
+	t := now.UnixNano()
+	slow := b.slowOn && duration > b.cfg.SlowCallDuration
+	b.mu.Lock()
+	if b.word.Load() != tok.w {
+		b.mu.Unlock()
+		return
+	}
+	to := st
+	switch st {
+	case StateClosed, StateForcedClosed:
+		failed := outcome == Failure
+		if failed {
+			b.consecutive++
+		} else {
+			b.consecutive = 0
+		}
+		b.win.add(t, failed, slow)
+		if st == StateClosed && b.shouldTripLocked() {
+			b.openFor = b.cfg.OpenDuration
+			b.tripLocked(t)
+			to = StateOpen
+		}
+	case StateHalfOpen:
+		b.probes--
+		switch {
+		case outcome == Failure || outcome == Success && slow:
+			if b.openFor > b.cfg.MaxOpenDuration/2 {
+				b.openFor = b.cfg.MaxOpenDuration
+			} else {
+				b.openFor *= 2
+			}
+			b.tripLocked(t)
+			to = StateOpen
+		case outcome == Success:
+			b.successes++
+			if b.successes >= b.cfg.HalfOpenProbes {
+				b.openFor = b.cfg.OpenDuration
+				b.setStateLocked(StateClosed, t)
+				to = StateClosed
+			}
+		}
+	}
+	b.mu.Unlock()
+	if to != st {
+		b.notify(st, to)
+	}
+}
+
+// shouldTripLocked reports whether a trip condition holds in Closed.
+func (b *Breaker) shouldTripLocked() bool {
+	if n := b.cfg.ConsecutiveFailures; n > 0 && b.consecutive >= n {
+		return true
+	}
+	w := &b.win
+	if w.calls == 0 || w.calls < b.cfg.MinimumCalls {
+		return false
+	}
+	calls := float64(w.calls)
+	if r := b.cfg.FailureRateThreshold; r > 0 && float64(w.failures)/calls >= r {
+		return true
+	}
+	return b.slowOn && float64(w.slow)/calls >= b.cfg.SlowCallRateThreshold
+}
+
+// tripLocked opens the breaker for b.openFor from t.
+func (b *Breaker) tripLocked(t int64) {
+	b.trips++
+	b.setStateLocked(StateOpen, t)
+	b.openUntil = t + int64(b.openFor)
+}
+
+// maybeHalfOpenLocked turns an Open breaker whose open time has passed at t
+// HalfOpen, and reports the state it left.
+func (b *Breaker) maybeHalfOpenLocked(t int64) (from State, changed bool) {
+	if b.state != StateOpen || t < b.openUntil {
+		return b.state, false
+	}
+	b.setStateLocked(StateHalfOpen, t)
+	return StateOpen, true
+}
+
+// setStateLocked enters state s at t in a new generation, with every count
+// cleared.
+func (b *Breaker) setStateLocked(s State, t int64) {
+	b.gen++
+	b.state = s
+	b.consecutive = 0
+	b.win.reset(t)
+	b.openUntil = 0
+	b.probes = 0
+	b.successes = 0
+	b.word.Store(b.gen<<stateBits | uint64(s))
+}
+
+func (b *Breaker) notify(from, to State) {
+	if b.hook != nil && from != to {
+		b.hook(from, to)
+	}
+}
+
+// Snapshot describes a Breaker at one instant.
+type Snapshot struct {
+	// State is the state at the instant, an Open breaker whose open time
+	// has passed being HalfOpen.
+	State State
+	// Calls, Failures and SlowCalls count the outcomes in the rolling
+	// window, in Closed and ForcedClosed; they are cleared on every change
+	// of state.
+	Calls, Failures, SlowCalls int
+	// ConsecutiveFailures is the number of failures in a row, in Closed and
+	// ForcedClosed.
+	ConsecutiveFailures int
+	// OpenUntil is when an Open breaker turns HalfOpen; zero in other
+	// states.
+	OpenUntil time.Time
+	// OpenDuration is the length of the current or last open period.
+	OpenDuration time.Duration
+	// Probes is the number of probes in flight, and ProbeSuccesses the
+	// number that succeeded, in HalfOpen.
+	Probes, ProbeSuccesses int
+	// Trips counts trips to Open since New, from Closed and from HalfOpen;
+	// ForceOpen is not counted and Reset does not clear it.
+	Trips uint64
+}
+
+// Snapshot describes the breaker at now. Like Allow, it turns an Open
+// breaker whose open time has passed HalfOpen, and calls OnStateChange if so.
+func (b *Breaker) Snapshot(now time.Time) Snapshot {
+	t := now.UnixNano()
+	b.mu.Lock()
+	from, changed := b.maybeHalfOpenLocked(t)
+	b.win.advance(t)
+	s := Snapshot{
+		State:               b.state,
+		Calls:               b.win.calls,
+		Failures:            b.win.failures,
+		SlowCalls:           b.win.slow,
+		ConsecutiveFailures: b.consecutive,
+		OpenDuration:        b.openFor,
+		Probes:              b.probes,
+		ProbeSuccesses:      b.successes,
+		Trips:               b.trips,
+	}
+	if b.state == StateOpen {
+		s.OpenUntil = time.Unix(0, b.openUntil)
+	}
+	b.mu.Unlock()
+	if changed {
+		b.notify(from, StateHalfOpen)
+	}
+	return s
+}
+
+// ForceOpen holds the breaker open from now until Reset or ForceClosed:
+// Allow rejects every attempt with ErrForcedOpen. Outcomes of attempts
+// admitted before are discarded.
+func (b *Breaker) ForceOpen(now time.Time) { b.force(StateForcedOpen, now) }
+
+// ForceClosed holds the breaker closed from now until Reset or ForceOpen:
+// Allow admits every attempt and Record counts outcomes, but the breaker
+// never trips. Outcomes of attempts admitted before are discarded.
+func (b *Breaker) ForceClosed(now time.Time) { b.force(StateForcedClosed, now) }
+
+// Reset closes the breaker at now as if new: counts cleared, open time back
+// to OpenDuration, outcomes of attempts admitted before discarded. Trips is
+// kept.
+func (b *Breaker) Reset(now time.Time) { b.force(StateClosed, now) }
+
+func (b *Breaker) force(s State, now time.Time) {
+	t := now.UnixNano()
+	b.mu.Lock()
+	from := b.state
+	if from == s && s != StateClosed {
+		b.mu.Unlock()
+		return
+	}
+	b.openFor = b.cfg.OpenDuration
+	b.setStateLocked(s, t)
+	b.mu.Unlock()
+	b.notify(from, s)
+}
