@@ -17,8 +17,9 @@ import (
 // NewClient; it is safe for concurrent use, and its interceptors may be
 // installed on any number of connections.
 type Client struct {
-	opts  clientOptions
-	state atomic.Pointer[clientState]
+	opts     clientOptions
+	state    atomic.Pointer[clientState]
+	updateMu sync.Mutex // serializes UpdateServiceConfig
 }
 
 // NewClient returns a Client configured by opts. It validates the
@@ -53,7 +54,12 @@ func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	c.state.Store(newClientState(cfg, &c.opts))
+	if err := validateGuards(cfg); err != nil {
+		return err
+	}
+	c.updateMu.Lock()
+	defer c.updateMu.Unlock()
+	c.state.Store(newClientState(cfg, &c.opts, c.state.Load()))
 	return nil
 }
 
@@ -107,21 +113,24 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	}
 
 	rp, retrying := co.effectiveRetry(mp.retry, c.opts.maxAttemptsCap)
-	if !retrying {
-		err := invoker(ctx, method, req, reply, cc, s.opts...)
-		if err != nil && mp.retry != nil {
-			reason := StopNonRetryable
-			if co.noRetry || co.maxAttempts == 1 {
-				reason = StopNoRetry
-			}
-			return &RetryError{Attempts: 1, Reason: reason, Err: err, LastAttemptErr: err}
-		}
-		return err
+	if retrying {
+		s.opts = append(s.opts, grpc.Trailer(&s.trailer))
+	} else {
+		rp.maxAttempts = 1
 	}
-	s.opts = append(s.opts, grpc.Trailer(&s.trailer))
-
-	r := retrier{c: c, mp: mp, rp: rp}
+	r := retrier{c: c, mp: mp, rp: rp, wrap: retrying || mp.retry != nil}
+	var lastErr error
 	for {
+		adm, rerr := mp.g.admit(ctx, method)
+		if rerr != nil {
+			if reason, ok := isRejection(rerr); ok {
+				if mp.fallback != nil {
+					return mp.fallback(ctx, method, req, reply, rerr)
+				}
+				return r.stopped(rerr, lastErr, reason)
+			}
+			return r.stopped(rerr, lastErr, stopOfContext(ctx.Err()))
+		}
 		r.attempts++
 		actx := attemptContext(ctx, r.attempts)
 		var acancel context.CancelFunc
@@ -135,12 +144,21 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 			timedOut = err != nil && actx.Err() == context.DeadlineExceeded && ctx.Err() == nil
 			acancel()
 		}
+		mp.g.release(ctx, adm, err, true)
 		if err == nil {
 			return nil
 		}
+		lastErr = err
+		if !retrying {
+			reason := StopNonRetryable
+			if co.noRetry || co.maxAttempts == 1 {
+				reason = StopNoRetry
+			}
+			return r.stopped(err, err, reason)
+		}
 		d := r.decide(ctx, err, s.trailer, timedOut)
 		if d.stop != StopNone {
-			return r.fail(err, d.stop)
+			return r.stopped(err, err, d.stop)
 		}
 		r.onRetry(ctx, err, d)
 		if werr := r.wait(ctx, d.delay); werr != nil {

@@ -39,6 +39,9 @@ type clientOptions struct {
 	clock          clock.Clock // always clock.Real: contexts run on package time
 	rand           func() float64
 	onRetry        func(context.Context, RetryEvent)
+	onStateChange  func(fullMethod string, from, to BreakerState)
+	exempt         []string // never broken or limited
+	fallbacks      []fallbackEntry
 	idempotent     []string // full methods ("/pkg.S/M") or services ("pkg.S")
 	errs           []error
 }
@@ -50,6 +53,7 @@ func defaultClientOptions() clientOptions {
 		replayBuffer:   DefaultStreamReplayBuffer,
 		clock:          clock.Real,
 		rand:           rand.Float64,
+		exempt:         DefaultExemptServices,
 	}
 }
 

@@ -75,6 +75,8 @@ type methodPolicy struct {
 	timeout      time.Duration
 	waitForReady *bool
 	idempotent   bool
+	g            guards   // breaker and bulkhead; zero when none
+	fallback     Fallback // answers local rejections of unary calls; nil: none
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
@@ -86,6 +88,9 @@ type methodPolicy struct {
 type clientState struct {
 	cfg  *serviceconfig.Config
 	opts *clientOptions
+	// prev holds the policies of the config before, whose breakers and
+	// bulkheads carry over when their blocks are unchanged.
+	prev map[string]*methodPolicy
 
 	// methods maps full method names to policies. It is replaced, never
 	// modified, under mu: readers load it without a lock.
@@ -93,8 +98,11 @@ type clientState struct {
 	mu      sync.Mutex
 }
 
-func newClientState(cfg *serviceconfig.Config, opts *clientOptions) *clientState {
+func newClientState(cfg *serviceconfig.Config, opts *clientOptions, prev *clientState) *clientState {
 	s := &clientState{cfg: cfg, opts: opts}
+	if prev != nil {
+		s.prev = *prev.methods.Load()
+	}
 	m := make(map[string]*methodPolicy)
 	s.methods.Store(&m)
 	return s
@@ -130,19 +138,65 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 		if mc.RetryPolicy != nil {
 			p.retry = newRetryPolicy(mc.RetryPolicy, s.opts.maxAttemptsCap)
 		}
+		if !matchName(s.opts.exempt, fullMethod) {
+			p.g = s.guards(fullMethod, mc)
+		}
 	}
-	p.passthrough = p.retry == nil && p.timeout == 0 && p.waitForReady == nil
+	for _, fb := range s.opts.fallbacks {
+		if len(fb.names) == 0 || matchName(fb.names, fullMethod) {
+			p.fallback = fb.f
+		}
+	}
+	p.passthrough = p.retry == nil && p.timeout == 0 && p.waitForReady == nil &&
+		p.g.breaker == nil && p.g.bulkhead == nil
 	return p
+}
+
+// guards builds the breaker and bulkhead of fullMethod from mc, or carries
+// them over from the config before when their blocks are unchanged. The
+// blocks were validated with the config, so construction cannot fail.
+func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) guards {
+	var g guards
+	old := s.prev[fullMethod]
+	if cb := mc.CircuitBreaker; cb != nil {
+		g.breakerCfg = cb
+		g.failures = cb.FailureStatusCodes
+		if g.failures.IsEmpty() {
+			g.failures = rescodes.DefaultBreakerFailures
+		}
+		if old != nil && old.g.breakerCfg != nil && *old.g.breakerCfg == *cb {
+			g.breaker = old.g.breaker
+		} else if b, err := newBreaker(fullMethod, cb, s.opts.onStateChange); err == nil {
+			g.breaker = b
+		}
+	}
+	if bh := mc.Bulkhead; bh != nil {
+		g.bulkheadCfg = bh
+		if old != nil && old.g.bulkheadCfg != nil && *old.g.bulkheadCfg == *bh {
+			g.bulkhead = old.g.bulkhead
+		} else if b, err := newBulkhead(bh); err == nil {
+			g.bulkhead = b
+		}
+	}
+	return g
+}
+
+// matchName reports whether names holds fullMethod or its service.
+func matchName(names []string, fullMethod string) bool {
+	service, _ := serviceconfig.SplitMethod(fullMethod)
+	for _, n := range names {
+		if n == fullMethod || n == service {
+			return true
+		}
+	}
+	return false
 }
 
 // isIdempotent reports whether fullMethod was declared idempotent with
 // WithIdempotentMethods or by its proto's idempotency_level.
 func (s *clientState) isIdempotent(fullMethod string) bool {
-	service, _ := serviceconfig.SplitMethod(fullMethod)
-	for _, n := range s.opts.idempotent {
-		if n == fullMethod || n == service {
-			return true
-		}
+	if matchName(s.opts.idempotent, fullMethod) {
+		return true
 	}
 	name := protoreflect.FullName(strings.ReplaceAll(strings.TrimPrefix(fullMethod, "/"), "/", "."))
 	d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)

@@ -29,6 +29,7 @@ type retrier struct {
 	c             *Client
 	mp            *methodPolicy
 	rp            retryPolicy // the method's policy with call options applied
+	wrap          bool        // a retry policy applies: errors are *RetryError
 	attempts      int         // attempts started so far
 	sincePushback int         // retries since the last server pushback
 	prevDelay     time.Duration
@@ -169,7 +170,17 @@ func attemptContext(ctx context.Context, n int) context.Context {
 
 // fail returns the error of a call that stopped retrying after err.
 func (r *retrier) fail(err error, reason StopReason) error {
-	return &RetryError{Attempts: r.attempts, Reason: reason, Err: err, LastAttemptErr: err}
+	return r.stopped(err, err, reason)
+}
+
+// stopped returns the error of a call that ends with err after the attempt
+// that failed with lastErr (nil when none ran): err itself when no retry
+// policy applies to the call, else a *RetryError around it.
+func (r *retrier) stopped(err, lastErr error, reason StopReason) error {
+	if !r.wrap {
+		return err
+	}
+	return &RetryError{Attempts: r.attempts, Reason: reason, Err: err, LastAttemptErr: lastErr}
 }
 
 // cancelled returns the error of a call whose context ended during a

@@ -39,8 +39,8 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		method:   method,
 		streamer: streamer,
 		opts:     opts,
-		r:        retrier{c: c, mp: mp, rp: rp},
-		wrap:     mp.retry != nil,
+		r:        retrier{c: c, mp: mp, rp: rp, wrap: retrying || mp.retry != nil},
+		wrap:     retrying || mp.retry != nil,
 		limit:    c.opts.replayBuffer,
 	}
 	s.ready = sync.NewCond(&s.mu)

@@ -1,0 +1,177 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/grpc-resilience/resilience/internal/breaker"
+)
+
+// BreakerState is the state of a method's circuit breaker.
+type BreakerState uint8
+
+// The breaker states. The numbering is internal/breaker's.
+const (
+	BreakerClosed       = BreakerState(breaker.StateClosed)
+	BreakerOpen         = BreakerState(breaker.StateOpen)
+	BreakerHalfOpen     = BreakerState(breaker.StateHalfOpen)
+	BreakerForcedOpen   = BreakerState(breaker.StateForcedOpen)
+	BreakerForcedClosed = BreakerState(breaker.StateForcedClosed)
+)
+
+// String returns "closed", "open", "half-open", "forced-open" or
+// "forced-closed".
+func (s BreakerState) String() string { return breaker.State(s).String() }
+
+// BreakerStatus is a snapshot of one method's breaker.
+type BreakerStatus struct {
+	State BreakerState
+	// Calls, Failures and SlowCalls count the outcomes in the rolling window.
+	Calls, Failures, SlowCalls int
+	// ConsecutiveFailures is the current run of failures.
+	ConsecutiveFailures int
+	// OpenUntil is when an open breaker lets a probe through.
+	OpenUntil time.Time
+	// Trips counts the times the breaker opened by itself.
+	Trips uint64
+}
+
+// BulkheadStatus is a snapshot of one method's bulkhead.
+type BulkheadStatus struct {
+	InFlight, Queued int
+}
+
+// MethodStatus is a snapshot of one method's guards; nil fields mean the
+// method has no such guard.
+type MethodStatus struct {
+	FullMethod string
+	Breaker    *BreakerStatus
+	Bulkhead   *BulkheadStatus
+}
+
+// Status returns a snapshot of the breaker and bulkhead of fullMethod
+// ("/pkg.Service/Method"), resolving its policy if no call has yet.
+func (c *Client) Status(fullMethod string) MethodStatus {
+	p := c.state.Load().policy(fullMethod)
+	return p.status(time.Now())
+}
+
+// Statuses returns a snapshot of every method called so far that has a
+// breaker or a bulkhead, sorted by method.
+func (c *Client) Statuses() []MethodStatus {
+	now := time.Now()
+	var out []MethodStatus
+	for _, p := range *c.state.Load().methods.Load() {
+		if p.g.breaker != nil || p.g.bulkhead != nil {
+			out = append(out, p.status(now))
+		}
+	}
+	slices.SortFunc(out, func(a, b MethodStatus) int {
+		switch {
+		case a.FullMethod < b.FullMethod:
+			return -1
+		case a.FullMethod > b.FullMethod:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (p *methodPolicy) status(now time.Time) MethodStatus {
+	st := MethodStatus{FullMethod: p.fullMethod}
+	if b := p.g.breaker; b != nil {
+		s := b.Snapshot(now)
+		st.Breaker = &BreakerStatus{
+			State: BreakerState(s.State), Calls: s.Calls, Failures: s.Failures, SlowCalls: s.SlowCalls,
+			ConsecutiveFailures: s.ConsecutiveFailures, OpenUntil: s.OpenUntil, Trips: s.Trips,
+		}
+	}
+	if bh := p.g.bulkhead; bh != nil {
+		s := bh.Snapshot()
+		st.Bulkhead = &BulkheadStatus{InFlight: s.InFlight, Queued: s.Queued}
+	}
+	return st
+}
+
+// ForceOpen holds the breaker of fullMethod open, rejecting every call,
+// until ResetBreaker. It is an error when the method has no breaker.
+func (c *Client) ForceOpen(fullMethod string) error {
+	return c.control(fullMethod, (*breaker.Breaker).ForceOpen)
+}
+
+// ForceClosed holds the breaker of fullMethod closed, admitting every call,
+// until ResetBreaker. It is an error when the method has no breaker.
+func (c *Client) ForceClosed(fullMethod string) error {
+	return c.control(fullMethod, (*breaker.Breaker).ForceClosed)
+}
+
+// ResetBreaker returns the breaker of fullMethod to closed with empty
+// counts, ending a forced state. It is an error when the method has no
+// breaker.
+func (c *Client) ResetBreaker(fullMethod string) error {
+	return c.control(fullMethod, (*breaker.Breaker).Reset)
+}
+
+func (c *Client) control(fullMethod string, f func(*breaker.Breaker, time.Time)) error {
+	p := c.state.Load().policy(fullMethod)
+	if p.g.breaker == nil {
+		return fmt.Errorf("interceptor: %s has no circuit breaker", fullMethod)
+	}
+	f(p.g.breaker, time.Now())
+	return nil
+}
+
+// WithOnStateChange calls f on every state change of any method's breaker,
+// synchronously and outside the breaker's lock, on the goroutine of the call
+// that caused it. Changes in quick succession may be reported concurrently.
+func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.onStateChange = f })
+}
+
+// WithExemptMethods replaces the methods that are never broken or limited,
+// DefaultExemptServices by default: full methods ("/pkg.Service/Method") or
+// services ("pkg.Service"). With no names, nothing is exempt.
+func WithExemptMethods(names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		for _, n := range names {
+			if _, err := parseName(n); err != nil {
+				o.errorf("WithExemptMethods: %v", err)
+				return
+			}
+		}
+		o.exempt = append([]string{}, names...)
+	})
+}
+
+// Fallback answers a unary call that the client rejected locally (an open
+// breaker or a full bulkhead; rejection is a *RejectedError): it may fill
+// reply and return nil, or return an error for the call. It runs on the
+// calling goroutine.
+type Fallback func(ctx context.Context, fullMethod string, req, reply any, rejection error) error
+
+// WithFallback answers the rejected unary calls of the methods named (full
+// methods or services; none means every method) with f instead of an error.
+// Streams are not covered: their rejection is returned as is.
+func WithFallback(f Fallback, names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if f == nil {
+			o.errorf("WithFallback: nil function")
+			return
+		}
+		for _, n := range names {
+			if _, err := parseName(n); err != nil {
+				o.errorf("WithFallback: %v", err)
+				return
+			}
+		}
+		o.fallbacks = append(o.fallbacks, fallbackEntry{f: f, names: names})
+	})
+}
+
+type fallbackEntry struct {
+	f     Fallback
+	names []string // empty: every method
+}

@@ -1,0 +1,168 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/internal/breaker"
+	"github.com/grpc-resilience/resilience/internal/bulkhead"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// DefaultExemptServices are never broken or limited unless WithExemptMethods
+// says otherwise: health checks and reflection must answer when all else
+// fails.
+var DefaultExemptServices = []string{
+	"grpc.health.v1.Health",
+	"grpc.reflection.v1.ServerReflection",
+	"grpc.reflection.v1alpha.ServerReflection",
+}
+
+// guards are the per-method breaker and bulkhead, shared by every call of
+// the method under one config (and carried over to the next config when
+// their blocks are unchanged).
+type guards struct {
+	breakerCfg  *serviceconfig.CircuitBreaker // as configured, for carry-over
+	bulkheadCfg *serviceconfig.Bulkhead
+	breaker     *breaker.Breaker   // nil: none
+	bulkhead    *bulkhead.Bulkhead // nil: none
+	failures    rescodes.Set       // codes that count against the breaker
+}
+
+// newBreaker builds the breaker of fullMethod from its block. The hook, when
+// set, learns the method's state changes.
+func newBreaker(fullMethod string, cb *serviceconfig.CircuitBreaker, hook func(string, BreakerState, BreakerState)) (*breaker.Breaker, error) {
+	cfg := breaker.Config{
+		ConsecutiveFailures:   cb.ConsecutiveFailures,
+		FailureRateThreshold:  cb.FailureRateThreshold,
+		SlowCallDuration:      cb.SlowCallDuration,
+		SlowCallRateThreshold: cb.SlowCallRateThreshold,
+		MinimumCalls:          cb.MinimumCalls,
+		Window:                cb.Window,
+		OpenDuration:          cb.OpenDuration,
+		MaxOpenDuration:       cb.MaxOpenDuration,
+		HalfOpenProbes:        cb.HalfOpenProbes,
+	}
+	if cfg.ConsecutiveFailures == 0 && cfg.FailureRateThreshold == 0 {
+		cfg.ConsecutiveFailures = breaker.DefaultConsecutiveFailures
+		cfg.FailureRateThreshold = breaker.DefaultFailureRateThreshold
+	}
+	if hook != nil {
+		cfg.OnStateChange = func(from, to breaker.State) {
+			hook(fullMethod, BreakerState(from), BreakerState(to))
+		}
+	}
+	return breaker.New(cfg)
+}
+
+// admission is what one attempt holds while it runs.
+type admission struct {
+	tok   breaker.Token
+	slot  bool      // a bulkhead slot is held
+	start time.Time // when the attempt left, for slow-call accounting
+}
+
+// admit asks the method's breaker and bulkhead to let an attempt through.
+// A refusal is a *RejectedError, or the context's status when the caller
+// gave up while queued.
+func (g *guards) admit(ctx context.Context, fullMethod string) (admission, error) {
+	var a admission
+	if g.breaker == nil && g.bulkhead == nil {
+		return a, nil
+	}
+	a.start = time.Now()
+	if g.breaker != nil {
+		tok, retryAfter, err := g.breaker.Allow(a.start)
+		if err != nil {
+			return a, &RejectedError{FullMethod: fullMethod, Reason: ErrCircuitOpen, RetryAfter: retryAfter}
+		}
+		a.tok = tok
+	}
+	if g.bulkhead != nil {
+		if err := g.bulkhead.Acquire(ctx); err != nil {
+			if g.breaker != nil {
+				g.breaker.Record(a.tok, a.start, breaker.Ignored, 0)
+			}
+			if errors.Is(err, bulkhead.ErrContextDone) {
+				return a, status.FromContextError(ctx.Err()).Err()
+			}
+			return a, &RejectedError{FullMethod: fullMethod, Reason: ErrBulkheadFull}
+		}
+		a.slot = true
+		if g.breaker != nil {
+			a.start = time.Now() // time in the queue is not the method's latency
+		}
+	}
+	return a, nil
+}
+
+// release returns the attempt's slot and tells the breaker its outcome:
+// success, a failure when its code is in the failure set, and nothing at all
+// for the caller's own cancellation or deadline and for other codes (client
+// errors say nothing of the method's health). Streams pass timed=false: a
+// stream's lifetime says nothing of slowness.
+func (g *guards) release(ctx context.Context, a admission, err error, timed bool) {
+	if a.slot {
+		g.bulkhead.Release()
+	}
+	if g.breaker == nil {
+		return
+	}
+	now := time.Now()
+	outcome := breaker.Success
+	if err != nil {
+		outcome = breaker.Ignored
+		if ctx.Err() == nil && g.failures.Has(rescodes.Classify(err)) {
+			outcome = breaker.Failure
+		}
+	}
+	var d time.Duration
+	if timed {
+		d = now.Sub(a.start)
+	}
+	g.breaker.Record(a.tok, now, outcome, d)
+}
+
+// isRejection reports whether err is a local rejection, which ends a call
+// at once.
+func isRejection(err error) (StopReason, bool) {
+	var re *RejectedError
+	if !errors.As(err, &re) {
+		return StopNone, false
+	}
+	if errors.Is(re.Reason, ErrBulkheadFull) {
+		return StopBulkheadFull, true
+	}
+	return StopCircuitOpen, true
+}
+
+func newBulkhead(b *serviceconfig.Bulkhead) (*bulkhead.Bulkhead, error) {
+	return bulkhead.New(bulkhead.Config{
+		MaxConcurrent: b.MaxConcurrent,
+		MaxQueue:      b.MaxQueue,
+		MaxQueueWait:  b.MaxQueueWait,
+	}, nil)
+}
+
+// validateGuards checks cfg's breaker and bulkhead blocks against the
+// engines' own limits, so that building them later cannot fail.
+func validateGuards(cfg *serviceconfig.Config) error {
+	for i, mc := range cfg.MethodConfig {
+		if mc.CircuitBreaker != nil {
+			if _, err := newBreaker("", mc.CircuitBreaker, nil); err != nil {
+				return fmt.Errorf("serviceconfig: methodConfig[%d].circuitBreaker: %w", i, err)
+			}
+		}
+		if mc.Bulkhead != nil {
+			if _, err := newBulkhead(mc.Bulkhead); err != nil {
+				return fmt.Errorf("serviceconfig: methodConfig[%d].bulkhead: %w", i, err)
+			}
+		}
+	}
+	return nil
+}
