@@ -88,9 +88,9 @@
 //
 // # Concurrency
 //
-// A Budget is safe for concurrent use and takes no locks. OnRequest and
-// Refund are one compare-and-swap on the current bucket; TryRetry reads the
-// 16 buckets, and only when the budget can pay does it withdraw with one
+// A Budget is safe for concurrent use and takes no locks. OnRequest is one
+// compare-and-swap on the current bucket, Refund one on the bucket of its
+// withdrawal; TryRetry reads the 16 buckets, and only when the budget can pay does it withdraw with one
 // compare-and-swap and read again to confirm. The budget is never overdrawn:
 // two callers racing for the last retry may both be refused. Nothing
 // allocates.
