@@ -3,11 +3,13 @@ package interceptor
 import (
 	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // okInvoker is a grpc.UnaryInvoker that succeeds at once, so a measurement
@@ -16,9 +18,27 @@ func okInvoker(context.Context, string, any, any, *grpc.ClientConn, ...grpc.Call
 	return nil
 }
 
-func newBenchClient(tb testing.TB) *Client {
+// benchConfigs are the client configurations the benchmarks compare, each
+// with a retry policy on the success path.
+var benchConfigs = []struct {
+	name string
+	opts []ClientOption
+}{
+	{"retry", []ClientOption{WithRetryBudget(nil)}},
+	{"retry+budget", nil}, // the default
+	{"retry+budget+throttle", []ClientOption{WithServiceConfig(&serviceconfig.Config{
+		RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+	})}},
+	{"retry+budget+breaker+bulkhead", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: echoService}},
+		CircuitBreaker: &serviceconfig.CircuitBreaker{},
+		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1 << 20},
+	})}},
+}
+
+func newConfiguredClient(tb testing.TB, opts ...ClientOption) *Client {
 	tb.Helper()
-	c, err := NewClient(WithRetryPolicy(fastPolicy(4)))
+	c, err := NewClient(append([]ClientOption{WithRetryPolicy(fastPolicy(4))}, opts...)...)
 	if err != nil {
 		tb.Fatalf("NewClient: %v", err)
 	}
@@ -26,45 +46,48 @@ func newBenchClient(tb testing.TB) *Client {
 }
 
 func TestUnarySuccessPathAllocatesNothing(t *testing.T) {
-	c := newBenchClient(t)
-	ic := c.UnaryClientInterceptor()
-	ctx := context.Background()
-	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
-	_ = ic(ctx, echoMethod, req, reply, nil, okInvoker) // resolve the method's policy once
-	allocs := testing.AllocsPerRun(1000, func() {
-		if err := ic(ctx, echoMethod, req, reply, nil, okInvoker); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Errorf("UnaryClientInterceptor success path: %v allocs per call, want 0", allocs)
+	for _, bc := range benchConfigs {
+		t.Run(bc.name, func(t *testing.T) {
+			ic := newConfiguredClient(t, bc.opts...).UnaryClientInterceptor()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+			_ = ic(ctx, echoMethod, req, reply, nil, okInvoker) // resolve the method's policy once
+			allocs := testing.AllocsPerRun(1000, func() {
+				if err := ic(ctx, echoMethod, req, reply, nil, okInvoker); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("UnaryClientInterceptor success path: %v allocs per call, want 0", allocs)
+			}
+		})
 	}
 }
 
 // BenchmarkInterceptorOnly measures the interceptor around an invoker that
-// does nothing.
+// does nothing, for each configuration, serially and in parallel.
 func BenchmarkInterceptorOnly(b *testing.B) {
-	c := newBenchClient(b)
-	ic := c.UnaryClientInterceptor()
-	ctx := context.Background()
-	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
-	b.ReportAllocs()
-	for b.Loop() {
-		_ = ic(ctx, echoMethod, req, reply, nil, okInvoker)
+	for _, bc := range benchConfigs {
+		ic := newConfiguredClient(b, bc.opts...).UnaryClientInterceptor()
+		ctx := context.Background()
+		b.Run(bc.name, func(b *testing.B) {
+			req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = ic(ctx, echoMethod, req, reply, nil, okInvoker)
+			}
+		})
+		b.Run(bc.name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+				for pb.Next() {
+					_ = ic(ctx, echoMethod, req, reply, nil, okInvoker)
+				}
+			})
+		})
 	}
-}
-
-func BenchmarkInterceptorOnlyParallel(b *testing.B) {
-	c := newBenchClient(b)
-	ic := c.UnaryClientInterceptor()
-	ctx := context.Background()
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
-		for pb.Next() {
-			_ = ic(ctx, echoMethod, req, reply, nil, okInvoker)
-		}
-	})
 }
 
 // BenchmarkUnaryBufconn compares a bare unary call over bufconn with the
@@ -88,5 +111,5 @@ func BenchmarkUnaryBufconn(b *testing.B) {
 		}
 	}
 	b.Run("bare", func(b *testing.B) { run(b, grpc.WithDisableRetry()) })
-	b.Run("resilience", func(b *testing.B) { run(b, newBenchClient(b).DialOptions()...) })
+	b.Run("resilience", func(b *testing.B) { run(b, newConfiguredClient(b).DialOptions()...) })
 }

@@ -59,7 +59,11 @@ func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	}
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	c.state.Store(newClientState(cfg, &c.opts, c.state.Load()))
+	st, err := newClientState(cfg, &c.opts, c.state.Load())
+	if err != nil {
+		return err
+	}
+	c.state.Store(st)
 	return nil
 }
 
@@ -90,7 +94,8 @@ type unaryScratch struct {
 var unaryScratchPool = sync.Pool{New: func() any { return new(unaryScratch) }}
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	mp := c.state.Load().policy(method)
+	st := c.state.Load()
+	mp := st.policy(method)
 	co := scanCallOptions(opts)
 	if mp.passthrough && !co.any {
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -112,17 +117,22 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		s.opts = append(s.opts, grpc.WaitForReady(*mp.waitForReady))
 	}
 
-	rp, retrying := co.effectiveRetry(mp.retry, c.opts.maxAttemptsCap)
+	r := c.newRetrier(ctx, st, mp, &co)
+	ctx = r.outgoing(ctx)
+	retrying := r.rp.maxAttempts > 1
 	if retrying {
 		s.opts = append(s.opts, grpc.Trailer(&s.trailer))
-	} else {
-		rp.maxAttempts = 1
 	}
-	r := retrier{c: c, mp: mp, rp: rp, wrap: retrying || mp.retry != nil}
 	var lastErr error
 	for {
-		adm, rerr := mp.g.admit(ctx, method)
+		now := time.Now()
+		timeout, bounded := r.attemptTimeout(ctx, now)
+		if bounded && timeout <= 0 {
+			return r.outOfTime(lastErr)
+		}
+		adm, rerr := mp.g.admit(ctx, method, now)
 		if rerr != nil {
+			r.settle(false)
 			if reason, ok := isRejection(rerr); ok {
 				if mp.fallback != nil {
 					return mp.fallback(ctx, method, req, reply, rerr)
@@ -134,27 +144,43 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		r.attempts++
 		actx := attemptContext(ctx, r.attempts)
 		var acancel context.CancelFunc
-		if rp.perAttempt > 0 {
-			actx, acancel = context.WithTimeout(actx, rp.perAttempt)
+		if timeout > 0 {
+			actx, acancel = context.WithTimeout(actx, timeout)
 		}
 		s.trailer = nil
 		err := invoker(actx, method, req, reply, cc, s.opts...)
 		timedOut := false
 		if acancel != nil {
-			timedOut = err != nil && actx.Err() == context.DeadlineExceeded && ctx.Err() == nil
+			// The attempt's own timeout fired if its deadline has passed
+			// (read on the clock: the error may arrive before the context's
+			// timer has run) while the caller's has not.
+			if err != nil {
+				end := time.Now()
+				timedOut = !end.Before(now.Add(timeout)) && callerErrAt(ctx, end) == nil
+			}
 			acancel()
 		}
-		mp.g.release(ctx, adm, err, true)
+		end := mp.g.release(ctx, adm, err, true)
+		if mp.latency != nil {
+			if end.IsZero() {
+				end = time.Now()
+			}
+			if callerErrAt(ctx, end) == nil {
+				mp.latency.Observe(end.Sub(now))
+			}
+		}
 		if err == nil {
+			r.succeeded()
 			return nil
 		}
 		lastErr = err
 		if !retrying {
-			reason := StopNonRetryable
-			if co.noRetry || co.maxAttempts == 1 {
-				reason = StopNoRetry
+			if !r.wrap {
+				return err
 			}
-			return r.stopped(err, err, reason)
+			if r.noRetry != StopNone {
+				return r.stopped(err, err, r.noRetry)
+			}
 		}
 		d := r.decide(ctx, err, s.trailer, timedOut)
 		if d.stop != StopNone {

@@ -70,12 +70,12 @@ type admission struct {
 // admit asks the method's breaker and bulkhead to let an attempt through.
 // A refusal is a *RejectedError, or the context's status when the caller
 // gave up while queued.
-func (g *guards) admit(ctx context.Context, fullMethod string) (admission, error) {
+func (g *guards) admit(ctx context.Context, fullMethod string, now time.Time) (admission, error) {
 	var a admission
 	if g.breaker == nil && g.bulkhead == nil {
 		return a, nil
 	}
-	a.start = time.Now()
+	a.start = now
 	if g.breaker != nil {
 		tok, retryAfter, err := g.breaker.Allow(a.start)
 		if err != nil {
@@ -105,19 +105,20 @@ func (g *guards) admit(ctx context.Context, fullMethod string) (admission, error
 // success, a failure when its code is in the failure set, and nothing at all
 // for the caller's own cancellation or deadline and for other codes (client
 // errors say nothing of the method's health). Streams pass timed=false: a
-// stream's lifetime says nothing of slowness.
-func (g *guards) release(ctx context.Context, a admission, err error, timed bool) {
+// stream's lifetime says nothing of slowness. It returns the time it read,
+// or the zero time when it read none.
+func (g *guards) release(ctx context.Context, a admission, err error, timed bool) time.Time {
 	if a.slot {
 		g.bulkhead.Release()
 	}
 	if g.breaker == nil {
-		return
+		return time.Time{}
 	}
 	now := time.Now()
 	outcome := breaker.Success
 	if err != nil {
 		outcome = breaker.Ignored
-		if ctx.Err() == nil && g.failures.Has(rescodes.Classify(err)) {
+		if callerErr(ctx) == nil && g.failures.Has(rescodes.Classify(err)) {
 			outcome = breaker.Failure
 		}
 	}
@@ -126,6 +127,7 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 		d = now.Sub(a.start)
 	}
 	g.breaker.Record(a.tok, now, outcome, d)
+	return now
 }
 
 // isRejection reports whether err is a local rejection, which ends a call

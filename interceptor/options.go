@@ -41,6 +41,10 @@ type clientOptions struct {
 	onRetry        func(context.Context, RetryEvent)
 	onStateChange  func(fullMethod string, from, to BreakerState)
 	exempt         []string // never broken or limited
+	oneLayer       int      // > 0: one-layer retry, with this many nested attempts
+	budget         *serviceconfig.RetryBudget
+	headroom       time.Duration
+	estimateFloor  time.Duration
 	fallbacks      []fallbackEntry
 	idempotent     []string // full methods ("/pkg.S/M") or services ("pkg.S")
 	errs           []error
@@ -54,6 +58,7 @@ func defaultClientOptions() clientOptions {
 		clock:          clock.Real,
 		rand:           rand.Float64,
 		exempt:         DefaultExemptServices,
+		budget:         &serviceconfig.RetryBudget{},
 	}
 }
 

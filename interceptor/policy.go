@@ -12,6 +12,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/internal/backoff"
+	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -76,6 +77,7 @@ type methodPolicy struct {
 	waitForReady *bool
 	idempotent   bool
 	g            guards   // breaker and bulkhead; zero when none
+	latency      *latency.Estimator // attempt durations; nil without a retry policy
 	fallback     Fallback // answers local rejections of unary calls; nil: none
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
@@ -86,8 +88,9 @@ type methodPolicy struct {
 // resolved from it. A Client swaps the whole state atomically on a config
 // update; calls keep the policy they started with.
 type clientState struct {
-	cfg  *serviceconfig.Config
-	opts *clientOptions
+	cfg   *serviceconfig.Config
+	opts  *clientOptions
+	storm stormControl
 	// prev holds the policies of the config before, whose breakers and
 	// bulkheads carry over when their blocks are unchanged.
 	prev map[string]*methodPolicy
@@ -98,14 +101,18 @@ type clientState struct {
 	mu      sync.Mutex
 }
 
-func newClientState(cfg *serviceconfig.Config, opts *clientOptions, prev *clientState) *clientState {
-	s := &clientState{cfg: cfg, opts: opts}
+func newClientState(cfg *serviceconfig.Config, opts *clientOptions, prev *clientState) (*clientState, error) {
+	storm, err := newStormControl(cfg, opts, prev)
+	if err != nil {
+		return nil, err
+	}
+	s := &clientState{cfg: cfg, opts: opts, storm: storm}
 	if prev != nil {
 		s.prev = *prev.methods.Load()
 	}
 	m := make(map[string]*methodPolicy)
 	s.methods.Store(&m)
-	return s
+	return s, nil
 }
 
 // policy returns the policy of fullMethod, resolving and caching it on the
@@ -146,6 +153,11 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 		if len(fb.names) == 0 || matchName(fb.names, fullMethod) {
 			p.fallback = fb.f
 		}
+	}
+	if old := s.prev[fullMethod]; old != nil && old.latency != nil {
+		p.latency = old.latency // a method's latency does not change with its config
+	} else if p.retry != nil {
+		p.latency = newEstimator(s.opts.estimateFloor)
 	}
 	p.passthrough = p.retry == nil && p.timeout == 0 && p.waitForReady == nil &&
 		p.g.breaker == nil && p.g.bulkhead == nil

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/deadline"
+	"github.com/grpc-resilience/resilience/internal/budget"
 )
 
 // Metadata keys of gRFC A6.
@@ -27,12 +29,16 @@ const (
 // goroutine's stack and is not shared.
 type retrier struct {
 	c             *Client
+	st            *clientState
 	mp            *methodPolicy
 	rp            retryPolicy // the method's policy with call options applied
 	wrap          bool        // a retry policy applies: errors are *RetryError
 	attempts      int         // attempts started so far
 	sincePushback int         // retries since the last server pushback
 	prevDelay     time.Duration
+	pending       budget.Retry // the budget's token for the retry in flight
+	noRetry       StopReason   // StopNoRetry when retrying is off for this call
+	lastErr       error        // the last attempt's error (streams)
 }
 
 // retryable reports whether an attempt that ended with code should be
@@ -61,19 +67,34 @@ type decision struct {
 // decide says whether and when to retry after an attempt failed with err.
 // trailer is the attempt's trailer; attemptTimedOut reports that the
 // attempt's own timeout fired while the caller's context was still live.
+//
+// The order of the checks is gRFC A6's, with this client's additions after
+// it: the caller's context, the code, the server's pushback, A6 throttling
+// (charged for every retryable failure), attempts left, the deadline, and
+// last the retry budget, so that a budget token is only taken for a retry
+// that will be sent.
 func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, attemptTimedOut bool) decision {
-	if cerr := ctx.Err(); cerr != nil {
+	if cerr := callerErr(ctx); cerr != nil {
+		r.settle(false)
 		return decision{stop: stopOfContext(cerr)}
 	}
 	code := rescodes.Classify(err)
 	if !r.retryable(code, attemptTimedOut) {
+		r.settle(false)
 		return decision{stop: StopNonRetryable}
 	}
+	r.settle(true)
 	hint, hinted, refuse := serverHint(err, trailer)
-	if refuse {
-		return decision{stop: StopPushback}
+	throttled := false
+	if th := r.st.storm.throttle; th != nil {
+		throttled = !th.OnFailure()
 	}
-	if r.attempts >= r.rp.maxAttempts {
+	switch {
+	case refuse:
+		return decision{stop: StopPushback}
+	case throttled:
+		return decision{stop: StopThrottled}
+	case r.attempts >= r.rp.maxAttempts:
 		return decision{stop: StopExhausted}
 	}
 	var d decision
@@ -85,10 +106,41 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 		r.sincePushback++
 		r.prevDelay = d.delay
 	}
-	if dl, ok := ctx.Deadline(); ok && !r.c.opts.clock.Now().Add(d.delay).Before(dl) {
-		return decision{stop: StopDeadline}
+	now := time.Now()
+	if dl, ok := ctx.Deadline(); ok {
+		if !deadline.Fit(dl, now, d.delay, r.estimate(), r.c.opts.headroom).OK() {
+			return decision{stop: StopDeadline}
+		}
+	}
+	if b := r.st.storm.budget; b != nil {
+		tok, ok := b.TryRetry(now)
+		if !ok {
+			return decision{stop: StopBudget}
+		}
+		r.pending = tok
 	}
 	return d
+}
+
+// estimate returns how long the method's next attempt is expected to take.
+func (r *retrier) estimate() time.Duration {
+	if e := r.mp.latency; e != nil {
+		return e.Estimate()
+	}
+	return r.c.opts.estimateFloor
+}
+
+// settle closes the account of the retry in flight, if any: its budget
+// token is refunded unless it failed with a retryable code. A retry that
+// was never sent settles with false.
+func (r *retrier) settle(failedRetryably bool) {
+	if r.pending == (budget.Retry{}) {
+		return
+	}
+	if !failedRetryably {
+		r.st.storm.budget.Refund(r.pending)
+	}
+	r.pending = budget.Retry{}
 }
 
 func stopOfContext(err error) StopReason {
@@ -186,6 +238,7 @@ func (r *retrier) stopped(err, lastErr error, reason StopReason) error {
 // cancelled returns the error of a call whose context ended during a
 // backoff that followed lastErr.
 func (r *retrier) cancelled(cerr, lastErr error) error {
+	r.settle(false)
 	return &RetryError{
 		Attempts:       r.attempts,
 		Reason:         stopOfContext(cerr),
@@ -199,4 +252,99 @@ func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 	if f := r.c.opts.onRetry; f != nil {
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts, Err: err, Delay: d.delay, Pushback: d.pushback})
 	}
+}
+
+// newRetrier returns the retry state of one call of mp under st, with the
+// call options co applied, and does the per-call accounting: the budget's
+// deposit, and the one-layer cap on a call made for a caller that retries.
+func (c *Client) newRetrier(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions) retrier {
+	rp, retrying := co.effectiveRetry(mp.retry, c.opts.maxAttemptsCap)
+	r := retrier{c: c, st: st, mp: mp, rp: rp, wrap: retrying || mp.retry != nil}
+	if !retrying {
+		r.rp.maxAttempts = 1
+		if mp.retry != nil {
+			r.noRetry = StopNoRetry
+		}
+	} else if co.maxAttempts == 1 {
+		r.noRetry = StopNoRetry
+	}
+	if n := c.opts.oneLayer; n > 0 && r.rp.maxAttempts > n && CallerRetries(ctx) {
+		r.rp.maxAttempts = n
+		r.noRetry = StopNoRetry
+	}
+	if r.rp.maxAttempts > 1 {
+		r.noRetry = StopNone
+		if b := st.storm.budget; b != nil {
+			b.OnRequest(time.Now())
+		}
+	}
+	return r
+}
+
+// outgoing marks ctx for the server when the client retries this call in
+// one-layer mode.
+func (r *retrier) outgoing(ctx context.Context) context.Context {
+	if r.c.opts.oneLayer > 0 && r.rp.maxAttempts > 1 {
+		return metadata.AppendToOutgoingContext(ctx, CallerRetriesKey, "1")
+	}
+	return ctx
+}
+
+// attemptTimeout returns the timeout of the next attempt: min(per-attempt
+// timeout, remaining − headroom). bounded with a timeout ≤ 0 means no time
+// is left for an attempt. A zero timeout with bounded false means none is
+// needed beyond the caller's own deadline.
+func (r *retrier) attemptTimeout(ctx context.Context, now time.Time) (timeout time.Duration, bounded bool) {
+	dl, _ := ctx.Deadline()
+	if dl.IsZero() && r.rp.perAttempt == 0 {
+		return 0, false
+	}
+	timeout, bounded = deadline.AttemptTimeout(dl, now, r.rp.perAttempt, r.c.opts.headroom)
+	if bounded && timeout > 0 && r.rp.perAttempt == 0 && r.c.opts.headroom == 0 {
+		return 0, false // the caller's deadline bounds the attempt already
+	}
+	return timeout, bounded
+}
+
+// outOfTime ends a call that has no time left for its next attempt: with
+// the last attempt's error, or DEADLINE_EXCEEDED when none ran.
+func (r *retrier) outOfTime(lastErr error) error {
+	r.settle(false)
+	err := lastErr
+	if err == nil {
+		err = status.Error(codes.DeadlineExceeded, "resilience: no time left for an attempt before the deadline")
+	}
+	return r.stopped(err, lastErr, StopDeadline)
+}
+
+// succeeded does the accounting of a call that ended well.
+func (r *retrier) succeeded() {
+	r.settle(false)
+	if th := r.st.storm.throttle; th != nil {
+		th.OnSuccess()
+	}
+}
+
+// callerErr returns the error of the caller's context: its Err, or
+// context.DeadlineExceeded once its deadline has passed on the clock, which
+// can be a moment before the context's own timer has cancelled it (a
+// server's DEADLINE_EXCEEDED may arrive first).
+func callerErr(ctx context.Context) error {
+	return callerErrAt(ctx, time.Time{})
+}
+
+// callerErrAt is callerErr with the time read already (zero: read it).
+func callerErrAt(ctx context.Context, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if now.IsZero() {
+			now = time.Now()
+		}
+		if !now.Before(dl) {
+			return context.DeadlineExceeded
+		}
+	}
+	return nil
 }

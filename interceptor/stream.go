@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -26,21 +27,20 @@ func (c *Client) StreamClientInterceptor() grpc.StreamClientInterceptor {
 }
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	mp := c.state.Load().policy(method)
+	st := c.state.Load()
+	mp := st.policy(method)
 	co := scanCallOptions(opts)
 	if mp.passthrough && !co.any {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
-	rp, retrying := co.effectiveRetry(mp.retry, c.opts.maxAttemptsCap)
 	s := &retryStream{
 		c:        c,
+		mp:       mp,
 		desc:     desc,
 		cc:       cc,
 		method:   method,
 		streamer: streamer,
 		opts:     opts,
-		r:        retrier{c: c, mp: mp, rp: rp, wrap: retrying || mp.retry != nil},
-		wrap:     retrying || mp.retry != nil,
 		limit:    c.opts.replayBuffer,
 	}
 	s.ready = sync.NewCond(&s.mu)
@@ -51,16 +51,21 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if mp.timeout > 0 {
 		s.ctx, s.cancelCall = withTimeout(ctx, mp.timeout)
 	}
-	if !retrying {
-		s.r.rp.maxAttempts = 1
-		s.committed = true
-		if co.noRetry || co.maxAttempts == 1 {
-			s.noRetryReason = StopNoRetry
-		}
+	s.r = c.newRetrier(s.ctx, st, mp, &co)
+	s.ctx = s.r.outgoing(s.ctx)
+	if s.r.rp.maxAttempts <= 1 && s.r.rp.perAttempt == 0 {
+		s.committed = true // nothing to retry: a plain stream with guards
 	}
 	if err := s.start(); err != nil {
 		s.cancelCall()
 		return nil, err
+	}
+	if mp.g.breaker != nil || mp.g.bulkhead != nil {
+		// A caller that abandons a stream cancels its context (grpc asks it
+		// to): the attempt's slot and token are released then.
+		s.unwatch = context.AfterFunc(s.ctx, func() {
+			s.finish(status.FromContextError(s.ctx.Err()).Err())
+		})
 	}
 	return s, nil
 }
@@ -68,6 +73,8 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 // streamAttempt is one attempt of a stream.
 type streamAttempt struct {
 	cs       grpc.ClientStream
+	adm      admission // the breaker token and bulkhead slot it holds
+	released bool      // adm was released; guarded by the stream's mu
 	cancel   context.CancelFunc
 	timer    *time.Timer // the per-attempt timeout until commit; nil if none
 	timedOut atomic.Bool // the timer fired while the call was live
@@ -89,6 +96,7 @@ func (a *streamAttempt) stop(release bool) {
 // attempt until the replay is done.
 type retryStream struct {
 	c          *Client
+	mp         *methodPolicy
 	ctx        context.Context // the call's: the caller's, bounded by the config timeout
 	cancelCall context.CancelFunc
 	desc       *grpc.StreamDesc
@@ -96,12 +104,12 @@ type retryStream struct {
 	method     string
 	streamer   grpc.Streamer
 	opts       []grpc.CallOption
-	limit      int  // replay buffer bound, bytes
-	wrap       bool // the method has a retry policy: wrap final errors in RetryError
+	limit      int // replay buffer bound, bytes
 
 	// r is used by the receiving goroutine only (and by start).
-	r             retrier
-	noRetryReason StopReason
+	r retrier
+	// unwatch stops the watch on the call's context; nil when none.
+	unwatch func() bool
 
 	mu    sync.Mutex
 	ready *sync.Cond // signalled when cur is set again or the stream is done
@@ -132,11 +140,32 @@ func (s *retryStream) start() error {
 	}
 }
 
-// newAttempt opens attempt number s.r.attempts+1.
+// errStop wraps an error that ends the stream at once, without the retry
+// decision: a rejection, or no time left.
+type errStop struct{ err error }
+
+func (e errStop) Error() string { return e.err.Error() }
+
+// newAttempt opens attempt number s.r.attempts+1, once the deadline, the
+// breaker and the bulkhead allow it. A refusal comes back as an errStop
+// holding the call's final error.
 func (s *retryStream) newAttempt() (*streamAttempt, error) {
+	now := time.Now()
+	if timeout, bounded := s.r.attemptTimeout(s.ctx, now); bounded && timeout <= 0 {
+		return nil, errStop{s.r.outOfTime(s.r.lastErr)}
+	}
+	adm, rerr := s.mp.g.admit(s.ctx, s.method, now)
+	if rerr != nil {
+		s.r.settle(false)
+		reason, ok := isRejection(rerr)
+		if !ok {
+			reason = stopOfContext(s.ctx.Err())
+		}
+		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, reason)}
+	}
 	s.r.attempts++
 	actx, cancel := context.WithCancel(attemptContext(s.ctx, s.r.attempts))
-	a := &streamAttempt{cancel: cancel}
+	a := &streamAttempt{adm: adm, cancel: cancel}
 	if d := s.r.rp.perAttempt; d > 0 && !s.committed {
 		a.timer = time.AfterFunc(d, func() {
 			if s.ctx.Err() == nil {
@@ -151,6 +180,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		if a.timedOut.Load() {
 			err = s.attemptTimeoutError()
 		}
+		s.mp.g.release(s.ctx, adm, err, false)
 		return nil, err
 	}
 	a.cs = cs
@@ -164,12 +194,22 @@ func (s *retryStream) attemptTimeoutError() error {
 // afterFailure decides on a failed attempt and, when retrying, waits out the
 // backoff. It returns nil to retry, or the error to end the stream with.
 func (s *retryStream) afterFailure(err error, trailer metadata.MD, timedOut bool) error {
-	if s.noRetryReason != StopNone || s.r.rp.maxAttempts <= 1 && !s.wrap {
-		return s.finalError(err, s.noRetryReason)
+	var stop errStop
+	if errors.As(err, &stop) {
+		return stop.err
+	}
+	s.r.lastErr = err
+	if s.r.rp.maxAttempts <= 1 {
+		if !s.r.wrap {
+			return err
+		}
+		if s.r.noRetry != StopNone {
+			return s.r.stopped(err, err, s.r.noRetry)
+		}
 	}
 	d := s.r.decide(s.ctx, err, trailer, timedOut)
 	if d.stop != StopNone {
-		return s.finalError(err, d.stop)
+		return s.r.stopped(err, err, d.stop)
 	}
 	s.r.onRetry(s.ctx, err, d)
 	if werr := s.r.wait(s.ctx, d.delay); werr != nil {
@@ -178,15 +218,10 @@ func (s *retryStream) afterFailure(err error, trailer metadata.MD, timedOut bool
 	return nil
 }
 
-// finalError wraps err when the method has a retry policy.
+// finalError is the error of a stream that ends with err and reason without
+// a retry decision (it committed).
 func (s *retryStream) finalError(err error, reason StopReason) error {
-	if !s.wrap {
-		return err
-	}
-	if reason == StopNone {
-		reason = StopNonRetryable
-	}
-	return s.r.fail(err, reason)
+	return s.r.stopped(err, err, reason)
 }
 
 // retry replaces the failed attempt a. It returns nil when a new attempt is
@@ -211,6 +246,7 @@ func (s *retryStream) retry(a *streamAttempt, err error) error {
 	if timedOut {
 		err = s.attemptTimeoutError()
 	}
+	s.releaseAttempt(a, err)
 	trailer := a.cs.Trailer()
 	for {
 		if ferr := s.afterFailure(err, trailer, timedOut); ferr != nil {
@@ -262,8 +298,20 @@ func (s *retryStream) commitLocked() {
 	}
 }
 
-// finish ends the stream: it releases the attempt and the call's context.
-func (s *retryStream) finish() {
+// releaseAttempt returns a's breaker token and bulkhead slot, once.
+func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
+	s.mu.Lock()
+	done := a.released
+	a.released = true
+	s.mu.Unlock()
+	if !done {
+		s.mp.g.release(s.ctx, a.adm, err, false)
+	}
+}
+
+// finish ends the stream with err (nil for success): it settles the
+// accounts and releases the attempt and the call's context.
+func (s *retryStream) finish(err error) {
 	s.mu.Lock()
 	if s.done {
 		s.mu.Unlock()
@@ -274,7 +322,18 @@ func (s *retryStream) finish() {
 	a := s.last
 	s.ready.Broadcast()
 	s.mu.Unlock()
-	a.stop(true)
+	if s.unwatch != nil {
+		s.unwatch()
+	}
+	if a != nil {
+		s.releaseAttempt(a, err)
+		a.stop(true)
+	}
+	if err == nil {
+		s.r.succeeded()
+	} else {
+		s.r.settle(false)
+	}
 	s.cancelCall()
 }
 
@@ -370,8 +429,11 @@ func (s *retryStream) RecvMsg(m any) error {
 		s.mu.Unlock()
 		err := a.cs.RecvMsg(m)
 		if committed {
-			if err != nil {
-				s.finish()
+			switch {
+			case err == io.EOF:
+				s.finish(nil)
+			case err != nil:
+				s.finish(err)
 			}
 			return err
 		}
@@ -379,17 +441,17 @@ func (s *retryStream) RecvMsg(m any) error {
 			s.commit()
 			if !s.desc.ServerStreams {
 				// A unary response ends the stream.
-				s.finish()
+				s.finish(nil)
 			}
 			return nil
 		}
 		if err == io.EOF {
 			s.commit()
-			s.finish()
+			s.finish(nil)
 			return err
 		}
 		if rerr := s.retry(a, err); rerr != nil {
-			s.finish()
+			s.finish(rerr)
 			return rerr
 		}
 	}

@@ -19,11 +19,14 @@ type Config struct {
 
 // Validate reports the first field of c that is out of range.
 func (c Config) Validate() error {
-	if !(c.MaxTokens > 0 && c.MaxTokens <= 1000) || milli(c.MaxTokens) == 0 {
-		return errors.New("throttle: maxTokens must be at least 0.001 and at most 1000")
+	// Values that truncate to 0 thousandths are valid, as gRFC A6 and
+	// grpc-go accept any positive number: a tokenRatio below 0.001 then adds
+	// nothing on success, and maxTokens below 0.001 throttles every retry.
+	if !(c.MaxTokens > 0 && c.MaxTokens <= 1000) {
+		return errors.New("throttle: maxTokens must be greater than 0 and at most 1000")
 	}
-	if !(c.TokenRatio > 0 && c.TokenRatio <= math.MaxInt32) || milli(c.TokenRatio) == 0 {
-		return errors.New("throttle: tokenRatio must be at least 0.001")
+	if !(c.TokenRatio > 0 && c.TokenRatio <= math.MaxInt32) {
+		return errors.New("throttle: tokenRatio must be greater than 0")
 	}
 	return nil
 }

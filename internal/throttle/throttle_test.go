@@ -31,10 +31,10 @@ func TestConfigValidate(t *testing.T) {
 		{"zero value", Config{}, true},
 		{"maxTokens 0", Config{MaxTokens: 0, TokenRatio: 0.1}, true},
 		{"maxTokens above 1000", Config{MaxTokens: 1000.5, TokenRatio: 0.1}, true},
-		{"maxTokens below a milli-token", Config{MaxTokens: 0.0004, TokenRatio: 0.1}, true},
+		{"maxTokens below a milli-token is accepted", Config{MaxTokens: 0.0004, TokenRatio: 0.1}, false},
 		{"maxTokens NaN", Config{MaxTokens: math.NaN(), TokenRatio: 0.1}, true},
 		{"negative ratio", Config{MaxTokens: 10, TokenRatio: -0.1}, true},
-		{"ratio below a milli-token", Config{MaxTokens: 10, TokenRatio: 0.0009}, true},
+		{"ratio below a milli-token is accepted", Config{MaxTokens: 10, TokenRatio: 0.0009}, false},
 		{"ratio infinite", Config{MaxTokens: 10, TokenRatio: math.Inf(1)}, true},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,201 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/internal/latency"
+	"github.com/grpc-resilience/resilience/internal/throttle"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// CallerRetriesKey is the metadata key with which a client in one-layer
+// mode marks the calls it will retry itself. A server reads it (NewServer's
+// interceptors do) so that clients inside its handlers retry less.
+const CallerRetriesKey = "resilience-caller-retries"
+
+type callerRetriesCtxKey struct{}
+
+// ContextWithCallerRetries marks ctx as the context of a handler whose
+// caller retries the call itself. NewServer's interceptors do it for every
+// incoming call that carries CallerRetriesKey; use it directly in servers
+// that do not use them.
+func ContextWithCallerRetries(ctx context.Context) context.Context {
+	return context.WithValue(ctx, callerRetriesCtxKey{}, true)
+}
+
+// CallerRetries reports whether ctx is marked as coming from a caller that
+// retries (ContextWithCallerRetries).
+func CallerRetries(ctx context.Context) bool {
+	v, _ := ctx.Value(callerRetriesCtxKey{}).(bool)
+	return v
+}
+
+// WithOneLayerRetry makes the client one layer of a call chain that retries
+// at one layer only, so retries do not multiply across hops (A retrying
+// 3 times into B retrying 3 times into C is 9 attempts on C). Calls this
+// client may retry carry CallerRetriesKey; and in a handler whose caller
+// retries (CallerRetries), the client makes at most nestedMaxAttempts
+// attempts of each call: 1, the usual choice, means it does not retry at
+// all.
+func WithOneLayerRetry(nestedMaxAttempts int) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if nestedMaxAttempts < 1 {
+			o.errorf("WithOneLayerRetry(%d): must be at least 1", nestedMaxAttempts)
+			return
+		}
+		o.oneLayer = nestedMaxAttempts
+	})
+}
+
+// SetRetryPushback sets the gRFC A6 pushback trailer on a handler's call: a
+// client that honours it waits d before its next attempt, or does not retry
+// at all when d is negative. An overloaded server answers with
+// SetRetryPushback(ctx, -1) to stop its callers' retries.
+func SetRetryPushback(ctx context.Context, d time.Duration) error {
+	ms := "-1"
+	if d >= 0 {
+		ms = fmt.Sprint(d.Milliseconds())
+	}
+	return grpc.SetTrailer(ctx, metadata.Pairs(pushbackKey, ms))
+}
+
+// WithRetryBudget sets the client's retry budget, used when the service
+// config has no retryBudget block. It is on by default with the defaults of
+// serviceconfig.RetryBudget; nil turns it off.
+func WithRetryBudget(b *serviceconfig.RetryBudget) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if b != nil {
+			if err := b.Validate(); err != nil {
+				o.errorf("WithRetryBudget: %v", err)
+				return
+			}
+		}
+		o.budget = b
+	})
+}
+
+// WithDeadlineHeadroom keeps d of every deadline out of the client's
+// attempts: an attempt's timeout is min(per-attempt timeout, remaining − d),
+// no attempt starts with d or less left, and no retry starts that cannot
+// end d before the deadline. The default is 0.
+func WithDeadlineHeadroom(d time.Duration) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if d < 0 {
+			o.errorf("WithDeadlineHeadroom(%v): must not be negative", d)
+			return
+		}
+		o.headroom = d
+	})
+}
+
+// WithAttemptEstimateFloor sets the smallest duration the client assumes an
+// attempt takes when it decides whether a retry fits in the deadline. Above
+// it, the estimate follows each method's recent latencies (a running p90).
+// The default is 0.
+func WithAttemptEstimateFloor(d time.Duration) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if d < 0 {
+			o.errorf("WithAttemptEstimateFloor(%v): must not be negative", d)
+			return
+		}
+		o.estimateFloor = d
+	})
+}
+
+// stormControl is a client's shared retry limits under one config.
+type stormControl struct {
+	budgetCfg   *serviceconfig.RetryBudget
+	budget      *budget.Budget // nil: off
+	throttleCfg *serviceconfig.RetryThrottling
+	throttle    *throttle.Throttle // nil: off
+}
+
+func newBudget(b *serviceconfig.RetryBudget, now time.Time) (*budget.Budget, error) {
+	cfg := budget.DefaultConfig()
+	if b.Ratio > 0 {
+		cfg.Ratio = b.Ratio
+	}
+	if b.MinRetriesPerSecond > 0 {
+		cfg.MinRetriesPerSecond = b.MinRetriesPerSecond
+	}
+	if b.TTL > 0 {
+		cfg.TTL = b.TTL
+	}
+	bg, err := budget.New(cfg, now)
+	if err != nil {
+		return nil, fmt.Errorf("serviceconfig: retryBudget: %w", err)
+	}
+	return bg, nil
+}
+
+func newThrottle(t *serviceconfig.RetryThrottling) (*throttle.Throttle, error) {
+	th, err := throttle.New(throttle.Config{MaxTokens: t.MaxTokens, TokenRatio: t.TokenRatio})
+	if err != nil {
+		return nil, fmt.Errorf("serviceconfig: retryThrottling: %w", err)
+	}
+	return th, nil
+}
+
+// newStormControl builds the budget and throttle of cfg (the budget from the
+// client option when cfg has none), keeping those of prev when their blocks
+// are unchanged.
+func newStormControl(cfg *serviceconfig.Config, opts *clientOptions, prev *clientState) (stormControl, error) {
+	var sc stormControl
+	var old stormControl
+	if prev != nil {
+		old = prev.storm
+	}
+	if b := cfg.RetryBudget; b != nil || opts.budget != nil {
+		if b == nil {
+			b = opts.budget
+		}
+		sc.budgetCfg = b
+		if old.budgetCfg != nil && *old.budgetCfg == *b {
+			sc.budget = old.budget
+		} else {
+			bg, err := newBudget(b, time.Now())
+			if err != nil {
+				return sc, err
+			}
+			sc.budget = bg
+		}
+	}
+	if t := cfg.RetryThrottling; t != nil {
+		sc.throttleCfg = t
+		if old.throttleCfg != nil && *old.throttleCfg == *t {
+			sc.throttle = old.throttle
+		} else {
+			th, err := newThrottle(t)
+			if err != nil {
+				return sc, err
+			}
+			sc.throttle = th
+		}
+	}
+	return sc, nil
+}
+
+// estimatorGain is the step of the running p90 of attempt durations: a
+// latency that jumps is caught within about 8 attempts (×1.31 per attempt
+// above the estimate), at the price of a noisier estimate than the engine's
+// default; for deciding whether a retry fits, a late estimate is worse.
+const estimatorGain = 0.3
+
+// newEstimator returns a method's attempt-duration estimator, or nil when
+// it cannot be built (it can: the floor is checked by its option).
+func newEstimator(floor time.Duration) *latency.Estimator {
+	cfg := latency.DefaultConfig()
+	cfg.Gain = estimatorGain
+	cfg.Floor = floor
+	e, err := latency.New(cfg)
+	if err != nil {
+		return nil
+	}
+	return e
+}
