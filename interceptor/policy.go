@@ -76,9 +76,9 @@ type methodPolicy struct {
 	timeout      time.Duration
 	waitForReady *bool
 	idempotent   bool
-	g            guards   // breaker and bulkhead; zero when none
+	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
-	fallback     Fallback // answers local rejections of unary calls; nil: none
+	fallback     Fallback           // answers local rejections of unary calls; nil: none
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
