@@ -97,7 +97,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	st := c.state.Load()
 	mp := st.policy(method)
 	co := scanCallOptions(opts)
-	if mp.passthrough && !co.any {
+	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	if mp.timeout > 0 {
@@ -119,6 +119,12 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 
 	r := c.newRetrier(ctx, st, mp, &co)
 	ctx = r.outgoing(ctx)
+	if mp.keyed || !mp.passthrough || co.any {
+		var kerr error
+		if ctx, r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
+			return kerr
+		}
+	}
 	retrying := r.rp.maxAttempts > 1
 	if retrying {
 		s.opts = append(s.opts, grpc.Trailer(&s.trailer))

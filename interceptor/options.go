@@ -45,6 +45,8 @@ type clientOptions struct {
 	budget         *serviceconfig.RetryBudget
 	headroom       time.Duration
 	estimateFloor  time.Duration
+	keyed          []string // methods that get idempotency keys
+	autoKeys       bool     // keys for every method not known idempotent
 	fallbacks      []fallbackEntry
 	idempotent     []string // full methods ("/pkg.S/M") or services ("pkg.S")
 	errs           []error

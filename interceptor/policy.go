@@ -75,7 +75,8 @@ type methodPolicy struct {
 	retry        *retryPolicy // nil: no retry
 	timeout      time.Duration
 	waitForReady *bool
-	idempotent   bool
+	idempotent   bool // declared idempotent (proto or WithIdempotentMethods)
+	keyed        bool // calls get an idempotency key
 	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
 	fallback     Fallback           // answers local rejections of unary calls; nil: none
@@ -139,6 +140,7 @@ func (s *clientState) policy(fullMethod string) *methodPolicy {
 
 func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	p := &methodPolicy{fullMethod: fullMethod, idempotent: s.isIdempotent(fullMethod)}
+	p.keyed = matchName(s.opts.keyed, fullMethod) || s.opts.autoKeys && !p.idempotent
 	if mc, ok := s.cfg.Lookup(fullMethod); ok {
 		p.timeout = mc.Timeout
 		p.waitForReady = mc.WaitForReady
@@ -160,7 +162,7 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 		p.latency = newEstimator(s.opts.estimateFloor)
 	}
 	p.passthrough = p.retry == nil && p.timeout == 0 && p.waitForReady == nil &&
-		p.g.breaker == nil && p.g.bulkhead == nil
+		p.g.breaker == nil && p.g.bulkhead == nil && !p.keyed
 	return p
 }
 

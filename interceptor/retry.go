@@ -39,20 +39,26 @@ type retrier struct {
 	pending       budget.Retry // the budget's token for the retry in flight
 	noRetry       StopReason   // StopNoRetry when retrying is off for this call
 	lastErr       error        // the last attempt's error (streams)
+	keyed         bool         // the call carries an idempotency key
 }
 
 // retryable reports whether an attempt that ended with code should be
 // retried, under the explicit code list when the policy has one and under
 // the default rules otherwise.
+//
+// Under the default rules, an idempotent call (its method declared
+// idempotent, or the call keyed) may also retry ABORTED, and
+// DEADLINE_EXCEEDED from the server while the caller's deadline holds.
 func (r *retrier) retryable(code codes.Code, attemptTimedOut bool) bool {
 	if r.rp.explicit {
 		return r.rp.codes.Has(code)
 	}
+	idempotent := r.mp.idempotent || r.keyed
 	switch code {
 	case codes.DeadlineExceeded:
-		return attemptTimedOut
+		return attemptTimedOut || idempotent
 	case codes.Aborted:
-		return r.mp.idempotent
+		return idempotent
 	}
 	return rescodes.DefaultRetryable.Has(code)
 }

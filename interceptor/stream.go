@@ -30,7 +30,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	st := c.state.Load()
 	mp := st.policy(method)
 	co := scanCallOptions(opts)
-	if mp.passthrough && !co.any {
+	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
 	s := &retryStream{
@@ -53,6 +53,11 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	}
 	s.r = c.newRetrier(s.ctx, st, mp, &co)
 	s.ctx = s.r.outgoing(s.ctx)
+	var kerr error
+	if s.ctx, s.r.keyed, kerr = withIdempotencyKey(s.ctx, mp); kerr != nil {
+		s.cancelCall()
+		return nil, kerr
+	}
 	if s.r.rp.maxAttempts <= 1 && s.r.rp.perAttempt == 0 {
 		s.committed = true // nothing to retry: a plain stream with guards
 	}

@@ -1,0 +1,106 @@
+package interceptor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// IdempotencyKeyHeader is the metadata key that carries an idempotency key:
+// 1 to 255 printable ASCII characters, the same on every attempt of one
+// logical call. A server running NewServer's idempotency executes a call
+// with a given key once and replays its outcome to every duplicate.
+const IdempotencyKeyHeader = "idempotency-key"
+
+// WithIdempotencyKeys attaches a fresh random key (128 bits, hex) to every
+// logical call of the methods named, full methods ("/pkg.Service/Method")
+// or services ("pkg.Service"), and keeps it across all the call's retries.
+// A keyed call is safe to retry even when its method has side effects, so
+// the default retry rules treat it as idempotent: ABORTED and
+// DEADLINE_EXCEEDED are retried too (the latter while the caller's own
+// deadline holds).
+func WithIdempotencyKeys(names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		for _, n := range names {
+			if _, err := parseName(n); err != nil {
+				o.errorf("WithIdempotencyKeys: %v", err)
+				return
+			}
+		}
+		o.keyed = append(o.keyed, names...)
+	})
+}
+
+// WithAutomaticIdempotencyKeys attaches keys, as WithIdempotencyKeys does,
+// to every method not known to be idempotent: every method whose proto does
+// not declare idempotency_level IDEMPOTENT or NO_SIDE_EFFECTS and that
+// WithIdempotentMethods does not name.
+func WithAutomaticIdempotencyKeys() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.autoKeys = true })
+}
+
+type idempotencyKeyCtxKey struct{}
+
+// ContextWithIdempotencyKey makes key the idempotency key of the calls made
+// with ctx, whatever their method: the caller's own key (an order number, a
+// request ID) in place of a random one. A key that is not 1 to 255
+// printable ASCII characters fails the call with INVALID_ARGUMENT before it
+// is sent.
+func ContextWithIdempotencyKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, idempotencyKeyCtxKey{}, key)
+}
+
+// IdempotencyKeyFromContext returns the key set by ContextWithIdempotencyKey.
+func IdempotencyKeyFromContext(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(idempotencyKeyCtxKey{}).(string)
+	return k, ok
+}
+
+// ValidIdempotencyKey reports why key is not a valid idempotency key, or nil:
+// it must be 1 to 255 printable ASCII characters (0x20 to 0x7e).
+func ValidIdempotencyKey(key string) error {
+	if len(key) == 0 || len(key) > 255 {
+		return fmt.Errorf("idempotency key is %d bytes long, want 1 to 255", len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("idempotency key has byte %#x at %d, want printable ASCII", c, i)
+		}
+	}
+	return nil
+}
+
+// newIdempotencyKey returns 128 random bits in hex.
+func newIdempotencyKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// withIdempotencyKey returns ctx with the call's idempotency key in its
+// outgoing metadata, and whether the call is keyed: the caller's key from
+// the context, a key already in the outgoing metadata, or a fresh one for a
+// keyed method.
+func withIdempotencyKey(ctx context.Context, mp *methodPolicy) (context.Context, bool, error) {
+	if key, ok := IdempotencyKeyFromContext(ctx); ok {
+		if err := ValidIdempotencyKey(key); err != nil {
+			return ctx, false, status.Error(codes.InvalidArgument, "resilience: "+err.Error())
+		}
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(IdempotencyKeyHeader)) > 0 {
+			return ctx, true, nil
+		}
+		return metadata.AppendToOutgoingContext(ctx, IdempotencyKeyHeader, key), true, nil
+	}
+	if !mp.keyed {
+		return ctx, false, nil
+	}
+	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(IdempotencyKeyHeader)) > 0 {
+		return ctx, true, nil
+	}
+	return metadata.AppendToOutgoingContext(ctx, IdempotencyKeyHeader, newIdempotencyKey()), true, nil
+}
