@@ -174,8 +174,9 @@ func Name(c codes.Code) string {
 var ErrUnknownCode = errors.New("unknown status code")
 
 // Parse returns the code named by s: a name such as "UNAVAILABLE", matched
-// case-insensitively as gRFC A6 requires, or a decimal number from 0 to 16.
-// Surrounding spaces are not allowed.
+// case-insensitively as gRFC A6 requires (ASCII letters only: the Kelvin sign
+// is not a "K"), or a decimal number from 0 to 16. Surrounding spaces are not
+// allowed.
 func Parse(s string) (codes.Code, error) {
 	if s != "" && s[0] >= '0' && s[0] <= '9' {
 		n, err := strconv.ParseUint(s, 10, 8)
@@ -185,7 +186,7 @@ func Parse(s string) (codes.Code, error) {
 		return codes.Code(n), nil
 	}
 	for c, name := range names {
-		if strings.EqualFold(s, name) {
+		if equalFoldASCII(s, name) {
 			return codes.Code(c), nil
 		}
 	}
@@ -204,4 +205,24 @@ func ParseSet(list []string) (Set, error) {
 		s = s.With(c)
 	}
 	return s, nil
+}
+
+// equalFoldASCII reports whether s and upper, which holds no lower-case
+// letter, are equal when ASCII letters in s are upper-cased. Unlike
+// strings.EqualFold it does not fold non-ASCII runes such as the Kelvin sign
+// onto ASCII letters.
+func equalFoldASCII(s, upper string) bool {
+	if len(s) != len(upper) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		if c != upper[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package serviceconfig
 
 import (
+	"encoding/json"
 	"strings"
 	"time"
 
@@ -24,6 +25,21 @@ type Config struct {
 	// RetryBudget, when set, caps retries to a share of requests over a
 	// sliding window, for all methods of a client. An extension block.
 	RetryBudget *RetryBudget
+
+	// LoadBalancingPolicy, LoadBalancingConfig and HealthCheckConfig are
+	// carried for fidelity, so that a marshalled Config is the document grpc
+	// read; grpc itself applies them. LoadBalancingPolicy is "" when absent.
+	// LoadBalancingConfig is the loadBalancingConfig list as compact JSON, nil
+	// when absent.
+	LoadBalancingPolicy string
+	LoadBalancingConfig json.RawMessage
+	HealthCheckConfig   *HealthCheckConfig
+}
+
+// HealthCheckConfig is the service config's healthCheckConfig: the service
+// name grpc's client-side health checking asks about.
+type HealthCheckConfig struct {
+	ServiceName string
 }
 
 // Name selects the methods a MethodConfig applies to. Service and Method are
@@ -77,38 +93,70 @@ type MethodConfig struct {
 // as grpc gives it): the entry naming that exact method, else the entry naming
 // its service, else the default entry (a Name with neither field set).
 // Entries at different levels are not merged. Lookup reports false when no
-// entry applies.
+// entry applies. A name without the leading slash is accepted.
+//
+// Names match as grpc-go matches them, by the key "/service/method" (or
+// "/service/" for a whole service), so a name whose parts hold a slash
+// matches what grpc-go's would. When c was not validated and two entries
+// hold the same name, the first wins.
+//
+// Lookup scans the entries and does not allocate; resolve a method once and
+// keep the result rather than calling Lookup on every call.
 func (c *Config) Lookup(fullMethod string) (MethodConfig, bool) {
 	if c == nil {
 		return MethodConfig{}, false
 	}
-	service, method := SplitMethod(fullMethod)
-	var svc, def *MethodConfig
+	// s is fullMethod without its slash; grpc-go looks up "/"+s exactly,
+	// then "/"+s up to and including its last slash (the service key).
+	s := strings.TrimPrefix(fullMethod, "/")
+	svc, slash := s, false
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		svc, slash = s[:i], true
+	}
+	var service, def *MethodConfig
 	for i := range c.MethodConfig {
 		mc := &c.MethodConfig[i]
 		for _, n := range mc.Name {
 			switch {
-			case n.Service == "" && n.Method == "":
-				if def == nil {
+			case n.Service == "":
+				if n.Method == "" && def == nil {
 					def = mc
 				}
-			case n.Service != service:
-			case n.Method == method:
+			case slash && keyIs(n, s, false):
 				return *mc, true
-			case n.Method == "":
-				if svc == nil {
-					svc = mc
-				}
+			case service == nil && keyIs(n, svc, true):
+				service = mc
 			}
 		}
 	}
-	if svc != nil {
-		return *svc, true
+	if service != nil {
+		return *service, true
 	}
 	if def != nil {
 		return *def, true
 	}
 	return MethodConfig{}, false
+}
+
+// keyIs reports whether n.key() is "/" + s, followed by "/" when slash is
+// set, without building either string. n.Service is not empty.
+func keyIs(n Name, s string, slash bool) bool {
+	// n.key() without its leading slash is n.Service + "/" + n.Method.
+	if slash {
+		// Compare n.Service+"/"+n.Method with s+"/": n.Method is empty and
+		// n.Service is s, or n.Method ends in "/" and the rest lines up.
+		if n.Method == "" {
+			return n.Service == s
+		}
+		if !strings.HasSuffix(n.Method, "/") {
+			return false
+		}
+		return keyIs(Name{Service: n.Service, Method: n.Method[:len(n.Method)-1]}, s, false)
+	}
+	return len(s) == len(n.Service)+1+len(n.Method) &&
+		s[len(n.Service)] == '/' &&
+		strings.HasPrefix(s, n.Service) &&
+		strings.HasSuffix(s, n.Method)
 }
 
 // SplitMethod splits a full method name "/pkg.Service/Method" into its

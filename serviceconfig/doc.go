@@ -1,10 +1,162 @@
-// Package serviceconfig is the data model of grpc-resilience: gRPC service
-// config (gRFC A6) and this module's extension blocks, as plain Go structs
-// with Validate methods.
+// Package serviceconfig is the data model of grpc-resilience: the gRPC
+// service config of gRFC A6 and this module's extension blocks, as plain Go
+// structs with Validate methods, and a parser for the JSON document.
 //
-// The same structs come from Go code and from a service-config JSON
-// document, so one data model drives the client either way. The package is
-// pure data and validation; package interceptor turns it into behaviour.
+// The same structs come from Go code and from a service-config document, so
+// one data model drives the client either way. The package is pure data and
+// validation, with no grpc runtime; package interceptor turns a Config into
+// behaviour.
 //
-// See https://github.com/grpc/proposal/blob/master/A6-client-retries.md.
+// Specifications:
+//   - gRFC A6, client retries: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+//   - the service config: https://github.com/grpc/grpc/blob/master/doc/service_config.md
+//   - its proto: https://github.com/grpc/grpc-proto/blob/master/grpc/service_config/service_config.proto
+//
+// # Parsing
+//
+// [Parse] reads the document platform teams already hand to grpc-go (from
+// DNS TXT records, a resolver, a config repository) and gives the same
+// verdict as grpc-go v1.85 on it, except for the gRFC A6 corrections listed
+// below. A test feeds every case of its table, and a fuzz target random
+// documents, to grpc-go's own parser to hold this. [Config.Lookup] then
+// resolves a method's policy with grpc's precedence: the entry naming the
+// exact method, else the one naming its service, else the default entry;
+// entries at different levels are never merged.
+//
+// A bad document gets an [*Error] naming the JSON path of the first problem
+// and the rule it breaks, and Parse never panics:
+//
+//	serviceconfig: methodConfig[1].retryPolicy.maxAttempts: must be greater than 1
+//	serviceconfig: methodConfig[0].timeout: "100ms" is not a duration: it must end in "s", such as "0.5s"
+//	serviceconfig: methodConfig[0]: invalid JSON at line 3, column 18: invalid character '}' ...
+//
+// # What Parse accepts
+//
+// As grpc-go does:
+//   - The document is a JSON object, or null (an empty config); empty input,
+//     other JSON values and trailing data are errors.
+//   - Keys match field names case-insensitively, as encoding/json matches
+//     them; unknown keys are ignored, whatever they hold. A key given twice
+//     decodes twice, as in encoding/json: the last value wins, objects and
+//     arrays merge into the earlier ones, and a value that failed to decode
+//     fails the document even if a later one is good.
+//   - null means absent for timeout, waitForReady, the message sizes, the
+//     policies, and the blocks. For a number or string field it leaves the
+//     field as it was (absent, so zero). initialBackoff and maxBackoff hold
+//     values, not pointers, in grpc-go, so null there is an error.
+//   - Durations (timeout, initialBackoff, maxBackoff and every duration of
+//     our blocks) are JSON strings in the protobuf JSON form: decimal seconds
+//     with a lower-case "s" and up to 9 fraction digits, such as "1s",
+//     "0.5s", ".05s", "-1s". "1", "100ms", "1S", "1m" and JSON numbers are
+//     errors. More than 315,576,000,000 s is an error; past the ~292 years a
+//     time.Duration holds the value is clamped. Like grpc-go, the parser
+//     takes a sign after the "-" or the "." as written ("+1s" is 1s).
+//   - A negative timeout is accepted and, as in grpc-go, means no timeout.
+//   - maxAttempts is a JSON integer greater than 1 (2.0 and "3" are errors)
+//     and is lowered to the cap, 5 unless [WithMaxAttemptsCap] raises it.
+//     initialBackoff and maxBackoff must be greater than 0, backoffMultiplier
+//     a number greater than 0, retryableStatusCodes a non-empty list. No
+//     relation between the backoffs is required.
+//   - maxRequestMessageBytes and maxResponseMessageBytes are JSON integers
+//     of 64 bits; any value, negative included, is kept.
+//   - Status codes are names, or JSON numbers 0 to 16. A name is a plain
+//     JSON string: "14" and names with escape sequences are errors. A null
+//     element reads as OK (0), as it does in grpc-go.
+//   - Names: {"service", "method"} selects one method, {"service"} (or an
+//     empty method) a whole service, {} (or a null element) is the default.
+//     A method without a service is an error. A name given twice anywhere in
+//     the document is an error; names are compared as grpc-go files them,
+//     by the key "/service/method".
+//   - An entry whose name is absent or null is skipped: it must still decode
+//     (durations, status codes and types as above), but grpc-go does not
+//     check its policies, and neither does Parse; it is left out of Config.
+//     An entry with an empty name list is checked and kept, and selects
+//     nothing.
+//   - One invalid entry invalidates the whole document.
+//   - loadBalancingPolicy must be a string, healthCheckConfig an object
+//     with a string serviceName. Both are carried in Config, not applied.
+//   - loadBalancingConfig must be a non-empty array of objects that each
+//     hold exactly one policy, read in order up to the first policy grpc
+//     supports: pick_first (whose config is checked as pick_first checks it)
+//     or round_robin. It is carried in Config as compact JSON.
+//
+// # Where Parse differs from grpc-go
+//
+// Only where grpc-go departs from gRFC A6, and where a pure package cannot
+// know what grpc-go knows:
+//   - Status code names are case-insensitive (A6): "unavailable" is
+//     UNAVAILABLE. grpc-go accepts upper case only.
+//   - hedgingPolicy is parsed and validated (A6): maxAttempts is required,
+//     greater than 1 and capped like retryPolicy's; hedgingDelay is an
+//     optional duration, not negative; nonFatalStatusCodes an optional
+//     list. grpc-go ignores the block.
+//   - An entry with both retryPolicy and hedgingPolicy is an error (A6:
+//     "only one of retryPolicy or hedgingPolicy may be set"). grpc-go
+//     ignores hedgingPolicy and accepts it.
+//   - retryThrottling is validated even when methodConfig is absent or null;
+//     grpc-go checks it only when methodConfig is present. maxTokens must be
+//     in (0, 1000]; digits of tokenRatio past the third decimal are dropped,
+//     as A6 says, before it is checked to be greater than 0, so a
+//     tokenRatio under 0.001 is an error (grpc-go accepts it and uses it
+//     whole). The cut is made on the decimal digits as written: 1.0059
+//     gives 1.005.
+//   - loadBalancingConfig: grpc-go accepts a policy only if the running
+//     program registered it, and checks its config with that policy's
+//     parser. Parse sees no registry: a list whose policies are all
+//     unknown to it (neither pick_first nor round_robin) is accepted, and
+//     their configs are not checked. loadBalancingPolicy is not checked
+//     either; grpc-go falls back to pick_first for an unknown name.
+//   - Our extension blocks, which grpc-go ignores, are validated (below).
+//
+// One reading differs without changing a verdict: a timeout of "0s" is no
+// timeout here (the zero value of MethodConfig.Timeout), where grpc-go fails
+// the call at once.
+//
+// # Extension blocks
+//
+// grpc-go ignores unknown keys, so one document carries our blocks too and
+// stays valid for grpc-go. Their keys are the lowerCamel names of the Go
+// fields; durations use the protobuf form above; status-code lists read as
+// above; null means absent. They decode into the same structs Go code
+// builds, are checked by the same Validate methods, and an error names the
+// full path, such as methodConfig[0].circuitBreaker.failureRateThreshold.
+//
+//	{
+//	  "methodConfig": [{
+//	    "name": [{"service": "shop.Orders"}],
+//	    "timeout": "2s",
+//	    "retryPolicy": {
+//	      "maxAttempts": 4, "initialBackoff": "0.05s", "maxBackoff": "1s",
+//	      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"],
+//	      "perAttemptRecvTimeout": "0.5s",  // RetryPolicy.PerAttemptRecvTimeout
+//	      "jitter": "full"                  // a6, full, equal, decorrelated, none
+//	    },
+//	    "circuitBreaker": {                 // CircuitBreaker, per method
+//	      "consecutiveFailures": 5, "failureRateThreshold": 0.5,
+//	      "slowCallDuration": "2s", "slowCallRateThreshold": 0.8,
+//	      "minimumCalls": 20, "window": "10s", "openDuration": "5s",
+//	      "maxOpenDuration": "60s", "halfOpenProbes": 1,
+//	      "failureStatusCodes": ["UNAVAILABLE", "INTERNAL"]
+//	    },
+//	    "bulkhead": {"maxConcurrent": 64, "maxQueue": 128, "maxQueueWait": "0.1s"}
+//	  }],
+//	  "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1},
+//	  "retryBudget": {"ratio": 0.2, "minRetriesPerSecond": 10, "ttl": "10s"}
+//	}
+//
+// (JSON has no comments; they are here for the reader.) Integers must be
+// JSON integers, numbers JSON numbers; a field left out is zero, which
+// means the default each field documents.
+//
+// # Writing a document
+//
+// [Config.MarshalJSON] writes a Config back in this form, durations as
+// "0.5s" and codes as upper-case names. Parse reads what it writes back to
+// an equal Config, which the fuzz test checks.
+//
+// # Concurrency
+//
+// Parse and the Validate methods are safe to call concurrently. A Config is
+// a plain value: reading it (Lookup, MarshalJSON) from many goroutines is
+// safe while nothing writes it.
 package serviceconfig

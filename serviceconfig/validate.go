@@ -1,6 +1,7 @@
 package serviceconfig
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"strconv"
@@ -102,14 +103,15 @@ func (p *HedgingPolicy) Validate() error {
 	return checkSet("nonFatalStatusCodes", p.NonFatalStatusCodes)
 }
 
-// Validate reports the first field of t that is out of range: MaxTokens must
-// be in (0, 1000] and TokenRatio greater than 0, as gRFC A6 requires.
+// Validate reports the first field of t that is out of range, as gRFC A6
+// sets them: MaxTokens must be in (0, 1000] and TokenRatio greater than 0
+// once the digits past its third decimal are dropped, so at least 0.001.
 func (t *RetryThrottling) Validate() error {
 	if !(t.MaxTokens > 0 && t.MaxTokens <= 1000) {
 		return newError("maxTokens", "must be greater than 0 and at most 1000")
 	}
-	if !(t.TokenRatio > 0) || !finite(t.TokenRatio) {
-		return newError("tokenRatio", "must be greater than 0")
+	if !(t.TokenRatio >= 0.001) || !finite(t.TokenRatio) {
+		return newError("tokenRatio", "must be at least 0.001 (digits past the third decimal are ignored)")
 	}
 	return nil
 }
@@ -172,13 +174,17 @@ func (b *Bulkhead) Validate() error {
 
 // Validate checks every entry and block of c, as Parse does for a document,
 // and returns the first error with its JSON path: an invalid policy, a Name
-// with a method but no service, a name that appears twice, or an entry with
-// both a retry and a hedging policy.
+// with a method but no service, a name that appears twice, an entry with
+// both a retry and a hedging policy, or a loadBalancingConfig of the wrong
+// shape.
+//
+// Validate checks ranges, not the fields gRFC A6 requires in a document:
+// zero fields of a policy written in Go mean the documented defaults.
 func (c *Config) Validate() error {
-	seen := make(map[Name]int)
+	seen := make(map[string]string)
 	for i := range c.MethodConfig {
 		if err := c.MethodConfig[i].validate(seen, i); err != nil {
-			return prefix("methodConfig["+itoa(i)+"]", err)
+			return prefix(index("methodConfig", i), err)
 		}
 	}
 	if c.RetryThrottling != nil {
@@ -191,19 +197,42 @@ func (c *Config) Validate() error {
 			return prefix("retryBudget", err)
 		}
 	}
+	if c.LoadBalancingConfig != nil {
+		if !json.Valid(c.LoadBalancingConfig) {
+			return newError("loadBalancingConfig", "is not valid JSON")
+		}
+		if err := checkLoadBalancingConfig(c.LoadBalancingConfig); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-func (mc *MethodConfig) validate(seen map[Name]int, entry int) error {
+// key returns the key grpc-go files a name under: "/service/method",
+// "/service/" for a whole service, "" for the default. Two names are the same
+// name when their keys are equal, so {"a/b", "c"} and {"a", "b/c"} collide in
+// grpc-go, and here too.
+func (n Name) key() string {
+	if n.Service == "" {
+		return ""
+	}
+	return "/" + n.Service + "/" + n.Method
+}
+
+// validate checks mc, entry i of methodConfig; seen maps the key of every
+// name met so far to its path, and gets mc's names. Paths are relative to
+// the entry.
+func (mc *MethodConfig) validate(seen map[string]string, entry int) error {
 	for j, n := range mc.Name {
-		path := "name[" + itoa(j) + "]"
+		path := index("name", j)
 		if n.Service == "" && n.Method != "" {
 			return newError(path, "method set without service")
 		}
-		if k, dup := seen[n]; dup {
-			return newError(path, "duplicates the name of methodConfig["+itoa(k)+"]")
+		k := n.key()
+		if first, dup := seen[k]; dup {
+			return newError(path, "duplicates the name at "+first)
 		}
-		seen[n] = entry
+		seen[k] = index("methodConfig", entry) + "." + path
 	}
 	if mc.Timeout < 0 {
 		return newError("timeout", "must not be negative")

@@ -1,0 +1,121 @@
+package serviceconfig_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// Parse a document with a retry policy for one service and a breaker for
+// one of its methods, then resolve two methods.
+func Example() {
+	doc := []byte(`{
+	  "methodConfig": [
+	    {"name": [{"service": "shop.Orders"}],
+	     "timeout": "2s",
+	     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.05s", "maxBackoff": "1s",
+	                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE", "resource_exhausted"],
+	                     "jitter": "full"}},
+	    {"name": [{"service": "shop.Orders", "method": "Pay"}],
+	     "circuitBreaker": {"consecutiveFailures": 5, "openDuration": "5s"}}
+	  ],
+	  "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+	}`)
+	c, err := serviceconfig.Parse(doc)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, m := range []string{"/shop.Orders/Create", "/shop.Orders/Pay", "/shop.Carts/Get"} {
+		mc, ok := c.Lookup(m)
+		switch {
+		case !ok:
+			fmt.Printf("%s: no policy\n", m)
+		case mc.RetryPolicy != nil:
+			p := mc.RetryPolicy
+			fmt.Printf("%s: timeout %v, %d attempts, backoff %v to %v ×%v, jitter %s, retry on %v\n",
+				m, mc.Timeout, p.MaxAttempts, p.InitialBackoff, p.MaxBackoff, p.BackoffMultiplier, p.Jitter, p.RetryableStatusCodes)
+		case mc.CircuitBreaker != nil:
+			// No merging: the exact entry replaces the service's, retry policy and all.
+			fmt.Printf("%s: no retry, breaker opens after %d failures for %v\n",
+				m, mc.CircuitBreaker.ConsecutiveFailures, mc.CircuitBreaker.OpenDuration)
+		}
+	}
+	fmt.Printf("throttling: %+v\n", *c.RetryThrottling)
+	// Output:
+	// /shop.Orders/Create: timeout 2s, 4 attempts, backoff 50ms to 1s ×2, jitter full, retry on RESOURCE_EXHAUSTED|UNAVAILABLE
+	// /shop.Orders/Pay: no retry, breaker opens after 5 failures for 5s
+	// /shop.Carts/Get: no policy
+	// throttling: {MaxTokens:10 TokenRatio:0.1}
+}
+
+// A bad document gets an error naming the JSON path and the rule.
+func ExampleParse_error() {
+	_, err := serviceconfig.Parse([]byte(`{"methodConfig": [
+	  {"name": [{"service": "shop.Orders"}]},
+	  {"name": [{"service": "shop.Carts"}], "retryPolicy": {"maxAttempts": 1}}
+	]}`))
+	fmt.Println(err)
+
+	var e *serviceconfig.Error
+	if errors.As(err, &e) {
+		fmt.Println(e.Path)
+	}
+	// Output:
+	// serviceconfig: methodConfig[1].retryPolicy.maxAttempts: must be greater than 1
+	// methodConfig[1].retryPolicy.maxAttempts
+}
+
+// A client that raised grpc's cap with grpc.WithMaxCallAttempts(8) reads the
+// document the same way with WithMaxAttemptsCap(8).
+func ExampleWithMaxAttemptsCap() {
+	doc := []byte(`{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 10,
+	  "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}`)
+	for _, opts := range [][]serviceconfig.ParseOption{nil, {serviceconfig.WithMaxAttemptsCap(8)}} {
+		c, err := serviceconfig.Parse(doc, opts...)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println(c.MethodConfig[0].RetryPolicy.MaxAttempts)
+	}
+	// Output:
+	// 5
+	// 8
+}
+
+// MarshalJSON writes a Config built in Go as a document; zero policy fields
+// are written as the defaults they mean.
+func ExampleConfig_MarshalJSON() {
+	c := serviceconfig.Config{
+		MethodConfig: []serviceconfig.MethodConfig{{
+			Name:     []serviceconfig.Name{{Service: "shop.Orders"}},
+			Timeout:  1500_000_000, // 1.5s
+			Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 16},
+		}},
+	}
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(string(b))
+	// Output:
+	// {
+	//   "methodConfig": [
+	//     {
+	//       "name": [
+	//         {
+	//           "service": "shop.Orders"
+	//         }
+	//       ],
+	//       "timeout": "1.5s",
+	//       "bulkhead": {
+	//         "maxConcurrent": 16
+	//       }
+	//     }
+	//   ]
+	// }
+}
