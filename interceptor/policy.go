@@ -75,8 +75,8 @@ type methodPolicy struct {
 	retry        *retryPolicy // nil: no retry
 	timeout      time.Duration
 	waitForReady *bool
-	idempotent   bool // declared idempotent (proto or WithIdempotentMethods)
-	keyed        bool // calls get an idempotency key
+	idempotent   bool               // declared idempotent (proto or WithIdempotentMethods)
+	keyed        bool               // calls get an idempotency key
 	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
 	fallback     Fallback           // answers local rejections of unary calls; nil: none
