@@ -144,3 +144,42 @@ func ExampleNoRetry() {
 	fmt.Println(status.Code(err))
 	// Output: Unavailable
 }
+
+func ExampleWithServiceConfig() {
+	// The document grpc-go takes, plus this module's blocks.
+	cfg, err := serviceconfig.Parse([]byte(`{
+	  "methodConfig": [{
+	    "name": [{"service": "resilience.echo.v1.EchoService"}],
+	    "timeout": "2s",
+	    "retryPolicy": {
+	      "maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+	      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+	    },
+	    "circuitBreaker": {"consecutiveFailures": 5, "openDuration": "5s"}
+	  }],
+	  "retryBudget": {"ratio": 0.2}
+	}`))
+	if err != nil {
+		panic(err)
+	}
+	dial, stop := serve(&flakyEcho{})
+	defer stop()
+
+	c, err := interceptor.NewClient(interceptor.WithServiceConfig(cfg))
+	if err != nil {
+		panic(err)
+	}
+	conn, err := grpc.NewClient("passthrough:///echo",
+		append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+
+	resp, err := echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{Message: "configured"})
+	fmt.Println(resp.GetMessage(), err)
+	fmt.Println(c.Status("/resilience.echo.v1.EchoService/Echo").Breaker.State)
+	// Output:
+	// configured <nil>
+	// closed
+}

@@ -1,0 +1,178 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// A document grpc-go would accept too, with our blocks alongside.
+const e2eDocument = `{
+  "methodConfig": [
+    {
+      "name": [{"service": "resilience.echo.v1.EchoService"}],
+      "retryPolicy": {
+        "maxAttempts": 4,
+        "initialBackoff": "0.01s",
+        "maxBackoff": "0.1s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["unavailable"],
+        "jitter": "none"
+      },
+      "circuitBreaker": {"consecutiveFailures": 50}
+    },
+    {
+      "name": [{"service": "resilience.echo.v1.EchoService", "method": "Echo"}],
+      "timeout": "5s"
+    }
+  ],
+  "retryBudget": {"ratio": 0.5}
+}`
+
+func TestClientBuiltFromJSONRetriesOneMethodAndNotAnother(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg, err := serviceconfig.Parse([]byte(e2eDocument))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(100, codes.Unavailable))
+		stub, c := newEcho(t, srv, WithServiceConfig(cfg))
+		_, lerr := stub.Lookup(t.Context(), &echov1.LookupRequest{})
+		_, eerr := stub.Echo(t.Context(), &echov1.EchoRequest{})
+		// Lookup takes the service's entry: 4 attempts. Echo has an exact
+		// entry without a retry policy (entries do not merge): 1 attempt.
+		if got := srv.Count("Lookup"); got != 4 {
+			t.Errorf("server saw %d Lookup attempts, want the document's 4", got)
+		}
+		if got := srv.Count("Echo"); got != 1 {
+			t.Errorf("server saw %d Echo attempts, want 1", got)
+		}
+		var re *RetryError
+		if !errors.As(lerr, &re) || re.Reason != StopExhausted {
+			t.Errorf("Lookup() error = %#v, want attempts exhausted", lerr)
+		}
+		if errors.As(eerr, &re) || status.Code(eerr) != codes.Unavailable {
+			t.Errorf("Echo() error = %#v, want the plain UNAVAILABLE of a method without retry", eerr)
+		}
+		if st := c.Status(lookupMethod); st.Breaker == nil {
+			t.Error("Lookup has no breaker, want the document's circuitBreaker block")
+		}
+	})
+}
+
+func TestUpdateServiceConfigLeavesCallsInFlightAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(3, codes.Unavailable))
+		p := fastPolicy(5)
+		p.InitialBackoff, p.MaxBackoff, p.Jitter = time.Second, time.Second, serviceconfig.JitterNone
+		var once sync.Once
+		updated := make(chan error, 1)
+		var c *Client
+		stub, c := newEcho(t, srv, WithRetryPolicy(p), WithOnRetry(func(context.Context, RetryEvent) {
+			// While the first call backs off, take retries away.
+			once.Do(func() { updated <- c.UpdateServiceConfig(&serviceconfig.Config{}) })
+		}))
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+			t.Fatalf("Echo() started under the old config = %v, want success on its 4th attempt", err)
+		}
+		if err := <-updated; err != nil {
+			t.Fatal(err)
+		}
+		if got := srv.Count("Echo"); got != 4 {
+			t.Errorf("server saw %d attempts, want 4: the call keeps its config", got)
+		}
+		srv.SetScript(failFirst(100, codes.Unavailable))
+		before := srv.Count("Echo")
+		_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+		if got := srv.Count("Echo") - before; got != 1 {
+			t.Errorf("a call after the update made %d attempts, want 1: no policy any more", got)
+		}
+	})
+}
+
+func TestUpdateServiceConfigRefusesABadConfig(t *testing.T) {
+	c, err := NewClient(WithRetryPolicy(fastPolicy(3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+		Name:     []serviceconfig.Name{{}},
+		Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 0},
+	}}}
+	err = c.UpdateServiceConfig(bad)
+	var sce *serviceconfig.Error
+	if !errors.As(err, &sce) || sce.Path != "methodConfig[0].bulkhead.maxConcurrent" {
+		t.Fatalf("UpdateServiceConfig(bad) = %v, want a serviceconfig.Error at methodConfig[0].bulkhead.maxConcurrent", err)
+	}
+	if c.state.Load().policy(echoMethod).retry == nil {
+		t.Error("a refused config replaced the old one")
+	}
+}
+
+func TestNewClientReportsBadOptions(t *testing.T) {
+	tests := []struct {
+		name string
+		opt  ClientOption
+		want string
+	}{
+		{"bad method name", WithRetryPolicy(fastPolicy(2), "/onlyservice"), `interceptor: WithRetryPolicy: method "/onlyservice": want /package.Service/Method`},
+		{"negative pushback", WithMaxServerPushback(-time.Second), "interceptor: WithMaxServerPushback(-1s): must not be negative"},
+		{"nil config", WithServiceConfig(nil), "interceptor: WithServiceConfig: nil config"},
+		{"duplicate names", WithMethodConfig(
+			serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "a.B"}}},
+			serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "a.B"}}},
+		), "serviceconfig: methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
+		{"one layer", WithOneLayerRetry(0), "interceptor: WithOneLayerRetry(0): must be at least 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := NewClient(tt.opt)
+			if err == nil || err.Error() != tt.want || c != nil {
+				t.Fatalf("NewClient() = %v, %v, want error %q", c, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestWaitForReadyFromConfig(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		wfr := true
+		srv := &testserver.Server{}
+		c, err := NewClient(WithMethodConfig(serviceconfig.MethodConfig{
+			Name: []serviceconfig.Name{{Service: echoService}}, WaitForReady: &wfr,
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen []bool
+		spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			for _, o := range opts {
+				if f, ok := o.(grpc.FailFastCallOption); ok {
+					seen = append(seen, !f.FailFast)
+				}
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		cc := testserver.Start(t, srv, grpc.WithChainUnaryInterceptor(c.UnaryClientInterceptor(), spy))
+		if _, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if len(seen) != 1 || !seen[0] {
+			t.Errorf("wait-for-ready options passed on = %v, want [true]", seen)
+		}
+	})
+}
+
