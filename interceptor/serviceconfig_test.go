@@ -175,4 +175,3 @@ func TestWaitForReadyFromConfig(t *testing.T) {
 		}
 	})
 }
-
