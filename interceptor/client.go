@@ -136,6 +136,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		if bounded && timeout <= 0 {
 			return r.outOfTime(lastErr)
 		}
+		r.begin(now)
 		adm, rerr := mp.g.admit(ctx, method, now)
 		if rerr != nil {
 			r.settle(false)
@@ -161,7 +162,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 			// (read on the clock: the error may arrive before the context's
 			// timer has run) while the caller's has not.
 			if err != nil {
-				end := time.Now()
+				end := since(now)
 				timedOut = !end.Before(now.Add(timeout)) && callerErrAt(ctx, end) == nil
 			}
 			acancel()
@@ -169,7 +170,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		end := mp.g.release(ctx, adm, err, true)
 		if mp.latency != nil {
 			if end.IsZero() {
-				end = time.Now()
+				end = since(now)
 			}
 			if callerErrAt(ctx, end) == nil {
 				mp.latency.Observe(end.Sub(now))

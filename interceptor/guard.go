@@ -95,7 +95,7 @@ func (g *guards) admit(ctx context.Context, fullMethod string, now time.Time) (a
 		}
 		a.slot = true
 		if g.breaker != nil {
-			a.start = time.Now() // time in the queue is not the method's latency
+			a.start = since(now) // time in the queue is not the method's latency
 		}
 	}
 	return a, nil
@@ -114,7 +114,7 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	if g.breaker == nil {
 		return time.Time{}
 	}
-	now := time.Now()
+	now := since(a.start)
 	outcome := breaker.Success
 	if err != nil {
 		outcome = breaker.Ignored

@@ -159,6 +159,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 	if timeout, bounded := s.r.attemptTimeout(s.ctx, now); bounded && timeout <= 0 {
 		return nil, errStop{s.r.outOfTime(s.r.lastErr)}
 	}
+	s.r.begin(now)
 	adm, rerr := s.mp.g.admit(s.ctx, s.method, now)
 	if rerr != nil {
 		s.r.settle(false)
