@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
@@ -29,6 +30,8 @@ var benchConfigs = []struct {
 	{"retry+budget+throttle", []ClientOption{WithServiceConfig(&serviceconfig.Config{
 		RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
 	})}},
+	{"retry+budget+metrics", []ClientOption{WithMeterProvider(
+		sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())))}},
 	{"retry+budget+breaker+bulkhead", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{
 		Name:           []serviceconfig.Name{{Service: echoService}},
 		CircuitBreaker: &serviceconfig.CircuitBreaker{},

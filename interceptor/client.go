@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 // installed on any number of connections.
 type Client struct {
 	opts     clientOptions
+	metrics  instruments
 	state    atomic.Pointer[clientState]
 	updateMu sync.Mutex // serializes UpdateServiceConfig
 }
@@ -36,6 +38,11 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{opts: o}
+	m, err := newInstruments(o.meterProvider, c)
+	if err != nil {
+		return nil, fmt.Errorf("interceptor: metrics: %w", err)
+	}
+	c.metrics = m
 	cfg := o.config
 	if err := c.UpdateServiceConfig(&cfg); err != nil {
 		return nil, err
@@ -59,7 +66,7 @@ func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	}
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	st, err := newClientState(cfg, &c.opts, c.state.Load())
+	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
 	if err != nil {
 		return err
 	}
@@ -168,6 +175,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 			acancel()
 		}
 		end := mp.g.release(ctx, adm, err, true)
+		c.metrics.attempt(ctx, &mp.mm, err)
 		if mp.latency != nil {
 			if end.IsZero() {
 				end = since(now)

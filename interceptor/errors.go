@@ -54,6 +54,30 @@ var stopReasonNames = [...]string{
 	StopNoRetry:      "retry off",
 }
 
+// stopReasonTokens name the reasons in metrics.
+var stopReasonTokens = [...]string{
+	StopNone:         "none",
+	StopExhausted:    "exhausted",
+	StopNonRetryable: "non_retryable",
+	StopDeadline:     "deadline",
+	StopPushback:     "pushback",
+	StopCancelled:    "cancelled",
+	StopCommitted:    "committed",
+	StopThrottled:    "throttled",
+	StopBudget:       "budget",
+	StopCircuitOpen:  "circuit_open",
+	StopBulkheadFull: "bulkhead_full",
+	StopNoRetry:      "no_retry",
+}
+
+// token returns the reason's name in metrics, such as "exhausted".
+func (r StopReason) token() string {
+	if int(r) < len(stopReasonTokens) {
+		return stopReasonTokens[r]
+	}
+	return "unknown"
+}
+
 // String returns a short description, such as "attempts exhausted".
 func (r StopReason) String() string {
 	if int(r) < len(stopReasonNames) {

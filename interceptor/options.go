@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/grpc-resilience/resilience/internal/clock"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -46,7 +48,9 @@ type clientOptions struct {
 	headroom       time.Duration
 	estimateFloor  time.Duration
 	keyed          []string // methods that get idempotency keys
-	autoKeys       bool     // keys for every method not known idempotent
+	meterProvider  metric.MeterProvider
+	onStop         func(context.Context, StopEvent)
+	autoKeys       bool // keys for every method not known idempotent
 	fallbacks      []fallbackEntry
 	idempotent     []string // full methods ("/pkg.S/M") or services ("pkg.S")
 	errs           []error
@@ -227,6 +231,28 @@ type RetryEvent struct {
 // calling goroutine, so callers can log what happens. f must not block.
 func WithOnRetry(f func(ctx context.Context, e RetryEvent)) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.onRetry = f })
+}
+
+// StopEvent describes a call that ran under a retry policy and ended
+// without success, for WithOnStop.
+type StopEvent struct {
+	// FullMethod is the method called, "/pkg.Service/Method".
+	FullMethod string
+	// Attempts is the number of attempts that ran.
+	Attempts int
+	// Reason says why retrying stopped: a denied retry shows here as
+	// StopBudget or StopThrottled, a local rejection as StopCircuitOpen or
+	// StopBulkheadFull.
+	Reason StopReason
+	// Err is the error the call returns.
+	Err error
+}
+
+// WithOnStop calls f when a call under a retry policy ends without success,
+// synchronously on the calling goroutine, with why retrying stopped. f must
+// not block.
+func WithOnStop(f func(ctx context.Context, e StopEvent)) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.onStop = f })
 }
 
 func (o *clientOptions) err() error { return errors.Join(o.errs...) }

@@ -80,6 +80,7 @@ type methodPolicy struct {
 	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
 	fallback     Fallback           // answers local rejections of unary calls; nil: none
+	mm           methodMetrics      // attribute sets, when metrics are on
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
@@ -89,9 +90,10 @@ type methodPolicy struct {
 // resolved from it. A Client swaps the whole state atomically on a config
 // update; calls keep the policy they started with.
 type clientState struct {
-	cfg   *serviceconfig.Config
-	opts  *clientOptions
-	storm stormControl
+	cfg     *serviceconfig.Config
+	opts    *clientOptions
+	metrics *instruments
+	storm   stormControl
 	// prev holds the policies of the config before, whose breakers and
 	// bulkheads carry over when their blocks are unchanged.
 	prev map[string]*methodPolicy
@@ -102,12 +104,12 @@ type clientState struct {
 	mu      sync.Mutex
 }
 
-func newClientState(cfg *serviceconfig.Config, opts *clientOptions, prev *clientState) (*clientState, error) {
+func newClientState(cfg *serviceconfig.Config, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
 	storm, err := newStormControl(cfg, opts, prev)
 	if err != nil {
 		return nil, err
 	}
-	s := &clientState{cfg: cfg, opts: opts, storm: storm}
+	s := &clientState{cfg: cfg, opts: opts, metrics: metrics, storm: storm}
 	if prev != nil {
 		s.prev = *prev.methods.Load()
 	}
@@ -141,6 +143,9 @@ func (s *clientState) policy(fullMethod string) *methodPolicy {
 func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	p := &methodPolicy{fullMethod: fullMethod, idempotent: s.isIdempotent(fullMethod)}
 	p.keyed = matchName(s.opts.keyed, fullMethod) || s.opts.autoKeys && !p.idempotent
+	if s.metrics.on {
+		p.mm = newMethodMetrics(fullMethod)
+	}
 	if mc, ok := s.cfg.Lookup(fullMethod); ok {
 		p.timeout = mc.Timeout
 		p.waitForReady = mc.WaitForReady
@@ -180,7 +185,7 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) g
 		}
 		if old != nil && old.g.breakerCfg != nil && *old.g.breakerCfg == *cb {
 			g.breaker = old.g.breaker
-		} else if b, err := newBreaker(fullMethod, cb, s.opts.onStateChange); err == nil {
+		} else if b, err := newBreaker(fullMethod, cb, s.stateHook()); err == nil {
 			g.breaker = b
 		}
 	}
@@ -235,4 +240,19 @@ func (s *clientState) isIdempotent(fullMethod string) bool {
 // defaultRetryPolicy is the policy of a zero serviceconfig.RetryPolicy.
 func defaultRetryPolicy(maxCap int) *retryPolicy {
 	return newRetryPolicy(&serviceconfig.RetryPolicy{}, maxCap)
+}
+
+// stateHook returns the breaker state-change hook: the user's and the
+// metrics', or nil when there is neither.
+func (s *clientState) stateHook() func(string, BreakerState, BreakerState) {
+	user, m := s.opts.onStateChange, s.metrics
+	if user == nil && !m.on {
+		return nil
+	}
+	return func(method string, from, to BreakerState) {
+		m.stateChange(method, from, to)
+		if user != nil {
+			user(method, from, to)
+		}
+	}
 }

@@ -28,6 +28,7 @@ const (
 // retrier is the state of one call's retry loop. It lives on the calling
 // goroutine's stack and is not shared.
 type retrier struct {
+	ctx           context.Context // the caller's, for hooks and metrics
 	c             *Client
 	st            *clientState
 	mp            *methodPolicy
@@ -238,23 +239,24 @@ func (r *retrier) stopped(err, lastErr error, reason StopReason) error {
 	if !r.wrap {
 		return err
 	}
-	return &RetryError{Attempts: r.attempts, Reason: reason, Err: err, LastAttemptErr: lastErr}
+	err = &RetryError{Attempts: r.attempts, Reason: reason, Err: err, LastAttemptErr: lastErr}
+	r.c.metrics.stop(r.ctx, &r.mp.mm, reason)
+	if f := r.c.opts.onStop; f != nil {
+		f(r.ctx, StopEvent{FullMethod: r.mp.fullMethod, Attempts: r.attempts, Reason: reason, Err: err})
+	}
+	return err
 }
 
 // cancelled returns the error of a call whose context ended during a
 // backoff that followed lastErr.
 func (r *retrier) cancelled(cerr, lastErr error) error {
 	r.settle(false)
-	return &RetryError{
-		Attempts:       r.attempts,
-		Reason:         stopOfContext(cerr),
-		Err:            status.FromContextError(cerr).Err(),
-		LastAttemptErr: lastErr,
-	}
+	return r.stopped(status.FromContextError(cerr).Err(), lastErr, stopOfContext(cerr))
 }
 
 // onRetry calls the user's hook, if any.
 func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
+	r.c.metrics.retry(ctx, &r.mp.mm)
 	if f := r.c.opts.onRetry; f != nil {
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts, Err: err, Delay: d.delay, Pushback: d.pushback})
 	}
@@ -265,7 +267,7 @@ func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 // caller that retries.
 func (c *Client) newRetrier(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions) retrier {
 	rp, retrying := co.effectiveRetry(mp.retry, c.opts.maxAttemptsCap)
-	r := retrier{c: c, st: st, mp: mp, rp: rp, wrap: retrying || mp.retry != nil}
+	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: rp, wrap: retrying || mp.retry != nil}
 	if !retrying {
 		r.rp.maxAttempts = 1
 		if mp.retry != nil {

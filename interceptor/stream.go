@@ -187,6 +187,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 			err = s.attemptTimeoutError()
 		}
 		s.mp.g.release(s.ctx, adm, err, false)
+		s.c.metrics.attempt(s.ctx, &s.mp.mm, err)
 		return nil, err
 	}
 	a.cs = cs
@@ -312,6 +313,7 @@ func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
 	s.mu.Unlock()
 	if !done {
 		s.mp.g.release(s.ctx, a.adm, err, false)
+		s.c.metrics.attempt(s.ctx, &s.mp.mm, err)
 	}
 }
 
