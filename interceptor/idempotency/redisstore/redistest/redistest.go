@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,6 +41,26 @@ func Addr(t testing.TB) string {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		return addr
 	}
+	return Start(t).Addr
+}
+
+// Server is a redis-server started by Start.
+type Server struct {
+	// Addr is the server's loopback address.
+	Addr string
+	stop func()
+	once sync.Once
+}
+
+// Stop kills the server and waits for it to exit. It is safe to call more
+// than once; Start also registers it as a cleanup of the test.
+func (s *Server) Stop() { s.once.Do(s.stop) }
+
+// Start starts a redis-server for t, whatever REDIS_ADDR says, for tests that
+// must stop their server. It skips or fails as Addr does when redis-server is
+// not on PATH.
+func Start(t testing.TB) *Server {
+	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
 		msg := "redis-server not found on PATH: install it (apt-get install redis-server) " +
@@ -51,14 +72,15 @@ func Addr(t testing.TB) string {
 	}
 	var lastErr error
 	for range 3 { // a free port may be taken between choosing and binding
-		addr, err := start(t, path)
+		s, err := start(path)
 		if err == nil {
-			return addr
+			t.Cleanup(s.Stop)
+			return s
 		}
 		lastErr = err
 	}
 	t.Fatalf("starting redis-server: %v", lastErr)
-	return ""
+	return nil
 }
 
 func freePort() (int, error) {
@@ -70,21 +92,21 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func start(t testing.TB, path string) (string, error) {
+func start(path string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	cmd := exec.Command(path,
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
-		return "", err
+		return nil, err
 	}
 	// Read the log until the server says it is ready, then keep draining it
 	// so the server never blocks on a full pipe.
@@ -121,14 +143,13 @@ func start(t testing.TB, path string) (string, error) {
 	case err := <-ready:
 		if err != nil {
 			stop()
-			return "", err
+			return nil, err
 		}
 	case <-timer.C:
 		stop()
-		return "", fmt.Errorf("redis-server not ready after %v", startTimeout)
+		return nil, fmt.Errorf("redis-server not ready after %v", startTimeout)
 	}
-	t.Cleanup(stop)
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
+	return &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), stop: stop}, nil
 }
 
 // Client returns a client of addr, closed when t ends.
