@@ -244,7 +244,7 @@ func idemTenantScope(ctx context.Context) (string, error) {
 
 // idemStart serves impl over bufconn behind a Server built from opts and
 // returns a client connection. Both are closed when t ends.
-func idemStart(t *testing.T, impl echov1.EchoServiceServer, opts ...ServerOption) *grpc.ClientConn {
+func idemStart(t testing.TB, impl echov1.EchoServiceServer, opts ...ServerOption) *grpc.ClientConn {
 	t.Helper()
 	s, err := NewServer(opts...)
 	if err != nil {

@@ -29,8 +29,8 @@ type srvFlightKey struct {
 
 // srvFlight is one in-process execution.
 type srvFlight struct {
-	done chan struct{} // closed by the leader when out is final
-	out  srvOutcome    // written by the leader only, before done is closed
+	done chan struct{} // made by the first waiter, closed by the leader when out is final; guarded by srvFlights.mu
+	out  srvOutcome    // written by the leader only, before it finishes the flight
 }
 
 // srvOutcome is what a flight's waiters get.
@@ -41,23 +41,31 @@ type srvOutcome struct {
 	pushback bool                // with the grpc-retry-pushback-ms trailer
 }
 
-// join returns the running flight of k, or starts one that the caller leads
-// (leader true) and must finish.
-func (g *srvFlights) join(k srvFlightKey) (f *srvFlight, leader bool) {
+// join returns the running flight of k and a channel closed when it ends,
+// or starts a flight that the caller leads (done nil) and must finish. The
+// channel is made only when a second call joins, so a call without
+// duplicates allocates only the flight.
+func (g *srvFlights) join(k srvFlightKey) (f *srvFlight, done <-chan struct{}) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if f := g.m[k]; f != nil {
-		return f, false
+		if f.done == nil {
+			f.done = make(chan struct{})
+		}
+		return f, f.done
 	}
-	f = &srvFlight{done: make(chan struct{})}
+	f = &srvFlight{}
 	g.m[k] = f
-	return f, true
+	return f, nil
 }
 
 // finish ends the flight f of k and wakes its waiters.
 func (g *srvFlights) finish(k srvFlightKey, f *srvFlight) {
 	g.mu.Lock()
 	delete(g.m, k)
+	done := f.done
 	g.mu.Unlock()
-	close(f.done)
+	if done != nil {
+		close(done)
+	}
 }

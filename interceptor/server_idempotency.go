@@ -307,7 +307,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		policies:    o.policies,
 		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		log:         log,
-		flights:     srvFlights{m: make(map[srvFlightKey]*srvFlight)},
+		flights:     srvFlights{m: make(map[srvFlightKey]*srvFlight, 64)},
 		inProgress: srvOutcome{ok: true, pushback: true, err: &srvRejection{code: codes.Aborted,
 			msg:      "idempotency: a call with this idempotency-key is in progress; retry later",
 			sentinel: ErrIdempotencyInProgress}},
@@ -332,12 +332,12 @@ func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 	return s.policies[""]
 }
 
-// srvIdemKey returns the call's idempotency key: ok false when there is none,
+// srvIdemKey returns the call's idempotency key from the values of its
+// idempotency-key metadata: ok false when there is none,
 // an error wrapping ErrIdempotencyKeyInvalid when it is malformed: sent more
 // than once, empty, longer than 255 bytes, or holding a byte outside
 // printable ASCII (0x20–0x7E).
-func srvIdemKey(md metadata.MD) (key string, ok bool, err error) {
-	vs := md[srvIdemHeader]
+func srvIdemKey(vs []string) (key string, ok bool, err error) {
 	switch {
 	case len(vs) == 0:
 		return "", false, nil
@@ -415,8 +415,7 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 	if pol == IdempotencyKeyIgnored {
 		return handler(ctx, req)
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	key, ok, err := srvIdemKey(md)
+	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, srvIdemHeader))
 	if err != nil {
 		return nil, err
 	}
@@ -436,15 +435,15 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 	}
 	fk := srvFlightKey{rk: idempotency.RecordKey{Scope: scope, FullMethod: info.FullMethod, Key: key}, fp: fp}
 	for {
-		f, leader := s.flights.join(fk)
-		if !leader {
+		f, done := s.flights.join(fk)
+		if done != nil {
 			if s.noWait {
 				return s.replayShared(ctx, &s.inProgress)
 			}
 			// Wait for the in-process call with the same record key and
 			// request, then take its outcome or compete again.
 			select {
-			case <-f.done:
+			case <-done:
 			case <-ctx.Done():
 				return nil, status.FromContextError(ctx.Err()).Err()
 			}

@@ -224,19 +224,16 @@ func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, r
 	if recSize > s.maxRecordBytes {
 		return fmt.Errorf("%w: %d bytes, bound %d", ErrRecordTooLarge, recSize, s.maxRecordBytes)
 	}
-	// Take e out while making room, so that it is not evicted for itself.
-	sh.remove(e)
-	size := e.size + int64(recSize)
-	if !sh.makeRoom(now, 1, size) {
-		// Put the claim back as it was: the caller still owns it.
-		sh.entries[key] = e
-		sh.bytes += e.size
-		sh.leases.pushBack(e)
+	// Unlink e while making room, so that it is not evicted for itself; it
+	// keeps its map slot, already counted.
+	unlink(e)
+	if !sh.makeRoom(now, 0, int64(recSize)) {
+		sh.leases.pushBack(e) // the caller still owns the claim
 		return fmt.Errorf("%w: no room for a record of %d bytes", ErrStoreFull, recSize)
 	}
-	e.token, e.rec, e.size, e.expires = "", rec, size, now.Add(ttl)
-	sh.entries[key] = e
-	sh.bytes += size
+	e.token, e.rec, e.expires = "", rec, now.Add(ttl)
+	e.size += int64(recSize)
+	sh.bytes += int64(recSize)
 	sh.records.pushBack(e)
 	return nil
 }
