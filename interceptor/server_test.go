@@ -222,3 +222,32 @@ func TestIdempotencyInterceptorDirectlyWithoutGRPCStream(t *testing.T) {
 		t.Errorf("non-proto request: code %v, want INTERNAL", status.Code(err))
 	}
 }
+
+func TestIdempotencyHotPathAllocations(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(WithIdempotencyStore(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary := s.UnaryServerInterceptor()
+	resp := &echov1.EchoResponse{Message: "m"}
+	h := func(context.Context, any) (any, error) { return resp, nil }
+	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
+	req := &echov1.EchoRequest{Message: "m"}
+	bg := context.Background()
+	if a := testing.AllocsPerRun(100, func() { _, _ = unary(bg, req, info, h) }); a != 0 {
+		t.Errorf("call without a key: %v allocations, want 0", a)
+	}
+	keyed := metadata.NewIncomingContext(bg, metadata.Pairs("idempotency-key", "k"))
+	if _, err := unary(keyed, req, info, h); err != nil {
+		t.Fatal(err)
+	}
+	// Replay: the key's value copy, the flight, the new reply and its string.
+	const maxReplay = 5
+	if a := testing.AllocsPerRun(100, func() { _, _ = unary(keyed, req, info, h) }); a > maxReplay {
+		t.Errorf("replay: %v allocations, want at most %d", a, maxReplay)
+	}
+}
