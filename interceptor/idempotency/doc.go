@@ -1,0 +1,112 @@
+// Package idempotency stores the outcomes of gRPC calls by idempotency key,
+// so that a server runs each keyed call once and replays its outcome to every
+// duplicate. It holds the [Store] contract, the [Record] type and
+// [MemoryStore], the embedded default; package redisstore holds a Store
+// shared by many replicas, and package storetest a conformance suite for
+// any Store.
+//
+// The interceptor that uses a Store is interceptor.Server, turned on with
+// interceptor.WithIdempotencyStore. This documentation describes what they
+// do together.
+//
+// # Why
+//
+// A client whose call timed out cannot know whether the call ran. Retrying
+// may run it twice; not retrying may lose it. With an idempotency key the
+// client sends the same key on every attempt of one logical call; the server
+// runs the call once and answers every attempt with the same outcome.
+//
+// # The record key
+//
+// A call carries its key in the metadata "idempotency-key": 1 to 255
+// printable ASCII characters (0x20–0x7E), sent once. Anything else is
+// rejected with INVALID_ARGUMENT and a message saying what is wrong. The
+// record key is the triple [RecordKey] (caller scope, full method, key):
+//
+//   - The scope comes from a function the server supplies
+//     (interceptor.WithIdempotencyScope), typically the authenticated
+//     principal or tenant. By default it is the identity of a verified TLS
+//     client certificate, and otherwise empty.
+//   - Risk of a shared scope: all callers of one scope share records. With
+//     the default empty scope, any caller who learns or guesses another
+//     caller's key can receive that caller's reply, for the same method and
+//     request. Keys must then be unguessable (random, 128 bits or more), and
+//     servers with authenticated callers should set a scope. A caller of
+//     another scope using the same key runs its own call and never sees the
+//     first reply.
+//
+// Each call is also fingerprinted: SHA-256 of its request, marshalled
+// deterministically. A key reused with a different request is refused with
+// FAILED_PRECONDITION, and nothing of the first request or reply is
+// revealed.
+//
+// # Semantics
+//
+//	first call with a key      claim the key under a lease, run the handler,
+//	                           store its outcome with a TTL (default 24 h):
+//	                           status code, message and details, reply bytes
+//	                           (deterministic marshalling), the response header
+//	                           and trailer metadata the handler set
+//	duplicate, completed       replay the stored outcome: same reply bytes,
+//	                           status with details, header and trailer; the
+//	                           handler does not run
+//	duplicate, in progress     wait for the outcome, bounded by the duplicate's
+//	                           own deadline; or, with waiting off, ABORTED with
+//	                           grpc-retry-pushback-ms
+//	same key, other request    FAILED_PRECONDITION
+//	retryable failure          not stored; the claim is released, so a retry
+//	                           runs the handler again: UNAVAILABLE,
+//	                           RESOURCE_EXHAUSTED, ABORTED, CANCELLED and
+//	                           DEADLINE_EXCEEDED (configurable), and a panic
+//	owner crashed              its lease ends (default 30 s): a duplicate then
+//	                           claims the key and runs the call
+//	reply over the store bound not stored, claim released, reply returned,
+//	                           a warning logged; duplicates run again
+//	no key                     the handler runs, unless the method requires a
+//	                           key (INVALID_ARGUMENT) or ignores keys
+//
+// Waiting: duplicates in the same process coalesce, singleflight-style, on
+// the first call; they take its outcome when it was stored (or was a
+// mismatch), and otherwise compete for the key again. Duplicates in other
+// processes poll the store with a backoff (10 ms doubling to 500 ms, never
+// past the owner's lease) until the key completes, is released (then one of
+// them claims it and runs the call) or their deadline passes.
+//
+// Outcomes are stored even when the caller has gone: an OK reply produced
+// after the caller's deadline is stored, and the caller's retry gets it.
+// That is the point of the key.
+//
+// # The lease
+//
+// A claim is held under a lease. If the owner's process dies, the lease ends
+// and the key is free again. Set the lease above the longest time a handler
+// runs: an owner still running when its lease ends cannot store its outcome
+// (logged), and a duplicate may run the call concurrently.
+//
+// # Store outages: fail closed or open
+//
+// When the store fails (an outage, a timeout, a full MemoryStore), a keyed
+// call fails closed by default: UNAVAILABLE, which clients retry, and the
+// handler does not run. With interceptor.WithIdempotencyFailOpen(true) the
+// handler runs without idempotency instead, logged, and a duplicate may run
+// it again.
+//
+// # The memory store
+//
+// [MemoryStore] keeps records in process memory, for a single replica. It is
+// split into shards (default 16), each with its own lock and an equal share
+// of the bounds: entries (default 100,000) and bytes (default 64 MiB, as
+// estimated by [Record.Size] plus a fixed overhead per entry). One record is
+// at most 1 MiB by default. Expiry is lazy: leases and records that have
+// ended are dropped when touched or when room is needed, so the store has no
+// goroutine and nothing to close. When a shard is full it drops ended
+// entries, then evicts the oldest completed records (a duplicate of an
+// evicted call runs again); it never evicts a live lease, and reports
+// [ErrStoreFull] when live leases alone fill it.
+//
+// # Concurrency
+//
+// Every Store method is safe for concurrent use, and each operation on one
+// key is atomic. Records returned by Claim are shared and must not be
+// modified.
+package idempotency

@@ -1,0 +1,198 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/storetest"
+	"github.com/grpc-resilience/resilience/internal/clock"
+)
+
+const testMaxRecord = 4096
+
+func newTestMemory(t testing.TB, opts ...idempotency.MemoryOption) (*idempotency.MemoryStore, *clock.Fake) {
+	t.Helper()
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	opts = append([]idempotency.MemoryOption{idempotency.WithNow(clk.Now), idempotency.WithMaxRecordBytes(testMaxRecord)}, opts...)
+	s, err := idempotency.NewMemoryStore(opts...)
+	if err != nil {
+		t.Fatalf("NewMemoryStore() error = %v", err)
+	}
+	return s, clk
+}
+
+func TestMemoryStoreConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s, clk := newTestMemory(t)
+		return storetest.Harness{
+			Store:          s,
+			Advance:        func(_ testing.TB, d time.Duration) { clk.Advance(d) },
+			MaxRecordBytes: testMaxRecord,
+		}
+	})
+}
+
+func TestNewMemoryStoreRejectsBadBounds(t *testing.T) {
+	tests := []struct {
+		name string
+		opts []idempotency.MemoryOption
+		want string
+	}{
+		{"no shards", []idempotency.MemoryOption{idempotency.WithShards(0)}, "shards 0"},
+		{"fewer entries than shards", []idempotency.MemoryOption{idempotency.WithMaxEntries(3), idempotency.WithShards(4)}, "max entries 3"},
+		{"record bound zero", []idempotency.MemoryOption{idempotency.WithMaxRecordBytes(0)}, "max record bytes 0"},
+		{"shard smaller than a record", []idempotency.MemoryOption{idempotency.WithMaxBytes(1 << 20)}, "max bytes 1048576"},
+		{"nil clock", []idempotency.MemoryOption{idempotency.WithNow(nil)}, "now"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := idempotency.NewMemoryStore(tt.opts...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("NewMemoryStore() error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func complete(t *testing.T, s idempotency.Store, k idempotency.RecordKey, reply []byte, ttl time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := s.Claim(ctx, k, []byte("fp"), time.Minute)
+	if err != nil || c.State != idempotency.Owned {
+		t.Fatalf("Claim(%q) = %v, %v, want Owned", k.Key, c.State, err)
+	}
+	if err := s.Complete(ctx, k, c.Token, &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y", Reply: reply}, ttl); err != nil {
+		t.Fatalf("Complete(%q) error = %v", k.Key, err)
+	}
+}
+
+func stateOf(t *testing.T, s idempotency.Store, k idempotency.RecordKey) idempotency.State {
+	t.Helper()
+	c, err := s.Claim(context.Background(), k, []byte("fp"), time.Minute)
+	if err != nil {
+		t.Fatalf("Claim(%q) error = %v", k.Key, err)
+	}
+	if c.State == idempotency.Owned {
+		if err := s.Release(context.Background(), k, c.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c.State
+}
+
+func TestMemoryStoreEvictsOldestRecordWhenEntriesFull(t *testing.T) {
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3))
+	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
+	complete(t, s, k("1"), nil, time.Hour)
+	complete(t, s, k("2"), nil, time.Hour)
+	complete(t, s, k("3"), nil, time.Hour)
+	complete(t, s, k("4"), nil, time.Hour) // evicts 1, the oldest
+	if got := s.Len(); got != 3 {
+		t.Errorf("Len() = %d, want 3", got)
+	}
+	if got := stateOf(t, s, k("1")); got != idempotency.Owned {
+		t.Errorf("oldest record state = %v, want evicted (Owned on claim)", got)
+	}
+	for _, i := range []string{"3", "4"} {
+		if got := stateOf(t, s, k(i)); got != idempotency.Completed {
+			t.Errorf("record %s state = %v, want Completed", i, got)
+		}
+	}
+}
+
+func TestMemoryStoreEvictsByBytes(t *testing.T) {
+	// One shard of 3 × (4 KiB + overhead): two 3 KiB records fit, a third
+	// evicts the first.
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7000))
+	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
+	complete(t, s, k("1"), make([]byte, 3000), time.Hour)
+	complete(t, s, k("2"), make([]byte, 3000), time.Hour)
+	complete(t, s, k("3"), make([]byte, 3000), time.Hour)
+	if got := s.Bytes(); got > 7000 {
+		t.Errorf("Bytes() = %d, want at most 7000", got)
+	}
+	if got := stateOf(t, s, k("1")); got != idempotency.Owned {
+		t.Errorf("oldest record state = %v, want evicted", got)
+	}
+	if got := stateOf(t, s, k("3")); got != idempotency.Completed {
+		t.Errorf("newest record state = %v, want Completed", got)
+	}
+}
+
+func TestMemoryStoreNeverEvictsLiveLeases(t *testing.T) {
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(2))
+	ctx := context.Background()
+	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
+	for _, i := range []string{"1", "2"} {
+		if c, err := s.Claim(ctx, k(i), []byte("fp"), time.Second); err != nil || c.State != idempotency.Owned {
+			t.Fatalf("Claim(%s) = %v, %v", i, c.State, err)
+		}
+	}
+	if _, err := s.Claim(ctx, k("3"), []byte("fp"), time.Second); !errors.Is(err, idempotency.ErrStoreFull) {
+		t.Fatalf("Claim() with live leases filling the store error = %v, want ErrStoreFull", err)
+	}
+	clk.Advance(time.Second) // the leases end: expired entries make room lazily
+	if c, err := s.Claim(ctx, k("3"), []byte("fp"), time.Second); err != nil || c.State != idempotency.Owned {
+		t.Fatalf("Claim() after the leases ended = %v, %v, want Owned", c.State, err)
+	}
+	if got := s.Len(); got != 1 {
+		t.Errorf("Len() = %d, want 1 (expired leases dropped)", got)
+	}
+}
+
+func TestMemoryStoreClaimDoesNotAllocateForReplay(t *testing.T) {
+	s, _ := newTestMemory(t)
+	k := idempotency.RecordKey{Scope: "s", FullMethod: "/s/m", Key: "k"}
+	complete(t, s, k, []byte("reply"), time.Hour)
+	ctx := context.Background()
+	fp := []byte("fp")
+	allocs := testing.AllocsPerRun(100, func() {
+		if c, _ := s.Claim(ctx, k, fp, time.Minute); c.State != idempotency.Completed {
+			t.Fatal(c.State)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Claim() of a completed key allocates %v times, want 0", allocs)
+	}
+}
+
+func TestRecordMarshalRoundTripsAndIsVersioned(t *testing.T) {
+	rec := &idempotency.Record{
+		Fingerprint: []byte{1, 2},
+		Code:        codes.OK,
+		ReplyType:   "resilience.echo.v1.EchoResponse",
+		Reply:       []byte{10, 1, 'x'},
+		Header:      metadata.MD{"b": {"2"}, "a": {"1", "x"}, "k-bin": {"\x00\xff"}},
+		Trailer:     metadata.MD{"t": {"v"}},
+	}
+	b1, err := rec.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 { // deterministic, whatever the map order
+		b2, _ := rec.MarshalBinary()
+		if !bytes.Equal(b1, b2) {
+			t.Fatal("MarshalBinary() is not deterministic")
+		}
+	}
+	var got idempotency.Record
+	if err := got.UnmarshalBinary(b1); err != nil {
+		t.Fatalf("UnmarshalBinary() error = %v", err)
+	}
+	b3, _ := got.MarshalBinary()
+	if !bytes.Equal(b1, b3) {
+		t.Errorf("round trip changed the record: %+v", got)
+	}
+	// Version 2 is refused. Field 1 (format_version), varint 2.
+	if err := got.UnmarshalBinary(append([]byte{0x08, 0x02}, b1[2:]...)); !errors.Is(err, idempotency.ErrUnknownFormat) {
+		t.Errorf("UnmarshalBinary(version 2) error = %v, want ErrUnknownFormat", err)
+	}
+}

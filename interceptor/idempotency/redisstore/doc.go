@@ -1,0 +1,44 @@
+// Package redisstore is an idempotency.Store in Redis (go-redis v9), so that
+// every replica of a server sees the same records: a call runs once however
+// many replicas its duplicates reach.
+//
+// # Data model
+//
+// Each record key (scope, method, idempotency key) is one Redis hash named
+// prefix + len(scope) ":" scope + len(method) ":" method + key, with fields
+// f (request fingerprint), o (owner token, while in progress) and r (the
+// record, a resilience.idempotency.v1.Record with its format version, once
+// completed). Its time to live is the lease while in progress and the record
+// TTL once completed, so a crashed owner's claim ends by itself. Each record
+// key is a single Redis key, so the store works on Redis Cluster through a
+// redis.ClusterClient.
+//
+// # Operations and round trips
+//
+// Every operation is one Lua script, hence atomic, and one round trip
+// (EVALSHA; the first use of each script on a server whose script cache does
+// not hold it yet costs one more round trip, for the EVAL fallback):
+//
+//   - Claim creates the hash with the fingerprint and a fresh random owner
+//     token and sets the lease, when the key is absent; otherwise it returns
+//     mismatch, the stored record, or the lease's remaining time, in that
+//     order of checks. A replay therefore costs one round trip.
+//   - Complete checks the owner token, stores the record, drops the token and
+//     sets the TTL, in one step. The first execution of a call costs two round
+//     trips: Claim and Complete.
+//   - Release checks the owner token and deletes the key.
+//
+// Records larger than the bound (WithMaxRecordBytes, default 1 MiB) are
+// refused before anything is sent.
+//
+// # Failures
+//
+// A Redis error is returned as is (wrapped); the interceptor decides what a
+// store outage means (fail closed with UNAVAILABLE by default, or fail open).
+// Operations are bounded by the context and by the client's own timeouts; a
+// client for this store should keep go-redis's retries low, since a caller
+// waits for them.
+//
+// The Store holds no goroutine and no connection of its own: close the
+// client to release its connections.
+package redisstore

@@ -1,0 +1,28 @@
+package redisstore_test
+
+import (
+	"log"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+
+	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
+)
+
+func ExampleNew() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: 1})
+	defer client.Close()
+	store, err := redisstore.New(client, redisstore.WithKeyPrefix("orders:idem:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Every replica uses the same Redis: a keyed call runs once across all.
+	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store))
+	if err != nil {
+		log.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
+	defer gs.Stop()
+	// Register services on gs and serve.
+}

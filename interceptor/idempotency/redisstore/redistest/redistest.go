@@ -1,0 +1,212 @@
+// Package redistest runs a real redis-server for tests.
+//
+// [Addr] starts a fresh redis-server on a free loopback port for the calling
+// test (no persistence: --save "" --appendonly no) and stops it when the
+// test ends, or returns $REDIS_ADDR when that is set. Without redis-server on
+// PATH the test is skipped with instructions, except in CI (the CI
+// environment variable is set), where it fails: Redis tests never skip
+// silently in CI.
+//
+// Tests sharing a server keep apart by key prefix: [Prefix] returns one that
+// is unique to the test and the run.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds how long a redis-server may take to become ready.
+const startTimeout = 10 * time.Second
+
+// Addr returns the address of a Redis server the test may use: $REDIS_ADDR,
+// or a redis-server started for t and stopped at its cleanup.
+func Addr(t testing.TB) string {
+	t.Helper()
+	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+		return addr
+	}
+	return Start(t).Addr
+}
+
+// Server is a redis-server started by Start.
+type Server struct {
+	// Addr is the server's loopback address.
+	Addr string
+	stop func()
+	once sync.Once
+}
+
+// Stop kills the server and waits for it to exit. It is safe to call more
+// than once; Start also registers it as a cleanup of the test.
+func (s *Server) Stop() { s.once.Do(s.stop) }
+
+// Start starts a redis-server for t, whatever REDIS_ADDR says, for tests that
+// must stop their server. It skips or fails as Addr does when redis-server is
+// not on PATH.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		msg := "redis-server not found on PATH: install it (apt-get install redis-server) " +
+			"or set REDIS_ADDR=host:port to use a running server"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg + " (CI is set, so Redis tests must not be skipped)")
+		}
+		t.Skip(msg)
+	}
+	var lastErr error
+	for range 3 { // a free port may be taken between choosing and binding
+		s, err := start(path)
+		if err == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+		lastErr = err
+	}
+	t.Fatalf("starting redis-server: %v", lastErr)
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func start(path string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path,
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	// Read the log until the server says it is ready, then keep draining it
+	// so the server never blocks on a full pipe.
+	ready := make(chan error, 1)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		notify := ready // set to nil once used
+		sc := bufio.NewScanner(out)
+		var log strings.Builder
+		for sc.Scan() {
+			line := sc.Text()
+			if notify != nil {
+				log.WriteString(line + "\n")
+				if strings.Contains(line, "Ready to accept connections") {
+					notify <- nil
+					notify = nil
+				}
+			}
+		}
+		if notify != nil {
+			notify <- fmt.Errorf("redis-server exited before it was ready:\n%s", log.String())
+		}
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	stop := func() {
+		_ = cmd.Process.Kill()
+		<-drained
+		_ = cmd.Wait()
+	}
+	timer := time.NewTimer(startTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-ready:
+		if err != nil {
+			stop()
+			return nil, err
+		}
+	case <-timer.C:
+		stop()
+		return nil, fmt.Errorf("redis-server not ready after %v", startTimeout)
+	}
+	return &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), stop: stop}, nil
+}
+
+// Client returns a client of addr, closed when t ends.
+func Client(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// ClosedAddr returns a loopback address nothing listens on, for tests of a
+// store outage.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+// Prefix returns a key prefix unique to t and to this run.
+func Prefix(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "test:" + t.Name() + ":" + hex.EncodeToString(b[:]) + ":"
+}
+
+// Advance makes Redis behave as if d had passed for the keys under prefix:
+// keys whose time to live is at most d are deleted, the others have it
+// shortened by d. Redis cannot run on fake time; this moves the keys instead.
+func Advance(ctx context.Context, c redis.UniversalClient, prefix string, d time.Duration) error {
+	iter := c.Scan(ctx, 0, escapeGlob(prefix)+"*", 100).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			return err
+		}
+		switch {
+		case ttl < 0: // no expiry (-1) or gone (-2)
+		case ttl <= d:
+			err = c.Del(ctx, k).Err()
+		default:
+			err = c.PExpire(ctx, k, ttl-d).Err()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return errors.Join(errors.New("redistest: scanning keys"), err)
+	}
+	return nil
+}
+
+func escapeGlob(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
+	return r.Replace(s)
+}

@@ -1,0 +1,129 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// RecordKey names one record: the caller's scope, the method and the
+// idempotency key the caller sent. Two calls share a record only when all
+// three are equal, so a caller in one scope never reads another's record.
+type RecordKey struct {
+	// Scope identifies the caller, such as an authenticated principal. The
+	// empty scope is shared by every caller that has none.
+	Scope string
+	// FullMethod is the gRPC method, "/package.Service/Method".
+	FullMethod string
+	// Key is the value of the call's idempotency-key metadata: 1 to 255
+	// printable ASCII characters.
+	Key string
+}
+
+// State is what [Store.Claim] found.
+type State uint8
+
+// The outcomes of [Store.Claim].
+const (
+	// Owned: the key was free and now belongs to the caller, under a lease,
+	// until it calls Complete or Release with Claim.Token or the lease ends.
+	Owned State = iota + 1
+	// Completed: a record with the same fingerprint is stored; Claim.Record
+	// holds it.
+	Completed
+	// InProgress: another owner holds a live lease with the same fingerprint;
+	// Claim.RetryAfter is the time left on that lease, an upper bound on how
+	// long the key stays busy if the owner has crashed.
+	InProgress
+	// Mismatch: the key is held (in progress or completed) for a request with
+	// another fingerprint. Nothing is returned of the other request.
+	Mismatch
+)
+
+// String returns the state's name, such as "Owned".
+func (s State) String() string {
+	switch s {
+	case Owned:
+		return "Owned"
+	case Completed:
+		return "Completed"
+	case InProgress:
+		return "InProgress"
+	case Mismatch:
+		return "Mismatch"
+	}
+	return "State(invalid)"
+}
+
+// Claim is the result of [Store.Claim].
+type Claim struct {
+	// State is what the store found; the other fields depend on it.
+	State State
+	// Token is the owner token, set when State is Owned. Complete and Release
+	// take it; a store never hands the same token out twice for one key.
+	Token string
+	// Record is the stored outcome, set when State is Completed. It is
+	// shared: callers must not modify it.
+	Record *Record
+	// RetryAfter is the time left on the owner's lease, set when State is
+	// InProgress.
+	RetryAfter time.Duration
+}
+
+// Store keeps idempotency records. Implementations are safe for concurrent
+// use, by many goroutines and, for a shared store such as Redis, by many
+// processes. Every operation on one key is atomic (linearizable).
+//
+// A key is absent, held under a lease by one owner (in progress), or
+// completed with a record. Transitions:
+//
+//	absent      --Claim-->    in progress (lease, owner token, fingerprint)
+//	in progress --Complete--> completed (record, TTL); only by the owner
+//	in progress --Release-->  absent; only by the owner
+//	in progress --lease ends--> absent
+//	completed   --TTL ends or evicted--> absent
+//
+// Waiting for an owner is the caller's loop: Claim again until the result
+// is not InProgress. A Claim that finds the key free takes it over, so a
+// waiter becomes the owner when the first owner released the key or its lease
+// ended.
+type Store interface {
+	// Claim takes key for the request whose fingerprint is given, under a
+	// lease of the given duration, when the key is absent (or its lease or
+	// record has ended): the result is Owned with a fresh token. Otherwise
+	// it reports what holds the key: Mismatch when the fingerprint differs,
+	// else Completed with the record, else InProgress. The fingerprint check
+	// comes first, so a different request never learns anything of the
+	// stored one. An error means the store could not answer; the key is then
+	// not held by the caller.
+	Claim(ctx context.Context, key RecordKey, fingerprint []byte, lease time.Duration) (Claim, error)
+
+	// Complete stores rec for key for ttl and ends the lease, in one atomic
+	// step, if token still owns key; otherwise it returns an error wrapping
+	// ErrNotOwner and changes nothing. A record larger than the store's bound
+	// is refused with an error wrapping ErrRecordTooLarge, and the claim is
+	// kept, so the caller should Release. The store may keep rec: the caller
+	// must not modify it afterwards.
+	Complete(ctx context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error
+
+	// Release ends the lease of token on key and makes key absent, if token
+	// still owns it; otherwise it returns an error wrapping ErrNotOwner and
+	// changes nothing. Callers release after a failure worth retrying, so that
+	// the retry runs the call again.
+	Release(ctx context.Context, key RecordKey, token string) error
+}
+
+var (
+	// ErrNotOwner is wrapped by the errors of Complete and Release when the
+	// token no longer owns the key: its lease ended, the key was released, or
+	// another owner claimed it since.
+	ErrNotOwner = errors.New("idempotency: token does not own the key")
+
+	// ErrRecordTooLarge is wrapped by the error of Complete when the record
+	// is larger than the store's bound.
+	ErrRecordTooLarge = errors.New("idempotency: record too large for the store")
+
+	// ErrStoreFull is wrapped by the error of a MemoryStore's Claim or
+	// Complete when live leases fill a shard and nothing can be evicted.
+	ErrStoreFull = errors.New("idempotency: store full")
+)

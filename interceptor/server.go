@@ -1,0 +1,103 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/grpclog"
+)
+
+// Server is the server side of grpc-resilience: it gives the interceptors
+// that a grpc.Server installs. Today it carries server-side idempotency (see
+// WithIdempotencyStore and the package interceptor/idempotency). A Server
+// with no option passes every call through unchanged.
+//
+// A Server is safe for concurrent use; its per-method policy and its
+// in-process coalescing state are shared by all calls.
+type Server struct {
+	idem *srvIdem // nil when idempotency is off; immutable
+}
+
+// ServerOption configures [NewServer].
+type ServerOption interface{ apply(*serverOptions) }
+
+// serverOptions collects the options of NewServer before validation.
+type serverOptions struct {
+	logger *slog.Logger // nil: grpclog
+	idem   srvIdemOptions
+	errs   []error // option errors found while applying, reported by NewServer
+}
+
+type srvOptionFunc func(*serverOptions)
+
+func (f srvOptionFunc) apply(o *serverOptions) { f(o) }
+
+// WithServerLogger sets the logger of the Server's warnings, such as a reply
+// too large to store. By default they go to grpclog (component
+// "resilience").
+func WithServerLogger(l *slog.Logger) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) { o.logger = l })
+}
+
+// NewServer returns a Server configured by opts. It validates the options
+// and returns an error naming the first bad one; it never panics on bad
+// configuration.
+func NewServer(opts ...ServerOption) (*Server, error) {
+	o := serverOptions{idem: srvIdemDefaults()}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("interceptor: NewServer: nil ServerOption")
+		}
+		opt.apply(&o)
+	}
+	if len(o.errs) > 0 {
+		return nil, o.errs[0]
+	}
+	s := &Server{}
+	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
+	if err != nil {
+		return nil, err
+	}
+	s.idem = idem
+	return s, nil
+}
+
+// UnaryServerInterceptor returns the unary interceptor of s. With an
+// idempotency store it runs each keyed call once per record key and replays
+// the stored outcome to duplicates (see WithIdempotencyStore).
+//
+// Order: install it after authentication (the scope function reads what
+// authentication put in the context) and after a panic-recovery interceptor,
+// that is, recovery outside, this inside:
+//
+//	grpc.ChainUnaryInterceptor(recovery, auth, s.UnaryServerInterceptor())
+//
+// A panic in the handler releases the idempotency claim and propagates, as
+// grpc's own interceptors do, so the outer recovery turns it into INTERNAL
+// and a retry runs the handler again. A recovery interceptor placed inside
+// this one would turn the panic into an INTERNAL status that is stored.
+func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return s.srvUnary
+}
+
+func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.idem == nil {
+		return handler(ctx, req)
+	}
+	return s.idem.intercept(ctx, req, info, handler)
+}
+
+// srvLogger writes the Server's warnings to an slog.Logger or to grpclog.
+type srvLogger struct{ l *slog.Logger }
+
+var srvGRPCLog = grpclog.Component("resilience")
+
+func (l srvLogger) warn(msg string, args ...any) {
+	if l.l != nil {
+		l.l.Warn(msg, args...)
+		return
+	}
+	srvGRPCLog.Warning(append([]any{msg + ": "}, args...)...)
+}

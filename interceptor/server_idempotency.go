@@ -1,0 +1,668 @@
+package interceptor
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+)
+
+// Defaults of the server-side idempotency options.
+const (
+	// DefaultIdempotencyTTL is how long a completed record is kept.
+	DefaultIdempotencyTTL = 24 * time.Hour
+	// DefaultIdempotencyLease bounds how long a crashed owner holds a key.
+	DefaultIdempotencyLease = 30 * time.Second
+	// DefaultIdempotencyPushback is the grpc-retry-pushback-ms sent with
+	// ABORTED when waiting is off.
+	DefaultIdempotencyPushback = 100 * time.Millisecond
+	// DefaultIdempotencyPollInitial and DefaultIdempotencyPollMax bound the
+	// backoff of a duplicate polling the store for an owner in another
+	// process: 10 ms, doubling, at most 500 ms, and never past the owner's
+	// lease.
+	DefaultIdempotencyPollInitial = 10 * time.Millisecond
+	DefaultIdempotencyPollMax     = 500 * time.Millisecond
+)
+
+// srvIdemHeader is the metadata key carrying the idempotency key.
+const srvIdemHeader = "idempotency-key"
+
+// srvIdemMaxKey is the longest idempotency key accepted, in bytes.
+const srvIdemMaxKey = 255
+
+// IdempotencyKeyPolicy says what a method does with the idempotency-key
+// metadata. The zero value is IdempotencyKeyOptional.
+type IdempotencyKeyPolicy uint8
+
+const (
+	// IdempotencyKeyOptional uses the key when the call carries one and runs
+	// the handler plainly when it does not. The default.
+	IdempotencyKeyOptional IdempotencyKeyPolicy = iota
+	// IdempotencyKeyRequired rejects calls without a key with
+	// INVALID_ARGUMENT.
+	IdempotencyKeyRequired
+	// IdempotencyKeyIgnored runs every call plainly, key or not: for methods
+	// without side effects, where storing replies only costs.
+	IdempotencyKeyIgnored
+)
+
+// Errors of server-side idempotency. The interceptor returns errors that
+// wrap them (errors.Is) and carry the gRPC status given here (status.Code).
+var (
+	// ErrIdempotencyKeyInvalid: the idempotency-key is malformed, or missing
+	// for a method that requires one. INVALID_ARGUMENT.
+	ErrIdempotencyKeyInvalid = errors.New("idempotency: invalid idempotency-key")
+	// ErrIdempotencyKeyReused: the key was used for a different request of
+	// the same method and scope. FAILED_PRECONDITION.
+	ErrIdempotencyKeyReused = errors.New("idempotency: idempotency-key reused with a different request")
+	// ErrIdempotencyInProgress: the first call with this key is still running
+	// and waiting is off. ABORTED, with grpc-retry-pushback-ms.
+	ErrIdempotencyInProgress = errors.New("idempotency: a call with this idempotency-key is in progress")
+	// ErrIdempotencyStoreUnavailable: the store failed and the server fails
+	// closed. UNAVAILABLE.
+	ErrIdempotencyStoreUnavailable = errors.New("idempotency: store unavailable")
+)
+
+// srvRejection is an error of the idempotency interceptor: a gRPC status
+// that wraps a sentinel.
+type srvRejection struct {
+	code     codes.Code
+	msg      string
+	sentinel error
+}
+
+func (e *srvRejection) Error() string              { return e.msg }
+func (e *srvRejection) Unwrap() error              { return e.sentinel }
+func (e *srvRejection) GRPCStatus() *status.Status { return status.New(e.code, e.msg) }
+
+// srvIdemOptions are the idempotency options before validation.
+type srvIdemOptions struct {
+	store       idempotency.Store
+	scope       func(context.Context) (string, error)
+	ttl, lease  time.Duration
+	pushback    time.Duration
+	pollInitial time.Duration
+	pollMax     time.Duration
+	noWait      bool
+	failOpen    bool
+	retryable   rescodes.Set
+	policies    map[string]IdempotencyKeyPolicy // by "", service or full method
+	errs        []error
+}
+
+func srvIdemDefaults() srvIdemOptions {
+	return srvIdemOptions{
+		scope:       IdempotencyPeerScope,
+		ttl:         DefaultIdempotencyTTL,
+		lease:       DefaultIdempotencyLease,
+		pushback:    DefaultIdempotencyPushback,
+		pollInitial: DefaultIdempotencyPollInitial,
+		pollMax:     DefaultIdempotencyPollMax,
+		retryable:   DefaultIdempotencyUnstored,
+	}
+}
+
+// DefaultIdempotencyUnstored are the status codes whose outcomes are not
+// stored, so that a retry runs the handler again: UNAVAILABLE,
+// RESOURCE_EXHAUSTED, ABORTED, CANCELLED and DEADLINE_EXCEEDED (a handler
+// cancelled or timed out returns the last two).
+var DefaultIdempotencyUnstored = rescodes.Of(codes.Unavailable, codes.ResourceExhausted,
+	codes.Aborted, codes.Canceled, codes.DeadlineExceeded)
+
+func srvIdemOption(f func(*srvIdemOptions)) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) { f(&o.idem) })
+}
+
+// WithIdempotencyStore turns on server-side idempotency with store. A unary
+// call that carries idempotency-key metadata runs its handler once per record
+// key (caller scope, full method, key); duplicates receive the stored
+// outcome, byte for byte, without running the handler. See the package
+// documentation of interceptor/idempotency for the semantics, and
+// idempotency.NewMemoryStore and redisstore.New for stores.
+func WithIdempotencyStore(store idempotency.Store) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.store = store })
+}
+
+// WithIdempotencyScope sets the function that names the caller's scope, the
+// first part of every record key: typically the authenticated principal or
+// tenant. An error it returns is returned to the caller as is (a status
+// error keeps its code; grpc makes any other error UNKNOWN).
+//
+// The default is [IdempotencyPeerScope]: the identity of a verified TLS
+// client certificate, else the empty scope. All callers of one scope share
+// records: with a shared (e.g. empty) scope, any caller who learns or
+// guesses another's key, for the same method, receives that caller's reply.
+// Keys must then be unguessable (random, 128 bits or more), and a server with
+// authenticated callers should set a scope.
+func WithIdempotencyScope(scope func(ctx context.Context) (string, error)) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) {
+		if scope == nil {
+			o.errs = append(o.errs, errors.New("interceptor: WithIdempotencyScope(nil): scope must not be nil"))
+			return
+		}
+		o.scope = scope
+	})
+}
+
+// WithIdempotencyTTL sets how long a completed outcome is kept and replayed
+// (default DefaultIdempotencyTTL). A store with bounded memory may evict
+// records sooner.
+func WithIdempotencyTTL(d time.Duration) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.ttl = d })
+}
+
+// WithIdempotencyLease sets the lease of a running first call (default
+// DefaultIdempotencyLease): if its server crashes, duplicates wait at most
+// this long before one of them runs the call again. Set it above the longest
+// time the handler runs: an owner still running when its lease ends can no
+// longer store its outcome (logged), and a duplicate may run concurrently.
+func WithIdempotencyLease(d time.Duration) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
+}
+
+// WithIdempotencyWait sets whether a duplicate that arrives while the first
+// call runs waits for its outcome (true, the default), bounded by the
+// duplicate's own deadline, or fails at once with ABORTED and a
+// grpc-retry-pushback-ms trailer (false).
+func WithIdempotencyWait(wait bool) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.noWait = !wait })
+}
+
+// WithIdempotencyPushback sets the grpc-retry-pushback-ms sent with ABORTED
+// when waiting is off (default DefaultIdempotencyPushback).
+func WithIdempotencyPushback(d time.Duration) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.pushback = d })
+}
+
+// WithIdempotencyPoll sets the backoff of a duplicate polling the store while
+// the first call runs in another process (or another Server): initial, then
+// doubling up to max, and never past the remaining lease. In-process
+// duplicates do not poll: they wait for the first call directly.
+func WithIdempotencyPoll(initial, max time.Duration) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.pollInitial, o.pollMax = initial, max })
+}
+
+// WithIdempotencyFailOpen sets what a keyed call does when the store fails
+// (an outage, a timeout, a full memory store). false, the default, fails
+// closed: the call gets UNAVAILABLE, which clients retry, and the handler
+// does not run. true fails open: the handler runs without idempotency, so a
+// duplicate may run it again; each such call is logged.
+func WithIdempotencyFailOpen(open bool) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.failOpen = open })
+}
+
+// WithIdempotencyKeyPolicy sets the key policy of the methods name selects:
+// a full method "/pkg.Service/Method", a service "pkg.Service" (all its
+// methods), or "" (every method). The most specific wins; the default for
+// every method is IdempotencyKeyOptional.
+func WithIdempotencyKeyPolicy(name string, p IdempotencyKeyPolicy) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) {
+		if err := srvCheckPolicyName(name); err != nil {
+			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyKeyPolicy(%q): %w", name, err))
+			return
+		}
+		if p > IdempotencyKeyIgnored {
+			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyKeyPolicy(%q): unknown policy %d", name, p))
+			return
+		}
+		if o.policies == nil {
+			o.policies = make(map[string]IdempotencyKeyPolicy)
+		}
+		o.policies[name] = p
+	})
+}
+
+// WithIdempotencyUnstoredCodes sets the status codes whose outcomes are not
+// stored: the claim is released and a retry runs the handler again (default
+// DefaultIdempotencyUnstored). Every other outcome, success or error, is
+// stored and replayed. A panic is never stored.
+func WithIdempotencyUnstoredCodes(s rescodes.Set) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.retryable = s })
+}
+
+func srvCheckPolicyName(name string) error {
+	switch {
+	case name == "":
+		return nil
+	case name[0] == '/':
+		svc, m, ok := strings.Cut(name[1:], "/")
+		if !ok || svc == "" || m == "" || strings.Contains(m, "/") {
+			return errors.New(`a full method must be "/pkg.Service/Method"`)
+		}
+	case strings.Contains(name, "/"):
+		return errors.New(`a service must be "pkg.Service", without "/"`)
+	}
+	return nil
+}
+
+// srvIdem is server-side idempotency: validated options and the in-process
+// flights. Everything but flights is immutable.
+type srvIdem struct {
+	store       idempotency.Store
+	scope       func(context.Context) (string, error)
+	ttl, lease  time.Duration
+	pollInitial time.Duration
+	pollMax     time.Duration
+	noWait      bool
+	failOpen    bool
+	retryable   rescodes.Set
+	policies    map[string]IdempotencyKeyPolicy
+	pushbackMD  metadata.MD // the trailer of ABORTED when waiting is off
+	inProgress  srvOutcome  // ABORTED with pushback, when waiting is off
+	log         srvLogger
+	flights     srvFlights
+}
+
+func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
+	if len(o.errs) > 0 {
+		return nil, o.errs[0]
+	}
+	if o.store == nil {
+		if o.policies != nil {
+			return nil, errors.New("interceptor: WithIdempotencyKeyPolicy needs WithIdempotencyStore")
+		}
+		return nil, nil
+	}
+	switch {
+	case o.ttl < time.Millisecond:
+		return nil, fmt.Errorf("interceptor: WithIdempotencyTTL(%v): must be at least 1ms", o.ttl)
+	case o.lease < time.Millisecond:
+		return nil, fmt.Errorf("interceptor: WithIdempotencyLease(%v): must be at least 1ms", o.lease)
+	case o.pushback < 0:
+		return nil, fmt.Errorf("interceptor: WithIdempotencyPushback(%v): must not be negative", o.pushback)
+	case o.pollInitial <= 0 || o.pollMax < o.pollInitial:
+		return nil, fmt.Errorf("interceptor: WithIdempotencyPoll(%v, %v): need 0 < initial <= max", o.pollInitial, o.pollMax)
+	}
+	s := &srvIdem{
+		store:       o.store,
+		scope:       o.scope,
+		ttl:         o.ttl,
+		lease:       o.lease,
+		pollInitial: o.pollInitial,
+		pollMax:     o.pollMax,
+		noWait:      o.noWait,
+		failOpen:    o.failOpen,
+		retryable:   o.retryable,
+		policies:    o.policies,
+		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		log:         log,
+		flights:     srvFlights{m: make(map[srvFlightKey]*srvFlight, 64)},
+		inProgress: srvOutcome{ok: true, pushback: true, err: &srvRejection{code: codes.Aborted,
+			msg:      "idempotency: a call with this idempotency-key is in progress; retry later",
+			sentinel: ErrIdempotencyInProgress}},
+	}
+	return s, nil
+}
+
+// policy returns the key policy of fullMethod: exact method, else service,
+// else the "" entry, else optional.
+func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
+	if len(s.policies) == 0 {
+		return IdempotencyKeyOptional
+	}
+	if p, ok := s.policies[fullMethod]; ok {
+		return p
+	}
+	if i := strings.LastIndexByte(fullMethod, '/'); i > 1 {
+		if p, ok := s.policies[fullMethod[1:i]]; ok {
+			return p
+		}
+	}
+	return s.policies[""]
+}
+
+// srvIdemKey returns the call's idempotency key from the values of its
+// idempotency-key metadata: ok false when there is none,
+// an error wrapping ErrIdempotencyKeyInvalid when it is malformed: sent more
+// than once, empty, longer than 255 bytes, or holding a byte outside
+// printable ASCII (0x20–0x7E).
+func srvIdemKey(vs []string) (key string, ok bool, err error) {
+	switch {
+	case len(vs) == 0:
+		return "", false, nil
+	case len(vs) > 1:
+		return "", false, srvInvalidKey("idempotency-key sent " + strconv.Itoa(len(vs)) + " times; send one value")
+	}
+	k := vs[0]
+	if len(k) == 0 || len(k) > srvIdemMaxKey {
+		return "", false, srvInvalidKey("idempotency-key is " + strconv.Itoa(len(k)) + " bytes long; it must be 1 to 255 printable ASCII characters")
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 0x20 || c > 0x7e {
+			return "", false, srvInvalidKey("idempotency-key has byte 0x" + hex.EncodeToString([]byte{c}) +
+				" at offset " + strconv.Itoa(i) + "; it must be 1 to 255 printable ASCII characters (0x20-0x7E)")
+		}
+	}
+	return k, true, nil
+}
+
+func srvInvalidKey(msg string) error {
+	return &srvRejection{code: codes.InvalidArgument, msg: "idempotency: " + msg, sentinel: ErrIdempotencyKeyInvalid}
+}
+
+// IdempotencyPeerScope is the default scope function: for a caller with a
+// verified TLS client certificate, "x509:" and the hex SHA-256 of the leaf
+// certificate's issuer and subject (stable across renewals by the same CA);
+// for any other caller, the empty scope, which all such callers share. See
+// WithIdempotencyScope for the risk of a shared scope.
+func IdempotencyPeerScope(ctx context.Context) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return "", nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return "", nil
+	}
+	return srvCertScope(ti.State.VerifiedChains[0][0]), nil
+}
+
+func srvCertScope(leaf *x509.Certificate) string {
+	h := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(leaf.RawIssuer)))
+	h.Write(n[:])
+	h.Write(leaf.RawIssuer)
+	h.Write(leaf.RawSubject)
+	return "x509:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// srvFingerprint hashes the deterministic encoding of req.
+func srvFingerprint(req any) ([sha256.Size]byte, error) {
+	m, ok := req.(proto.Message)
+	if !ok {
+		return [sha256.Size]byte{}, status.Errorf(codes.Internal, "idempotency: request type %T is not a proto message", req)
+	}
+	bp := srvBufPool.Get().(*[]byte)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend((*bp)[:0], m)
+	if err != nil {
+		srvBufPool.Put(bp)
+		return [sha256.Size]byte{}, status.Errorf(codes.Internal, "idempotency: marshalling the request: %v", err)
+	}
+	sum := sha256.Sum256(b)
+	if cap(b) <= 64<<10 {
+		*bp = b
+		srvBufPool.Put(bp)
+	}
+	return sum, nil
+}
+
+var srvBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	pol := s.policy(info.FullMethod)
+	if pol == IdempotencyKeyIgnored {
+		return handler(ctx, req)
+	}
+	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, srvIdemHeader))
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if pol == IdempotencyKeyRequired {
+			return nil, srvInvalidKey("method " + info.FullMethod + " requires idempotency-key metadata")
+		}
+		return handler(ctx, req)
+	}
+	scope, err := s.scope(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fp, err := srvFingerprint(req)
+	if err != nil {
+		return nil, err
+	}
+	fk := srvFlightKey{rk: idempotency.RecordKey{Scope: scope, FullMethod: info.FullMethod, Key: key}, fp: fp}
+	for {
+		f, done := s.flights.join(fk)
+		if done != nil {
+			if s.noWait {
+				return s.replayShared(ctx, &s.inProgress)
+			}
+			// Wait for the in-process call with the same record key and
+			// request, then take its outcome or compete again.
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			if f.out.ok {
+				return s.replayShared(ctx, &f.out)
+			}
+			continue
+		}
+		return s.lead(ctx, req, info, handler, fk, f)
+	}
+}
+
+// lead runs the store protocol for the flight f it leads, and finishes f,
+// even on panic.
+func (s *srvIdem) lead(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler,
+	fk srvFlightKey, f *srvFlight) (resp any, err error) {
+	defer s.flights.finish(fk, f) // after f.out is written, or with f.out unset on panic
+	backoff := s.pollInitial
+	for {
+		c, err := s.store.Claim(ctx, fk.rk, fk.fp[:], s.lease)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			if s.failOpen {
+				s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
+					"method", info.FullMethod, "error", err)
+				return handler(ctx, req)
+			}
+			return nil, &srvRejection{code: codes.Unavailable, msg: "idempotency: store unavailable: " + err.Error(),
+				sentinel: ErrIdempotencyStoreUnavailable}
+		}
+		switch c.State {
+		case idempotency.Completed:
+			f.out = srvOutcome{ok: true, rec: c.Record}
+			return s.replay(ctx, c.Record)
+		case idempotency.Mismatch:
+			f.out = srvOutcome{ok: true, err: &srvRejection{code: codes.FailedPrecondition,
+				msg:      "idempotency: idempotency-key was already used with a different request to " + info.FullMethod,
+				sentinel: ErrIdempotencyKeyReused}}
+			return nil, f.out.err
+		case idempotency.InProgress:
+			if s.noWait {
+				f.out = s.inProgress
+				return s.replayShared(ctx, &f.out)
+			}
+			d := min(backoff, max(c.RetryAfter, time.Millisecond))
+			backoff = min(2*backoff, s.pollMax)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		case idempotency.Owned:
+			return s.runOwned(ctx, req, info, handler, fk, c.Token, f)
+		default:
+			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", c.State)
+		}
+	}
+}
+
+// runOwned runs the handler for a claimed key and stores or releases the
+// outcome. Store calls after the handler are not cancelled with the caller:
+// an outcome is stored even when the caller has gone.
+func (s *srvIdem) runOwned(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler,
+	fk srvFlightKey, token string, f *srvFlight) (any, error) {
+	sctx := context.WithoutCancel(ctx)
+	capt := &srvCapture{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx), method: info.FullMethod}
+	done := false
+	defer func() {
+		if !done { // the handler panicked: release, and let the panic go on
+			s.release(sctx, fk.rk, token, info.FullMethod)
+		}
+	}()
+	resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, capt), req)
+	done = true
+	code := rescodes.Classify(err)
+	if s.retryable.Has(code) {
+		s.release(sctx, fk.rk, token, info.FullMethod)
+		return resp, err
+	}
+	rec, rerr := srvRecord(fk.fp[:], resp, err, capt)
+	if rerr != nil {
+		s.log.warn("idempotency: outcome not stored", "method", info.FullMethod, "error", rerr)
+		s.release(sctx, fk.rk, token, info.FullMethod)
+		return resp, err
+	}
+	if cerr := s.store.Complete(sctx, fk.rk, token, rec, s.ttl); cerr != nil {
+		switch {
+		case errors.Is(cerr, idempotency.ErrRecordTooLarge):
+			s.log.warn("idempotency: outcome not stored: larger than the store's bound; duplicates will run the handler again",
+				"method", info.FullMethod, "bytes", rec.Size(), "error", cerr)
+		case errors.Is(cerr, idempotency.ErrNotOwner):
+			s.log.warn("idempotency: outcome not stored: the lease ended before the handler returned; raise the lease",
+				"method", info.FullMethod, "error", cerr)
+			return resp, err
+		default:
+			s.log.warn("idempotency: outcome not stored: store failed", "method", info.FullMethod, "error", cerr)
+		}
+		s.release(sctx, fk.rk, token, info.FullMethod)
+		return resp, err
+	}
+	f.out = srvOutcome{ok: true, rec: rec}
+	return resp, err
+}
+
+func (s *srvIdem) release(ctx context.Context, rk idempotency.RecordKey, token, method string) {
+	if err := s.store.Release(ctx, rk, token); err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
+		s.log.warn("idempotency: releasing the claim failed; it ends with its lease", "method", method, "error", err)
+	}
+}
+
+// srvRecord builds the record of a handler's outcome.
+func srvRecord(fp []byte, resp any, herr error, capt *srvCapture) (*idempotency.Record, error) {
+	capt.mu.Lock()
+	rec := &idempotency.Record{Fingerprint: fp, Header: capt.header, Trailer: capt.trailer}
+	capt.mu.Unlock()
+	if herr != nil {
+		st := status.Convert(herr).Proto()
+		rec.Code, rec.Message, rec.Details = codes.Code(st.Code), st.Message, st.Details
+		return rec, nil
+	}
+	m, ok := resp.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("reply type %T is not a proto message", resp)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("marshalling the reply: %w", err)
+	}
+	rec.ReplyType, rec.Reply = string(m.ProtoReflect().Descriptor().FullName()), b
+	return rec, nil
+}
+
+// replayShared returns a flight's outcome to one of its calls.
+func (s *srvIdem) replayShared(ctx context.Context, out *srvOutcome) (any, error) {
+	if out.rec != nil {
+		return s.replay(ctx, out.rec)
+	}
+	if out.pushback {
+		_ = grpc.SetTrailer(ctx, s.pushbackMD)
+	}
+	return nil, out.err
+}
+
+// replay returns a stored outcome: its metadata, and its reply or status.
+func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, error) {
+	if len(rec.Header) > 0 {
+		_ = grpc.SetHeader(ctx, rec.Header)
+	}
+	if len(rec.Trailer) > 0 {
+		_ = grpc.SetTrailer(ctx, rec.Trailer)
+	}
+	if rec.Code != codes.OK {
+		return nil, status.ErrorProto(&spb.Status{Code: int32(rec.Code), Message: rec.Message, Details: rec.Details})
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(rec.ReplyType))
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "idempotency: stored reply type %q: %v", rec.ReplyType, err)
+	}
+	m := mt.New().Interface()
+	if err := proto.Unmarshal(rec.Reply, m); err != nil {
+		return nil, status.Errorf(codes.Internal, "idempotency: decoding the stored reply: %v", err)
+	}
+	return m, nil
+}
+
+// srvCapture records the metadata a handler sets, and passes it on to the
+// real stream when there is one.
+type srvCapture struct {
+	grpc.ServerTransportStream        // nil when the interceptor is called without a grpc stream
+	method                     string // immutable
+
+	mu      sync.Mutex
+	header  metadata.MD // guarded by mu
+	trailer metadata.MD // guarded by mu
+}
+
+func (c *srvCapture) Method() string {
+	if c.ServerTransportStream != nil {
+		return c.ServerTransportStream.Method()
+	}
+	return c.method
+}
+
+func (c *srvCapture) SetHeader(md metadata.MD) error {
+	if c.ServerTransportStream != nil {
+		if err := c.ServerTransportStream.SetHeader(md); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.header = metadata.Join(c.header, md)
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *srvCapture) SendHeader(md metadata.MD) error {
+	if c.ServerTransportStream != nil {
+		if err := c.ServerTransportStream.SendHeader(md); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.header = metadata.Join(c.header, md)
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *srvCapture) SetTrailer(md metadata.MD) error {
+	if c.ServerTransportStream != nil {
+		if err := c.ServerTransportStream.SetTrailer(md); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.trailer = metadata.Join(c.trailer, md)
+	c.mu.Unlock()
+	return nil
+}

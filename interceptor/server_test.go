@@ -1,0 +1,253 @@
+package interceptor
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+)
+
+func TestNewServerRejectsBadOptions(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	withStore := func(opts ...ServerOption) []ServerOption {
+		return append([]ServerOption{WithIdempotencyStore(store)}, opts...)
+	}
+	tests := []struct {
+		name string
+		opts []ServerOption
+		want string
+	}{
+		{"nil option", []ServerOption{nil}, "nil ServerOption"},
+		{"nil scope", withStore(WithIdempotencyScope(nil)), "WithIdempotencyScope(nil)"},
+		{"zero TTL", withStore(WithIdempotencyTTL(0)), "WithIdempotencyTTL(0s)"},
+		{"sub-millisecond lease", withStore(WithIdempotencyLease(time.Microsecond)), "WithIdempotencyLease(1µs)"},
+		{"negative pushback", withStore(WithIdempotencyPushback(-time.Second)), "WithIdempotencyPushback(-1s)"},
+		{"poll max below initial", withStore(WithIdempotencyPoll(time.Second, time.Millisecond)), "WithIdempotencyPoll(1s, 1ms)"},
+		{"bad full method", withStore(WithIdempotencyKeyPolicy("/svc", IdempotencyKeyRequired)), `WithIdempotencyKeyPolicy("/svc")`},
+		{"service with slash", withStore(WithIdempotencyKeyPolicy("a/b", IdempotencyKeyRequired)), `WithIdempotencyKeyPolicy("a/b")`},
+		{"unknown policy", withStore(WithIdempotencyKeyPolicy("", 7)), "unknown policy 7"},
+		{"policy without store", []ServerOption{WithIdempotencyKeyPolicy("", IdempotencyKeyRequired)}, "needs WithIdempotencyStore"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewServer(tt.opts...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("NewServer() error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestServerWithoutOptionsPassesThrough(t *testing.T) {
+	s, err := NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h := func(context.Context, any) (any, error) { calls++; return &echov1.EchoResponse{}, nil }
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k"))
+	for range 2 {
+		if _, err := s.UnaryServerInterceptor()(ctx, &echov1.EchoRequest{}, &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 2 {
+		t.Errorf("handler ran %d times without a store, want 2", calls)
+	}
+}
+
+func TestIdempotencyKeyPolicyMostSpecificWins(t *testing.T) {
+	s := &srvIdem{policies: map[string]IdempotencyKeyPolicy{
+		"":                    IdempotencyKeyRequired,
+		"pkg.Svc":             IdempotencyKeyIgnored,
+		"/pkg.Svc/Create":     IdempotencyKeyOptional,
+		"/other.Svc/Required": IdempotencyKeyRequired,
+	}}
+	tests := []struct {
+		method string
+		want   IdempotencyKeyPolicy
+	}{
+		{"/pkg.Svc/Create", IdempotencyKeyOptional},
+		{"/pkg.Svc/Get", IdempotencyKeyIgnored},
+		{"/other.Svc/Any", IdempotencyKeyRequired},
+		{"/pkg.SvcX/Get", IdempotencyKeyRequired},
+	}
+	for _, tt := range tests {
+		if got := s.policy(tt.method); got != tt.want {
+			t.Errorf("policy(%q) = %v, want %v", tt.method, got, tt.want)
+		}
+	}
+}
+
+func TestIdempotencyKeyValidation(t *testing.T) {
+	tests := []struct {
+		name string
+		vals []string
+		ok   bool
+		err  bool
+	}{
+		{"absent", nil, false, false},
+		{"one character", []string{"a"}, true, false},
+		{"255 printable", []string{strings.Repeat("~", 255)}, true, false},
+		{"space and symbols", []string{" a-b_c:1/2 "}, true, false},
+		{"empty", []string{""}, false, true},
+		{"256 characters", []string{strings.Repeat("a", 256)}, false, true},
+		{"DEL", []string{"a\x7f"}, false, true},
+		{"tab", []string{"a\tb"}, false, true},
+		{"UTF-8", []string{"é"}, false, true},
+		{"two values", []string{"a", "a"}, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, ok, err := srvIdemKey(tt.vals)
+			if ok != tt.ok || (err != nil) != tt.err {
+				t.Fatalf("srvIdemKey(%q) = %v, %v; want ok %v, error %v", tt.vals, ok, err, tt.ok, tt.err)
+			}
+			if err != nil && (status.Code(err) != codes.InvalidArgument || !errors.Is(err, ErrIdempotencyKeyInvalid)) {
+				t.Errorf("srvIdemKey(%q) error = %v, want INVALID_ARGUMENT wrapping ErrIdempotencyKeyInvalid", tt.vals, err)
+			}
+		})
+	}
+}
+
+func FuzzIdempotencyKey(f *testing.F) {
+	for _, s := range []string{"", "a", "ключ", strings.Repeat("x", 256), "a\x00b", "order-123"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		k, ok, err := srvIdemKey([]string{key})
+		if ok == (err != nil) {
+			t.Fatalf("srvIdemKey(%q) = ok %v, error %v: want exactly one", key, ok, err)
+		}
+		if !ok {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("srvIdemKey(%q) code = %v, want INVALID_ARGUMENT", key, status.Code(err))
+			}
+			return
+		}
+		if k != key || len(k) < 1 || len(k) > 255 {
+			t.Fatalf("srvIdemKey(%q) accepted a key of length %d", key, len(k))
+		}
+		for i := 0; i < len(k); i++ {
+			if k[i] < 0x20 || k[i] > 0x7e {
+				t.Fatalf("srvIdemKey(%q) accepted byte %#x", key, k[i])
+			}
+		}
+	})
+}
+
+func TestIdempotencyPeerScope(t *testing.T) {
+	cert := func(subject, issuer string) *x509.Certificate {
+		return &x509.Certificate{RawSubject: []byte(subject), RawIssuer: []byte(issuer)}
+	}
+	withPeer := func(ai credentials.AuthInfo) context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: ai})
+	}
+	tlsPeer := func(c *x509.Certificate) context.Context {
+		return withPeer(credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{c}}}})
+	}
+	scope := func(ctx context.Context) string {
+		s, err := IdempotencyPeerScope(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if got := scope(context.Background()); got != "" {
+		t.Errorf("scope without a peer = %q, want empty", got)
+	}
+	if got := scope(withPeer(credentials.TLSInfo{})); got != "" {
+		t.Errorf("scope of a TLS peer without a verified certificate = %q, want empty", got)
+	}
+	a := scope(tlsPeer(cert("alice", "ca")))
+	if !strings.HasPrefix(a, "x509:") || len(a) != len("x509:")+64 {
+		t.Errorf("scope of a verified certificate = %q, want x509: and 64 hex digits", a)
+	}
+	if b := scope(tlsPeer(cert("bob", "ca"))); b == a {
+		t.Errorf("two subjects share scope %q", a)
+	}
+	// Issuer and subject are delimited: moving bytes between them differs.
+	if c, d := scope(tlsPeer(cert("b", "ca"))), scope(tlsPeer(cert("ab", "c"))); c == d {
+		t.Errorf("scope(%q/%q) = scope(%q/%q)", "ca", "b", "c", "ab")
+	}
+}
+
+func TestIdempotencyInterceptorDirectlyWithoutGRPCStream(t *testing.T) {
+	// Called outside a grpc server (no transport stream), the interceptor
+	// still records and replays the metadata the handler sets.
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(WithIdempotencyStore(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h := func(ctx context.Context, req any) (any, error) {
+		calls++
+		if err := grpc.SetTrailer(ctx, metadata.Pairs("x-t", "v")); err != nil {
+			return nil, err
+		}
+		return &echov1.EchoResponse{Message: req.(*echov1.EchoRequest).Message}, nil
+	}
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k"))
+	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
+	for range 2 {
+		resp, err := s.UnaryServerInterceptor()(ctx, &echov1.EchoRequest{Message: "m"}, info, h)
+		if err != nil || resp.(*echov1.EchoResponse).Message != "m" {
+			t.Fatalf("interceptor = %v, %v", resp, err)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("handler ran %d times, want 1", calls)
+	}
+	if _, err := s.UnaryServerInterceptor()(ctx, "not a proto", info, h); status.Code(err) != codes.Internal {
+		t.Errorf("non-proto request: code %v, want INTERNAL", status.Code(err))
+	}
+}
+
+func TestIdempotencyHotPathAllocations(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(WithIdempotencyStore(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary := s.UnaryServerInterceptor()
+	resp := &echov1.EchoResponse{Message: "m"}
+	h := func(context.Context, any) (any, error) { return resp, nil }
+	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
+	req := &echov1.EchoRequest{Message: "m"}
+	bg := context.Background()
+	if a := testing.AllocsPerRun(100, func() { _, _ = unary(bg, req, info, h) }); a != 0 {
+		t.Errorf("call without a key: %v allocations, want 0", a)
+	}
+	keyed := metadata.NewIncomingContext(bg, metadata.Pairs("idempotency-key", "k"))
+	if _, err := unary(keyed, req, info, h); err != nil {
+		t.Fatal(err)
+	}
+	// Replay: the key's value copy, the flight, the new reply and its string.
+	const maxReplay = 5
+	if a := testing.AllocsPerRun(100, func() { _, _ = unary(keyed, req, info, h) }); a > maxReplay {
+		t.Errorf("replay: %v allocations, want at most %d", a, maxReplay)
+	}
+}
