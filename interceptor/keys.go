@@ -62,14 +62,14 @@ func IdempotencyKeyFromContext(ctx context.Context) (string, bool) {
 }
 
 // ValidIdempotencyKey reports why key is not a valid idempotency key, or nil:
-// it must be 1 to 255 printable ASCII characters (0x20 to 0x7e).
+// it must be 1 to 255 printable ASCII characters (0x20 to 0x7E).
 func ValidIdempotencyKey(key string) error {
 	if len(key) == 0 || len(key) > 255 {
-		return fmt.Errorf("idempotency key is %d bytes long, want 1 to 255", len(key))
+		return fmt.Errorf("idempotency-key is %d bytes long; it must be 1 to 255 printable ASCII characters", len(key))
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("idempotency key has byte %#x at %d, want printable ASCII", c, i)
+			return fmt.Errorf("idempotency-key has byte %#02x at offset %d; it must be 1 to 255 printable ASCII characters (0x20-0x7E)", c, i)
 		}
 	}
 	return nil

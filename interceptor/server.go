@@ -4,20 +4,26 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/grpclog"
 )
 
 // Server is the server side of grpc-resilience: it gives the interceptors
-// that a grpc.Server installs. Today it carries server-side idempotency (see
-// WithIdempotencyStore and the package interceptor/idempotency). A Server
-// with no option passes every call through unchanged.
+// that a grpc.Server installs. It carries server-side idempotency (see
+// WithIdempotencyStore and the package interceptor/idempotency), deadline
+// headroom for downstream hops (WithServerHeadroom), and marks the context
+// of a call whose caller retries it (CallerRetries), so that clients in the
+// handler retry less (WithOneLayerRetry). A Server with no option only
+// marks contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
 // in-process coalescing state are shared by all calls.
 type Server struct {
-	idem *srvIdem // nil when idempotency is off; immutable
+	idem     *srvIdem // nil when idempotency is off; immutable
+	headroom time.Duration
+	floor    time.Duration
 }
 
 // ServerOption configures [NewServer].
@@ -25,7 +31,8 @@ type ServerOption interface{ apply(*serverOptions) }
 
 // serverOptions collects the options of NewServer before validation.
 type serverOptions struct {
-	logger *slog.Logger // nil: grpclog
+	logger          *slog.Logger // nil: grpclog
+	headroom, floor time.Duration
 	idem   srvIdemOptions
 	errs   []error // option errors found while applying, reported by NewServer
 }
@@ -55,7 +62,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if len(o.errs) > 0 {
 		return nil, o.errs[0]
 	}
-	s := &Server{}
+	s := &Server{headroom: o.headroom, floor: o.floor}
 	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
 	if err != nil {
 		return nil, err
@@ -83,6 +90,13 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	ctx, cancel, err := s.srvDeadline(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if cancel != nil {
+		defer cancel()
+	}
 	if s.idem == nil {
 		return handler(ctx, req)
 	}
@@ -100,4 +114,9 @@ func (l srvLogger) warn(msg string, args ...any) {
 		return
 	}
 	srvGRPCLog.Warning(append([]any{msg + ": "}, args...)...)
+}
+
+// errorf returns an error of this package's options.
+func errorf(format string, args ...any) error {
+	return fmt.Errorf("interceptor: "+format, args...)
 }

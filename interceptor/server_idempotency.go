@@ -45,11 +45,7 @@ const (
 	DefaultIdempotencyPollMax     = 500 * time.Millisecond
 )
 
-// srvIdemHeader is the metadata key carrying the idempotency key.
-const srvIdemHeader = "idempotency-key"
 
-// srvIdemMaxKey is the longest idempotency key accepted, in bytes.
-const srvIdemMaxKey = 255
 
 // IdempotencyKeyPolicy says what a method does with the idempotency-key
 // metadata. The zero value is IdempotencyKeyOptional.
@@ -344,17 +340,10 @@ func srvIdemKey(vs []string) (key string, ok bool, err error) {
 	case len(vs) > 1:
 		return "", false, srvInvalidKey("idempotency-key sent " + strconv.Itoa(len(vs)) + " times; send one value")
 	}
-	k := vs[0]
-	if len(k) == 0 || len(k) > srvIdemMaxKey {
-		return "", false, srvInvalidKey("idempotency-key is " + strconv.Itoa(len(k)) + " bytes long; it must be 1 to 255 printable ASCII characters")
+	if err := ValidIdempotencyKey(vs[0]); err != nil {
+		return "", false, srvInvalidKey(err.Error())
 	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 0x20 || c > 0x7e {
-			return "", false, srvInvalidKey("idempotency-key has byte 0x" + hex.EncodeToString([]byte{c}) +
-				" at offset " + strconv.Itoa(i) + "; it must be 1 to 255 printable ASCII characters (0x20-0x7E)")
-		}
-	}
-	return k, true, nil
+	return vs[0], true, nil
 }
 
 func srvInvalidKey(msg string) error {
@@ -415,7 +404,7 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 	if pol == IdempotencyKeyIgnored {
 		return handler(ctx, req)
 	}
-	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, srvIdemHeader))
+	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, IdempotencyKeyHeader))
 	if err != nil {
 		return nil, err
 	}

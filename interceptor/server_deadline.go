@@ -1,0 +1,85 @@
+package interceptor
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/deadline"
+)
+
+// WithServerHeadroom reserves headroom of every incoming deadline for the
+// server's own work: a handler's context ends headroom before the caller's
+// deadline, so the calls it makes downstream inherit a deadline that leaves
+// the server time to answer. A call that arrives with less than floor left
+// (or with no more than headroom) is rejected at once with
+// DEADLINE_EXCEEDED instead of being started. Calls without a deadline are
+// left alone.
+func WithServerHeadroom(headroom, floor time.Duration) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if headroom < 0 || floor < 0 {
+			o.errs = append(o.errs, errorf("WithServerHeadroom(%v, %v): must not be negative", headroom, floor))
+			return
+		}
+		o.headroom, o.floor = headroom, floor
+	})
+}
+
+// srvDeadline applies the headroom and the caller-retries mark to an
+// incoming call's context. cancel is nil when ctx is unchanged.
+func (s *Server) srvDeadline(ctx context.Context) (_ context.Context, cancel context.CancelFunc, err error) {
+	if vs := metadata.ValueFromIncomingContext(ctx, CallerRetriesKey); len(vs) > 0 {
+		ctx = ContextWithCallerRetries(ctx)
+	}
+	if s.headroom == 0 && s.floor == 0 {
+		return ctx, nil, nil
+	}
+	incoming, ok := ctx.Deadline()
+	if !ok {
+		return ctx, nil, nil
+	}
+	now := time.Now()
+	handler, reject := deadline.HandlerDeadline(incoming, now, s.headroom, s.floor)
+	if reject {
+		left, _ := deadline.Remaining(incoming, now)
+		return ctx, nil, status.Errorf(codes.DeadlineExceeded,
+			"resilience: %v left of the caller's deadline, too little to start (floor %v, headroom %v)",
+			left.Round(time.Microsecond), s.floor, s.headroom)
+	}
+	if s.headroom == 0 {
+		return ctx, nil, nil
+	}
+	ctx, cancel = context.WithDeadline(ctx, handler)
+	return ctx, cancel, nil
+}
+
+// StreamServerInterceptor returns the stream interceptor of s: the
+// deadline headroom and floor (WithServerHeadroom) and the caller-retries
+// mark. Idempotency is for unary calls only.
+func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, cancel, err := s.srvDeadline(ss.Context())
+		if err != nil {
+			return err
+		}
+		if cancel != nil {
+			defer cancel()
+		}
+		if ctx != ss.Context() {
+			ss = &srvStream{ServerStream: ss, ctx: ctx}
+		}
+		return handler(srv, ss)
+	}
+}
+
+// srvStream is a grpc.ServerStream with a context of the interceptor's.
+type srvStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *srvStream) Context() context.Context { return s.ctx }
