@@ -124,4 +124,3 @@ func TestAutomaticKeysSkipIdempotentMethods(t *testing.T) {
 		}
 	})
 }
-

@@ -33,8 +33,8 @@ type ServerOption interface{ apply(*serverOptions) }
 type serverOptions struct {
 	logger          *slog.Logger // nil: grpclog
 	headroom, floor time.Duration
-	idem   srvIdemOptions
-	errs   []error // option errors found while applying, reported by NewServer
+	idem            srvIdemOptions
+	errs            []error // option errors found while applying, reported by NewServer
 }
 
 type srvOptionFunc func(*serverOptions)

@@ -45,8 +45,6 @@ const (
 	DefaultIdempotencyPollMax     = 500 * time.Millisecond
 )
 
-
-
 // IdempotencyKeyPolicy says what a method does with the idempotency-key
 // metadata. The zero value is IdempotencyKeyOptional.
 type IdempotencyKeyPolicy uint8
