@@ -1,6 +1,10 @@
-// Package interceptor is the entry point of grpc-resilience: gRPC client
-// interceptors that retry failed calls the way gRFC A6 describes, per method,
-// driven by Go code or by a service config.
+// Package interceptor is the entry point of grpc-resilience: gRPC
+// interceptors that make service-to-service calls survive failure. The client
+// side retries the way gRFC A6 describes, per method, with circuit breakers,
+// bulkheads, deadline budgets and retry budgets; the server side executes
+// keyed requests once and gives handlers deadlines that leave room for their
+// own work. Go code and a service-config JSON document drive the same
+// behaviour (package serviceconfig).
 //
 // # Client
 //
@@ -16,46 +20,97 @@
 //
 // A method's policy is resolved once, the first time it is called: the entry
 // naming the exact method, else its service, else the default entry
-// (serviceconfig.Config.Lookup). Calls then read it without locks.
+// (serviceconfig.Config.Lookup); entries of different levels are not merged.
+// Calls then read it without locks. UpdateServiceConfig swaps the whole
+// configuration atomically; calls in flight finish under the configuration
+// they started with, and a method's breaker, bulkhead and latency estimate
+// carry over when their blocks are unchanged.
 //
-// # One call
+// # One call, and the order of the policies
+//
+// The policies wrap each other in one fixed order, outermost first: the
+// method's timeout, then the retry loop, then per attempt the retry budget
+// and A6 throttling (before a retry), the circuit breaker, the bulkhead, and
+// the per-attempt timeout around the invoker.
 //
 //	caller ─► UnaryClientInterceptor
-//	           1. resolve the method's policy; apply per-call options
+//	           1. resolve the method's policy; apply call options; attach an
+//	              idempotency key when the method gets one
 //	           2. deadline = min(caller's, the method's timeout)
 //	           3. loop over attempts:
+//	                no time left for an attempt? ───────────► stop (DEADLINE_EXCEEDED
+//	                                                            if none ran)
+//	                circuit breaker admits? ── no ──────────► ErrCircuitOpen (UNAVAILABLE)
+//	                bulkhead slot within maxQueueWait? ─ no ► ErrBulkheadFull (RESOURCE_EXHAUSTED)
 //	                invoker(...) with grpc-previous-rpc-attempts on retries,
-//	                    under the per-attempt timeout if one is set
+//	                    under min(per-attempt timeout, remaining − headroom)
+//	                outcome → breaker, latency estimate, throttle, metrics
 //	                success? ───────────────────────────────► return
 //	                caller cancelled or deadline passed? ───► stop
 //	                code not retryable? ────────────────────► stop
 //	                server pushback says no? ───────────────► stop
+//	                A6 throttling withholds retries? ───────► stop
 //	                attempts exhausted? ────────────────────► stop
 //	                delay = pushback (capped) or backoff with jitter
-//	                delay ends past the deadline? ──────────► stop now
+//	                delay + expected attempt ends past the deadline? ► stop now
+//	                retry budget spent? ────────────────────► stop
 //	                OnRetry hook; wait (ends early if ctx is cancelled)
 //	           4. on stop: the last attempt's error, code intact, as a
 //	              *RetryError that says how many attempts ran and why
+//
+// Local rejections (open breaker, full bulkhead) end the call at once: they
+// are never retried and never count as failures of the method. A call
+// waiting in backoff holds no bulkhead slot.
 //
 // # What is retried
 //
 // MaxAttempts counts every attempt, the first call included, and is capped
 // at 5 unless WithMaxAttemptsCap raises it. Without an explicit
 // RetryableStatusCodes list, UNAVAILABLE and RESOURCE_EXHAUSTED are retried;
-// DEADLINE_EXCEEDED only when the attempt's own timeout fired
-// (PerAttemptRecvTimeout), never when the caller's deadline passed; ABORTED
-// only for idempotent methods (idempotency_level IDEMPOTENT or
-// NO_SIDE_EFFECTS in the proto, or WithIdempotentMethods). An explicit list
-// is honoured exactly as written.
+// DEADLINE_EXCEEDED when the attempt's own timeout fired
+// (PerAttemptRecvTimeout), never when the caller's deadline passed; ABORTED,
+// and a server's DEADLINE_EXCEEDED, only for idempotent calls: methods whose
+// proto declares idempotency_level IDEMPOTENT or NO_SIDE_EFFECTS, methods
+// named by WithIdempotentMethods, and calls that carry an idempotency key.
+// An explicit list is honoured exactly as written.
 //
 // A server may steer retries (gRFC A6): a grpc-retry-pushback-ms trailer of
 // n ≥ 0 means retry after exactly n ms and restart the backoff; a negative,
-// malformed or repeated value means do not retry. A google.rpc.RetryInfo
-// status detail is honoured the same way. Every hint is capped by
-// WithMaxServerPushback.
+// malformed or repeated value means do not retry (SetRetryPushback writes
+// it). A google.rpc.RetryInfo status detail is honoured the same way. Every
+// hint is capped by WithMaxServerPushback.
 //
-// A call never waits past its deadline: when the next delay would end after
-// it, the call stops at once with the last attempt's error instead of idling.
+// # Deadlines and retry storms
+//
+// A call never waits past its deadline, and never starts an attempt it
+// cannot finish: a retry starts only if its delay plus the method's expected
+// attempt duration (a running p90 of its recent attempts, never below
+// WithAttemptEstimateFloor) ends before the deadline minus
+// WithDeadlineHeadroom; otherwise the call ends at once with the last
+// attempt's error. The first attempt always starts while any time is left.
+//
+// The retry budget (on by default; the serviceconfig.RetryBudget block or
+// WithRetryBudget) lets retries be at most 20% of requests over 10 seconds,
+// plus 10 per second, shared by all methods; a retry that succeeds is
+// refunded, so independent failures are retried freely while a full outage
+// costs about 1.2 attempts per call instead of MaxAttempts. gRFC A6
+// retryThrottling runs exactly as A6 specifies when the config has it.
+// WithOneLayerRetry keeps retries from multiplying across hops: a client
+// marks the calls it retries, NewServer's interceptors mark the handler's
+// context, and a client used in that handler does not retry.
+//
+// # Circuit breakers and bulkheads
+//
+// A circuitBreaker block gives each method it selects a breaker of its own:
+// it trips on consecutive failures, on a failure rate or on a slow-call rate
+// over a rolling window, stays open for an open duration that grows on
+// repeated trips, and closes after successful probes. Failures are the codes
+// of codes.DefaultBreakerFailures unless the block says otherwise; a
+// caller's own cancellation and client errors never count. A bulkhead block
+// bounds each method's attempts in flight and waiting. Health checks and
+// reflection are exempt (WithExemptMethods); WithFallback answers rejected
+// unary calls. Status, Statuses, ForceOpen, ForceClosed and ResetBreaker are
+// for operators; WithOnStateChange reports transitions.
 //
 // # Streams
 //
@@ -64,13 +119,38 @@
 // messages sent on it outgrow the replay buffer (WithStreamReplayBuffer, 256
 // KiB by default). Until then the messages the caller sent are kept and
 // replayed on each new attempt; after it, errors reach the caller unchanged,
-// so no response is ever seen twice.
+// so no response is ever seen twice. A stream holds its bulkhead slot for
+// its lifetime and never counts as slow.
 //
-// # Concurrency
+// # Idempotency
 //
-// A Client is safe for concurrent use. UpdateServiceConfig swaps the whole
-// configuration atomically; calls in flight finish under the configuration
-// they started with. Hooks run synchronously on the calling goroutine.
+// WithIdempotencyKeys and WithAutomaticIdempotencyKeys attach one random key
+// (metadata idempotency-key) to every attempt of a logical call;
+// ContextWithIdempotencyKey supplies the caller's own. On the server,
+// NewServer with WithIdempotencyStore executes a keyed call once, replays
+// its stored outcome to duplicates byte for byte, coalesces concurrent
+// duplicates, and keeps its records in memory (idempotency.NewMemoryStore)
+// or in Redis (package idempotency/redisstore); see package
+// interceptor/idempotency for the full semantics.
+//
+// # Server
+//
+// NewServer's UnaryServerInterceptor and StreamServerInterceptor give each
+// handler a context that ends WithServerHeadroom before the caller's
+// deadline, reject calls that arrive with less than the floor left, mark
+// calls whose caller retries, and run idempotency.
+//
+// # Observability
+//
+// Hooks (WithOnRetry, WithOnStop, WithOnStateChange) run synchronously on
+// the goroutine of the call that caused them, outside every lock.
+// WithMeterProvider records attempts, retries, stops by reason, breaker
+// state changes and the retry budget through the OpenTelemetry metric API.
+//
+// # Concurrency and cost
+//
+// Clients and Servers are safe for concurrent use. A successful call
+// allocates nothing in the client interceptor, with every feature on.
 //
 // See https://github.com/grpc/proposal/blob/master/A6-client-retries.md.
 package interceptor

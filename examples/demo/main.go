@@ -33,14 +33,45 @@ import (
 )
 
 func main() {
-	calls := flag.Int("calls", 12, "number of calls to make")
-	failRate := flag.Float64("fail", 0.4, "share of attempts the server fails with UNAVAILABLE")
+	calls := flag.Int("calls", 12, "number of calls to make in the retry part")
+	failRate := flag.Float64("fail", 0.4, "share of attempts the flaky server fails with UNAVAILABLE")
 	seed := flag.Uint64("seed", 5, "seed of the server's and the client's randomness")
 	flag.Parse()
-	if err := run(os.Stdout, *calls, *failRate, *seed); err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		os.Exit(1)
+	out := os.Stdout
+	steps := []func() error{
+		func() error { return run(out, *calls, *failRate, *seed) },
+		func() error { return breakerDemo(out) },
+		func() error { return budgetDemo(out) },
+		func() error { return idempotencyDemo(out) },
 	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// serve starts impl on an in-memory listener, behind the server's
+// interceptors when srv is not nil, and returns a connection to it dialed
+// with opts and a function that stops both.
+func serve(impl echov1.EchoServiceServer, srv *interceptor.Server, opts ...grpc.DialOption) (*grpc.ClientConn, func(), error) {
+	lis := bufconn.Listen(1 << 20)
+	var sopts []grpc.ServerOption
+	if srv != nil {
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
+	}
+	gs := grpc.NewServer(sopts...)
+	echov1.RegisterEchoServiceServer(gs, impl)
+	go func() { _ = gs.Serve(lis) }()
+	dialer := grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() })
+	conn, err := grpc.NewClient("passthrough:///demo",
+		append(opts, dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		gs.Stop()
+		return nil, nil, err
+	}
+	return conn, func() { _ = conn.Close(); gs.Stop() }, nil
 }
 
 // flakyServer fails a share of attempts: most with UNAVAILABLE, some with a
@@ -71,13 +102,9 @@ func (s *flakyServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov
 	return &echov1.EchoResponse{Message: req.GetMessage()}, nil
 }
 
+// run shows retries against a flaky server.
 func run(out *os.File, calls int, failRate float64, seed uint64) error {
 	srv := &flakyServer{rng: rand.New(rand.NewPCG(seed, 1)), failRate: failRate}
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
-	echov1.RegisterEchoServiceServer(gs, srv)
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
 
 	// What each call went through, filled by the retry hook.
 	var trace []string
@@ -101,16 +128,14 @@ func run(out *os.File, calls int, failRate float64, seed uint64) error {
 	if err != nil {
 		return err
 	}
-	dialer := grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() })
-	conn, err := grpc.NewClient("passthrough:///demo",
-		append(client.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	conn, stop, err := serve(srv, nil, client.DialOptions()...)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer stop()
 	stub := echov1.NewEchoServiceClient(conn)
 
-	fmt.Fprintf(out, "grpc-resilience demo: %d calls to a server that fails %.0f%% of attempts\n\n", calls, failRate*100)
+	fmt.Fprintf(out, "== 1. Retries: %d calls to a server that fails %.0f%% of attempts\n\n", calls, failRate*100)
 	ok := 0
 	for i := 1; i <= calls; i++ {
 		msg := fmt.Sprintf("hello %d", i)
@@ -147,5 +172,6 @@ func run(out *os.File, calls int, failRate float64, seed uint64) error {
 	fmt.Fprintln(out, strings.TrimSpace(`
 Retried: UNAVAILABLE, with full jitter, or after exactly the server's pushback.
 Not retried: INVALID_ARGUMENT, which no retry can fix.`))
+	fmt.Fprintln(out)
 	return nil
 }
