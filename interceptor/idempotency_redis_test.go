@@ -1,8 +1,6 @@
 package interceptor
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,27 +11,9 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
 )
 
-// idemCountHook counts the commands sent to Redis, each one round trip.
-type idemCountHook struct{ n atomic.Int64 }
-
-func (h *idemCountHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *idemCountHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *idemCountHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 func TestIdempotencyRedisRoundTripsFirstTwoReplayOne(t *testing.T) {
 	client := redistest.Client(t, redistest.Addr(t))
-	hook := &idemCountHook{}
-	client.AddHook(hook)
+	hook := redistest.CountRoundTrips(client)
 	store, err := redisstore.New(client, redisstore.WithKeyPrefix(redistest.Prefix(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -43,11 +23,11 @@ func TestIdempotencyRedisRoundTripsFirstTwoReplayOne(t *testing.T) {
 	ctx := idemCtx(t)
 	idemDo(ctx, cc, "warm-up", "m") // the first use of each script loads it
 	count := func(key string) int64 {
-		before := hook.n.Load()
+		before := hook.N()
 		if r := idemDo(ctx, cc, key, "m"); r.err != nil {
 			t.Fatal(r.err)
 		}
-		return hook.n.Load() - before
+		return hook.N() - before
 	}
 	first, replay := count("k"), count("k")
 	if first != 2 || replay != 1 {

@@ -156,11 +156,7 @@ func WithMaxAttemptsCap(n int) ClientOption {
 // waits min(hint, d). The default is DefaultMaxServerPushback.
 func WithMaxServerPushback(d time.Duration) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
-		if d < 0 {
-			o.errorf("WithMaxServerPushback(%v): must not be negative", d)
-			return
-		}
-		o.maxPushback = d
+		o.nonNegative("WithMaxServerPushback", d, &o.maxPushback)
 	})
 }
 
@@ -256,3 +252,13 @@ func WithOnStop(f func(ctx context.Context, e StopEvent)) ClientOption {
 }
 
 func (o *clientOptions) err() error { return errors.Join(o.errs...) }
+
+// nonNegative sets *dst to the duration d of the option named, or records
+// an error when d is negative.
+func (o *clientOptions) nonNegative(option string, d time.Duration, dst *time.Duration) {
+	if d < 0 {
+		o.errorf("%s(%v): must not be negative", option, d)
+		return
+	}
+	*dst = d
+}

@@ -86,11 +86,7 @@ func WithRetryBudget(b *serviceconfig.RetryBudget) ClientOption {
 // end d before the deadline. The default is 0.
 func WithDeadlineHeadroom(d time.Duration) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
-		if d < 0 {
-			o.errorf("WithDeadlineHeadroom(%v): must not be negative", d)
-			return
-		}
-		o.headroom = d
+		o.nonNegative("WithDeadlineHeadroom", d, &o.headroom)
 	})
 }
 
@@ -100,11 +96,7 @@ func WithDeadlineHeadroom(d time.Duration) ClientOption {
 // The default is 0.
 func WithAttemptEstimateFloor(d time.Duration) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
-		if d < 0 {
-			o.errorf("WithAttemptEstimateFloor(%v): must not be negative", d)
-			return
-		}
-		o.estimateFloor = d
+		o.nonNegative("WithAttemptEstimateFloor", d, &o.estimateFloor)
 	})
 }
 

@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,27 +42,9 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// countHook counts the commands sent to Redis, each one round trip.
-type countHook struct{ n atomic.Int64 }
-
-func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 func TestRoundTripsFirstExecutionTwoReplayOne(t *testing.T) {
 	client := redistest.Client(t, redistest.Addr(t))
-	hook := &countHook{}
-	client.AddHook(hook)
+	hook := redistest.CountRoundTrips(client)
 	s, err := redisstore.New(client, redisstore.WithKeyPrefix(redistest.Prefix(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +53,7 @@ func TestRoundTripsFirstExecutionTwoReplayOne(t *testing.T) {
 	fp := []byte("fingerprint")
 	run := func(k string) (int64, int64) {
 		key := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: k}
-		before := hook.n.Load()
+		before := hook.N()
 		c, err := s.Claim(ctx, key, fp, time.Minute)
 		if err != nil || c.State != idempotency.Owned {
 			t.Fatalf("Claim() = %v, %v, want Owned", c.State, err)
@@ -80,12 +61,12 @@ func TestRoundTripsFirstExecutionTwoReplayOne(t *testing.T) {
 		if err := s.Complete(ctx, key, c.Token, &idempotency.Record{Fingerprint: fp, ReplyType: "x.Y", Reply: []byte("r")}, time.Hour); err != nil {
 			t.Fatalf("Complete() error = %v", err)
 		}
-		first := hook.n.Load() - before
-		before = hook.n.Load()
+		first := hook.N() - before
+		before = hook.N()
 		if c, err := s.Claim(ctx, key, fp, time.Minute); err != nil || c.State != idempotency.Completed {
 			t.Fatalf("replay Claim() = %v, %v, want Completed", c.State, err)
 		}
-		return first, hook.n.Load() - before
+		return first, hook.N() - before
 	}
 	run("warm-up") // loads the scripts into the server's cache
 	first, replay := run("k")

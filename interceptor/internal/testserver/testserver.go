@@ -124,15 +124,7 @@ func (s *Server) addMessage(i int, m string) {
 // decide asks the script about attempt i and applies its header, trailer
 // and delay.
 func (s *Server) decide(ctx context.Context, i int) Outcome {
-	s.mu.Lock()
-	f := s.script
-	a := s.attempts[i]
-	a.Messages = append([]string(nil), a.Messages...)
-	s.mu.Unlock()
-	if f == nil {
-		return Outcome{}
-	}
-	o := f(a)
+	o := s.peek(i)
 	if o.Header != nil {
 		_ = grpc.SetHeader(ctx, o.Header)
 	}

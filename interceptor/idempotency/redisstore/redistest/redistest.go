@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,4 +210,37 @@ func Advance(ctx context.Context, c redis.UniversalClient, prefix string, d time
 func escapeGlob(s string) string {
 	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
 	return r.Replace(s)
+}
+
+// RoundTrips counts the round trips a client makes to Redis: each command,
+// and each pipeline as one.
+type RoundTrips struct{ n atomic.Int64 }
+
+// CountRoundTrips installs a RoundTrips counter on c.
+func CountRoundTrips(c *redis.Client) *RoundTrips {
+	rt := &RoundTrips{}
+	c.AddHook(rt)
+	return rt
+}
+
+// N returns the round trips counted so far.
+func (rt *RoundTrips) N() int64 { return rt.n.Load() }
+
+// DialHook implements redis.Hook.
+func (rt *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook: one command is one round trip.
+func (rt *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		rt.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook: one pipeline is one round trip.
+func (rt *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		rt.n.Add(1)
+		return next(ctx, cmds)
+	}
 }
