@@ -1,0 +1,126 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// check validates data and writes "ok" and one line per methodConfig entry to
+// w, with the entry's warnings under it, then the client-wide blocks. It
+// returns the number of warnings, or Parse's error for an invalid document.
+func check(w io.Writer, data []byte, opts options) (warnings int, err error) {
+	d, err := load(data, opts.maxAttemptsCap)
+	if err != nil {
+		return 0, err
+	}
+	p := &printer{w: w}
+	type line struct {
+		text     string
+		warnings []string
+	}
+	var lines []line
+	for i, mc := range d.cfg.MethodConfig {
+		a := analyze(mc, d.uncapped.MethodConfig[i], opts, d.cap)
+		lines = append(lines, line{d.label(i) + " " + summary(mc, a), a.warnings})
+		warnings += len(a.warnings)
+	}
+	if d.pos != nil { // put the skipped entries back in document order
+		all := make([]line, d.entries)
+		for i := range all {
+			all[i].text = "methodConfig[" + strconv.Itoa(i) + "]: skipped: it has no name, so grpc ignores it"
+		}
+		for i, pos := range d.pos {
+			all[pos] = lines[i]
+		}
+		lines = all
+	}
+
+	if warnings == 0 {
+		p.printf("ok\n")
+	} else {
+		p.printf("ok, with %s\n", plural(warnings, "warning", "warnings"))
+	}
+	if len(lines) == 0 {
+		p.printf("no methodConfig entries: no method gets a policy\n")
+	}
+	for _, l := range lines {
+		p.printf("%s\n", l.text)
+		for _, wn := range l.warnings {
+			p.printf("  WARNING: %s\n", wn)
+		}
+	}
+	if t := d.cfg.RetryThrottling; t != nil {
+		p.printf("retryThrottling: maxTokens %s, tokenRatio %s\n", num(t.MaxTokens), num(t.TokenRatio))
+	}
+	if b := d.cfg.RetryBudget; b != nil {
+		ratio, perSec, ttl := budgetValues(b)
+		p.printf("retryBudget: ratio %s, minRetriesPerSecond %s, ttl %s\n", ratio, perSec, ttl)
+	} else {
+		p.printf("retryBudget: none in the document; the client's default applies (ratio %s, minRetriesPerSecond %s, ttl %v)\n",
+			num(budget.DefaultRatio), num(budget.DefaultMinRetriesPerSecond), budget.DefaultTTL)
+	}
+	return warnings, p.err
+}
+
+// summary describes an entry on one line: its names, then its settings.
+func summary(mc serviceconfig.MethodConfig, a analysis) string {
+	names := make([]string, len(mc.Name))
+	for i, n := range mc.Name {
+		names[i] = nameString(n)
+	}
+	var parts []string
+	if mc.Timeout > 0 {
+		parts = append(parts, "timeout "+mc.Timeout.String())
+	} else {
+		parts = append(parts, "no timeout")
+	}
+	if mc.WaitForReady != nil {
+		parts = append(parts, "waitForReady "+strconv.FormatBool(*mc.WaitForReady))
+	}
+	switch {
+	case a.retry != nil:
+		v := a.retry
+		s := fmt.Sprintf("retry maxAttempts %d", v.maxAttempts)
+		if v.asked > v.maxAttempts {
+			s += fmt.Sprintf(" (capped from %d)", v.asked)
+		}
+		s += fmt.Sprintf(" on %s, backoff %v to %v ×%s, jitter %s",
+			retryCodes(v), v.b.Initial, v.b.Max, num(v.b.Multiplier), def(string(v.jitter), v.defJitter))
+		if v.perAttempt > 0 {
+			s += ", perAttemptRecvTimeout " + v.perAttempt.String()
+		}
+		parts = append(parts, s)
+	case mc.HedgingPolicy != nil:
+		h := mc.HedgingPolicy
+		s := fmt.Sprintf("hedging maxAttempts %d, hedgingDelay %v", h.MaxAttempts, h.HedgingDelay)
+		if !h.NonFatalStatusCodes.IsEmpty() {
+			s += ", nonFatalStatusCodes " + codeList(h.NonFatalStatusCodes)
+		}
+		parts = append(parts, s)
+	default:
+		parts = append(parts, "no retry")
+	}
+	if b := mc.CircuitBreaker; b != nil {
+		parts = append(parts, "circuitBreaker")
+	}
+	if b := mc.Bulkhead; b != nil {
+		parts = append(parts, fmt.Sprintf("bulkhead maxConcurrent %d, maxQueue %d", b.MaxConcurrent, b.MaxQueue))
+	}
+	if len(names) == 0 {
+		return "(no names): " + strings.Join(parts, "; ")
+	}
+	return strings.Join(names, ", ") + ": " + strings.Join(parts, "; ")
+}
+
+// retryCodes names the codes a policy retries, briefly.
+func retryCodes(v *retryView) string {
+	if v.explicit {
+		return codeList(v.codes)
+	}
+	return "the default codes"
+}

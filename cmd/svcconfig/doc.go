@@ -1,0 +1,102 @@
+// Command svcconfig checks a gRPC service config and explains what the
+// grpc-resilience client does with it, method by method.
+//
+// The document is the JSON platform teams hand to grpc-go (gRFC A6), with
+// this module's extension blocks (perAttemptRecvTimeout, jitter,
+// circuitBreaker, bulkhead, retryBudget). It is read with
+// [serviceconfig.Parse], so the verdict is the library's, word for word.
+//
+// Usage:
+//
+//	go run ./cmd/svcconfig check [flags] FILE
+//	go run ./cmd/svcconfig explain [flags] FILE /package.Service/Method
+//
+// FILE is a path, or - for standard input. Flags may come before or after
+// the arguments.
+//
+// # check
+//
+// check validates the document. A valid one gets "ok" and one line per
+// methodConfig entry (its names, timeout, policy and blocks), then the
+// client-wide blocks; an entry without a name, which grpc ignores, is listed
+// as skipped. An invalid one gets the error exactly as Parse words it, and
+// exit status 1:
+//
+//	serviceconfig: methodConfig[1].retryPolicy.maxAttempts: must be greater than 1
+//
+// Warnings (below) are printed under the entry they concern.
+//
+// # explain
+//
+// explain resolves one method as the client does, exact method before
+// service before default entry, never merging levels, and prints:
+//   - the entry that applies, its index in the document and the level it
+//     matched at, and the entries it shadows;
+//   - the timeout and waitForReady;
+//   - the retry policy with every default filled in and marked "(default)":
+//     maxAttempts (which counts every attempt, the first call included),
+//     the backoffs, the jitter and its formula, the retryable status codes
+//     (the client's default rules when the list is empty),
+//     perAttemptRecvTimeout; or the hedging policy;
+//   - the client-wide retry limits: the retry budget (on by default in the
+//     client, 0.2 of requests plus 10/s over 10s, unless the document has a
+//     retryBudget block) and gRFC A6 throttling;
+//   - the circuitBreaker and bulkhead blocks, if any, with their defaults;
+//   - the retry schedule: for each attempt k, the range [lo, hi] of the
+//     delay before it, and the worst-case times at which it starts and ends
+//     when every delay is at its longest and every attempt takes the attempt
+//     time.
+//
+// With d(n) = min(initialBackoff × backoffMultiplier^n, maxBackoff) before
+// retry n+1, the delay ranges are, per jitter:
+//
+//	a6            [0.8 d, 1.2 d]   gRFC A6's ±20%, the default
+//	full          [0, d]
+//	equal         [d/2, d]
+//	decorrelated  [initialBackoff, min(3 p, maxBackoff)], where p is the
+//	              previous delay (initialBackoff at first); lo follows the
+//	              shortest previous delays, hi the longest
+//	none          [d, d]
+//
+// The attempt time is -attempt-time when given, else the policy's
+// perAttemptRecvTimeout, else 0, which the output says: the times then count
+// the delays alone.
+//
+// # Warnings
+//
+// Both commands warn, with lines starting "WARNING:", about:
+//   - an attempt that cannot fit in the method's timeout in the worst case
+//     (the client does not start a retry whose delay and expected duration
+//     overrun the deadline, so the call ends before it);
+//   - maxAttempts above the cap, which lowers it (-max-attempts-cap, like
+//     the client's WithMaxAttemptsCap, raises the cap);
+//   - maxBackoff below initialBackoff;
+//   - perAttemptRecvTimeout not below the timeout;
+//   - retryable codes that a retry cannot fix (INVALID_ARGUMENT, NOT_FOUND,
+//     PERMISSION_DENIED, ...) or that may follow a request the server acted
+//     on (UNKNOWN, INTERNAL, DATA_LOSS);
+//   - a hedged copy that would be sent after the timeout;
+//   - an entry whose name list is empty, which selects nothing;
+//
+// and explain also about a method with neither retryPolicy nor
+// hedgingPolicy, or that no entry applies to: there is nothing to explain.
+//
+// # Flags
+//
+//	-max-attempts-cap N  the cap on maxAttempts, as WithMaxAttemptsCap; N < 2
+//	                     means the default, 5
+//	-attempt-time D      the longest an attempt takes, for the schedule, as
+//	                     a Go duration such as 300ms
+//	-strict              treat warnings as errors: exit status 1
+//
+// # Exit status
+//
+// 0 when the document is valid (with warnings, unless -strict); 1 when it is
+// invalid or cannot be read, or has warnings under -strict; 2 on a usage
+// error. -h prints the usage and exits 0.
+//
+// Output is deterministic: ranges are bounds, not samples. Computed times
+// are rounded for reading, to the microsecond under a second and to the
+// millisecond above. A schedule of more than 24 attempts shows its first 20
+// and last 3 rows; one of more than 1000 stops at attempt 1000.
+package main

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden with the current output")
+
+// TestRun runs the command on the documents of testdata and compares its exit
+// status, standard output and standard error with testdata/NAME.golden.
+// Run with -update to rewrite the golden files, then review the diff.
+func TestRun(t *testing.T) {
+	shop, err := os.ReadFile("testdata/shop.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		args  []string
+		stdin string
+	}{
+		// check
+		{name: "check_valid", args: []string{"check", "testdata/shop.json"}},
+		{name: "check_footguns", args: []string{"check", "testdata/footguns.json"}},
+		{name: "check_footguns_strict", args: []string{"check", "-strict", "testdata/footguns.json"}},
+		{name: "check_flags_after_file", args: []string{"check", "testdata/footguns.json", "-strict", "-max-attempts-cap", "10"}},
+		{name: "check_jitters", args: []string{"check", "testdata/jitters.json"}},
+		{name: "check_blocks", args: []string{"check", "testdata/blocks.json"}},
+		{name: "check_invalid", args: []string{"check", "testdata/invalid.json"}},
+		{name: "check_invalid_json", args: []string{"check", "testdata/syntax.json"}},
+		{name: "check_stdin", args: []string{"check", "-"}, stdin: string(shop)},
+		{name: "check_stdin_empty", args: []string{"check", "-"}, stdin: ""},
+		{name: "check_stdin_invalid", args: []string{"check", "-"}, stdin: `{"retryThrottling": {"maxTokens": 0, "tokenRatio": 1}}`},
+		{name: "check_no_entries", args: []string{"check", "-"}, stdin: `{"retryBudget": {"ttl": "5s"}}`},
+		{name: "check_missing_file", args: []string{"check", "testdata/missing.json"}},
+		{name: "check_strict_clean", args: []string{"check", "-strict", "testdata/nodefault.json"}},
+
+		// explain: resolution
+		{name: "explain_exact", args: []string{"explain", "testdata/shop.json", "/shop.Orders/Pay"}},
+		{name: "explain_service", args: []string{"explain", "testdata/shop.json", "/shop.Orders/Create"}},
+		{name: "explain_default", args: []string{"explain", "testdata/shop.json", "/shop.Carts/Get"}},
+		{name: "explain_no_entry", args: []string{"explain", "testdata/nodefault.json", "/shop.Carts/Get"}},
+		{name: "explain_no_leading_slash", args: []string{"explain", "testdata/shop.json", "shop.Orders/Pay"}},
+
+		// explain: every jitter
+		{name: "explain_jitter_default", args: []string{"explain", "testdata/jitters.json", "/j.Default/M"}},
+		{name: "explain_jitter_a6", args: []string{"explain", "testdata/jitters.json", "/j.A6/M"}},
+		{name: "explain_jitter_full", args: []string{"explain", "testdata/jitters.json", "/j.Full/M"}},
+		{name: "explain_jitter_equal", args: []string{"explain", "testdata/jitters.json", "/j.Equal/M"}},
+		{name: "explain_jitter_decorrelated", args: []string{"explain", "testdata/jitters.json", "/j.Decorrelated/M"}},
+		{name: "explain_jitter_none", args: []string{"explain", "testdata/jitters.json", "/j.None/M"}},
+
+		// explain: the timeout warning and the attempt time
+		{name: "explain_attempt_time", args: []string{"explain", "-attempt-time", "2.5s", "testdata/jitters.json", "/j.Default/M"}},
+		{name: "explain_attempt_time_first_too_long", args: []string{"explain", "-attempt-time", "3s", "testdata/shop.json", "/shop.Orders/Pay"}},
+		{name: "explain_attempt_time_overrides", args: []string{"explain", "testdata/shop.json", "/shop.Orders/Create", "-attempt-time", "100ms"}},
+		{name: "explain_strict", args: []string{"explain", "-strict", "testdata/shop.json", "/shop.Orders/Create"}},
+
+		// explain: foot-guns, hedging, blocks, long schedules
+		{name: "explain_footguns", args: []string{"explain", "testdata/footguns.json", "/f.Svc/Clamped"}},
+		{name: "explain_cap_raised", args: []string{"explain", "-max-attempts-cap", "20", "testdata/footguns.json", "/f.Svc/Clamped"}},
+		{name: "explain_hedging", args: []string{"explain", "testdata/footguns.json", "/f.Svc/Hedged"}},
+		{name: "explain_blocks_defaults", args: []string{"explain", "testdata/blocks.json", "/any.Svc/Call"}},
+		{name: "explain_blocks_exempt", args: []string{"explain", "testdata/blocks.json", "/grpc.health.v1.Health/Check"}},
+		{name: "explain_long_schedule", args: []string{"explain", "-max-attempts-cap", "40", "testdata/long.json", "/l.Svc/M"}},
+		{name: "explain_stdin", args: []string{"explain", "-", "/shop.Orders/Pay"}, stdin: string(shop)},
+		{name: "explain_invalid", args: []string{"explain", "testdata/invalid.json", "/shop.Orders/Create"}},
+
+		// usage
+		{name: "usage_help", args: []string{"-h"}},
+		{name: "usage_help_command", args: []string{"help"}},
+		{name: "usage_check_help", args: []string{"check", "-h"}},
+		{name: "usage_no_command", args: nil},
+		{name: "usage_unknown_command", args: []string{"lint", "x.json"}},
+		{name: "usage_check_no_file", args: []string{"check"}},
+		{name: "usage_check_two_files", args: []string{"check", "a.json", "b.json"}},
+		{name: "usage_explain_no_method", args: []string{"explain", "testdata/shop.json"}},
+		{name: "usage_explain_bad_method", args: []string{"explain", "testdata/shop.json", "shop.Orders"}},
+		{name: "usage_unknown_flag", args: []string{"check", "-verbose", "testdata/shop.json"}},
+		{name: "usage_bad_attempt_time", args: []string{"explain", "-attempt-time", "5", "testdata/shop.json", "/a.B/C"}},
+		{name: "usage_negative_attempt_time", args: []string{"explain", "-attempt-time=-1s", "testdata/shop.json", "/a.B/C"}},
+		{name: "usage_double_dash", args: []string{"check", "--", "-strict"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(tt.args, strings.NewReader(tt.stdin), &stdout, &stderr)
+			got := transcript(tt.args, code, stdout.String(), stderr.String())
+			golden := filepath.Join("testdata", tt.name+".golden")
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run the test with -update to create it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("run(%q) does not match %s (run with -update to accept it):\n got:\n%s\nwant:\n%s", tt.args, golden, got, want)
+			}
+		})
+	}
+}
+
+// transcript lays out one run for a golden file.
+func transcript(args []string, code int, stdout, stderr string) string {
+	var b strings.Builder
+	b.WriteString("$ svcconfig")
+	for _, a := range args {
+		b.WriteString(" " + a)
+	}
+	b.WriteString("\n")
+	b.WriteString("-- exit " + strconv.Itoa(code) + " --\n")
+	b.WriteString("-- stdout --\n" + stdout)
+	b.WriteString("-- stderr --\n" + stderr)
+	return b.String()
+}
+
+// TestRunDeterministic runs explain twice on every jitter: the output is a
+// function of the document and the flags alone.
+func TestRunDeterministic(t *testing.T) {
+	for _, m := range []string{"/j.Default/M", "/j.Full/M", "/j.Equal/M", "/j.Decorrelated/M", "/j.None/M"} {
+		var first string
+		for i := range 3 {
+			var stdout, stderr bytes.Buffer
+			run([]string{"explain", "testdata/jitters.json", m}, strings.NewReader(""), &stdout, &stderr)
+			if i == 0 {
+				first = stdout.String()
+			} else if stdout.String() != first {
+				t.Errorf("explain %s: run %d differs from run 0", m, i)
+			}
+		}
+	}
+}
