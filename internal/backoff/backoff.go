@@ -52,7 +52,7 @@ func (c Config) Exponential(n int) time.Duration {
 	if f > float64(c.Max) || math.IsNaN(f) {
 		return c.Max
 	}
-	return time.Duration(f)
+	return toDuration(f)
 }
 
 // Delay returns the delay before retry n (0 for the first retry since the
@@ -68,7 +68,7 @@ func (c Config) Delay(n int, prev time.Duration, r float64) time.Duration {
 		if f > float64(c.Max) {
 			return c.Max
 		}
-		return time.Duration(f)
+		return toDuration(f)
 	}
 	d := float64(c.Exponential(n))
 	switch c.Jitter {
@@ -79,7 +79,19 @@ func (c Config) Delay(n int, prev time.Duration, r float64) time.Duration {
 	case Equal:
 		d = d/2 + d/2*r
 	}
-	return time.Duration(d)
+	return toDuration(d)
+}
+
+// maxDuration is the longest time.Duration.
+const maxDuration = time.Duration(math.MaxInt64)
+
+// toDuration converts nanoseconds to a Duration, saturating at the longest
+// one instead of wrapping around to a negative delay.
+func toDuration(f float64) time.Duration {
+	if f >= float64(maxDuration) {
+		return maxDuration
+	}
+	return time.Duration(f)
 }
 
 // Bounds returns the smallest and largest delay Delay can return for retry n,

@@ -59,3 +59,17 @@ func TestBounds(t *testing.T) {
 		t.Errorf("Bounds(1, 0) = %v, %v, want 120ms, 180ms", lo, hi)
 	}
 }
+
+func TestDelayNearTheLongestDurationDoesNotWrapNegative(t *testing.T) {
+	max := time.Duration(1<<63 - 1)
+	for _, j := range []Jitter{A6, Full, Equal, Decorrelated, None} {
+		c := Config{Initial: max / 2, Max: max, Multiplier: 10, Jitter: j}
+		for _, r := range []float64{0, 0.5, 0.999999} {
+			for n := range 4 {
+				if got := c.Delay(n, max, r); got < 0 {
+					t.Errorf("jitter %d: Delay(%d, max, %v) = %v, want a non-negative delay", j, n, r, got)
+				}
+			}
+		}
+	}
+}
