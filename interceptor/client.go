@@ -132,6 +132,9 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 			return kerr
 		}
 	}
+	if n := c.hedgeAttempts(ctx, mp, &co); n > 1 {
+		return c.hedged(ctx, st, mp, n, method, req, reply, cc, invoker, s.opts)
+	}
 	retrying := r.rp.maxAttempts > 1
 	if retrying {
 		s.opts = append(s.opts, grpc.Trailer(&s.trailer))
@@ -215,4 +218,21 @@ func withTimeout(ctx context.Context, d time.Duration) (context.Context, context
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, d)
+}
+
+// hedgeAttempts returns the number of copies of a hedged call: the
+// method's hedging policy with the call options and the one-layer cap
+// applied; 1 or less means no hedging.
+func (c *Client) hedgeAttempts(ctx context.Context, mp *methodPolicy, co *callOptions) int {
+	if mp.hedge == nil || co.noRetry {
+		return 1
+	}
+	n := mp.hedge.maxAttempts
+	if co.maxAttempts > 0 {
+		n = min(co.maxAttempts, c.opts.maxAttemptsCap)
+	}
+	if c.opts.oneLayer > 0 && CallerRetries(ctx) {
+		n = min(n, c.opts.oneLayer)
+	}
+	return n
 }

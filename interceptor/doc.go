@@ -80,6 +80,16 @@
 // it). A google.rpc.RetryInfo status detail is honoured the same way. Every
 // hint is capped by WithMaxServerPushback.
 //
+// # Hedging
+//
+// A hedgingPolicy sends copies of a unary call without waiting for the
+// first to fail (gRFC A6): the first at once, another after each
+// HedgingDelay without an answer, another at once after each failure with a
+// non-fatal code, up to MaxAttempts copies. The first success wins and
+// cancels the rest; a fatal code ends the call. Each copy after the first is
+// a retry for the budget, throttling and the deadline, and carries the
+// call's idempotency key. Streams with a hedging policy are called once.
+//
 // # Deadlines and retry storms
 //
 // A call never waits past its deadline, and never starts an attempt it

@@ -221,6 +221,9 @@ type RetryEvent struct {
 	Delay time.Duration
 	// Pushback reports whether Delay is a server's hint rather than backoff.
 	Pushback bool
+	// Hedge reports a hedged copy sent Delay after the one before (or at
+	// once after a non-fatal failure); Err is then nil.
+	Hedge bool
 }
 
 // WithOnRetry calls f before every retry's wait, synchronously on the

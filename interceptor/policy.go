@@ -73,6 +73,7 @@ func jitterOf(j serviceconfig.Jitter) backoff.Jitter {
 type methodPolicy struct {
 	fullMethod   string
 	retry        *retryPolicy // nil: no retry
+	hedge        *hedgePolicy // nil: no hedging; never set with retry
 	timeout      time.Duration
 	waitForReady *bool
 	idempotent   bool               // declared idempotent (proto or WithIdempotentMethods)
@@ -152,6 +153,9 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 		if mc.RetryPolicy != nil {
 			p.retry = newRetryPolicy(mc.RetryPolicy, s.opts.maxAttemptsCap)
 		}
+		if mc.HedgingPolicy != nil {
+			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.opts.maxAttemptsCap)
+		}
 		if !matchName(s.opts.exempt, fullMethod) {
 			p.g = s.guards(fullMethod, mc)
 		}
@@ -163,10 +167,10 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	}
 	if old := s.prev[fullMethod]; old != nil && old.latency != nil {
 		p.latency = old.latency // a method's latency does not change with its config
-	} else if p.retry != nil {
+	} else if p.retry != nil || p.hedge != nil {
 		p.latency = newEstimator(s.opts.estimateFloor)
 	}
-	p.passthrough = p.retry == nil && p.timeout == 0 && p.waitForReady == nil &&
+	p.passthrough = p.retry == nil && p.hedge == nil && p.timeout == 0 && p.waitForReady == nil &&
 		p.g.breaker == nil && p.g.bulkhead == nil && !p.keyed
 	return p
 }

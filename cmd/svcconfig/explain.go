@@ -175,7 +175,7 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, time
 		t.row("  nonFatalStatusCodes", codeList(h.NonFatalStatusCodes)+": hedging goes on after these; any other code ends the call")
 	}
 	t.flush()
-	p.printf("note: the grpc-resilience client does not send hedged copies: it calls this method once, as grpc-go does\n")
+	p.printf("note: the grpc-resilience client hedges unary calls only (a non-fatal failure sends the next copy at once); streams are called once\n")
 	p.printf("\nhedging schedule (gRFC A6)\n")
 	p.printf("  copy k is sent at (k−1) × hedgingDelay unless a reply ended the call\n")
 	p.printf("  %s\n", attemptTimeNote(a))
