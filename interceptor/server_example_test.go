@@ -12,6 +12,7 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 func ExampleNewServer() {
@@ -49,4 +50,50 @@ func ExampleNewServer() {
 	// 2 order #1 for alice <nil>
 	// 3 order #1 for alice <nil>
 	// handler runs: 1
+}
+
+// The README's server setup: idempotency and deadline headroom on one
+// Server, installed on a grpc.Server after recovery and authentication.
+func ExampleNewServer_install() {
+	store, err := idempotency.NewMemoryStore() // or redisstore.New(redisClient) for many replicas
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv, err := interceptor.NewServer(
+		interceptor.WithIdempotencyStore(store),
+		interceptor.WithServerHeadroom(20*time.Millisecond, 5*time.Millisecond),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	recovery := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		return h(ctx, req) // stands for a panic-recovery interceptor
+	}
+	auth := recovery // stands for authentication
+	gs := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(recovery, auth, srv.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(srv.StreamServerInterceptor()),
+	)
+	defer gs.Stop()
+	fmt.Println(len(gs.GetServiceInfo()))
+	// Output: 0
+}
+
+func ExampleWithIdempotencyKeys() {
+	c, err := interceptor.NewClient(
+		interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{MaxAttempts: 3}),
+		// CreateOrder has side effects: every call gets one key, kept on
+		// every attempt, so a server with NewServer's idempotency places the
+		// order once even when an attempt times out and is retried.
+		interceptor.WithIdempotencyKeys("/shop.Orders/CreateOrder"),
+	)
+	fmt.Println(c != nil, err)
+
+	// A caller with a natural key of its own uses it instead.
+	ctx := interceptor.ContextWithIdempotencyKey(context.Background(), "order-2026-0042")
+	key, _ := interceptor.IdempotencyKeyFromContext(ctx)
+	fmt.Println(key)
+	// Output:
+	// true <nil>
+	// order-2026-0042
 }
