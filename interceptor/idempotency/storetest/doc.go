@@ -1,0 +1,18 @@
+// Package storetest is a conformance suite for implementations of
+// idempotency.Store. A store's tests call [Run] with a function that makes a
+// fresh, empty store:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) storetest.Harness {
+//			s, err := idempotency.NewMemoryStore(idempotency.WithNow(clk.Now))
+//			...
+//			return storetest.Harness{Store: s, Advance: clk.Advance, MaxRecordBytes: n}
+//		})
+//	}
+//
+// The suite checks the contract documented on idempotency.Store: the four
+// outcomes of Claim, that the fingerprint is checked before anything is
+// revealed, that Complete and Release act only for the owner, that leases and
+// records end, that tokens are not reused, and that concurrent claimers of one
+// key get exactly one Owned.
+package storetest
