@@ -126,11 +126,9 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 
 	r := c.newRetrier(ctx, st, mp, &co)
 	ctx = r.outgoing(ctx)
-	if mp.keyed || !mp.passthrough || co.any {
-		var kerr error
-		if ctx, r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
-			return kerr
-		}
+	var kerr error
+	if ctx, r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
+		return kerr
 	}
 	if n := c.hedgeAttempts(ctx, mp, &co); n > 1 {
 		return c.hedged(ctx, st, mp, n, method, req, reply, cc, invoker, s.opts)

@@ -124,3 +124,24 @@ func TestAutomaticKeysSkipIdempotentMethods(t *testing.T) {
 		}
 	})
 }
+
+func TestCallersOwnKeyOnAMethodWithoutPolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		stub, _ := newEcho(t, srv) // no policy: calls pass straight through
+		ctx := ContextWithIdempotencyKey(t.Context(), "order-7")
+		if _, err := stub.Echo(ctx, &echov1.EchoRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		stream, err := stub.ServerStream(ctx, &echov1.ServerStreamRequest{Count: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = stream.Recv()
+		for _, a := range srv.Attempts() {
+			if got := a.MD.Get(IdempotencyKeyHeader); len(got) != 1 || got[0] != "order-7" {
+				t.Errorf("%s carried keys %q, want [order-7]", a.Method, got)
+			}
+		}
+	})
+}
