@@ -135,7 +135,7 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 	}
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.index = make(map[uint64]int32)
+		sh.index = make(map[uint32]int32)
 		sh.free = -1
 		sh.leases = memList{-1, -1}
 		sh.records = memList{-1, -1}
@@ -154,8 +154,8 @@ type memEntry struct {
 	fpLong  string    // a copy of the fingerprint when longer than fpInline
 	rec     *Record   // nil while in progress
 	fp      [fpInline]byte
-	fpLen   int    // length of the fingerprint
-	hash    uint64 // of key; sh.index leads to the slot through the chain
+	fpLen   int32  // length of the fingerprint, or fpInline+1 when in fpLong
+	tag     uint32 // of key's hash; sh.index leads to the slot through the chain
 	expires int64  // store clock: end of the lease while in progress, of the TTL once completed
 	size    int64  // bytes counted against the shard
 	// prev and next link the slot in the shard's leases list while in
@@ -169,13 +169,10 @@ type memEntry struct {
 const fpInline = 32
 
 func (e *memEntry) sameFingerprint(fp []byte) bool {
-	if len(fp) != e.fpLen {
-		return false
-	}
 	if len(fp) <= fpInline {
-		return string(e.fp[:len(fp)]) == string(fp)
+		return int(e.fpLen) == len(fp) && string(e.fp[:len(fp)]) == string(fp)
 	}
-	return e.fpLong == string(fp)
+	return e.fpLen > fpInline && e.fpLong == string(fp)
 }
 
 func (e *memEntry) is(k RecordKey) bool {
@@ -187,7 +184,7 @@ type memList struct{ head, tail int32 } // -1 when empty
 
 type memShard struct {
 	mu         sync.Mutex
-	index      map[uint64]int32 // record key hash -> first slot of its chain; guarded by mu
+	index      map[uint32]int32 // tag of the record key's hash -> first slot of its chain; guarded by mu
 	slots      []memEntry       // guarded by mu; len(slots) <= maxEntries
 	free       int32            // first free slot, -1 when none; guarded by mu
 	leases     memList          // in-progress slots, in claim order; guarded by mu
@@ -205,6 +202,11 @@ func (s *MemoryStore) hash(k RecordKey) uint64 {
 	}
 	return maphash.Comparable(s.seed, k)
 }
+
+// hashTag is the part of a record key's hash that indexes its shard: the
+// high half, as the low half picks the shard. Half a hash keeps the index
+// small; a collision only lengthens a chain.
+func hashTag(h uint64) uint32 { return uint32(h >> 32) }
 
 func (s *MemoryStore) shard(h uint64) *memShard {
 	return &s.shards[h%uint64(len(s.shards))]
@@ -244,8 +246,8 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 	*e = memEntry{
 		key:     key,
 		token:   sh.tokens.next(),
-		fpLen:   len(fingerprint),
-		hash:    h,
+		fpLen:   int32(min(len(fingerprint), fpInline+1)),
+		tag:     hashTag(h),
 		expires: deadline(now, lease),
 		size:    size,
 		chain:   -1,
@@ -255,10 +257,10 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 	} else {
 		e.fpLong = string(fingerprint)
 	}
-	if first, ok := sh.index[h]; ok {
+	if first, ok := sh.index[e.tag]; ok {
 		e.chain = first
 	}
-	sh.index[h] = i
+	sh.index[e.tag] = i
 	sh.n++
 	sh.bytes += size
 	sh.pushBack(&sh.leases, i)
@@ -338,7 +340,7 @@ func (s *MemoryStore) Bytes() int64 {
 
 // lookup returns the slot of key, whose hash is h, or -1.
 func (sh *memShard) lookup(h uint64, key RecordKey) int32 {
-	i, ok := sh.index[h]
+	i, ok := sh.index[hashTag(h)]
 	if !ok {
 		return -1
 	}
@@ -391,11 +393,11 @@ func (sh *memShard) remove(i int32) {
 	} else {
 		sh.unlink(&sh.records, i)
 	}
-	if first := sh.index[e.hash]; first == i {
+	if first := sh.index[e.tag]; first == i {
 		if e.chain < 0 {
-			delete(sh.index, e.hash)
+			delete(sh.index, e.tag)
 		} else {
-			sh.index[e.hash] = e.chain
+			sh.index[e.tag] = e.chain
 		}
 	} else {
 		p := first
@@ -478,22 +480,25 @@ type memTokens struct {
 }
 
 const (
-	memTokenLen   = 13 // base-32 digits of a uint64
-	memTokenChunk = 256
+	memTokenLen   = 13  // base-32 digits of a uint64
+	memTokenChunk = 256 // a power of two up to 32*32: the tokens of a chunk differ in their last two digits only
+	memDigits     = "0123456789abcdefghijklmnopqrstuv"
 )
 
 func (t *memTokens) next() string {
 	i := int(t.n % memTokenChunk)
 	if i == 0 {
+		var d [memTokenLen]byte
+		v := t.n
+		for k := memTokenLen - 1; k >= 0; k-- {
+			d[k] = memDigits[v&31]
+			v >>= 5
+		}
 		var b strings.Builder
 		b.Grow(memTokenLen * memTokenChunk)
-		var d [memTokenLen]byte
 		for j := range uint64(memTokenChunk) {
-			v := t.n + j
-			for k := memTokenLen - 1; k >= 0; k-- {
-				d[k] = "0123456789abcdefghijklmnopqrstuv"[v&31]
-				v >>= 5
-			}
+			v := t.n + j // t.n is a multiple of the chunk: only the last two digits change
+			d[memTokenLen-2], d[memTokenLen-1] = memDigits[(v>>5)&31], memDigits[v&31]
 			b.Write(d[:])
 		}
 		t.chunk = b.String()
