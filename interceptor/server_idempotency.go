@@ -268,8 +268,9 @@ type srvIdem struct {
 	// detach: store calls after the handler get a context that the
 	// caller's cancellation does not reach. The memory store ignores
 	// contexts, so it is spared the allocation.
-	detach  bool
-	flights srvFlights
+	detach     bool
+	flights    srvFlights
+	replyTypes sync.Map // full name -> protoreflect.MessageType, of the replies replayed
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -594,6 +595,21 @@ func (s *srvIdem) replayShared(ctx context.Context, out *srvOutcome) (any, error
 	return nil, out.err
 }
 
+// replyType returns the message type of a stored reply. Types found are
+// cached: the global registry takes a lock shared by all its readers, whose
+// cache line the cores of parallel replays would pass around.
+func (s *srvIdem) replyType(name string) (protoreflect.MessageType, error) {
+	if mt, ok := s.replyTypes.Load(name); ok {
+		return mt.(protoreflect.MessageType), nil
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+	if err != nil {
+		return nil, err
+	}
+	s.replyTypes.Store(name, mt)
+	return mt, nil
+}
+
 // replay returns a stored outcome: its metadata, and its reply or status.
 func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, error) {
 	if len(rec.Header) > 0 {
@@ -605,7 +621,7 @@ func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, err
 	if rec.Code != codes.OK {
 		return nil, status.ErrorProto(&spb.Status{Code: int32(rec.Code), Message: rec.Message, Details: rec.Details})
 	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(rec.ReplyType))
+	mt, err := s.replyType(rec.ReplyType)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idempotency: stored reply type %q: %v", rec.ReplyType, err)
 	}

@@ -321,3 +321,55 @@ func TestIdempotencyRefusesMetadataAfterHandlerReturns(t *testing.T) {
 		t.Errorf("stored header, trailer = %v, %v, want only x-in: 1", got, c.Record.Trailer)
 	}
 }
+
+func TestIdempotencyReplayOfUnknownReplyTypeIsInternal(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(WithIdempotencyStore(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary := s.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
+	req := &echov1.EchoRequest{Message: "m"}
+	fp, err := srvFingerprint(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, any) (any, error) {
+		t.Error("handler ran for a stored outcome")
+		return nil, nil
+	}
+	tests := []struct {
+		name      string
+		replyType string
+		want      codes.Code
+	}{
+		{"unknown type", "no.such.Reply", codes.Internal},
+		{"known type", "resilience.echo.v1.EchoResponse", codes.OK},
+		{"known type, again", "resilience.echo.v1.EchoResponse", codes.OK}, // from the cache
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rk := idempotency.RecordKey{FullMethod: idemEchoMethod, Key: tt.name}
+			c, err := store.Claim(context.Background(), rk, fp[:], time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := &idempotency.Record{Fingerprint: fp[:], ReplyType: tt.replyType, Reply: []byte{0x0a, 0x01, 'r'}}
+			if err := store.Complete(context.Background(), rk, c.Token, rec, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", tt.name))
+			resp, err := unary(ctx, req, info, h)
+			if got := status.Code(err); got != tt.want {
+				t.Fatalf("replay error = %v, want code %v", err, tt.want)
+			}
+			if tt.want == codes.OK && resp.(*echov1.EchoResponse).GetMessage() != "r" {
+				t.Errorf("replay = %v, want message r", resp)
+			}
+		})
+	}
+}

@@ -75,12 +75,13 @@ func WithNow(now func() time.Time) MemoryOption {
 // single replica. See the package documentation for its bounds and eviction.
 //
 // Layout: each shard keeps its entries in one slice of slots, indexed by a
-// map from the 64-bit hash of the record key to the first slot of that hash;
-// slots with the same hash are chained and compared by their full key. The
-// map holds no pointers, a slot holds a fingerprint of up to 32 bytes inline,
-// and owner tokens are carved from shared chunks, so a claim allocates
-// nothing (but now and then a chunk) and the garbage collector has few
-// objects to mark however many entries are held.
+// map from 32 bits of a seeded hash of the record key to the first slot
+// with those bits; such slots are chained and compared by their full key.
+// The map holds no pointers, a slot holds a fingerprint of up to 32 bytes
+// inline, and owner tokens are carved from shared chunks, so claiming and
+// completing a key allocate nothing (but a chunk per 256 claims) and the
+// garbage collector has few objects to mark however many entries are held:
+// a slot points at the caller's key strings and record, nothing else.
 type MemoryStore struct {
 	clock          func() int64 // nanoseconds since the store was made
 	maxRecordBytes int
