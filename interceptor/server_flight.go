@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"crypto/sha256"
+	"hash/maphash"
 	"sync"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
@@ -17,9 +18,21 @@ import (
 //
 // Calls with another fingerprint are in another flight, so they never take
 // this one's outcome; the store tells them about the mismatch.
+//
+// Flights are indexed by a seeded hash of their key and chained on a
+// collision, so the map holds no pointers in its keys and hashes each key
+// once per call. A flight that no call joined is recycled: nothing but the
+// map and its leader ever held it.
 type srvFlights struct {
+	seed maphash.Seed // immutable
+	pool sync.Pool    // of *srvFlight, zeroed
+
 	mu sync.Mutex
-	m  map[srvFlightKey]*srvFlight // running flights; guarded by mu
+	m  map[uint64]*srvFlight // running flights by the hash of their key; guarded by mu
+}
+
+func newSrvFlights() srvFlights {
+	return srvFlights{seed: maphash.MakeSeed(), m: make(map[uint64]*srvFlight, 64)}
 }
 
 type srvFlightKey struct {
@@ -27,8 +40,13 @@ type srvFlightKey struct {
 	fp [sha256.Size]byte
 }
 
-// srvFlight is one in-process execution.
+// srvFlight is one in-process execution. Before it joins, it is a call's
+// scratch: buf holds its marshalled request, to fingerprint it.
 type srvFlight struct {
+	buf  []byte        // owned by the call that got the flight, until it joins
+	key  srvFlightKey  // written by the leader before it joins; immutable until it is recycled
+	hash uint64        // of key; immutable until it is recycled
+	next *srvFlight    // next running flight with the same hash; guarded by srvFlights.mu
 	done chan struct{} // made by the first waiter, closed by the leader when out is final; guarded by srvFlights.mu
 	out  srvOutcome    // written by the leader only, before it finishes the flight
 }
@@ -41,31 +59,75 @@ type srvOutcome struct {
 	pushback bool                // with the grpc-retry-pushback-ms trailer
 }
 
-// join returns the running flight of k and a channel closed when it ends,
-// or starts a flight that the caller leads (done nil) and must finish. The
-// channel is made only when a second call joins, so a call without
-// duplicates allocates only the flight.
-func (g *srvFlights) join(k srvFlightKey) (f *srvFlight, done <-chan struct{}) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if f := g.m[k]; f != nil {
-		if f.done == nil {
-			f.done = make(chan struct{})
-		}
-		return f, f.done
+// get returns a flight to fill in (key, then hash) and join.
+func (g *srvFlights) get() *srvFlight {
+	if f, _ := g.pool.Get().(*srvFlight); f != nil {
+		return f
 	}
-	f = &srvFlight{}
-	g.m[k] = f
-	return f, nil
+	return new(srvFlight)
 }
 
-// finish ends the flight f of k and wakes its waiters.
-func (g *srvFlights) finish(k srvFlightKey, f *srvFlight) {
+// setKey sets f's key and hash.
+func (g *srvFlights) setKey(f *srvFlight, rk idempotency.RecordKey) {
+	f.key.rk = rk
+	f.hash = maphash.Comparable(g.seed, f.key)
+}
+
+// join starts the flight nf, which the caller then leads and must finish,
+// and returns it with done nil; or, when a flight with the same key runs,
+// returns that flight and a channel closed when it ends, and nf stays the
+// caller's, to join again or to put back. The channel is made only when a
+// second call joins, so a call without duplicates allocates nothing here.
+func (g *srvFlights) join(nf *srvFlight) (f *srvFlight, done <-chan struct{}) {
 	g.mu.Lock()
-	delete(g.m, k)
+	defer g.mu.Unlock()
+	first := g.m[nf.hash]
+	for f := first; f != nil; f = f.next {
+		if f.key == nf.key {
+			if f.done == nil {
+				f.done = make(chan struct{})
+			}
+			return f, f.done
+		}
+	}
+	nf.next = first
+	g.m[nf.hash] = nf
+	return nf, nil
+}
+
+// finish ends the flight f and wakes its waiters; f is recycled when it had
+// none. The leader must not touch f afterwards.
+func (g *srvFlights) finish(f *srvFlight) {
+	g.mu.Lock()
+	if first := g.m[f.hash]; first == f {
+		if f.next == nil {
+			delete(g.m, f.hash)
+		} else {
+			g.m[f.hash] = f.next
+		}
+	} else {
+		p := first
+		for p.next != f {
+			p = p.next
+		}
+		p.next = f.next
+	}
 	done := f.done
 	g.mu.Unlock()
 	if done != nil {
-		close(done)
+		close(done) // waiters read f.out: f is theirs too now
+		return
 	}
+	g.put(f)
+}
+
+// put recycles f, which no one else holds: never joined, or finished
+// without waiters. It keeps f's buffer unless it grew large.
+func (g *srvFlights) put(f *srvFlight) {
+	buf := f.buf[:0]
+	if cap(buf) > 64<<10 {
+		buf = nil
+	}
+	*f = srvFlight{buf: buf}
+	g.pool.Put(f)
 }

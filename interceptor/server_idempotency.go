@@ -265,7 +265,12 @@ type srvIdem struct {
 	pushbackMD  metadata.MD // the trailer of ABORTED when waiting is off
 	inProgress  srvOutcome  // ABORTED with pushback, when waiting is off
 	log         srvLogger
-	flights     srvFlights
+	// detach: store calls after the handler get a context that the
+	// caller's cancellation does not reach. The memory store ignores
+	// contexts, so it is spared the allocation.
+	detach     bool
+	flights    srvFlights
+	replyTypes sync.Map // full name -> protoreflect.MessageType, of the replies replayed
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -288,7 +293,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	case o.pollInitial <= 0 || o.pollMax < o.pollInitial:
 		return nil, fmt.Errorf("interceptor: WithIdempotencyPoll(%v, %v): need 0 < initial <= max", o.pollInitial, o.pollMax)
 	}
+	_, inMemory := o.store.(*idempotency.MemoryStore)
 	s := &srvIdem{
+		detach:      !inMemory,
 		store:       o.store,
 		scope:       o.scope,
 		ttl:         o.ttl,
@@ -301,7 +308,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		policies:    o.policies,
 		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		log:         log,
-		flights:     srvFlights{m: make(map[srvFlightKey]*srvFlight, 64)},
+		flights:     newSrvFlights(),
 		inProgress: srvOutcome{ok: true, pushback: true, err: &srvRejection{code: codes.Aborted,
 			msg:      "idempotency: a call with this idempotency-key is in progress; retry later",
 			sentinel: ErrIdempotencyInProgress}},
@@ -377,25 +384,23 @@ func srvCertScope(leaf *x509.Certificate) string {
 
 // srvFingerprint hashes the deterministic encoding of req.
 func srvFingerprint(req any) ([sha256.Size]byte, error) {
-	m, ok := req.(proto.Message)
-	if !ok {
-		return [sha256.Size]byte{}, status.Errorf(codes.Internal, "idempotency: request type %T is not a proto message", req)
-	}
-	bp := srvBufPool.Get().(*[]byte)
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend((*bp)[:0], m)
-	if err != nil {
-		srvBufPool.Put(bp)
-		return [sha256.Size]byte{}, status.Errorf(codes.Internal, "idempotency: marshalling the request: %v", err)
-	}
-	sum := sha256.Sum256(b)
-	if cap(b) <= 64<<10 {
-		*bp = b
-		srvBufPool.Put(bp)
-	}
-	return sum, nil
+	sum, _, err := srvFingerprintAppend(nil, req)
+	return sum, err
 }
 
-var srvBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+// srvFingerprintAppend is srvFingerprint marshalling into buf[:0], which it
+// returns for reuse.
+func srvFingerprintAppend(buf []byte, req any) ([sha256.Size]byte, []byte, error) {
+	m, ok := req.(proto.Message)
+	if !ok {
+		return [sha256.Size]byte{}, buf, status.Errorf(codes.Internal, "idempotency: request type %T is not a proto message", req)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(buf[:0], m)
+	if err != nil {
+		return [sha256.Size]byte{}, buf, status.Errorf(codes.Internal, "idempotency: marshalling the request: %v", err)
+	}
+	return sha256.Sum256(b), b, nil
+}
 
 func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	pol := s.policy(info.FullMethod)
@@ -416,41 +421,47 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 	if err != nil {
 		return nil, err
 	}
-	fp, err := srvFingerprint(req)
+	f := s.flights.get()
+	f.key.fp, f.buf, err = srvFingerprintAppend(f.buf, req)
 	if err != nil {
+		s.flights.put(f)
 		return nil, err
 	}
-	fk := srvFlightKey{rk: idempotency.RecordKey{Scope: scope, FullMethod: info.FullMethod, Key: key}, fp: fp}
+	s.flights.setKey(f, idempotency.RecordKey{Scope: scope, FullMethod: info.FullMethod, Key: key})
 	for {
-		f, done := s.flights.join(fk)
-		if done != nil {
-			if s.noWait {
-				return s.replayShared(ctx, &s.inProgress)
-			}
-			// Wait for the in-process call with the same record key and
-			// request, then take its outcome or compete again.
-			select {
-			case <-done:
-			case <-ctx.Done():
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-			if f.out.ok {
-				return s.replayShared(ctx, &f.out)
-			}
-			continue
+		running, done := s.flights.join(f)
+		if done == nil {
+			return s.lead(ctx, req, info, handler, f)
 		}
-		return s.lead(ctx, req, info, handler, fk, f)
+		// f did not start: it is still ours, to join again or put back.
+		if s.noWait {
+			s.flights.put(f)
+			return s.replayShared(ctx, &s.inProgress)
+		}
+		// Wait for the in-process call with the same record key and
+		// request, then take its outcome or compete again.
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.flights.put(f)
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if running.out.ok {
+			s.flights.put(f)
+			return s.replayShared(ctx, &running.out)
+		}
 	}
 }
 
 // lead runs the store protocol for the flight f it leads, and finishes f,
 // even on panic.
 func (s *srvIdem) lead(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler,
-	fk srvFlightKey, f *srvFlight) (resp any, err error) {
-	defer s.flights.finish(fk, f) // after f.out is written, or with f.out unset on panic
+	f *srvFlight) (resp any, err error) {
+	defer s.flights.finish(f) // after f.out is written, or with f.out unset on panic
+	rk := &f.key.rk
 	backoff := s.pollInitial
 	for {
-		c, err := s.store.Claim(ctx, fk.rk, fk.fp[:], s.lease)
+		c, err := s.store.Claim(ctx, *rk, f.key.fp[:], s.lease)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, status.FromContextError(ctx.Err()).Err()
@@ -487,7 +498,7 @@ func (s *srvIdem) lead(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 				return nil, status.FromContextError(ctx.Err()).Err()
 			}
 		case idempotency.Owned:
-			return s.runOwned(ctx, req, info, handler, fk, c.Token, f)
+			return s.runOwned(ctx, req, info, handler, f, c.Token)
 		default:
 			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", c.State)
 		}
@@ -498,29 +509,35 @@ func (s *srvIdem) lead(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 // outcome. Store calls after the handler are not cancelled with the caller:
 // an outcome is stored even when the caller has gone.
 func (s *srvIdem) runOwned(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler,
-	fk srvFlightKey, token string, f *srvFlight) (any, error) {
-	sctx := context.WithoutCancel(ctx)
-	capt := &srvCapture{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx), method: info.FullMethod}
+	f *srvFlight, token string) (any, error) {
+	rk := f.key.rk
+	sctx := ctx
+	if s.detach {
+		sctx = context.WithoutCancel(ctx)
+	}
+	o := &srvOwned{fp: f.key.fp, method: info.FullMethod, stream: grpc.ServerTransportStreamFromContext(ctx)}
 	done := false
 	defer func() {
 		if !done { // the handler panicked: release, and let the panic go on
-			s.release(sctx, fk.rk, token, info.FullMethod)
+			o.close()
+			s.release(sctx, rk, token, info.FullMethod)
 		}
 	}()
-	resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, capt), req)
+	resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, o), req)
 	done = true
+	o.close()
 	code := rescodes.Classify(err)
 	if s.retryable.Has(code) {
-		s.release(sctx, fk.rk, token, info.FullMethod)
+		s.release(sctx, rk, token, info.FullMethod)
 		return resp, err
 	}
-	rec, rerr := srvRecord(fk.fp[:], resp, err, capt)
-	if rerr != nil {
+	if rerr := srvRecord(o, resp, err); rerr != nil {
 		s.log.warn("idempotency: outcome not stored", "method", info.FullMethod, "error", rerr)
-		s.release(sctx, fk.rk, token, info.FullMethod)
+		s.release(sctx, rk, token, info.FullMethod)
 		return resp, err
 	}
-	if cerr := s.store.Complete(sctx, fk.rk, token, rec, s.ttl); cerr != nil {
+	rec := &o.rec
+	if cerr := s.store.Complete(sctx, rk, token, rec, s.ttl); cerr != nil {
 		switch {
 		case errors.Is(cerr, idempotency.ErrRecordTooLarge):
 			s.log.warn("idempotency: outcome not stored: larger than the store's bound; duplicates will run the handler again",
@@ -532,7 +549,7 @@ func (s *srvIdem) runOwned(ctx context.Context, req any, info *grpc.UnaryServerI
 		default:
 			s.log.warn("idempotency: outcome not stored: store failed", "method", info.FullMethod, "error", cerr)
 		}
-		s.release(sctx, fk.rk, token, info.FullMethod)
+		s.release(sctx, rk, token, info.FullMethod)
 		return resp, err
 	}
 	f.out = srvOutcome{ok: true, rec: rec}
@@ -545,26 +562,26 @@ func (s *srvIdem) release(ctx context.Context, rk idempotency.RecordKey, token, 
 	}
 }
 
-// srvRecord builds the record of a handler's outcome.
-func srvRecord(fp []byte, resp any, herr error, capt *srvCapture) (*idempotency.Record, error) {
-	capt.mu.Lock()
-	rec := &idempotency.Record{Fingerprint: fp, Header: capt.header, Trailer: capt.trailer}
-	capt.mu.Unlock()
+// srvRecord completes o.rec, whose metadata is captured, with the
+// handler's outcome.
+func srvRecord(o *srvOwned, resp any, herr error) error {
+	rec := &o.rec
+	rec.Fingerprint = o.fp[:]
 	if herr != nil {
 		st := status.Convert(herr).Proto()
 		rec.Code, rec.Message, rec.Details = codes.Code(st.Code), st.Message, st.Details
-		return rec, nil
+		return nil
 	}
 	m, ok := resp.(proto.Message)
 	if !ok {
-		return nil, fmt.Errorf("reply type %T is not a proto message", resp)
+		return fmt.Errorf("reply type %T is not a proto message", resp)
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 	if err != nil {
-		return nil, fmt.Errorf("marshalling the reply: %w", err)
+		return fmt.Errorf("marshalling the reply: %w", err)
 	}
 	rec.ReplyType, rec.Reply = string(m.ProtoReflect().Descriptor().FullName()), b
-	return rec, nil
+	return nil
 }
 
 // replayShared returns a flight's outcome to one of its calls.
@@ -578,6 +595,21 @@ func (s *srvIdem) replayShared(ctx context.Context, out *srvOutcome) (any, error
 	return nil, out.err
 }
 
+// replyType returns the message type of a stored reply. Types found are
+// cached: the global registry takes a lock shared by all its readers, whose
+// cache line the cores of parallel replays would pass around.
+func (s *srvIdem) replyType(name string) (protoreflect.MessageType, error) {
+	if mt, ok := s.replyTypes.Load(name); ok {
+		return mt.(protoreflect.MessageType), nil
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+	if err != nil {
+		return nil, err
+	}
+	s.replyTypes.Store(name, mt)
+	return mt, nil
+}
+
 // replay returns a stored outcome: its metadata, and its reply or status.
 func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, error) {
 	if len(rec.Header) > 0 {
@@ -589,67 +621,71 @@ func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, err
 	if rec.Code != codes.OK {
 		return nil, status.ErrorProto(&spb.Status{Code: int32(rec.Code), Message: rec.Message, Details: rec.Details})
 	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(rec.ReplyType))
+	mt, err := s.replyType(rec.ReplyType)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idempotency: stored reply type %q: %v", rec.ReplyType, err)
 	}
 	m := mt.New().Interface()
-	if err := proto.Unmarshal(rec.Reply, m); err != nil {
+	// Merge into the new, empty message: no Reset needed.
+	if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(rec.Reply, m); err != nil {
 		return nil, status.Errorf(codes.Internal, "idempotency: decoding the stored reply: %v", err)
 	}
 	return m, nil
 }
 
-// srvCapture records the metadata a handler sets, and passes it on to the
-// real stream when there is one.
-type srvCapture struct {
-	grpc.ServerTransportStream        // nil when the interceptor is called without a grpc stream
-	method                     string // immutable
+// srvOwned is what the owner of a claim allocates, once: the stream its
+// handler sees, which records the metadata the handler sets (in rec.Header
+// and rec.Trailer) and passes it on to the real stream when there is one;
+// then, with the handler's outcome, the record to store, whose Fingerprint
+// is fp. Once closed, when the handler has returned, it refuses more
+// metadata and lets go of the real stream: the store may keep the record
+// for a long time.
+type srvOwned struct {
+	rec    idempotency.Record // Header and Trailer guarded by mu until closed; then immutable
+	fp     [sha256.Size]byte  // immutable
+	method string             // immutable
 
-	mu      sync.Mutex
-	header  metadata.MD // guarded by mu
-	trailer metadata.MD // guarded by mu
+	mu     sync.Mutex
+	closed bool                       // guarded by mu
+	stream grpc.ServerTransportStream // nil when the interceptor is called without a grpc stream, or closed; guarded by mu
 }
 
-func (c *srvCapture) Method() string {
-	if c.ServerTransportStream != nil {
-		return c.ServerTransportStream.Method()
+// errSrvCaptureClosed is returned to a handler that sets metadata through a
+// context it kept after it returned.
+var errSrvCaptureClosed = status.Error(codes.Internal, "idempotency: metadata set after the handler returned")
+
+func (o *srvOwned) Method() string { return o.method }
+
+func (o *srvOwned) SetHeader(md metadata.MD) error {
+	return o.capture(&o.rec.Header, md, grpc.ServerTransportStream.SetHeader)
+}
+
+func (o *srvOwned) SendHeader(md metadata.MD) error {
+	return o.capture(&o.rec.Header, md, grpc.ServerTransportStream.SendHeader)
+}
+
+func (o *srvOwned) SetTrailer(md metadata.MD) error {
+	return o.capture(&o.rec.Trailer, md, grpc.ServerTransportStream.SetTrailer)
+}
+
+func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.ServerTransportStream, metadata.MD) error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return errSrvCaptureClosed
 	}
-	return c.method
-}
-
-func (c *srvCapture) SetHeader(md metadata.MD) error {
-	if c.ServerTransportStream != nil {
-		if err := c.ServerTransportStream.SetHeader(md); err != nil {
+	if o.stream != nil {
+		if err := pass(o.stream, md); err != nil {
 			return err
 		}
 	}
-	c.mu.Lock()
-	c.header = metadata.Join(c.header, md)
-	c.mu.Unlock()
+	*dst = metadata.Join(*dst, md)
 	return nil
 }
 
-func (c *srvCapture) SendHeader(md metadata.MD) error {
-	if c.ServerTransportStream != nil {
-		if err := c.ServerTransportStream.SendHeader(md); err != nil {
-			return err
-		}
-	}
-	c.mu.Lock()
-	c.header = metadata.Join(c.header, md)
-	c.mu.Unlock()
-	return nil
-}
-
-func (c *srvCapture) SetTrailer(md metadata.MD) error {
-	if c.ServerTransportStream != nil {
-		if err := c.ServerTransportStream.SetTrailer(md); err != nil {
-			return err
-		}
-	}
-	c.mu.Lock()
-	c.trailer = metadata.Join(c.trailer, md)
-	c.mu.Unlock()
-	return nil
+// close ends the capture.
+func (o *srvOwned) close() {
+	o.mu.Lock()
+	o.closed, o.stream = true, nil
+	o.mu.Unlock()
 }

@@ -1,14 +1,13 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"strconv"
+	"math"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -32,7 +31,8 @@ type memoryOptions struct {
 	maxBytes       int64
 	maxRecordBytes int
 	shards         int
-	now            func() time.Time
+	now            func() time.Time // nil: the monotonic clock
+	nowSet         bool
 }
 
 type memoryOptionFunc func(*memoryOptions)
@@ -68,17 +68,26 @@ func WithShards(n int) MemoryOption {
 // WithNow sets the clock the store reads (default time.Now). Tests pass a
 // fake clock's Now.
 func WithNow(now func() time.Time) MemoryOption {
-	return memoryOptionFunc(func(o *memoryOptions) { o.now = now })
+	return memoryOptionFunc(func(o *memoryOptions) { o.now, o.nowSet = now, true })
 }
 
 // MemoryStore is a Store in process memory: the embedded default for a
 // single replica. See the package documentation for its bounds and eviction.
+//
+// Layout: each shard keeps its entries in one slice of slots, indexed by a
+// map from 32 bits of a seeded hash of the record key to the first slot
+// with those bits; such slots are chained and compared by their full key.
+// The map holds no pointers, a slot holds a fingerprint of up to 32 bytes
+// inline, and owner tokens are carved from shared chunks, so claiming and
+// completing a key allocate nothing (but a chunk per 256 claims) and the
+// garbage collector has few objects to mark however many entries are held:
+// a slot points at the caller's key strings and record, nothing else.
 type MemoryStore struct {
-	now            func() time.Time
+	clock          func() int64 // nanoseconds since the store was made
 	maxRecordBytes int
 	seed           maphash.Seed
 	shards         []memShard
-	tokens         atomic.Uint64 // last token handed out; tokens are never reused
+	testHash       func(RecordKey) uint64 // set by tests to force collisions; nil otherwise
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -92,7 +101,6 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 		maxBytes:       DefaultMaxBytes,
 		maxRecordBytes: DefaultMaxRecordBytes,
 		shards:         DefaultShards,
-		now:            time.Now,
 	}
 	for _, opt := range opts {
 		opt.apply(&o)
@@ -102,153 +110,206 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 		return nil, fmt.Errorf("idempotency: shards %d: must be positive", o.shards)
 	case o.maxEntries < o.shards:
 		return nil, fmt.Errorf("idempotency: max entries %d: must be at least the number of shards (%d)", o.maxEntries, o.shards)
+	case o.maxEntries/o.shards > math.MaxInt32:
+		return nil, fmt.Errorf("idempotency: max entries %d: at most %d per shard", o.maxEntries, math.MaxInt32)
 	case o.maxRecordBytes < 1:
 		return nil, fmt.Errorf("idempotency: max record bytes %d: must be positive", o.maxRecordBytes)
 	case o.maxBytes/int64(o.shards) < int64(o.maxRecordBytes)+entryOverhead:
 		return nil, fmt.Errorf("idempotency: max bytes %d: each of the %d shards must hold a record of max record bytes (%d) plus %d",
 			o.maxBytes, o.shards, o.maxRecordBytes, entryOverhead)
-	case o.now == nil:
+	case o.nowSet && o.now == nil:
 		return nil, errors.New("idempotency: now: must not be nil")
 	}
 	s := &MemoryStore{
-		now:            o.now,
 		maxRecordBytes: o.maxRecordBytes,
 		seed:           maphash.MakeSeed(),
 		shards:         make([]memShard, o.shards),
 	}
+	if now := o.now; now != nil {
+		base := now()
+		s.clock = func() int64 { return int64(now().Sub(base)) }
+	} else {
+		// time.Since reads only the monotonic clock: half the cost of
+		// time.Now.
+		base := time.Now()
+		s.clock = func() int64 { return int64(time.Since(base)) }
+	}
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.entries = make(map[RecordKey]*memEntry)
+		sh.index = make(map[uint32]int32)
+		sh.free = -1
+		sh.leases = memList{-1, -1}
+		sh.records = memList{-1, -1}
 		sh.maxEntries = o.maxEntries / o.shards
 		sh.maxBytes = o.maxBytes / int64(o.shards)
-		sh.leases.init()
-		sh.records.init()
 	}
 	return s, nil
 }
 
-// memEntry is one key. Fields are guarded by the shard's lock.
+// memEntry is one key, in a slot of its shard. Fields are guarded by the
+// shard's lock. A free slot is zero but for its links, and next links the
+// free list.
 type memEntry struct {
-	key         RecordKey
-	fingerprint []byte    // a copy of the claimer's fingerprint
-	token       string    // owner token while in progress; "" once completed
-	expires     time.Time // end of the lease while in progress, of the TTL once completed
-	rec         *Record   // nil while in progress
-	size        int64     // bytes counted against the shard
-	prev, next  *memEntry // links in the shard's leases or records list
+	key     RecordKey // the caller's strings, not copied
+	token   string    // owner token while in progress; "" once completed
+	fpLong  string    // a copy of the fingerprint when longer than fpInline
+	rec     *Record   // nil while in progress
+	fp      [fpInline]byte
+	fpLen   int32  // length of the fingerprint, or fpInline+1 when in fpLong
+	tag     uint32 // of key's hash; sh.index leads to the slot through the chain
+	expires int64  // store clock: end of the lease while in progress, of the TTL once completed
+	size    int64  // bytes counted against the shard
+	// prev and next link the slot in the shard's leases list while in
+	// progress, its records list once completed, or (next only) the free
+	// list. chain is the next slot with the same hash. -1 ends each.
+	prev, next, chain int32
 }
 
-// memList is a circular doubly linked list of entries in insertion order,
-// oldest first, with a sentinel.
-type memList struct{ root memEntry }
+// fpInline is the longest fingerprint a slot holds without allocating: a
+// SHA-256.
+const fpInline = 32
 
-func (l *memList) init()            { l.root.next, l.root.prev = &l.root, &l.root }
-func (l *memList) front() *memEntry { return l.root.next }
-func (l *memList) end() *memEntry   { return &l.root }
-
-func (l *memList) pushBack(e *memEntry) {
-	e.prev, e.next = l.root.prev, &l.root
-	l.root.prev.next = e
-	l.root.prev = e
+func (e *memEntry) sameFingerprint(fp []byte) bool {
+	if len(fp) <= fpInline {
+		return int(e.fpLen) == len(fp) && string(e.fp[:len(fp)]) == string(fp)
+	}
+	return e.fpLen > fpInline && e.fpLong == string(fp)
 }
 
-func unlink(e *memEntry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next = nil, nil
+func (e *memEntry) is(k RecordKey) bool {
+	return e.key.Key == k.Key && e.key.FullMethod == k.FullMethod && e.key.Scope == k.Scope
 }
+
+// memList is a doubly linked list of slots in insertion order, oldest first.
+type memList struct{ head, tail int32 } // -1 when empty
 
 type memShard struct {
 	mu         sync.Mutex
-	entries    map[RecordKey]*memEntry // guarded by mu
-	leases     memList                 // in-progress entries, in claim order; guarded by mu
-	records    memList                 // completed entries, in completion order; guarded by mu
-	bytes      int64                   // sum of the entries' sizes; guarded by mu
-	maxEntries int                     // immutable
-	maxBytes   int64                   // immutable
+	index      map[uint32]int32 // tag of the record key's hash -> first slot of its chain; guarded by mu
+	slots      []memEntry       // guarded by mu; len(slots) <= maxEntries
+	free       int32            // first free slot, -1 when none; guarded by mu
+	leases     memList          // in-progress slots, in claim order; guarded by mu
+	records    memList          // completed slots, in completion order; guarded by mu
+	n          int              // slots in use; guarded by mu
+	bytes      int64            // sum of the entries' sizes; guarded by mu
+	tokens     memTokens        // guarded by mu
+	maxEntries int              // immutable
+	maxBytes   int64            // immutable
 }
 
-func (s *MemoryStore) shard(k RecordKey) *memShard {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	h.WriteString(k.Scope)
-	h.WriteByte(0)
-	h.WriteString(k.FullMethod)
-	h.WriteByte(0)
-	h.WriteString(k.Key)
-	return &s.shards[h.Sum64()%uint64(len(s.shards))]
+func (s *MemoryStore) hash(k RecordKey) uint64 {
+	if s.testHash != nil {
+		return s.testHash(k)
+	}
+	return maphash.Comparable(s.seed, k)
+}
+
+// hashTag is the part of a record key's hash that indexes its shard: the
+// high half, as the low half picks the shard. Half a hash keeps the index
+// small; a collision only lengthens a chain.
+func hashTag(h uint64) uint32 { return uint32(h >> 32) }
+
+func (s *MemoryStore) shard(h uint64) *memShard {
+	return &s.shards[h%uint64(len(s.shards))]
+}
+
+// deadline returns now+d, saturated.
+func deadline(now int64, d time.Duration) int64 {
+	if d > 0 && now > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return now + int64(d)
 }
 
 // Claim implements Store.
 func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte, lease time.Duration) (Claim, error) {
-	now := s.now()
-	sh := s.shard(key)
+	h := s.hash(key)
+	now := s.clock()
+	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.live(key, now); e != nil {
+	if i := sh.live(h, key, now); i >= 0 {
+		e := &sh.slots[i]
 		switch {
-		case !bytes.Equal(e.fingerprint, fingerprint):
+		case !e.sameFingerprint(fingerprint):
 			return Claim{State: Mismatch}, nil
 		case e.rec != nil:
 			return Claim{State: Completed, Record: e.rec}, nil
 		}
-		return Claim{State: InProgress, RetryAfter: e.expires.Sub(now)}, nil
+		return Claim{State: InProgress, RetryAfter: time.Duration(e.expires - now)}, nil
 	}
 	size := int64(entryOverhead + len(key.Scope) + len(key.FullMethod) + len(key.Key) + len(fingerprint))
 	if !sh.makeRoom(now, 1, size) {
-		return Claim{}, fmt.Errorf("%w: %d keys in progress", ErrStoreFull, len(sh.entries))
+		return Claim{}, fmt.Errorf("%w: %d keys in progress", ErrStoreFull, sh.n)
 	}
-	e := &memEntry{
-		key:         key,
-		fingerprint: bytes.Clone(fingerprint),
-		token:       strconv.FormatUint(s.tokens.Add(1), 36),
-		expires:     now.Add(lease),
-		size:        size,
+	i := sh.alloc()
+	e := &sh.slots[i]
+	*e = memEntry{
+		key:     key,
+		token:   sh.tokens.next(),
+		fpLen:   int32(min(len(fingerprint), fpInline+1)),
+		tag:     hashTag(h),
+		expires: deadline(now, lease),
+		size:    size,
+		chain:   -1,
 	}
-	sh.entries[key] = e
+	if len(fingerprint) <= fpInline {
+		copy(e.fp[:], fingerprint)
+	} else {
+		e.fpLong = string(fingerprint)
+	}
+	if first, ok := sh.index[e.tag]; ok {
+		e.chain = first
+	}
+	sh.index[e.tag] = i
+	sh.n++
 	sh.bytes += size
-	sh.leases.pushBack(e)
+	sh.pushBack(&sh.leases, i)
 	return Claim{State: Owned, Token: e.token}, nil
 }
 
 // Complete implements Store.
 func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error {
 	recSize := rec.Size()
-	now := s.now()
-	sh := s.shard(key)
+	h := s.hash(key)
+	now := s.clock()
+	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.owned(key, token, now)
-	if e == nil {
+	i := sh.owned(h, key, token, now)
+	if i < 0 {
 		return ErrNotOwner
 	}
 	if recSize > s.maxRecordBytes {
 		return fmt.Errorf("%w: %d bytes, bound %d", ErrRecordTooLarge, recSize, s.maxRecordBytes)
 	}
-	// Unlink e while making room, so that it is not evicted for itself; it
-	// keeps its map slot, already counted.
-	unlink(e)
+	// Unlink the entry while making room, so that it is not evicted for
+	// itself; it keeps its slot, already counted.
+	sh.unlink(&sh.leases, i)
 	if !sh.makeRoom(now, 0, int64(recSize)) {
-		sh.leases.pushBack(e) // the caller still owns the claim
+		sh.pushBack(&sh.leases, i) // the caller still owns the claim
 		return fmt.Errorf("%w: no room for a record of %d bytes", ErrStoreFull, recSize)
 	}
-	e.token, e.rec, e.expires = "", rec, now.Add(ttl)
+	e := &sh.slots[i]
+	e.token, e.rec, e.expires = "", rec, deadline(now, ttl)
 	e.size += int64(recSize)
 	sh.bytes += int64(recSize)
-	sh.records.pushBack(e)
+	sh.pushBack(&sh.records, i)
 	return nil
 }
 
 // Release implements Store.
 func (s *MemoryStore) Release(_ context.Context, key RecordKey, token string) error {
-	now := s.now()
-	sh := s.shard(key)
+	h := s.hash(key)
+	now := s.clock()
+	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.owned(key, token, now)
-	if e == nil {
+	i := sh.owned(h, key, token, now)
+	if i < 0 {
 		return ErrNotOwner
 	}
-	sh.remove(e)
+	sh.remove(i)
 	return nil
 }
 
@@ -259,7 +320,7 @@ func (s *MemoryStore) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.entries)
+		n += sh.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -278,57 +339,171 @@ func (s *MemoryStore) Bytes() int64 {
 	return n
 }
 
-// live returns key's entry if it has not expired at now, dropping it if it
-// has.
-func (sh *memShard) live(key RecordKey, now time.Time) *memEntry {
-	e := sh.entries[key]
-	if e != nil && !now.Before(e.expires) {
-		sh.remove(e)
-		return nil
+// lookup returns the slot of key, whose hash is h, or -1.
+func (sh *memShard) lookup(h uint64, key RecordKey) int32 {
+	i, ok := sh.index[hashTag(h)]
+	if !ok {
+		return -1
 	}
-	return e
+	for ; i >= 0; i = sh.slots[i].chain {
+		if sh.slots[i].is(key) {
+			return i
+		}
+	}
+	return -1
 }
 
-// owned returns key's live in-progress entry if token owns it.
-func (sh *memShard) owned(key RecordKey, token string, now time.Time) *memEntry {
-	e := sh.live(key, now)
-	if e == nil || e.rec != nil || e.token != token {
-		return nil
+// live returns the slot of key if its entry has not expired at now,
+// dropping the entry if it has, and -1 otherwise.
+func (sh *memShard) live(h uint64, key RecordKey, now int64) int32 {
+	i := sh.lookup(h, key)
+	if i >= 0 && now >= sh.slots[i].expires {
+		sh.remove(i)
+		return -1
 	}
-	return e
+	return i
 }
 
-func (sh *memShard) remove(e *memEntry) {
-	delete(sh.entries, e.key)
+// owned returns the slot of key's live in-progress entry if token owns it,
+// and -1 otherwise.
+func (sh *memShard) owned(h uint64, key RecordKey, token string, now int64) int32 {
+	i := sh.live(h, key, now)
+	if i < 0 || sh.slots[i].rec != nil || sh.slots[i].token != token {
+		return -1
+	}
+	return i
+}
+
+// alloc returns a slot for a new entry: a free one, else a new one. It may
+// move the slots: pointers to entries are invalid after it.
+func (sh *memShard) alloc() int32 {
+	if i := sh.free; i >= 0 {
+		sh.free = sh.slots[i].next
+		return i
+	}
+	sh.slots = append(sh.slots, memEntry{})
+	return int32(len(sh.slots) - 1)
+}
+
+// remove drops the entry in slot i: from its list, its hash chain and the
+// counts, and frees the slot.
+func (sh *memShard) remove(i int32) {
+	e := &sh.slots[i]
+	if e.rec == nil {
+		sh.unlink(&sh.leases, i)
+	} else {
+		sh.unlink(&sh.records, i)
+	}
+	if first := sh.index[e.tag]; first == i {
+		if e.chain < 0 {
+			delete(sh.index, e.tag)
+		} else {
+			sh.index[e.tag] = e.chain
+		}
+	} else {
+		p := first
+		for sh.slots[p].chain != i {
+			p = sh.slots[p].chain
+		}
+		sh.slots[p].chain = e.chain
+	}
+	sh.n--
 	sh.bytes -= e.size
-	unlink(e)
+	*e = memEntry{next: sh.free, prev: -1, chain: -1}
+	sh.free = i
+}
+
+func (sh *memShard) pushBack(l *memList, i int32) {
+	e := &sh.slots[i]
+	e.prev, e.next = l.tail, -1
+	if l.tail >= 0 {
+		sh.slots[l.tail].next = i
+	} else {
+		l.head = i
+	}
+	l.tail = i
+}
+
+func (sh *memShard) unlink(l *memList, i int32) {
+	e := &sh.slots[i]
+	if e.prev >= 0 {
+		sh.slots[e.prev].next = e.next
+	} else {
+		l.head = e.next
+	}
+	if e.next >= 0 {
+		sh.slots[e.next].prev = e.prev
+	} else {
+		l.tail = e.prev
+	}
+	e.prev, e.next = -1, -1
 }
 
 // makeRoom drops expired entries from the front of both lists, then evicts
 // the oldest completed records until n more entries of size bytes fit. Live
 // leases are never evicted. It reports whether they fit.
-func (sh *memShard) makeRoom(now time.Time, n int, size int64) bool {
-	fits := func() bool { return len(sh.entries)+n <= sh.maxEntries && sh.bytes+size <= sh.maxBytes }
-	if fits() {
+func (sh *memShard) makeRoom(now int64, n int, size int64) bool {
+	if sh.fits(n, size) {
 		return true
 	}
-	for _, l := range []*memList{&sh.leases, &sh.records} {
-		for e := l.front(); e != l.end() && !now.Before(e.expires); e = l.front() {
-			sh.remove(e)
+	for _, l := range [...]*memList{&sh.leases, &sh.records} {
+		for i := l.head; i >= 0 && now >= sh.slots[i].expires; i = l.head {
+			sh.remove(i)
 		}
 	}
-	for !fits() && sh.records.front() != sh.records.end() {
-		sh.remove(sh.records.front())
+	for !sh.fits(n, size) && sh.records.head >= 0 {
+		sh.remove(sh.records.head)
 	}
-	if !fits() {
+	if !sh.fits(n, size) {
 		// Leases of different durations expire out of order: look at all.
-		for e := sh.leases.front(); e != sh.leases.end(); {
-			next := e.next
-			if !now.Before(e.expires) {
-				sh.remove(e)
+		for i := sh.leases.head; i >= 0; {
+			next := sh.slots[i].next
+			if now >= sh.slots[i].expires {
+				sh.remove(i)
 			}
-			e = next
+			i = next
 		}
 	}
-	return fits()
+	return sh.fits(n, size)
+}
+
+func (sh *memShard) fits(n int, size int64) bool {
+	return sh.n+n <= sh.maxEntries && sh.bytes+size <= sh.maxBytes
+}
+
+// memTokens hands out the owner tokens of a shard: a counter, as 13 base-32
+// digits, so no token repeats. They are carved from chunks of
+// memTokenChunk tokens, one allocation each; a chunk is freed once none of
+// its tokens is held.
+type memTokens struct {
+	n     uint64 // tokens handed out
+	chunk string // the current chunk; tokens n-n%memTokenChunk on
+}
+
+const (
+	memTokenLen   = 13  // base-32 digits of a uint64
+	memTokenChunk = 256 // a power of two up to 32*32: the tokens of a chunk differ in their last two digits only
+	memDigits     = "0123456789abcdefghijklmnopqrstuv"
+)
+
+func (t *memTokens) next() string {
+	i := int(t.n % memTokenChunk)
+	if i == 0 {
+		var d [memTokenLen]byte
+		v := t.n
+		for k := memTokenLen - 1; k >= 0; k-- {
+			d[k] = memDigits[v&31]
+			v >>= 5
+		}
+		var b strings.Builder
+		b.Grow(memTokenLen * memTokenChunk)
+		for j := range uint64(memTokenChunk) {
+			v := t.n + j // t.n is a multiple of the chunk: only the last two digits change
+			d[memTokenLen-2], d[memTokenLen-1] = memDigits[(v>>5)&31], memDigits[v&31]
+			b.Write(d[:])
+		}
+		t.chunk = b.String()
+	}
+	t.n++
+	return t.chunk[i*memTokenLen : (i+1)*memTokenLen]
 }

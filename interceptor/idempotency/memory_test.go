@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -194,5 +195,133 @@ func TestRecordMarshalRoundTripsAndIsVersioned(t *testing.T) {
 	// Version 2 is refused. Field 1 (format_version), varint 2.
 	if err := got.UnmarshalBinary(append([]byte{0x08, 0x02}, b1[2:]...)); !errors.Is(err, idempotency.ErrUnknownFormat) {
 		t.Errorf("UnmarshalBinary(version 2) error = %v, want ErrUnknownFormat", err)
+	}
+}
+
+func TestMemoryStoreKeepsKeysApartOnHashCollisions(t *testing.T) {
+	// Every key hashes alike: one shard, one chain. Keys must still be told
+	// apart by their full value, and removing any link (head, middle, tail)
+	// must keep the others reachable.
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(4))
+	idempotency.SetHash(s, func(idempotency.RecordKey) uint64 { return 42 })
+	ctx := context.Background()
+	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
+	tokens := map[string]string{}
+	for _, i := range []string{"1", "2", "3"} {
+		c, err := s.Claim(ctx, k(i), []byte("fp"+i), time.Minute)
+		if err != nil || c.State != idempotency.Owned {
+			t.Fatalf("Claim(%s) = %v, %v, want Owned", i, c.State, err)
+		}
+		tokens[i] = c.Token
+	}
+	for _, i := range []string{"1", "2", "3"} {
+		if c, _ := s.Claim(ctx, k(i), []byte("fp"+i), time.Minute); c.State != idempotency.InProgress {
+			t.Errorf("Claim(%s) again = %v, want InProgress", i, c.State)
+		}
+		if c, _ := s.Claim(ctx, k(i), []byte("other"), time.Minute); c.State != idempotency.Mismatch {
+			t.Errorf("Claim(%s) with another fingerprint = %v, want Mismatch", i, c.State)
+		}
+	}
+	if err := s.Complete(ctx, k("2"), tokens["1"], &idempotency.Record{}, time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete(2) with the token of 1: error = %v, want ErrNotOwner", err)
+	}
+	if err := s.Complete(ctx, k("2"), tokens["2"], &idempotency.Record{Reply: []byte("r2")}, time.Hour); err != nil {
+		t.Fatalf("Complete(2) error = %v", err)
+	}
+	if err := s.Release(ctx, k("2"), tokens["2"]); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Release(2) after Complete: error = %v, want ErrNotOwner", err)
+	}
+	// The chain is 3 -> 2 -> 1 (newest first): drop the head, then the
+	// tail, checking the others each time.
+	for _, step := range []struct {
+		release string
+		left    map[string]idempotency.State
+	}{
+		{"", map[string]idempotency.State{"1": idempotency.InProgress, "2": idempotency.Completed, "3": idempotency.InProgress}},
+		{"3", map[string]idempotency.State{"1": idempotency.InProgress, "2": idempotency.Completed}},
+		{"1", map[string]idempotency.State{"2": idempotency.Completed}},
+	} {
+		if step.release != "" {
+			if err := s.Release(ctx, k(step.release), tokens[step.release]); err != nil {
+				t.Fatalf("Release(%s) error = %v", step.release, err)
+			}
+		}
+		for i, want := range step.left {
+			if c, _ := s.Claim(ctx, k(i), []byte("fp"+i), time.Minute); c.State != want {
+				t.Errorf("after releasing %q: Claim(%s) = %v, want %v", step.release, i, c.State, want)
+			}
+		}
+	}
+	if got := s.Len(); got != 1 {
+		t.Errorf("Len() = %d, want 1", got)
+	}
+	// Fill the shard with colliding records and let eviction and expiry
+	// unlink them from the chain.
+	for _, i := range []string{"4", "5", "6", "7", "8"} {
+		complete(t, s, k(i), []byte(i), time.Hour)
+	}
+	if got := s.Len(); got != 4 {
+		t.Errorf("Len() after evictions = %d, want 4", got)
+	}
+	for _, i := range []string{"5", "6", "7", "8"} {
+		c, _ := s.Claim(ctx, k(i), []byte("fp"), time.Minute)
+		if c.State != idempotency.Completed || string(replyOf(c)) != i {
+			t.Errorf("Claim(%s) = %v, reply %q, want Completed with %q", i, c.State, replyOf(c), i)
+		}
+	}
+	// The first of these claims evicts the oldest record, 5, to make room;
+	// each releases.
+	for _, i := range []string{"2", "4"} {
+		if got := stateOf(t, s, k(i)); got != idempotency.Owned {
+			t.Errorf("evicted record %s: state %v, want Owned (absent)", i, got)
+		}
+	}
+	// The chain is 8 -> 7 -> 6: expiry drops the middle, the tail, the head.
+	clk.Advance(time.Hour)
+	for _, i := range []string{"7", "6", "8"} {
+		if got := stateOf(t, s, k(i)); got != idempotency.Owned {
+			t.Errorf("expired record %s: state %v, want Owned (absent)", i, got)
+		}
+	}
+	if got, gotBytes := s.Len(), s.Bytes(); got != 0 || gotBytes != 0 {
+		t.Errorf("Len(), Bytes() = %d, %d, want 0, 0", got, gotBytes)
+	}
+}
+
+func replyOf(c idempotency.Claim) []byte {
+	if c.Record == nil {
+		return nil
+	}
+	return c.Record.Reply
+}
+
+func TestMemoryStoreFirstExecutionDoesNotAllocate(t *testing.T) {
+	// Full, so that every claim evicts the oldest record: the steady state.
+	// Owner tokens come from chunks of 256, so 100 runs stay under one
+	// allocation each.
+	s, _ := newTestMemory(t, idempotency.WithMaxEntries(64), idempotency.WithShards(4))
+	ctx := context.Background()
+	keys := make([]idempotency.RecordKey, 1000)
+	for i := range keys {
+		keys[i] = idempotency.RecordKey{Scope: "s", FullMethod: "/s/m", Key: "k" + strconv.Itoa(i)}
+	}
+	fp := bytes.Repeat([]byte{7}, 32)
+	rec := &idempotency.Record{Fingerprint: fp, ReplyType: "x.Y", Reply: []byte("reply")}
+	i := 0
+	first := func() {
+		c, err := s.Claim(ctx, keys[i], fp, time.Minute)
+		if err != nil || c.State != idempotency.Owned {
+			t.Fatalf("Claim() = %v, %v", c.State, err)
+		}
+		if err := s.Complete(ctx, keys[i], c.Token, rec, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	}
+	for range 500 {
+		first()
+	}
+	if allocs := testing.AllocsPerRun(100, first); allocs != 0 {
+		t.Errorf("Claim() and Complete() of a new key allocate %v times, want 0", allocs)
 	}
 }

@@ -52,6 +52,9 @@ func (r *Record) Size() int {
 }
 
 func mdSize(md metadata.MD) int {
+	if len(md) == 0 {
+		return 0 // without starting an iteration
+	}
 	n := 0
 	for k, vs := range md {
 		n += len(k) + 8

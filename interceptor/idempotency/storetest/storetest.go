@@ -47,6 +47,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"RecordTTLEnds", testTTL},
 		{"RecordTooLargeKeepsClaim", testTooLarge},
 		{"ConcurrentClaimsHaveOneOwner", testConcurrentClaims},
+		{"FingerprintsOfAnyLength", testFingerprintLengths},
+		{"TokensAreNeverReused", testTokensNeverReused},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.run(t, newHarness(t)) })
@@ -265,6 +267,59 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 	wg.Wait()
 	if states[idempotency.Owned] != 1 || states[idempotency.InProgress] != n-1 {
 		t.Errorf("%d concurrent claims gave %v, want 1 Owned and %d InProgress", n, states, n-1)
+	}
+}
+
+func testFingerprintLengths(t *testing.T, h Harness) {
+	// Around the 32 bytes of a SHA-256: a store may keep short fingerprints
+	// differently from long ones. Fingerprints that differ only in their
+	// last byte, or only in their length, are different.
+	for _, n := range []int{1, 31, 32, 33, 64} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			k := key(fmt.Sprint("fp-len-", n))
+			fp := bytes.Repeat([]byte{0xC3}, n)
+			mine := bytes.Clone(fp)
+			c := claim(t, h, k, mine, time.Minute)
+			wantState(t, c, idempotency.Owned)
+			mine[0] ^= 0xFF // the store keeps its own copy
+			wantState(t, claim(t, h, k, fp, time.Minute), idempotency.InProgress)
+			last := bytes.Clone(fp)
+			last[n-1]++
+			wantState(t, claim(t, h, k, last, time.Minute), idempotency.Mismatch)
+			wantState(t, claim(t, h, k, fp[:n-1], time.Minute), idempotency.Mismatch)
+			wantState(t, claim(t, h, k, append(bytes.Clone(fp), 0xC3), time.Minute), idempotency.Mismatch)
+			if err := h.Store.Complete(context.Background(), k, c.Token, sampleRecord(fp), time.Hour); err != nil {
+				t.Fatalf("Complete() error = %v", err)
+			}
+			wantState(t, claim(t, h, k, fp, time.Minute), idempotency.Completed)
+			wantState(t, claim(t, h, k, last, time.Minute), idempotency.Mismatch)
+		})
+	}
+}
+
+func testTokensNeverReused(t *testing.T, h Harness) {
+	// Enough claims of one key to cross any batching of tokens a store may
+	// do; a stale token never owns the key again.
+	const n = 600
+	ctx := context.Background()
+	seen := make(map[string]bool, n)
+	var prev string
+	for i := range n {
+		c := claim(t, h, key("k"), fpA, time.Minute)
+		wantState(t, c, idempotency.Owned)
+		if seen[c.Token] {
+			t.Fatalf("claim %d got token %q again", i, c.Token)
+		}
+		seen[c.Token] = true
+		if prev != "" {
+			if err := h.Store.Release(ctx, key("k"), prev); !errors.Is(err, idempotency.ErrNotOwner) {
+				t.Fatalf("Release() with the previous owner's token error = %v, want ErrNotOwner", err)
+			}
+		}
+		if err := h.Store.Release(ctx, key("k"), c.Token); err != nil {
+			t.Fatalf("Release() error = %v", err)
+		}
+		prev = c.Token
 	}
 }
 
