@@ -283,15 +283,7 @@ func TestIdempotencyHotPathAllocations(t *testing.T) {
 }
 
 func TestIdempotencyRefusesMetadataAfterHandlerReturns(t *testing.T) {
-	store, err := idempotency.NewMemoryStore()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := NewServer(WithIdempotencyStore(store))
-	if err != nil {
-		t.Fatal(err)
-	}
-	unary := s.UnaryServerInterceptor()
+	store, unary := newMemoryIdempotency(t)
 	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
 	req := &echov1.EchoRequest{Message: "m"}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "late"))
@@ -323,15 +315,7 @@ func TestIdempotencyRefusesMetadataAfterHandlerReturns(t *testing.T) {
 }
 
 func TestIdempotencyReplayOfUnknownReplyTypeIsInternal(t *testing.T) {
-	store, err := idempotency.NewMemoryStore()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := NewServer(WithIdempotencyStore(store))
-	if err != nil {
-		t.Fatal(err)
-	}
-	unary := s.UnaryServerInterceptor()
+	store, unary := newMemoryIdempotency(t)
 	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
 	req := &echov1.EchoRequest{Message: "m"}
 	fp, err := srvFingerprint(req)
@@ -372,4 +356,19 @@ func TestIdempotencyReplayOfUnknownReplyTypeIsInternal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newMemoryIdempotency returns a memory store and the unary interceptor of a
+// Server that keeps its records there.
+func newMemoryIdempotency(t *testing.T) (*idempotency.MemoryStore, grpc.UnaryServerInterceptor) {
+	t.Helper()
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(WithIdempotencyStore(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, s.UnaryServerInterceptor()
 }
