@@ -54,18 +54,11 @@ func newRetryPolicy(p *serviceconfig.RetryPolicy, maxCap int) *retryPolicy {
 	return rp
 }
 
+// jitterOf maps a policy's jitter to the engine's. Validate has refused
+// unknown names, so the fallback to A6 is never taken.
 func jitterOf(j serviceconfig.Jitter) backoff.Jitter {
-	switch j {
-	case serviceconfig.JitterFull:
-		return backoff.Full
-	case serviceconfig.JitterEqual:
-		return backoff.Equal
-	case serviceconfig.JitterDecorrelated:
-		return backoff.Decorrelated
-	case serviceconfig.JitterNone:
-		return backoff.None
-	}
-	return backoff.A6
+	bj, _ := backoff.JitterNamed(string(j))
+	return bj
 }
 
 // methodPolicy is what one method runs under, resolved once per method and

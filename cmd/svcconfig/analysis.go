@@ -61,19 +61,11 @@ func newRetryView(p, raw *serviceconfig.RetryPolicy, maxAttemptsCap int) retryVi
 	return v
 }
 
-// jitterOf maps a policy's jitter to the engine's, as the client does.
+// jitterOf maps a policy's jitter to the engine's. Validate has refused
+// unknown names, so the fallback to A6 is never taken.
 func jitterOf(j serviceconfig.Jitter) backoff.Jitter {
-	switch j {
-	case serviceconfig.JitterFull:
-		return backoff.Full
-	case serviceconfig.JitterEqual:
-		return backoff.Equal
-	case serviceconfig.JitterDecorrelated:
-		return backoff.Decorrelated
-	case serviceconfig.JitterNone:
-		return backoff.None
-	}
-	return backoff.A6
+	bj, _ := backoff.JitterNamed(string(j))
+	return bj
 }
 
 // analysis is what both commands say about one entry: its schedule and its

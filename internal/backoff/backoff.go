@@ -17,6 +17,25 @@ const (
 	None
 )
 
+// JitterNamed returns the jitter a service config names: "a6" (and "" for
+// the default), "full", "equal", "decorrelated" or "none"; ok is false for
+// any other name, which then reads as A6.
+func JitterNamed(name string) (j Jitter, ok bool) {
+	switch name {
+	case "", "a6":
+		return A6, true
+	case "full":
+		return Full, true
+	case "equal":
+		return Equal, true
+	case "decorrelated":
+		return Decorrelated, true
+	case "none":
+		return None, true
+	}
+	return A6, false
+}
+
 // Config is a normalized backoff configuration: Initial > 0, Max ≥ Initial
 // is not required, Multiplier > 0.
 type Config struct {

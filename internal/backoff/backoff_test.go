@@ -73,3 +73,19 @@ func TestDelayNearTheLongestDurationDoesNotWrapNegative(t *testing.T) {
 		}
 	}
 }
+
+func TestJitterNamed(t *testing.T) {
+	tests := []struct {
+		name string
+		want Jitter
+		ok   bool
+	}{
+		{"", A6, true}, {"a6", A6, true}, {"full", Full, true}, {"equal", Equal, true},
+		{"decorrelated", Decorrelated, true}, {"none", None, true}, {"Full", A6, false}, {"x", A6, false},
+	}
+	for _, tt := range tests {
+		if got, ok := JitterNamed(tt.name); got != tt.want || ok != tt.ok {
+			t.Errorf("JitterNamed(%q) = %v, %v, want %v, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
+}
