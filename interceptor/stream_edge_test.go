@@ -94,12 +94,7 @@ func TestStreamHeadersCommit(t *testing.T) {
 func TestStreamPerAttemptTimeoutRetriesUntilCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &testserver.Server{}
-		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
-			if a.N == 1 {
-				return testserver.Outcome{Delay: time.Hour}
-			}
-			return testserver.Outcome{}
-		})
+		srv.SetScript(stallFirst())
 		p := fastPolicy(3)
 		p.PerAttemptRecvTimeout = 100 * time.Millisecond
 		stub, _ := newEcho(t, srv, WithRetryPolicy(p))

@@ -43,6 +43,17 @@ func failFirst(n int, code codes.Code) testserver.Script {
 	}
 }
 
+// stallFirst makes the first attempt of every method hang for an hour (of
+// fake time) and the others succeed.
+func stallFirst() testserver.Script {
+	return func(a testserver.Attempt) testserver.Outcome {
+		if a.N == 1 {
+			return testserver.Outcome{Delay: time.Hour}
+		}
+		return testserver.Outcome{}
+	}
+}
+
 func fastPolicy(maxAttempts int) *serviceconfig.RetryPolicy {
 	return &serviceconfig.RetryPolicy{
 		MaxAttempts:       maxAttempts,
