@@ -34,7 +34,7 @@ func counters(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
 					if i > 0 {
 						key += ","
 					}
-					key += string(kv.Key) + "=" + kv.Value.Emit()
+					key += string(kv.Key) + "=" + kv.Value.String()
 				}
 				out[key+"}"] += dp.Value
 			}

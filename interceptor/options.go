@@ -11,7 +11,6 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/grpc-resilience/resilience/internal/clock"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -38,7 +37,6 @@ type clientOptions struct {
 	maxAttemptsCap int
 	maxPushback    time.Duration
 	replayBuffer   int
-	clock          clock.Clock // always clock.Real: contexts run on package time
 	rand           func() float64
 	onRetry        func(context.Context, RetryEvent)
 	onStateChange  func(fullMethod string, from, to BreakerState)
@@ -61,7 +59,6 @@ func defaultClientOptions() clientOptions {
 		maxAttemptsCap: serviceconfig.DefaultMaxAttemptsCap,
 		maxPushback:    DefaultMaxServerPushback,
 		replayBuffer:   DefaultStreamReplayBuffer,
-		clock:          clock.Real,
 		rand:           rand.Float64,
 		exempt:         DefaultExemptServices,
 		budget:         &serviceconfig.RetryBudget{},

@@ -203,14 +203,15 @@ func serverHint(err error, trailer metadata.MD) (d time.Duration, ok, refuse boo
 	return 0, false, true
 }
 
-// wait sleeps for d on the client's clock, or until ctx is done.
+// wait sleeps for d, or until ctx is done. It uses package time, as the
+// contexts it races with do (testing/synctest fakes both).
 func (r *retrier) wait(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := r.c.opts.clock.NewTimer(d)
+	t := time.NewTimer(d)
 	select {
-	case <-t.C():
+	case <-t.C:
 		return nil
 	case <-ctx.Done():
 		t.Stop()
@@ -225,11 +226,6 @@ func attemptContext(ctx context.Context, n int) context.Context {
 		return ctx
 	}
 	return metadata.AppendToOutgoingContext(ctx, previousAttemptsKey, strconv.Itoa(n-1))
-}
-
-// fail returns the error of a call that stopped retrying after err.
-func (r *retrier) fail(err error, reason StopReason) error {
-	return r.stopped(err, err, reason)
 }
 
 // stopped returns the error of a call that ends with err after the attempt

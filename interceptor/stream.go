@@ -225,12 +225,6 @@ func (s *retryStream) afterFailure(err error, trailer metadata.MD, timedOut bool
 	return nil
 }
 
-// finalError is the error of a stream that ends with err and reason without
-// a retry decision (it committed).
-func (s *retryStream) finalError(err error, reason StopReason) error {
-	return s.r.stopped(err, err, reason)
-}
-
 // retry replaces the failed attempt a. It returns nil when a new attempt is
 // in place, or the error that ends the stream.
 func (s *retryStream) retry(a *streamAttempt, err error) error {
@@ -238,12 +232,12 @@ func (s *retryStream) retry(a *streamAttempt, err error) error {
 	// before the failure commit the attempt (gRFC A6).
 	if md, _ := a.cs.Header(); md != nil {
 		s.commit()
-		return s.finalError(err, StopCommitted)
+		return s.r.stopped(err, err, StopCommitted)
 	}
 	s.mu.Lock()
 	if s.committed {
 		s.mu.Unlock()
-		return s.finalError(err, StopCommitted)
+		return s.r.stopped(err, err, StopCommitted)
 	}
 	s.cur = nil
 	s.mu.Unlock()
