@@ -73,30 +73,16 @@ func (s *pathScanner) value() {
 	}
 }
 
+// object reads an object, each member under its ".key" segment.
 func (s *pathScanner) object() {
-	s.i++ // '{'
-	for !s.passed() {
-		s.ws()
-		if s.passed() {
-			return
-		}
-		switch s.data[s.i] {
-		case '}':
-			s.i++
-			s.passed()
-			return
-		case ',':
-			s.i++
-			continue
-		case '"':
-		default:
-			s.stop()
-			return
+	s.members('}', func(int) (string, bool) {
+		if s.data[s.i] != '"' {
+			return "", false
 		}
 		start := s.i
 		s.str()
 		if s.passed() {
-			return
+			return "", false
 		}
 		var key string
 		if json.Unmarshal(s.data[start:s.i], &key) != nil {
@@ -104,25 +90,31 @@ func (s *pathScanner) object() {
 		}
 		s.ws()
 		if s.i >= len(s.data) || s.data[s.i] != ':' {
-			s.stop()
-			return
+			return "", false
 		}
 		s.i++
-		s.path = append(s.path, "."+key)
-		s.value()
-		s.path = s.path[:len(s.path)-1]
-	}
+		return "." + key, true
+	})
 }
 
+// array reads an array, each element under its "[n]" segment.
 func (s *pathScanner) array() {
-	s.i++ // '['
+	s.members(']', func(n int) (string, bool) { return "[" + itoa(n) + "]", true })
+}
+
+// members reads the members of an object or array up to its closing byte.
+// Before each member, segment reads what comes before the member's value
+// (an object's key and colon) and returns the member's path segment; false
+// stops the scan where it is.
+func (s *pathScanner) members(closing byte, segment func(n int) (string, bool)) {
+	s.i++ // '{' or '['
 	for n := 0; !s.passed(); {
 		s.ws()
 		if s.passed() {
 			return
 		}
 		switch s.data[s.i] {
-		case ']':
+		case closing:
 			s.i++
 			s.passed()
 			return
@@ -130,7 +122,12 @@ func (s *pathScanner) array() {
 			s.i++
 			continue
 		}
-		s.path = append(s.path, "["+itoa(n)+"]")
+		seg, ok := segment(n)
+		if !ok {
+			s.stop()
+			return
+		}
+		s.path = append(s.path, seg)
 		s.value()
 		s.path = s.path[:len(s.path)-1]
 		n++
