@@ -271,12 +271,8 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 // Complete implements Store.
 func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error {
 	recSize := rec.Size()
-	h := s.hash(key)
-	now := s.clock()
-	sh := s.shard(h)
-	sh.mu.Lock()
+	sh, i, now := s.lockOwned(key, token)
 	defer sh.mu.Unlock()
-	i := sh.owned(h, key, token, now)
 	if i < 0 {
 		return ErrNotOwner
 	}
@@ -300,17 +296,23 @@ func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, r
 
 // Release implements Store.
 func (s *MemoryStore) Release(_ context.Context, key RecordKey, token string) error {
-	h := s.hash(key)
-	now := s.clock()
-	sh := s.shard(h)
-	sh.mu.Lock()
+	sh, i, _ := s.lockOwned(key, token)
 	defer sh.mu.Unlock()
-	i := sh.owned(h, key, token, now)
 	if i < 0 {
 		return ErrNotOwner
 	}
 	sh.remove(i)
 	return nil
+}
+
+// lockOwned locks the shard of key and finds the live in-progress entry that
+// token owns: its slot, or -1. The caller unlocks sh.mu.
+func (s *MemoryStore) lockOwned(key RecordKey, token string) (sh *memShard, i int32, now int64) {
+	h := s.hash(key)
+	now = s.clock()
+	sh = s.shard(h)
+	sh.mu.Lock()
+	return sh, sh.owned(h, key, token, now), now
 }
 
 // Len returns the number of keys held, in progress or completed, including
