@@ -43,6 +43,16 @@ func serve(srv echov1.EchoServiceServer) (grpc.DialOption, func()) {
 	return dial, gs.Stop
 }
 
+// connect dials the in-memory server through c, as ExampleNewClient does.
+func connect(c *interceptor.Client, dial grpc.DialOption) *grpc.ClientConn {
+	opts := append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("passthrough:///echo", opts...)
+	if err != nil {
+		panic(err)
+	}
+	return conn
+}
+
 func ExampleNewClient() {
 	dial, stop := serve(&flakyEcho{})
 	defer stop()
@@ -85,11 +95,7 @@ func ExampleRetryError() {
 	if err != nil {
 		panic(err)
 	}
-	opts := append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	conn, err := grpc.NewClient("passthrough:///echo", opts...)
-	if err != nil {
-		panic(err)
-	}
+	conn := connect(c, dial) // as ExampleNewClient connects
 	defer conn.Close()
 
 	_, err = echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{})
@@ -132,11 +138,7 @@ func ExampleNoRetry() {
 	if err != nil {
 		panic(err)
 	}
-	opts := append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	conn, err := grpc.NewClient("passthrough:///echo", opts...)
-	if err != nil {
-		panic(err)
-	}
+	conn := connect(c, dial) // as ExampleNewClient connects
 	defer conn.Close()
 
 	// This one call runs once, whatever the policy says.
@@ -169,11 +171,7 @@ func ExampleWithServiceConfig() {
 	if err != nil {
 		panic(err)
 	}
-	conn, err := grpc.NewClient("passthrough:///echo",
-		append(c.DialOptions(), dial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		panic(err)
-	}
+	conn := connect(c, dial) // as ExampleNewClient connects
 	defer conn.Close()
 
 	resp, err := echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{Message: "configured"})
