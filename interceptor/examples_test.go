@@ -181,3 +181,53 @@ func ExampleWithServiceConfig() {
 	// configured <nil>
 	// closed
 }
+
+// Operators can hold a method's breaker open (say, while its backend is
+// being migrated), read its state, and hand it back to the breaker's rules.
+func ExampleClient_ForceOpen() {
+	c, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: "shop.Orders"}},
+		CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5},
+	}))
+	if err != nil {
+		panic(err)
+	}
+	const method = "/shop.Orders/Create"
+	if err := c.ForceOpen(method); err != nil {
+		panic(err)
+	}
+	fmt.Println(c.Status(method).Breaker.State)
+	if err := c.ResetBreaker(method); err != nil {
+		panic(err)
+	}
+	fmt.Println(c.Status(method).Breaker.State)
+	fmt.Println(c.ForceOpen("/shop.Catalog/List"))
+	// Output:
+	// forced-open
+	// closed
+	// interceptor: /shop.Catalog/List has no circuit breaker
+}
+
+// In a service that both serves and calls, WithOneLayerRetry on its client
+// and NewServer's interceptors on its server keep retries from multiplying:
+// a call whose caller retries is not retried again downstream.
+func ExampleWithOneLayerRetry() {
+	c, err := interceptor.NewClient(
+		interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{MaxAttempts: 3}),
+		interceptor.WithOneLayerRetry(1), // inside such a call: 1 attempt, no retry
+	)
+	if err != nil {
+		panic(err)
+	}
+	srv, err := interceptor.NewServer()
+	if err != nil {
+		panic(err)
+	}
+	_, _ = c, srv // c.DialOptions() on the outgoing connections, srv's interceptors on the grpc.Server
+
+	// What NewServer's interceptors put on a handler's context when the
+	// incoming call carries the mark:
+	ctx := interceptor.ContextWithCallerRetries(context.Background())
+	fmt.Println(interceptor.CallerRetries(ctx), interceptor.CallerRetries(context.Background()))
+	// Output: true false
+}
