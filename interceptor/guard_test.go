@@ -99,7 +99,7 @@ func TestBreakerTripsPerMethodAndClosesAfterHealing(t *testing.T) {
 
 		// Heal: within one open period plus one probe the breaker closes.
 		sick.Store(false)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // fake time: one open period
 		if _, err := stub.Echo(ctx, &echov1.EchoRequest{}); err != nil {
 			t.Fatalf("Echo() probe after healing = %v, want success", err)
 		}
