@@ -41,11 +41,7 @@ var benchConfigs = []struct {
 
 func newConfiguredClient(tb testing.TB, opts ...ClientOption) *Client {
 	tb.Helper()
-	c, err := NewClient(append([]ClientOption{WithRetryPolicy(fastPolicy(4))}, opts...)...)
-	if err != nil {
-		tb.Fatalf("NewClient: %v", err)
-	}
-	return c
+	return newTestClient(tb, append([]ClientOption{WithRetryPolicy(fastPolicy(4))}, opts...)...)
 }
 
 func TestUnarySuccessPathAllocatesNothing(t *testing.T) {

@@ -34,6 +34,8 @@ type BreakerStatus struct {
 	ConsecutiveFailures int
 	// OpenUntil is when an open breaker lets a probe through.
 	OpenUntil time.Time
+	// Probes is the number of half-open probes in flight.
+	Probes int
 	// Trips counts the times the breaker opened by itself.
 	Trips uint64
 }
@@ -86,7 +88,7 @@ func (p *methodPolicy) status(now time.Time) MethodStatus {
 		s := b.Snapshot(now)
 		st.Breaker = &BreakerStatus{
 			State: BreakerState(s.State), Calls: s.Calls, Failures: s.Failures, SlowCalls: s.SlowCalls,
-			ConsecutiveFailures: s.ConsecutiveFailures, OpenUntil: s.OpenUntil, Trips: s.Trips,
+			ConsecutiveFailures: s.ConsecutiveFailures, OpenUntil: s.OpenUntil, Probes: s.Probes, Trips: s.Trips,
 		}
 	}
 	if bh := p.g.bulkhead; bh != nil {

@@ -180,10 +180,7 @@ func TestFallbackAnswersRejectedCalls(t *testing.T) {
 }
 
 func TestManualControlNeedsABreaker(t *testing.T) {
-	c, err := NewClient()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newTestClient(t)
 	if err := c.ForceOpen(echoMethod); err == nil {
 		t.Error("ForceOpen on a method without a breaker succeeded, want an error")
 	}
@@ -195,10 +192,7 @@ func TestHealthAndReflectionAreExemptByDefault(t *testing.T) {
 		CircuitBreaker: &serviceconfig.CircuitBreaker{},
 		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
 	}
-	c, err := NewClient(WithMethodConfig(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newTestClient(t, WithMethodConfig(cfg))
 	for _, m := range []string{"/grpc.health.v1.Health/Check", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"} {
 		if st := c.Status(m); st.Breaker != nil || st.Bulkhead != nil {
 			t.Errorf("Status(%s) = %+v, want no guards", m, st)
@@ -207,10 +201,7 @@ func TestHealthAndReflectionAreExemptByDefault(t *testing.T) {
 	if st := c.Status(echoMethod); st.Breaker == nil || st.Bulkhead == nil {
 		t.Errorf("Status(%s) = %+v, want a breaker and a bulkhead", echoMethod, st)
 	}
-	c, err = NewClient(WithMethodConfig(cfg), WithExemptMethods(echoService))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c = newTestClient(t, WithMethodConfig(cfg), WithExemptMethods(echoService))
 	if st := c.Status("/grpc.health.v1.Health/Check"); st.Breaker == nil {
 		t.Error("WithExemptMethods did not replace the default exemptions")
 	}
@@ -301,10 +292,7 @@ func TestConfigUpdateKeepsUnchangedBreakers(t *testing.T) {
 	cfg := &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
 		Name: []serviceconfig.Name{{Service: echoService}}, CircuitBreaker: cb,
 	}}}
-	c, err := NewClient(WithServiceConfig(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newTestClient(t, WithServiceConfig(cfg))
 	if err := c.ForceOpen(echoMethod); err != nil {
 		t.Fatal(err)
 	}

@@ -58,10 +58,7 @@ func TestKeyedRetryOfANonIdempotentCallExecutesOnce(t *testing.T) {
 		}
 		p := fastPolicy(3)
 		p.PerAttemptRecvTimeout = 200 * time.Millisecond
-		c, err := NewClient(WithRetryPolicy(p), WithIdempotencyKeys(echoMethod))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := newTestClient(t, WithRetryPolicy(p), WithIdempotencyKeys(echoMethod))
 		orders := &slowOrders{}
 		cc := serveEchoWith(t, orders, srv, orders.spy, c.DialOptions()...)
 		resp, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{Message: "42"})

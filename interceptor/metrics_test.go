@@ -75,13 +75,10 @@ func TestMetricsCountAttemptsRetriesStopsAndStateChanges(t *testing.T) {
 func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	c, err := NewClient(WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
+	c := newTestClient(t, WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
 		Name:           []serviceconfig.Name{{Service: echoService}},
 		CircuitBreaker: &serviceconfig.CircuitBreaker{},
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := c.ForceOpen(echoMethod); err != nil {
 		t.Fatal(err)
 	}

@@ -24,10 +24,7 @@ func TestComposesWithGoGRPCMiddleware(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &testserver.Server{}
 		srv.SetScript(failFirst(1, codes.Unavailable))
-		c, err := NewClient(WithRetryPolicy(fastPolicy(3)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := newTestClient(t, WithRetryPolicy(fastPolicy(3)))
 		var mu sync.Mutex
 		var logged []string
 		logger := logging.LoggerFunc(func(_ context.Context, _ logging.Level, msg string, fields ...any) {

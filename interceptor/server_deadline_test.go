@@ -162,11 +162,7 @@ func TestOneLayerRetryAcrossTwoHops(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				newClient := func() *Client {
-					c, err := NewClient(append([]ClientOption{WithRetryPolicy(fastPolicy(3)), WithRetryBudget(nil)}, tt.opts...)...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return c
+					return newTestClient(t, append([]ClientOption{WithRetryPolicy(fastPolicy(3)), WithRetryBudget(nil)}, tt.opts...)...)
 				}
 				c := &testserver.Server{}
 				c.SetScript(failFirst(1000, codes.Unavailable))
@@ -194,12 +190,9 @@ func TestOverloadedServerStopsRetries(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		calls := 0
 		impl := &overloaded{calls: &calls}
-		c, err := NewClient(WithRetryPolicy(fastPolicy(5)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := newTestClient(t, WithRetryPolicy(fastPolicy(5)))
 		stub := echov1.NewEchoServiceClient(serveEcho(t, impl, nil, c.DialOptions()...))
-		_, err = stub.Echo(t.Context(), &echov1.EchoRequest{})
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
 		var re *RetryError
 		if !errors.As(err, &re) || re.Reason != StopPushback || calls != 1 {
 			t.Errorf("Echo() = %v after %d server calls, want one call stopped by pushback", err, calls)

@@ -104,15 +104,12 @@ func TestUpdateServiceConfigLeavesCallsInFlightAlone(t *testing.T) {
 }
 
 func TestUpdateServiceConfigRefusesABadConfig(t *testing.T) {
-	c, err := NewClient(WithRetryPolicy(fastPolicy(3)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newTestClient(t, WithRetryPolicy(fastPolicy(3)))
 	bad := &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
 		Name:     []serviceconfig.Name{{}},
 		Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 0},
 	}}}
-	err = c.UpdateServiceConfig(bad)
+	err := c.UpdateServiceConfig(bad)
 	var sce *serviceconfig.Error
 	if !errors.As(err, &sce) || sce.Path != "methodConfig[0].bulkhead.maxConcurrent" {
 		t.Fatalf("UpdateServiceConfig(bad) = %v, want a serviceconfig.Error at methodConfig[0].bulkhead.maxConcurrent", err)
@@ -151,12 +148,9 @@ func TestWaitForReadyFromConfig(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		wfr := true
 		srv := &testserver.Server{}
-		c, err := NewClient(WithMethodConfig(serviceconfig.MethodConfig{
+		c := newTestClient(t, WithMethodConfig(serviceconfig.MethodConfig{
 			Name: []serviceconfig.Name{{Service: echoService}}, WaitForReady: &wfr,
 		}))
-		if err != nil {
-			t.Fatal(err)
-		}
 		var seen []bool
 		spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			for _, o := range opts {

@@ -139,10 +139,7 @@ func failingStreamer(n int) grpc.StreamClientInterceptor {
 func TestStreamCreationFailuresAreRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &testserver.Server{}
-		c, err := NewClient(WithRetryPolicy(fastPolicy(4)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := newTestClient(t, WithRetryPolicy(fastPolicy(4)))
 		cc := testserver.Start(t, srv, grpc.WithChainStreamInterceptor(c.StreamClientInterceptor(), failingStreamer(2)))
 		stub := echov1.NewEchoServiceClient(cc)
 		stream, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Count: 1})

@@ -25,10 +25,7 @@ const (
 // client built with opts.
 func newEcho(t *testing.T, srv *testserver.Server, opts ...ClientOption) (echov1.EchoServiceClient, *Client) {
 	t.Helper()
-	c, err := NewClient(opts...)
-	if err != nil {
-		t.Fatalf("NewClient: %v", err)
-	}
+	c := newTestClient(t, opts...)
 	cc := testserver.Start(t, srv, c.DialOptions()...)
 	return echov1.NewEchoServiceClient(cc), c
 }
