@@ -86,9 +86,11 @@ func TestBreakerTripsPerMethodAndClosesAfterHealing(t *testing.T) {
 				hint = ri.GetRetryDelay().AsDuration()
 			}
 		}
-		// The breaker opened one backoff (under 24ms) before this call.
-		if open := c.Status(echoMethod).Breaker.OpenUntil; hint != time.Until(open) || hint <= 970*time.Millisecond {
-			t.Errorf("RetryInfo hint = %v, want the %v until the next probe", hint, time.Until(open))
+		// The breaker opened one backoff (under 24ms) before this call; the
+		// hint is the time until the next probe, rounded up to 10ms.
+		left := time.Until(c.Status(echoMethod).Breaker.OpenUntil)
+		if want := (left + retryAfterGranule - 1) / retryAfterGranule * retryAfterGranule; hint != want || hint <= 970*time.Millisecond {
+			t.Errorf("RetryInfo hint = %v, want the %v until the next probe rounded up to 10ms", hint, left)
 		}
 		if _, err := stub.Lookup(ctx, &echov1.LookupRequest{}); err != nil {
 			t.Errorf("Lookup() error = %v: a healthy method must keep working", err)

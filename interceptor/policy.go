@@ -194,6 +194,9 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) g
 			g.bulkhead = b
 		}
 	}
+	if g.breaker != nil || g.bulkhead != nil {
+		g.rejections = newRejections(fullMethod)
+	}
 	return g
 }
 
