@@ -44,7 +44,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	}
 	c.metrics = m
 	cfg := o.config
-	if err := c.UpdateServiceConfig(&cfg); err != nil {
+	if err := c.update(&cfg, o.parsedCap); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -54,10 +54,20 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 // whole: the entries given to NewClient are dropped. Calls that started
 // before it finish under the config they started with; calls after it see
 // cfg. A config with errors is refused and the old one stays.
+//
+// A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
+// applied its cap); in a config built in Go, MaxAttempts above the client's
+// cap (WithMaxAttemptsCap) are lowered to it.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
+	return c.update(cfg, cfg.MaxAttemptsCap())
+}
+
+// update is UpdateServiceConfig with the cap Parse applied to cfg's
+// entries, 0 when none did.
+func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -66,7 +76,7 @@ func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	}
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
+	st, err := newClientState(cfg, max(c.opts.maxAttemptsCap, parsedCap), &c.opts, &c.metrics, c.state.Load())
 	if err != nil {
 		return err
 	}

@@ -284,7 +284,7 @@ func TestStateMachine(t *testing.T) {
 				call(0, Failure, 0),
 				admit(time.Second, 1),
 				reject(2*time.Second-ms, ErrHalfOpenFull, 0),
-				admit(2*time.Second, 2), // probe 1 is lost: a new one goes
+				admit(2*time.Second, 2),              // probe 1 is lost: a new one goes
 				record(2*time.Second+ms, 1, Failure), // probe 1's late outcome is stale
 				state(2*time.Second+ms, StateHalfOpen),
 				record(2*time.Second+2*ms, 2, Success),
