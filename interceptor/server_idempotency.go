@@ -8,9 +8,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -208,8 +211,24 @@ func WithIdempotencyFailOpen(open bool) ServerOption {
 
 // WithIdempotencyKeyPolicy sets the key policy of the methods name selects:
 // a full method "/pkg.Service/Method", a service "pkg.Service" (all its
-// methods), or "" (every method). The most specific wins; the default for
-// every method is IdempotencyKeyOptional.
+// unary methods), or "" (every unary method). The most specific wins; the
+// default for every method is IdempotencyKeyOptional.
+//
+// Idempotency keys apply to unary methods only, so a policy other than
+// IdempotencyKeyIgnored must not name a streaming method. Enforcing one on
+// a stream would not mean what it does for a unary call: a stream has no
+// single request to fingerprint before the handler runs (its messages
+// arrive while it runs) and no single outcome to store and replay (a replay
+// would resend messages the caller has already read, and could not replay
+// the interleaving of a bidirectional stream). Accepting the policy and
+// running the stream anyway would let a keyless stream through a Required
+// method and run the same key twice. So the policy is refused: by NewServer,
+// with an error, when the protobuf registry (protoregistry.GlobalFiles,
+// where generated code registers every service) describes the method as
+// streaming; otherwise by StreamServerInterceptor, which fails every call
+// of the method with FAILED_PRECONDITION naming this option. Install
+// StreamServerInterceptor too for that check to run. A service or ""
+// policy covers no stream, keyed or not.
 func WithIdempotencyKeyPolicy(name string, p IdempotencyKeyPolicy) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) {
 		if err := srvCheckPolicyName(name); err != nil {
@@ -268,9 +287,10 @@ type srvIdem struct {
 	// detach: store calls after the handler get a context that the
 	// caller's cancellation does not reach. The memory store ignores
 	// contexts, so it is spared the allocation.
-	detach     bool
-	flights    srvFlights
-	replyTypes sync.Map // full name -> protoreflect.MessageType, of the replies replayed
+	detach       bool
+	flights      srvFlights
+	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
+	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -293,6 +313,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	case o.pollInitial <= 0 || o.pollMax < o.pollInitial:
 		return nil, fmt.Errorf("interceptor: WithIdempotencyPoll(%v, %v): need 0 < initial <= max", o.pollInitial, o.pollMax)
 	}
+	if err := srvCheckStreamPolicies(o.policies); err != nil {
+		return nil, err
+	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
 	s := &srvIdem{
 		detach:      !inMemory,
@@ -314,6 +337,69 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 			sentinel: ErrIdempotencyInProgress}},
 	}
 	return s, nil
+}
+
+// srvCheckStreamPolicies returns an error naming the first policy, by name,
+// that names a method the protobuf registry describes as streaming, unless
+// the policy is IdempotencyKeyIgnored (see WithIdempotencyKeyPolicy).
+func srvCheckStreamPolicies(policies map[string]IdempotencyKeyPolicy) error {
+	for _, name := range slices.Sorted(maps.Keys(policies)) {
+		if policies[name] == IdempotencyKeyIgnored || !strings.HasPrefix(name, "/") {
+			continue
+		}
+		if kind := srvStreamKind(name); kind != "" {
+			return fmt.Errorf("interceptor: WithIdempotencyKeyPolicy(%q): a %s method; "+
+				"idempotency keys apply to unary methods only (IdempotencyKeyIgnored may name a stream)", name, kind)
+		}
+	}
+	return nil
+}
+
+// srvStreamKind returns what kind of streaming method fullMethod
+// ("/pkg.Service/Method") is, as the protobuf registry describes it: "" for
+// a unary method or one the registry does not know.
+func srvStreamKind(fullMethod string) string {
+	svc, m, _ := strings.Cut(fullMethod[1:], "/")
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return ""
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return ""
+	}
+	md := sd.Methods().ByName(protoreflect.Name(m))
+	switch {
+	case md == nil:
+		return ""
+	case md.IsStreamingClient() && md.IsStreamingServer():
+		return "bidirectional-streaming"
+	case md.IsStreamingClient():
+		return "client-streaming"
+	case md.IsStreamingServer():
+		return "server-streaming"
+	}
+	return ""
+}
+
+// streamPolicyErr returns the error of every call of the streaming method
+// fullMethod when a key policy other than IdempotencyKeyIgnored names it,
+// which NewServer could not see (see WithIdempotencyKeyPolicy), and logs it
+// once per Server; nil otherwise. Without policies it costs a length check,
+// with them one map lookup.
+func (s *srvIdem) streamPolicyErr(fullMethod string) error {
+	if len(s.policies) == 0 {
+		return nil
+	}
+	if p, ok := s.policies[fullMethod]; !ok || p == IdempotencyKeyIgnored {
+		return nil
+	}
+	msg := "interceptor: server misconfigured: WithIdempotencyKeyPolicy(" + strconv.Quote(fullMethod) +
+		") names a streaming method; idempotency keys apply to unary methods only"
+	if !s.streamWarned.Swap(true) {
+		s.log.warn("idempotency: refusing every call of a streaming method that a key policy names", "method", fullMethod, "error", msg)
+	}
+	return status.Error(codes.FailedPrecondition, msg)
 }
 
 // policy returns the key policy of fullMethod: exact method, else service,
