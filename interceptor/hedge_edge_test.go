@@ -1,0 +1,109 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// Regression tests for hedged unary calls (issue 9), each named after what
+// it pins.
+
+// guardedHedging is hedging with the method's breaker and bulkhead.
+func guardedHedging(hp serviceconfig.HedgingPolicy, cb *serviceconfig.CircuitBreaker, bh *serviceconfig.Bulkhead) ClientOption {
+	return WithMethodConfig(serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: echoService}},
+		HedgingPolicy:  &hp,
+		CircuitBreaker: cb,
+		Bulkhead:       bh,
+	})
+}
+
+// newEchoBelow is newEcho with unary interceptors installed after the
+// client's, closer to the transport: what a later interceptor, a codec or
+// a stats handler sees of the calls the client makes.
+func newEchoBelow(t *testing.T, srv *testserver.Server, below []grpc.UnaryClientInterceptor, opts ...ClientOption) (echov1.EchoServiceClient, *Client) {
+	t.Helper()
+	c := newTestClient(t, opts...)
+	dial := append(c.DialOptions(), grpc.WithChainUnaryInterceptor(below...))
+	cc := testserver.Start(t, srv, dial...)
+	return echov1.NewEchoServiceClient(cc), c
+}
+
+// callTag is a call option naming the call that passed it, so an
+// interceptor below can tell whose options a copy runs with.
+type callTag struct {
+	grpc.EmptyCallOption
+	id string
+}
+
+// previousAttempts returns grpc-previous-rpc-attempts of an outgoing
+// context: 0 for the first copy.
+func previousAttempts(ctx context.Context) int {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	if v := md.Get(previousAttemptsKey); len(v) > 0 {
+		n, _ := strconv.Atoi(v[len(v)-1])
+		return n
+	}
+	return 0
+}
+
+// Item 1: copies read the caller's pooled call-option slice after the call
+// returned; it was cleared (nil options: a panic in grpc) or reused by
+// another call. Under -race the read of a cleared slice is a data race.
+func TestHedgingCopiesOwnTheirCallOptionsUnderConcurrentCalls(t *testing.T) {
+	const goroutines, calls = 16, 40
+	srv := &testserver.Server{}
+	srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+		return testserver.Outcome{Delay: time.Millisecond}
+	})
+	var nilOpts, foreign atomic.Int64
+	check := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		want := md.Get("call-id")
+		for _, o := range opts {
+			switch o := o.(type) {
+			case nil:
+				nilOpts.Add(1)
+				return status.Error(codes.Internal, "nil call option")
+			case callTag:
+				if len(want) != 1 || o.id != want[0] {
+					foreign.Add(1)
+				}
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	stub, _ := newEchoBelow(t, srv, []grpc.UnaryClientInterceptor{check},
+		hedging(3, time.Millisecond, codes.Unavailable))
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range calls {
+				id := fmt.Sprintf("%d/%d", g, i)
+				ctx := metadata.AppendToOutgoingContext(t.Context(), "call-id", id)
+				if _, err := stub.Echo(ctx, &echov1.EchoRequest{Message: id}, callTag{id: id}); err != nil {
+					t.Errorf("Echo(%s) = %v, want success", id, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n, f := nilOpts.Load(), foreign.Load(); n != 0 || f != 0 {
+		t.Errorf("copies ran with %d nil call options and %d options of another call, want none", n, f)
+	}
+}
