@@ -118,7 +118,8 @@ func (h *hedgeCall) close() {
 }
 
 // run starts the first copy and loops until the call's outcome is known.
-// req and out are the
+// After every event it checks that something is still running or a copy
+// still pending, so a call never waits for nothing. req and out are the
 // caller's, for the fallback and the winner's reply.
 func (h *hedgeCall) run(req any, out proto.Message) error {
 	if err := h.launch(budget.Retry{}); err != nil {
@@ -133,11 +134,11 @@ func (h *hedgeCall) run(req any, out proto.Message) error {
 			if done, err := h.onResult(res, out); done {
 				return err
 			}
-			if h.idle() {
-				return h.end()
-			}
 		case <-h.ctx.Done():
 			return h.r.cancelled(h.ctx.Err(), h.last.err)
+		}
+		if h.idle() {
+			return h.end()
 		}
 	}
 }

@@ -2,11 +2,13 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -105,5 +108,41 @@ func TestHedgingCopiesOwnTheirCallOptionsUnderConcurrentCalls(t *testing.T) {
 	wg.Wait()
 	if n, f := nilOpts.Load(), foreign.Load(); n != 0 || f != 0 {
 		t.Errorf("copies ran with %d nil call options and %d options of another call, want none", n, f)
+	}
+}
+
+// Item 3: after a pushback re-armed the timer with no copy running, the
+// breaker refused the next copy and the call waited for its deadline, or
+// forever without one.
+func TestHedgingEndsWhenNothingRunsAndTheNextCopyIsRefused(t *testing.T) {
+	for _, withDeadline := range []bool{true, false} {
+		t.Run("deadline="+strconv.FormatBool(withDeadline), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+					return testserver.Outcome{Err: status.Error(codes.Unavailable, "down"), Trailer: metadata.Pairs(pushbackKey, "10")}
+				})
+				stub, _ := newEcho(t, srv, guardedHedging(
+					serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: time.Second, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+					&serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute}, nil))
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				if withDeadline {
+					ctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+					defer cancel()
+				} else {
+					time.AfterFunc(time.Hour, cancel) // ends a hang, to report it
+				}
+				start := time.Now()
+				_, err := stub.Echo(ctx, &echov1.EchoRequest{})
+				var re *RetryError
+				if !errors.As(err, &re) || status.Code(err) != codes.Unavailable || re.Reason != StopCircuitOpen {
+					t.Errorf("Echo() = %#v, want the copy's UNAVAILABLE, stopped by the open circuit", err)
+				}
+				if elapsed := time.Since(start); elapsed != 10*time.Millisecond || srv.Count("Echo") != 1 {
+					t.Errorf("call took %v over %d copies, want 10ms (the pushback) and 1 copy", elapsed, srv.Count("Echo"))
+				}
+			})
+		})
 	}
 }
