@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -47,7 +48,9 @@ func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
 // once after each non-fatal failure, up to maxAttempts copies in all. The
 // first success wins and cancels the others; a fatal status (one not in
 // NonFatalStatusCodes) ends the call. Each copy gets its
-// own reply message; the winner's is merged into the caller's.
+// own reply message, header, trailer and peer; the winner's (or, for a
+// failed call, those of the copy whose error is returned) are handed to the
+// caller's reply and grpc.Header, grpc.Trailer and grpc.Peer options.
 //
 // Every copy after the first is a retry for the budget, A6 throttling and
 // the deadline: a copy starts only while they allow it, and a server
@@ -67,7 +70,7 @@ func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, 
 	}
 	h := c.newHedgeCall(ctx, st, mp, maxAttempts)
 	defer h.close() // cancels the copies still running, on every way out
-	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts)
+	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
 	return h.run(req, out)
 }
 
@@ -82,6 +85,7 @@ type hedgeCall struct {
 	copies context.Context // ctx, cancelled by close: every copy's parent
 	cancel context.CancelFunc
 	job    *hedgeJob // what every copy reads; set before the first copy
+	caller callerDest
 
 	// results has room for every copy, so a copy's send never blocks.
 	results chan hedgeResult
@@ -171,8 +175,10 @@ func (h *hedgeCall) end() error {
 	return h.fail(h.stopped)
 }
 
-// fail ends the call with the last failed copy's error.
+// fail ends the call with the last failed copy's error, handing its header,
+// trailer and peer to the caller.
 func (h *hedgeCall) fail(reason StopReason) error {
+	h.caller.hand(&h.last)
 	return h.r.stopped(h.last.err, h.last.err, reason)
 }
 
@@ -203,6 +209,7 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 	h.running--
 	if res.err == nil {
 		h.r.succeeded()
+		h.caller.hand(&res)
 		proto.Reset(out)
 		proto.Merge(out, res.reply)
 		return true, nil
@@ -325,18 +332,20 @@ type hedgeJob struct {
 	replyType protoreflect.MessageType
 	cc        *grpc.ClientConn
 	invoker   grpc.UnaryInvoker
-	// opts are the caller's call options, copied.
+	// opts are the caller's call options, copied, without the Header,
+	// Trailer and Peer options (they are in the call's callerDest).
 	opts []grpc.CallOption
 }
 
 // newHedgeJob copies what the copies of a call need: the request, the
-// reply's type and the call options.
+// reply's type and the call options, whose Header, Trailer and Peer
+// destinations it moves to dest.
 func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes.Set, method string, req, out proto.Message,
-	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) *hedgeJob {
+	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, dest *callerDest) *hedgeJob {
 	return &hedgeJob{
 		c: c, mp: mp, nonFatal: nonFatal, budget: st.storm.budget, method: method,
 		req: proto.Clone(req), replyType: out.ProtoReflect().Type(),
-		cc: cc, invoker: invoker, opts: append([]grpc.CallOption(nil), opts...),
+		cc: cc, invoker: invoker, opts: dest.take(opts),
 	}
 }
 
@@ -355,7 +364,9 @@ type hedgeCopy struct {
 type hedgeResult struct {
 	reply   proto.Message
 	err     error
+	header  metadata.MD
 	trailer metadata.MD
+	peer    peer.Peer
 }
 
 // run is a copy's goroutine: it invokes the rest of the chain, settles the
@@ -364,9 +375,9 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 	var res hedgeResult
 	j := cp.job
 	res.reply = j.replyType.New().Interface()
-	opts := make([]grpc.CallOption, len(j.opts), len(j.opts)+1)
+	opts := make([]grpc.CallOption, len(j.opts), len(j.opts)+3)
 	copy(opts, j.opts)
-	opts = append(opts, grpc.Trailer(&res.trailer))
+	opts = append(opts, grpc.Header(&res.header), grpc.Trailer(&res.trailer), grpc.Peer(&res.peer))
 	res.err = j.invoker(attemptContext(ctx, cp.n), j.method, j.req, res.reply, j.cc, opts...)
 	cp.settle(ctx, &res)
 	cp.results <- res
@@ -388,5 +399,61 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	failedNonFatally := res.err != nil && j.nonFatal.Has(rescodes.Classify(res.err))
 	if cp.tok != (budget.Retry{}) && !failedNonFatally {
 		j.budget.Refund(cp.tok)
+	}
+}
+
+// callerDest holds where the caller's grpc.Header, grpc.Trailer and
+// grpc.Peer options want a call's header, trailer and peer. Copies do not
+// get those options (a losing copy would write the caller's variables after
+// the call returned); the call hands the deciding copy's values over on the
+// caller's goroutine.
+type callerDest struct {
+	header  []*metadata.MD
+	trailer []*metadata.MD
+	peer    []*peer.Peer
+}
+
+// take returns a copy of opts without the Header, Trailer and Peer
+// options, whose destinations it records.
+func (d *callerDest) take(opts []grpc.CallOption) []grpc.CallOption {
+	own := make([]grpc.CallOption, 0, len(opts))
+	for _, o := range opts {
+		switch o := o.(type) {
+		case grpc.HeaderCallOption:
+			d.header = append(d.header, o.HeaderAddr)
+		case *grpc.HeaderCallOption:
+			d.header = append(d.header, o.HeaderAddr)
+		case grpc.TrailerCallOption:
+			d.trailer = append(d.trailer, o.TrailerAddr)
+		case *grpc.TrailerCallOption:
+			d.trailer = append(d.trailer, o.TrailerAddr)
+		case grpc.PeerCallOption:
+			d.peer = append(d.peer, o.PeerAddr)
+		case *grpc.PeerCallOption:
+			d.peer = append(d.peer, o.PeerAddr)
+		default:
+			own = append(own, o)
+		}
+	}
+	return own
+}
+
+// hand writes res's header, trailer and peer where the caller asked, as
+// grpc would have: the peer only when the copy learned it.
+func (d *callerDest) hand(res *hedgeResult) {
+	for _, p := range d.header {
+		if p != nil {
+			*p = res.header
+		}
+	}
+	for _, p := range d.trailer {
+		if p != nil {
+			*p = res.trailer
+		}
+	}
+	for _, p := range d.peer {
+		if p != nil && res.peer.Addr != nil {
+			*p = res.peer
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
@@ -145,4 +147,59 @@ func TestHedgingEndsWhenNothingRunsAndTheNextCopyIsRefused(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Item 4: the caller's Header, Trailer and Peer options went to every copy,
+// so a losing copy wrote the caller's variables after the call returned (a
+// data race under -race), and the caller could read the loser's.
+func TestHedgingCallerGetsTheWinnersHeaderTrailerAndPeer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			n := strconv.Itoa(a.N)
+			o := testserver.Outcome{Header: metadata.Pairs("copy", n), Trailer: metadata.Pairs("copy-t", n)}
+			if a.N == 1 {
+				o.Delay = time.Hour // the loser, cancelled when the call returns
+			}
+			return o
+		})
+		stub, _ := newEcho(t, srv, hedging(2, 10*time.Millisecond, codes.Unavailable))
+		var header, trailer metadata.MD
+		var p peer.Peer
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}, grpc.Header(&header), grpc.Trailer(&trailer), grpc.Peer(&p)); err != nil {
+			t.Fatalf("Echo() = %v, want success", err)
+		}
+		read := func() (string, string, bool) {
+			return strings.Join(header.Get("copy"), ","), strings.Join(trailer.Get("copy-t"), ","), p.Addr != nil
+		}
+		h, tr, hasPeer := read() // races with a loser writing them
+		if h != "2" || tr != "2" || !hasPeer {
+			t.Errorf("after the call: header copy=%q, trailer copy-t=%q, peer set %v; want the winner's: 2, 2, true", h, tr, hasPeer)
+		}
+		synctest.Wait() // the loser has ended: it must not have written them
+		if h, tr, hasPeer = read(); h != "2" || tr != "2" || !hasPeer {
+			t.Errorf("after the loser ended: header copy=%q, trailer copy-t=%q, peer set %v; want the winner's: 2, 2, true", h, tr, hasPeer)
+		}
+	})
+}
+
+// Item 4, failed calls: the caller gets the trailer of the copy whose
+// error the call returns, not that of a copy cancelled after it.
+func TestHedgingFailedCallGetsTheReturnedCopysTrailer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 { // fatal, while copy 2 runs
+				return testserver.Outcome{Delay: 5 * time.Millisecond, Err: status.Error(codes.InvalidArgument, "1"), Trailer: metadata.Pairs("copy-t", "1")}
+			}
+			return testserver.Outcome{Delay: time.Hour, Trailer: metadata.Pairs("copy-t", "2")}
+		})
+		stub, _ := newEcho(t, srv, hedging(2, time.Millisecond, codes.Unavailable))
+		var trailer metadata.MD
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{}, grpc.Trailer(&trailer))
+		synctest.Wait() // copy 2 has been cancelled and ended
+		if status.Convert(err).Message() != "1" || strings.Join(trailer.Get("copy-t"), ",") != "1" {
+			t.Errorf("Echo() = %v with trailer %v, want copy 1's error and trailer", err, trailer)
+		}
+	})
 }
