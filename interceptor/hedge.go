@@ -2,11 +2,16 @@ package interceptor
 
 import (
 	"context"
+	"fmt"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -30,7 +35,8 @@ import (
 //
 // Each copy sends exactly one hedgeResult, on a channel with room for every
 // copy, so a copy never blocks after the call returned; and it settles its
-// own accounts (bulkhead slot, breaker token, budget token, metrics).
+// own accounts (bulkhead slot, breaker token, budget token, metrics) on
+// every way it ends, in hedgeCopy.finish.
 
 // hedgePolicy is a serviceconfig.HedgingPolicy with its defaults resolved.
 type hedgePolicy struct {
@@ -58,6 +64,12 @@ func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
 // retry. Copies go through the method's breaker and bulkhead like attempts,
 // and each copy settles its own accounts, so copies still running when the
 // call returns (they are cancelled) leave nothing behind.
+//
+// A panic below the interceptor in a copy's goroutine is carried to the
+// caller's goroutine, which panics again with a *copyPanic around it (as
+// golang.org/x/sync/singleflight does), and runtime.Goexit likewise. A
+// copy that panics after the call returned has no caller left to reach: its
+// panic is dropped, its accounts settled.
 //
 // req, reply and opts are borrowed: hedged reads them only until it
 // returns, and copies use their own copies of them.
@@ -204,10 +216,15 @@ func (h *hedgeCall) onTimer() {
 
 // onResult takes a copy's result. It reports done with the call's error
 // when the result decides the call: a success, a fatal code, or the
-// caller's context ending.
+// caller's context ending. A panic in the copy panics here.
 func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err error) {
 	h.running--
-	if res.err == nil {
+	switch {
+	case res.panicked != nil:
+		panic(res.panicked)
+	case res.goexit:
+		runtime.Goexit()
+	case res.err == nil:
 		h.r.succeeded()
 		h.caller.hand(&res)
 		proto.Reset(out)
@@ -367,20 +384,51 @@ type hedgeResult struct {
 	header  metadata.MD
 	trailer metadata.MD
 	peer    peer.Peer
+	// panicked is set when the copy panicked below the interceptor; goexit
+	// when it called runtime.Goexit. err is then errCopyAborted.
+	panicked *copyPanic
+	goexit   bool
 }
 
-// run is a copy's goroutine: it invokes the rest of the chain, settles the
-// copy's accounts and sends its one result.
+// errCopyAborted is the outcome of a copy that panicked or exited: its
+// guards record it as the caller's cancellation, which says nothing of the
+// method's health.
+var errCopyAborted = status.Error(codes.Canceled, "resilience: hedged copy aborted by a panic or runtime.Goexit")
+
+// run is a copy's goroutine: it invokes the rest of the chain and, deferred
+// in finish, settles the copy's accounts and sends its one result, however
+// the invoker ends: returning, panicking or calling runtime.Goexit.
 func (cp *hedgeCopy) run(ctx context.Context) {
-	var res hedgeResult
+	res := hedgeResult{err: errCopyAborted}
+	returned := false
+	defer cp.finish(ctx, &res, &returned)
 	j := cp.job
 	res.reply = j.replyType.New().Interface()
 	opts := make([]grpc.CallOption, len(j.opts), len(j.opts)+3)
 	copy(opts, j.opts)
 	opts = append(opts, grpc.Header(&res.header), grpc.Trailer(&res.trailer), grpc.Peer(&res.peer))
 	res.err = j.invoker(attemptContext(ctx, cp.n), j.method, j.req, res.reply, j.cc, opts...)
-	cp.settle(ctx, &res)
-	cp.results <- res
+	returned = true
+}
+
+// finish ends a copy, deferred by run: it recovers a panic from below (the
+// invoker did not return), settles the copy's accounts, and sends the
+// result. A panic while settling (a user's hook) is carried too.
+func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *bool) {
+	if !*returned {
+		if v := recover(); v != nil {
+			res.panicked = newCopyPanic(v)
+		} else {
+			res.goexit = true
+		}
+	}
+	defer func() {
+		if v := recover(); v != nil && res.panicked == nil {
+			res.panicked = newCopyPanic(v)
+		}
+		cp.results <- *res
+	}()
+	cp.settle(ctx, res)
 }
 
 // settle closes a copy's accounts: its bulkhead slot and breaker token, its
@@ -388,18 +436,43 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 // with a non-fatal code.
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
+	aborted := res.panicked != nil || res.goexit
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
-	j.c.metrics.attempt(ctx, &j.mp.mm, res.err)
-	if res.err == nil && j.mp.latency != nil {
-		if end.IsZero() {
-			end = since(cp.start)
+	if !aborted {
+		j.c.metrics.attempt(ctx, &j.mp.mm, res.err)
+		if res.err == nil && j.mp.latency != nil {
+			if end.IsZero() {
+				end = since(cp.start)
+			}
+			j.mp.latency.Observe(end.Sub(cp.start))
 		}
-		j.mp.latency.Observe(end.Sub(cp.start))
 	}
-	failedNonFatally := res.err != nil && j.nonFatal.Has(rescodes.Classify(res.err))
+	failedNonFatally := res.err != nil && !aborted && j.nonFatal.Has(rescodes.Classify(res.err))
 	if cp.tok != (budget.Retry{}) && !failedNonFatally {
 		j.budget.Refund(cp.tok)
 	}
+}
+
+// copyPanic is the value a hedged call panics with on the caller's
+// goroutine when one of its copies panicked below the interceptor.
+type copyPanic struct {
+	value any    // what the copy panicked with
+	stack []byte // the copy's stack at the panic
+}
+
+func newCopyPanic(v any) *copyPanic {
+	return &copyPanic{value: v, stack: debug.Stack()}
+}
+
+// Error describes the panic with the copy's stack.
+func (p *copyPanic) Error() string {
+	return fmt.Sprintf("resilience: a hedged copy panicked: %v\n\n%s", p.value, p.stack)
+}
+
+// Unwrap returns the panic's value when it is an error.
+func (p *copyPanic) Unwrap() error {
+	err, _ := p.value.(error)
+	return err
 }
 
 // callerDest holds where the caller's grpc.Header, grpc.Trailer and

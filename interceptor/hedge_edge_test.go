@@ -203,3 +203,43 @@ func TestHedgingFailedCallGetsTheReturnedCopysTrailer(t *testing.T) {
 		}
 	})
 }
+
+// Item 6 (hedging): a panic below the interceptor in a copy's goroutine
+// killed the process and left the copy's bulkhead slot and breaker token
+// held. It must reach the caller's goroutine, and release them.
+func TestHedgingPanicInACopyReachesTheCallerAndReleasesItsGuards(t *testing.T) {
+	for _, panicking := range []int{0, 1} { // the first copy, or the second
+		t.Run("copy="+strconv.Itoa(panicking+1), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: time.Hour} })
+				boom := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+					if previousAttempts(ctx) == panicking {
+						panic("boom in copy " + strconv.Itoa(panicking+1))
+					}
+					return invoker(ctx, method, req, reply, cc, opts...)
+				}
+				stub, c := newEchoBelow(t, srv, []grpc.UnaryClientInterceptor{boom}, guardedHedging(
+					serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 10 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+					&serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute, HalfOpenProbes: 1},
+					&serviceconfig.Bulkhead{MaxConcurrent: 3}))
+				start := time.Now()
+				recovered := func() (r any) {
+					defer func() { r = recover() }()
+					_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+					return nil
+				}()
+				if msg := fmt.Sprint(recovered); !strings.Contains(msg, "boom in copy") {
+					t.Errorf("the caller recovered %q, want the copy's panic", msg)
+				}
+				if elapsed := time.Since(start); elapsed != time.Duration(panicking)*10*time.Millisecond {
+					t.Errorf("the panic reached the caller after %v, want %v", elapsed, time.Duration(panicking)*10*time.Millisecond)
+				}
+				synctest.Wait() // the other copies are cancelled and settle
+				if s := c.Status(echoMethod); s.Bulkhead.InFlight != 0 || s.Breaker.State != BreakerClosed {
+					t.Errorf("after the panic: bulkhead in flight %d, breaker %v; want 0, closed", s.Bulkhead.InFlight, s.Breaker.State)
+				}
+			})
+		})
+	}
+}
