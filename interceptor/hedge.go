@@ -53,7 +53,8 @@ func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
 // at once, another after each HedgingDelay without an answer, and another at
 // once after each non-fatal failure, up to maxAttempts copies in all. The
 // first success wins and cancels the others; a fatal status (one not in
-// NonFatalStatusCodes) ends the call. Each copy gets its
+// NonFatalStatusCodes) ends the call, and so does any outcome of a copy that
+// received response headers: A6 commits the call to it. Each copy gets its
 // own reply message, header, trailer and peer; the winner's (or, for a
 // failed call, those of the copy whose error is returned) are handed to the
 // caller's reply and grpc.Header, grpc.Trailer and grpc.Peer options.
@@ -215,8 +216,8 @@ func (h *hedgeCall) onTimer() {
 }
 
 // onResult takes a copy's result. It reports done with the call's error
-// when the result decides the call: a success, a fatal code, or the
-// caller's context ending. A panic in the copy panics here.
+// when the result decides the call: a success, a fatal code, a committed
+// copy, or the caller's context ending. A panic in the copy panics here.
 func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err error) {
 	h.running--
 	switch {
@@ -237,6 +238,9 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 	}
 	if !h.hp.nonFatal.Has(rescodes.Classify(res.err)) {
 		return true, h.fail(StopNonRetryable)
+	}
+	if res.header != nil { // A6: response headers commit the call to this copy
+		return true, h.fail(StopCommitted)
 	}
 	h.onNonFatal(&res)
 	return false, nil
@@ -379,8 +383,10 @@ type hedgeCopy struct {
 
 // hedgeResult is what one copy ended with.
 type hedgeResult struct {
-	reply   proto.Message
-	err     error
+	reply proto.Message
+	err   error
+	// header is nil when no response headers arrived (none at all, or a
+	// trailers-only response); non-nil, the copy committed the call.
 	header  metadata.MD
 	trailer metadata.MD
 	peer    peer.Peer

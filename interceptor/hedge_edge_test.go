@@ -243,3 +243,41 @@ func TestHedgingPanicInACopyReachesTheCallerAndReleasesItsGuards(t *testing.T) {
 		})
 	}
 }
+
+// gRFC A6: a copy that received response headers commits the call: its
+// outcome is final, even a non-fatal failure, and no other copy starts.
+func TestHedgingCopyWithResponseHeadersCommitsTheCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 { // headers, then a non-fatal failure
+				return testserver.Outcome{Header: metadata.Pairs("k", "v"), Delay: 15 * time.Millisecond, Err: status.Error(codes.Unavailable, "committed")}
+			}
+			return testserver.Outcome{Delay: time.Hour}
+		})
+		stub, _ := newEcho(t, srv, hedging(3, 10*time.Millisecond, codes.Unavailable))
+		start := time.Now()
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+		var re *RetryError
+		if !errors.As(err, &re) || status.Convert(err).Message() != "committed" || re.Reason != StopCommitted {
+			t.Errorf("Echo() = %#v, want the committed copy's UNAVAILABLE, stopped as committed", err)
+		}
+		// Copy 2 left at 10ms; copy 1's answer at 15ms is final, so copy 3
+		// (due at 20ms, or at once after a non-fatal failure) never leaves.
+		if elapsed := time.Since(start); elapsed != 15*time.Millisecond || srv.Count("Echo") != 2 {
+			t.Errorf("call took %v over %d copies, want 15ms and 2", elapsed, srv.Count("Echo"))
+		}
+	})
+}
+
+// gRFC A6: a trailers-only failure does not commit; hedging goes on.
+func TestHedgingTrailersOnlyFailureDoesNotCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(1, codes.Unavailable))
+		stub, _ := newEcho(t, srv, hedging(3, time.Hour, codes.Unavailable))
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil || srv.Count("Echo") != 2 {
+			t.Errorf("Echo() = %v over %d copies, want the second copy's success", err, srv.Count("Echo"))
+		}
+	})
+}
