@@ -147,6 +147,7 @@ func (s *stressConn) replace() {
 type stressCounts struct {
 	ok, failed, panicked, cancelled atomic.Int64
 	refused                         atomic.Int64 // failed with no copy sent
+	trips                           atomic.Int64 // the breaker opened
 }
 
 func TestHedgingStress(t *testing.T) {
@@ -154,14 +155,19 @@ func TestHedgingStress(t *testing.T) {
 	calls := 50 // per goroutine and round
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	c := newTestClient(t, WithServiceConfig(&serviceconfig.Config{
+	var counts stressCounts
+	c := newTestClient(t, WithOnStateChange(func(_ string, _, to BreakerState) {
+		if to == BreakerOpen {
+			counts.trips.Add(1)
+		}
+	}), WithServiceConfig(&serviceconfig.Config{
 		MethodConfig: []serviceconfig.MethodConfig{{
 			Name: []serviceconfig.Name{{Service: echoService}},
 			HedgingPolicy: &serviceconfig.HedgingPolicy{
 				MaxAttempts: copies, HedgingDelay: time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable),
 			},
 			CircuitBreaker: &serviceconfig.CircuitBreaker{
-				ConsecutiveFailures: 2, OpenDuration: time.Millisecond, MaxOpenDuration: 4 * time.Millisecond, HalfOpenProbes: 2,
+				ConsecutiveFailures: 3, OpenDuration: time.Millisecond, MaxOpenDuration: 4 * time.Millisecond, HalfOpenProbes: 2,
 				FailureStatusCodes: rescodes.Of(codes.DataLoss),
 			},
 			Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 32, MaxQueue: 16, MaxQueueWait: 2 * time.Millisecond},
@@ -169,7 +175,6 @@ func TestHedgingStress(t *testing.T) {
 		RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 1000, TokenRatio: 1},
 		RetryBudget:     &serviceconfig.RetryBudget{Ratio: 1, MinRetriesPerSecond: 1000},
 	}))
-	var counts stressCounts
 	start := time.Now()
 	rounds := 0
 	for ; rounds < 3 || time.Since(start) < *stressFor; rounds++ {
@@ -180,8 +185,8 @@ func TestHedgingStress(t *testing.T) {
 			break
 		}
 	}
-	t.Logf("%d rounds in %v: %d calls ok, %d failed (%d refused at once), %d panicked, %d cancelled", rounds, time.Since(start).Round(time.Millisecond),
-		counts.ok.Load(), counts.failed.Load(), counts.refused.Load(), counts.panicked.Load(), counts.cancelled.Load())
+	t.Logf("%d rounds in %v: %d calls ok, %d failed (%d refused at once), %d panicked, %d cancelled; %d breaker trips", rounds, time.Since(start).Round(time.Millisecond),
+		counts.ok.Load(), counts.failed.Load(), counts.refused.Load(), counts.panicked.Load(), counts.cancelled.Load(), counts.trips.Load())
 }
 
 // stressRound runs goroutines × calls hedged calls against a fresh server,
