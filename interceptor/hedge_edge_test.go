@@ -281,3 +281,43 @@ func TestHedgingTrailersOnlyFailureDoesNotCommit(t *testing.T) {
 		}
 	})
 }
+
+// Copies still running when the call returns are cancelled at once, and
+// each settles its own accounts: its bulkhead slot, its breaker token and
+// its budget token (refunded: a cancelled copy is no failure).
+func TestHedgingLosingCopiesAreCancelledAndSettleTheirAccounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N < 3 {
+				return testserver.Outcome{Delay: time.Hour}
+			}
+			return testserver.Outcome{Delay: 5 * time.Millisecond}
+		})
+		stub, c := newEcho(t, srv, WithServiceConfig(&serviceconfig.Config{
+			MethodConfig: []serviceconfig.MethodConfig{{
+				Name:           []serviceconfig.Name{{Service: echoService}},
+				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 10 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1},
+				Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 3},
+			}},
+			RetryBudget: &serviceconfig.RetryBudget{Ratio: 0.5},
+		}))
+		b := c.state.Load().storm.budget
+		before := b.Available(time.Now())
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+			t.Fatalf("Echo() = %v, want copy 3's success", err)
+		}
+		synctest.Wait() // the two losers end: cancelled, not after their hour
+		s := c.Status(echoMethod)
+		if s.Bulkhead.InFlight != 0 || s.Breaker.State != BreakerClosed {
+			t.Errorf("after the call: bulkhead in flight %d, breaker %v; want 0, closed", s.Bulkhead.InFlight, s.Breaker.State)
+		}
+		// The call deposited Ratio; copies 2 and 3 withdrew one retry each,
+		// and both were refunded: the winner answered, the loser was
+		// cancelled.
+		if after := b.Available(time.Now()); after != before+0.5 {
+			t.Errorf("budget: %v retries available after the call, want %v", after, before+0.5)
+		}
+	})
+}
