@@ -45,6 +45,7 @@ type hedgePolicy struct {
 	nonFatal    rescodes.Set  // codes after which hedging goes on
 }
 
+// newHedgePolicy resolves p, capping MaxAttempts at maxCap.
 func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
 	return &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
 }
@@ -98,6 +99,8 @@ type hedgeCall struct {
 	copies context.Context // ctx, cancelled by close: every copy's parent
 	cancel context.CancelFunc
 	job    *hedgeJob // what every copy reads; set before the first copy
+	// caller holds where the caller's Header, Trailer and Peer options
+	// want the deciding copy's values; set with job.
 	caller callerDest
 
 	// results has room for every copy, so a copy's send never blocks.
@@ -115,6 +118,8 @@ type hedgeCall struct {
 	last hedgeResult
 }
 
+// newHedgeCall returns the state of a call of mp hedged with maxAttempts
+// copies, before its job is set and its first copy started.
 func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int) *hedgeCall {
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
