@@ -58,7 +58,9 @@ func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
 // received response headers: A6 commits the call to it. Each copy gets its
 // own reply message, header, trailer and peer; the winner's (or, for a
 // failed call, those of the copy whose error is returned) are handed to the
-// caller's reply and grpc.Header, grpc.Trailer and grpc.Peer options.
+// caller's reply and grpc.Header, grpc.Trailer and grpc.Peer options. The
+// caller's grpc.OnFinish callbacks run once, with the call's error, when a
+// copy ran (grpc promises once; each copy would call them).
 //
 // Every copy after the first is a retry for the budget, A6 throttling and
 // the deadline: a copy starts only while they allow it, and a server
@@ -85,7 +87,11 @@ func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, 
 	h := c.newHedgeCall(ctx, st, mp, maxAttempts)
 	defer h.close() // cancels the copies still running, on every way out
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
-	return h.run(req, out)
+	err := h.run(req, out)
+	if h.r.attempts > 0 {
+		h.caller.finish(err)
+	}
+	return err
 }
 
 // hedgeCall is the state of one hedged call, owned by the caller's
@@ -487,18 +493,20 @@ func (p *copyPanic) Unwrap() error {
 }
 
 // callerDest holds where the caller's grpc.Header, grpc.Trailer and
-// grpc.Peer options want a call's header, trailer and peer. Copies do not
-// get those options (a losing copy would write the caller's variables after
-// the call returned); the call hands the deciding copy's values over on the
-// caller's goroutine.
+// grpc.Peer options want a call's header, trailer and peer, and the
+// caller's grpc.OnFinish callbacks. Copies do not get those options (a
+// losing copy would write the caller's variables, or call its callback,
+// after the call returned); the call hands the deciding copy's values over,
+// and calls the callbacks once, on the caller's goroutine.
 type callerDest struct {
-	header  []*metadata.MD
-	trailer []*metadata.MD
-	peer    []*peer.Peer
+	header   []*metadata.MD
+	trailer  []*metadata.MD
+	peer     []*peer.Peer
+	onFinish []func(error)
 }
 
-// take returns a copy of opts without the Header, Trailer and Peer
-// options, whose destinations it records.
+// take returns a copy of opts without the Header, Trailer, Peer and
+// OnFinish options, whose destinations and callbacks it records.
 func (d *callerDest) take(opts []grpc.CallOption) []grpc.CallOption {
 	own := make([]grpc.CallOption, 0, len(opts))
 	for _, o := range opts {
@@ -515,6 +523,10 @@ func (d *callerDest) take(opts []grpc.CallOption) []grpc.CallOption {
 			d.peer = append(d.peer, o.PeerAddr)
 		case *grpc.PeerCallOption:
 			d.peer = append(d.peer, o.PeerAddr)
+		case grpc.OnFinishCallOption:
+			d.onFinish = append(d.onFinish, o.OnFinish)
+		case *grpc.OnFinishCallOption:
+			d.onFinish = append(d.onFinish, o.OnFinish)
 		default:
 			own = append(own, o)
 		}
@@ -538,6 +550,15 @@ func (d *callerDest) hand(res *hedgeResult) {
 	for _, p := range d.peer {
 		if p != nil && res.peer.Addr != nil {
 			*p = res.peer
+		}
+	}
+}
+
+// finish calls the caller's OnFinish callbacks with the call's error.
+func (d *callerDest) finish(err error) {
+	for _, f := range d.onFinish {
+		if f != nil {
+			f(err)
 		}
 	}
 }

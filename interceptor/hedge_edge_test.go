@@ -321,3 +321,24 @@ func TestHedgingLosingCopiesAreCancelledAndSettleTheirAccounts(t *testing.T) {
 		}
 	})
 }
+
+// grpc.OnFinish promises one call of its callback; every copy called it,
+// losers after the call returned, from their own goroutines.
+func TestHedgingOnFinishRunsOnceWithTheCallsError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Delay: time.Hour}
+			}
+			return testserver.Outcome{}
+		})
+		stub, _ := newEcho(t, srv, hedging(3, 10*time.Millisecond, codes.Unavailable))
+		var calls []error // appended on the caller's goroutine only, or it races
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{}, grpc.OnFinish(func(err error) { calls = append(calls, err) }))
+		synctest.Wait() // the loser has ended
+		if err != nil || len(calls) != 1 || calls[0] != nil {
+			t.Errorf("Echo() = %v with OnFinish called with %v, want success and one call with nil", err, calls)
+		}
+	})
+}
