@@ -342,3 +342,43 @@ func TestHedgingOnFinishRunsOnceWithTheCallsError(t *testing.T) {
 		}
 	})
 }
+
+// Item 6 (hedging), the probe: a half-open breaker's probe that panicked
+// below the interceptor must give its probe slot back, so the next call can
+// probe and close the breaker.
+func TestHedgingPanicInAProbeCopyFreesTheProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+			}
+			return testserver.Outcome{}
+		})
+		boom := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get("panic")) > 0 {
+				panic("boom in the probe")
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		stub, c := newEchoBelow(t, srv, []grpc.UnaryClientInterceptor{boom}, guardedHedging(
+			serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+			&serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 10 * time.Millisecond, HalfOpenProbes: 1}, nil))
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("first Echo() = %v, want UNAVAILABLE, tripping the breaker", err)
+		}
+		time.Sleep(10 * time.Millisecond) // the breaker's open time (fake time)
+		func() {
+			defer func() { _ = recover() }()
+			ctx := metadata.AppendToOutgoingContext(t.Context(), "panic", "yes")
+			_, _ = stub.Echo(ctx, &echov1.EchoRequest{})
+			t.Errorf("the probe's Echo() returned, want its panic")
+		}()
+		if s := c.Status(echoMethod).Breaker; s.Probes != 0 {
+			t.Errorf("after the probe panicked: breaker %v with %d probes out, want none", s.State, s.Probes)
+		}
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil || c.Status(echoMethod).Breaker.State != BreakerClosed {
+			t.Errorf("next Echo() = %v with breaker %v, want a probe that succeeds and closes it", err, c.Status(echoMethod).Breaker.State)
+		}
+	})
+}
