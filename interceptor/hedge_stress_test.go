@@ -110,6 +110,11 @@ func stressScript(a testserver.Attempt) testserver.Outcome {
 	return o
 }
 
+// stressCodes are the codes a stress call may fail with: the script's,
+// the guards' (UNAVAILABLE, RESOURCE_EXHAUSTED) and a closed connection's
+// (CANCELED, UNAVAILABLE).
+var stressCodes = rescodes.Of(codes.InvalidArgument, codes.DataLoss, codes.Unavailable, codes.ResourceExhausted, codes.Canceled)
+
 // stressPanic is what the interceptor below ours panics with.
 const stressPanic = "stress: panic below the interceptor"
 
@@ -254,9 +259,14 @@ func stressCall(t *testing.T, stub echov1.EchoServiceClient, rng *rand.Rand, id 
 			t.Errorf("call %s got reply %q and header %v, want its own: %q", id, resp.GetMessage(), header, msg)
 		}
 		counts.ok.Add(1)
-	case ctx.Err() != nil:
+	case ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded && hasDeadline(ctx):
+		// The server may see the deadline pass, and reset the stream,
+		// a moment before the caller's context ends.
 		counts.cancelled.Add(1)
 	default:
+		if code := status.Code(err); !stressCodes.Has(code) {
+			t.Errorf("call %s failed with %v, want a code the script, the guards or the closed connection give", id, err)
+		}
 		counts.failed.Add(1)
 		if re := (*RejectedError)(nil); errors.As(err, &re) {
 			counts.refused.Add(1)
@@ -264,4 +274,10 @@ func stressCall(t *testing.T, stub echov1.EchoServiceClient, rng *rand.Rand, id 
 		}
 	}
 	return 0
+}
+
+// hasDeadline reports whether ctx has a deadline.
+func hasDeadline(ctx context.Context) bool {
+	_, ok := ctx.Deadline()
+	return ok
 }
