@@ -33,11 +33,11 @@ import (
 // hedgeStep is what the server, or the interceptor below ours, does with
 // one copy of a stress call.
 type hedgeStep struct {
-	kind  byte // see stepKinds
+	kind  byte // see hedgeStepKinds
 	delay time.Duration
 }
 
-// stepKinds are the kinds of hedgeStep: o succeeds, f fails fatally
+// hedgeStepKinds are the kinds of hedgeStep: o succeeds, f fails fatally
 // (INVALID_ARGUMENT), d fails fatally with DATA_LOSS, the one code the
 // stress breaker counts (so that it trips now and then, and recovers:
 // callers in a closed loop would starve the probes of a breaker that trips
@@ -45,11 +45,11 @@ type hedgeStep struct {
 // non-fatally with a pushback of delay, n fails non-fatally with a pushback
 // that says stop, h sends headers then fails non-fatally (it commits), x
 // panics below the interceptor.
-const stepKinds = "ooooofduupnhx"
+const hedgeStepKinds = "ooooofduupnhx"
 
-// encodePlan writes a call's id and the steps of its copies into the
+// hedgeEncodePlan writes a call's id and the steps of its copies into the
 // request message: "id|o2,u0,p3".
-func encodePlan(id string, steps []hedgeStep) string {
+func hedgeEncodePlan(id string, steps []hedgeStep) string {
 	var b strings.Builder
 	b.WriteString(id)
 	for i, s := range steps {
@@ -64,9 +64,9 @@ func encodePlan(id string, steps []hedgeStep) string {
 	return b.String()
 }
 
-// planStep returns the step of copy n (0 for the first) of the call whose
+// hedgePlanStep returns the step of copy n (0 for the first) of the call whose
 // request message is msg; copies past the plan succeed.
-func planStep(msg string, n int) hedgeStep {
+func hedgePlanStep(msg string, n int) hedgeStep {
 	_, plan, _ := strings.Cut(msg, "|")
 	steps := strings.Split(plan, ",")
 	if n < 0 || n >= len(steps) || len(steps[n]) < 2 {
@@ -76,15 +76,15 @@ func planStep(msg string, n int) hedgeStep {
 	return hedgeStep{kind: steps[n][0], delay: time.Duration(ms) * time.Millisecond}
 }
 
-// stressScript answers each copy as its call's plan says. Every answer
+// hedgeStressScript answers each copy as its call's plan says. Every answer
 // but a trailers-only failure carries the call's message as header "call",
 // so a caller can check that it got its own call's header.
-func stressScript(a testserver.Attempt) testserver.Outcome {
+func hedgeStressScript(a testserver.Attempt) testserver.Outcome {
 	msg := ""
 	if len(a.Messages) > 0 {
 		msg = a.Messages[0]
 	}
-	s := planStep(msg, max(a.Previous, 0))
+	s := hedgePlanStep(msg, max(a.Previous, 0))
 	o := testserver.Outcome{Delay: s.delay}
 	call := metadata.Pairs("call", msg)
 	switch s.kind {
@@ -110,46 +110,46 @@ func stressScript(a testserver.Attempt) testserver.Outcome {
 	return o
 }
 
-// stressCodes are the codes a stress call may fail with: the script's,
+// hedgeStressCodes are the codes a stress call may fail with: the script's,
 // the guards' (UNAVAILABLE, RESOURCE_EXHAUSTED) and a closed connection's
 // (CANCELED, UNAVAILABLE).
-var stressCodes = rescodes.Of(codes.InvalidArgument, codes.DataLoss, codes.Unavailable, codes.ResourceExhausted, codes.Canceled)
+var hedgeStressCodes = rescodes.Of(codes.InvalidArgument, codes.DataLoss, codes.Unavailable, codes.ResourceExhausted, codes.Canceled)
 
-// stressPanic is what the interceptor below ours panics with.
-const stressPanic = "stress: panic below the interceptor"
+// hedgeStressPanic is what the interceptor below ours panics with.
+const hedgeStressPanic = "stress: panic below the interceptor"
 
-// panicBelow panics in the copies whose plan step says so.
-func panicBelow(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if r, ok := req.(*echov1.EchoRequest); ok && planStep(r.GetMessage(), previousAttempts(ctx)).kind == 'x' {
-		panic(stressPanic)
+// hedgePanicBelow panics in the copies whose plan step says so.
+func hedgePanicBelow(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if r, ok := req.(*echov1.EchoRequest); ok && hedgePlanStep(r.GetMessage(), previousAttempts(ctx)).kind == 'x' {
+		panic(hedgeStressPanic)
 	}
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
-// randomPlan draws the steps of a call's copies.
-func randomPlan(rng *rand.Rand, copies int) []hedgeStep {
+// hedgeRandomPlan draws the steps of a call's copies.
+func hedgeRandomPlan(rng *rand.Rand, copies int) []hedgeStep {
 	steps := make([]hedgeStep, copies)
 	for i := range steps {
-		steps[i] = hedgeStep{kind: stepKinds[rng.IntN(len(stepKinds))], delay: time.Duration(rng.IntN(4)) * time.Millisecond}
+		steps[i] = hedgeStep{kind: hedgeStepKinds[rng.IntN(len(hedgeStepKinds))], delay: time.Duration(rng.IntN(4)) * time.Millisecond}
 	}
 	return steps
 }
 
-// stressConn is the connection the callers share; one of them replaces it
+// hedgeStressConn is the connection the callers share; one of them replaces it
 // under load, closing the old one with calls in flight.
-type stressConn struct {
+type hedgeStressConn struct {
 	cur   atomic.Pointer[grpc.ClientConn]
 	start func() *grpc.ClientConn
 }
 
 // replace dials a new connection for the callers and closes the old one.
-func (s *stressConn) replace() {
+func (s *hedgeStressConn) replace() {
 	old := s.cur.Swap(s.start())
 	_ = old.Close()
 }
 
-// stressCounts tallies how calls ended, for the log.
-type stressCounts struct {
+// hedgeStressCounts tallies how calls ended, for the log.
+type hedgeStressCounts struct {
 	ok, failed, panicked, cancelled atomic.Int64
 	refused                         atomic.Int64 // failed with no copy sent
 	trips                           atomic.Int64 // the breaker opened
@@ -160,7 +160,7 @@ func TestHedgingStress(t *testing.T) {
 	calls := 50 // per goroutine and round
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	var counts stressCounts
+	var counts hedgeStressCounts
 	c := newTestClient(t, WithOnStateChange(func(_ string, _, to BreakerState) {
 		if to == BreakerOpen {
 			counts.trips.Add(1)
@@ -184,7 +184,7 @@ func TestHedgingStress(t *testing.T) {
 	rounds := 0
 	for ; rounds < 3 || time.Since(start) < *stressFor; rounds++ {
 		t.Run("round"+strconv.Itoa(rounds), func(t *testing.T) {
-			stressRound(t, c, rand.New(rand.NewPCG(seed, uint64(rounds))), goroutines, calls, copies, &counts)
+			hedgeStressRound(t, c, rand.New(rand.NewPCG(seed, uint64(rounds))), goroutines, calls, copies, &counts)
 		})
 		if t.Failed() {
 			break
@@ -194,13 +194,13 @@ func TestHedgingStress(t *testing.T) {
 		counts.ok.Load(), counts.failed.Load(), counts.refused.Load(), counts.panicked.Load(), counts.cancelled.Load(), counts.trips.Load())
 }
 
-// stressRound runs goroutines × calls hedged calls against a fresh server,
+// hedgeStressRound runs goroutines × calls hedged calls against a fresh server,
 // and replaces the connection once, half-way through.
-func stressRound(t *testing.T, c *Client, rng *rand.Rand, goroutines, calls, copies int, counts *stressCounts) {
+func hedgeStressRound(t *testing.T, c *Client, rng *rand.Rand, goroutines, calls, copies int, counts *hedgeStressCounts) {
 	srv := &testserver.Server{}
-	srv.SetScript(stressScript)
-	dial := append(c.DialOptions(), grpc.WithChainUnaryInterceptor(panicBelow))
-	conn := &stressConn{start: func() *grpc.ClientConn { return testserver.Start(t, srv, dial...) }}
+	srv.SetScript(hedgeStressScript)
+	dial := append(c.DialOptions(), grpc.WithChainUnaryInterceptor(hedgePanicBelow))
+	conn := &hedgeStressConn{start: func() *grpc.ClientConn { return testserver.Start(t, srv, dial...) }}
 	conn.cur.Store(conn.start())
 	var done atomic.Int64
 	half := int64(goroutines * calls / 2)
@@ -213,7 +213,7 @@ func stressRound(t *testing.T, c *Client, rng *rand.Rand, goroutines, calls, cop
 					conn.replace()
 				}
 				stub := echov1.NewEchoServiceClient(conn.cur.Load())
-				wait := stressCall(t, stub, grng, fmt.Sprintf("%d/%d", g, i), copies, counts)
+				wait := hedgeStressCall(t, stub, grng, fmt.Sprintf("%d/%d", g, i), copies, counts)
 				if wait == 0 {
 					sent++
 					continue
@@ -229,12 +229,12 @@ func stressRound(t *testing.T, c *Client, rng *rand.Rand, goroutines, calls, cop
 	wg.Wait()
 }
 
-// stressCall makes one hedged call with a random plan and, at random, a
+// hedgeStressCall makes one hedged call with a random plan and, at random, a
 // deadline that cancels it, and checks what it got: its own reply and
 // header on success, the panic from below when it panicked. When the call
 // was refused with no copy sent, it returns how long to back off.
-func stressCall(t *testing.T, stub echov1.EchoServiceClient, rng *rand.Rand, id string, copies int, counts *stressCounts) (backoff time.Duration) {
-	msg := encodePlan(id, randomPlan(rng, copies))
+func hedgeStressCall(t *testing.T, stub echov1.EchoServiceClient, rng *rand.Rand, id string, copies int, counts *hedgeStressCounts) (backoff time.Duration) {
+	msg := hedgeEncodePlan(id, hedgeRandomPlan(rng, copies))
 	ctx := t.Context()
 	if rng.IntN(4) == 0 {
 		var cancel context.CancelFunc
@@ -250,7 +250,7 @@ func stressCall(t *testing.T, stub echov1.EchoServiceClient, rng *rand.Rand, id 
 	switch {
 	case recovered != nil:
 		var cp *copyPanic
-		if e, ok := recovered.(error); !ok || !errors.As(e, &cp) || cp.value != stressPanic {
+		if e, ok := recovered.(error); !ok || !errors.As(e, &cp) || cp.value != hedgeStressPanic {
 			t.Errorf("call %s panicked with %v, want the panic from below", id, recovered)
 		}
 		counts.panicked.Add(1)
@@ -259,12 +259,12 @@ func stressCall(t *testing.T, stub echov1.EchoServiceClient, rng *rand.Rand, id 
 			t.Errorf("call %s got reply %q and header %v, want its own: %q", id, resp.GetMessage(), header, msg)
 		}
 		counts.ok.Add(1)
-	case ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded && hasDeadline(ctx):
+	case ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded && hedgeHasDeadline(ctx):
 		// The server may see the deadline pass, and reset the stream,
 		// a moment before the caller's context ends.
 		counts.cancelled.Add(1)
 	default:
-		if code := status.Code(err); !stressCodes.Has(code) {
+		if code := status.Code(err); !hedgeStressCodes.Has(code) {
 			t.Errorf("call %s failed with %v, want a code the script, the guards or the closed connection give", id, err)
 		}
 		counts.failed.Add(1)
@@ -276,8 +276,8 @@ func stressCall(t *testing.T, stub echov1.EchoServiceClient, rng *rand.Rand, id 
 	return 0
 }
 
-// hasDeadline reports whether ctx has a deadline.
-func hasDeadline(ctx context.Context) bool {
+// hedgeHasDeadline reports whether ctx has a deadline.
+func hedgeHasDeadline(ctx context.Context) bool {
 	_, ok := ctx.Deadline()
 	return ok
 }
