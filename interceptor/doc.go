@@ -100,9 +100,14 @@
 // first to fail (gRFC A6): the first at once, another after each
 // HedgingDelay without an answer, another at once after each failure with a
 // non-fatal code, up to MaxAttempts copies. The first success wins and
-// cancels the rest; a fatal code ends the call. Each copy after the first is
-// a retry for the budget, throttling and the deadline, and carries the
-// call's idempotency key. Streams with a hedging policy are called once.
+// cancels the rest; a fatal code ends the call, and so does any outcome of a
+// copy that received response headers (A6 commits the call to it). Each copy
+// after the first is a retry for the budget, throttling and the deadline,
+// and carries the call's idempotency key. Copies get their own reply,
+// header, trailer and peer; the caller's grpc.Header, grpc.Trailer and
+// grpc.Peer options receive those of the copy the call returns. A panic
+// below the interceptor in a copy panics again in the caller's goroutine.
+// Streams with a hedging policy are called once.
 //
 // # Deadlines and retry storms
 //
