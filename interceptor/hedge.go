@@ -247,7 +247,7 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 	if cerr := callerErr(h.ctx); cerr != nil {
 		return true, h.fail(stopOfContext(cerr))
 	}
-	if !h.hp.nonFatal.Has(rescodes.Classify(res.err)) {
+	if !nonFatal(h.hp.nonFatal, res.err) {
 		return true, h.fail(StopNonRetryable)
 	}
 	if res.header != nil { // A6: response headers commit the call to this copy
@@ -464,7 +464,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 			j.mp.latency.Observe(end.Sub(cp.start))
 		}
 	}
-	failedNonFatally := res.err != nil && !aborted && j.nonFatal.Has(rescodes.Classify(res.err))
+	failedNonFatally := res.err != nil && !aborted && nonFatal(j.nonFatal, res.err)
 	if cp.tok != (budget.Retry{}) && !failedNonFatally {
 		j.budget.Refund(cp.tok)
 	}
@@ -561,4 +561,11 @@ func (d *callerDest) finish(err error) {
 			f(err)
 		}
 	}
+}
+
+// nonFatal reports whether a copy's failure with err lets hedging go on:
+// its code is in set, and it is not one of grpc-go's message errors
+// (isMessageError), which another copy would meet again.
+func nonFatal(set rescodes.Set, err error) bool {
+	return set.Has(rescodes.Classify(err)) && !isMessageError(err)
 }

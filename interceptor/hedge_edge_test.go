@@ -382,3 +382,22 @@ func TestHedgingPanicInAProbeCopyFreesTheProbe(t *testing.T) {
 		}
 	})
 }
+
+// TestHedgingMessageErrorIsFatal pins that a copy failing with one of
+// grpc-go's message errors (here a reply larger than the client's
+// MaxCallRecvMsgSize, RESOURCE_EXHAUSTED made on the client) ends the call,
+// even with RESOURCE_EXHAUSTED listed as non-fatal: every copy would meet
+// it again.
+func TestHedgingMessageErrorIsFatal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		stub, _ := newEcho(t, srv, hedging(3, 100*time.Millisecond, codes.ResourceExhausted))
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{Payload: make([]byte, 1024)}, grpc.MaxCallRecvMsgSize(64))
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("Echo() = %v, want RESOURCE_EXHAUSTED", err)
+		}
+		if n := srv.Count("Echo"); n != 1 {
+			t.Errorf("server saw %d copies, want 1: a message error is fatal", n)
+		}
+	})
+}
