@@ -384,20 +384,23 @@ func TestHedgingPanicInAProbeCopyFreesTheProbe(t *testing.T) {
 }
 
 // TestHedgingMessageErrorIsFatal pins that a copy failing with one of
-// grpc-go's message errors (here a reply larger than the client's
-// MaxCallRecvMsgSize, RESOURCE_EXHAUSTED made on the client) ends the call,
+// grpc-go's message errors (here a request larger than the client's
+// MaxCallSendMsgSize, RESOURCE_EXHAUSTED made on the client) ends the call,
 // even with RESOURCE_EXHAUSTED listed as non-fatal: every copy would meet
-// it again.
+// it again. (A reply too large comes after the headers: that copy commits.)
 func TestHedgingMessageErrorIsFatal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &testserver.Server{}
-		stub, _ := newEcho(t, srv, hedging(3, 100*time.Millisecond, codes.ResourceExhausted))
-		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{Payload: make([]byte, 1024)}, grpc.MaxCallRecvMsgSize(64))
-		if status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("Echo() = %v, want RESOURCE_EXHAUSTED", err)
+		hedges := 0
+		stub, _ := newEcho(t, srv, hedging(3, 100*time.Millisecond, codes.ResourceExhausted),
+			WithOnRetry(func(context.Context, RetryEvent) { hedges++ }))
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{Payload: make([]byte, 1024)}, grpc.MaxCallSendMsgSize(64))
+		var re *RetryError
+		if status.Code(err) != codes.ResourceExhausted || !errors.As(err, &re) || re.Reason != StopNonRetryable {
+			t.Fatalf("Echo() = %#v, want RESOURCE_EXHAUSTED, stopped as non-retryable", err)
 		}
-		if n := srv.Count("Echo"); n != 1 {
-			t.Errorf("server saw %d copies, want 1: a message error is fatal", n)
+		if hedges != 0 || re.Attempts != 1 {
+			t.Errorf("%d copies sent after the first (%d attempts), want none: a message error is fatal", hedges, re.Attempts)
 		}
 	})
 }
