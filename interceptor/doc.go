@@ -67,7 +67,10 @@
 // An attempt whose response headers arrived is committed (gRFC A6): its
 // failure is final and reaches the caller as a *RetryError with reason
 // StopCommitted, so a handler that answered and then failed is never run
-// again. grpc-go's own statuses for a message it could not send or receive
+// again. A unary request whose message, with gRPC's 5-byte prefix, is larger
+// than the replay buffer (WithStreamReplayBuffer) commits its attempt as it
+// is sent, as grpc-go's per-call retry buffer does: its failure is final
+// (StopCommitted). grpc-go's own statuses for a message it could not send or receive
 // (larger than a MaxCallSendMsgSize or MaxCallRecvMsgSize, or not
 // marshalled, unmarshalled, compressed or decompressed) are never retried
 // and never count against the breaker: they say nothing of the server's
@@ -118,7 +121,12 @@
 // plus 10 per second, shared by all methods; a retry that succeeds is
 // refunded, so independent failures are retried freely while a full outage
 // costs about 1.2 attempts per call instead of MaxAttempts. gRFC A6
-// retryThrottling runs exactly as A6 specifies when the config has it.
+// retryThrottling runs exactly as A6 specifies when the config has it, and
+// counts what grpc-go counts: every successful call on the client, and every
+// uncommitted attempt that fails with a code its method's retry policy lists
+// (the caller's own DEADLINE_EXCEEDED included, though it is never retried)
+// or whose server pushback says not to retry, whatever its code and whether
+// or not the method has a retry policy.
 // WithOneLayerRetry keeps retries from multiplying across hops: a client
 // marks the calls it retries, NewServer's interceptors mark the handler's
 // context, and a client used in that handler does not retry.
