@@ -277,7 +277,9 @@ type HedgingPolicy struct {
 type RetryThrottling struct {
 	// MaxTokens is in (0, 1000].
 	MaxTokens float64
-	// TokenRatio is > 0; digits past the third decimal are ignored.
+	// TokenRatio is > 0; digits past the third decimal are ignored, and a
+	// ratio under 0.001 runs as 0.001 (so that every success adds
+	// something, as in grpc-go, where it would add the ratio whole).
 	TokenRatio float64
 }
 
