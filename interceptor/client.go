@@ -299,10 +299,16 @@ func (u *unaryCall) rejected(rerr, lastErr error) error {
 }
 
 // withTimeout bounds ctx by d from now, unless ctx already ends sooner: a
-// service config's timeout never extends the caller's deadline.
+// service config's timeout never extends the caller's deadline. A timeout
+// of 1ns, a document's "timeout": "0s", has passed as the call starts, as
+// in grpc-go: the call fails with DEADLINE_EXCEEDED before any attempt,
+// whatever the clock's resolution.
 func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return ctx, func() {}
+	}
+	if d <= time.Nanosecond {
+		return context.WithDeadline(ctx, time.Now())
 	}
 	return context.WithTimeout(ctx, d)
 }

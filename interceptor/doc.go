@@ -115,6 +115,9 @@
 // WithAttemptEstimateFloor) ends before the deadline minus
 // WithDeadlineHeadroom; otherwise the call ends at once with the last
 // attempt's error. The first attempt always starts while any time is left.
+// A method whose config says "timeout": "0s" (which gRFC A6 leaves
+// undefined; package serviceconfig keeps it as 1ns) fails every call at
+// once with DEADLINE_EXCEEDED, before any attempt, as grpc-go does.
 //
 // The retry budget (on by default; the serviceconfig.RetryBudget block or
 // WithRetryBudget) lets retries be at most 20% of requests over 10 seconds,

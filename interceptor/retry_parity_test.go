@@ -202,3 +202,31 @@ func TestCallerDeadlineExceededCountsAsThrottleFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestZeroTimeoutFailsCallsAtOnce pins the choice for "timeout": "0s",
+// which gRFC A6 leaves undefined: as in grpc-go, every call fails at once
+// with DEADLINE_EXCEEDED and no attempt reaches the server, unary or
+// stream, on any clock (synctest's does not move). It used to mean no
+// timeout.
+func TestZeroTimeoutFailsCallsAtOnce(t *testing.T) {
+	doc := `{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService"}], "timeout": "0s",
+		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+			"backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE", "DEADLINE_EXCEEDED"]}}]}`
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		stub, _ := newA6Echo(t, srv, doc)
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("Echo = %v, want DEADLINE_EXCEEDED", err)
+		}
+		stream, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Count: 1})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("ServerStream = %v, want DEADLINE_EXCEEDED", err)
+		}
+		if n := srv.Count(""); n != 0 {
+			t.Errorf("server saw %d attempts, want 0", n)
+		}
+	})
+}

@@ -80,6 +80,15 @@
 //     supports: pick_first (whose config is checked as pick_first checks it)
 //     or round_robin. It is carried in Config as compact JSON.
 //
+// # A zero timeout
+//
+// gRFC A6 does not say what "timeout": "0s" means. grpc-go gives the call a
+// deadline that has already passed, so it fails at once with
+// DEADLINE_EXCEEDED and no attempt reaches the server; Parse follows it, the
+// safe choice for a document both may run: "0s" parses to a Timeout of 1ns
+// (zero means no timeout in MethodConfig), which the interceptor package
+// runs the same way. A negative timeout is ignored, as grpc-go ignores it.
+//
 // # Where Parse differs from grpc-go
 //
 // Only where grpc-go departs from gRFC A6, and where a pure package cannot

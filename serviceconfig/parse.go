@@ -484,9 +484,12 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 		mc.Name = append(mc.Name, Name{Service: n.Service.v, Method: n.Method.v})
 	}
 	mc.WaitForReady = m.WaitForReady.v
-	// grpc-go ignores a negative timeout; zero is no timeout here.
-	if t := m.Timeout.v; t != nil && *t > 0 {
-		mc.Timeout = time.Duration(*t)
+	// grpc-go ignores a negative timeout. "0s" is a deadline that has
+	// passed when the call starts, which grpc-go fails at once with
+	// DEADLINE_EXCEEDED: it is kept as 1ns, the shortest timeout, as a zero
+	// Timeout means none.
+	if t := m.Timeout.v; t != nil && *t >= 0 {
+		mc.Timeout = max(time.Duration(*t), time.Nanosecond)
 	}
 	mc.MaxRequestMessageBytes = m.MaxRequestMessageBytes.v
 	mc.MaxResponseMessageBytes = m.MaxResponseMessageBytes.v

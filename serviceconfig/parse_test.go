@@ -224,6 +224,7 @@ func parseCases() []parseCase {
 		{name: "timeout null", doc: orders(`"timeout": null`), want: svc(serviceconfig.MethodConfig{})},
 		{name: "timeout fraction only", doc: orders(`"timeout": ".05s"`), want: svc(serviceconfig.MethodConfig{Timeout: 50 * time.Millisecond})},
 		{name: "timeout with empty fraction", doc: orders(`"timeout": "2.s"`), want: svc(serviceconfig.MethodConfig{Timeout: 2 * time.Second})},
+		{name: "timeout zero fails calls at once", doc: orders(`"timeout": "0s"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Nanosecond})},
 		{name: "timeout nanoseconds", doc: orders(`"timeout": "0.000000001s"`), want: svc(serviceconfig.MethodConfig{Timeout: 1})},
 		{name: "timeout with escaped s", doc: orders(`"timeout": "1\u0073"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
 		{name: "timeout without unit", doc: orders(`"timeout": "1"`), wantErr: `serviceconfig: methodConfig[0].timeout: "1" is not a duration: it must end in "s"`},
