@@ -97,6 +97,32 @@
 // it). A google.rpc.RetryInfo status detail is honoured the same way. Every
 // hint is capped by WithMaxServerPushback.
 //
+// # Where the client differs from grpc-go's built-in retry
+//
+// Given a service config with gRFC A6 fields only and the retry budget off
+// (WithRetryBudget(nil)), the client retries as grpc-go's built-in retry
+// does: the same attempts, grpc-previous-rpc-attempts, final codes,
+// responses, headers and trailers, and the same A6 throttle accounting. A
+// differential test in this package runs both against the same scripted
+// servers (TestParityWithGRPCRetry). The differences are intended:
+//
+//   - A stream's Context() does not commit its attempt. gRFC A6 commits an
+//     attempt when a response header or message arrives, or when the
+//     messages sent outgrow the replay buffer; grpc-go also commits when
+//     the caller asks for the stream's context, after which a failure it
+//     could have retried is final.
+//   - The A6 throttle counts in exact thousandths of a token (A6: "up to 3
+//     decimal places are supported"); grpc-go's float64 count drifts over
+//     many calls, and at the threshold the drift decides whether a retry
+//     is allowed (see package serviceconfig for tokenRatio under 0.001).
+//   - The caller's own DEADLINE_EXCEEDED is never retried, even when the
+//     policy lists the code (it is charged to the throttle all the same,
+//     on streams too, where grpc-go charges it only if its retry code wins
+//     a race with the stream's context watcher); a retry that cannot finish before the deadline is not started, where
+//     grpc-go waits out the backoff and fails with DEADLINE_EXCEEDED.
+//   - A server's google.rpc.RetryInfo detail is honoured like a pushback;
+//     grpc-go reads the trailer only.
+//
 // # Hedging
 //
 // A hedgingPolicy sends copies of a unary call without waiting for the
