@@ -16,10 +16,12 @@ type scenario struct {
 	// Seed is the generator's seed for this scenario (informative).
 	Seed uint64 `json:"seed,omitempty"`
 	// MaxAttempts, Codes and BackoffMultiplier make the retryPolicy of Echo
-	// and ServerStream; Lookup has no policy.
+	// and ServerStream; Lookup has no policy, nor has ServerStream when
+	// StreamNoPolicy is set.
 	MaxAttempts       int      `json:"maxAttempts"`
 	Codes             []string `json:"retryableStatusCodes"`
 	BackoffMultiplier float64  `json:"backoffMultiplier"`
+	StreamNoPolicy    bool     `json:"streamNoPolicy,omitempty"`
 	// MaxTokens and TokenRatio make the retryThrottling block, when
 	// MaxTokens is positive.
 	MaxTokens  float64 `json:"maxTokens,omitempty"`
@@ -78,18 +80,31 @@ func (s *scenario) serviceConfig() string {
 	case s.TimeoutMs > 0:
 		timeout = fmt.Sprintf(`"timeout": "%.3fs", `, float64(s.TimeoutMs)/1000)
 	}
-	doc := fmt.Sprintf(`{"methodConfig": [{"name": [{"service": %q, "method": "Echo"}, {"service": %q, "method": "ServerStream"}], %s`+
+	retried, plain := []string{"Echo", "ServerStream"}, []string{"Lookup"}
+	if s.StreamNoPolicy {
+		retried, plain = retried[:1], append(plain, "ServerStream")
+	}
+	doc := fmt.Sprintf(`{"methodConfig": [{"name": %s, %s`+
 		`"retryPolicy": {"maxAttempts": %d, "initialBackoff": "0.001s", "maxBackoff": "0.002s", "backoffMultiplier": %g, "retryableStatusCodes": %s}}`,
-		parityService, parityService, timeout, s.MaxAttempts, s.BackoffMultiplier, codes)
+		names(retried), timeout, s.MaxAttempts, s.BackoffMultiplier, codes)
 	if timeout != "" {
-		// Lookup has no retry policy, but the same timeout.
-		doc += fmt.Sprintf(`, {"name": [{"service": %q, "method": "Lookup"}], %s"waitForReady": false}`, parityService, timeout)
+		// The methods without a retry policy have the same timeout.
+		doc += fmt.Sprintf(`, {"name": %s, %s"waitForReady": false}`, names(plain), timeout)
 	}
 	doc += `]`
 	if s.MaxTokens > 0 {
 		doc += fmt.Sprintf(`, "retryThrottling": {"maxTokens": %g, "tokenRatio": %g}`, s.MaxTokens, s.TokenRatio)
 	}
 	return doc + `}`
+}
+
+// names returns the JSON name list of methods of parityService.
+func names(methods []string) string {
+	var parts []string
+	for _, m := range methods {
+		parts = append(parts, fmt.Sprintf(`{"service": %q, "method": %q}`, parityService, m))
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
 }
 
 // String returns the scenario as one line of JSON.
@@ -128,6 +143,7 @@ func generate(seed uint64) *scenario {
 	if len(s.Codes) == 0 {
 		s.Codes = []string{"UNAVAILABLE"}
 	}
+	s.StreamNoPolicy = r.IntN(6) == 0
 	if r.IntN(2) == 0 {
 		s.MaxTokens = float64(1 + r.IntN(8))
 		s.TokenRatio = []float64{0.1, 0.5, 1, 0.25, 0.0009}[r.IntN(5)]
