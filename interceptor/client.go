@@ -155,9 +155,10 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return c.hedged(ctx, st, mp, n, method, req, reply, cc, invoker, s.opts)
 	}
 	u.ctx = ctx
-	if u.r.rp.maxAttempts > 1 {
-		// A retry needs the server's pushback (trailer), and must know
-		// whether the attempt committed (header).
+	if u.r.rp.maxAttempts > 1 || st.storm.throttle != nil {
+		// A retry, and A6 throttling's account of a failure, need the
+		// server's pushback (trailer) and whether the attempt committed
+		// (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
 	}
 	return u.run()
@@ -196,6 +197,9 @@ func (u *unaryCall) run() error {
 		}
 		lastErr = err
 		if r.rp.maxAttempts <= 1 {
+			if r.st.storm.throttle != nil && !u.committed() {
+				r.noRetryFailed(u.ctx, err, u.s.trailer, timedOut)
+			}
 			if !r.wrap {
 				return err
 			}
@@ -203,9 +207,9 @@ func (u *unaryCall) run() error {
 				return r.stopped(err, err, r.noRetry)
 			}
 		}
-		if u.s.header != nil {
-			// The server answered with headers before failing: the attempt
-			// is committed and final (gRFC A6).
+		if u.committed() {
+			// The attempt is final (gRFC A6), and no failure for the
+			// throttle, as in grpc-go.
 			r.settle(false)
 			return r.stopped(err, err, StopCommitted)
 		}
@@ -218,6 +222,14 @@ func (u *unaryCall) run() error {
 			return r.cancelled(werr, err)
 		}
 	}
+}
+
+// committed reports whether the attempt that just failed had committed:
+// the server answered with headers before failing, or the request outgrew
+// the replay buffer, which grpc-go counts at the send (gRFC A6). The
+// request is measured only here, once an attempt has failed.
+func (u *unaryCall) committed() bool {
+	return u.s.header != nil || u.r.outgrowsReplay(u.req)
 }
 
 // attempt runs one attempt started at now, bounded by timeout when it is
@@ -287,10 +299,16 @@ func (u *unaryCall) rejected(rerr, lastErr error) error {
 }
 
 // withTimeout bounds ctx by d from now, unless ctx already ends sooner: a
-// service config's timeout never extends the caller's deadline.
+// service config's timeout never extends the caller's deadline. A timeout
+// of 1ns, a document's "timeout": "0s", has passed as the call starts, as
+// in grpc-go: the call fails with DEADLINE_EXCEEDED before any attempt,
+// whatever the clock's resolution.
 func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return ctx, func() {}
+	}
+	if d <= time.Nanosecond {
+		return context.WithDeadline(ctx, time.Now())
 	}
 	return context.WithTimeout(ctx, d)
 }

@@ -67,7 +67,10 @@
 // An attempt whose response headers arrived is committed (gRFC A6): its
 // failure is final and reaches the caller as a *RetryError with reason
 // StopCommitted, so a handler that answered and then failed is never run
-// again. grpc-go's own statuses for a message it could not send or receive
+// again. A unary request whose message, with gRPC's 5-byte prefix, is larger
+// than the replay buffer (WithStreamReplayBuffer) commits its attempt as it
+// is sent, as grpc-go's per-call retry buffer does: its failure is final
+// (StopCommitted). grpc-go's own statuses for a message it could not send or receive
 // (larger than a MaxCallSendMsgSize or MaxCallRecvMsgSize, or not
 // marshalled, unmarshalled, compressed or decompressed) are never retried
 // and never count against the breaker: they say nothing of the server's
@@ -94,6 +97,32 @@
 // it). A google.rpc.RetryInfo status detail is honoured the same way. Every
 // hint is capped by WithMaxServerPushback.
 //
+// # Where the client differs from grpc-go's built-in retry
+//
+// Given a service config with gRFC A6 fields only and the retry budget off
+// (WithRetryBudget(nil)), the client retries as grpc-go's built-in retry
+// does: the same attempts, grpc-previous-rpc-attempts, final codes,
+// responses, headers and trailers, and the same A6 throttle accounting. A
+// differential test in this package runs both against the same scripted
+// servers (TestParityWithGRPCRetry). The differences are intended:
+//
+//   - A stream's Context() does not commit its attempt. gRFC A6 commits an
+//     attempt when a response header or message arrives, or when the
+//     messages sent outgrow the replay buffer; grpc-go also commits when
+//     the caller asks for the stream's context, after which a failure it
+//     could have retried is final.
+//   - The A6 throttle counts in exact thousandths of a token (A6: "up to 3
+//     decimal places are supported"); grpc-go's float64 count drifts over
+//     many calls, and at the threshold the drift decides whether a retry
+//     is allowed (see package serviceconfig for tokenRatio under 0.001).
+//   - The caller's own DEADLINE_EXCEEDED is never retried, even when the
+//     policy lists the code (it is charged to the throttle all the same,
+//     on streams too, where grpc-go charges it only if its retry code wins
+//     a race with the stream's context watcher); a retry that cannot finish before the deadline is not started, where
+//     grpc-go waits out the backoff and fails with DEADLINE_EXCEEDED.
+//   - A server's google.rpc.RetryInfo detail is honoured like a pushback;
+//     grpc-go reads the trailer only.
+//
 // # Hedging
 //
 // A hedgingPolicy sends copies of a unary call without waiting for the
@@ -117,13 +146,21 @@
 // WithAttemptEstimateFloor) ends before the deadline minus
 // WithDeadlineHeadroom; otherwise the call ends at once with the last
 // attempt's error. The first attempt always starts while any time is left.
+// A method whose config says "timeout": "0s" (which gRFC A6 leaves
+// undefined; package serviceconfig keeps it as 1ns) fails every call at
+// once with DEADLINE_EXCEEDED, before any attempt, as grpc-go does.
 //
 // The retry budget (on by default; the serviceconfig.RetryBudget block or
 // WithRetryBudget) lets retries be at most 20% of requests over 10 seconds,
 // plus 10 per second, shared by all methods; a retry that succeeds is
 // refunded, so independent failures are retried freely while a full outage
 // costs about 1.2 attempts per call instead of MaxAttempts. gRFC A6
-// retryThrottling runs exactly as A6 specifies when the config has it.
+// retryThrottling runs exactly as A6 specifies when the config has it, and
+// counts what grpc-go counts: every successful call on the client, and every
+// uncommitted attempt that fails with a code its method's retry policy lists
+// (the caller's own DEADLINE_EXCEEDED included, though it is never retried)
+// or whose server pushback says not to retry, whatever its code and whether
+// or not the method has a retry policy.
 // WithOneLayerRetry keeps retries from multiplying across hops: a client
 // marks the calls it retries, NewServer's interceptors mark the handler's
 // context, and a client used in that handler does not retry.

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
@@ -71,32 +72,28 @@ type decision struct {
 	pushback bool // delay is a server's hint
 }
 
-// decide says whether and when to retry after an attempt failed with err.
-// trailer is the attempt's trailer; attemptTimedOut reports that the
-// attempt's own timeout fired while the caller's context was still live.
+// decide says whether and when to retry after an uncommitted attempt failed
+// with err. trailer is the attempt's trailer; attemptTimedOut reports that
+// the attempt's own timeout fired while the caller's context was still
+// live.
 //
-// The order of the checks is gRFC A6's, with this client's additions after
-// it: the caller's context, the code, the server's pushback, A6 throttling
-// (charged for every retryable failure), attempts left, the deadline, and
-// last the retry budget, so that a budget token is only taken for a retry
-// that will be sent.
+// The A6 throttle is charged first, as grpc-go charges it
+// (failedForThrottle), even when the caller's context has ended. The stops
+// follow in gRFC A6's order, with this client's additions: the caller's
+// context, the code, the server's pushback, A6 throttling, attempts left,
+// the deadline, and last the retry budget, so that a budget token is only
+// taken for a retry that will be sent.
 func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, attemptTimedOut bool) decision {
-	if cerr := callerErr(ctx); cerr != nil {
-		r.settle(false)
-		return decision{stop: stopOfContext(cerr)}
-	}
-	code := rescodes.Classify(err)
-	if !r.retryable(code, attemptTimedOut) || isMessageError(err) {
-		r.settle(false)
-		return decision{stop: StopNonRetryable}
-	}
-	r.settle(true)
+	cerr := callerErr(ctx)
 	hint, hinted, refuse := serverHint(err, trailer)
-	throttled := false
-	if th := r.st.storm.throttle; th != nil {
-		throttled = !th.OnFailure()
-	}
+	retryable := r.retryableFailure(err, attemptTimedOut, cerr != nil)
+	throttled := r.failedForThrottle(refuse, retryable)
+	r.settle(retryable && cerr == nil)
 	switch {
+	case cerr != nil:
+		return decision{stop: stopOfContext(cerr)}
+	case !retryable:
+		return decision{stop: StopNonRetryable}
 	case refuse:
 		return decision{stop: StopPushback}
 	case throttled:
@@ -127,6 +124,62 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 		r.pending = tok
 	}
 	return d
+}
+
+// retryableFailure reports whether err, the error of an uncommitted
+// attempt, has a code the call's retry policy retries. Message errors never
+// are; nor is the caller's own DEADLINE_EXCEEDED under the default rules
+// (callerDone: the caller's context has ended), while an explicit list is
+// honoured as written, for the throttle's accounting.
+func (r *retrier) retryableFailure(err error, attemptTimedOut, callerDone bool) bool {
+	if isMessageError(err) {
+		return false
+	}
+	code := rescodes.Classify(err)
+	if callerDone && !r.rp.explicit && code == codes.DeadlineExceeded {
+		return false
+	}
+	return r.retryable(code, attemptTimedOut)
+}
+
+// failedForThrottle does gRFC A6's throttle accounting of an uncommitted
+// attempt that failed, in grpc-go's order (csAttempt.shouldRetry): a
+// pushback that says not to retry (refuse) is a failure whatever the code,
+// and else a code the call's retry policy retries (retryable) is one. It
+// reports whether the throttle now withholds retries; false when A6
+// throttling is off or the attempt was no failure for it.
+func (r *retrier) failedForThrottle(refuse, retryable bool) (throttled bool) {
+	th := r.st.storm.throttle
+	if th == nil || !refuse && !retryable {
+		return false
+	}
+	return !th.OnFailure()
+}
+
+// noRetryFailed does the A6 throttle accounting of an uncommitted attempt
+// that failed with err on a call that never retries (one attempt): without
+// a retry policy, only a pushback that says not to retry counts, as in
+// grpc-go; with one that the call options turned off, its retryable codes
+// count too.
+func (r *retrier) noRetryFailed(ctx context.Context, err error, trailer metadata.MD, attemptTimedOut bool) {
+	_, _, refuse := serverHint(err, trailer)
+	retryable := r.wrap && r.retryableFailure(err, attemptTimedOut, callerErr(ctx) != nil)
+	r.failedForThrottle(refuse, retryable)
+}
+
+// grpcMessagePrefix is the length of the prefix gRPC puts before every
+// message on the wire (a compressed flag and a 4-byte length), which
+// grpc-go counts against its per-call retry buffer.
+const grpcMessagePrefix = 5
+
+// outgrowsReplay reports whether req, sent on the wire, is larger than the
+// client's replay buffer (WithStreamReplayBuffer): grpc-go commits such a
+// call at its send, so its failure is final. A message that cannot be
+// measured (not a proto message) never outgrows it. Read only when a retry
+// is about to be decided, so the success path pays nothing.
+func (r *retrier) outgrowsReplay(req any) bool {
+	pm, ok := req.(proto.Message)
+	return ok && proto.Size(pm)+grpcMessagePrefix > r.c.opts.replayBuffer
 }
 
 // estimate returns how long the method's next attempt is expected to take.

@@ -76,7 +76,11 @@ type MethodConfig struct {
 	WaitForReady *bool
 
 	// Timeout, when positive, is a deadline over all attempts of a call; it
-	// never extends the caller's own deadline. Zero means no timeout.
+	// never extends the caller's own deadline. Zero means no timeout. A
+	// document's "timeout": "0s" parses to 1ns, the shortest timeout (gRFC
+	// A6 leaves zero undefined; grpc-go fails such calls at once with
+	// DEADLINE_EXCEEDED, and so does a Client: a timeout of 1ns has passed
+	// when the call starts).
 	Timeout time.Duration
 
 	// MaxRequestMessageBytes and MaxResponseMessageBytes are carried for
@@ -277,7 +281,9 @@ type HedgingPolicy struct {
 type RetryThrottling struct {
 	// MaxTokens is in (0, 1000].
 	MaxTokens float64
-	// TokenRatio is > 0; digits past the third decimal are ignored.
+	// TokenRatio is > 0; digits past the third decimal are ignored, and a
+	// ratio under 0.001 runs as 0.001 (so that every success adds
+	// something, as in grpc-go, where it would add the ratio whole).
 	TokenRatio float64
 }
 

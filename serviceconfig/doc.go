@@ -80,6 +80,15 @@
 //     supports: pick_first (whose config is checked as pick_first checks it)
 //     or round_robin. It is carried in Config as compact JSON.
 //
+// # A zero timeout
+//
+// gRFC A6 does not say what "timeout": "0s" means. grpc-go gives the call a
+// deadline that has already passed, so it fails at once with
+// DEADLINE_EXCEEDED and no attempt reaches the server; Parse follows it, the
+// safe choice for a document both may run: "0s" parses to a Timeout of 1ns
+// (zero means no timeout in MethodConfig), which the interceptor package
+// runs the same way. A negative timeout is ignored, as grpc-go ignores it.
+//
 // # Where Parse differs from grpc-go
 //
 // Only where grpc-go departs from gRFC A6, and where a pure package cannot
@@ -96,9 +105,11 @@
 //   - retryThrottling is validated even when methodConfig is absent or null;
 //     grpc-go checks it only when methodConfig is present. maxTokens must be
 //     in (0, 1000]; digits of tokenRatio past the third decimal are dropped,
-//     as A6 says, before it is checked to be greater than 0, so a
-//     tokenRatio under 0.001 is an error (grpc-go accepts it and uses it
-//     whole). The cut is made on the decimal digits as written: 1.0059
+//     as A6 says ("up to 3 decimal places are supported"), and a positive
+//     tokenRatio under 0.001, which A6 allows, is raised to 0.001 rather
+//     than cut to 0 (a bucket that never refills): 0.0009 runs as 0.001,
+//     where grpc-go uses it whole, so a success adds 0.0001 more tokens than
+//     in grpc-go. The cut is made on the decimal digits as written: 1.0059
 //     gives 1.005.
 //   - loadBalancingConfig: grpc-go accepts a policy only if the running
 //     program registered it, and checks its config with that policy's

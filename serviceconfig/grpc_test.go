@@ -73,7 +73,7 @@ func newGRPCParser(t testing.TB, cap int) *grpcParser {
 type grpcPolicy struct {
 	found        bool
 	waitForReady *bool
-	timeout      time.Duration // 0 when absent or negative (grpc-go ignores those)
+	timeout      time.Duration // 0 when absent or negative (grpc-go ignores those); "0s" is 1ns
 	maxReq       *int
 	maxResp      *int
 	retry        *grpcRetry
@@ -106,8 +106,10 @@ func (p *grpcParser) parse(doc, fullMethod string) (grpcPolicy, error) {
 		return grpcPolicy{}, nil
 	}
 	got := grpcPolicy{found: true, waitForReady: mc.WaitForReady, maxReq: mc.MaxReqSize, maxResp: mc.MaxRespSize}
-	if mc.Timeout != nil && *mc.Timeout > 0 {
-		got.timeout = *mc.Timeout
+	if mc.Timeout != nil && *mc.Timeout >= 0 {
+		// grpc-go's 0 fails calls at once; Parse keeps it as 1ns, which
+		// does the same.
+		got.timeout = max(*mc.Timeout, time.Nanosecond)
 	}
 	if rp := mc.RetryPolicy; rp != nil {
 		r := &grpcRetry{

@@ -271,6 +271,18 @@ func (d *decimal) UnmarshalJSON(b []byte) error {
 // says of tokenRatio ("up to 3 decimal places are supported"). The cut is
 // done on the decimal digits, so "1.005" gives 1.005, not 1.004. Values of
 // 10^12 or more have no digits to drop at float64 precision and come back as
+// ratioMilli is truncMilli for tokenRatio, with the cut kept positive: a
+// ratio in (0, 0.001), which A6 allows (it asks only for a positive value)
+// and grpc-go accepts, is raised to 0.001, the smallest ratio three decimals
+// hold, rather than cut to 0, which would leave a bucket that never refills.
+func ratioMilli(text string, f float64) float64 {
+	r := truncMilli(text, f)
+	if r == 0 && f > 0 {
+		return minTokenRatio
+	}
+	return r
+}
+
 // f.
 func truncMilli(text string, f float64) float64 {
 	if math.Abs(f) >= 1e12 {
@@ -338,7 +350,7 @@ func (w *wireConfig) config(o parseOptions) (*Config, error) {
 		}
 		c.RetryThrottling = &RetryThrottling{
 			MaxTokens:  t.MaxTokens.v,
-			TokenRatio: truncMilli(t.TokenRatio.v.text, t.TokenRatio.v.f),
+			TokenRatio: ratioMilli(t.TokenRatio.v.text, t.TokenRatio.v.f),
 		}
 		// gRFC A6 correction: grpc-go checks retryThrottling only when
 		// methodConfig is present.
@@ -472,9 +484,12 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 		mc.Name = append(mc.Name, Name{Service: n.Service.v, Method: n.Method.v})
 	}
 	mc.WaitForReady = m.WaitForReady.v
-	// grpc-go ignores a negative timeout; zero is no timeout here.
-	if t := m.Timeout.v; t != nil && *t > 0 {
-		mc.Timeout = time.Duration(*t)
+	// grpc-go ignores a negative timeout. "0s" is a deadline that has
+	// passed when the call starts, which grpc-go fails at once with
+	// DEADLINE_EXCEEDED: it is kept as 1ns, the shortest timeout, as a zero
+	// Timeout means none.
+	if t := m.Timeout.v; t != nil && *t >= 0 {
+		mc.Timeout = max(time.Duration(*t), time.Nanosecond)
 	}
 	mc.MaxRequestMessageBytes = m.MaxRequestMessageBytes.v
 	mc.MaxResponseMessageBytes = m.MaxResponseMessageBytes.v

@@ -126,7 +126,6 @@ const (
 	diffHedging   = "A6: hedgingPolicy is parsed and validated; grpc-go ignores it"
 	diffBoth      = "A6: retryPolicy and hedgingPolicy are exclusive; grpc-go ignores hedgingPolicy"
 	diffThrottle  = "A6: retryThrottling is validated even without methodConfig"
-	diffRatio     = "A6: tokenRatio digits past the third decimal are ignored, so it must be at least 0.001"
 	diffExtension = "extension block: grpc-go ignores it"
 	diffRegistry  = "grpc-go needs a registered balancer; a pure package cannot see the registry"
 )
@@ -225,6 +224,7 @@ func parseCases() []parseCase {
 		{name: "timeout null", doc: orders(`"timeout": null`), want: svc(serviceconfig.MethodConfig{})},
 		{name: "timeout fraction only", doc: orders(`"timeout": ".05s"`), want: svc(serviceconfig.MethodConfig{Timeout: 50 * time.Millisecond})},
 		{name: "timeout with empty fraction", doc: orders(`"timeout": "2.s"`), want: svc(serviceconfig.MethodConfig{Timeout: 2 * time.Second})},
+		{name: "timeout zero fails calls at once", doc: orders(`"timeout": "0s"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Nanosecond})},
 		{name: "timeout nanoseconds", doc: orders(`"timeout": "0.000000001s"`), want: svc(serviceconfig.MethodConfig{Timeout: 1})},
 		{name: "timeout with escaped s", doc: orders(`"timeout": "1\u0073"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
 		{name: "timeout without unit", doc: orders(`"timeout": "1"`), wantErr: `serviceconfig: methodConfig[0].timeout: "1" is not a duration: it must end in "s"`},
@@ -363,10 +363,12 @@ func parseCases() []parseCase {
 			wantThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 1.005}},
 		{name: "tokenRatio with exponent", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": 12345e-4}}`,
 			wantThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 1.234}},
-		{name: "tokenRatio under 0.001", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.0009}}`, grpc: diffRatio,
-			wantErr: "serviceconfig: retryThrottling.tokenRatio: must be at least 0.001 (digits past the third decimal are ignored)"},
-		{name: "tokenRatio zero", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": 0}}`, wantErr: "retryThrottling.tokenRatio: must be at least 0.001"},
-		{name: "tokenRatio negative", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": -0.1}}`, wantErr: "retryThrottling.tokenRatio: must be at least 0.001"},
+		{name: "tokenRatio under 0.001 runs as 0.001", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.0009}}`,
+			wantThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.001}},
+		{name: "tokenRatio tiny runs as 0.001", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": 1e-9}}`,
+			wantThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.001}},
+		{name: "tokenRatio zero", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": 0}}`, wantErr: "retryThrottling.tokenRatio: must be greater than 0"},
+		{name: "tokenRatio negative", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": -0.1}}`, wantErr: "retryThrottling.tokenRatio: must be greater than 0"},
 		{name: "tokenRatio absent", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 10}}`, wantErr: "retryThrottling.tokenRatio"},
 		{name: "maxTokens zero", doc: `{"methodConfig": [], "retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}`,
 			wantErr: "serviceconfig: retryThrottling.maxTokens: must be greater than 0 and at most 1000"},
@@ -378,7 +380,7 @@ func parseCases() []parseCase {
 		{name: "bad throttling without methodConfig", doc: `{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}`, grpc: diffThrottle,
 			wantErr: "retryThrottling.maxTokens: must be greater than 0 and at most 1000"},
 		{name: "bad throttling with null methodConfig", doc: `{"methodConfig": null, "retryThrottling": {"maxTokens": 10, "tokenRatio": -1}}`, grpc: diffThrottle,
-			wantErr: "retryThrottling.tokenRatio: must be at least 0.001"},
+			wantErr: "retryThrottling.tokenRatio: must be greater than 0"},
 		{name: "throttling without methodConfig", doc: `{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}`,
 			wantThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1}},
 

@@ -103,15 +103,18 @@ func (p *HedgingPolicy) Validate() error {
 	return checkSet("nonFatalStatusCodes", p.NonFatalStatusCodes)
 }
 
+// minTokenRatio is the smallest TokenRatio three decimals hold; a positive
+// ratio below it runs as it.
+const minTokenRatio = 0.001
+
 // Validate reports the first field of t that is out of range, as gRFC A6
-// sets them: MaxTokens must be in (0, 1000] and TokenRatio greater than 0
-// once the digits past its third decimal are dropped, so at least 0.001.
+// sets them: MaxTokens must be in (0, 1000] and TokenRatio greater than 0.
 func (t *RetryThrottling) Validate() error {
 	if !(t.MaxTokens > 0 && t.MaxTokens <= 1000) {
 		return newError("maxTokens", "must be greater than 0 and at most 1000")
 	}
-	if !(t.TokenRatio >= 0.001) || !finite(t.TokenRatio) {
-		return newError("tokenRatio", "must be at least 0.001 (digits past the third decimal are ignored)")
+	if !(t.TokenRatio > 0) || !finite(t.TokenRatio) {
+		return newError("tokenRatio", "must be greater than 0")
 	}
 	return nil
 }

@@ -28,8 +28,8 @@
 //
 // gRFC A6 supports three decimal places in tokenRatio, so the bucket counts
 // integer milli-tokens: TokenRatio and MaxTokens are used to three decimals
-// (further digits are ignored, so TokenRatio must be at least 0.001), and the
-// arithmetic is exact. A float count drifts, and at the threshold the drift
+// (further digits are ignored; a positive TokenRatio under 0.001, which A6
+// allows, adds 0.001 rather than nothing), and the arithmetic is exact. A float count drifts, and at the threshold the drift
 // decides: with MaxTokens 10 and TokenRatio 0.2, ten successes after the
 // count fell to 3 give 5.000000000000002 in float64, which would allow a
 // retry, where A6's count is exactly 5 and throttles it.

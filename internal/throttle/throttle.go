@@ -12,8 +12,8 @@ type Config struct {
 	// MaxTokens is the size of the bucket and its starting count, in
 	// (0, 1000], used to three decimals.
 	MaxTokens float64
-	// TokenRatio is what one success adds, at least 0.001; digits past the
-	// third decimal are ignored.
+	// TokenRatio is what one success adds, greater than 0; digits past the
+	// third decimal are ignored, and a ratio under 0.001 adds 0.001.
 	TokenRatio float64
 }
 
@@ -21,7 +21,7 @@ type Config struct {
 func (c Config) Validate() error {
 	// Values that truncate to 0 thousandths are valid, as gRFC A6 and
 	// grpc-go accept any positive number: a tokenRatio below 0.001 then adds
-	// nothing on success, and maxTokens below 0.001 throttles every retry.
+	// 0.001 on success, and maxTokens below 0.001 throttles every retry.
 	if !(c.MaxTokens > 0 && c.MaxTokens <= 1000) {
 		return errors.New("throttle: maxTokens must be greater than 0 and at most 1000")
 	}
@@ -51,7 +51,8 @@ func New(cfg Config) (*Throttle, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	t := &Throttle{max: milli(cfg.MaxTokens), ratio: milli(cfg.TokenRatio)}
+	// A positive ratio never adds nothing: under 0.001 it adds 0.001.
+	t := &Throttle{max: milli(cfg.MaxTokens), ratio: max(milli(cfg.TokenRatio), 1)}
 	t.tokens.Store(t.max)
 	return t, nil
 }

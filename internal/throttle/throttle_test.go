@@ -180,6 +180,21 @@ func TestRatioDigitsPastTheThirdAreIgnored(t *testing.T) {
 	}
 }
 
+// TestRatioUnderOneThousandthAddsOneThousandth pins what the throttle does
+// with a positive TokenRatio under 0.001, which A6 and grpc-go accept: it
+// adds 0.001 per success. Cut to 0 thousandths, it used to add nothing, so
+// the bucket never refilled.
+func TestRatioUnderOneThousandthAddsOneThousandth(t *testing.T) {
+	for _, ratio := range []float64{0.0009, 1e-9} {
+		th := mustNew(t, Config{MaxTokens: 10, TokenRatio: ratio})
+		th.OnFailure()
+		th.OnSuccess()
+		if got := th.Tokens(); got != 9.001 {
+			t.Errorf("Tokens() after a failure and a success with ratio %v = %v, want 9.001", ratio, got)
+		}
+	}
+}
+
 func TestOddMilliMaxThreshold(t *testing.T) {
 	// maxTokens 0.003: the threshold is 0.0015, so 0.002 allows and 0.001 not.
 	th := mustNew(t, Config{MaxTokens: 0.003, TokenRatio: 0.001})
