@@ -272,7 +272,14 @@ func (h *hedgeCall) onNonFatal(res *hedgeResult) {
 	case hinted:
 		h.arm(min(hint, h.c.opts.maxPushback)) // the next copy waits for the hint
 	default:
-		h.another(0) // a non-fatal failure sends the next copy at once
+		// A non-fatal failure sends the next copy in line at once (A6: its
+		// hedging delay is shortcut); the one after it then waits a whole
+		// HedgingDelay from now, so no more copies are out than A6 allows.
+		before := h.r.attempts
+		h.another(0)
+		if h.r.attempts > before && h.timerC != nil {
+			h.arm(h.hp.delay)
+		}
 	}
 }
 
