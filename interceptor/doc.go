@@ -127,10 +127,15 @@
 // Client, server and bidirectional streams are retried until they commit: an
 // attempt commits when a response header or message arrives, or when the
 // messages sent on it outgrow the replay buffer (WithStreamReplayBuffer, 256
-// KiB by default). Until then the messages the caller sent are kept and
-// replayed on each new attempt; after it, errors reach the caller unchanged,
-// so no response is ever seen twice. A stream holds its bulkhead slot for
-// its lifetime and never counts as slow.
+// KiB by default; a message counts its size plus grpc's 5-byte prefix).
+// Until then the messages the caller sent are kept and replayed on each new
+// attempt; after it, errors reach the caller unchanged, so no response is
+// ever seen twice. Header waits for the attempt that answers. A stream holds
+// its bulkhead slot and breaker probe for its lifetime, which ends however
+// grpc ends a stream: the final error or io.EOF from RecvMsg, a non-EOF
+// error from SendMsg or Header, the caller's context, ClientConn.Close, or a
+// panic below the interceptor; it never counts as slow. An idempotency key
+// does not widen the codes a stream retries.
 //
 // # Idempotency
 //

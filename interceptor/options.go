@@ -159,8 +159,10 @@ func WithMaxServerPushback(d time.Duration) ClientOption {
 
 // WithStreamReplayBuffer sets how many bytes of sent messages a stream keeps
 // so that it can replay them on a new attempt; a stream that sends more
-// commits to its current attempt. The default is DefaultStreamReplayBuffer
-// (256 KiB); 0 commits streams at their first message.
+// commits to its current attempt. Each message counts its encoded size plus
+// grpc's 5-byte message prefix, as in grpc-go. The default is
+// DefaultStreamReplayBuffer (256 KiB); 0 commits streams at their first
+// message.
 func WithStreamReplayBuffer(bytes int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if bytes < 0 {
