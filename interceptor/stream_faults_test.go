@@ -3,6 +3,10 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,7 +33,17 @@ const (
 	faultPanicRecv          = "panic-recv"           // RecvMsg panics
 	faultPanicHeader        = "panic-header"         // Header panics
 	faultErrHeader          = "err-header"           // Header returns an error
+	// faultPanicRandom makes SendMsg, RecvMsg and Header panic once in
+	// faultRandomOdds calls, drawn from a source seeded by the call's
+	// faultSeedKey metadata and the attempt number.
+	faultPanicRandom = "panic-random"
 )
+
+// faultSeedKey is the outgoing metadata that seeds faultPanicRandom.
+const faultSeedKey = "x-test-fault-seed"
+
+// faultRandomOdds is the one-in-n chance of a faultPanicRandom panic per call.
+const faultRandomOdds = 16
 
 // errInjected is the value faultBelow panics with.
 var errInjected = errors.New("injected panic below the interceptor")
@@ -52,39 +66,61 @@ func faultBelow(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
 	if fault == faultPanicStreamer || fault == faultPanicStreamerRetry && retry {
 		panic(errInjected)
 	}
+	fs := &faultyStream{fault: fault}
+	if fault == faultPanicRandom {
+		seed, _ := strconv.ParseUint(strings.Join(md.Get(faultSeedKey), ""), 10, 64)
+		fs.rng = rand.New(rand.NewPCG(seed, uint64(len(md.Get(previousAttemptsKey)))))
+	}
 	cs, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &faultyStream{ClientStream: cs, fault: fault}, nil
+	fs.ClientStream = cs
+	return fs, nil
 }
 
 // faultyStream is a grpc stream with one fault.
 type faultyStream struct {
 	grpc.ClientStream
 	fault string
+
+	mu  sync.Mutex
+	rng *rand.Rand // faultPanicRandom's draws; nil for the other faults
+}
+
+// hit reports whether the call with fault on its own should fail now.
+func (f *faultyStream) hit(fault string) bool {
+	if f.fault == fault {
+		return true
+	}
+	if f.rng == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rng.IntN(faultRandomOdds) == 0
 }
 
 func (f *faultyStream) SendMsg(m any) error {
-	if f.fault == faultPanicSend {
+	if f.hit(faultPanicSend) {
 		panic(errInjected)
 	}
 	return f.ClientStream.SendMsg(m)
 }
 
 func (f *faultyStream) RecvMsg(m any) error {
-	if f.fault == faultPanicRecv {
+	if f.hit(faultPanicRecv) {
 		panic(errInjected)
 	}
 	return f.ClientStream.RecvMsg(m)
 }
 
 func (f *faultyStream) Header() (metadata.MD, error) {
-	switch f.fault {
-	case faultPanicHeader:
-		panic(errInjected)
-	case faultErrHeader:
+	if f.fault == faultErrHeader {
 		return nil, status.Error(codes.Internal, "injected header error")
+	}
+	if f.hit(faultPanicHeader) {
+		panic(errInjected)
 	}
 	return f.ClientStream.Header()
 }

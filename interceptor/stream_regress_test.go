@@ -447,3 +447,37 @@ func TestMessageSizeCountsPrefixAndRefusesUnmeasurable(t *testing.T) {
 		}
 	}
 }
+
+// Found by TestStreamStress: when a send finds the attempt ended, the
+// stream learns its status with a receive, which is safe only when Header
+// shows that no headers, so no message, came. A Header that fails says
+// nothing of them, and the receive swallowed a response the caller should
+// have read: now a failing Header ends the stream, as grpc documents, and a
+// response the server sent is either read by the caller or the stream ends
+// with Header's error.
+func TestStreamSendOnEndedAttemptNeverSwallowsAResponse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		p := fastPolicy(3)
+		p.PerAttemptRecvTimeout = 100 * time.Millisecond
+		c := newTestClient(t, WithRetryPolicy(p))
+		stub, _ := startWithFaults(t, srv, c)
+		stream, err := stub.BidiStream(withFault(t.Context(), faultErrHeader))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&echov1.BidiStreamRequest{Message: "0"}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()                    // the response to 0 waits in the client, unread
+		time.Sleep(200 * time.Millisecond) // fake time: the attempt times out, uncommitted
+		_ = stream.Send(&echov1.BidiStreamRequest{Message: "1"})
+		resp, err := stream.Recv()
+		if err == nil && resp.GetMessage() == "0" {
+			return
+		}
+		if st := status.Convert(err); st.Code() != codes.Internal || st.Message() != "injected header error" {
+			t.Errorf("Recv() = %v, %v: want the response to 0, or the stream ended by Header's error", resp, err)
+		}
+	})
+}

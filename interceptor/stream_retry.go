@@ -66,7 +66,11 @@ func (s *retryStream) open(err error, trailer metadata.MD, timedOut bool) error 
 			return rerr
 		}
 		// a ended during its replay: how it ended decides, as for a failure.
-		headers, serr := s.statusOf(a)
+		headers, ended, serr := s.statusOf(a)
+		if ended {
+			s.leave(a)
+			return s.finalErr()
+		}
 		if headers || serr == nil || serr == io.EOF {
 			// Committed by its headers, or it ended well: it answers.
 			s.mu.Lock()
@@ -223,7 +227,11 @@ func (s *retryStream) received(a *streamAttempt, err error) (done bool, ret erro
 // attempt. done is false when a new attempt is live.
 func (s *retryStream) fail(a *streamAttempt, err error) (done bool, ret error) {
 	// a is over, so Header does not block.
-	if md, _ := a.cs.Header(); md != nil {
+	md, herr := a.cs.Header()
+	switch {
+	case herr != nil: // a non-nil error from Header ends the stream
+		return true, s.endHere(herr)
+	case md != nil:
 		s.commitAttempt(a)
 		return true, s.end(s.r.stopped(err, err, StopCommitted))
 	}
@@ -279,8 +287,11 @@ func (s *retryStream) probe(a *streamAttempt) {
 	a.reading = true
 	s.mu.Unlock()
 	defer s.dropClaim(a)
-	headers, err := s.statusOf(a)
-	if headers {
+	headers, ended, err := s.statusOf(a)
+	switch {
+	case ended:
+		return
+	case headers:
 		s.commitAttempt(a)
 		return
 	}
@@ -290,13 +301,20 @@ func (s *retryStream) probe(a *streamAttempt) {
 // statusOf learns how attempt a ended, once a call on it has shown that it
 // has: whether its headers arrived, or else its status (io.EOF for OK),
 // which a receive returns at once. Without headers no message can have
-// come, so the receive consumes nothing the caller would have read.
-func (s *retryStream) statusOf(a *streamAttempt) (headers bool, err error) {
-	if md, _ := a.cs.Header(); md != nil {
-		return true, nil
+// come, so the receive consumes nothing the caller would have read. A Header
+// that fails says nothing of the headers: the stream ends with its error,
+// as grpc documents for Header, and ended is true.
+func (s *retryStream) statusOf(a *streamAttempt) (headers, ended bool, err error) {
+	md, herr := a.cs.Header()
+	switch {
+	case herr != nil:
+		s.endHere(herr)
+		return false, true, nil
+	case md != nil:
+		return true, false, nil
 	}
 	var none emptypb.Empty
-	return false, a.cs.RecvMsg(&none)
+	return false, false, a.cs.RecvMsg(&none)
 }
 
 // end is the transition to done, with err (nil: success). It returns the
