@@ -37,11 +37,11 @@ import (
 // script gives attempt n the byte script[(n-1) % len(script)] (empty: echo):
 // bits 0-1 pick the outcome (echo, UNAVAILABLE, INTERNAL, UNAVAILABLE),
 // bits 2-3 the number k of messages before the failure, bit 4 headers sent
-// first, bit 5 a stall past the attempt timeout. ops[0] picks the stream
-// kind (server, client or bidi streaming); each later byte is an operation:
-// its value mod 6 picks Send (payload of 8 × (b >> 5) bytes), Recv,
-// CloseSend, cancel, Header or a 10 ms wait. Then the caller closes its
-// side and receives until the end.
+// first, bit 5 a stall past the attempt timeout (for bidi streams, at the
+// first message). ops[0] picks the stream kind (server, client or bidi
+// streaming); each later byte is an operation: its value mod 6 picks Send
+// (payload of 8 × (b >> 5) bytes), Recv, CloseSend, cancel, Header or a
+// 10 ms wait. Then the caller closes its side and receives until the end.
 //
 // The model: no response is seen twice or out of order (the caller's
 // responses are a prefix of what it sent, for echoes); every server attempt
@@ -97,8 +97,15 @@ func fuzzScript(script []byte) testserver.Script {
 		if b&32 != 0 {
 			o.Delay = time.Second
 		}
-		if o.Err != nil && a.Method == bidiStreamMethod && len(a.Messages) <= o.After {
-			o.Err = nil // the bidi server asks after each message: fail after k
+		if a.Method == bidiStreamMethod {
+			// The bidi server asks after each message: fail after k, stall
+			// at the first only.
+			if o.Err != nil && len(a.Messages) <= o.After {
+				o.Err = nil
+			}
+			if len(a.Messages) > 1 {
+				o.Delay = 0
+			}
 		}
 		return o
 	}
