@@ -135,7 +135,9 @@
 // grpc ends a stream: the final error or io.EOF from RecvMsg, a non-EOF
 // error from SendMsg or Header, the caller's context, ClientConn.Close, or a
 // panic below the interceptor; it never counts as slow. An idempotency key
-// does not widen the codes a stream retries.
+// does not widen the codes a stream retries. Unlike grpc-go, calling the
+// stream's Context does not commit it: gRFC A6 commits on headers, a
+// message or the replay bound only.
 //
 // # Idempotency
 //

@@ -335,7 +335,10 @@ func (s *retryStream) Trailer() metadata.MD {
 	return s.latest().cs.Trailer()
 }
 
-// Context returns the context of the live attempt, or of the latest.
+// Context returns the context of the live attempt, or of the latest. Unlike
+// grpc-go's, it does not commit the stream (gRFC A6 commits on headers, a
+// message or the replay bound only), so before the commit the context
+// returned may end with its attempt while the stream retries.
 func (s *retryStream) Context() context.Context {
 	return s.latest().cs.Context()
 }

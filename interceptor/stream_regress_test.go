@@ -481,3 +481,24 @@ func TestStreamSendOnEndedAttemptNeverSwallowsAResponse(t *testing.T) {
 		}
 	})
 }
+
+// Issue 15, an intended difference from grpc-go: the stream's Context does
+// not commit it (gRFC A6 commits on headers, a message or the replay bound).
+func TestStreamContextDoesNotCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(failsFirst)
+		stub, _ := newEcho(t, srv, WithRetryPolicy(fastPolicy(3)))
+		stream, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Count: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = stream.Context()
+		if _, err := stream.Recv(); err != nil {
+			t.Fatalf("Recv() after Context() = %v, want the retried attempt's message", err)
+		}
+		if got := srv.Count("ServerStream"); got != 2 {
+			t.Errorf("server saw %d attempts, want 2", got)
+		}
+	})
+}

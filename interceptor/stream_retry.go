@@ -74,10 +74,16 @@ func (s *retryStream) open(err error, trailer metadata.MD, timedOut bool) error 
 		if headers || serr == nil || serr == io.EOF {
 			// Committed by its headers, or it ended well: it answers.
 			s.mu.Lock()
-			s.installLocked(a, true)
+			done := s.state == stateDone
+			if !done {
+				s.installLocked(a, true)
+			}
 			s.mu.Unlock()
 			s.leave(a)
-			if serr == io.EOF {
+			switch {
+			case done:
+				return s.finalErr()
+			case serr == io.EOF:
 				return s.end(nil)
 			}
 			return nil
