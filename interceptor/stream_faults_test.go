@@ -101,6 +101,7 @@ func (f *faultyStream) hit(fault string) bool {
 	return f.rng.IntN(faultRandomOdds) == 0
 }
 
+// SendMsg panics for faultPanicSend (and at random for faultPanicRandom).
 func (f *faultyStream) SendMsg(m any) error {
 	if f.hit(faultPanicSend) {
 		panic(errInjected)
@@ -108,6 +109,7 @@ func (f *faultyStream) SendMsg(m any) error {
 	return f.ClientStream.SendMsg(m)
 }
 
+// RecvMsg panics for faultPanicRecv (and at random for faultPanicRandom).
 func (f *faultyStream) RecvMsg(m any) error {
 	if f.hit(faultPanicRecv) {
 		panic(errInjected)
@@ -115,6 +117,8 @@ func (f *faultyStream) RecvMsg(m any) error {
 	return f.ClientStream.RecvMsg(m)
 }
 
+// Header fails for faultErrHeader and panics for faultPanicHeader (and at
+// random for faultPanicRandom).
 func (f *faultyStream) Header() (metadata.MD, error) {
 	if f.fault == faultErrHeader {
 		return nil, status.Error(codes.Internal, "injected header error")

@@ -129,6 +129,8 @@ type fuzzStream struct {
 	recvMsg                        any
 }
 
+// runFuzzStream runs one input in the bubble: a guarded, retried method, one
+// stream, the ops, then the end and the model's checks.
 func runFuzzStream(t *testing.T, script, ops []byte) {
 	srv := &testserver.Server{}
 	srv.SetScript(fuzzScript(script))
@@ -206,6 +208,8 @@ func (fs *fuzzStream) do(b byte) {
 	}
 }
 
+// send starts a Send of the next message, unless one is pending or the
+// caller may not send any more.
 func (fs *fuzzStream) send(payload int) {
 	if fs.kind == 0 || fs.closed || fs.sendFailed || fs.sendDone != nil {
 		return
@@ -220,6 +224,7 @@ func (fs *fuzzStream) send(payload int) {
 	go func() { fs.sendDone <- fs.cs.SendMsg(req) }()
 }
 
+// recv starts a Recv, unless one is pending or the stream has ended.
 func (fs *fuzzStream) recv() {
 	if fs.recvDone != nil || fs.final != nil {
 		return

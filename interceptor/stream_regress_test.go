@@ -71,10 +71,11 @@ var failsFirst = failFirst(1, codes.Unavailable)
 // cancellation by the caller.
 func TestStreamReleasesGuardsWhenGRPCEndsTheStream(t *testing.T) {
 	tests := []struct {
-		name  string
-		retry *serviceconfig.RetryPolicy
-		trip  bool // the stream under test is a half-open probe
-		end   func(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient, cc *grpc.ClientConn)
+		name   string
+		retry  *serviceconfig.RetryPolicy
+		trip   bool              // the stream under test is a half-open probe
+		script testserver.Script // for the stream under test; nil: echo
+		end    func(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient, cc *grpc.ClientConn)
 	}{
 		{name: "SendMsg size error, probe", trip: true, end: endBySendSizeError},
 		{name: "SendMsg size error, before commit", retry: fastPolicy(3), end: endBySendSizeError},
@@ -82,6 +83,9 @@ func TestStreamReleasesGuardsWhenGRPCEndsTheStream(t *testing.T) {
 		{name: "ClientConn closed, before commit", retry: fastPolicy(3), end: endByClose},
 		{name: "Header error, probe", trip: true, end: endByHeaderError},
 		{name: "Header error, before commit", retry: fastPolicy(3), end: endByHeaderError},
+		{name: "Header of a failed stream, probe", trip: true, script: failFirst(100, codes.Unavailable), end: endByHeaderOfFailure},
+		{name: "caller's context cancelled, probe", trip: true, end: endByCancel},
+		{name: "caller's context cancelled, before commit", retry: fastPolicy(3), end: endByCancel},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,12 +96,12 @@ func TestStreamReleasesGuardsWhenGRPCEndsTheStream(t *testing.T) {
 				stub, cc := startWithFaults(t, srv, c)
 				if tt.trip {
 					tripClientStream(t, stub, c)
-				} else {
-					srv.SetScript(nil)
 				}
+				srv.SetScript(tt.script)
 				tt.end(t, t.Context(), stub, cc)
 				synctest.Wait()
 				assertNothingHeld(t, c, clientStreamMethod, "after the stream ended")
+				srv.SetScript(nil)
 				stub2, _ := startWithFaults(t, srv, c)
 				clientStreamWorks(t, stub2)
 			})
@@ -105,6 +109,8 @@ func TestStreamReleasesGuardsWhenGRPCEndsTheStream(t *testing.T) {
 	}
 }
 
+// endBySendSizeError sends a message over the call's send limit: SendMsg
+// fails RESOURCE_EXHAUSTED on the client.
 func endBySendSizeError(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient, _ *grpc.ClientConn) {
 	stream, err := stub.ClientStream(ctx, grpc.MaxCallSendMsgSize(10))
 	if err != nil {
@@ -116,6 +122,7 @@ func endBySendSizeError(t *testing.T, ctx context.Context, stub echov1.EchoServi
 	}
 }
 
+// endByClose closes the connection under a stream waiting for messages.
 func endByClose(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient, cc *grpc.ClientConn) {
 	stream, err := stub.ClientStream(ctx)
 	if err != nil {
@@ -130,6 +137,7 @@ func endByClose(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient
 	}
 }
 
+// endByHeaderError has the interceptor below fail Header.
 func endByHeaderError(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient, _ *grpc.ClientConn) {
 	stream, err := stub.ClientStream(withFault(ctx, faultErrHeader))
 	if err != nil {
@@ -138,6 +146,34 @@ func endByHeaderError(t *testing.T, ctx context.Context, stub echov1.EchoService
 	if _, err := stream.Header(); status.Code(err) != codes.Internal {
 		t.Fatalf("Header() error = %v, want the injected INTERNAL", err)
 	}
+}
+
+// endByHeaderOfFailure calls only Header on a stream whose server fails
+// without headers: grpc's Header finishes the stream and returns nil, nil.
+func endByHeaderOfFailure(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient, _ *grpc.ClientConn) {
+	stream, err := stub.ClientStream(ctx)
+	if err != nil {
+		t.Fatalf("ClientStream() error = %v", err)
+	}
+	_ = stream.Send(&echov1.ClientStreamRequest{Message: "a"})
+	_ = stream.CloseSend()
+	if md, err := stream.Header(); md != nil || err != nil {
+		t.Fatalf("Header() = %v, %v, want nil, nil from a stream that failed", md, err)
+	}
+}
+
+// endByCancel cancels the stream's context and makes no further call.
+func endByCancel(t *testing.T, ctx context.Context, stub echov1.EchoServiceClient, _ *grpc.ClientConn) {
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := stub.ClientStream(ctx)
+	if err != nil {
+		t.Fatalf("ClientStream() error = %v", err)
+	}
+	if err := stream.Send(&echov1.ClientStreamRequest{Message: "a"}); err != nil {
+		t.Fatalf("Send() error = %v", err)
+	}
+	synctest.Wait()
+	cancel()
 }
 
 // Issue 9, item 6: a panic below the interceptor (a later interceptor, a
@@ -229,11 +265,13 @@ func blockSecondSend(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Client
 	return &blockingSend{ClientStream: cs, first: len(md.Get(previousAttemptsKey)) == 0}, nil
 }
 
+// blockingSend is the stream blockSecondSend returns.
 type blockingSend struct {
 	grpc.ClientStream
 	first bool
 }
 
+// SendMsg holds "2" on the first attempt until the attempt has ended.
 func (b *blockingSend) SendMsg(m any) error {
 	if r, ok := m.(*echov1.BidiStreamRequest); ok && b.first && r.GetMessage() == "2" {
 		<-b.Context().Done()

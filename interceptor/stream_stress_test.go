@@ -40,6 +40,8 @@ const (
 // stream without a cancellation; when it did not, it has cancelled ctx.
 type stressOp func(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool
 
+// TestStreamStress runs stressRound for each stream kind: once, or for
+// -stress of wall time.
 func TestStreamStress(t *testing.T) {
 	kinds := []struct {
 		name string
@@ -263,12 +265,15 @@ func (e *stressEnds) add(err error) {
 // abandon reports, now and then, that the caller gives up on its call.
 func (w *stressWorker) abandon() bool { return w.rng.IntN(25) == 0 }
 
+// msg returns the j-th message of the current call and records it as sent.
 func (w *stressWorker) msg(j int) string {
 	m := w.id + "m" + strconv.Itoa(j)
 	w.sent = append(w.sent, m)
 	return m
 }
 
+// stressServerStream asks for 1 to 4 responses, sometimes reads the headers
+// first, and checks that it receives indexes 0, 1, 2... each once.
 func stressServerStream(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
 	count := 1 + w.rng.IntN(4)
 	stream, err := stub.ServerStream(ctx, &echov1.ServerStreamRequest{Message: w.id, Count: int32(count)})
@@ -302,6 +307,8 @@ func stressServerStream(w *stressWorker, stub echov1.EchoServiceClient, ctx cont
 	}
 }
 
+// stressClientStream sends 1 to 5 messages and checks that a response
+// answers exactly the sends that returned nil.
 func stressClientStream(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
 	stream, err := stub.ClientStream(ctx)
 	if err != nil {
@@ -342,6 +349,9 @@ type bidiResult struct {
 	err error // nil after a panic below
 }
 
+// stressBidiStream sends 1 to 5 messages while another goroutine receives,
+// and checks that the echoes are a prefix of what it sent, all of it when
+// the stream ends well.
 func stressBidiStream(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
 	stream, err := stub.BidiStream(ctx)
 	if err != nil {
