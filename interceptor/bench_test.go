@@ -2,11 +2,14 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -111,4 +114,84 @@ func BenchmarkUnaryBufconn(b *testing.B) {
 	}
 	b.Run("bare", func(b *testing.B) { run(b, grpc.WithDisableRetry()) })
 	b.Run("resilience", func(b *testing.B) { run(b, newConfiguredClient(b).DialOptions()...) })
+}
+
+// unavailableInvoker fails every attempt with UNAVAILABLE, a breaker
+// failure.
+func unavailableInvoker(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+	return errUnavailable
+}
+
+var errUnavailable = status.Error(codes.Unavailable, "down")
+
+// openBreakerInterceptor returns the unary interceptor of a client whose
+// Echo breaker has tripped (5 failures) and stays open for an hour; with
+// retry, Echo has a retry policy too.
+func openBreakerInterceptor(tb testing.TB, retry bool) grpc.UnaryClientInterceptor {
+	mc := serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: echoService}},
+		CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5, OpenDuration: time.Hour},
+	}
+	if retry {
+		mc.RetryPolicy = fastPolicy(2)
+	}
+	c := newTestClient(tb, WithMethodConfig(mc), WithRetryBudget(nil))
+	ic := c.UnaryClientInterceptor()
+	for range 5 {
+		_ = ic(context.Background(), echoMethod, &echov1.EchoRequest{}, &echov1.EchoResponse{}, nil, unavailableInvoker)
+	}
+	if st := c.Status(echoMethod); st.Breaker.State != BreakerOpen {
+		tb.Fatalf("breaker %v after 5 failures, want open", st.Breaker.State)
+	}
+	return ic
+}
+
+// TestRejectionAllocatesNothing pins the cost of a call the open breaker
+// rejects, as the caller sees it: the interceptor and status.Code of its
+// error allocate nothing. A rejection used to cost 5 allocations.
+func TestRejectionAllocatesNothing(t *testing.T) {
+	for _, retry := range []bool{false, true} {
+		ic := openBreakerInterceptor(t, retry)
+		ctx := context.Background()
+		req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+		allocs := testing.AllocsPerRun(1000, func() {
+			err := ic(ctx, echoMethod, req, reply, nil, okInvoker)
+			if !errors.Is(err, ErrCircuitOpen) || status.Code(err) != codes.Unavailable {
+				t.Fatalf("rejected call = %v, want ErrCircuitOpen, UNAVAILABLE", err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("rejected call (retry policy %v): %v allocs, want 0", retry, allocs)
+		}
+	}
+}
+
+// BenchmarkRejection measures a call the open breaker rejects, with the
+// caller's status.Code of its error, serially and with every core spinning
+// on rejections.
+func BenchmarkRejection(b *testing.B) {
+	for _, retry := range []bool{false, true} {
+		name := "no-retry"
+		if retry {
+			name = "retry"
+		}
+		ic := openBreakerInterceptor(b, retry)
+		ctx := context.Background()
+		b.Run(name, func(b *testing.B) {
+			req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = status.Code(ic(ctx, echoMethod, req, reply, nil, okInvoker))
+			}
+		})
+		b.Run(name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+				for pb.Next() {
+					_ = status.Code(ic(ctx, echoMethod, req, reply, nil, okInvoker))
+				}
+			})
+		})
+	}
 }

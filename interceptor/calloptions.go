@@ -36,7 +36,9 @@ type perAttemptTimeoutOption struct {
 
 // PerAttemptTimeout bounds each attempt of this call by d (until it commits,
 // for streams), in place of its policy's PerAttemptRecvTimeout; 0 removes the
-// bound.
+// bound. On a method without a retry policy it bounds the call's one
+// attempt: the call ends with DEADLINE_EXCEEDED after d, and is not
+// retried.
 func PerAttemptTimeout(d time.Duration) grpc.CallOption { return perAttemptTimeoutOption{d: d} }
 
 // callOptions are the per-call options found on one call.
@@ -76,6 +78,10 @@ func (co *callOptions) effectiveRetry(rp *retryPolicy, maxCap int) (retryPolicy,
 		p = *rp
 	case co.maxAttempts > 1:
 		p = *defaultRetryPolicy(maxCap)
+	case co.perAttempt > 0:
+		// A per-attempt timeout on a method without a retry policy bounds
+		// its one attempt.
+		p = retryPolicy{maxAttempts: 1}
 	default:
 		return retryPolicy{}, false
 	}

@@ -44,7 +44,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	}
 	c.metrics = m
 	cfg := o.config
-	if err := c.UpdateServiceConfig(&cfg); err != nil {
+	if err := c.update(&cfg, o.parsedCap); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -54,10 +54,20 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 // whole: the entries given to NewClient are dropped. Calls that started
 // before it finish under the config they started with; calls after it see
 // cfg. A config with errors is refused and the old one stays.
+//
+// A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
+// applied its cap); in a config built in Go, MaxAttempts above the client's
+// cap (WithMaxAttemptsCap) are lowered to it.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
+	return c.update(cfg, cfg.MaxAttemptsCap())
+}
+
+// update is UpdateServiceConfig with the cap Parse applied to cfg's
+// entries, 0 when none did.
+func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -66,7 +76,7 @@ func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	}
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
+	st, err := newClientState(cfg, max(c.opts.maxAttemptsCap, parsedCap), &c.opts, &c.metrics, c.state.Load())
 	if err != nil {
 		return err
 	}
@@ -91,14 +101,29 @@ func (c *Client) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 }
 
 // unaryScratch holds what a unary call needs beyond its stack: the call
-// options it passes on and the trailer grpc fills. Pooled, so a call
-// allocates neither.
+// options it passes on, and the header and trailer grpc fills for each
+// attempt, with the options that ask for them built once per scratch.
+// Pooled, so a call allocates none of it.
 type unaryScratch struct {
 	opts    []grpc.CallOption
+	header  metadata.MD // the attempt's response header; nil: none arrived
 	trailer metadata.MD
+	// withHeader and withTrailer are grpc.Header(&header) and
+	// grpc.Trailer(&trailer), boxed once.
+	withHeader, withTrailer grpc.CallOption
 }
 
-var unaryScratchPool = sync.Pool{New: func() any { return new(unaryScratch) }}
+var unaryScratchPool = sync.Pool{New: func() any {
+	s := new(unaryScratch)
+	s.withHeader, s.withTrailer = grpc.Header(&s.header), grpc.Trailer(&s.trailer)
+	return s
+}}
+
+func (s *unaryScratch) put() {
+	clear(s.opts)
+	s.opts, s.header, s.trailer = s.opts[:0], nil, nil
+	unaryScratchPool.Put(s)
+}
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	st := c.state.Load()
@@ -114,83 +139,63 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	}
 
 	s := unaryScratchPool.Get().(*unaryScratch)
-	defer func() {
-		clear(s.opts)
-		s.opts, s.trailer = s.opts[:0], nil
-		unaryScratchPool.Put(s)
-	}()
+	defer s.put()
 	s.opts = append(s.opts[:0], opts...)
 	if mp.waitForReady != nil {
 		s.opts = append(s.opts, grpc.WaitForReady(*mp.waitForReady))
 	}
 
-	r := c.newRetrier(ctx, st, mp, &co)
-	ctx = r.outgoing(ctx)
+	u := unaryCall{r: c.newRetrier(ctx, st, mp, &co), method: method, req: req, reply: reply, cc: cc, invoker: invoker, s: s}
+	ctx = u.r.outgoing(ctx)
 	var kerr error
-	if ctx, r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
+	if ctx, u.r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
 		return kerr
 	}
 	if n := c.hedgeAttempts(ctx, mp, &co); n > 1 {
 		return c.hedged(ctx, st, mp, n, method, req, reply, cc, invoker, s.opts)
 	}
-	retrying := r.rp.maxAttempts > 1
-	if retrying {
-		s.opts = append(s.opts, grpc.Trailer(&s.trailer))
+	u.ctx = ctx
+	if u.r.rp.maxAttempts > 1 {
+		// A retry needs the server's pushback (trailer), and must know
+		// whether the attempt committed (header).
+		s.opts = append(s.opts, s.withHeader, s.withTrailer)
 	}
+	return u.run()
+}
+
+// unaryCall is one unary call under a retry policy (of one attempt when
+// none applies): its retry state and what it passes to each attempt.
+type unaryCall struct {
+	r       retrier
+	ctx     context.Context // the call's: the caller's, bounded by the config timeout
+	method  string
+	req     any
+	reply   any
+	cc      *grpc.ClientConn
+	invoker grpc.UnaryInvoker
+	s       *unaryScratch
+}
+
+// run is the retry loop: attempts until one succeeds, or retrying stops.
+func (u *unaryCall) run() error {
+	r := &u.r
 	var lastErr error
 	for {
 		now := time.Now()
-		timeout, bounded := r.attemptTimeout(ctx, now)
+		timeout, bounded := r.attemptTimeout(u.ctx, now)
 		if bounded && timeout <= 0 {
 			return r.outOfTime(lastErr)
 		}
-		r.begin(now)
-		adm, rerr := mp.g.admit(ctx, method, now)
-		if rerr != nil {
-			r.settle(false)
-			if reason, ok := isRejection(rerr); ok {
-				if mp.fallback != nil {
-					return mp.fallback(ctx, method, req, reply, rerr)
-				}
-				return r.stopped(rerr, lastErr, reason)
-			}
-			return r.stopped(rerr, lastErr, stopOfContext(ctx.Err()))
-		}
-		r.attempts++
-		actx := attemptContext(ctx, r.attempts)
-		var acancel context.CancelFunc
-		if timeout > 0 {
-			actx, acancel = context.WithTimeout(actx, timeout)
-		}
-		s.trailer = nil
-		err := invoker(actx, method, req, reply, cc, s.opts...)
-		timedOut := false
-		if acancel != nil {
-			// The attempt's own timeout fired if its deadline has passed
-			// (read on the clock: the error may arrive before the context's
-			// timer has run) while the caller's has not.
-			if err != nil {
-				end := since(now)
-				timedOut = !end.Before(now.Add(timeout)) && callerErrAt(ctx, end) == nil
-			}
-			acancel()
-		}
-		end := mp.g.release(ctx, adm, err, true)
-		c.metrics.attempt(ctx, &mp.mm, err)
-		if mp.latency != nil {
-			if end.IsZero() {
-				end = since(now)
-			}
-			if callerErrAt(ctx, end) == nil {
-				mp.latency.Observe(end.Sub(now))
-			}
-		}
-		if err == nil {
+		err, timedOut, rejected := u.attempt(now, timeout)
+		switch {
+		case rejected:
+			return u.rejected(err, lastErr)
+		case err == nil:
 			r.succeeded()
 			return nil
 		}
 		lastErr = err
-		if !retrying {
+		if r.rp.maxAttempts <= 1 {
 			if !r.wrap {
 				return err
 			}
@@ -198,15 +203,87 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 				return r.stopped(err, err, r.noRetry)
 			}
 		}
-		d := r.decide(ctx, err, s.trailer, timedOut)
+		if u.s.header != nil {
+			// The server answered with headers before failing: the attempt
+			// is committed and final (gRFC A6).
+			r.settle(false)
+			return r.stopped(err, err, StopCommitted)
+		}
+		d := r.decide(u.ctx, err, u.s.trailer, timedOut)
 		if d.stop != StopNone {
 			return r.stopped(err, err, d.stop)
 		}
-		r.onRetry(ctx, err, d)
-		if werr := r.wait(ctx, d.delay); werr != nil {
+		r.onRetry(u.ctx, err, d)
+		if werr := r.wait(u.ctx, d.delay); werr != nil {
 			return r.cancelled(werr, err)
 		}
 	}
+}
+
+// attempt runs one attempt started at now, bounded by timeout when it is
+// positive, and does its accounting. rejected reports that the guards
+// refused it (err is then the rejection, or the context's status when the
+// caller gave up while queued). The attempt's guards are released on every
+// way it ends: an outcome, or a panic below the interceptor, after which
+// they are released as if the attempt had been cancelled and the panic goes
+// on up.
+func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (err error, timedOut, rejected bool) {
+	r, mp := &u.r, u.r.mp
+	r.begin(now)
+	adm, rerr := mp.g.admit(u.ctx, u.method, now)
+	if rerr != nil {
+		r.settle(false)
+		return rerr, false, true
+	}
+	released := false
+	defer func() {
+		if !released {
+			mp.g.abandon(adm)
+		}
+	}()
+	r.attempts++
+	actx := attemptContext(u.ctx, r.attempts)
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(actx, timeout)
+		defer cancel()
+	}
+	u.s.header, u.s.trailer = nil, nil
+	err = u.invoker(actx, u.method, u.req, u.reply, u.cc, u.s.opts...)
+	if err != nil && timeout > 0 {
+		// The attempt's own timeout fired if its deadline has passed (read
+		// on the clock: the error may arrive before the context's timer
+		// has run) while the caller's has not.
+		end := since(now)
+		timedOut = !end.Before(now.Add(timeout)) && callerErrAt(u.ctx, end) == nil
+	}
+	released = true
+	end := mp.g.release(u.ctx, adm, err, true)
+	r.c.metrics.attempt(u.ctx, &mp.mm, err)
+	if mp.latency != nil {
+		if end.IsZero() {
+			end = since(now)
+		}
+		if callerErrAt(u.ctx, end) == nil {
+			mp.latency.Observe(end.Sub(now))
+		}
+	}
+	return err, timedOut, false
+}
+
+// rejected ends a call whose attempt the guards refused with rerr, after
+// the attempt that failed with lastErr (nil when none ran): through the
+// method's fallback for a rejection, when it has one.
+func (u *unaryCall) rejected(rerr, lastErr error) error {
+	r, mp := &u.r, u.r.mp
+	reason, ok := isRejection(rerr)
+	if !ok {
+		return r.stopped(rerr, lastErr, stopOfContext(u.ctx.Err()))
+	}
+	if mp.fallback != nil {
+		return mp.fallback(u.ctx, u.method, u.req, u.reply, rerr)
+	}
+	return r.rejected(rerr.(*RejectedError), lastErr, reason)
 }
 
 // withTimeout bounds ctx by d from now, unless ctx already ends sooner: a

@@ -62,10 +62,24 @@
 // are never retried and never count as failures of the method. A call
 // waiting in backoff holds no bulkhead slot.
 //
+// # Commit, and what is never retried
+//
+// An attempt whose response headers arrived is committed (gRFC A6): its
+// failure is final and reaches the caller as a *RetryError with reason
+// StopCommitted, so a handler that answered and then failed is never run
+// again. grpc-go's own statuses for a message it could not send or receive
+// (larger than a MaxCallSendMsgSize or MaxCallRecvMsgSize, or not
+// marshalled, unmarshalled, compressed or decompressed) are never retried
+// and never count against the breaker: they say nothing of the server's
+// health, and a retry would meet them again.
+//
 // # What is retried
 //
 // MaxAttempts counts every attempt, the first call included, and is capped
-// at 5 unless WithMaxAttemptsCap raises it. Without an explicit
+// once: a config from serviceconfig.Parse at Parse's cap (5 unless
+// serviceconfig.WithMaxAttemptsCap raises it), which the client honours;
+// policies built in Go and call options at the client's (5 unless
+// WithMaxAttemptsCap raises it). Without an explicit
 // RetryableStatusCodes list, UNAVAILABLE and RESOURCE_EXHAUSTED are retried;
 // DEADLINE_EXCEEDED when the attempt's own timeout fired
 // (PerAttemptRecvTimeout), never when the caller's deadline passed; ABORTED,
@@ -86,9 +100,14 @@
 // first to fail (gRFC A6): the first at once, another after each
 // HedgingDelay without an answer, another at once after each failure with a
 // non-fatal code, up to MaxAttempts copies. The first success wins and
-// cancels the rest; a fatal code ends the call. Each copy after the first is
-// a retry for the budget, throttling and the deadline, and carries the
-// call's idempotency key. Streams with a hedging policy are called once.
+// cancels the rest; a fatal code ends the call, and so does any outcome of a
+// copy that received response headers (A6 commits the call to it). Each copy
+// after the first is a retry for the budget, throttling and the deadline,
+// and carries the call's idempotency key. Copies get their own reply,
+// header, trailer and peer; the caller's grpc.Header, grpc.Trailer and
+// grpc.Peer options receive those of the copy the call returns. A panic
+// below the interceptor in a copy panics again in the caller's goroutine.
+// Streams with a hedging policy are called once.
 //
 // # Deadlines and retry storms
 //
@@ -121,6 +140,18 @@
 // reflection are exempt (WithExemptMethods); WithFallback answers rejected
 // unary calls. Status, Statuses, ForceOpen, ForceClosed and ResetBreaker are
 // for operators; WithOnStateChange reports transitions.
+//
+// A rejection is built once per method and shared by the calls it rejects:
+// a rejected call allocates nothing and takes no lock, even with the
+// caller's status.Code of its error, and its RetryInfo hint (the time until
+// the next probe) is rounded up to 10ms. A call rejected before its first
+// attempt returns the *RejectedError (inside a *RetryError with 0 attempts
+// when a retry policy applies); do not modify it. While a half-open probe is
+// out, a rejected caller yields its processor before it returns, so that
+// callers retrying in a closed loop cannot starve the probe; a probe that
+// fails reopens the breaker for the open time counted from the probe's
+// start, and a probe that never reports (its caller hung) is deemed lost
+// after one open time.
 //
 // # Streams
 //
@@ -164,10 +195,35 @@
 // WithMeterProvider records attempts, retries, stops by reason, breaker
 // state changes and the retry budget through the OpenTelemetry metric API.
 //
+// # Lifecycle of the guards
+//
+// Every attempt's bulkhead slot and breaker token are released exactly once,
+// on every way the attempt ends: an outcome, the caller's cancellation, the
+// connection closed, an error from SendMsg or Header on a stream, and a
+// panic below the interceptor (then as if cancelled, and the panic goes on
+// up). Copies of a hedged call, and stream attempts still running when the
+// call ends, release their own.
+//
 // # Concurrency and cost
 //
 // Clients and Servers are safe for concurrent use. A successful call
-// allocates nothing in the client interceptor, with every feature on.
+// allocates nothing in the client interceptor, with every feature on, and
+// neither does a call an open breaker rejects.
+//
+// # Where things are
+//
+// The client side: client.go (NewClient, the unary call), options.go and
+// calloptions.go (client and per-call options), policy.go (per-method
+// policies and their carry-over across config updates), retry.go (the retry
+// decision), guard.go, breaker.go and reject.go (breakers, bulkheads and
+// their rejections), storm.go (budget, A6 throttling, one-layer retry),
+// hedge.go (hedged unary calls), stream.go, stream_attempt.go and
+// stream_retry.go (retried streams: the caller's methods, one attempt and
+// its release, the transitions of the state machine), keys.go
+// (idempotency keys a client attaches), errors.go and metrics.go. The
+// server side: every file named server*.go (NewServer, deadline headroom,
+// the idempotency path and its in-flight group); the stores are in package
+// interceptor/idempotency.
 //
 // See https://github.com/grpc/proposal/blob/master/A6-client-retries.md.
 package interceptor

@@ -23,8 +23,9 @@ const (
 	StopPushback
 	// StopCancelled: the caller cancelled the context.
 	StopCancelled
-	// StopCommitted: a stream received a response, or outgrew its replay
-	// buffer, so it can no longer be retried.
+	// StopCommitted: the call is committed (gRFC A6) and can no longer be
+	// retried: a stream received a response or outgrew its replay buffer,
+	// or a hedged copy received response headers (its outcome is final).
 	StopCommitted
 	// StopThrottled: gRFC A6 retry throttling is withholding retries.
 	StopThrottled

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
@@ -32,6 +35,7 @@ type guards struct {
 	breaker     *breaker.Breaker   // nil: none
 	bulkhead    *bulkhead.Bulkhead // nil: none
 	failures    rescodes.Set       // codes that count against the breaker
+	rejections  *rejections        // set with either guard
 }
 
 // newBreaker builds the breaker of fullMethod from its block. The hook, when
@@ -79,7 +83,15 @@ func (g *guards) admit(ctx context.Context, fullMethod string, now time.Time) (a
 	if g.breaker != nil {
 		tok, retryAfter, err := g.breaker.Allow(a.start)
 		if err != nil {
-			return a, &RejectedError{FullMethod: fullMethod, Reason: ErrCircuitOpen, RetryAfter: retryAfter}
+			if err == breaker.ErrHalfOpenFull {
+				// A probe is out: yield the processor before failing fast,
+				// so that callers retrying in a closed loop cannot starve
+				// the probe whose answer would close the breaker (on 2
+				// cores, 32 such callers delayed a probe's answer by up to
+				// half a second).
+				runtime.Gosched()
+			}
+			return a, g.rejections.circuitOpen(retryAfter)
 		}
 		a.tok = tok
 	}
@@ -91,7 +103,7 @@ func (g *guards) admit(ctx context.Context, fullMethod string, now time.Time) (a
 			if errors.Is(err, bulkhead.ErrContextDone) {
 				return a, status.FromContextError(ctx.Err()).Err()
 			}
-			return a, &RejectedError{FullMethod: fullMethod, Reason: ErrBulkheadFull}
+			return a, g.rejections.full
 		}
 		a.slot = true
 		if g.breaker != nil {
@@ -103,8 +115,9 @@ func (g *guards) admit(ctx context.Context, fullMethod string, now time.Time) (a
 
 // release returns the attempt's slot and tells the breaker its outcome:
 // success, a failure when its code is in the failure set, and nothing at all
-// for the caller's own cancellation or deadline and for other codes (client
-// errors say nothing of the method's health). Streams pass timed=false: a
+// for the caller's own cancellation or deadline, for other codes and for
+// message errors (isMessageError): client errors say nothing of the
+// method's health. Streams pass timed=false: a
 // stream's lifetime says nothing of slowness. It returns the time it read,
 // or the zero time when it read none.
 func (g *guards) release(ctx context.Context, a admission, err error, timed bool) time.Time {
@@ -118,7 +131,7 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	outcome := breaker.Success
 	if err != nil {
 		outcome = breaker.Ignored
-		if callerErr(ctx) == nil && g.failures.Has(rescodes.Classify(err)) {
+		if callerErr(ctx) == nil && g.failures.Has(rescodes.Classify(err)) && !isMessageError(err) {
 			outcome = breaker.Failure
 		}
 	}
@@ -130,17 +143,26 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	return now
 }
 
-// isRejection reports whether err is a local rejection, which ends a call
-// at once.
+// abandon releases an attempt whose outcome is unknown (a panic below the
+// interceptor ended it): its slot is returned and its breaker token
+// recorded as Ignored, which frees a half-open probe.
+func (g *guards) abandon(a admission) {
+	if a.slot {
+		g.bulkhead.Release()
+	}
+	if g.breaker != nil {
+		g.breaker.Record(a.tok, since(a.start), breaker.Ignored, 0)
+	}
+}
+
+// isRejection reports whether err, an error of admit, is a local
+// rejection, which ends a call at once.
 func isRejection(err error) (StopReason, bool) {
-	var re *RejectedError
-	if !errors.As(err, &re) {
+	re, ok := err.(*RejectedError)
+	if !ok {
 		return StopNone, false
 	}
-	if errors.Is(re.Reason, ErrBulkheadFull) {
-		return StopBulkheadFull, true
-	}
-	return StopCircuitOpen, true
+	return re.stopped.Reason, true
 }
 
 func newBulkhead(b *serviceconfig.Bulkhead) (*bulkhead.Bulkhead, error) {
@@ -167,4 +189,47 @@ func validateGuards(cfg *serviceconfig.Config) error {
 		}
 	}
 	return nil
+}
+
+// messageErrors are the beginnings of the messages of grpc-go's own
+// statuses for a message that could not be sent or received as it was: too
+// large for a limit, or not (un)marshalled, compressed or decompressed. They
+// say nothing of the server's health, and a retry would meet them again.
+// grpc-go makes them on either side: a client's for its request or the
+// reply it received, a server's for the request it received.
+var messageErrors = [...]string{
+	"grpc: received message larger than max",
+	"grpc: received message after decompression larger than max",
+	"grpc: message after decompression larger than max",
+	"grpc: message too large",
+	"trying to send message larger than max",
+	"grpc: error while marshaling",
+	"grpc: failed to unmarshal",
+	"grpc: error while compressing",
+	"grpc: failed to decompress",
+	"grpc: failed to read decompressed data",
+	"grpc: no decompressor available",
+	"grpc: Compressor is not installed",
+	"grpc: peer compressed the response",
+}
+
+// isMessageError reports whether err is a status of grpc-go's for a
+// message it could not send or receive (messageErrors): RESOURCE_EXHAUSTED
+// or INTERNAL with one of their messages.
+func isMessageError(err error) bool {
+	se, ok := err.(interface{ GRPCStatus() *status.Status })
+	if !ok {
+		return false
+	}
+	st := se.GRPCStatus()
+	if c := st.Code(); c != codes.ResourceExhausted && c != codes.Internal {
+		return false
+	}
+	msg := st.Message()
+	for _, p := range messageErrors {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -86,9 +86,11 @@ func TestBreakerTripsPerMethodAndClosesAfterHealing(t *testing.T) {
 				hint = ri.GetRetryDelay().AsDuration()
 			}
 		}
-		// The breaker opened one backoff (under 24ms) before this call.
-		if open := c.Status(echoMethod).Breaker.OpenUntil; hint != time.Until(open) || hint <= 970*time.Millisecond {
-			t.Errorf("RetryInfo hint = %v, want the %v until the next probe", hint, time.Until(open))
+		// The breaker opened one backoff (under 24ms) before this call; the
+		// hint is the time until the next probe, rounded up to 10ms.
+		left := time.Until(c.Status(echoMethod).Breaker.OpenUntil)
+		if want := (left + retryAfterGranule - 1) / retryAfterGranule * retryAfterGranule; hint != want || hint <= 970*time.Millisecond {
+			t.Errorf("RetryInfo hint = %v, want the %v until the next probe rounded up to 10ms", hint, left)
 		}
 		if _, err := stub.Lookup(ctx, &echov1.LookupRequest{}); err != nil {
 			t.Errorf("Lookup() error = %v: a healthy method must keep working", err)
@@ -374,4 +376,66 @@ func TestGuardsUnderConcurrentStress(t *testing.T) {
 	if st := c.Status(echoMethod).Bulkhead; st.InFlight != 0 || st.Queued != 0 {
 		t.Errorf("bulkhead after the run = %+v, want empty", st)
 	}
+}
+
+// TestConfigUpdatesCarryStateWithoutCallsInBetween pins that a method's
+// breaker and bulkhead carry over however many updates come with no call in
+// between: after ForceOpen and two identical updates, the breaker was a new,
+// closed one, and a call in flight held a slot of a bulkhead no longer used.
+// A block that changed in between starts afresh, even when a later update
+// changes it back.
+func TestConfigUpdatesCarryStateWithoutCallsInBetween(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		block := func(failures int) *serviceconfig.Config {
+			return &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+				Name:           []serviceconfig.Name{{Service: echoService}},
+				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: failures},
+				Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 2},
+			}}}
+		}
+		srv := &testserver.Server{}
+		srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: time.Second} })
+		stub, c := newEcho(t, srv, WithServiceConfig(block(3)))
+		if err := c.ForceOpen(echoMethod); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ResetBreaker(echoMethod); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error)
+		go func() {
+			_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+			done <- err
+		}()
+		synctest.Wait() // the call holds a slot
+		if err := c.ForceOpen(echoMethod); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 { // no call, and no Status, in between
+			if err := c.UpdateServiceConfig(block(3)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := c.Status(echoMethod); st.Breaker.State != BreakerForcedOpen || st.Bulkhead.InFlight != 1 {
+			t.Fatalf("after 3 identical updates: breaker %v, bulkhead in flight %d; want forced-open and 1 kept",
+				st.Breaker.State, st.Bulkhead.InFlight)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Echo() in flight across the updates = %v", err)
+		}
+		if st := c.Status(echoMethod).Bulkhead; st.InFlight != 0 {
+			t.Errorf("bulkhead in flight %d after the call ended, want its slot back in the carried bulkhead", st.InFlight)
+		}
+
+		// A change and a change back, with no call in between: afresh.
+		if err := c.UpdateServiceConfig(block(4)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.UpdateServiceConfig(block(3)); err != nil {
+			t.Fatal(err)
+		}
+		if st := c.Status(echoMethod).Breaker; st.State != BreakerClosed {
+			t.Errorf("breaker after a change and a change back = %v, want a fresh closed breaker", st.State)
+		}
+	})
 }

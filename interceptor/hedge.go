@@ -2,17 +2,41 @@ package interceptor
 
 import (
 	"context"
+	"fmt"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
 	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
+
+// A hedged unary call (gRFC A6) is run by two kinds of goroutine:
+//
+//   - the caller's runs a hedgeCall: it starts copies, receives their
+//     results and decides the call's outcome. Only it reads or writes the
+//     hedgeCall.
+//   - each copy runs on a goroutine of its own (hedgeCopy.run). It reads
+//     the call's hedgeJob, which is built before the first copy starts and
+//     never written after, and its own hedgeCopy, built before its go
+//     statement. It never reads the caller's request, reply or call
+//     options: the call may have returned, and the caller reused them, by
+//     the time a losing copy runs.
+//
+// Each copy sends exactly one hedgeResult, on a channel with room for every
+// copy, so a copy never blocks after the call returned; and it settles its
+// own accounts (bulkhead slot, breaker token, budget token, metrics) on
+// every way it ends, in hedgeCopy.finish.
 
 // hedgePolicy is a serviceconfig.HedgingPolicy with its defaults resolved.
 type hedgePolicy struct {
@@ -21,24 +45,22 @@ type hedgePolicy struct {
 	nonFatal    rescodes.Set  // codes after which hedging goes on
 }
 
+// newHedgePolicy resolves p, capping MaxAttempts at maxCap.
 func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
 	return &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
 }
 
-// hedgeResult is what one copy of a hedged call ended with.
-type hedgeResult struct {
-	reply   proto.Message
-	err     error
-	trailer metadata.MD
-}
-
 // hedged runs a unary call under a hedging policy (gRFC A6): the first copy
 // at once, another after each HedgingDelay without an answer, and another at
-// once after each non-fatal failure, up to MaxAttempts copies in all. The
+// once after each non-fatal failure, up to maxAttempts copies in all. The
 // first success wins and cancels the others; a fatal status (one not in
-// NonFatalStatusCodes) ends the call. Each copy gets its own reply message,
-// so copies never write the caller's concurrently; the winner's is merged
-// into it.
+// NonFatalStatusCodes) ends the call, and so does any outcome of a copy that
+// received response headers: A6 commits the call to it. Each copy gets its
+// own reply message, header, trailer and peer; the winner's (or, for a
+// failed call, those of the copy whose error is returned) are handed to the
+// caller's reply and grpc.Header, grpc.Trailer and grpc.Peer options. The
+// caller's grpc.OnFinish callbacks run once, with the call's error, when a
+// copy ran (grpc promises once; each copy would call them).
 //
 // Every copy after the first is a retry for the budget, A6 throttling and
 // the deadline: a copy starts only while they allow it, and a server
@@ -46,170 +68,277 @@ type hedgeResult struct {
 // retry. Copies go through the method's breaker and bulkhead like attempts,
 // and each copy settles its own accounts, so copies still running when the
 // call returns (they are cancelled) leave nothing behind.
+//
+// A panic below the interceptor in a copy's goroutine is carried to the
+// caller's goroutine, which panics again with a *copyPanic around it (as
+// golang.org/x/sync/singleflight does), and runtime.Goexit likewise. A
+// copy that panics after the call returned has no caller left to reach: its
+// panic is dropped, its accounts settled.
+//
+// req, reply and opts are borrowed: hedged reads them only until it
+// returns, and copies use their own copies of them.
 func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int, method string, req, reply any,
 	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
 	out, ok := reply.(proto.Message)
-	if !ok {
+	in, inOK := req.(proto.Message)
+	if !ok || !inOK {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	hp := *mp.hedge
-	hp.maxAttempts = maxAttempts
-	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: hp.maxAttempts}, wrap: true}
-	ctx = r.outgoing(ctx)
-	hctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the copies still running when the call returns
+	h := c.newHedgeCall(ctx, st, mp, maxAttempts)
+	defer h.close() // cancels the copies still running, on every way out
+	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
+	err := h.run(req, out)
+	if h.r.attempts > 0 {
+		h.caller.finish(err)
+	}
+	return err
+}
 
-	results := make(chan hedgeResult, hp.maxAttempts) // never blocks a copy
-	running := 0
-	stopped := StopNone // why no more copies start
-	var lastErr error
+// hedgeCall is the state of one hedged call, owned by the caller's
+// goroutine: no copy reads or writes it.
+type hedgeCall struct {
+	c      *Client
+	st     *clientState
+	hp     hedgePolicy     // the method's, with this call's MaxAttempts
+	r      retrier         // counts copies started; reports retries and the stop
+	ctx    context.Context // the caller's, marked for one-layer mode
+	copies context.Context // ctx, cancelled by close: every copy's parent
+	cancel context.CancelFunc
+	job    *hedgeJob // what every copy reads; set before the first copy
+	// caller holds where the caller's Header, Trailer and Peer options
+	// want the deciding copy's values; set with job.
+	caller callerDest
 
-	// launch starts the next copy, holding tok, the budget's token for it.
-	launch := func(tok budget.Retry) error {
-		now := time.Now()
-		r.begin(now)
-		adm, err := mp.g.admit(hctx, method, now)
-		if err != nil {
-			if tok != (budget.Retry{}) {
-				st.storm.budget.Refund(tok)
-			}
-			return err
-		}
-		r.attempts++
-		running++
-		go c.hedgeCopy(hctx, mp, &hp, st.storm.budget, method, req, out, cc, invoker, opts, r.attempts, adm, now, tok, results)
-		return nil
-	}
-	// next says whether another copy may start now, taking a budget token
-	// for it; when not, it records why in stopped.
-	next := func() (budget.Retry, bool) {
-		switch {
-		case stopped != StopNone:
-			return budget.Retry{}, false
-		case r.attempts >= hp.maxAttempts:
-			stopped = StopExhausted
-			return budget.Retry{}, false
-		}
-		if th := st.storm.throttle; th != nil && !th.Allow() {
-			stopped = StopThrottled
-			return budget.Retry{}, false
-		}
-		now := time.Now()
-		if dl, ok := ctx.Deadline(); ok && !deadline.Fit(dl, now, 0, r.estimate(), c.opts.headroom).OK() {
-			stopped = StopDeadline
-			return budget.Retry{}, false
-		}
-		if b := st.storm.budget; b != nil {
-			tok, ok := b.TryRetry(now)
-			if !ok {
-				stopped = StopBudget
-			}
-			return tok, ok
-		}
-		return budget.Retry{}, true
-	}
-	// another starts a copy if next allows it.
-	another := func(delay time.Duration) {
-		tok, ok := next()
-		if !ok {
-			return
-		}
-		if err := launch(tok); err != nil {
-			if stopped, _ = isRejection(err); stopped == StopNone {
-				stopped = stopOfContext(ctx.Err())
-			}
-			return
-		}
-		r.onRetryHedge(ctx, delay)
-	}
+	// results has room for every copy, so a copy's send never blocks.
+	results chan hedgeResult
+	// running counts copies started whose result has not been received.
+	running int
+	// stopped says why no more copies start; StopNone while they may.
+	stopped StopReason
+	// timer sends the next copy when it fires. timerC is its channel while
+	// it is armed and nil when not, so the loop can tell a pending copy
+	// from none.
+	timer  *time.Timer
+	timerC <-chan time.Time
+	// last is the result of the latest copy that failed.
+	last hedgeResult
+}
 
-	if err := launch(budget.Retry{}); err != nil {
-		reason, rejected := isRejection(err)
-		if rejected && mp.fallback != nil {
-			return mp.fallback(ctx, method, req, reply, err)
-		}
-		if !rejected {
-			reason = stopOfContext(ctx.Err())
-		}
-		return r.stopped(err, nil, reason)
+// newHedgeCall returns the state of a call of mp hedged with maxAttempts
+// copies, before its job is set and its first copy started.
+func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int) *hedgeCall {
+	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
+	h.hp.maxAttempts = maxAttempts
+	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true}
+	h.ctx = h.r.outgoing(ctx)
+	h.copies, h.cancel = context.WithCancel(h.ctx)
+	h.results = make(chan hedgeResult, maxAttempts)
+	return h
+}
+
+// close ends the call: it cancels the copies still running, which then
+// settle their own accounts, and stops the timer.
+func (h *hedgeCall) close() {
+	h.cancel()
+	if h.timer != nil {
+		h.timer.Stop()
 	}
-	timer := time.NewTimer(hp.delay)
-	defer timer.Stop()
-	timerC := timer.C
-	rearm := func(d time.Duration) {
-		timer.Reset(d)
-		timerC = timer.C
+}
+
+// run starts the first copy and loops until the call's outcome is known.
+// After every event it checks that something is still running or a copy
+// still pending, so a call never waits for nothing. req and out are the
+// caller's, for the fallback and the winner's reply.
+func (h *hedgeCall) run(req any, out proto.Message) error {
+	if err := h.launch(budget.Retry{}); err != nil {
+		return h.refused(err, req, out)
 	}
+	h.arm(h.hp.delay)
 	for {
 		select {
-		case <-timerC:
-			timerC = nil
-			another(hp.delay)
-			if running > 0 && stopped == StopNone && r.attempts < hp.maxAttempts {
-				rearm(hp.delay)
+		case <-h.timerC:
+			h.onTimer()
+		case res := <-h.results:
+			if done, err := h.onResult(res, out); done {
+				return err
 			}
-		case res := <-results:
-			running--
-			if res.err == nil {
-				r.succeeded()
-				proto.Reset(out)
-				proto.Merge(out, res.reply)
-				return nil
-			}
-			lastErr = res.err
-			if cerr := callerErr(ctx); cerr != nil {
-				return r.stopped(res.err, res.err, stopOfContext(cerr))
-			}
-			if !hp.nonFatal.Has(rescodes.Classify(res.err)) {
-				return r.stopped(res.err, res.err, StopNonRetryable)
-			}
-			if th := st.storm.throttle; th != nil && !th.OnFailure() && stopped == StopNone {
-				stopped = StopThrottled
-			}
-			switch hint, hinted, refuse := serverHint(res.err, res.trailer); {
-			case refuse:
-				if stopped == StopNone {
-					stopped = StopPushback
-				}
-			case hinted:
-				rearm(min(hint, c.opts.maxPushback)) // the next copy waits for the hint
-			default:
-				another(0) // a non-fatal failure sends the next copy at once
-			}
-			if running == 0 && timerC == nil || running == 0 && stopped != StopNone {
-				if stopped == StopNone {
-					stopped = StopExhausted
-				}
-				return r.stopped(lastErr, lastErr, stopped)
-			}
-		case <-ctx.Done():
-			return r.cancelled(ctx.Err(), lastErr)
+		case <-h.ctx.Done():
+			return h.r.cancelled(h.ctx.Err(), h.last.err)
+		}
+		if h.idle() {
+			return h.end()
 		}
 	}
 }
 
-// hedgeCopy runs copy n of a hedged call and settles its own accounts: its
-// breaker token and bulkhead slot, its metrics and latency, and its budget
-// token, refunded unless the copy failed with a non-fatal code. It sends
-// its result on results, which has room for every copy.
-func (c *Client) hedgeCopy(ctx context.Context, mp *methodPolicy, hp *hedgePolicy, bg *budget.Budget, method string, req any, out proto.Message,
-	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, n int, adm admission, start time.Time,
-	tok budget.Retry, results chan<- hedgeResult) {
-	res := hedgeResult{reply: out.ProtoReflect().New().Interface()}
-	callOpts := append(append(make([]grpc.CallOption, 0, len(opts)+1), opts...), grpc.Trailer(&res.trailer))
-	res.err = invoker(attemptContext(ctx, n), method, req, res.reply, cc, callOpts...)
-	end := mp.g.release(ctx, adm, res.err, true)
-	c.metrics.attempt(ctx, &mp.mm, res.err)
-	if res.err == nil && mp.latency != nil {
-		if end.IsZero() {
-			end = since(start)
+// refused ends a call whose first copy the breaker or bulkhead refused, or
+// that the caller gave up while it queued: the fallback answers a local
+// rejection when there is one.
+func (h *hedgeCall) refused(err error, req, reply any) error {
+	reason, rejected := isRejection(err)
+	if rejected && h.r.mp.fallback != nil {
+		return h.r.mp.fallback(h.ctx, h.job.method, req, reply, err)
+	}
+	if !rejected {
+		reason = stopOfContext(h.ctx.Err())
+	}
+	return h.r.stopped(err, nil, reason)
+}
+
+// idle reports that the call can make no more progress: no copy is running
+// and none can start, because none is pending or new ones are stopped.
+func (h *hedgeCall) idle() bool {
+	return h.running == 0 && (h.timerC == nil || h.stopped != StopNone)
+}
+
+// end returns the error of an idle call: the last failed copy's.
+func (h *hedgeCall) end() error {
+	if h.stopped == StopNone {
+		h.stopped = StopExhausted
+	}
+	return h.fail(h.stopped)
+}
+
+// fail ends the call with the last failed copy's error, handing its header,
+// trailer and peer to the caller.
+func (h *hedgeCall) fail(reason StopReason) error {
+	h.caller.hand(&h.last)
+	return h.r.stopped(h.last.err, h.last.err, reason)
+}
+
+// arm makes the timer send the next copy after d.
+func (h *hedgeCall) arm(d time.Duration) {
+	if h.timer == nil {
+		h.timer = time.NewTimer(d)
+	} else {
+		h.timer.Reset(d)
+	}
+	h.timerC = h.timer.C
+}
+
+// onTimer sends the next copy, HedgingDelay (or a pushback) after the one
+// before, and arms the timer for the one after while copies may follow.
+func (h *hedgeCall) onTimer() {
+	h.timerC = nil
+	h.another(h.hp.delay)
+	if h.running > 0 && h.stopped == StopNone && h.r.attempts < h.hp.maxAttempts {
+		h.arm(h.hp.delay)
+	}
+}
+
+// onResult takes a copy's result. It reports done with the call's error
+// when the result decides the call: a success, a fatal code, a committed
+// copy, or the caller's context ending. A panic in the copy panics here.
+func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err error) {
+	h.running--
+	switch {
+	case res.panicked != nil:
+		panic(res.panicked)
+	case res.goexit:
+		runtime.Goexit()
+	case res.err == nil:
+		h.r.succeeded()
+		h.caller.hand(&res)
+		proto.Reset(out)
+		proto.Merge(out, res.reply)
+		return true, nil
+	}
+	h.last = res
+	if cerr := callerErr(h.ctx); cerr != nil {
+		return true, h.fail(stopOfContext(cerr))
+	}
+	if !nonFatal(h.hp.nonFatal, res.err) {
+		return true, h.fail(StopNonRetryable)
+	}
+	if res.header != nil { // A6: response headers commit the call to this copy
+		return true, h.fail(StopCommitted)
+	}
+	h.onNonFatal(&res)
+	return false, nil
+}
+
+// onNonFatal goes on after a copy's non-fatal failure: the next copy at
+// once, or after the server's pushback, or none when the server or A6
+// throttling says to stop.
+func (h *hedgeCall) onNonFatal(res *hedgeResult) {
+	if th := h.st.storm.throttle; th != nil && !th.OnFailure() && h.stopped == StopNone {
+		h.stopped = StopThrottled
+	}
+	switch hint, hinted, refuse := serverHint(res.err, res.trailer); {
+	case refuse:
+		if h.stopped == StopNone {
+			h.stopped = StopPushback
 		}
-		mp.latency.Observe(end.Sub(start))
+	case hinted:
+		h.arm(min(hint, h.c.opts.maxPushback)) // the next copy waits for the hint
+	default:
+		h.another(0) // a non-fatal failure sends the next copy at once
 	}
-	if tok != (budget.Retry{}) && (res.err == nil || !hp.nonFatal.Has(rescodes.Classify(res.err))) {
-		bg.Refund(tok)
+}
+
+// another starts a copy if next allows it and the guards admit it, and
+// reports it, sent delay after the one before. When it cannot, stopped says
+// why.
+func (h *hedgeCall) another(delay time.Duration) {
+	tok, ok := h.next()
+	if !ok {
+		return
 	}
-	results <- res
+	if err := h.launch(tok); err != nil {
+		if h.stopped, _ = isRejection(err); h.stopped == StopNone {
+			h.stopped = stopOfContext(h.ctx.Err())
+		}
+		return
+	}
+	h.r.onRetryHedge(h.ctx, delay)
+}
+
+// next says whether another copy may start now, taking a budget token for
+// it; when not, it records why in stopped.
+func (h *hedgeCall) next() (budget.Retry, bool) {
+	switch {
+	case h.stopped != StopNone:
+		return budget.Retry{}, false
+	case h.r.attempts >= h.hp.maxAttempts:
+		h.stopped = StopExhausted
+		return budget.Retry{}, false
+	}
+	if th := h.st.storm.throttle; th != nil && !th.Allow() {
+		h.stopped = StopThrottled
+		return budget.Retry{}, false
+	}
+	now := time.Now()
+	if dl, ok := h.ctx.Deadline(); ok && !deadline.Fit(dl, now, 0, h.r.estimate(), h.c.opts.headroom).OK() {
+		h.stopped = StopDeadline
+		return budget.Retry{}, false
+	}
+	if b := h.st.storm.budget; b != nil {
+		tok, ok := b.TryRetry(now)
+		if !ok {
+			h.stopped = StopBudget
+		}
+		return tok, ok
+	}
+	return budget.Retry{}, true
+}
+
+// launch starts the next copy, holding tok, the budget's token for it (zero
+// for the first copy). When the guards refuse it, tok is refunded.
+func (h *hedgeCall) launch(tok budget.Retry) error {
+	now := time.Now()
+	h.r.begin(now)
+	adm, err := h.job.mp.g.admit(h.copies, h.job.method, now)
+	if err != nil {
+		if tok != (budget.Retry{}) {
+			h.job.budget.Refund(tok)
+		}
+		return err
+	}
+	h.r.attempts++
+	h.running++
+	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, start: now, tok: tok, results: h.results}
+	go cp.run(h.copies)
+	return nil
 }
 
 // onRetryHedge reports a copy sent delay after the one before.
@@ -218,4 +347,225 @@ func (r *retrier) onRetryHedge(ctx context.Context, delay time.Duration) {
 	if f := r.c.opts.onRetry; f != nil {
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts - 1, Delay: delay, Hedge: true})
 	}
+}
+
+// hedgeJob is what every copy of one call reads. It is built before the
+// first copy starts and never written after, and it holds nothing the
+// caller owns or pools: copies may read it after the call returned.
+type hedgeJob struct {
+	c        *Client
+	mp       *methodPolicy
+	nonFatal rescodes.Set
+	budget   *budget.Budget // nil: none
+	method   string
+	req      proto.Message // a clone of the caller's request
+	// replyType makes each copy's own reply; the caller's is written on
+	// the caller's goroutine only.
+	replyType protoreflect.MessageType
+	cc        *grpc.ClientConn
+	invoker   grpc.UnaryInvoker
+	// opts are the caller's call options, copied, without the Header,
+	// Trailer and Peer options (they are in the call's callerDest).
+	opts []grpc.CallOption
+}
+
+// newHedgeJob copies what the copies of a call need: the request, the
+// reply's type and the call options, whose Header, Trailer and Peer
+// destinations it moves to dest.
+func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes.Set, method string, req, out proto.Message,
+	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, dest *callerDest) *hedgeJob {
+	return &hedgeJob{
+		c: c, mp: mp, nonFatal: nonFatal, budget: st.storm.budget, method: method,
+		req: proto.Clone(req), replyType: out.ProtoReflect().Type(),
+		cc: cc, invoker: invoker, opts: dest.take(opts),
+	}
+}
+
+// hedgeCopy is one copy of a hedged call: what its goroutine needs beyond
+// the job, built before the go statement.
+type hedgeCopy struct {
+	job     *hedgeJob
+	n       int          // 1 for the first copy
+	adm     admission    // the copy's breaker token and bulkhead slot
+	start   time.Time    // when it was admitted
+	tok     budget.Retry // its budget token; zero for the first copy
+	results chan<- hedgeResult
+}
+
+// hedgeResult is what one copy ended with.
+type hedgeResult struct {
+	reply proto.Message
+	err   error
+	// header is nil when no response headers arrived (none at all, or a
+	// trailers-only response); non-nil, the copy committed the call.
+	header  metadata.MD
+	trailer metadata.MD
+	peer    peer.Peer
+	// panicked is set when the copy panicked below the interceptor; goexit
+	// when it called runtime.Goexit. err is then errCopyAborted.
+	panicked *copyPanic
+	goexit   bool
+}
+
+// errCopyAborted is the outcome of a copy that panicked or exited: its
+// guards record it as the caller's cancellation, which says nothing of the
+// method's health.
+var errCopyAborted = status.Error(codes.Canceled, "resilience: hedged copy aborted by a panic or runtime.Goexit")
+
+// run is a copy's goroutine: it invokes the rest of the chain and, deferred
+// in finish, settles the copy's accounts and sends its one result, however
+// the invoker ends: returning, panicking or calling runtime.Goexit.
+func (cp *hedgeCopy) run(ctx context.Context) {
+	res := hedgeResult{err: errCopyAborted}
+	returned := false
+	defer cp.finish(ctx, &res, &returned)
+	j := cp.job
+	res.reply = j.replyType.New().Interface()
+	opts := make([]grpc.CallOption, len(j.opts), len(j.opts)+3)
+	copy(opts, j.opts)
+	opts = append(opts, grpc.Header(&res.header), grpc.Trailer(&res.trailer), grpc.Peer(&res.peer))
+	res.err = j.invoker(attemptContext(ctx, cp.n), j.method, j.req, res.reply, j.cc, opts...)
+	returned = true
+}
+
+// finish ends a copy, deferred by run: it recovers a panic from below (the
+// invoker did not return), settles the copy's accounts, and sends the
+// result. A panic while settling (a user's hook) is carried too.
+func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *bool) {
+	if !*returned {
+		if v := recover(); v != nil {
+			res.panicked = newCopyPanic(v)
+		} else {
+			res.goexit = true
+		}
+	}
+	defer func() {
+		if v := recover(); v != nil && res.panicked == nil {
+			res.panicked = newCopyPanic(v)
+		}
+		cp.results <- *res
+	}()
+	cp.settle(ctx, res)
+}
+
+// settle closes a copy's accounts: its bulkhead slot and breaker token, its
+// metrics and latency, and its budget token, refunded unless the copy failed
+// with a non-fatal code.
+func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
+	j := cp.job
+	aborted := res.panicked != nil || res.goexit
+	end := j.mp.g.release(ctx, cp.adm, res.err, true)
+	if !aborted {
+		j.c.metrics.attempt(ctx, &j.mp.mm, res.err)
+		if res.err == nil && j.mp.latency != nil {
+			if end.IsZero() {
+				end = since(cp.start)
+			}
+			j.mp.latency.Observe(end.Sub(cp.start))
+		}
+	}
+	failedNonFatally := res.err != nil && !aborted && nonFatal(j.nonFatal, res.err)
+	if cp.tok != (budget.Retry{}) && !failedNonFatally {
+		j.budget.Refund(cp.tok)
+	}
+}
+
+// copyPanic is the value a hedged call panics with on the caller's
+// goroutine when one of its copies panicked below the interceptor.
+type copyPanic struct {
+	value any    // what the copy panicked with
+	stack []byte // the copy's stack at the panic
+}
+
+func newCopyPanic(v any) *copyPanic {
+	return &copyPanic{value: v, stack: debug.Stack()}
+}
+
+// Error describes the panic with the copy's stack.
+func (p *copyPanic) Error() string {
+	return fmt.Sprintf("resilience: a hedged copy panicked: %v\n\n%s", p.value, p.stack)
+}
+
+// Unwrap returns the panic's value when it is an error.
+func (p *copyPanic) Unwrap() error {
+	err, _ := p.value.(error)
+	return err
+}
+
+// callerDest holds where the caller's grpc.Header, grpc.Trailer and
+// grpc.Peer options want a call's header, trailer and peer, and the
+// caller's grpc.OnFinish callbacks. Copies do not get those options (a
+// losing copy would write the caller's variables, or call its callback,
+// after the call returned); the call hands the deciding copy's values over,
+// and calls the callbacks once, on the caller's goroutine.
+type callerDest struct {
+	header   []*metadata.MD
+	trailer  []*metadata.MD
+	peer     []*peer.Peer
+	onFinish []func(error)
+}
+
+// take returns a copy of opts without the Header, Trailer, Peer and
+// OnFinish options, whose destinations and callbacks it records.
+func (d *callerDest) take(opts []grpc.CallOption) []grpc.CallOption {
+	own := make([]grpc.CallOption, 0, len(opts))
+	for _, o := range opts {
+		switch o := o.(type) {
+		case grpc.HeaderCallOption:
+			d.header = append(d.header, o.HeaderAddr)
+		case *grpc.HeaderCallOption:
+			d.header = append(d.header, o.HeaderAddr)
+		case grpc.TrailerCallOption:
+			d.trailer = append(d.trailer, o.TrailerAddr)
+		case *grpc.TrailerCallOption:
+			d.trailer = append(d.trailer, o.TrailerAddr)
+		case grpc.PeerCallOption:
+			d.peer = append(d.peer, o.PeerAddr)
+		case *grpc.PeerCallOption:
+			d.peer = append(d.peer, o.PeerAddr)
+		case grpc.OnFinishCallOption:
+			d.onFinish = append(d.onFinish, o.OnFinish)
+		case *grpc.OnFinishCallOption:
+			d.onFinish = append(d.onFinish, o.OnFinish)
+		default:
+			own = append(own, o)
+		}
+	}
+	return own
+}
+
+// hand writes res's header, trailer and peer where the caller asked, as
+// grpc would have: the peer only when the copy learned it.
+func (d *callerDest) hand(res *hedgeResult) {
+	for _, p := range d.header {
+		if p != nil {
+			*p = res.header
+		}
+	}
+	for _, p := range d.trailer {
+		if p != nil {
+			*p = res.trailer
+		}
+	}
+	for _, p := range d.peer {
+		if p != nil && res.peer.Addr != nil {
+			*p = res.peer
+		}
+	}
+}
+
+// finish calls the caller's OnFinish callbacks with the call's error.
+func (d *callerDest) finish(err error) {
+	for _, f := range d.onFinish {
+		if f != nil {
+			f(err)
+		}
+	}
+}
+
+// nonFatal reports whether a copy's failure with err lets hedging go on:
+// its code is in set, and it is not one of grpc-go's message errors
+// (isMessageError), which another copy would meet again.
+func nonFatal(set rescodes.Set, err error) bool {
+	return set.Has(rescodes.Classify(err)) && !isMessageError(err)
 }

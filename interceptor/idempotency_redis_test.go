@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -63,5 +64,81 @@ func TestIdempotencyRedisStoppedMidway(t *testing.T) {
 		}
 		wantCode(t, "failOpen=false: call with Redis stopped", r.err, codes.Unavailable, "store unavailable")
 		wantCalls(t, e, 1)
+	}
+}
+
+// TestIdempotencyRedisClaimWithLostReplyDoesNotBlockRetries pins item 10 of
+// issue 9 end to end: a keyed call whose Claim took the key in Redis but
+// whose reply came after the caller's 50 ms deadline must not block the
+// caller's retries for the lease (5 s here, 30 s by default). The caller
+// retries as the issue's client did, 50 ms per attempt, and the key must be
+// free well within a second: at once when the release reaches Redis (the
+// retry may go to another replica), within the release's own timeout
+// (500 ms) when it does not (the retry reaches the same replica, whose
+// Store reclaims with its token).
+func TestIdempotencyRedisClaimWithLostReplyDoesNotBlockRetries(t *testing.T) {
+	const lease, attempt, bound = 5 * time.Second, 50 * time.Millisecond, time.Second
+	addr := redistest.Addr(t)
+	tests := []struct {
+		name    string
+		then    []redistest.Fault // after the claim's lost reply
+		retryOn string            // "same" or "other" replica
+	}{
+		{"release reaches Redis, retry on another replica", nil, "other"},
+		{"release lost too, retry on the same replica", []redistest.Fault{redistest.Drop}, "same"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := redistest.Prefix(t)
+			store := func(c *redis.Client) *redisstore.Store {
+				s, err := redisstore.New(c, redisstore.WithKeyPrefix(prefix))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			clientA := redistest.Client(t, addr)
+			faults := redistest.InjectFaults(clientA)
+			e := &idemEcho{}
+			opts := []ServerOption{WithIdempotencyLease(lease), WithServerLogger(new(idemLog).logger())}
+			ccA := idemStart(t, e, append(opts, WithIdempotencyStore(store(clientA)))...)
+			ccB := idemStart(t, e, append(opts, WithIdempotencyStore(store(redistest.Client(t, addr))))...)
+			ctx := idemCtx(t)
+			if r := idemDo(ctx, ccA, "warm-up", "m"); r.err != nil { // loads the scripts
+				t.Fatal(r.err)
+			}
+			faults.Next(append([]redistest.Fault{redistest.LoseReply}, tt.then...)...)
+			first, cancel := context.WithTimeout(ctx, attempt)
+			wantCode(t, "call whose claim reply is lost", idemDo(first, ccA, "k", "m").err, codes.DeadlineExceeded, "")
+			cancel()
+			cc := ccA
+			if tt.retryOn == "other" {
+				cc = ccB
+			}
+			start := time.Now()
+			retries := 0
+			for {
+				retries++
+				actx, cancel := context.WithTimeout(ctx, attempt)
+				r := idemDo(actx, cc, "k", "m")
+				cancel()
+				if r.err == nil {
+					break
+				}
+				wantCode(t, "retry", r.err, codes.DeadlineExceeded, "")
+				if time.Since(start) > lease+time.Second {
+					t.Fatalf("retries failed for %v, past the %v lease", time.Since(start), lease)
+				}
+			}
+			blocked := time.Since(start)
+			t.Logf("retries blocked for %v (%d attempts of %v; lease %v)", blocked, retries, attempt, lease)
+			if blocked > bound {
+				t.Errorf("retries blocked for %v (%d attempts), want under %v", blocked, retries, bound)
+			}
+			if got, want := faults.Injected(), int64(1+len(tt.then)); got != want {
+				t.Errorf("faults injected = %d, want %d (the claim's lost reply, then %v)", got, want, tt.then)
+			}
+			wantCalls(t, e, 2) // the warm-up and the retry that ran
+		})
 	}
 }

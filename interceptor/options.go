@@ -35,6 +35,7 @@ const DefaultStreamReplayBuffer = 256 << 10
 type clientOptions struct {
 	config         serviceconfig.Config // code-built and WithServiceConfig entries
 	maxAttemptsCap int
+	parsedCap      int // the highest cap Parse applied to a WithServiceConfig config
 	maxPushback    time.Duration
 	replayBuffer   int
 	rand           func() float64
@@ -73,7 +74,9 @@ func (o *clientOptions) errorf(format string, args ...any) {
 // entries give each method its retry policy, timeout and wait-for-ready (and
 // the extension blocks), its retryThrottling and retryBudget blocks apply to
 // the whole client. Entries added with WithMethodConfig or WithRetryPolicy
-// join it. A config with errors makes NewClient fail.
+// join it. A config with errors makes NewClient fail. A config from
+// serviceconfig.Parse runs its MaxAttempts as parsed, even above the
+// client's cap: Parse applied its own (serviceconfig.WithMaxAttemptsCap).
 func WithServiceConfig(cfg *serviceconfig.Config) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if cfg == nil {
@@ -81,6 +84,7 @@ func WithServiceConfig(cfg *serviceconfig.Config) ClientOption {
 			return
 		}
 		o.config.MethodConfig = append(o.config.MethodConfig, cfg.MethodConfig...)
+		o.parsedCap = max(o.parsedCap, cfg.MaxAttemptsCap())
 		if cfg.RetryThrottling != nil {
 			o.config.RetryThrottling = cfg.RetryThrottling
 		}
@@ -137,8 +141,11 @@ func parseName(n string) (serviceconfig.Name, error) {
 }
 
 // WithMaxAttemptsCap raises (or lowers) the cap on MaxAttempts, 5 by default
-// as in grpc-go and gRFC A6. Policies and call options asking for more
-// attempts get the cap. n < 2 means 5, as grpc.WithMaxCallAttempts does.
+// as in grpc-go and gRFC A6. Policies built in Go and call options asking
+// for more attempts get the cap. A config from serviceconfig.Parse is not
+// capped again: Parse applied its own cap (serviceconfig.WithMaxAttemptsCap),
+// and its values run as parsed. n < 2 means 5, as grpc.WithMaxCallAttempts
+// does.
 func WithMaxAttemptsCap(n int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if n < 2 {

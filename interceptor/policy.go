@@ -85,6 +85,7 @@ type methodPolicy struct {
 // update; calls keep the policy they started with.
 type clientState struct {
 	cfg     *serviceconfig.Config
+	maxCap  int // the cap on cfg's MaxAttempts: the client's, or Parse's when higher
 	opts    *clientOptions
 	metrics *instruments
 	storm   stormControl
@@ -98,18 +99,30 @@ type clientState struct {
 	mu      sync.Mutex
 }
 
-func newClientState(cfg *serviceconfig.Config, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
+func newClientState(cfg *serviceconfig.Config, maxCap int, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
 	storm, err := newStormControl(cfg, opts, prev)
 	if err != nil {
 		return nil, err
 	}
-	s := &clientState{cfg: cfg, opts: opts, metrics: metrics, storm: storm}
+	s := &clientState{cfg: cfg, maxCap: maxCap, opts: opts, metrics: metrics, storm: storm}
 	if prev != nil {
-		s.prev = *prev.methods.Load()
+		s.prev = prev.carried()
 	}
 	m := make(map[string]*methodPolicy)
 	s.methods.Store(&m)
 	return s, nil
+}
+
+// carried returns the policies of every method with state under s: those
+// resolved, and those s carried from the config before but no call has
+// resolved yet, which it resolves now. So state carries over per unchanged
+// block however many updates come with no call in between, and a method
+// whose block changed in between starts afresh.
+func (s *clientState) carried() map[string]*methodPolicy {
+	for m := range s.prev {
+		s.policy(m)
+	}
+	return *s.methods.Load()
 }
 
 // policy returns the policy of fullMethod, resolving and caching it on the
@@ -143,11 +156,13 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	if mc, ok := s.cfg.Lookup(fullMethod); ok {
 		p.timeout = mc.Timeout
 		p.waitForReady = mc.WaitForReady
+		// A parsed config's MaxAttempts were capped by Parse: they run as
+		// they are (one cap, never a silent second clamp).
 		if mc.RetryPolicy != nil {
-			p.retry = newRetryPolicy(mc.RetryPolicy, s.opts.maxAttemptsCap)
+			p.retry = newRetryPolicy(mc.RetryPolicy, s.maxCap)
 		}
 		if mc.HedgingPolicy != nil {
-			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.opts.maxAttemptsCap)
+			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.maxCap)
 		}
 		if !matchName(s.opts.exempt, fullMethod) {
 			p.g = s.guards(fullMethod, mc)
@@ -163,8 +178,11 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	} else if p.retry != nil || p.hedge != nil {
 		p.latency = newEstimator(s.opts.estimateFloor)
 	}
+	// With A6 throttling on, every call takes the full path: grpc-go counts
+	// the successes of every method on the channel, and so does the
+	// throttle here (at no cost when it is off).
 	p.passthrough = p.retry == nil && p.hedge == nil && p.timeout == 0 && p.waitForReady == nil &&
-		p.g.breaker == nil && p.g.bulkhead == nil && !p.keyed
+		p.g.breaker == nil && p.g.bulkhead == nil && !p.keyed && s.storm.throttle == nil
 	return p
 }
 
@@ -193,6 +211,9 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) g
 		} else if b, err := newBulkhead(bh); err == nil {
 			g.bulkhead = b
 		}
+	}
+	if g.breaker != nil || g.bulkhead != nil {
+		g.rejections = newRejections(fullMethod)
 	}
 	return g
 }

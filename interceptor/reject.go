@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -32,9 +33,16 @@ type RejectedError struct {
 	FullMethod string
 	// Reason is ErrCircuitOpen or ErrBulkheadFull.
 	Reason error
-	// RetryAfter is the time until the breaker lets a probe through; 0 when
-	// unknown.
+	// RetryAfter is the time until the breaker lets a probe through,
+	// rounded up to 10ms; 0 when unknown.
 	RetryAfter time.Duration
+
+	// st is the status, built once for a rejection the client made; nil for
+	// one built by hand, whose status is built on each call of GRPCStatus.
+	st *status.Status
+	// stopped is this rejection as the error of a call under a retry policy
+	// that it stopped before any attempt ran; nil for one built by hand.
+	stopped *RetryError
 }
 
 // Error returns a message naming the method and the reason.
@@ -52,6 +60,13 @@ func (e *RejectedError) Unwrap() error { return e.Reason }
 // GRPCStatus returns UNAVAILABLE or RESOURCE_EXHAUSTED with the message of
 // Error and, when RetryAfter is known, a RetryInfo detail.
 func (e *RejectedError) GRPCStatus() *status.Status {
+	if e.st != nil {
+		return e.st
+	}
+	return e.status()
+}
+
+func (e *RejectedError) status() *status.Status {
 	code := codes.Unavailable
 	if errors.Is(e.Reason, ErrBulkheadFull) {
 		code = codes.ResourceExhausted
@@ -63,4 +78,60 @@ func (e *RejectedError) GRPCStatus() *status.Status {
 		}
 	}
 	return st
+}
+
+// retryAfterGranule is the rounding of RejectedError.RetryAfter: rejections
+// within one granule of each other share one error.
+const retryAfterGranule = 10 * time.Millisecond
+
+// rejections are the rejections of one method, built once and shared by
+// the calls they reject, so a rejected call allocates and formats nothing
+// (a caller spinning on an open breaker must be cheap: it competes for the
+// CPU with the probe that would close it). A shared rejection must not be
+// modified; the client never does.
+type rejections struct {
+	fullMethod string
+	// noHint rejects while the breaker is half-open with every probe out,
+	// or forced open: RetryAfter is unknown.
+	noHint *RejectedError
+	full   *RejectedError // the bulkhead's
+	// open is the latest rejection of an open breaker, for its RetryAfter;
+	// replaced when a rejection needs another.
+	open atomic.Pointer[RejectedError]
+}
+
+func newRejections(fullMethod string) *rejections {
+	return &rejections{
+		fullMethod: fullMethod,
+		noHint:     newRejection(fullMethod, ErrCircuitOpen, 0),
+		full:       newRejection(fullMethod, ErrBulkheadFull, 0),
+	}
+}
+
+// newRejection returns a rejection with its status and its stopped error
+// built.
+func newRejection(fullMethod string, reason error, retryAfter time.Duration) *RejectedError {
+	e := &RejectedError{FullMethod: fullMethod, Reason: reason, RetryAfter: retryAfter}
+	e.st = e.status()
+	stop := StopCircuitOpen
+	if reason == ErrBulkheadFull {
+		stop = StopBulkheadFull
+	}
+	e.stopped = &RetryError{Reason: stop, Err: e}
+	return e
+}
+
+// circuitOpen returns the rejection of an open breaker that lets a probe
+// through after retryAfter (0: unknown), rounded up to retryAfterGranule.
+func (r *rejections) circuitOpen(retryAfter time.Duration) *RejectedError {
+	if retryAfter <= 0 {
+		return r.noHint
+	}
+	d := (retryAfter + retryAfterGranule - 1) / retryAfterGranule * retryAfterGranule
+	if e := r.open.Load(); e != nil && e.RetryAfter == d {
+		return e
+	}
+	e := newRejection(r.fullMethod, ErrCircuitOpen, d)
+	r.open.Store(e)
+	return e
 }

@@ -86,7 +86,7 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 		return decision{stop: stopOfContext(cerr)}
 	}
 	code := rescodes.Classify(err)
-	if !r.retryable(code, attemptTimedOut) {
+	if !r.retryable(code, attemptTimedOut) || isMessageError(err) {
 		r.settle(false)
 		return decision{stop: StopNonRetryable}
 	}
@@ -236,11 +236,29 @@ func (r *retrier) stopped(err, lastErr error, reason StopReason) error {
 		return err
 	}
 	err = &RetryError{Attempts: r.attempts, Reason: reason, Err: err, LastAttemptErr: lastErr}
+	r.reportStop(reason, err)
+	return err
+}
+
+// reportStop tells the metrics and the OnStop hook that the call stopped
+// for reason with err.
+func (r *retrier) reportStop(reason StopReason, err error) {
 	r.c.metrics.stop(r.ctx, &r.mp.mm, reason)
 	if f := r.c.opts.onStop; f != nil {
 		f(r.ctx, StopEvent{FullMethod: r.mp.fullMethod, Attempts: r.attempts, Reason: reason, Err: err})
 	}
-	return err
+}
+
+// rejected returns the error of a call whose attempt the guards refused
+// with rej, after the attempt that failed with lastErr (nil when none ran).
+// A call refused before its first attempt returns the rejection's prebuilt
+// error, so that a rejection allocates nothing.
+func (r *retrier) rejected(rej *RejectedError, lastErr error, reason StopReason) error {
+	if !r.wrap || r.attempts > 0 || rej.stopped == nil {
+		return r.stopped(rej, lastErr, reason)
+	}
+	r.reportStop(reason, rej.stopped)
+	return rej.stopped
 }
 
 // cancelled returns the error of a call whose context ended during a
@@ -263,7 +281,10 @@ func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 // caller that retries.
 func (c *Client) newRetrier(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions) retrier {
 	rp, retrying := co.effectiveRetry(mp.retry, c.opts.maxAttemptsCap)
-	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: rp, wrap: retrying || mp.retry != nil}
+	// Errors are wrapped in a *RetryError when a retry policy applies: the
+	// method's, or one the call options made (not a bare per-attempt
+	// timeout on a method without one).
+	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: rp, wrap: mp.retry != nil || retrying && rp.maxAttempts > 1}
 	if !retrying {
 		r.rp.maxAttempts = 1
 		if mp.retry != nil {

@@ -59,9 +59,17 @@ func (s *Server) srvDeadline(ctx context.Context) (_ context.Context, cancel con
 
 // StreamServerInterceptor returns the stream interceptor of s: the
 // deadline headroom and floor (WithServerHeadroom) and the caller-retries
-// mark. Idempotency is for unary calls only.
+// mark. Idempotency is for unary calls only: a stream runs whatever
+// idempotency-key it carries, and every call of a streaming method that a
+// key policy other than IdempotencyKeyIgnored names fails with
+// FAILED_PRECONDITION (see WithIdempotencyKeyPolicy).
 func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if s.idem != nil {
+			if err := s.idem.streamPolicyErr(info.FullMethod); err != nil {
+				return err
+			}
+		}
 		ctx, cancel, err := s.srvDeadline(ss.Context())
 		if err != nil {
 			return err

@@ -8,9 +8,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -208,8 +211,24 @@ func WithIdempotencyFailOpen(open bool) ServerOption {
 
 // WithIdempotencyKeyPolicy sets the key policy of the methods name selects:
 // a full method "/pkg.Service/Method", a service "pkg.Service" (all its
-// methods), or "" (every method). The most specific wins; the default for
-// every method is IdempotencyKeyOptional.
+// unary methods), or "" (every unary method). The most specific wins; the
+// default for every method is IdempotencyKeyOptional.
+//
+// Idempotency keys apply to unary methods only, so a policy other than
+// IdempotencyKeyIgnored must not name a streaming method. Enforcing one on
+// a stream would not mean what it does for a unary call: a stream has no
+// single request to fingerprint before the handler runs (its messages
+// arrive while it runs) and no single outcome to store and replay (a replay
+// would resend messages the caller has already read, and could not replay
+// the interleaving of a bidirectional stream). Accepting the policy and
+// running the stream anyway would let a keyless stream through a Required
+// method and run the same key twice. So the policy is refused: by NewServer,
+// with an error, when the protobuf registry (protoregistry.GlobalFiles,
+// where generated code registers every service) describes the method as
+// streaming; otherwise by StreamServerInterceptor, which fails every call
+// of the method with FAILED_PRECONDITION naming this option. Install
+// StreamServerInterceptor too for that check to run. A service or ""
+// policy covers no stream, keyed or not.
 func WithIdempotencyKeyPolicy(name string, p IdempotencyKeyPolicy) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) {
 		if err := srvCheckPolicyName(name); err != nil {
@@ -268,9 +287,10 @@ type srvIdem struct {
 	// detach: store calls after the handler get a context that the
 	// caller's cancellation does not reach. The memory store ignores
 	// contexts, so it is spared the allocation.
-	detach     bool
-	flights    srvFlights
-	replyTypes sync.Map // full name -> protoreflect.MessageType, of the replies replayed
+	detach       bool
+	flights      srvFlights
+	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
+	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -293,6 +313,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	case o.pollInitial <= 0 || o.pollMax < o.pollInitial:
 		return nil, fmt.Errorf("interceptor: WithIdempotencyPoll(%v, %v): need 0 < initial <= max", o.pollInitial, o.pollMax)
 	}
+	if err := srvCheckStreamPolicies(o.policies); err != nil {
+		return nil, err
+	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
 	s := &srvIdem{
 		detach:      !inMemory,
@@ -314,6 +337,69 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 			sentinel: ErrIdempotencyInProgress}},
 	}
 	return s, nil
+}
+
+// srvCheckStreamPolicies returns an error naming the first policy, by name,
+// that names a method the protobuf registry describes as streaming, unless
+// the policy is IdempotencyKeyIgnored (see WithIdempotencyKeyPolicy).
+func srvCheckStreamPolicies(policies map[string]IdempotencyKeyPolicy) error {
+	for _, name := range slices.Sorted(maps.Keys(policies)) {
+		if policies[name] == IdempotencyKeyIgnored || !strings.HasPrefix(name, "/") {
+			continue
+		}
+		if kind := srvStreamKind(name); kind != "" {
+			return fmt.Errorf("interceptor: WithIdempotencyKeyPolicy(%q): a %s method; "+
+				"idempotency keys apply to unary methods only (IdempotencyKeyIgnored may name a stream)", name, kind)
+		}
+	}
+	return nil
+}
+
+// srvStreamKind returns what kind of streaming method fullMethod
+// ("/pkg.Service/Method") is, as the protobuf registry describes it: "" for
+// a unary method or one the registry does not know.
+func srvStreamKind(fullMethod string) string {
+	svc, m, _ := strings.Cut(fullMethod[1:], "/")
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return ""
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return ""
+	}
+	md := sd.Methods().ByName(protoreflect.Name(m))
+	switch {
+	case md == nil:
+		return ""
+	case md.IsStreamingClient() && md.IsStreamingServer():
+		return "bidirectional-streaming"
+	case md.IsStreamingClient():
+		return "client-streaming"
+	case md.IsStreamingServer():
+		return "server-streaming"
+	}
+	return ""
+}
+
+// streamPolicyErr returns the error of every call of the streaming method
+// fullMethod when a key policy other than IdempotencyKeyIgnored names it,
+// which NewServer could not see (see WithIdempotencyKeyPolicy), and logs it
+// once per Server; nil otherwise. Without policies it costs a length check,
+// with them one map lookup.
+func (s *srvIdem) streamPolicyErr(fullMethod string) error {
+	if len(s.policies) == 0 {
+		return nil
+	}
+	if p, ok := s.policies[fullMethod]; !ok || p == IdempotencyKeyIgnored {
+		return nil
+	}
+	msg := "interceptor: server misconfigured: WithIdempotencyKeyPolicy(" + strconv.Quote(fullMethod) +
+		") names a streaming method; idempotency keys apply to unary methods only"
+	if !s.streamWarned.Swap(true) {
+		s.log.warn("idempotency: refusing every call of a streaming method that a key policy names", "method", fullMethod, "error", msg)
+	}
+	return status.Error(codes.FailedPrecondition, msg)
 }
 
 // policy returns the key policy of fullMethod: exact method, else service,
@@ -400,166 +486,6 @@ func srvFingerprintAppend(buf []byte, req any) ([sha256.Size]byte, []byte, error
 		return [sha256.Size]byte{}, buf, status.Errorf(codes.Internal, "idempotency: marshalling the request: %v", err)
 	}
 	return sha256.Sum256(b), b, nil
-}
-
-func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	pol := s.policy(info.FullMethod)
-	if pol == IdempotencyKeyIgnored {
-		return handler(ctx, req)
-	}
-	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, IdempotencyKeyHeader))
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		if pol == IdempotencyKeyRequired {
-			return nil, srvInvalidKey("method " + info.FullMethod + " requires idempotency-key metadata")
-		}
-		return handler(ctx, req)
-	}
-	scope, err := s.scope(ctx)
-	if err != nil {
-		return nil, err
-	}
-	f := s.flights.get()
-	f.key.fp, f.buf, err = srvFingerprintAppend(f.buf, req)
-	if err != nil {
-		s.flights.put(f)
-		return nil, err
-	}
-	s.flights.setKey(f, idempotency.RecordKey{Scope: scope, FullMethod: info.FullMethod, Key: key})
-	for {
-		running, done := s.flights.join(f)
-		if done == nil {
-			return s.lead(ctx, req, info, handler, f)
-		}
-		// f did not start: it is still ours, to join again or put back.
-		if s.noWait {
-			s.flights.put(f)
-			return s.replayShared(ctx, &s.inProgress)
-		}
-		// Wait for the in-process call with the same record key and
-		// request, then take its outcome or compete again.
-		select {
-		case <-done:
-		case <-ctx.Done():
-			s.flights.put(f)
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-		if running.out.ok {
-			s.flights.put(f)
-			return s.replayShared(ctx, &running.out)
-		}
-	}
-}
-
-// lead runs the store protocol for the flight f it leads, and finishes f,
-// even on panic.
-func (s *srvIdem) lead(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler,
-	f *srvFlight) (resp any, err error) {
-	defer s.flights.finish(f) // after f.out is written, or with f.out unset on panic
-	rk := &f.key.rk
-	backoff := s.pollInitial
-	for {
-		c, err := s.store.Claim(ctx, *rk, f.key.fp[:], s.lease)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-			if s.failOpen {
-				s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
-					"method", info.FullMethod, "error", err)
-				return handler(ctx, req)
-			}
-			return nil, &srvRejection{code: codes.Unavailable, msg: "idempotency: store unavailable: " + err.Error(),
-				sentinel: ErrIdempotencyStoreUnavailable}
-		}
-		switch c.State {
-		case idempotency.Completed:
-			f.out = srvOutcome{ok: true, rec: c.Record}
-			return s.replay(ctx, c.Record)
-		case idempotency.Mismatch:
-			f.out = srvOutcome{ok: true, err: &srvRejection{code: codes.FailedPrecondition,
-				msg:      "idempotency: idempotency-key was already used with a different request to " + info.FullMethod,
-				sentinel: ErrIdempotencyKeyReused}}
-			return nil, f.out.err
-		case idempotency.InProgress:
-			if s.noWait {
-				f.out = s.inProgress
-				return s.replayShared(ctx, &f.out)
-			}
-			d := min(backoff, max(c.RetryAfter, time.Millisecond))
-			backoff = min(2*backoff, s.pollMax)
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-		case idempotency.Owned:
-			return s.runOwned(ctx, req, info, handler, f, c.Token)
-		default:
-			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", c.State)
-		}
-	}
-}
-
-// runOwned runs the handler for a claimed key and stores or releases the
-// outcome. Store calls after the handler are not cancelled with the caller:
-// an outcome is stored even when the caller has gone.
-func (s *srvIdem) runOwned(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler,
-	f *srvFlight, token string) (any, error) {
-	rk := f.key.rk
-	sctx := ctx
-	if s.detach {
-		sctx = context.WithoutCancel(ctx)
-	}
-	o := &srvOwned{fp: f.key.fp, method: info.FullMethod, stream: grpc.ServerTransportStreamFromContext(ctx)}
-	done := false
-	defer func() {
-		if !done { // the handler panicked: release, and let the panic go on
-			o.close()
-			s.release(sctx, rk, token, info.FullMethod)
-		}
-	}()
-	resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, o), req)
-	done = true
-	o.close()
-	code := rescodes.Classify(err)
-	if s.retryable.Has(code) {
-		s.release(sctx, rk, token, info.FullMethod)
-		return resp, err
-	}
-	if rerr := srvRecord(o, resp, err); rerr != nil {
-		s.log.warn("idempotency: outcome not stored", "method", info.FullMethod, "error", rerr)
-		s.release(sctx, rk, token, info.FullMethod)
-		return resp, err
-	}
-	rec := &o.rec
-	if cerr := s.store.Complete(sctx, rk, token, rec, s.ttl); cerr != nil {
-		switch {
-		case errors.Is(cerr, idempotency.ErrRecordTooLarge):
-			s.log.warn("idempotency: outcome not stored: larger than the store's bound; duplicates will run the handler again",
-				"method", info.FullMethod, "bytes", rec.Size(), "error", cerr)
-		case errors.Is(cerr, idempotency.ErrNotOwner):
-			s.log.warn("idempotency: outcome not stored: the lease ended before the handler returned; raise the lease",
-				"method", info.FullMethod, "error", cerr)
-			return resp, err
-		default:
-			s.log.warn("idempotency: outcome not stored: store failed", "method", info.FullMethod, "error", cerr)
-		}
-		s.release(sctx, rk, token, info.FullMethod)
-		return resp, err
-	}
-	f.out = srvOutcome{ok: true, rec: rec}
-	return resp, err
-}
-
-func (s *srvIdem) release(ctx context.Context, rk idempotency.RecordKey, token, method string) {
-	if err := s.store.Release(ctx, rk, token); err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
-		s.log.warn("idempotency: releasing the claim failed; it ends with its lease", "method", method, "error", err)
-	}
 }
 
 // srvRecord completes o.rec, whose metadata is captured, with the

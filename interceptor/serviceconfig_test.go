@@ -169,3 +169,41 @@ func TestWaitForReadyFromConfig(t *testing.T) {
 		}
 	})
 }
+
+// TestParsedMaxAttemptsAreNotCappedTwice pins one cap on MaxAttempts: a
+// document parsed with WithMaxAttemptsCap(10) and maxAttempts 8 looked up
+// as 8, but the client still ran 5.
+func TestParsedMaxAttemptsAreNotCappedTwice(t *testing.T) {
+	doc := []byte(`{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService"}],
+		"retryPolicy": {"maxAttempts": 8, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+		"backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`)
+	for _, tt := range []struct {
+		name   string
+		update bool // through UpdateServiceConfig rather than WithServiceConfig
+	}{{"WithServiceConfig", false}, {"UpdateServiceConfig", true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg, err := serviceconfig.Parse(doc, serviceconfig.WithMaxAttemptsCap(10))
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv := &testserver.Server{}
+				srv.SetScript(failFirst(100, codes.Unavailable))
+				var stub echov1.EchoServiceClient
+				if tt.update {
+					var c *Client
+					stub, c = newEcho(t, srv, WithRetryBudget(nil))
+					if err := c.UpdateServiceConfig(cfg); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					stub, _ = newEcho(t, srv, WithRetryBudget(nil), WithServiceConfig(cfg))
+				}
+				_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+				if n := srv.Count("Echo"); n != 8 {
+					t.Errorf("server saw %d attempts, want the parsed maxAttempts of 8", n)
+				}
+			})
+		})
+	}
+}

@@ -202,3 +202,46 @@ func TestA6ThrottlingTrace(t *testing.T) {
 		}
 	})
 }
+
+// TestA6ThrottlingCountsSuccessesOfMethodsWithoutAPolicy pins that every
+// successful call on the channel refills the A6 token bucket, as grpc-go
+// counts them, not only those of methods with a retry policy: successes of
+// a policy-less Lookup never refilled it, so Echo stayed throttled.
+func TestA6ThrottlingCountsSuccessesOfMethodsWithoutAPolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.Method == echoMethod {
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "x")}
+			}
+			return testserver.Outcome{}
+		})
+		stub, _ := newEcho(t, srv, WithRetryBudget(nil), WithServiceConfig(&serviceconfig.Config{
+			MethodConfig: []serviceconfig.MethodConfig{{
+				Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}}, RetryPolicy: fastPolicy(3),
+			}},
+			RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 1},
+		}))
+		echo := func() int {
+			before := srv.Count("Echo")
+			_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+			return srv.Count("Echo") - before
+		}
+		// Tokens 10 → 7 (3 attempts); 7 → 5 (throttled after 2); 5 → 4.
+		for range 2 {
+			echo()
+		}
+		if n := echo(); n != 1 {
+			t.Fatalf("Echo made %d attempts once throttled, want 1", n)
+		}
+		// 5 successes of Lookup, which has no policy: 4 → 9.
+		for range 5 {
+			if _, err := stub.Lookup(t.Context(), &echov1.LookupRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := echo(); n != 3 {
+			t.Errorf("Echo made %d attempts after 5 successes elsewhere on the channel, want 3 (9 → 6: not throttled)", n)
+		}
+	})
+}

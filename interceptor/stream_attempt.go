@@ -42,11 +42,11 @@ func (a *streamAttempt) stop() {
 }
 
 var (
-	// errEndedHere is the outcome the breaker is told of an attempt that
-	// ended on this side rather than with a status from the server: a panic
-	// below the interceptor, a client-side error from SendMsg or Header, a
-	// closed connection. Its code, CANCELLED, is no breaker failure by
-	// default, so it frees a half-open probe without a verdict.
+	// errEndedHere is the outcome of an attempt that ended on this side
+	// rather than with a status from the server: a panic below the
+	// interceptor, a client-side error from SendMsg or Header, a closed
+	// connection. releaseAttempt abandons such an attempt (guards.abandon):
+	// the breaker records no verdict, which frees a half-open probe.
 	errEndedHere = status.Error(codes.Canceled, "resilience: stream attempt ended on the client")
 	// errPanicked is the final error of a stream abandoned by a panic below
 	// the interceptor.
@@ -67,11 +67,10 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 	adm, rerr := s.mp.g.admit(s.ctx, s.method, now)
 	if rerr != nil {
 		s.r.settle(false)
-		reason, ok := isRejection(rerr)
-		if !ok {
-			reason = stopOfContext(s.ctx.Err())
+		if reason, ok := isRejection(rerr); ok {
+			return nil, errStop{s.r.rejected(rerr.(*RejectedError), s.r.lastErr, reason)}
 		}
-		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, reason)}
+		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, stopOfContext(s.ctx.Err()))}
 	}
 	s.r.attempts++
 	actx, cancel := context.WithCancel(attemptContext(s.ctx, s.r.attempts))
@@ -147,7 +146,11 @@ func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
 	if a.unwatch != nil {
 		a.unwatch()
 	}
-	s.mp.g.release(s.ctx, a.adm, err, false)
+	if err == errEndedHere {
+		s.mp.g.abandon(a.adm)
+	} else {
+		s.mp.g.release(s.ctx, a.adm, err, false)
+	}
 	s.c.metrics.attempt(s.ctx, &s.mp.mm, err)
 }
 

@@ -29,23 +29,23 @@ import (
 // -stress=d rounds follow one another for d of wall time.
 
 const (
-	stressWorkers = 16
-	stressOps     = 12 // calls per worker and round
-	opKey         = "x-test-op"
+	streamStressWorkers = 16
+	streamStressOps     = 12 // calls per worker and round
+	opKey               = "x-test-op"
 )
 
-// stressOp runs one call of its stream kind as caller w, on ctx, which it
+// streamStressOp runs one call of its stream kind as caller w, on ctx, which it
 // may cancel at any point (the caller abandoning the call). It returns
 // whether the call reached an end that grpc documents as releasing the
 // stream without a cancellation; when it did not, it has cancelled ctx.
-type stressOp func(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool
+type streamStressOp func(w *streamStressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool
 
-// TestStreamStress runs stressRound for each stream kind: once, or for
+// TestStreamStress runs streamStressRound for each stream kind: once, or for
 // -stress of wall time.
 func TestStreamStress(t *testing.T) {
 	kinds := []struct {
 		name string
-		op   stressOp
+		op   streamStressOp
 	}{
 		{"server-streaming", stressServerStream},
 		{"client-streaming", stressClientStream},
@@ -57,7 +57,7 @@ func TestStreamStress(t *testing.T) {
 			rounds := 0
 			for {
 				seed := rand.Uint64()
-				synctest.Test(t, func(t *testing.T) { stressRound(t, seed, k.op) })
+				synctest.Test(t, func(t *testing.T) { streamStressRound(t, seed, k.op) })
 				rounds++
 				if t.Failed() {
 					return
@@ -66,14 +66,14 @@ func TestStreamStress(t *testing.T) {
 					break
 				}
 			}
-			t.Logf("%d rounds of %d callers × %d calls", rounds, stressWorkers, stressOps)
+			t.Logf("%d rounds of %d callers × %d calls", rounds, streamStressWorkers, streamStressOps)
 		})
 	}
 }
 
-// stressConfig retries every method, briefly, with an attempt timeout, and
+// streamStressConfig retries every method, briefly, with an attempt timeout, and
 // guards it with a small bulkhead and an easily tripped breaker.
-func stressConfig() serviceconfig.MethodConfig {
+func streamStressConfig() serviceconfig.MethodConfig {
 	return serviceconfig.MethodConfig{
 		Name: []serviceconfig.Name{{}},
 		RetryPolicy: &serviceconfig.RetryPolicy{
@@ -85,11 +85,11 @@ func stressConfig() serviceconfig.MethodConfig {
 	}
 }
 
-// stressScript decides each attempt from seed and the attempt's number
+// streamStressScript decides each attempt from seed and the attempt's number
 // alone, so it answers the same when asked again about one attempt: succeed,
 // fail retryably or not after k messages, fail after sending headers, push
 // back, or stall past the attempt timeout.
-func stressScript(seed uint64) testserver.Script {
+func streamStressScript(seed uint64) testserver.Script {
 	return func(a testserver.Attempt) testserver.Outcome {
 		r := rand.New(rand.NewPCG(seed, uint64(a.N)<<8|uint64(len(a.Method))))
 		var o testserver.Outcome
@@ -118,8 +118,8 @@ func stressScript(seed uint64) testserver.Script {
 	}
 }
 
-// stressRound runs one round in a synctest bubble.
-func stressRound(t *testing.T, seed uint64, op stressOp) {
+// streamStressRound runs one round in a synctest bubble.
+func streamStressRound(t *testing.T, seed uint64, op streamStressOp) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("the round with seed %d failed (scheduling varies: a seed narrows a failure down, it does not replay it)", seed)
@@ -127,8 +127,8 @@ func stressRound(t *testing.T, seed uint64, op stressOp) {
 	})
 	rng := rand.New(rand.NewPCG(seed, 0))
 	srv := &testserver.Server{}
-	srv.SetScript(stressScript(seed))
-	c := newTestClient(t, WithMethodConfig(stressConfig()), WithStreamReplayBuffer(200))
+	srv.SetScript(streamStressScript(seed))
+	c := newTestClient(t, WithMethodConfig(streamStressConfig()), WithStreamReplayBuffer(200))
 	stub1, _ := startWithFaults(t, srv, c)
 	stub2, cc2 := startWithFaults(t, srv, c)
 	root, cancelRoot := context.WithCancel(t.Context())
@@ -142,11 +142,11 @@ func stressRound(t *testing.T, seed uint64, op stressOp) {
 	var mu sync.Mutex
 	sent := make(map[string][]string) // op id → every message it tried to send
 	var later []context.CancelFunc
-	ends := &stressEnds{n: make(map[string]int)}
-	for g := range stressWorkers {
-		w := &stressWorker{t: t, ends: ends, g: g, rng: rand.New(rand.NewPCG(seed, uint64(g)+1))}
+	ends := &streamStressEnds{n: make(map[string]int)}
+	for g := range streamStressWorkers {
+		w := &streamStressWorker{t: t, ends: ends, g: g, rng: rand.New(rand.NewPCG(seed, uint64(g)+1))}
 		wg.Go(func() {
-			for i := range stressOps {
+			for i := range streamStressOps {
 				time.Sleep(time.Duration(w.rng.IntN(3)) * time.Millisecond) // fake time: think
 				stub := stub1
 				if w.rng.IntN(3) == 0 {
@@ -203,10 +203,10 @@ func checkServerSawPrefixes(t *testing.T, srv *testserver.Server, sent map[strin
 	}
 }
 
-// stressWorker is one caller of a round.
-type stressWorker struct {
+// streamStressWorker is one caller of a round.
+type streamStressWorker struct {
 	t    *testing.T
-	ends *stressEnds
+	ends *streamStressEnds
 	g    int
 	rng  *rand.Rand // used by the worker's goroutine only, never by a bidi receiver
 	id   string     // the current call's id, sent as opKey metadata
@@ -216,7 +216,7 @@ type stressWorker struct {
 // callContext returns the context of the next call: with its id, now and
 // then a fault for the interceptor below, and now and then cancelled after
 // a random time.
-func (w *stressWorker) callContext(root context.Context) (context.Context, context.CancelFunc) {
+func (w *streamStressWorker) callContext(root context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(root, opKey, w.id))
 	switch w.rng.IntN(8) {
 	case 0:
@@ -233,7 +233,7 @@ func (w *stressWorker) callContext(root context.Context) (context.Context, conte
 
 // run runs op, recovering an injected panic as a caller above the client
 // would; a call that panicked has ended.
-func (w *stressWorker) run(op stressOp, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) (ended bool) {
+func (w *streamStressWorker) run(op streamStressOp, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) (ended bool) {
 	p := recovered(func() { ended = op(w, stub, ctx, cancel) })
 	switch p {
 	case nil:
@@ -244,15 +244,15 @@ func (w *stressWorker) run(op stressOp, stub echov1.EchoServiceClient, ctx conte
 	panic(p)
 }
 
-// stressEnds counts how the calls of a round ended, by status code (OK for
+// streamStressEnds counts how the calls of a round ended, by status code (OK for
 // io.EOF), for the verbose log: a round whose calls all fail fast tests
 // little.
-type stressEnds struct {
+type streamStressEnds struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
-func (e *stressEnds) add(err error) {
+func (e *streamStressEnds) add(err error) {
 	code := status.Code(err).String()
 	if errors.Is(err, io.EOF) {
 		code = "OK"
@@ -263,10 +263,10 @@ func (e *stressEnds) add(err error) {
 }
 
 // abandon reports, now and then, that the caller gives up on its call.
-func (w *stressWorker) abandon() bool { return w.rng.IntN(25) == 0 }
+func (w *streamStressWorker) abandon() bool { return w.rng.IntN(25) == 0 }
 
 // msg returns the j-th message of the current call and records it as sent.
-func (w *stressWorker) msg(j int) string {
+func (w *streamStressWorker) msg(j int) string {
 	m := w.id + "m" + strconv.Itoa(j)
 	w.sent = append(w.sent, m)
 	return m
@@ -274,7 +274,7 @@ func (w *stressWorker) msg(j int) string {
 
 // stressServerStream asks for 1 to 4 responses, sometimes reads the headers
 // first, and checks that it receives indexes 0, 1, 2... each once.
-func stressServerStream(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
+func stressServerStream(w *streamStressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
 	count := 1 + w.rng.IntN(4)
 	stream, err := stub.ServerStream(ctx, &echov1.ServerStreamRequest{Message: w.id, Count: int32(count)})
 	if err != nil {
@@ -309,7 +309,7 @@ func stressServerStream(w *stressWorker, stub echov1.EchoServiceClient, ctx cont
 
 // stressClientStream sends 1 to 5 messages and checks that a response
 // answers exactly the sends that returned nil.
-func stressClientStream(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
+func stressClientStream(w *streamStressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
 	stream, err := stub.ClientStream(ctx)
 	if err != nil {
 		w.ends.add(err)
@@ -352,7 +352,7 @@ type bidiResult struct {
 // stressBidiStream sends 1 to 5 messages while another goroutine receives,
 // and checks that the echoes are a prefix of what it sent, all of it when
 // the stream ends well.
-func stressBidiStream(w *stressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
+func stressBidiStream(w *streamStressWorker, stub echov1.EchoServiceClient, ctx context.Context, cancel context.CancelFunc) bool {
 	stream, err := stub.BidiStream(ctx)
 	if err != nil {
 		w.ends.add(err)

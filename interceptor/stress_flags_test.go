@@ -1,8 +1,6 @@
 package interceptor
 
-import (
-	"flag"
-)
+import "flag"
 
 // stressFor makes the stress tests run for this long instead of their short
 // default: go test -run Stress ./interceptor -stress=10m.

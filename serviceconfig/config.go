@@ -34,7 +34,18 @@ type Config struct {
 	LoadBalancingPolicy string
 	LoadBalancingConfig json.RawMessage
 	HealthCheckConfig   *HealthCheckConfig
+
+	// maxAttemptsCap is the cap Parse lowered MaxAttempts to; 0 for a
+	// Config built in Go.
+	maxAttemptsCap int
 }
+
+// MaxAttemptsCap returns the cap on MaxAttempts that Parse applied to c (5
+// unless WithMaxAttemptsCap changed it), or 0 when c was built in Go. A
+// client runs a parsed config's MaxAttempts as they are, even above its own
+// cap, so that a document parsed with a raised cap is never clamped a
+// second time; it caps only what Go code and call options ask for.
+func (c *Config) MaxAttemptsCap() int { return c.maxAttemptsCap }
 
 // HealthCheckConfig is the service config's healthCheckConfig: the service
 // name grpc's client-side health checking asks about.
@@ -205,8 +216,10 @@ func (j Jitter) valid() bool {
 // defaults; a policy parsed from JSON always carries A6's required fields.
 type RetryPolicy struct {
 	// MaxAttempts counts every attempt, the first call included: 3 means one
-	// call and up to two retries. Values above the client's cap (5 unless
-	// raised) are lowered to it. 0 means 3; 1 means no retry.
+	// call and up to two retries. Parse lowers values above its cap (5
+	// unless WithMaxAttemptsCap raises it), and a client runs a parsed
+	// value as it is; in a policy built in Go, values above the client's
+	// cap (5 unless raised) are lowered to it. 0 means 3; 1 means no retry.
 	MaxAttempts int
 
 	// InitialBackoff is the delay before the first retry, before jitter.

@@ -316,7 +316,7 @@ func truncMilli(text string, f float64) float64 {
 
 // config converts and validates the decoded document.
 func (w *wireConfig) config(o parseOptions) (*Config, error) {
-	c := &Config{}
+	c := &Config{maxAttemptsCap: o.maxAttemptsCap}
 	if w.MethodConfig != nil {
 		seen := make(map[string]string)
 		for i := range *w.MethodConfig {

@@ -122,7 +122,7 @@ func analyze(mc, raw serviceconfig.MethodConfig, opts options, maxAttemptsCap in
 		a.steps = retrySchedule(v.b, min(v.maxAttempts, scheduleLimit), a.attemptTime)
 		if v.asked > v.maxAttempts {
 			warnf("retryPolicy.maxAttempts %d is above the cap of %d and is lowered to %d "+
-				"(to keep it, build the client with WithMaxAttemptsCap(%d) and run this with -max-attempts-cap %[4]d)",
+				"(to keep it, parse it with serviceconfig.WithMaxAttemptsCap(%d) and run this with -max-attempts-cap %[4]d)",
 				v.asked, maxAttemptsCap, v.maxAttempts, v.asked)
 		}
 		if v.b.Max < v.b.Initial {
@@ -169,7 +169,7 @@ func analyze(mc, raw serviceconfig.MethodConfig, opts options, maxAttemptsCap in
 		a.steps = hedgeSchedule(h.HedgingDelay, min(h.MaxAttempts, scheduleLimit), a.attemptTime)
 		if asked > h.MaxAttempts {
 			warnf("hedgingPolicy.maxAttempts %d is above the cap of %d and is lowered to %d "+
-				"(to keep it, build the client with WithMaxAttemptsCap(%d) and run this with -max-attempts-cap %[4]d)",
+				"(to keep it, parse it with serviceconfig.WithMaxAttemptsCap(%d) and run this with -max-attempts-cap %[4]d)",
 				asked, maxAttemptsCap, h.MaxAttempts, asked)
 		}
 		if mc.Timeout > 0 {

@@ -69,7 +69,8 @@
 //     (the client does not start a retry whose delay and expected duration
 //     overrun the deadline, so the call ends before it);
 //   - maxAttempts above the cap, which lowers it (-max-attempts-cap, like
-//     the client's WithMaxAttemptsCap, raises the cap);
+//     serviceconfig.WithMaxAttemptsCap when the client parses the document,
+//     raises the cap);
 //   - maxBackoff below initialBackoff;
 //   - perAttemptRecvTimeout not below the timeout;
 //   - retryable codes that a retry cannot fix (INVALID_ARGUMENT, NOT_FOUND,

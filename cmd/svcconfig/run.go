@@ -34,7 +34,7 @@ commands:
            range before each attempt and the worst-case time at its end
 
 flags (before or after the arguments):
-  -max-attempts-cap N  cap on maxAttempts, as the client's WithMaxAttemptsCap
+  -max-attempts-cap N  cap on maxAttempts, as serviceconfig.WithMaxAttemptsCap
                        (default 5; N < 2 means 5)
   -attempt-time D      longest time one attempt takes, for the schedule, such
                        as 300ms (default: the policy's perAttemptRecvTimeout,

@@ -64,6 +64,12 @@
 //	                           a warning logged; duplicates run again
 //	no key                     the handler runs, unless the method requires a
 //	                           key (INVALID_ARGUMENT) or ignores keys
+//	streaming method           runs, key or not: keys apply to unary methods
+//	                           only, and a key policy (other than Ignored)
+//	                           naming a streaming method is refused: by
+//	                           interceptor.NewServer when the protobuf
+//	                           registry knows the method, else each call
+//	                           fails with FAILED_PRECONDITION
 //
 // Waiting: duplicates in the same process coalesce, singleflight-style, on
 // the first call; they take its outcome when it was stored (or was a

@@ -103,6 +103,8 @@ func (e *wrapError) Unwrap() error { return e.err }
 type Token struct {
 	// w is the breaker's state word at admission: generation and state.
 	w uint64
+	// at is the admission time of a half-open probe, Unix ns; 0 otherwise.
+	at int64
 }
 
 // Probe reports whether the token admits a half-open probe.
@@ -124,6 +126,13 @@ type Breaker struct {
 	// written by every Record.
 	_ [56]byte
 
+	// openUntil mirrors the field of the same name for the lock-free
+	// rejections of Allow, and probesFullUntil is, while HalfOpen has every
+	// probe out, the time (Unix ns) at which the oldest is deemed lost; 0
+	// otherwise. Both are written only with mu held.
+	openUntilA      atomic.Int64
+	probesFullUntil atomic.Int64
+
 	mu sync.Mutex
 
 	// Fixed by New.
@@ -139,6 +148,7 @@ type Breaker struct {
 	openUntil   int64         // Unix ns at which Open turns HalfOpen
 	openFor     time.Duration // length of the current or last open period
 	probes      int           // probes in flight, in HalfOpen
+	probeSince  int64         // admission of the oldest probe in flight, in HalfOpen
 	successes   int           // successful probes, in HalfOpen
 	trips       uint64        // trips to Open since New, ForceOpen not included
 }
@@ -169,14 +179,28 @@ func New(cfg Config) (*Breaker, error) {
 // ErrOpen, and 0 when that time is unknown (forced open, or half-open with
 // every probe in flight).
 //
-// In Closed and ForcedClosed, Allow takes no lock and does not allocate. An
-// Open breaker whose open time has passed turns HalfOpen here.
+// Allow does not allocate, and takes no lock in Closed and ForcedClosed, nor
+// to reject an attempt while Open or while HalfOpen has every probe out, so
+// that a storm of rejected callers cannot delay the probe whose outcome they
+// wait for. An Open breaker whose open time has passed turns HalfOpen here.
 func (b *Breaker) Allow(now time.Time) (tok Token, retryAfter time.Duration, err error) {
 	w := b.word.Load()
-	if s := State(w & stateMask); s == StateClosed || s == StateForcedClosed {
-		return Token{w}, 0, nil
+	t := now.UnixNano()
+	switch State(w & stateMask) {
+	case StateClosed, StateForcedClosed:
+		return Token{w: w}, 0, nil
+	case StateOpen:
+		if until := b.openUntilA.Load(); t < until && b.word.Load() == w {
+			return Token{}, time.Duration(until - t), ErrOpen
+		}
+	case StateHalfOpen:
+		if t < b.probesFullUntil.Load() && b.word.Load() == w {
+			return Token{}, 0, ErrHalfOpenFull
+		}
+	case StateForcedOpen:
+		return Token{}, 0, ErrForcedOpen
 	}
-	return b.allowSlow(now.UnixNano())
+	return b.allowSlow(t)
 }
 
 func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err error) {
@@ -184,15 +208,28 @@ func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err e
 	from, changed := b.maybeHalfOpenLocked(t)
 	switch b.state {
 	case StateClosed, StateForcedClosed:
-		tok = Token{b.word.Load()}
+		tok = Token{w: b.word.Load()}
 	case StateOpen:
 		retryAfter, err = time.Duration(b.openUntil-t), ErrOpen
 	case StateForcedOpen:
 		err = ErrForcedOpen
 	case StateHalfOpen:
+		if b.probes >= b.cfg.HalfOpenProbes && t >= b.probeSince+int64(b.openFor) {
+			// Every probe has been out for a whole open period without an
+			// outcome (its caller hung, or lost the token): deem them lost
+			// and renew HalfOpen, in a new generation that discards their
+			// outcomes should they ever come.
+			b.setStateLocked(StateHalfOpen, t)
+		}
 		if b.probes < b.cfg.HalfOpenProbes {
+			if b.probes == 0 {
+				b.probeSince = t
+			}
 			b.probes++
-			tok = Token{b.word.Load()}
+			tok = Token{w: b.word.Load(), at: t}
+			if b.probes == b.cfg.HalfOpenProbes {
+				b.probesFullUntil.Store(b.probeSince + int64(b.openFor))
+			}
 		} else {
 			err = ErrHalfOpenFull
 		}
@@ -250,6 +287,7 @@ func (b *Breaker) Record(tok Token, now time.Time, outcome Outcome, duration tim
 		}
 	case StateHalfOpen:
 		b.probes--
+		b.probesFullUntil.Store(0)
 		switch {
 		case outcome == Failure || outcome == Success && slow:
 			if b.openFor > b.cfg.MaxOpenDuration/2 {
@@ -257,7 +295,10 @@ func (b *Breaker) Record(tok Token, now time.Time, outcome Outcome, duration tim
 			} else {
 				b.openFor *= 2
 			}
-			b.tripLocked(t)
+			// The open period counts from the probe's start: a probe sent
+			// during an outage whose answer came late, after the outage
+			// ended, does not cost a whole open period more.
+			b.tripLocked(min(tok.at, t))
 			to = StateOpen
 		case outcome == Success:
 			b.successes++
@@ -295,6 +336,7 @@ func (b *Breaker) tripLocked(t int64) {
 	b.trips++
 	b.setStateLocked(StateOpen, t)
 	b.openUntil = t + int64(b.openFor)
+	b.openUntilA.Store(b.openUntil)
 }
 
 // maybeHalfOpenLocked turns an Open breaker whose open time has passed at t
@@ -315,7 +357,10 @@ func (b *Breaker) setStateLocked(s State, t int64) {
 	b.consecutive = 0
 	b.win.reset(t)
 	b.openUntil = 0
+	b.openUntilA.Store(0)
 	b.probes = 0
+	b.probeSince = 0
+	b.probesFullUntil.Store(0)
 	b.successes = 0
 	b.word.Store(b.gen<<stateBits | uint64(s))
 }

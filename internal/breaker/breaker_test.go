@@ -259,8 +259,36 @@ func TestStateMachine(t *testing.T) {
 				admit(time.Second, 1), admit(time.Second, 2),
 				record(time.Second+ms, 1, Success),
 				record(time.Second+2*ms, 2, Failure),
-				openFor(time.Second+2*ms, time.Second, 2*time.Second+2*ms),
-				reject(2*time.Second, ErrOpen, 2*ms),
+				// The open period counts from the failed probe's start.
+				openFor(time.Second+2*ms, time.Second, 2*time.Second),
+				reject(time.Second+500*ms, ErrOpen, 500*ms),
+			},
+		},
+		{
+			name: "a probe that fails later than an open period after its start half-opens at once",
+			cfg:  Config{ConsecutiveFailures: 1, OpenDuration: time.Second},
+			steps: []step{
+				call(0, Failure, 0),
+				admit(time.Second, 1), // sent during the outage
+				reject(time.Second+500*ms, ErrHalfOpenFull, 0),
+				record(time.Second+900*ms, 1, Failure), // its answer came late
+				reject(time.Second+950*ms, ErrOpen, 50*ms),
+				admit(2*time.Second, 2), record(2*time.Second+ms, 2, Success),
+				state(2*time.Second+ms, StateClosed),
+			},
+		},
+		{
+			name: "a probe that never reports is deemed lost after an open period",
+			cfg:  Config{ConsecutiveFailures: 1, OpenDuration: time.Second},
+			steps: []step{
+				call(0, Failure, 0),
+				admit(time.Second, 1),
+				reject(2*time.Second-ms, ErrHalfOpenFull, 0),
+				admit(2*time.Second, 2),              // probe 1 is lost: a new one goes
+				record(2*time.Second+ms, 1, Failure), // probe 1's late outcome is stale
+				state(2*time.Second+ms, StateHalfOpen),
+				record(2*time.Second+2*ms, 2, Success),
+				state(2*time.Second+2*ms, StateClosed),
 			},
 		},
 		{

@@ -54,7 +54,14 @@
 // rejects the others with ErrHalfOpenFull. The HalfOpenProbes-th successful
 // probe closes the breaker; one failed probe opens it again, and so does a
 // slow successful probe when slow-call tripping is on. An Ignored probe only
-// frees its slot.
+// frees its slot. The open period after a failed probe counts from the
+// probe's admission, not from its outcome: a probe sent during an outage
+// whose answer arrives late, after the outage ended, costs no more than the
+// open time itself. Probes that have all been out for one open period
+// without an outcome are deemed lost: the next Allow renews HalfOpen in a
+// new generation (their outcomes, should they come, are discarded) and
+// admits a fresh probe, so a probe whose caller never reports cannot hold
+// the breaker half-open for good.
 //
 // ForcedOpen rejects every attempt with ErrForcedOpen; ForcedClosed admits
 // every attempt and counts outcomes but never trips. Both last until Reset or
@@ -76,7 +83,9 @@
 // # Concurrency
 //
 // A Breaker is safe for concurrent use. Allow in Closed and ForcedClosed
-// reads one atomic word and takes no lock; Record takes a mutex except for
+// reads one atomic word and takes no lock, and so does a rejection while
+// Open or while HalfOpen has every probe out: rejected callers spinning in
+// a closed loop never contend with the probe's Record for the lock; Record takes a mutex except for
 // Ignored outcomes outside HalfOpen; neither allocates. OnStateChange runs
 // synchronously in the goroutine that caused the change, after the lock is
 // released, so it may call the breaker; hooks of changes in quick succession

@@ -22,7 +22,9 @@
 //   - Claim creates the hash with the fingerprint and a fresh random owner
 //     token and sets the lease, when the key is absent; otherwise it returns
 //     mismatch, the stored record, or the lease's remaining time, in that
-//     order of checks. A replay therefore costs one round trip.
+//     order of checks. A replay therefore costs one round trip. A claim by
+//     the token that already holds the key owns it again, with a new lease
+//     (see Failures).
 //   - Complete checks the owner token, stores the record, drops the token and
 //     sets the TTL, in one step. The first execution of a call costs two round
 //     trips: Claim and Complete.
@@ -35,6 +37,19 @@
 //
 // A Redis error is returned as is (wrapped); the interceptor decides what a
 // store outage means (fail closed with UNAVAILABLE by default, or fail open).
+//
+// A Claim that fails may still have taken the key: Redis ran the script and
+// the reply was lost, typically to the caller's deadline. Such an orphan
+// claim would block every retry of the call, on every replica, for the
+// whole lease. So a failed Claim releases its token before it returns, on a
+// context detached from the caller's and bounded by 500 ms; the key is then
+// free for a retry on any replica. When Redis does not confirm that release
+// (it failed too, or it may have run before a delayed claim), the Store
+// remembers the token, at most 1024 of them, each until the lease would end,
+// and its next Claim of that key for the same request (the retry, when it
+// reaches the same replica) claims with it, which takes the key over at
+// once. A retry that reaches another replica then waits for the lease, as
+// before.
 // Operations are bounded by the context and by the client's own timeouts; a
 // client for this store should keep go-redis's retries low, since a caller
 // waits for them.

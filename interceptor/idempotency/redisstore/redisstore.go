@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,6 +20,17 @@ import (
 const (
 	DefaultKeyPrefix      = "idem:"
 	DefaultMaxRecordBytes = 1 << 20
+)
+
+// Bounds of the clean-up after a failed Claim (see [Store.Claim]).
+const (
+	// releaseTimeout bounds the release that follows a failed Claim. It runs
+	// on a context detached from the caller's, whose end may be what lost
+	// the claim's reply.
+	releaseTimeout = 500 * time.Millisecond
+	// maxOrphans bounds the tokens of unconfirmed claims a Store remembers.
+	// Past it, an orphan claim whose release failed ends with its lease.
+	maxOrphans = 1024
 )
 
 // Option configures [New].
@@ -45,9 +58,10 @@ func WithMaxRecordBytes(n int) Option { return optionFunc(func(o *options) { o.m
 // Store is an idempotency.Store in Redis. Its methods are safe for
 // concurrent use by many goroutines and many processes.
 type Store struct {
-	client         redis.UniversalClient
-	prefix         string
-	maxRecordBytes int
+	client         redis.UniversalClient // immutable
+	prefix         string                // immutable
+	maxRecordBytes int                   // immutable
+	orphans        orphans
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -75,8 +89,10 @@ var (
 	// claimScript: KEYS[1]; ARGV fingerprint, token, lease ms.
 	// Returns {1} owned, {2, record} completed, {3, pttl} in progress,
 	// {4} mismatch.
+	// A claim by the token that holds the key is owned again, with a new
+	// lease: a Claim retried with the token of one whose reply was lost.
 	claimScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 'f', 'r')
+local v = redis.call('HMGET', KEYS[1], 'f', 'r', 'o')
 if not v[1] then
   redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -84,6 +100,10 @@ if not v[1] then
 end
 if v[1] ~= ARGV[1] then return {4} end
 if v[2] then return {2, v[2]} end
+if v[3] == ARGV[2] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1}
+end
 return {3, redis.call('PTTL', KEYS[1])}
 `)
 
@@ -124,14 +144,37 @@ func (s *Store) redisKey(k idempotency.RecordKey) string {
 
 func millis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
-// Claim implements idempotency.Store in one round trip (once Redis has
-// cached the script; the first use of a script on a server costs one more).
-func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprint []byte, lease time.Duration) (idempotency.Claim, error) {
+// newToken returns a fresh owner token: 128 random bits.
+func newToken() string {
 	var tok [16]byte
 	_, _ = rand.Read(tok[:]) // never fails (crypto/rand)
-	token := base64.RawURLEncoding.EncodeToString(tok[:])
-	res, err := claimScript.Run(ctx, s.client, []string{s.redisKey(key)}, fingerprint, token, millis(lease)).Slice()
+	return base64.RawURLEncoding.EncodeToString(tok[:])
+}
+
+// Claim implements idempotency.Store in one round trip (once Redis has
+// cached the script; the first use of a script on a server costs one more).
+//
+// A Claim that fails may have taken the key all the same: the script ran,
+// and the reply was lost (the caller's deadline passed first, the connection
+// broke). So that such an orphan claim does not hold the key for its whole
+// lease, a failed Claim releases its token before it returns, on a context
+// detached from ctx and bounded by its own short timeout (500 ms). When that
+// release does not confirm that the key is free, the Store remembers the
+// token until the lease would end: its next Claim of the same key for the
+// same fingerprint (the caller's retry of the same request, on this
+// replica) claims with that token, and the script, which recognises the
+// token that holds the key, hands it over at once with a new lease. The
+// token is used by that one Claim only, so it never makes two owners.
+func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprint []byte, lease time.Duration) (idempotency.Claim, error) {
+	rkey := s.redisKey(key)
+	token, ok := s.orphans.take(rkey, fingerprint)
+	if !ok {
+		token = newToken()
+	}
+	sent := time.Now()
+	res, err := claimScript.Run(ctx, s.client, []string{rkey}, fingerprint, token, millis(lease)).Slice()
 	if err != nil {
+		s.abandon(ctx, rkey, fingerprint, token, sent.Add(lease))
 		return idempotency.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	state, _ := res[0].(int64)
@@ -152,6 +195,78 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 		return idempotency.Claim{State: idempotency.Mismatch}, nil
 	}
 	return idempotency.Claim{}, fmt.Errorf("redisstore: claim: unexpected reply %v", res)
+}
+
+// abandon undoes a Claim of rkey with token whose outcome is unknown: it
+// releases the key, if token holds it, on a context that ctx's cancellation
+// does not reach, bounded by releaseTimeout. Unless Redis confirms the
+// release, the claim may outlive the call (the release failed, or ran before
+// a delayed claim), so the token is remembered until until, the latest end
+// of the claim's lease, for the next Claim of rkey for fingerprint.
+func (s *Store) abandon(ctx context.Context, rkey string, fingerprint []byte, token string, until time.Time) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if n, err := releaseScript.Run(rctx, s.client, []string{rkey}, token).Int(); err == nil && n == 1 {
+		return
+	}
+	s.orphans.put(rkey, fingerprint, token, until)
+}
+
+// orphans are the tokens of claims that failed and may hold their key: by
+// Redis key and fingerprint, each until the claim's lease would end. Lookups
+// read n first, so that a Claim takes no lock while there are none.
+type orphans struct {
+	n  atomic.Int32 // len(m)
+	mu sync.Mutex
+	m  map[orphanKey]orphan // guarded by mu; made on first use
+}
+
+type orphanKey struct{ rkey, fingerprint string }
+
+type orphan struct {
+	token string
+	until time.Time // the latest end of the claim's lease
+}
+
+// take removes and returns the token remembered for rkey and fingerprint,
+// when there is one whose lease may still run.
+func (o *orphans) take(rkey string, fingerprint []byte) (string, bool) {
+	if o.n.Load() == 0 {
+		return "", false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := orphanKey{rkey, string(fingerprint)}
+	e, ok := o.m[k]
+	if !ok {
+		return "", false
+	}
+	delete(o.m, k)
+	o.n.Store(int32(len(o.m)))
+	return e.token, time.Now().Before(e.until)
+}
+
+// put remembers token for rkey and fingerprint until until. When maxOrphans
+// are remembered, it first drops those whose lease has ended; if none has,
+// it remembers nothing, and the claim ends with its lease.
+func (o *orphans) put(rkey string, fingerprint []byte, token string, until time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = make(map[orphanKey]orphan)
+	}
+	if len(o.m) >= maxOrphans {
+		now := time.Now()
+		for k, e := range o.m {
+			if !now.Before(e.until) {
+				delete(o.m, k)
+			}
+		}
+	}
+	if len(o.m) < maxOrphans {
+		o.m[orphanKey{rkey, string(fingerprint)}] = orphan{token: token, until: until}
+	}
+	o.n.Store(int32(len(o.m)))
 }
 
 // Complete implements idempotency.Store in one round trip.

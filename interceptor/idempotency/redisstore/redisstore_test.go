@@ -104,3 +104,92 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Error("New(WithMaxRecordBytes(0)) error = nil, want an error")
 	}
 }
+
+// replicas returns two Stores on one Redis under one prefix, as two replicas
+// of a server would have, and the fault hook on the first's client.
+func replicas(t *testing.T) (first, second *redisstore.Store, faults *redistest.Faults) {
+	t.Helper()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	c1, c2 := redistest.Client(t, addr), redistest.Client(t, addr)
+	faults = redistest.InjectFaults(c1)
+	first, err := redisstore.New(c1, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err = redisstore.New(c2, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Load the scripts, so that the reply lost is the claim's own.
+	warm := idempotency.RecordKey{Key: "warm-up"}
+	c, err := first.Claim(context.Background(), warm, []byte("fp"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(context.Background(), warm, c.Token); err != nil {
+		t.Fatal(err)
+	}
+	return first, second, faults
+}
+
+// claimLost makes a Claim of k by s whose reply is lost: Redis runs the
+// script, the caller's 50 ms deadline passes first. The faults after the
+// first apply to the commands that follow the claim.
+func claimLost(t *testing.T, s *redisstore.Store, faults *redistest.Faults, k idempotency.RecordKey, then ...redistest.Fault) {
+	t.Helper()
+	faults.Next(append([]redistest.Fault{redistest.LoseReply}, then...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if c, err := s.Claim(ctx, k, []byte("fp"), time.Minute); err == nil {
+		t.Fatalf("Claim() with its reply lost = %v, nil; want an error", c.State)
+	}
+	if got, want := faults.Injected(), int64(1+len(then)); got != want {
+		t.Fatalf("faults injected = %d, want %d", got, want)
+	}
+}
+
+// TestClaimWithLostReplyIsReleased pins item 10 of issue 9: a Claim whose
+// script took the key but whose reply was lost releases the key before it
+// returns its error, so another replica can claim it at once instead of
+// after the lease.
+func TestClaimWithLostReplyIsReleased(t *testing.T) {
+	first, second, faults := replicas(t)
+	k := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "lost"}
+	claimLost(t, first, faults, k)
+	c, err := second.Claim(context.Background(), k, []byte("fp"), time.Minute)
+	if err != nil || c.State != idempotency.Owned {
+		t.Fatalf("other replica's Claim() = %v (retry after %v), %v; want Owned", c.State, c.RetryAfter, err)
+	}
+}
+
+// TestClaimRetryReclaimsWithOwnTokenWhenReleaseLost pins item 10 of issue 9
+// when the release is lost too (it never reaches Redis): the same Store's next Claim of the key, for
+// the same request, claims with the lost claim's token, which the script
+// recognises, so it owns the key at once. Another replica still finds it in
+// progress: the token makes one owner, not two.
+func TestClaimRetryReclaimsWithOwnTokenWhenReleaseLost(t *testing.T) {
+	first, second, faults := replicas(t)
+	k := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "lost"}
+	claimLost(t, first, faults, k, redistest.Drop) // the release never reaches Redis
+	ctx := context.Background()
+	if c, err := second.Claim(ctx, k, []byte("fp"), time.Minute); err != nil || c.State != idempotency.InProgress {
+		t.Fatalf("other replica's Claim() = %v, %v; want InProgress", c.State, err)
+	}
+	if c, err := first.Claim(ctx, k, []byte("other request"), time.Minute); err != nil || c.State != idempotency.Mismatch {
+		t.Fatalf("same Store, other request: Claim() = %v, %v; want Mismatch", c.State, err)
+	}
+	c, err := first.Claim(ctx, k, []byte("fp"), time.Minute)
+	if err != nil || c.State != idempotency.Owned {
+		t.Fatalf("same Store's retry: Claim() = %v (retry after %v), %v; want Owned", c.State, c.RetryAfter, err)
+	}
+	if again, err := first.Claim(ctx, k, []byte("fp"), time.Minute); err != nil || again.State != idempotency.InProgress {
+		t.Fatalf("same Store, once more: Claim() = %v, %v; want InProgress (the token is used once)", again.State, err)
+	}
+	rec := &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y", Reply: []byte("r")}
+	if err := first.Complete(ctx, k, c.Token, rec, time.Hour); err != nil {
+		t.Fatalf("Complete() with the reclaimed token error = %v", err)
+	}
+	if c, err := second.Claim(ctx, k, []byte("fp"), time.Minute); err != nil || c.State != idempotency.Completed {
+		t.Fatalf("other replica's Claim() after Complete = %v, %v; want Completed", c.State, err)
+	}
+}

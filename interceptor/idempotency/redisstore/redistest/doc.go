@@ -9,4 +9,9 @@
 //
 // Tests sharing a server keep apart by key prefix: [Prefix] returns one that
 // is unique to the test and the run.
+//
+// Hooks on a go-redis client observe or disturb its traffic: [CountRoundTrips]
+// counts round trips, and [InjectFaults] loses the replies of commands Redis
+// has run, as a reply delayed past the caller's deadline is lost, or drops
+// commands before they are sent.
 package redistest

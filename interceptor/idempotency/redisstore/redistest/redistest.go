@@ -233,3 +233,92 @@ func (rt *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		return next(ctx, cmds)
 	}
 }
+
+// Fault is what [Faults] does to one command.
+type Fault uint8
+
+const (
+	// LoseReply lets the command run on Redis and loses its reply, as a
+	// reply delayed past the caller's deadline is lost: the command takes
+	// effect, and the caller sees only its context's error.
+	LoseReply Fault = iota + 1
+	// Drop never sends the command, as a broken connection does: it has no
+	// effect, and the caller sees only its context's error.
+	Drop
+)
+
+// Faults is a hook that disturbs the next commands of a client, one [Fault]
+// each, in the order given to [Faults.Next]; the other commands pass through.
+// A disturbed command returns when its context ends, with the context's
+// error: a command whose context never ends blocks forever.
+type Faults struct {
+	mu       sync.Mutex
+	next     []Fault // guarded by mu
+	injected atomic.Int64
+}
+
+// InjectFaults installs a Faults hook on c.
+func InjectFaults(c *redis.Client) *Faults {
+	f := &Faults{}
+	c.AddHook(f)
+	return f
+}
+
+// Next queues faults for the next commands, one each. A LoseReply is kept
+// for the next command when Redis answers the current one with an error
+// (NOSCRIPT, for one, so that go-redis's EVAL fallback is the command whose
+// reply is lost).
+func (f *Faults) Next(faults ...Fault) {
+	f.mu.Lock()
+	f.next = append(f.next, faults...)
+	f.mu.Unlock()
+}
+
+// Injected returns the number of faults injected so far.
+func (f *Faults) Injected() int64 { return f.injected.Load() }
+
+// DialHook implements redis.Hook.
+func (f *Faults) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook: it applies the next fault, if any.
+func (f *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		switch f.pop() {
+		case Drop:
+		case LoseReply:
+			if err := next(ctx, cmd); err != nil {
+				f.push(LoseReply)
+				return err
+			}
+		default:
+			return next(ctx, cmd)
+		}
+		f.injected.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook: pipelines pass through.
+func (f *Faults) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// pop removes and returns the next fault; 0 when none is queued.
+func (f *Faults) pop() Fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.next) == 0 {
+		return 0
+	}
+	x := f.next[0]
+	f.next = f.next[1:]
+	return x
+}
+
+// push puts x back in front of the queue.
+func (f *Faults) push(x Fault) {
+	f.mu.Lock()
+	f.next = append([]Fault{x}, f.next...)
+	f.mu.Unlock()
+}

@@ -1,0 +1,285 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+)
+
+// The path of one keyed call, in named steps, each a method of srvIdemCall:
+//
+//	key ──► join ──► claim ──► run ──► settle: complete, or release
+//	         │         │
+//	         │         └─ in progress in another process: poll, claim again
+//	         └─ a flight of this process runs: await its outcome, or join again
+//
+//   - key: the record key (scope, method, key) and the request's fingerprint.
+//   - join: coalesce with a running in-process flight of the same key and
+//     request, or lead a new one.
+//   - claim: the leader asks the store; a stored outcome or a mismatch ends
+//     the call, a live lease elsewhere makes it poll, a free key is owned.
+//   - run: the owner runs the handler, capturing its metadata.
+//   - settle: the owner ends its claim, once, whichever way the handler
+//     ended: complete (store the outcome), else release.
+//
+// A call without a key never reaches these steps (intercept).
+
+// srvIdemCall is one keyed call on its way through the steps. It lives on
+// the stack of intercept; its fields are set by the steps in order.
+type srvIdemCall struct {
+	s       *srvIdem              // immutable
+	ctx     context.Context       // the call's; immutable
+	req     any                   // immutable
+	info    *grpc.UnaryServerInfo // immutable
+	handler grpc.UnaryHandler     // immutable
+
+	// f is the call's flight: its key and fingerprint from step key on; once
+	// the call leads it, its outcome, which the leader alone writes.
+	f *srvFlight
+	// backoff is the delay of the next poll of the store (step claim).
+	backoff time.Duration
+
+	// Set by step run, while the call owns the claim:
+	token string          // the claim's owner token
+	sctx  context.Context // the store's context after the handler: not cancelled with ctx
+	own   *srvOwned       // the handler's capturing stream and the record
+}
+
+// intercept is the unary path of server-side idempotency: the key policy,
+// then, for a keyed call, the steps of srvIdemCall.
+func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	pol := s.policy(info.FullMethod)
+	if pol == IdempotencyKeyIgnored {
+		return handler(ctx, req)
+	}
+	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, IdempotencyKeyHeader))
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if pol == IdempotencyKeyRequired {
+			return nil, srvInvalidKey("method " + info.FullMethod + " requires idempotency-key metadata")
+		}
+		return handler(ctx, req)
+	}
+	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial}
+	if err := c.key(key); err != nil {
+		return nil, err
+	}
+	return c.join()
+}
+
+// key is step key: it takes a flight for the call and fills in its record
+// key (the caller's scope, the method, key) and the request's fingerprint.
+// On error the call holds nothing.
+func (c *srvIdemCall) key(key string) error {
+	scope, err := c.s.scope(c.ctx)
+	if err != nil {
+		return err
+	}
+	f := c.s.flights.get()
+	f.key.fp, f.buf, err = srvFingerprintAppend(f.buf, c.req)
+	if err != nil {
+		c.s.flights.put(f)
+		return err
+	}
+	c.s.flights.setKey(f, idempotency.RecordKey{Scope: scope, FullMethod: c.info.FullMethod, Key: key})
+	c.f = f
+	return nil
+}
+
+// join is step join: it leads the call's flight when no flight of this
+// process runs for the same key and request; otherwise it awaits the
+// running flight and takes its outcome, or joins again when the flight
+// ended with none to share.
+func (c *srvIdemCall) join() (any, error) {
+	for {
+		running, done := c.s.flights.join(c.f)
+		if done == nil {
+			return c.claim()
+		}
+		// c.f did not start: it is still ours, to join again or put back.
+		out, err := c.await(running, done)
+		if out == nil && err == nil {
+			continue
+		}
+		c.s.flights.put(c.f)
+		if err != nil {
+			return nil, err
+		}
+		return c.s.replayShared(c.ctx, out)
+	}
+}
+
+// await waits for the running flight, whose done channel is given, and
+// returns its outcome when its waiters take it; nil and nil when they
+// compete again; an error when the call's context ends first. With waiting
+// off, it returns ABORTED with pushback at once.
+func (c *srvIdemCall) await(running *srvFlight, done <-chan struct{}) (*srvOutcome, error) {
+	if c.s.noWait {
+		return &c.s.inProgress, nil
+	}
+	select {
+	case <-done:
+	case <-c.ctx.Done():
+		return nil, status.FromContextError(c.ctx.Err()).Err()
+	}
+	if running.out.ok {
+		return &running.out, nil
+	}
+	return nil, nil
+}
+
+// claim is step claim, for the flight the call leads: it claims the key in
+// the store, until the store has an answer other than "in progress
+// elsewhere", and finishes the flight on every way out, panics included.
+func (c *srvIdemCall) claim() (any, error) {
+	defer c.s.flights.finish(c.f) // after c.f.out is written, or with it unset: waiters compete again
+	for {
+		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
+		if err != nil {
+			return c.claimFailed(err)
+		}
+		switch cl.State {
+		case idempotency.Completed:
+			c.f.out = srvOutcome{ok: true, rec: cl.Record}
+			return c.s.replay(c.ctx, cl.Record)
+		case idempotency.Mismatch:
+			c.f.out = srvOutcome{ok: true, err: &srvRejection{code: codes.FailedPrecondition,
+				msg:      "idempotency: idempotency-key was already used with a different request to " + c.info.FullMethod,
+				sentinel: ErrIdempotencyKeyReused}}
+			return nil, c.f.out.err
+		case idempotency.InProgress:
+			if c.s.noWait {
+				c.f.out = c.s.inProgress
+				return c.s.replayShared(c.ctx, &c.f.out)
+			}
+			if err := c.poll(cl.RetryAfter); err != nil {
+				return nil, err
+			}
+		case idempotency.Owned:
+			return c.run(cl.Token)
+		default:
+			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", cl.State)
+		}
+	}
+}
+
+// claimFailed answers a call whose Claim failed. The call holds no claim:
+// the store's contract is that a failed Claim leaves the key to others
+// (the Redis store releases an orphan claim itself). The call's own end
+// wins; then fail open runs the handler plainly, and fail closed refuses.
+func (c *srvIdemCall) claimFailed(err error) (any, error) {
+	if c.ctx.Err() != nil {
+		return nil, status.FromContextError(c.ctx.Err()).Err()
+	}
+	if c.s.failOpen {
+		c.s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
+			"method", c.info.FullMethod, "error", err)
+		return c.handler(c.ctx, c.req)
+	}
+	return nil, &srvRejection{code: codes.Unavailable, msg: "idempotency: store unavailable: " + err.Error(),
+		sentinel: ErrIdempotencyStoreUnavailable}
+}
+
+// poll is the wait of step claim for an owner in another process: it sleeps
+// the current backoff, never past the owner's remaining lease (retryAfter),
+// and doubles the backoff up to the poll maximum. It returns the call's
+// status when its context ends first.
+func (c *srvIdemCall) poll(retryAfter time.Duration) error {
+	d := min(c.backoff, max(retryAfter, time.Millisecond))
+	c.backoff = min(2*c.backoff, c.s.pollMax)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-c.ctx.Done():
+		return status.FromContextError(c.ctx.Err()).Err()
+	}
+}
+
+// run is step run: the call owns the claim (token) and runs the handler,
+// whose metadata it captures, then settles the claim: deferred, so that a
+// panic settles it too before it goes on.
+func (c *srvIdemCall) run(token string) (resp any, err error) {
+	c.token, c.sctx = token, c.ctx
+	if c.s.detach {
+		c.sctx = context.WithoutCancel(c.ctx)
+	}
+	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
+	panicked := true
+	defer func() { c.settle(resp, err, panicked) }()
+	resp, err = c.handler(grpc.NewContextWithServerTransportStream(c.ctx, c.own), c.req)
+	panicked = false
+	return resp, err
+}
+
+// settle is step settle: the one place where an owned claim ends. It stops
+// the capture of metadata, then completes the claim with the handler's
+// outcome (complete) or, failing that, releases it: this is the only
+// release of a claim the interceptor holds. How each end of the call leads
+// here, and what it does:
+//
+//   - handler success, or an error with a stored code: complete. When the
+//     outcome cannot be stored (the reply is not a proto message, the
+//     record is over the store's bound, the store fails): release, so a
+//     duplicate runs the handler again. When the lease has ended
+//     (ErrNotOwner): nothing, the key is no longer ours.
+//   - handler error with an unstored code (UNAVAILABLE, RESOURCE_EXHAUSTED,
+//     ABORTED, ... see WithIdempotencyUnstoredCodes): release, so a retry
+//     runs the handler again.
+//   - caller cancellation: the handler returns CANCELLED or
+//     DEADLINE_EXCEEDED, unstored by default: release. The store calls here
+//     use sctx, which the caller's cancellation does not reach.
+//   - handler panic: release (run's defer), and the panic goes on.
+//   - store error: in Complete, as above, release; in Claim, no claim is
+//     held (see claimFailed).
+func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
+	c.own.close()
+	if !panicked && c.complete(resp, herr) {
+		return
+	}
+	if err := c.s.store.Release(c.sctx, c.f.key.rk, c.token); err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
+		c.s.log.warn("idempotency: releasing the claim failed; it ends with its lease", "method", c.info.FullMethod, "error", err)
+	}
+}
+
+// complete stores the handler's outcome under the claim and reports whether
+// the claim has ended: stored (c.f.out then holds the outcome for the
+// flight's waiters), or no longer ours. false: the caller must release it.
+func (c *srvIdemCall) complete(resp any, herr error) bool {
+	method := c.info.FullMethod
+	if c.s.retryable.Has(rescodes.Classify(herr)) {
+		return false
+	}
+	if err := srvRecord(c.own, resp, herr); err != nil {
+		c.s.log.warn("idempotency: outcome not stored", "method", method, "error", err)
+		return false
+	}
+	rec := &c.own.rec
+	err := c.s.store.Complete(c.sctx, c.f.key.rk, c.token, rec, c.s.ttl)
+	switch {
+	case err == nil:
+		c.f.out = srvOutcome{ok: true, rec: rec}
+		return true
+	case errors.Is(err, idempotency.ErrNotOwner):
+		c.s.log.warn("idempotency: outcome not stored: the lease ended before the handler returned; raise the lease",
+			"method", method, "error", err)
+		return true
+	case errors.Is(err, idempotency.ErrRecordTooLarge):
+		c.s.log.warn("idempotency: outcome not stored: larger than the store's bound; duplicates will run the handler again",
+			"method", method, "bytes", rec.Size(), "error", err)
+	default:
+		c.s.log.warn("idempotency: outcome not stored: store failed", "method", method, "error", err)
+	}
+	return false
+}
