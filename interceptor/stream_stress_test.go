@@ -26,7 +26,10 @@ import (
 // fails, stalls, sends headers and pushes back at random; callers cancel at
 // random and a stream interceptor below the client's panics at random. Each
 // round checks a model of every call and ends with nothing held. With
-// -stress=d rounds follow one another for d of wall time.
+// -stress=d rounds follow one another for d of wall time, per stream kind;
+// give go test a -timeout above three times d (or -timeout=0):
+//
+//	go test -race -run 'TestStreamStress$' -stress=10m -timeout=0 ./interceptor
 
 const (
 	streamStressWorkers = 16
