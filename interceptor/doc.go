@@ -195,10 +195,17 @@
 // Client, server and bidirectional streams are retried until they commit: an
 // attempt commits when a response header or message arrives, or when the
 // messages sent on it outgrow the replay buffer (WithStreamReplayBuffer, 256
-// KiB by default). Until then the messages the caller sent are kept and
-// replayed on each new attempt; after it, errors reach the caller unchanged,
-// so no response is ever seen twice. A stream holds its bulkhead slot for
-// its lifetime and never counts as slow.
+// KiB by default; a message counts its size plus grpc's 5-byte prefix).
+// Until then the messages the caller sent are kept and replayed on each new
+// attempt; after it, errors reach the caller unchanged, so no response is
+// ever seen twice. Header waits for the attempt that answers. A stream holds
+// its bulkhead slot and breaker probe for its lifetime, which ends however
+// grpc ends a stream: the final error or io.EOF from RecvMsg, a non-EOF
+// error from SendMsg or Header, the caller's context, ClientConn.Close, or a
+// panic below the interceptor; it never counts as slow. An idempotency key
+// does not widen the codes a stream retries. Unlike grpc-go, calling the
+// stream's Context does not commit it: gRFC A6 commits on headers, a
+// message or the replay bound only.
 //
 // # Idempotency
 //
@@ -247,7 +254,9 @@
 // policies and their carry-over across config updates), retry.go (the retry
 // decision), guard.go, breaker.go and reject.go (breakers, bulkheads and
 // their rejections), storm.go (budget, A6 throttling, one-layer retry),
-// hedge.go (hedged unary calls), stream.go (retried streams), keys.go
+// hedge.go (hedged unary calls), stream.go, stream_attempt.go and
+// stream_retry.go (retried streams: the caller's methods, one attempt and
+// its release, the transitions of the state machine), keys.go
 // (idempotency keys a client attaches), errors.go and metrics.go. The
 // server side: every file named server*.go (NewServer, deadline headroom,
 // the idempotency path and its in-flight group); the stores are in package

@@ -2,16 +2,11 @@ package interceptor
 
 import (
 	"context"
-	"errors"
 	"io"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -42,6 +37,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		streamer: streamer,
 		opts:     opts,
 		limit:    c.opts.replayBuffer,
+		watch:    mp.g.breaker != nil || mp.g.bulkhead != nil,
 	}
 	s.ready = sync.NewCond(&s.mu)
 	if mp.waitForReady != nil {
@@ -53,52 +49,73 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	}
 	s.r = c.newRetrier(s.ctx, st, mp, &co)
 	s.ctx = s.r.outgoing(s.ctx)
+	// A key makes a unary call safe to retry on more codes; a stream is not
+	// enforced as one execution by the server's idempotency layer, so its
+	// retrier is never marked keyed: a keyed stream retries the codes an
+	// unkeyed one does.
 	var kerr error
-	if s.ctx, s.r.keyed, kerr = withIdempotencyKey(s.ctx, mp); kerr != nil {
+	if s.ctx, _, kerr = withIdempotencyKey(s.ctx, mp); kerr != nil {
 		s.cancelCall()
 		return nil, kerr
 	}
-	if s.r.rp.maxAttempts <= 1 && s.r.rp.perAttempt == 0 {
-		s.committed = true // nothing to retry: a plain stream with guards
-	}
-	if err := s.start(); err != nil {
-		s.cancelCall()
+	s.single = s.r.rp.maxAttempts <= 1 && s.r.rp.perAttempt == 0
+	panicking := true
+	defer s.endOnPanic(&panicking)
+	err := s.start()
+	panicking = false
+	if err != nil {
 		return nil, err
-	}
-	if mp.g.breaker != nil || mp.g.bulkhead != nil {
-		// A caller that abandons a stream cancels its context (grpc asks it
-		// to): the attempt's slot and token are released then.
-		s.unwatch = context.AfterFunc(s.ctx, func() {
-			s.finish(status.FromContextError(s.ctx.Err()).Err())
-		})
 	}
 	return s, nil
 }
 
-// streamAttempt is one attempt of a stream.
-type streamAttempt struct {
-	cs       grpc.ClientStream
-	adm      admission // the breaker token and bulkhead slot it holds
-	released bool      // adm was released; guarded by the stream's mu
-	cancel   context.CancelFunc
-	timer    *time.Timer // the per-attempt timeout until commit; nil if none
-	timedOut atomic.Bool // the timer fired while the call was live
-}
+// streamState is where a retryStream is in its life:
+//
+//	idle ──open──► attempting ──commit──► committed
+//	 ▲                 │                      │
+//	 └──────fail───────┘                      │
+//	                                          ▼
+//	     (every state) ───────end─────────► done
+//
+// open admits, creates and replays the next attempt; fail retires a failed
+// attempt before commit and, as the driver, decides on the retry. end
+// releases what the stream holds and records the final error.
+type streamState uint8
 
-// stop releases the attempt's timer and, when release is set, its context.
-func (a *streamAttempt) stop(release bool) {
-	if a.timer != nil {
-		a.timer.Stop()
-	}
-	if release {
-		a.cancel()
-	}
-}
+const (
+	// stateIdle: no attempt is live. The stream is opening its first
+	// attempt, or one goroutine, the driver, is replacing a failed one:
+	// retry decision, backoff, admission, creation, replay.
+	stateIdle streamState = iota
+	// stateAttempting: cur is live and may still fail and be retried.
+	stateAttempting
+	// stateCommitted: cur is final; its messages and errors reach the
+	// caller as they come.
+	stateCommitted
+	// stateDone: the stream has ended; every later call returns final.
+	stateDone
+)
 
-// retryStream is the grpc.ClientStream a caller holds. Sends may run on one
-// goroutine while receives run on another, as grpc allows; retries happen on
-// the receiving side (RecvMsg or Header), with sends held out of the new
-// attempt until the replay is done.
+// retryStream is the grpc.ClientStream a caller holds. As grpc allows, one
+// goroutine may send (SendMsg, CloseSend) while another receives (RecvMsg,
+// Header). Whichever call first finds the live attempt ended before the
+// commit drives the retry: RecvMsg by its error, Header by missing headers,
+// SendMsg by io.EOF; the others wait for the next attempt, or, for sends,
+// leave their message in the replay buffer.
+//
+// Invariants:
+//   - A message is delivered to the caller at most once: only the live
+//     attempt's messages are delivered, and the first one commits it, so no
+//     later attempt runs.
+//   - No sent message is lost before the commit: every message the caller
+//     sent is in buf, in order, and a new attempt is sent all of buf before
+//     it becomes cur (replay). A SendMsg that returns nil before the commit
+//     put its message on cur or left it in buf for the replay.
+//   - Every attempt's admission is released exactly once, by
+//     releaseAttempt, which every way an attempt ends leads to.
+//   - At most one goroutine drives, while the state is idle; it alone uses
+//     r then, and it never waits on ready.
+//   - No call into the grpc stream below is made with mu held.
 type retryStream struct {
 	c          *Client
 	mp         *methodPolicy
@@ -109,361 +126,228 @@ type retryStream struct {
 	method     string
 	streamer   grpc.Streamer
 	opts       []grpc.CallOption
-	limit      int // replay buffer bound, bytes
+	limit      int  // replay buffer bound, bytes
+	single     bool // nothing to retry: the first attempt is committed at once
+	watch      bool // attempts hold guards, so they watch their grpc stream's context
 
-	// r is used by the receiving goroutine only (and by start).
+	// r is used by the driver while the state is idle, and otherwise by
+	// the call that ends the stream (see stopDriving).
 	r retrier
-	// unwatch stops the watch on the call's context; nil when none.
-	unwatch func() bool
 
 	mu    sync.Mutex
-	ready *sync.Cond // signalled when cur is set again or the stream is done
-	// cur is the live attempt; nil while a retry is being set up. last is
-	// the latest attempt, never nil after start.
-	cur, last  *streamAttempt
-	committed  bool  // no more retries: cur is final
-	buf        []any // messages sent before commit, for replay
-	bufBytes   int
-	closeSent  bool
-	sendBroken bool // cur's SendMsg returned io.EOF: its status will come from RecvMsg
-	done       bool
+	ready *sync.Cond // broadcast when state, cur or an attempt's reading changes
+	state streamState
+	// cur is the live attempt while attempting or committed, else nil.
+	cur *streamAttempt
+	// last is the latest attempt created; never nil once start succeeded.
+	last      *streamAttempt
+	buf       []any // messages sent before the commit, for replay
+	bufBytes  int   // their size as messageSize counts it
+	closeSent bool
+	driving   bool  // a driver is at work (state idle)
+	final     error // set when done: io.EOF after success, else the error
 }
 
-// start creates the first attempt, retrying creation failures.
-func (s *retryStream) start() error {
-	for {
-		a, err := s.newAttempt()
-		if err == nil {
-			s.mu.Lock()
-			s.cur, s.last = a, a
-			s.mu.Unlock()
-			return nil
-		}
-		if ferr := s.afterFailure(err, nil, false); ferr != nil {
-			return ferr
-		}
+// messagePrefix is the length of grpc's message prefix: a compression flag
+// and a 4-byte length.
+const messagePrefix = 5
+
+// messageSize returns what m counts toward the replay bound: its encoded
+// size plus grpc's 5-byte message prefix, proto.Size(m) + 5, as grpc-go
+// counts it. A message that is not a proto.Message cannot be measured: it
+// counts as limit + 1, past the bound, so the stream commits.
+func messageSize(m any, limit int) int {
+	if pm, ok := m.(proto.Message); ok {
+		return proto.Size(pm) + messagePrefix
 	}
+	return limit + 1
 }
 
-// errStop wraps an error that ends the stream at once, without the retry
-// decision: a rejection, or no time left.
-type errStop struct{ err error }
-
-func (e errStop) Error() string { return e.err.Error() }
-
-// newAttempt opens attempt number s.r.attempts+1, once the deadline, the
-// breaker and the bulkhead allow it. A refusal comes back as an errStop
-// holding the call's final error.
-func (s *retryStream) newAttempt() (*streamAttempt, error) {
-	now := time.Now()
-	if timeout, bounded := s.r.attemptTimeout(s.ctx, now); bounded && timeout <= 0 {
-		return nil, errStop{s.r.outOfTime(s.r.lastErr)}
-	}
-	s.r.begin(now)
-	adm, rerr := s.mp.g.admit(s.ctx, s.method, now)
-	if rerr != nil {
-		s.r.settle(false)
-		reason, ok := isRejection(rerr)
-		if !ok {
-			reason = stopOfContext(s.ctx.Err())
-		}
-		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, reason)}
-	}
-	s.r.attempts++
-	actx, cancel := context.WithCancel(attemptContext(s.ctx, s.r.attempts))
-	a := &streamAttempt{adm: adm, cancel: cancel}
-	if d := s.r.rp.perAttempt; d > 0 && !s.committed {
-		a.timer = time.AfterFunc(d, func() {
-			if s.ctx.Err() == nil {
-				a.timedOut.Store(true)
-			}
-			cancel()
-		})
-	}
-	cs, err := s.streamer(actx, s.desc, s.cc, s.method, s.opts...)
-	if err != nil {
-		a.stop(true)
-		if a.timedOut.Load() {
-			err = s.attemptTimeoutError()
-		}
-		s.mp.g.release(s.ctx, adm, err, false)
-		s.c.metrics.attempt(s.ctx, &s.mp.mm, err)
-		return nil, err
-	}
-	a.cs = cs
-	return a, nil
-}
-
-func (s *retryStream) attemptTimeoutError() error {
-	return status.Errorf(codes.DeadlineExceeded, "per-attempt timeout of %v exceeded", s.r.rp.perAttempt)
-}
-
-// afterFailure decides on a failed attempt and, when retrying, waits out the
-// backoff. It returns nil to retry, or the error to end the stream with.
-func (s *retryStream) afterFailure(err error, trailer metadata.MD, timedOut bool) error {
-	var stop errStop
-	if errors.As(err, &stop) {
-		return stop.err
-	}
-	s.r.lastErr = err
-	if s.r.rp.maxAttempts <= 1 {
-		if !s.r.wrap {
-			return err
-		}
-		if s.r.noRetry != StopNone {
-			return s.r.stopped(err, err, s.r.noRetry)
-		}
-	}
-	d := s.r.decide(s.ctx, err, trailer, timedOut)
-	if d.stop != StopNone {
-		return s.r.stopped(err, err, d.stop)
-	}
-	s.r.onRetry(s.ctx, err, d)
-	if werr := s.r.wait(s.ctx, d.delay); werr != nil {
-		return s.r.cancelled(werr, err)
-	}
-	return nil
-}
-
-// retry replaces the failed attempt a. It returns nil when a new attempt is
-// in place, or the error that ends the stream.
-func (s *retryStream) retry(a *streamAttempt, err error) error {
-	// The attempt is over, so Header does not block: headers that arrived
-	// before the failure commit the attempt (gRFC A6).
-	if md, _ := a.cs.Header(); md != nil {
-		s.commit()
-		return s.r.stopped(err, err, StopCommitted)
-	}
-	s.mu.Lock()
-	if s.committed {
-		s.mu.Unlock()
-		return s.r.stopped(err, err, StopCommitted)
-	}
-	s.cur = nil
-	s.mu.Unlock()
-
-	timedOut := a.timedOut.Load()
-	a.stop(true)
-	if timedOut {
-		err = s.attemptTimeoutError()
-	}
-	s.releaseAttempt(a, err)
-	trailer := a.cs.Trailer()
-	for {
-		if ferr := s.afterFailure(err, trailer, timedOut); ferr != nil {
-			return ferr
-		}
-		next, nerr := s.newAttempt()
-		if nerr != nil {
-			err, trailer, timedOut = nerr, nil, false
-			continue
-		}
-		s.install(next)
-		return nil
+// endOnPanic, deferred by each call that calls below the interceptor, ends
+// the stream when that call panics (*panicking is still true): the panic
+// goes on up to the caller, and the stream's attempt is released on its
+// way.
+func (s *retryStream) endOnPanic(panicking *bool) {
+	if *panicking {
+		s.endHere(errPanicked)
 	}
 }
 
-// install replays the buffered messages on a and makes it current.
-func (s *retryStream) install(a *streamAttempt) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	broken := false
-	for _, m := range s.buf {
-		if err := a.cs.SendMsg(m); err != nil {
-			broken = true
-			break
-		}
-	}
-	if s.closeSent && !broken {
-		_ = a.cs.CloseSend()
-	}
-	s.cur, s.last, s.sendBroken = a, a, broken
-	s.ready.Broadcast()
-}
-
-// commit makes the current attempt final.
-func (s *retryStream) commit() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.commitLocked()
-}
-
-func (s *retryStream) commitLocked() {
-	if s.committed {
-		return
-	}
-	s.committed = true
-	s.buf, s.bufBytes = nil, 0
-	if s.cur != nil {
-		s.cur.stop(false)
-	}
-}
-
-// releaseAttempt returns a's breaker token and bulkhead slot, once.
-func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
-	s.mu.Lock()
-	done := a.released
-	a.released = true
-	s.mu.Unlock()
-	if !done {
-		s.mp.g.release(s.ctx, a.adm, err, false)
-		s.c.metrics.attempt(s.ctx, &s.mp.mm, err)
-	}
-}
-
-// finish ends the stream with err (nil for success): it settles the
-// accounts and releases the attempt and the call's context.
-func (s *retryStream) finish(err error) {
-	s.mu.Lock()
-	if s.done {
-		s.mu.Unlock()
-		return
-	}
-	s.done = true
-	s.buf = nil
-	a := s.last
-	s.ready.Broadcast()
-	s.mu.Unlock()
-	if s.unwatch != nil {
-		s.unwatch()
-	}
-	if a != nil {
-		s.releaseAttempt(a, err)
-		a.stop(true)
-	}
-	if err == nil {
-		s.r.succeeded()
-	} else {
-		s.r.settle(false)
-	}
-	s.cancelCall()
-}
-
-// Header returns the current attempt's header metadata. Headers commit the
-// attempt. If the attempt failed without headers, Header returns nil, nil,
-// as grpc does; RecvMsg then retries or reports the error.
-func (s *retryStream) Header() (metadata.MD, error) {
-	s.mu.Lock()
-	a := s.last
-	s.mu.Unlock()
-	md, err := a.cs.Header()
-	if md != nil {
-		s.commit()
-	}
-	return md, err
-}
-
-// Trailer returns the trailer of the latest attempt.
-func (s *retryStream) Trailer() metadata.MD {
-	s.mu.Lock()
-	a := s.last
-	s.mu.Unlock()
-	return a.cs.Trailer()
-}
-
-// Context returns the context of the latest attempt.
-func (s *retryStream) Context() context.Context {
-	s.mu.Lock()
-	a := s.last
-	s.mu.Unlock()
-	return a.cs.Context()
-}
-
-// CloseSend closes the sending side; new attempts are closed after their
-// replay.
-func (s *retryStream) CloseSend() error {
-	s.mu.Lock()
-	s.closeSent = true
-	a, broken := s.cur, s.sendBroken
-	s.mu.Unlock()
-	if a == nil || broken {
-		return nil
-	}
-	return a.cs.CloseSend()
-}
-
-// SendMsg sends m on the current attempt and keeps it for replay until the
-// stream commits. A message that would outgrow the replay buffer commits the
-// stream first.
+// SendMsg sends m on the live attempt and keeps it for replay until the
+// stream commits; while a retry is under way, m only joins the replay. A
+// message that takes the buffer past its bound commits the attempt once it
+// is sent there; past the bound, sends wait for the next attempt. io.EOF
+// means the stream has ended and RecvMsg gives its status, as in grpc; any
+// other error ends the stream.
 func (s *retryStream) SendMsg(m any) error {
-	s.mu.Lock()
-	if !s.committed {
-		size := messageSize(m)
-		if size < 0 || s.bufBytes+size > s.limit {
-			for s.cur == nil && !s.done {
-				s.ready.Wait()
-			}
-			s.commitLocked()
-		} else {
-			s.buf = append(s.buf, m)
-			s.bufBytes += size
-		}
-	}
-	a, broken, committed, done := s.cur, s.sendBroken, s.committed, s.done
-	s.mu.Unlock()
-	switch {
-	case done && a == nil:
-		return io.EOF
-	case a == nil || broken && !committed:
-		return nil // kept; the retry in progress replays it
-	}
-	err := a.cs.SendMsg(m)
-	if err == io.EOF {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if !s.committed && s.cur == a {
-			// The attempt ended; RecvMsg learns its status and retries
-			// with m among the replayed messages.
-			s.sendBroken = true
-			return nil
-		}
-	}
+	panicking := true
+	defer s.endOnPanic(&panicking)
+	err := s.send(m)
+	panicking = false
 	return err
 }
 
-// RecvMsg receives the next message. Before the stream commits, a failed
-// attempt is retried under the method's policy and the receive goes on on
-// the new attempt.
+func (s *retryStream) send(m any) error {
+	a, kept, err := s.enqueue(m)
+	if a == nil {
+		return err
+	}
+	s.enter(a)
+	defer s.leave(a)
+	err = a.cs.SendMsg(m)
+	switch {
+	case err == nil:
+		if kept {
+			s.commitIfPastBound(a)
+		}
+		return nil
+	case err != io.EOF:
+		// A client-side error (size, marshalling): grpc has ended its stream.
+		s.endHere(err)
+		return err
+	case !kept:
+		return io.EOF
+	}
+	// a ended before the commit, and m is in buf.
+	s.probe(a)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateDone && s.cur != a {
+		return nil // replaced: the replay sent m, or will
+	}
+	return io.EOF
+}
+
+// enqueue decides where m goes: the attempt to send it on (nil when there
+// is none: a retry is under way and m joins the replay, or the stream is
+// done and err is io.EOF), and whether m is kept in buf for replay.
+func (s *retryStream) enqueue(m any) (a *streamAttempt, kept bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.state == stateIdle && s.bufBytes > s.limit {
+		s.ready.Wait() // past the bound: the next attempt commits at its replay
+	}
+	switch s.state {
+	case stateDone:
+		return nil, false, io.EOF
+	case stateCommitted:
+		return s.cur, false, nil
+	}
+	s.buf = append(s.buf, m)
+	s.bufBytes += messageSize(m, s.limit)
+	return s.cur, true, nil
+}
+
+// commitIfPastBound commits a, on which a kept message was just sent, when
+// buf has outgrown its bound and a is still the live attempt.
+func (s *retryStream) commitIfPastBound(a *streamAttempt) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == a && s.bufBytes > s.limit {
+		s.commitLocked()
+	}
+}
+
+// RecvMsg receives the next message. Before the commit, a failed attempt is
+// retried under the method's policy and the receive goes on on the new
+// attempt. Once the stream has ended, it returns the final error: io.EOF
+// after success, else the same error every time.
 func (s *retryStream) RecvMsg(m any) error {
+	panicking := true
+	defer s.endOnPanic(&panicking)
+	err := s.recv(m)
+	panicking = false
+	return err
+}
+
+func (s *retryStream) recv(m any) error {
 	for {
-		s.mu.Lock()
-		a, committed := s.cur, s.committed
-		s.mu.Unlock()
+		a := s.claim()
+		if a == nil {
+			return s.finalErr()
+		}
 		err := a.cs.RecvMsg(m)
-		if committed {
-			switch {
-			case err == io.EOF:
-				s.finish(nil)
-			case err != nil:
-				s.finish(err)
-			}
-			return err
-		}
-		if err == nil {
-			s.commit()
-			if !s.desc.ServerStreams {
-				// A unary response ends the stream.
-				s.finish(nil)
-			}
-			return nil
-		}
-		if err == io.EOF {
-			s.commit()
-			s.finish(nil)
-			return err
-		}
-		if rerr := s.retry(a, err); rerr != nil {
-			s.finish(rerr)
-			return rerr
+		done, ret := s.received(a, err)
+		s.dropClaim(a)
+		s.leave(a)
+		if done {
+			return ret
 		}
 	}
 }
 
-// messageSize returns the encoded size of a proto message, or -1 for a
-// message the stream cannot measure (it then commits).
-func messageSize(m any) int {
-	if pm, ok := m.(proto.Message); ok {
-		return proto.Size(pm)
+// Header returns the header metadata of the attempt that answers. Before the
+// commit, it waits for the live attempt's headers, which commit it; an
+// attempt that ends without headers is retried as RecvMsg would retry it
+// (gRFC A6), and Header waits for the next. When the stream ends without
+// headers, Header returns nil, nil, as grpc does, and RecvMsg gives the
+// error. A non-nil error from the stream below ends the stream.
+func (s *retryStream) Header() (metadata.MD, error) {
+	panicking := true
+	defer s.endOnPanic(&panicking)
+	md, err := s.header()
+	panicking = false
+	return md, err
+}
+
+func (s *retryStream) header() (metadata.MD, error) {
+	for {
+		a, st := s.live()
+		if st == stateDone {
+			return a.cs.Header()
+		}
+		s.enter(a)
+		md, err := a.cs.Header()
+		switch {
+		case err != nil:
+			s.endHere(err)
+		case md != nil:
+			s.commitAttempt(a)
+		case st == stateAttempting:
+			s.probe(a) // a ended before the commit: retry, then try again
+			s.leave(a)
+			continue
+		}
+		s.leave(a)
+		return md, err
 	}
-	return -1
+}
+
+// CloseSend closes the sending side of the live attempt; an attempt opened
+// later is closed after its replay.
+func (s *retryStream) CloseSend() error {
+	panicking := true
+	defer s.endOnPanic(&panicking)
+	s.mu.Lock()
+	s.closeSent = true
+	a := s.cur
+	s.mu.Unlock()
+	var err error
+	if a != nil {
+		err = a.cs.CloseSend()
+	}
+	panicking = false
+	return err
+}
+
+// Trailer returns the trailer of the live attempt, or of the latest.
+func (s *retryStream) Trailer() metadata.MD {
+	return s.latest().cs.Trailer()
+}
+
+// Context returns the context of the live attempt, or of the latest. Unlike
+// grpc-go's, it does not commit the stream (gRFC A6 commits on headers, a
+// message or the replay bound only), so before the commit the context
+// returned may end with its attempt while the stream retries.
+func (s *retryStream) Context() context.Context {
+	return s.latest().cs.Context()
+}
+
+func (s *retryStream) latest() *streamAttempt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil {
+		return s.cur
+	}
+	return s.last
 }
