@@ -243,10 +243,11 @@ func idemTenantScope(ctx context.Context) (string, error) {
 }
 
 // idemStart serves impl over bufconn behind a Server built from opts and
-// returns a client connection. Both are closed when t ends.
+// returns a client connection. Both are closed when t ends. The scope is
+// shared (these callers are not authenticated) unless opts set one.
 func idemStart(t testing.TB, impl echov1.EchoServiceServer, opts ...ServerOption) *grpc.ClientConn {
 	t.Helper()
-	s, err := NewServer(opts...)
+	s, err := NewServer(append([]ServerOption{WithIdempotencySharedScope()}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewServer() error = %v", err)
 	}

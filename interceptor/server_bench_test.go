@@ -25,7 +25,7 @@ func benchHandler(_ context.Context, req any) (any, error) {
 var benchHandlerVar grpc.UnaryHandler = benchHandler
 
 func benchServer(b *testing.B, store idempotency.Store) grpc.UnaryServerInterceptor {
-	s, err := NewServer(WithIdempotencyStore(store))
+	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func BenchmarkIdempotencyBufconn(b *testing.B) {
 		key  bool
 	}{
 		{"no interceptor option, key sent", nil, true},
-		{"memory store, fresh key", []ServerOption{WithIdempotencyStore(store)}, true},
+		{"memory store, fresh key", []ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope()}, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			cc := idemStart(b, &idemEcho{}, bc.opts...)

@@ -266,6 +266,7 @@ func (c *srvIdemCall) complete(resp any, herr error) bool {
 		return false
 	}
 	rec := &c.own.rec
+	rec.Header, rec.Trailer = c.s.omitted(rec.Header), c.s.omitted(rec.Trailer)
 	err := c.s.store.Complete(c.sctx, c.f.key.rk, c.token, rec, c.s.ttl)
 	switch {
 	case err == nil:

@@ -23,17 +23,27 @@
 // rejected with INVALID_ARGUMENT and a message saying what is wrong. The
 // record key is the triple [RecordKey] (caller scope, full method, key):
 //
-//   - The scope comes from a function the server supplies
+//   - The scope comes from a function the server must choose
 //     (interceptor.WithIdempotencyScope), typically the authenticated
-//     principal or tenant. By default it is the identity of a verified TLS
-//     client certificate, and otherwise empty.
-//   - Risk of a shared scope: all callers of one scope share records. With
-//     the default empty scope, any caller who learns or guesses another
-//     caller's key can receive that caller's reply, for the same method and
-//     request. Keys must then be unguessable (random, 128 bits or more), and
-//     servers with authenticated callers should set a scope. A caller of
-//     another scope using the same key runs its own call and never sees the
-//     first reply.
+//     principal or tenant. interceptor.IdempotencyPeerScope is one for mTLS:
+//     the verified client certificate's issuer, Subject and subject
+//     alternative names (SPIFFE IDs in URI SANs, DNS names, ...), so two
+//     workloads of one CA never share a scope; a keyed call without such a
+//     certificate is refused with UNAUTHENTICATED. interceptor.NewServer
+//     refuses a store without a scope, unless the server opts in to one
+//     scope shared by every caller (interceptor.WithIdempotencySharedScope).
+//   - Risk of a shared scope: all callers of one scope share records. Any
+//     caller who learns or guesses another caller's key receives that
+//     caller's reply and replayed metadata, for the same method and request;
+//     it can take a key first (the owner then gets FAILED_PRECONDITION for
+//     the record's TTL) and can learn whether a key was used. Keys must then
+//     be unguessable (random, 128 bits or more). A caller of another scope
+//     using the same key runs its own call and never sees the first reply.
+//   - What is replayed: the status (code, message, details) or reply, and
+//     the header and trailer metadata the handler set through its context,
+//     less the keys the server omits (interceptor.WithIdempotencyOmitMetadata).
+//     Metadata set by interceptors outside the idempotency interceptor is not
+//     stored: they run again for the duplicate.
 //
 // Each call is also fingerprinted: SHA-256 of its request, marshalled
 // deterministically. A key reused with a different request is refused with

@@ -18,7 +18,9 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	// Every replica uses the same Redis: a keyed call runs once across all.
-	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store))
+	// Callers present client certificates (mTLS): each one's keys are its own.
+	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store),
+		interceptor.WithIdempotencyScope(interceptor.IdempotencyPeerScope))
 	if err != nil {
 		log.Fatal(err)
 	}
