@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
@@ -87,11 +89,35 @@ type srvRejection struct {
 	code     codes.Code
 	msg      string
 	sentinel error
+	st       *status.Status // when set, the status, with details; else code and msg
 }
 
-func (e *srvRejection) Error() string              { return e.msg }
-func (e *srvRejection) Unwrap() error              { return e.sentinel }
-func (e *srvRejection) GRPCStatus() *status.Status { return status.New(e.code, e.msg) }
+func (e *srvRejection) Error() string { return e.msg }
+func (e *srvRejection) Unwrap() error { return e.sentinel }
+func (e *srvRejection) GRPCStatus() *status.Status {
+	if e.st != nil {
+		return e.st
+	}
+	return status.New(e.code, e.msg)
+}
+
+// srvStoreFull is the answer to a claim the store refused for room:
+// RESOURCE_EXHAUSTED with a google.rpc.RetryInfo of the store's hint. It
+// wraps the store's error, so errors.Is matches idempotency.ErrStoreFull
+// and, for a scope's quota, idempotency.ErrScopeFull.
+func srvStoreFull(full *idempotency.FullError) error {
+	msg := "idempotency: no room to record this call; retry later"
+	if full.Scope {
+		msg = "idempotency: the caller's quota of recorded calls is full; retry later"
+	}
+	st := status.New(codes.ResourceExhausted, msg)
+	if full.RetryAfter > 0 {
+		if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(full.RetryAfter)}); err == nil {
+			st = withHint
+		}
+	}
+	return &srvRejection{code: codes.ResourceExhausted, msg: msg, sentinel: full, st: st}
+}
 
 // srvIdemOptions are the idempotency options before validation.
 type srvIdemOptions struct {
@@ -227,7 +253,9 @@ func srvValidMDKey(k string) bool {
 
 // WithIdempotencyTTL sets how long a completed outcome is kept and replayed
 // (default DefaultIdempotencyTTL). A store with bounded memory may evict
-// records sooner.
+// records sooner: the memory store never before its minimum retention
+// (idempotency.WithMinRetention), and it refuses new claims with
+// RESOURCE_EXHAUSTED rather than evict a younger record.
 func WithIdempotencyTTL(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.ttl = d })
 }
@@ -264,10 +292,13 @@ func WithIdempotencyPoll(initial, max time.Duration) ServerOption {
 }
 
 // WithIdempotencyFailOpen sets what a keyed call does when the store fails
-// (an outage, a timeout, a full memory store). false, the default, fails
-// closed: the call gets UNAVAILABLE, which clients retry, and the handler
-// does not run. true fails open: the handler runs without idempotency, so a
-// duplicate may run it again; each such call is logged.
+// (an outage, a timeout). false, the default, fails closed: the call gets
+// UNAVAILABLE, which clients retry, and the handler does not run. true fails
+// open: the handler runs without idempotency, so a duplicate may run it
+// again; each such call is logged. A store that refuses a claim for room
+// (idempotency.FullError: full, or the caller's scope at its quota) is not
+// failing: the call gets RESOURCE_EXHAUSTED with a RetryInfo hint either
+// way, and the handler does not run.
 func WithIdempotencyFailOpen(open bool) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.failOpen = open })
 }

@@ -176,10 +176,16 @@ func (c *srvIdemCall) claim() (any, error) {
 // claimFailed answers a call whose Claim failed. The call holds no claim:
 // the store's contract is that a failed Claim leaves the key to others
 // (the Redis store releases an orphan claim itself). The call's own end
-// wins; then fail open runs the handler plainly, and fail closed refuses.
+// wins; then a store refusing for room (idempotency.FullError) gets
+// RESOURCE_EXHAUSTED with its hint, fail open or not: the store works, and
+// running the handler unrecorded would undo the bound; then fail open runs
+// the handler plainly, and fail closed refuses.
 func (c *srvIdemCall) claimFailed(err error) (any, error) {
 	if c.ctx.Err() != nil {
 		return nil, status.FromContextError(c.ctx.Err()).Err()
+	}
+	if full, ok := errors.AsType[*idempotency.FullError](err); ok {
+		return nil, srvStoreFull(full)
 	}
 	if c.s.failOpen {
 		c.s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",

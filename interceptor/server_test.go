@@ -263,8 +263,9 @@ func TestIdempotencyInterceptorDirectlyWithoutGRPCStream(t *testing.T) {
 
 func TestIdempotencyHotPathAllocations(t *testing.T) {
 	// A small store, filled below so that every first execution evicts the
-	// oldest record: the steady state, where the store no longer grows.
-	store, err := idempotency.NewMemoryStore(idempotency.WithMaxEntries(256))
+	// oldest record: the steady state, where the store no longer grows. No
+	// minimum retention, so that it may.
+	store, err := idempotency.NewMemoryStore(idempotency.WithMaxEntries(256), idempotency.WithMinRetention(0))
 	if err != nil {
 		t.Fatal(err)
 	}

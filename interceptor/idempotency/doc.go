@@ -68,6 +68,8 @@
 //	                           runs the handler again: UNAVAILABLE,
 //	                           RESOURCE_EXHAUSTED, ABORTED, CANCELLED and
 //	                           DEADLINE_EXCEEDED (configurable), and a panic
+//	store or scope full        RESOURCE_EXHAUSTED with RetryInfo; the handler
+//	                           does not run, fail open or not (see below)
 //	owner crashed              its lease ends (default 30 s): a duplicate then
 //	                           claims the key and runs the call
 //	reply over the store bound not stored, claim released, reply returned,
@@ -101,8 +103,8 @@
 //
 // # Store outages: fail closed or open
 //
-// When the store fails (an outage, a timeout, a full MemoryStore), a keyed
-// call fails closed by default: UNAVAILABLE, which clients retry, and the
+// When the store fails (an outage, a timeout), a keyed call fails closed by
+// default: UNAVAILABLE, which clients retry, and the
 // handler does not run. With interceptor.WithIdempotencyFailOpen(true) the
 // handler runs without idempotency instead, logged, and a duplicate may run
 // it again.
@@ -115,10 +117,32 @@
 // estimated by [Record.Size] plus a fixed overhead per entry). One record is
 // at most 1 MiB by default. Expiry is lazy: leases and records that have
 // ended are dropped when touched or when room is needed, so the store has no
-// goroutine and nothing to close. When a shard is full it drops ended
-// entries, then evicts the oldest completed records (a duplicate of an
-// evicted call runs again); it never evicts a live lease, and reports
-// [ErrStoreFull] when live leases alone fill it.
+// goroutine and nothing to close.
+//
+// Retention, exactly: a completed record is replayed until its TTL ends
+// (default 24 h), unless it is evicted for room; it is never evicted before
+// the minimum retention (WithMinRetention, default 1 minute, or its TTL if
+// shorter). When a shard needs room it drops ended entries, then evicts the
+// oldest completed records past their minimum retention; it never evicts a
+// live lease or a younger record. When that is not enough, the claim is
+// refused with a [*FullError] (wrapping [ErrStoreFull]) whose RetryAfter
+// says when room may come; the interceptor answers RESOURCE_EXHAUSTED with
+// a google.rpc.RetryInfo, and the handler does not run. So a duplicate that
+// arrives within the minimum retention is replayed, whatever other callers
+// do, and one that arrives later is replayed if no newer call needed its
+// room. [MemoryStore.Stats] counts evictions and refusals.
+//
+// Per-scope quotas (WithScopeQuota) bound what one scope holds, so a flood
+// from one caller is refused at its quota and leaves room for the others; a
+// scope over its quota evicts only its own records past the minimum
+// retention. Without a quota one scope can fill the store, and then every
+// scope's new claims are refused until records age past the minimum
+// retention (nobody's record is lost, but new calls wait).
+//
+// The byte bounds are checked when a key is claimed: an owner's outcome is
+// always stored, even past a bound (refusing it would run the handler
+// again), and claims are refused while a shard or scope is over. The excess
+// is at most the records of the calls in flight at once.
 //
 // # Concurrency
 //

@@ -123,7 +123,48 @@ var (
 	// is larger than the store's bound.
 	ErrRecordTooLarge = errors.New("idempotency: record too large for the store")
 
-	// ErrStoreFull is wrapped by the error of a MemoryStore's Claim or
-	// Complete when live leases fill a shard and nothing can be evicted.
+	// ErrStoreFull is wrapped by the error of a Claim refused for room: a
+	// [*FullError].
 	ErrStoreFull = errors.New("idempotency: store full")
+
+	// ErrScopeFull is wrapped, with ErrStoreFull, by the error of a Claim
+	// refused because the caller's scope holds its quota (see
+	// WithScopeQuota): a [*FullError] whose Scope is true.
+	ErrScopeFull = errors.New("idempotency: scope quota full")
 )
+
+// FullError is the error of a Claim that the store refused for room: live
+// leases and records it may not yet evict fill it, or fill the caller's
+// scope's quota. Nothing was claimed or evicted for it. errors.Is matches
+// ErrStoreFull, and ErrScopeFull when Scope is true; the interceptor answers
+// RESOURCE_EXHAUSTED with a RetryInfo of RetryAfter.
+type FullError struct {
+	// Scope is true when the caller's scope's quota is what is full; other
+	// scopes may still claim keys.
+	Scope bool
+	// RetryAfter is when room may come: the oldest record passes its minimum
+	// retention or the oldest lease ends. It is a hint, not a promise.
+	RetryAfter time.Duration
+
+	msg string
+}
+
+// Error returns a description of what is full, without the scope's name.
+func (e *FullError) Error() string {
+	what := ErrStoreFull.Error()
+	if e.Scope {
+		what = ErrScopeFull.Error()
+	}
+	if e.msg == "" {
+		return what
+	}
+	return what + ": " + e.msg
+}
+
+// Unwrap returns ErrStoreFull, and ErrScopeFull when Scope is true.
+func (e *FullError) Unwrap() []error {
+	if e.Scope {
+		return []error{ErrScopeFull, ErrStoreFull}
+	}
+	return []error{ErrStoreFull}
+}
