@@ -107,6 +107,12 @@ func (c *srvIdemCall) join() (any, error) {
 			return c.claim()
 		}
 		// c.f did not start: it is still ours, to join again or put back.
+		// Its marshalled request served the fingerprint; drop it before the
+		// wait (finding 9 of issue 14: 800 waiters with 256 KiB requests
+		// held 201 MB of copies). Small buffers stay, for the pool.
+		if cap(c.f.buf) > srvKeepBuf {
+			c.f.buf = nil
+		}
 		out, err := c.await(running, done)
 		if out == nil && err == nil {
 			continue
