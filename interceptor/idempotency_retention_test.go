@@ -34,8 +34,9 @@ func TestIdempotencyFloodFromOneScopeNeverRerunsAnother(t *testing.T) {
 		aNewKey    bool // A claims a new key after the flood
 	}{
 		{"cheap calls, twice the entries", []idempotency.MemoryOption{idempotency.WithMaxEntries(100 * shards)}, 200 * shards, 0, false},
-		{"large replies, twice the bytes", []idempotency.MemoryOption{idempotency.WithMaxRecordBytes(64 << 10), idempotency.WithMaxBytes(shards * 256 << 10)},
-			2 * shards * 256 / 60, 60 << 10, false},
+		// Replies of 60 KiB hold 64 KiB of heap: 4 fill a shard's 256 KiB.
+		{"large replies, twice the bytes", []idempotency.MemoryOption{idempotency.WithMaxRecordBytes(128 << 10), idempotency.WithMaxBytes(shards * 256 << 10)},
+			2 * shards * 4, 60 << 10, false},
 		{"110,000 cheap calls, the default store", nil, 110_000, 0, false},
 		{"cheap calls, scope quota", []idempotency.MemoryOption{idempotency.WithMaxEntries(100 * shards), idempotency.WithScopeQuota(50*shards, 0)},
 			110 * shards, 0, true},

@@ -113,9 +113,10 @@
 //
 // [MemoryStore] keeps records in process memory, for a single replica. It is
 // split into shards (default 16), each with its own lock and an equal share
-// of the bounds: entries (default 100,000) and bytes (default 64 MiB, as
-// estimated by [Record.Size] plus a fixed overhead per entry). One record is
-// at most 1 MiB by default. Expiry is lazy: leases and records that have
+// of the bounds: entries (default 100,000) and bytes (default 64 MiB of
+// heap: [Record.Size] and each entry's slot, index and key strings, rounded
+// to the allocator's size classes, which a test holds within 20% of what
+// runtime.MemStats measures). One record is at most 1 MiB by default. Expiry is lazy: leases and records that have
 // ended are dropped when touched or when room is needed, so the store has no
 // goroutine and nothing to close.
 //

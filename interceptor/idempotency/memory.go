@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // Defaults of [NewMemoryStore].
@@ -22,9 +23,11 @@ const (
 	DefaultMinRetention = time.Minute
 )
 
-// entryOverhead is the bytes counted for an entry besides its key,
-// fingerprint and record: map slot, list links, times.
-const entryOverhead = 128
+// entryOverhead is the heap an entry holds besides its strings and record:
+// its slot in the shard's slice (which grows by a quarter at a time, so a
+// quarter more on average at worst) and its index map slot (8 bytes, with
+// the control byte and load factor of the map, and its doubling).
+const entryOverhead = int(unsafe.Sizeof(memEntry{}))*5/4 + 24
 
 // MemoryOption configures [NewMemoryStore].
 type MemoryOption interface{ apply(*memoryOptions) }
@@ -52,9 +55,12 @@ func WithMaxEntries(n int) MemoryOption {
 	return memoryOptionFunc(func(o *memoryOptions) { o.maxEntries = n })
 }
 
-// WithMaxBytes bounds the bytes held by keys, fingerprints and records, as
-// estimated by [Record.Size] plus a fixed overhead per entry (default
-// DefaultMaxBytes). Each shard holds at most n/shards.
+// WithMaxBytes bounds the heap held by the store's entries (default
+// DefaultMaxBytes): each record as [Record.Size] estimates it, plus each
+// entry's slot, index and key strings, rounded as the Go allocator rounds
+// them; within 20% of what runtime.MemStats measures. Each shard holds at
+// most n/shards, checked when a key is claimed (see the package
+// documentation).
 func WithMaxBytes(n int64) MemoryOption {
 	return memoryOptionFunc(func(o *memoryOptions) { o.maxBytes = n })
 }
@@ -155,7 +161,7 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 		return nil, fmt.Errorf("idempotency: max entries %d: at most %d per shard", o.maxEntries, math.MaxInt32)
 	case o.maxRecordBytes < 1:
 		return nil, fmt.Errorf("idempotency: max record bytes %d: must be positive", o.maxRecordBytes)
-	case o.maxBytes/int64(o.shards) < int64(o.maxRecordBytes)+entryOverhead:
+	case o.maxBytes/int64(o.shards) < int64(o.maxRecordBytes+entryOverhead):
 		return nil, fmt.Errorf("idempotency: max bytes %d: each of the %d shards must hold a record of max record bytes (%d) plus %d",
 			o.maxBytes, o.shards, o.maxRecordBytes, entryOverhead)
 	case o.nowSet && o.now == nil:
@@ -207,7 +213,7 @@ func (o *memoryOptions) checkQuota() error {
 		return fmt.Errorf("idempotency: scope quota %d entries, %d bytes: must not be negative", o.scopeEntries, o.scopeBytes)
 	case o.scopeEntries > 0 && o.shards > 0 && o.scopeEntries < o.shards:
 		return fmt.Errorf("idempotency: scope quota %d entries: must be at least the number of shards (%d)", o.scopeEntries, o.shards)
-	case o.scopeBytes > 0 && o.shards > 0 && o.scopeBytes/int64(o.shards) < 4*entryOverhead:
+	case o.scopeBytes > 0 && o.shards > 0 && o.scopeBytes/int64(o.shards) < int64(4*entryOverhead):
 		return fmt.Errorf("idempotency: scope quota %d bytes: each of the %d shards must hold %d", o.scopeBytes, o.shards, 4*entryOverhead)
 	}
 	return nil
@@ -325,7 +331,7 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 		}
 		return Claim{State: InProgress, RetryAfter: time.Duration(e.expires - now)}, nil
 	}
-	size := int64(entryOverhead + len(key.Scope) + len(key.FullMethod) + len(key.Key) + len(fingerprint))
+	size := entrySize(key, fingerprint)
 	if sh.scopes != nil {
 		if err := sh.scopeRoom(now, key.Scope, size, s.minRetention); err != nil {
 			return Claim{}, err
@@ -370,6 +376,18 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 		sc.bytes += size
 	}
 	return Claim{State: Owned, Token: e.token}, nil
+}
+
+// entrySize is the heap an entry of key holds before it completes: its
+// overhead and its strings, the key and scope that the caller allocated and
+// the fingerprint when it does not fit the slot. The full method is not
+// counted: it is the generated code's constant, shared by every call.
+func entrySize(key RecordKey, fingerprint []byte) int64 {
+	n := entryOverhead + heapBytes(len(key.Scope)) + heapBytes(len(key.Key))
+	if len(fingerprint) > fpInline {
+		n += heapBytes(len(fingerprint))
+	}
+	return int64(n)
 }
 
 // Complete implements Store.

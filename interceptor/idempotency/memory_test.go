@@ -414,7 +414,9 @@ func TestMemoryStoreScopeQuotaTouchesOnlyItsScope(t *testing.T) {
 // would make the duplicate run the handler again); the next claim is
 // refused until room comes.
 func TestMemoryStoreCompleteStoresPastTheBoundRatherThanRunAgain(t *testing.T) {
-	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7000), idempotency.WithMinRetention(time.Minute))
+	// Two records of 3000 bytes (about 3,550 counted) fit in 7,500; a third
+	// claim fits, its record does not.
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7500), idempotency.WithMinRetention(time.Minute))
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	complete(t, s, k("1"), make([]byte, 3000), time.Hour)
 	complete(t, s, k("2"), make([]byte, 3000), time.Hour)
