@@ -137,6 +137,9 @@ func (idemDownStore) Claim(context.Context, idempotency.RecordKey, []byte, time.
 func (idemDownStore) Complete(context.Context, idempotency.RecordKey, string, *idempotency.Record, time.Duration) error {
 	return errIdemDown
 }
+func (idemDownStore) Renew(context.Context, idempotency.RecordKey, string, time.Duration) error {
+	return errIdemDown
+}
 func (idemDownStore) Release(context.Context, idempotency.RecordKey, string) error {
 	return errIdemDown
 }

@@ -262,9 +262,12 @@ func WithIdempotencyTTL(d time.Duration) ServerOption {
 
 // WithIdempotencyLease sets the lease of a running first call (default
 // DefaultIdempotencyLease): if its server crashes, duplicates wait at most
-// this long before one of them runs the call again. Set it above the longest
-// time the handler runs: an owner still running when its lease ends can no
-// longer store its outcome (logged), and a duplicate may run concurrently.
+// this long before one of them runs the call again. The lease follows the
+// handler: it is renewed every lease/3 while the handler runs, and the first
+// one is at least the time left to the call's deadline. A shorter lease
+// frees a crashed owner's keys sooner, at the cost of more renewals (one
+// store call per lease/3 of handler time); it must outlast the store's
+// unavailability, or the lease may end under a running handler (logged).
 func WithIdempotencyLease(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
 }

@@ -70,7 +70,8 @@
 //	                           DEADLINE_EXCEEDED (configurable), and a panic
 //	store or scope full        RESOURCE_EXHAUSTED with RetryInfo; the handler
 //	                           does not run, fail open or not (see below)
-//	owner crashed              its lease ends (default 30 s): a duplicate then
+//	owner crashed              its lease ends (default 30 s; renewed every
+//	                           lease/3 while the handler runs): a duplicate then
 //	                           claims the key and runs the call
 //	reply over the store bound not stored, claim released, reply returned,
 //	                           a warning logged; duplicates run again
@@ -97,9 +98,21 @@
 // # The lease
 //
 // A claim is held under a lease. If the owner's process dies, the lease ends
-// and the key is free again. Set the lease above the longest time a handler
-// runs: an owner still running when its lease ends cannot store its outcome
-// (logged), and a duplicate may run the call concurrently.
+// and the key is free again (default 30 s). While the handler runs, the
+// interceptor renews the lease every lease/3 ([Store.Renew]), so a slow
+// handler keeps its key however long it runs; and the first lease is at
+// least the time left to the call's deadline. A lease can still end under a
+// running handler when renewals fail (the store is unreachable for longer
+// than two thirds of the lease) or the store loses it (see the Redis
+// store's documentation on eviction and failover); then:
+//
+//   - the outcome is stored all the same if no other call has claimed the
+//     key since ([Store.Complete] takes an absent key);
+//   - duplicates waiting in the same process take the outcome in every
+//     case, stored or not;
+//   - a duplicate in another process may have claimed the key and run the
+//     call too: that is the one case where a call runs twice, and it is
+//     logged.
 //
 // # Store outages: fail closed or open
 //

@@ -342,6 +342,14 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 		return Claim{}, &FullError{RetryAfter: sh.retryHint(now, nil, s.minRetention),
 			msg: fmt.Sprintf("a shard holds %d keys, in progress or younger than the minimum retention", sh.n)}
 	}
+	i := sh.insert(h, key, fingerprint, size, deadline(now, lease))
+	return Claim{State: Owned, Token: sh.slots[i].token}, nil
+}
+
+// insert adds an in-progress entry for key, whose hash is h, with a fresh
+// token, counted as size bytes, its lease ending at expires; the caller has
+// made room. It returns its slot.
+func (sh *memShard) insert(h uint64, key RecordKey, fingerprint []byte, size, expires int64) int32 {
 	i := sh.alloc()
 	e := &sh.slots[i]
 	*e = memEntry{
@@ -349,7 +357,7 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 		token:   sh.tokens.next(),
 		fpLen:   int32(min(len(fingerprint), fpInline+1)),
 		tag:     hashTag(h),
-		expires: deadline(now, lease),
+		expires: expires,
 		size:    size,
 		chain:   -1,
 	}
@@ -375,7 +383,7 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 		sc.entries++
 		sc.bytes += size
 	}
-	return Claim{State: Owned, Token: e.token}, nil
+	return i
 }
 
 // entrySize is the heap an entry of key holds before it completes: its
@@ -390,13 +398,30 @@ func entrySize(key RecordKey, fingerprint []byte) int64 {
 	return int64(n)
 }
 
-// Complete implements Store.
+// Complete implements Store. When key is absent (the owner's lease ended
+// and no one claimed it since), it adds the record if the shard has room
+// for one more entry, and otherwise returns a *FullError.
 func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error {
 	recSize := rec.Size()
-	sh, i, now := s.lockOwned(key, token)
+	h := s.hash(key)
+	now := s.clock()
+	sh := s.shard(h)
+	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	i := sh.owned(h, key, token, now)
 	if i < 0 {
-		return ErrNotOwner
+		if sh.live(h, key, now) >= 0 {
+			return ErrNotOwner
+		}
+		if recSize > s.maxRecordBytes {
+			return fmt.Errorf("%w: %d bytes, bound %d", ErrRecordTooLarge, recSize, s.maxRecordBytes)
+		}
+		size := entrySize(key, rec.Fingerprint)
+		if !sh.makeRoom(now, 1, size) {
+			sh.refused++
+			return &FullError{RetryAfter: sh.retryHint(now, nil, s.minRetention), msg: "no room to store the outcome of a call whose lease ended"}
+		}
+		i = sh.insert(h, key, rec.Fingerprint, size, now)
 	}
 	if recSize > s.maxRecordBytes {
 		return fmt.Errorf("%w: %d bytes, bound %d", ErrRecordTooLarge, recSize, s.maxRecordBytes)
@@ -420,6 +445,21 @@ func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, r
 	e.size += int64(recSize)
 	sh.bytes += int64(recSize)
 	sh.pushBack(&sh.records, i)
+	return nil
+}
+
+// Renew implements Store.
+func (s *MemoryStore) Renew(_ context.Context, key RecordKey, token string, lease time.Duration) error {
+	sh, i, now := s.lockOwned(key, token)
+	defer sh.mu.Unlock()
+	if i < 0 {
+		return ErrNotOwner
+	}
+	sh.slots[i].expires = deadline(now, lease)
+	// Keep the list in claim-or-renewal order, so that ended leases are
+	// found at its head.
+	sh.unlink(&sh.leases, i)
+	sh.pushBack(&sh.leases, i)
 	return nil
 }
 

@@ -78,7 +78,9 @@ type Claim struct {
 // completed with a record. Transitions:
 //
 //	absent      --Claim-->    in progress (lease, owner token, fingerprint)
+//	in progress --Renew-->    in progress, with a new lease; only by the owner
 //	in progress --Complete--> completed (record, TTL); only by the owner
+//	absent      --Complete--> completed; by the owner whose lease ended
 //	in progress --Release-->  absent; only by the owner
 //	in progress --lease ends--> absent
 //	completed   --TTL ends or evicted--> absent
@@ -99,12 +101,21 @@ type Store interface {
 	Claim(ctx context.Context, key RecordKey, fingerprint []byte, lease time.Duration) (Claim, error)
 
 	// Complete stores rec for key for ttl and ends the lease, in one atomic
-	// step, if token still owns key; otherwise it returns an error wrapping
-	// ErrNotOwner and changes nothing. A record larger than the store's bound
+	// step, if token still owns key, or if key is absent (the owner's lease
+	// ended and no one has claimed key since: the call ran, and its outcome
+	// is the key's; rec.Fingerprint then becomes the key's fingerprint).
+	// Otherwise (another owner holds key, or a record is stored) it returns
+	// an error wrapping ErrNotOwner and changes nothing. A record larger than the store's bound
 	// is refused with an error wrapping ErrRecordTooLarge, and the claim is
 	// kept, so the caller should Release. The store may keep rec: the caller
 	// must not modify it afterwards.
 	Complete(ctx context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error
+
+	// Renew sets the lease of token on key to end lease from now, if token
+	// still owns key; otherwise it returns an error wrapping ErrNotOwner and
+	// changes nothing. The owner of a long call renews its lease while the
+	// call runs, so that a lease need not outlast the slowest call.
+	Renew(ctx context.Context, key RecordKey, token string, lease time.Duration) error
 
 	// Release ends the lease of token on key and makes key absent, if token
 	// still owns it; otherwise it returns an error wrapping ErrNotOwner and

@@ -107,13 +107,27 @@ end
 return {3, redis.call('PTTL', KEYS[1])}
 `)
 
-	// completeScript: KEYS[1]; ARGV token, record, ttl ms. Returns 1 when
-	// stored, 0 when the token does not own the key.
+	// completeScript: KEYS[1]; ARGV token, record, ttl ms, fingerprint.
+	// Returns 1 when stored, 0 when the token does not own the key. An
+	// absent key (the owner's lease ended, no one claimed it since) takes
+	// the record with the fingerprint.
 	completeScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
+local o = redis.call('HGET', KEYS[1], 'o')
+if o ~= ARGV[1] then
+  if o or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+  redis.call('HSET', KEYS[1], 'f', ARGV[4])
+end
 redis.call('HDEL', KEYS[1], 'o')
 redis.call('HSET', KEYS[1], 'r', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+`)
+
+	// renewScript: KEYS[1]; ARGV token, lease ms. Returns 1 when renewed,
+	// 0 when the token does not own the key.
+	renewScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
@@ -278,12 +292,24 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	ok, err := completeScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, data, millis(ttl)).Int()
+	ok, err := completeScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, data, millis(ttl), rec.Fingerprint).Int()
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	if ok != 1 {
 		return fmt.Errorf("redisstore: complete: %w", idempotency.ErrNotOwner)
+	}
+	return nil
+}
+
+// Renew implements idempotency.Store in one round trip.
+func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token string, lease time.Duration) error {
+	ok, err := renewScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, millis(lease)).Int()
+	if err != nil {
+		return fmt.Errorf("redisstore: renew: %w", err)
+	}
+	if ok != 1 {
+		return fmt.Errorf("redisstore: renew: %w", idempotency.ErrNotOwner)
 	}
 	return nil
 }
