@@ -72,7 +72,7 @@ func ExampleNewServer() {
 // The README's server setup: idempotency and deadline headroom on one
 // Server, installed on a grpc.Server after recovery and authentication.
 func ExampleNewServer_install() {
-	store, err := idempotency.NewMemoryStore() // or redisstore.New(redisClient) for many replicas
+	store, err := idempotency.NewMemoryStore() // or redisstore.Open(ctx, redisClient) for many replicas
 	if err != nil {
 		log.Fatal(err)
 	}

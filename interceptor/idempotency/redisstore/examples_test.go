@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"log"
 
 	"github.com/redis/go-redis/v9"
@@ -10,10 +11,13 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
 )
 
-func ExampleNew() {
+func ExampleOpen() {
 	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: 1})
 	defer client.Close()
-	store, err := redisstore.New(client, redisstore.WithKeyPrefix("orders:idem:"))
+	// Open refuses a Redis that may evict live claims (maxmemory-policy
+	// other than noeviction).
+	store, err := redisstore.Open(context.Background(), client,
+		redisstore.WithKeyPrefix("orders:idem:"), redisstore.WithRefuseEvictingPolicy())
 	if err != nil {
 		log.Fatal(err)
 	}

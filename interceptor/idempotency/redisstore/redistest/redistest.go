@@ -51,6 +51,13 @@ func (s *Server) Stop() { s.once.Do(s.stop) }
 // not on PATH.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith is Start with extra redis-server arguments, such as
+// "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl".
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
 		msg := "redis-server not found on PATH: install it (apt-get install redis-server) " +
@@ -62,7 +69,7 @@ func Start(t testing.TB) *Server {
 	}
 	var lastErr error
 	for range 3 { // a free port may be taken between choosing and binding
-		s, err := start(path)
+		s, err := start(path, args...)
 		if err == nil {
 			t.Cleanup(s.Stop)
 			return s
@@ -82,14 +89,14 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func start(path string) (*Server, error) {
+func start(path string, args ...string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(path,
+	cmd := exec.Command(path, append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice")
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice"}, args...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
