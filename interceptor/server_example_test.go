@@ -147,6 +147,45 @@ func ExampleWithIdempotencyOmitMetadata() {
 	// replay [42] [] <nil>
 }
 
+// A handler that commits before it could notice the caller's deadline runs
+// detached from it, so that a retry finds its outcome instead of running it
+// again.
+func ExampleWithIdempotencyDetachedHandler() {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv, err := interceptor.NewServer(
+		interceptor.WithIdempotencyStore(store),
+		interceptor.WithIdempotencyScope(principalScope),
+		interceptor.WithIdempotencyDetachedHandler(30*time.Second), // the server's bound instead of the caller's
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	unary := srv.UnaryServerInterceptor()
+	charges := 0
+	handler := func(ctx context.Context, req any) (any, error) {
+		charges++
+		if err := ctx.Err(); err != nil { // the caller has gone: too late, the card is charged
+			return nil, status.FromContextError(err).Err()
+		}
+		return &echov1.EchoResponse{Message: "charged"}, nil
+	}
+	info := &grpc.UnaryServerInfo{FullMethod: "/resilience.echo.v1.EchoService/Echo"}
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "charge-7"))
+	ctx = context.WithValue(ctx, principalKey{}, "alice")
+	gone, cancel := context.WithCancel(ctx)
+	cancel() // the caller gave up before the handler ran
+	resp, err := unary(gone, &echov1.EchoRequest{}, info, handler)
+	fmt.Println(resp.(*echov1.EchoResponse).GetMessage(), err)
+	resp, err = unary(ctx, &echov1.EchoRequest{}, info, handler) // the retry
+	fmt.Println(resp.(*echov1.EchoResponse).GetMessage(), err, "charges:", charges)
+	// Output:
+	// charged <nil>
+	// charged <nil> charges: 1
+}
+
 // headerRecorder stands for grpc's stream in ExampleWithIdempotencyOmitMetadata.
 type headerRecorder struct{ header metadata.MD }
 

@@ -132,6 +132,7 @@ type srvIdemOptions struct {
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy // by "", service or full method
 	omit        map[string]struct{}             // metadata keys never stored, lower case
+	detachMax   time.Duration                   // > 0: owned handlers run detached, at most this long
 	errs        []error
 }
 
@@ -213,6 +214,36 @@ func WithIdempotencySharedScope() ServerOption {
 }
 
 func srvSharedScope(context.Context) (string, error) { return "", nil }
+
+// WithIdempotencyDetachedHandler runs the handler of a call that owns its
+// key on a context that the caller's cancellation and deadline do not
+// reach, bounded instead by max, a server-side maximum, and by the key's
+// lease: the lease is at least max, renewed while the handler runs, and if
+// it is lost all the same the handler's context is cancelled, since another
+// call may then run it. Values of the context (metadata, peer, auth) are
+// kept. 0, the default, leaves the handler on the caller's context.
+//
+// The trade-off, either way. By default a caller that gives up (its
+// deadline passes, it cancels) cancels the handler's context; a handler that
+// then returns CANCELLED or DEADLINE_EXCEEDED has its outcome released, not
+// stored (DefaultIdempotencyUnstored), so the caller's retry runs it again.
+// That is right for a handler whose work is undone with its context (a
+// transaction rolled back), and wrong for one that committed first and
+// noticed the cancellation after (a card charged, then CANCELLED: charged
+// twice). Detached, such a handler finishes what it started and its outcome
+// is stored, so the retry gets it; the cost is that the server keeps
+// working, up to max, for a caller that may not come back, and that the
+// caller's deadline no longer bounds the handler's downstream calls.
+// Duplicates of a detached call wait for it as for any other.
+func WithIdempotencyDetachedHandler(max time.Duration) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) {
+		if max < 0 {
+			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyDetachedHandler(%v): must not be negative", max))
+			return
+		}
+		o.detachMax = max
+	})
+}
 
 // WithIdempotencyOmitMetadata names response header and trailer keys that
 // are never stored, so never replayed: a replay carries the rest of the
@@ -379,6 +410,7 @@ type srvIdem struct {
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy
 	omit        map[string]struct{} // metadata keys never stored, lower case; nil when none
+	detachMax   time.Duration       // > 0: owned handlers run detached from the caller, at most this long
 	pushbackMD  metadata.MD         // the trailer of ABORTED when waiting is off
 	inProgress  srvOutcome          // ABORTED with pushback, when waiting is off
 	log         srvLogger
@@ -434,6 +466,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		retryable:   o.retryable,
 		policies:    o.policies,
 		omit:        o.omit,
+		detachMax:   o.detachMax,
 		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		log:         log,
 		flights:     newSrvFlights(),

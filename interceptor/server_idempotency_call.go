@@ -79,6 +79,7 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 	if dl, ok := ctx.Deadline(); ok {
 		c.lease = max(c.lease, time.Until(dl))
 	}
+	c.lease = max(c.lease, s.detachMax)
 	if err := c.key(key); err != nil {
 		return nil, err
 	}
@@ -236,14 +237,23 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 	if c.s.detach {
 		c.sctx = context.WithoutCancel(c.ctx)
 	}
+	hctx := c.ctx
+	var cancel context.CancelFunc
+	if c.s.detachMax > 0 {
+		// WithIdempotencyDetachedHandler: the caller's end does not reach
+		// the handler; the server's maximum and a lost lease do.
+		hctx, cancel = context.WithTimeout(context.WithoutCancel(c.ctx), c.s.detachMax)
+		defer cancel()
+	}
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = &srvRenewal{s: c.s, sctx: c.sctx, rk: c.f.key.rk, token: token, lease: c.lease, method: c.info.FullMethod}
+	c.renewal = &srvRenewal{s: c.s, sctx: c.sctx, rk: c.f.key.rk, token: token, lease: c.lease, method: c.info.FullMethod,
+		cancel: cancel}
 	c.renewal.mu.Lock() // renew waits for t
 	c.renewal.t = time.AfterFunc(c.lease/3, c.renewal.renew)
 	c.renewal.mu.Unlock()
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
-	resp, err = c.handler(grpc.NewContextWithServerTransportStream(c.ctx, c.own), c.req)
+	resp, err = c.handler(grpc.NewContextWithServerTransportStream(hctx, c.own), c.req)
 	panicked = false
 	return resp, err
 }
@@ -259,6 +269,7 @@ type srvRenewal struct {
 	token  string                // immutable
 	lease  time.Duration         // immutable
 	method string                // immutable
+	cancel context.CancelFunc    // cancels a detached handler when the lease is lost; nil otherwise; immutable
 	t      *time.Timer           // set under mu when made; Reset under mu
 
 	mu      sync.Mutex
@@ -279,6 +290,9 @@ func (r *srvRenewal) renew() {
 	case errors.Is(err, idempotency.ErrNotOwner):
 		r.s.log.warn("idempotency: the lease ended while the handler ran; a duplicate may run it too",
 			"method", r.method, "error", err)
+		if r.cancel != nil {
+			r.cancel() // a detached handler is bounded by its lease
+		}
 		return
 	default:
 		r.s.log.warn("idempotency: renewing the lease failed; trying again", "method", r.method, "error", err)

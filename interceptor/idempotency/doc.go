@@ -95,6 +95,16 @@
 // after the caller's deadline is stored, and the caller's retry gets it.
 // That is the point of the key.
 //
+// CANCELLED and DEADLINE_EXCEEDED: by default the handler runs on the
+// caller's context, so the caller's end cancels it, and a handler that
+// returns either code has its claim released: the retry runs it again. That
+// is right when the handler's work is undone with its context, wrong when it
+// committed first (a charge made, then CANCELLED: charged twice). With
+// interceptor.WithIdempotencyDetachedHandler(max) the owner's handler runs
+// on a context the caller's end does not reach, bounded by max and by its
+// lease instead, and its outcome is stored; the server then works, up to
+// max, for a caller that may not come back.
+//
 // # The lease
 //
 // A claim is held under a lease. If the owner's process dies, the lease ends
