@@ -104,3 +104,51 @@ func TestEvictingRedisDropsLiveClaims(t *testing.T) {
 		t.Errorf("Open(WithRefuseEvictingPolicy()) error = %v, want ErrEvictingPolicy", err)
 	}
 }
+
+// TestRedisRestartKeepsWhatPersistenceKept pins the persistence rows of the
+// package documentation (finding 3 of issue 14) against a real redis-server
+// killed and restarted: without persistence a completed record is gone and
+// a duplicate would run its call again; with appendonly and appendfsync
+// always it is replayed.
+func TestRedisRestartKeepsWhatPersistenceKept(t *testing.T) {
+	tests := []struct {
+		name string
+		args func(t *testing.T) []string
+		want idempotency.State
+	}{
+		{"no persistence", func(*testing.T) []string { return nil }, idempotency.Owned},
+		{"appendonly, fsync always", func(t *testing.T) []string {
+			return []string{"--dir", t.TempDir(), "--appendonly", "yes", "--appendfsync", "always"}
+		}, idempotency.Completed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.StartWith(t, tt.args(t)...)
+			client := redistest.Client(t, srv.Addr)
+			ctx := context.Background()
+			s, err := redisstore.New(client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := idempotency.RecordKey{Scope: "a", FullMethod: "/shop.Orders/Create", Key: "order-1"}
+			c, err := s.Claim(ctx, k, []byte("fp"), time.Minute)
+			if err != nil || c.State != idempotency.Owned {
+				t.Fatalf("Claim() = %v, %v", c.State, err)
+			}
+			if err := s.Complete(ctx, k, c.Token, &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y"}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			srv.Restart(t)
+			var dup idempotency.Claim
+			for range 50 { // the client reconnects
+				if dup, err = s.Claim(ctx, k, []byte("fp"), time.Minute); err == nil {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil || dup.State != tt.want {
+				t.Errorf("Claim() after a restart = %v, %v, want %v", dup.State, err, tt.want)
+			}
+		})
+	}
+}
