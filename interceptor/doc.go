@@ -212,11 +212,14 @@
 // WithIdempotencyKeys and WithAutomaticIdempotencyKeys attach one random key
 // (metadata idempotency-key) to every attempt of a logical call;
 // ContextWithIdempotencyKey supplies the caller's own. On the server,
-// NewServer with WithIdempotencyStore executes a keyed call once, replays
-// its stored outcome to duplicates byte for byte, coalesces concurrent
-// duplicates, and keeps its records in memory (idempotency.NewMemoryStore)
-// or in Redis (package idempotency/redisstore); see package
-// interceptor/idempotency for the full semantics.
+// NewServer with WithIdempotencyStore and a scope (WithIdempotencyScope,
+// or WithIdempotencySharedScope for unauthenticated callers) executes a
+// keyed call once per caller scope, replays its stored outcome to duplicates
+// byte for byte, coalesces concurrent duplicates, renews the owner's lease
+// while the handler runs, and keeps its records in memory
+// (idempotency.NewMemoryStore, with a stated minimum retention and
+// per-scope quotas) or in Redis (package idempotency/redisstore); see
+// package interceptor/idempotency for the full semantics.
 //
 // # Server
 //

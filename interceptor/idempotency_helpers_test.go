@@ -137,6 +137,9 @@ func (idemDownStore) Claim(context.Context, idempotency.RecordKey, []byte, time.
 func (idemDownStore) Complete(context.Context, idempotency.RecordKey, string, *idempotency.Record, time.Duration) error {
 	return errIdemDown
 }
+func (idemDownStore) Renew(context.Context, idempotency.RecordKey, string, time.Duration) error {
+	return errIdemDown
+}
 func (idemDownStore) Release(context.Context, idempotency.RecordKey, string) error {
 	return errIdemDown
 }
@@ -243,10 +246,11 @@ func idemTenantScope(ctx context.Context) (string, error) {
 }
 
 // idemStart serves impl over bufconn behind a Server built from opts and
-// returns a client connection. Both are closed when t ends.
+// returns a client connection. Both are closed when t ends. The scope is
+// shared (these callers are not authenticated) unless opts set one.
 func idemStart(t testing.TB, impl echov1.EchoServiceServer, opts ...ServerOption) *grpc.ClientConn {
 	t.Helper()
-	s, err := NewServer(opts...)
+	s, err := NewServer(append([]ServerOption{WithIdempotencySharedScope()}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewServer() error = %v", err)
 	}

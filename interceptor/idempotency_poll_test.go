@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -59,32 +58,6 @@ func TestIdempotencyPollBackoffDoublesAndStopsAtLease(t *testing.T) {
 			}
 		}
 		wantCalls(t, e, 1)
-	})
-}
-
-func TestIdempotencyOwnerOutlivingLeaseIsNotStoredAndLogged(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mem, err := idempotency.NewMemoryStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := &idemEcho{}
-		e.fn = func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
-			time.Sleep(2 * time.Second) // fake time: the handler outlives its 1 s lease
-			return &echov1.EchoResponse{Message: req.Message}, nil
-		}
-		var log idemLog
-		cc := idemStart(t, e, WithIdempotencyStore(mem), WithIdempotencyLease(time.Second), WithServerLogger(log.logger()))
-		ctx := idemCtx(t)
-		for range 2 {
-			if r := idemDo(ctx, cc, "k", "m"); r.err != nil {
-				t.Fatalf("call error = %v, want the handler's reply", r.err)
-			}
-		}
-		wantCalls(t, e, 2)
-		if !strings.Contains(log.String(), "lease ended before the handler returned") {
-			t.Errorf("log = %q, want a warning about the lease", log.String())
-		}
 	})
 }
 

@@ -195,7 +195,7 @@ func testIdemWaitOff(t *testing.T, env *idemEnv) {
 		<-gate
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}}
-	opts := []ServerOption{WithIdempotencyStore(env.store), WithIdempotencyWait(false), WithIdempotencyPushback(250 * time.Millisecond)}
+	opts := []ServerOption{WithIdempotencyStore(env.store), WithIdempotencySharedScope(), WithIdempotencyWait(false), WithIdempotencyPushback(250 * time.Millisecond)}
 	cc := idemStart(t, e, opts...)
 	ctx := idemCtx(t)
 	firstDone := make(chan idemCall)
@@ -334,7 +334,7 @@ func testIdemCrashedOwnerNoWait(t *testing.T, env *idemEnv) {
 	idemCrash(t, env, "k")
 	e := &idemEcho{}
 	ctx := idemCtx(t)
-	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithIdempotencyWait(false))
+	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithIdempotencySharedScope(), WithIdempotencyWait(false))
 	wantCode(t, "before the lease ends", idemDo(ctx, cc, "k", "m").err, codes.Aborted, "")
 	env.advance(idemTestLease)
 	if r := idemDo(ctx, cc, "k", "m"); r.err != nil {

@@ -52,7 +52,7 @@ func TestKeyedRetryOfANonIdempotentCallExecutesOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := NewServer(WithIdempotencyStore(store))
+		srv, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
 		if err != nil {
 			t.Fatal(err)
 		}

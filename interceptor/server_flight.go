@@ -121,11 +121,15 @@ func (g *srvFlights) finish(f *srvFlight) {
 	g.put(f)
 }
 
+// srvKeepBuf is the largest request buffer a recycled flight keeps, and a
+// waiting call holds.
+const srvKeepBuf = 64 << 10
+
 // put recycles f, which no one else holds: never joined, or finished
 // without waiters. It keeps f's buffer unless it grew large.
 func (g *srvFlights) put(f *srvFlight) {
 	buf := f.buf[:0]
-	if cap(buf) > 64<<10 {
+	if cap(buf) > srvKeepBuf {
 		buf = nil
 	}
 	*f = srvFlight{buf: buf}

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
@@ -87,11 +89,35 @@ type srvRejection struct {
 	code     codes.Code
 	msg      string
 	sentinel error
+	st       *status.Status // when set, the status, with details; else code and msg
 }
 
-func (e *srvRejection) Error() string              { return e.msg }
-func (e *srvRejection) Unwrap() error              { return e.sentinel }
-func (e *srvRejection) GRPCStatus() *status.Status { return status.New(e.code, e.msg) }
+func (e *srvRejection) Error() string { return e.msg }
+func (e *srvRejection) Unwrap() error { return e.sentinel }
+func (e *srvRejection) GRPCStatus() *status.Status {
+	if e.st != nil {
+		return e.st
+	}
+	return status.New(e.code, e.msg)
+}
+
+// srvStoreFull is the answer to a claim the store refused for room:
+// RESOURCE_EXHAUSTED with a google.rpc.RetryInfo of the store's hint. It
+// wraps the store's error, so errors.Is matches idempotency.ErrStoreFull
+// and, for a scope's quota, idempotency.ErrScopeFull.
+func srvStoreFull(full *idempotency.FullError) error {
+	msg := "idempotency: no room to record this call; retry later"
+	if full.Scope {
+		msg = "idempotency: the caller's quota of recorded calls is full; retry later"
+	}
+	st := status.New(codes.ResourceExhausted, msg)
+	if full.RetryAfter > 0 {
+		if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(full.RetryAfter)}); err == nil {
+			st = withHint
+		}
+	}
+	return &srvRejection{code: codes.ResourceExhausted, msg: msg, sentinel: full, st: st}
+}
 
 // srvIdemOptions are the idempotency options before validation.
 type srvIdemOptions struct {
@@ -105,12 +131,13 @@ type srvIdemOptions struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy // by "", service or full method
+	omit        map[string]struct{}             // metadata keys never stored, lower case
+	detachMax   time.Duration                   // > 0: owned handlers run detached, at most this long
 	errs        []error
 }
 
 func srvIdemDefaults() srvIdemOptions {
 	return srvIdemOptions{
-		scope:       IdempotencyPeerScope,
 		ttl:         DefaultIdempotencyTTL,
 		lease:       DefaultIdempotencyLease,
 		pushback:    DefaultIdempotencyPushback,
@@ -134,24 +161,35 @@ func srvIdemOption(f func(*srvIdemOptions)) ServerOption {
 // WithIdempotencyStore turns on server-side idempotency with store. A unary
 // call that carries idempotency-key metadata runs its handler once per record
 // key (caller scope, full method, key); duplicates receive the stored
-// outcome, byte for byte, without running the handler. See the package
+// outcome, byte for byte, without running the handler. It needs a scope:
+// [WithIdempotencyScope] or [WithIdempotencySharedScope]. See the package
 // documentation of interceptor/idempotency for the semantics, and
 // idempotency.NewMemoryStore and redisstore.New for stores.
+//
+// What a duplicate receives: the stored status (code, message, details) or
+// reply, and the response header and trailer metadata that the handler set
+// through its context (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer),
+// less the keys of [WithIdempotencyOmitMetadata]. Nothing else is stored:
+// not the request, not metadata set by interceptors outside this one (they
+// run again for the duplicate), not grpc's own (grpc-status and the like,
+// which the status carries).
 func WithIdempotencyStore(store idempotency.Store) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.store = store })
 }
 
 // WithIdempotencyScope sets the function that names the caller's scope, the
 // first part of every record key: typically the authenticated principal or
-// tenant. An error it returns is returned to the caller as is (a status
-// error keeps its code; grpc makes any other error UNKNOWN).
+// tenant, or [IdempotencyPeerScope] for callers with verified client
+// certificates (mTLS, SPIFFE). An error it returns is returned to the caller
+// as is (a status error keeps its code; grpc makes any other error UNKNOWN),
+// and the handler does not run.
 //
-// The default is [IdempotencyPeerScope]: the identity of a verified TLS
-// client certificate, else the empty scope. All callers of one scope share
-// records: with a shared (e.g. empty) scope, any caller who learns or
-// guesses another's key, for the same method, receives that caller's reply.
-// Keys must then be unguessable (random, 128 bits or more), and a server with
-// authenticated callers should set a scope.
+// A Server with a store needs a scope: this option, or
+// [WithIdempotencySharedScope] to let every caller share one. NewServer
+// returns an error otherwise. All callers of one scope share records: a
+// caller who learns or guesses another's key, for the same method and
+// request, receives that caller's reply and the metadata replayed with it
+// (see [WithIdempotencyOmitMetadata]).
 func WithIdempotencyScope(scope func(ctx context.Context) (string, error)) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) {
 		if scope == nil {
@@ -162,18 +200,105 @@ func WithIdempotencyScope(scope func(ctx context.Context) (string, error)) Serve
 	})
 }
 
+// WithIdempotencySharedScope makes every caller share one scope, the empty
+// one: an explicit choice for a server whose callers are not authenticated,
+// or are all one principal. Any caller who learns or guesses another's key,
+// for the same method and request, then receives that caller's reply and its
+// replayed metadata; it can also take a key first (the owner then gets
+// FAILED_PRECONDITION for the record's TTL) and learn whether a key was
+// used. Keys must be unguessable (random, 128 bits or more) and never shown
+// to other callers. A later WithIdempotencyScope replaces it, and it
+// replaces an earlier one.
+func WithIdempotencySharedScope() ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) { o.scope = srvSharedScope })
+}
+
+func srvSharedScope(context.Context) (string, error) { return "", nil }
+
+// WithIdempotencyDetachedHandler runs the handler of a call that owns its
+// key on a context that the caller's cancellation and deadline do not
+// reach, bounded instead by max, a server-side maximum, and by the key's
+// lease: the lease is at least max, renewed while the handler runs, and if
+// it is lost all the same the handler's context is cancelled, since another
+// call may then run it. Values of the context (metadata, peer, auth) are
+// kept. 0, the default, leaves the handler on the caller's context.
+//
+// The trade-off, either way. By default a caller that gives up (its
+// deadline passes, it cancels) cancels the handler's context; a handler that
+// then returns CANCELLED or DEADLINE_EXCEEDED has its outcome released, not
+// stored (DefaultIdempotencyUnstored), so the caller's retry runs it again.
+// That is right for a handler whose work is undone with its context (a
+// transaction rolled back), and wrong for one that committed first and
+// noticed the cancellation after (a card charged, then CANCELLED: charged
+// twice). Detached, such a handler finishes what it started and its outcome
+// is stored, so the retry gets it; the cost is that the server keeps
+// working, up to max, for a caller that may not come back, and that the
+// caller's deadline no longer bounds the handler's downstream calls.
+// Duplicates of a detached call wait for it as for any other.
+func WithIdempotencyDetachedHandler(max time.Duration) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) {
+		if max < 0 {
+			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyDetachedHandler(%v): must not be negative", max))
+			return
+		}
+		o.detachMax = max
+	})
+}
+
+// WithIdempotencyOmitMetadata names response header and trailer keys that
+// are never stored, so never replayed: a replay carries the rest of the
+// metadata the handler set (see [WithIdempotencyStore]). Use it for
+// metadata meant for one response only, such as cookies, per-attempt debug
+// or timing headers. Keys are case-insensitive; each must be a valid
+// metadata key (lower-case letters, digits, '-', '_', '.'). Repeated use
+// adds keys.
+func WithIdempotencyOmitMetadata(keys ...string) ServerOption {
+	return srvIdemOption(func(o *srvIdemOptions) {
+		for _, k := range keys {
+			lk := strings.ToLower(k)
+			if !srvValidMDKey(lk) {
+				o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyOmitMetadata(%q): not a valid metadata key", k))
+				return
+			}
+			if o.omit == nil {
+				o.omit = make(map[string]struct{})
+			}
+			o.omit[lk] = struct{}{}
+		}
+	})
+}
+
+// srvValidMDKey reports whether k, in lower case, is a valid metadata key.
+func srvValidMDKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
 // WithIdempotencyTTL sets how long a completed outcome is kept and replayed
 // (default DefaultIdempotencyTTL). A store with bounded memory may evict
-// records sooner.
+// records sooner: the memory store never before its minimum retention
+// (idempotency.WithMinRetention), and it refuses new claims with
+// RESOURCE_EXHAUSTED rather than evict a younger record.
 func WithIdempotencyTTL(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.ttl = d })
 }
 
 // WithIdempotencyLease sets the lease of a running first call (default
 // DefaultIdempotencyLease): if its server crashes, duplicates wait at most
-// this long before one of them runs the call again. Set it above the longest
-// time the handler runs: an owner still running when its lease ends can no
-// longer store its outcome (logged), and a duplicate may run concurrently.
+// this long before one of them runs the call again. The lease follows the
+// handler: it is renewed every lease/3 while the handler runs, and the first
+// one is at least the time left to the call's deadline. A shorter lease
+// frees a crashed owner's keys sooner, at the cost of more renewals (one
+// store call per lease/3 of handler time); it must outlast the store's
+// unavailability, or the lease may end under a running handler (logged).
 func WithIdempotencyLease(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
 }
@@ -201,10 +326,13 @@ func WithIdempotencyPoll(initial, max time.Duration) ServerOption {
 }
 
 // WithIdempotencyFailOpen sets what a keyed call does when the store fails
-// (an outage, a timeout, a full memory store). false, the default, fails
-// closed: the call gets UNAVAILABLE, which clients retry, and the handler
-// does not run. true fails open: the handler runs without idempotency, so a
-// duplicate may run it again; each such call is logged.
+// (an outage, a timeout). false, the default, fails closed: the call gets
+// UNAVAILABLE, which clients retry, and the handler does not run. true fails
+// open: the handler runs without idempotency, so a duplicate may run it
+// again; each such call is logged. A store that refuses a claim for room
+// (idempotency.FullError: full, or the caller's scope at its quota) is not
+// failing: the call gets RESOURCE_EXHAUSTED with a RetryInfo hint either
+// way, and the handler does not run.
 func WithIdempotencyFailOpen(open bool) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.failOpen = open })
 }
@@ -281,8 +409,10 @@ type srvIdem struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy
-	pushbackMD  metadata.MD // the trailer of ABORTED when waiting is off
-	inProgress  srvOutcome  // ABORTED with pushback, when waiting is off
+	omit        map[string]struct{} // metadata keys never stored, lower case; nil when none
+	detachMax   time.Duration       // > 0: owned handlers run detached from the caller, at most this long
+	pushbackMD  metadata.MD         // the trailer of ABORTED when waiting is off
+	inProgress  srvOutcome          // ABORTED with pushback, when waiting is off
 	log         srvLogger
 	// detach: store calls after the handler get a context that the
 	// caller's cancellation does not reach. The memory store ignores
@@ -313,6 +443,12 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	case o.pollInitial <= 0 || o.pollMax < o.pollInitial:
 		return nil, fmt.Errorf("interceptor: WithIdempotencyPoll(%v, %v): need 0 < initial <= max", o.pollInitial, o.pollMax)
 	}
+	if o.scope == nil {
+		return nil, errors.New("interceptor: WithIdempotencyStore needs the callers' scope, so that one caller " +
+			"never receives another's reply: WithIdempotencyScope(f) with the authenticated principal or tenant, " +
+			"WithIdempotencyScope(interceptor.IdempotencyPeerScope) for callers with verified client certificates, " +
+			"or WithIdempotencySharedScope() to let every caller share records (keys must then be unguessable)")
+	}
 	if err := srvCheckStreamPolicies(o.policies); err != nil {
 		return nil, err
 	}
@@ -329,6 +465,8 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		failOpen:    o.failOpen,
 		retryable:   o.retryable,
 		policies:    o.policies,
+		omit:        o.omit,
+		detachMax:   o.detachMax,
 		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		log:         log,
 		flights:     newSrvFlights(),
@@ -441,30 +579,84 @@ func srvInvalidKey(msg string) error {
 	return &srvRejection{code: codes.InvalidArgument, msg: "idempotency: " + msg, sentinel: ErrIdempotencyKeyInvalid}
 }
 
-// IdempotencyPeerScope is the default scope function: for a caller with a
-// verified TLS client certificate, "x509:" and the hex SHA-256 of the leaf
-// certificate's issuer and subject (stable across renewals by the same CA);
-// for any other caller, the empty scope, which all such callers share. See
-// WithIdempotencyScope for the risk of a shared scope.
+// IdempotencyPeerScope is a scope function for callers with verified TLS
+// client certificates (mTLS, including SPIFFE X.509-SVIDs as Istio and SPIRE
+// issue them): "x509:" and the hex SHA-256 of the leaf certificate's
+// identity, which is its issuer, its Subject and its subject alternative
+// names (URIs such as spiffe://example.org/ns/a/sa/x, DNS names, e-mail
+// addresses and IP addresses, each list sorted). The scope is stable across
+// renewals by the same CA that keep the identity, and differs between two
+// workloads of one CA whose certificates differ only in a SAN.
+//
+// A keyed call from a caller without a verified certificate, or with one
+// that names nobody (an empty Subject and no SAN), is refused with
+// UNAUTHENTICATED: it has no scope of its own, and sharing one would let
+// such callers read each other's replies. Install it with
+// WithIdempotencyScope(IdempotencyPeerScope).
 func IdempotencyPeerScope(ctx context.Context) (string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.AuthInfo == nil {
-		return "", nil
+		return "", errSrvNoPeerCert
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
-		return "", nil
+		return "", errSrvNoPeerCert
 	}
-	return srvCertScope(ti.State.VerifiedChains[0][0]), nil
+	leaf := ti.State.VerifiedChains[0][0]
+	if !srvCertNamesSomeone(leaf) {
+		return "", errSrvAnonymousCert
+	}
+	return srvCertScope(leaf), nil
 }
 
+var (
+	errSrvNoPeerCert = status.Error(codes.Unauthenticated,
+		"idempotency: a keyed call needs a verified client certificate to scope its key (IdempotencyPeerScope)")
+	errSrvAnonymousCert = status.Error(codes.Unauthenticated,
+		"idempotency: the client certificate has no identity (empty Subject, no SAN) to scope the key")
+)
+
+// srvCertNamesSomeone reports whether the certificate carries an identity:
+// a Subject or a subject alternative name.
+func srvCertNamesSomeone(c *x509.Certificate) bool {
+	emptySubject := len(c.RawSubject) == 0 || string(c.RawSubject) == "\x30\x00" // an empty DER SEQUENCE
+	return !emptySubject || len(c.URIs) > 0 || len(c.DNSNames) > 0 ||
+		len(c.EmailAddresses) > 0 || len(c.IPAddresses) > 0
+}
+
+// srvCertScope hashes the certificate's identity: every part is
+// length-prefixed, and each SAN list is counted and sorted, so no two
+// identities hash alike by moving bytes between parts.
 func srvCertScope(leaf *x509.Certificate) string {
 	h := sha256.New()
 	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(leaf.RawIssuer)))
-	h.Write(n[:])
-	h.Write(leaf.RawIssuer)
-	h.Write(leaf.RawSubject)
+	put := func(b []byte) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	list := func(vs []string) {
+		vs = slices.Sorted(slices.Values(vs))
+		binary.BigEndian.PutUint64(n[:], uint64(len(vs)))
+		h.Write(n[:])
+		for _, v := range vs {
+			put([]byte(v))
+		}
+	}
+	put(leaf.RawIssuer)
+	put(leaf.RawSubject)
+	uris := make([]string, len(leaf.URIs))
+	for i, u := range leaf.URIs {
+		uris[i] = u.String()
+	}
+	ips := make([]string, len(leaf.IPAddresses))
+	for i, ip := range leaf.IPAddresses {
+		ips[i] = ip.String()
+	}
+	list(uris)
+	list(leaf.DNSNames)
+	list(leaf.EmailAddresses)
+	list(ips)
 	return "x509:" + hex.EncodeToString(h.Sum(nil))
 }
 
@@ -508,6 +700,23 @@ func srvRecord(o *srvOwned, resp any, herr error) error {
 	}
 	rec.ReplyType, rec.Reply = string(m.ProtoReflect().Descriptor().FullName()), b
 	return nil
+}
+
+// omitted returns md without the keys of WithIdempotencyOmitMetadata. md is
+// the capture's own copy (metadata.Join copies), so it is edited in place.
+func (s *srvIdem) omitted(md metadata.MD) metadata.MD {
+	if len(s.omit) == 0 || len(md) == 0 {
+		return md
+	}
+	for k := range md {
+		if _, ok := s.omit[strings.ToLower(k)]; ok {
+			delete(md, k)
+		}
+	}
+	if len(md) == 0 {
+		return nil
+	}
+	return md
 }
 
 // replayShared returns a flight's outcome to one of its calls.

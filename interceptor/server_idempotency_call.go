@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -46,11 +47,15 @@ type srvIdemCall struct {
 	f *srvFlight
 	// backoff is the delay of the next poll of the store (step claim).
 	backoff time.Duration
+	// lease is the lease the call claims and renews: the configured lease,
+	// or the time left to the call's deadline when that is longer.
+	lease time.Duration
 
 	// Set by step run, while the call owns the claim:
-	token string          // the claim's owner token
-	sctx  context.Context // the store's context after the handler: not cancelled with ctx
-	own   *srvOwned       // the handler's capturing stream and the record
+	token   string          // the claim's owner token
+	sctx    context.Context // the store's context after the handler: not cancelled with ctx
+	own     *srvOwned       // the handler's capturing stream and the record
+	renewal *srvRenewal     // renews the lease while the handler runs
 }
 
 // intercept is the unary path of server-side idempotency: the key policy,
@@ -70,7 +75,11 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 		}
 		return handler(ctx, req)
 	}
-	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial}
+	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial, lease: s.lease}
+	if dl, ok := ctx.Deadline(); ok {
+		c.lease = max(c.lease, time.Until(dl))
+	}
+	c.lease = max(c.lease, s.detachMax)
 	if err := c.key(key); err != nil {
 		return nil, err
 	}
@@ -107,6 +116,12 @@ func (c *srvIdemCall) join() (any, error) {
 			return c.claim()
 		}
 		// c.f did not start: it is still ours, to join again or put back.
+		// Its marshalled request served the fingerprint; drop it before the
+		// wait (finding 9 of issue 14: 800 waiters with 256 KiB requests
+		// held 201 MB of copies). Small buffers stay, for the pool.
+		if cap(c.f.buf) > srvKeepBuf {
+			c.f.buf = nil
+		}
 		out, err := c.await(running, done)
 		if out == nil && err == nil {
 			continue
@@ -144,7 +159,7 @@ func (c *srvIdemCall) await(running *srvFlight, done <-chan struct{}) (*srvOutco
 func (c *srvIdemCall) claim() (any, error) {
 	defer c.s.flights.finish(c.f) // after c.f.out is written, or with it unset: waiters compete again
 	for {
-		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
+		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.lease)
 		if err != nil {
 			return c.claimFailed(err)
 		}
@@ -176,10 +191,16 @@ func (c *srvIdemCall) claim() (any, error) {
 // claimFailed answers a call whose Claim failed. The call holds no claim:
 // the store's contract is that a failed Claim leaves the key to others
 // (the Redis store releases an orphan claim itself). The call's own end
-// wins; then fail open runs the handler plainly, and fail closed refuses.
+// wins; then a store refusing for room (idempotency.FullError) gets
+// RESOURCE_EXHAUSTED with its hint, fail open or not: the store works, and
+// running the handler unrecorded would undo the bound; then fail open runs
+// the handler plainly, and fail closed refuses.
 func (c *srvIdemCall) claimFailed(err error) (any, error) {
 	if c.ctx.Err() != nil {
 		return nil, status.FromContextError(c.ctx.Err()).Err()
+	}
+	if full, ok := errors.AsType[*idempotency.FullError](err); ok {
+		return nil, srvStoreFull(full)
 	}
 	if c.s.failOpen {
 		c.s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
@@ -208,32 +229,99 @@ func (c *srvIdemCall) poll(retryAfter time.Duration) error {
 }
 
 // run is step run: the call owns the claim (token) and runs the handler,
-// whose metadata it captures, then settles the claim: deferred, so that a
-// panic settles it too before it goes on.
+// whose metadata it captures, renewing the lease every lease/3 while the
+// handler runs; then it settles the claim: deferred, so that a panic
+// settles it too before it goes on.
 func (c *srvIdemCall) run(token string) (resp any, err error) {
 	c.token, c.sctx = token, c.ctx
 	if c.s.detach {
 		c.sctx = context.WithoutCancel(c.ctx)
 	}
+	hctx := c.ctx
+	var cancel context.CancelFunc
+	if c.s.detachMax > 0 {
+		// WithIdempotencyDetachedHandler: the caller's end does not reach
+		// the handler; the server's maximum and a lost lease do.
+		hctx, cancel = context.WithTimeout(context.WithoutCancel(c.ctx), c.s.detachMax)
+		defer cancel()
+	}
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
+	c.renewal = &srvRenewal{s: c.s, sctx: c.sctx, rk: c.f.key.rk, token: token, lease: c.lease, method: c.info.FullMethod,
+		cancel: cancel}
+	c.renewal.mu.Lock() // renew waits for t
+	c.renewal.t = time.AfterFunc(c.lease/3, c.renewal.renew)
+	c.renewal.mu.Unlock()
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
-	resp, err = c.handler(grpc.NewContextWithServerTransportStream(c.ctx, c.own), c.req)
+	resp, err = c.handler(grpc.NewContextWithServerTransportStream(hctx, c.own), c.req)
 	panicked = false
 	return resp, err
 }
 
+// srvRenewal renews an owned claim's lease every lease/3 while the handler
+// runs (finding 4 of issue 14: a handler that outlived its lease ran again,
+// concurrently, on another server). It is the timer's, not the record's:
+// nothing stored points to it.
+type srvRenewal struct {
+	s      *srvIdem              // immutable
+	sctx   context.Context       // the store's context; immutable
+	rk     idempotency.RecordKey // immutable
+	token  string                // immutable
+	lease  time.Duration         // immutable
+	method string                // immutable
+	cancel context.CancelFunc    // cancels a detached handler when the lease is lost; nil otherwise; immutable
+	t      *time.Timer           // set under mu when made; Reset under mu
+
+	mu      sync.Mutex
+	stopped bool // guarded by mu; no renewal starts once set
+}
+
+// renew is the timer's function: it renews the lease and sets the timer
+// again, until stop or the lease is no longer the call's.
+func (r *srvRenewal) renew() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	err := r.s.store.Renew(r.sctx, r.rk, r.token, r.lease)
+	switch {
+	case err == nil:
+	case errors.Is(err, idempotency.ErrNotOwner):
+		r.s.log.warn("idempotency: the lease ended while the handler ran; a duplicate may run it too",
+			"method", r.method, "error", err)
+		if r.cancel != nil {
+			r.cancel() // a detached handler is bounded by its lease
+		}
+		return
+	default:
+		r.s.log.warn("idempotency: renewing the lease failed; trying again", "method", r.method, "error", err)
+	}
+	r.t.Reset(r.lease / 3)
+}
+
+// stop ends the renewals: one running finishes first (mu), none starts
+// after.
+func (r *srvRenewal) stop() {
+	r.mu.Lock()
+	r.stopped = true
+	r.t.Stop()
+	r.mu.Unlock()
+}
+
 // settle is step settle: the one place where an owned claim ends. It stops
-// the capture of metadata, then completes the claim with the handler's
+// the lease's renewal and the capture of metadata, then completes the claim with the handler's
 // outcome (complete) or, failing that, releases it: this is the only
 // release of a claim the interceptor holds. How each end of the call leads
 // here, and what it does:
 //
-//   - handler success, or an error with a stored code: complete. When the
-//     outcome cannot be stored (the reply is not a proto message, the
-//     record is over the store's bound, the store fails): release, so a
-//     duplicate runs the handler again. When the lease has ended
-//     (ErrNotOwner): nothing, the key is no longer ours.
+//   - handler success, or an error with a stored code: complete, and the
+//     flight's waiters take the outcome, stored or not. When the outcome
+//     cannot be stored (the reply is not a proto message, the record is
+//     over the store's bound, the store fails): release, so a later
+//     duplicate runs the handler again. When the lease has ended and the
+//     key is absent, Complete stores it all the same; when another call
+//     has claimed it since (ErrNotOwner): nothing, the key is not ours.
 //   - handler error with an unstored code (UNAVAILABLE, RESOURCE_EXHAUSTED,
 //     ABORTED, ... see WithIdempotencyUnstoredCodes): release, so a retry
 //     runs the handler again.
@@ -244,6 +332,7 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 //   - store error: in Complete, as above, release; in Claim, no claim is
 //     held (see claimFailed).
 func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
+	c.renewal.stop()
 	c.own.close()
 	if !panicked && c.complete(resp, herr) {
 		return
@@ -266,13 +355,17 @@ func (c *srvIdemCall) complete(resp any, herr error) bool {
 		return false
 	}
 	rec := &c.own.rec
+	rec.Header, rec.Trailer = c.s.omitted(rec.Header), c.s.omitted(rec.Trailer)
+	// The flight's waiters are duplicates of this very request: they take
+	// this outcome whatever the store does with it, rather than run the
+	// handler again (finding 4 of issue 14).
+	c.f.out = srvOutcome{ok: true, rec: rec}
 	err := c.s.store.Complete(c.sctx, c.f.key.rk, c.token, rec, c.s.ttl)
 	switch {
 	case err == nil:
-		c.f.out = srvOutcome{ok: true, rec: rec}
 		return true
 	case errors.Is(err, idempotency.ErrNotOwner):
-		c.s.log.warn("idempotency: outcome not stored: the lease ended before the handler returned; raise the lease",
+		c.s.log.warn("idempotency: outcome not stored: another call claimed the key after this one's lease ended",
 			"method", method, "error", err)
 		return true
 	case errors.Is(err, idempotency.ErrRecordTooLarge):

@@ -26,7 +26,7 @@ func TestIdempotencyHandlerPanicReleasesClaimAndRepanics(t *testing.T) {
 type idemPanicValue struct{ msg string }
 
 func testIdemPanicRepanics(t *testing.T, env *idemEnv) {
-	s, err := NewServer(WithIdempotencyStore(env.store))
+	s, err := NewServer(WithIdempotencyStore(env.store), WithIdempotencySharedScope())
 	if err != nil {
 		t.Fatal(err)
 	}

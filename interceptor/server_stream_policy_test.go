@@ -44,7 +44,7 @@ func TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNewServer(t *testing.T) {
 		{"/not.Registered/Stream", IdempotencyKeyRequired, ""}, // checked per call instead
 	}
 	for _, tt := range tests {
-		_, err := NewServer(WithIdempotencyStore(store), WithIdempotencyKeyPolicy(tt.method, tt.policy))
+		_, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope(), WithIdempotencyKeyPolicy(tt.method, tt.policy))
 		switch {
 		case tt.want == "" && err != nil:
 			t.Errorf("NewServer(WithIdempotencyKeyPolicy(%q, %v)) error = %v, want none", tt.method, tt.policy, err)
@@ -108,7 +108,7 @@ func TestIdempotencyKeyPolicyOnUnregisteredStreamFailsEachCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []IdempotencyKeyPolicy{IdempotencyKeyRequired, IdempotencyKeyOptional, IdempotencyKeyIgnored} {
-		srv, err := NewServer(WithIdempotencyStore(store), WithIdempotencyKeyPolicy(rawUploadMethod, p))
+		srv, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope(), WithIdempotencyKeyPolicy(rawUploadMethod, p))
 		if err != nil {
 			t.Fatalf("NewServer(WithIdempotencyKeyPolicy(%q, %v)) error = %v", rawUploadMethod, p, err)
 		}

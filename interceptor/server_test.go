@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +29,7 @@ func TestNewServerRejectsBadOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	withStore := func(opts ...ServerOption) []ServerOption {
-		return append([]ServerOption{WithIdempotencyStore(store)}, opts...)
+		return append([]ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope()}, opts...)
 	}
 	tests := []struct {
 		name string
@@ -154,8 +156,12 @@ func FuzzIdempotencyKey(f *testing.F) {
 }
 
 func TestIdempotencyPeerScope(t *testing.T) {
-	cert := func(subject, issuer string) *x509.Certificate {
-		return &x509.Certificate{RawSubject: []byte(subject), RawIssuer: []byte(issuer)}
+	uri := func(s string) *url.URL {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
 	}
 	withPeer := func(ai credentials.AuthInfo) context.Context {
 		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: ai})
@@ -163,29 +169,60 @@ func TestIdempotencyPeerScope(t *testing.T) {
 	tlsPeer := func(c *x509.Certificate) context.Context {
 		return withPeer(credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{c}}}})
 	}
-	scope := func(ctx context.Context) string {
-		s, err := IdempotencyPeerScope(ctx)
+	scope := func(c *x509.Certificate) string {
+		s, err := IdempotencyPeerScope(tlsPeer(c))
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("IdempotencyPeerScope(%v) error = %v", c, err)
 		}
 		return s
 	}
-	if got := scope(context.Background()); got != "" {
-		t.Errorf("scope without a peer = %q, want empty", got)
+	refused := []struct {
+		name string
+		ctx  context.Context
+	}{
+		{"no peer", context.Background()},
+		{"TLS peer without a verified certificate", withPeer(credentials.TLSInfo{})},
+		{"certificate without a Subject or SAN", tlsPeer(&x509.Certificate{RawIssuer: []byte("ca")})},
+		{"certificate with an empty DER Subject, no SAN", tlsPeer(&x509.Certificate{RawIssuer: []byte("ca"), RawSubject: []byte{0x30, 0}})},
 	}
-	if got := scope(withPeer(credentials.TLSInfo{})); got != "" {
-		t.Errorf("scope of a TLS peer without a verified certificate = %q, want empty", got)
+	for _, tt := range refused {
+		if s, err := IdempotencyPeerScope(tt.ctx); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("IdempotencyPeerScope(%s) = %q, %v, want UNAUTHENTICATED", tt.name, s, err)
+		}
 	}
-	a := scope(tlsPeer(cert("alice", "ca")))
+	a := scope(&x509.Certificate{RawSubject: []byte("alice"), RawIssuer: []byte("ca")})
 	if !strings.HasPrefix(a, "x509:") || len(a) != len("x509:")+64 {
 		t.Errorf("scope of a verified certificate = %q, want x509: and 64 hex digits", a)
 	}
-	if b := scope(tlsPeer(cert("bob", "ca"))); b == a {
-		t.Errorf("two subjects share scope %q", a)
+	distinct := []struct {
+		name string
+		a, b *x509.Certificate
+	}{
+		{"subjects", &x509.Certificate{RawSubject: []byte("alice"), RawIssuer: []byte("ca")},
+			&x509.Certificate{RawSubject: []byte("bob"), RawIssuer: []byte("ca")}},
+		{"bytes moved between issuer and subject", &x509.Certificate{RawSubject: []byte("b"), RawIssuer: []byte("ca")},
+			&x509.Certificate{RawSubject: []byte("ab"), RawIssuer: []byte("c")}},
+		{"SPIFFE IDs", &x509.Certificate{RawIssuer: []byte("ca"), URIs: []*url.URL{uri("spiffe://example.org/ns/a/sa/x")}},
+			&x509.Certificate{RawIssuer: []byte("ca"), URIs: []*url.URL{uri("spiffe://example.org/ns/a/sa/y")}}},
+		{"DNS names", &x509.Certificate{RawIssuer: []byte("ca"), DNSNames: []string{"a.svc"}},
+			&x509.Certificate{RawIssuer: []byte("ca"), DNSNames: []string{"b.svc"}}},
+		{"a DNS name or an e-mail address with the same text", &x509.Certificate{RawIssuer: []byte("ca"), DNSNames: []string{"x"}},
+			&x509.Certificate{RawIssuer: []byte("ca"), EmailAddresses: []string{"x"}}},
+		{"SANs split differently", &x509.Certificate{RawIssuer: []byte("ca"), DNSNames: []string{"ab"}},
+			&x509.Certificate{RawIssuer: []byte("ca"), DNSNames: []string{"a", "b"}}},
+		{"IP addresses", &x509.Certificate{RawIssuer: []byte("ca"), IPAddresses: []net.IP{net.IPv4(10, 0, 0, 1)}},
+			&x509.Certificate{RawIssuer: []byte("ca"), IPAddresses: []net.IP{net.IPv4(10, 0, 0, 2)}}},
 	}
-	// Issuer and subject are delimited: moving bytes between them differs.
-	if c, d := scope(tlsPeer(cert("b", "ca"))), scope(tlsPeer(cert("ab", "c"))); c == d {
-		t.Errorf("scope(%q/%q) = scope(%q/%q)", "ca", "b", "c", "ab")
+	for _, tt := range distinct {
+		if scope(tt.a) == scope(tt.b) {
+			t.Errorf("%s: two identities share scope %q", tt.name, scope(tt.a))
+		}
+	}
+	// The order of the SANs in the certificate does not matter.
+	x := &x509.Certificate{RawIssuer: []byte("ca"), DNSNames: []string{"a", "b"}}
+	y := &x509.Certificate{RawIssuer: []byte("ca"), DNSNames: []string{"b", "a"}}
+	if scope(x) != scope(y) {
+		t.Errorf("SAN order changed the scope: %q != %q", scope(x), scope(y))
 	}
 }
 
@@ -196,7 +233,7 @@ func TestIdempotencyInterceptorDirectlyWithoutGRPCStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store))
+	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,12 +263,13 @@ func TestIdempotencyInterceptorDirectlyWithoutGRPCStream(t *testing.T) {
 
 func TestIdempotencyHotPathAllocations(t *testing.T) {
 	// A small store, filled below so that every first execution evicts the
-	// oldest record: the steady state, where the store no longer grows.
-	store, err := idempotency.NewMemoryStore(idempotency.WithMaxEntries(256))
+	// oldest record: the steady state, where the store no longer grows. No
+	// minimum retention, so that it may.
+	store, err := idempotency.NewMemoryStore(idempotency.WithMaxEntries(256), idempotency.WithMinRetention(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store))
+	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +299,9 @@ func TestIdempotencyHotPathAllocations(t *testing.T) {
 		}
 	}
 	i := 1024
-	const maxFirst = 4
+	// Three more since the lease follows the handler: the renewal, its
+	// timer and the timer's function.
+	const maxFirst = 7
 	if a := testing.AllocsPerRun(runs, func() {
 		if _, err := unary(fresh[i], req, info, h); err != nil {
 			t.Fatal(err)
@@ -366,7 +406,7 @@ func newMemoryIdempotency(t *testing.T) (*idempotency.MemoryStore, grpc.UnarySer
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store))
+	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,10 @@ func idempotencyDemo(out *os.File) error {
 	if err != nil {
 		return err
 	}
-	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store))
+	// The demo's one client is not authenticated: it shares the one scope.
+	// A real server scopes keys by the authenticated caller
+	// (WithIdempotencyScope).
+	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope())
 	if err != nil {
 		return err
 	}

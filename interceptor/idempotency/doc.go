@@ -23,17 +23,27 @@
 // rejected with INVALID_ARGUMENT and a message saying what is wrong. The
 // record key is the triple [RecordKey] (caller scope, full method, key):
 //
-//   - The scope comes from a function the server supplies
+//   - The scope comes from a function the server must choose
 //     (interceptor.WithIdempotencyScope), typically the authenticated
-//     principal or tenant. By default it is the identity of a verified TLS
-//     client certificate, and otherwise empty.
-//   - Risk of a shared scope: all callers of one scope share records. With
-//     the default empty scope, any caller who learns or guesses another
-//     caller's key can receive that caller's reply, for the same method and
-//     request. Keys must then be unguessable (random, 128 bits or more), and
-//     servers with authenticated callers should set a scope. A caller of
-//     another scope using the same key runs its own call and never sees the
-//     first reply.
+//     principal or tenant. interceptor.IdempotencyPeerScope is one for mTLS:
+//     the verified client certificate's issuer, Subject and subject
+//     alternative names (SPIFFE IDs in URI SANs, DNS names, ...), so two
+//     workloads of one CA never share a scope; a keyed call without such a
+//     certificate is refused with UNAUTHENTICATED. interceptor.NewServer
+//     refuses a store without a scope, unless the server opts in to one
+//     scope shared by every caller (interceptor.WithIdempotencySharedScope).
+//   - Risk of a shared scope: all callers of one scope share records. Any
+//     caller who learns or guesses another caller's key receives that
+//     caller's reply and replayed metadata, for the same method and request;
+//     it can take a key first (the owner then gets FAILED_PRECONDITION for
+//     the record's TTL) and can learn whether a key was used. Keys must then
+//     be unguessable (random, 128 bits or more). A caller of another scope
+//     using the same key runs its own call and never sees the first reply.
+//   - What is replayed: the status (code, message, details) or reply, and
+//     the header and trailer metadata the handler set through its context,
+//     less the keys the server omits (interceptor.WithIdempotencyOmitMetadata).
+//     Metadata set by interceptors outside the idempotency interceptor is not
+//     stored: they run again for the duplicate.
 //
 // Each call is also fingerprinted: SHA-256 of its request, marshalled
 // deterministically. A key reused with a different request is refused with
@@ -58,7 +68,10 @@
 //	                           runs the handler again: UNAVAILABLE,
 //	                           RESOURCE_EXHAUSTED, ABORTED, CANCELLED and
 //	                           DEADLINE_EXCEEDED (configurable), and a panic
-//	owner crashed              its lease ends (default 30 s): a duplicate then
+//	store or scope full        RESOURCE_EXHAUSTED with RetryInfo; the handler
+//	                           does not run, fail open or not (see below)
+//	owner crashed              its lease ends (default 30 s; renewed every
+//	                           lease/3 while the handler runs): a duplicate then
 //	                           claims the key and runs the call
 //	reply over the store bound not stored, claim released, reply returned,
 //	                           a warning logged; duplicates run again
@@ -82,17 +95,39 @@
 // after the caller's deadline is stored, and the caller's retry gets it.
 // That is the point of the key.
 //
+// CANCELLED and DEADLINE_EXCEEDED: by default the handler runs on the
+// caller's context, so the caller's end cancels it, and a handler that
+// returns either code has its claim released: the retry runs it again. That
+// is right when the handler's work is undone with its context, wrong when it
+// committed first (a charge made, then CANCELLED: charged twice). With
+// interceptor.WithIdempotencyDetachedHandler(max) the owner's handler runs
+// on a context the caller's end does not reach, bounded by max and by its
+// lease instead, and its outcome is stored; the server then works, up to
+// max, for a caller that may not come back.
+//
 // # The lease
 //
 // A claim is held under a lease. If the owner's process dies, the lease ends
-// and the key is free again. Set the lease above the longest time a handler
-// runs: an owner still running when its lease ends cannot store its outcome
-// (logged), and a duplicate may run the call concurrently.
+// and the key is free again (default 30 s). While the handler runs, the
+// interceptor renews the lease every lease/3 ([Store.Renew]), so a slow
+// handler keeps its key however long it runs; and the first lease is at
+// least the time left to the call's deadline. A lease can still end under a
+// running handler when renewals fail (the store is unreachable for longer
+// than two thirds of the lease) or the store loses it (see the Redis
+// store's documentation on eviction and failover); then:
+//
+//   - the outcome is stored all the same if no other call has claimed the
+//     key since ([Store.Complete] takes an absent key);
+//   - duplicates waiting in the same process take the outcome in every
+//     case, stored or not;
+//   - a duplicate in another process may have claimed the key and run the
+//     call too: that is the one case where a call runs twice, and it is
+//     logged.
 //
 // # Store outages: fail closed or open
 //
-// When the store fails (an outage, a timeout, a full MemoryStore), a keyed
-// call fails closed by default: UNAVAILABLE, which clients retry, and the
+// When the store fails (an outage, a timeout), a keyed call fails closed by
+// default: UNAVAILABLE, which clients retry, and the
 // handler does not run. With interceptor.WithIdempotencyFailOpen(true) the
 // handler runs without idempotency instead, logged, and a duplicate may run
 // it again.
@@ -101,14 +136,37 @@
 //
 // [MemoryStore] keeps records in process memory, for a single replica. It is
 // split into shards (default 16), each with its own lock and an equal share
-// of the bounds: entries (default 100,000) and bytes (default 64 MiB, as
-// estimated by [Record.Size] plus a fixed overhead per entry). One record is
-// at most 1 MiB by default. Expiry is lazy: leases and records that have
+// of the bounds: entries (default 100,000) and bytes (default 64 MiB of
+// heap: [Record.Size] and each entry's slot, index and key strings, rounded
+// to the allocator's size classes, which a test holds within 20% of what
+// runtime.MemStats measures). One record is at most 1 MiB by default. Expiry is lazy: leases and records that have
 // ended are dropped when touched or when room is needed, so the store has no
-// goroutine and nothing to close. When a shard is full it drops ended
-// entries, then evicts the oldest completed records (a duplicate of an
-// evicted call runs again); it never evicts a live lease, and reports
-// [ErrStoreFull] when live leases alone fill it.
+// goroutine and nothing to close.
+//
+// Retention, exactly: a completed record is replayed until its TTL ends
+// (default 24 h), unless it is evicted for room; it is never evicted before
+// the minimum retention (WithMinRetention, default 1 minute, or its TTL if
+// shorter). When a shard needs room it drops ended entries, then evicts the
+// oldest completed records past their minimum retention; it never evicts a
+// live lease or a younger record. When that is not enough, the claim is
+// refused with a [*FullError] (wrapping [ErrStoreFull]) whose RetryAfter
+// says when room may come; the interceptor answers RESOURCE_EXHAUSTED with
+// a google.rpc.RetryInfo, and the handler does not run. So a duplicate that
+// arrives within the minimum retention is replayed, whatever other callers
+// do, and one that arrives later is replayed if no newer call needed its
+// room. [MemoryStore.Stats] counts evictions and refusals.
+//
+// Per-scope quotas (WithScopeQuota) bound what one scope holds, so a flood
+// from one caller is refused at its quota and leaves room for the others; a
+// scope over its quota evicts only its own records past the minimum
+// retention. Without a quota one scope can fill the store, and then every
+// scope's new claims are refused until records age past the minimum
+// retention (nobody's record is lost, but new calls wait).
+//
+// The byte bounds are checked when a key is claimed: an owner's outcome is
+// always stored, even past a bound (refusing it would run the handler
+// again), and claims are refused while a shard or scope is over. The excess
+// is at most the records of the calls in flight at once.
 //
 // # Concurrency
 //

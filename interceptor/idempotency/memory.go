@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // Defaults of [NewMemoryStore].
@@ -17,11 +18,16 @@ const (
 	DefaultMaxBytes       = 64 << 20
 	DefaultMaxRecordBytes = 1 << 20
 	DefaultShards         = 16
+	// DefaultMinRetention is how long a completed record is kept at least
+	// (or until its TTL, if shorter) before it may be evicted for room.
+	DefaultMinRetention = time.Minute
 )
 
-// entryOverhead is the bytes counted for an entry besides its key,
-// fingerprint and record: map slot, list links, times.
-const entryOverhead = 128
+// entryOverhead is the heap an entry holds besides its strings and record:
+// its slot in the shard's slice (which grows by a quarter at a time, so a
+// quarter more on average at worst) and its index map slot (8 bytes, with
+// the control byte and load factor of the map, and its doubling).
+const entryOverhead = int(unsafe.Sizeof(memEntry{}))*5/4 + 24
 
 // MemoryOption configures [NewMemoryStore].
 type MemoryOption interface{ apply(*memoryOptions) }
@@ -31,6 +37,10 @@ type memoryOptions struct {
 	maxBytes       int64
 	maxRecordBytes int
 	shards         int
+	minRetention   time.Duration
+	scopeEntries   int   // 0: no per-scope bound
+	scopeBytes     int64 // 0: no per-scope bound
+	quotaSet       bool
 	now            func() time.Time // nil: the monotonic clock
 	nowSet         bool
 }
@@ -45,9 +55,12 @@ func WithMaxEntries(n int) MemoryOption {
 	return memoryOptionFunc(func(o *memoryOptions) { o.maxEntries = n })
 }
 
-// WithMaxBytes bounds the bytes held by keys, fingerprints and records, as
-// estimated by [Record.Size] plus a fixed overhead per entry (default
-// DefaultMaxBytes). Each shard holds at most n/shards.
+// WithMaxBytes bounds the heap held by the store's entries (default
+// DefaultMaxBytes): each record as [Record.Size] estimates it, plus each
+// entry's slot, index and key strings, rounded as the Go allocator rounds
+// them; within 20% of what runtime.MemStats measures. Each shard holds at
+// most n/shards, checked when a key is claimed (see the package
+// documentation).
 func WithMaxBytes(n int64) MemoryOption {
 	return memoryOptionFunc(func(o *memoryOptions) { o.maxBytes = n })
 }
@@ -57,6 +70,35 @@ func WithMaxBytes(n int64) MemoryOption {
 // records with ErrRecordTooLarge.
 func WithMaxRecordBytes(n int) MemoryOption {
 	return memoryOptionFunc(func(o *memoryOptions) { o.maxRecordBytes = n })
+}
+
+// WithMinRetention sets how long a completed record is kept at least
+// before it may be evicted to make room (default DefaultMinRetention),
+// unless its TTL is shorter. When room is needed and every completed record
+// that could go is younger, the store refuses new claims (a [*FullError])
+// rather than evict one: a duplicate within the minimum retention never runs
+// again because others filled the store. 0 evicts the oldest record as soon
+// as room is needed, as a cache does.
+func WithMinRetention(d time.Duration) MemoryOption {
+	return memoryOptionFunc(func(o *memoryOptions) { o.minRetention = d })
+}
+
+// WithScopeQuota bounds what one scope ([RecordKey.Scope], one caller or
+// tenant) holds: at most entries keys, in progress or completed, and
+// about bytes bytes, counted as [WithMaxBytes] counts them. 0 leaves that
+// bound off. By default there is no per-scope bound: the store's bounds
+// apply to all scopes together.
+//
+// A claim that would pass its scope's quota first drops the scope's ended
+// entries and evicts its own oldest completed records past the minimum
+// retention ([WithMinRetention]); if the quota is still full, the claim is
+// refused with a [*FullError] that wraps ErrScopeFull and says when to
+// retry, and no other scope's record is touched. Like the other bounds, the
+// quota is split among the shards: each holds at most entries/shards keys
+// and bytes/shards bytes of one scope, so a scope is refused somewhat before
+// it reaches the quota when its keys hash unevenly.
+func WithScopeQuota(entries int, bytes int64) MemoryOption {
+	return memoryOptionFunc(func(o *memoryOptions) { o.scopeEntries, o.scopeBytes, o.quotaSet = entries, bytes, true })
 }
 
 // WithShards sets the number of shards, each with its own lock and its share
@@ -85,6 +127,7 @@ func WithNow(now func() time.Time) MemoryOption {
 type MemoryStore struct {
 	clock          func() int64 // nanoseconds since the store was made
 	maxRecordBytes int
+	minRetention   time.Duration
 	seed           maphash.Seed
 	shards         []memShard
 	testHash       func(RecordKey) uint64 // set by tests to force collisions; nil otherwise
@@ -101,9 +144,13 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 		maxBytes:       DefaultMaxBytes,
 		maxRecordBytes: DefaultMaxRecordBytes,
 		shards:         DefaultShards,
+		minRetention:   DefaultMinRetention,
 	}
 	for _, opt := range opts {
 		opt.apply(&o)
+	}
+	if err := o.checkQuota(); err != nil {
+		return nil, err
 	}
 	switch {
 	case o.shards < 1:
@@ -114,7 +161,7 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 		return nil, fmt.Errorf("idempotency: max entries %d: at most %d per shard", o.maxEntries, math.MaxInt32)
 	case o.maxRecordBytes < 1:
 		return nil, fmt.Errorf("idempotency: max record bytes %d: must be positive", o.maxRecordBytes)
-	case o.maxBytes/int64(o.shards) < int64(o.maxRecordBytes)+entryOverhead:
+	case o.maxBytes/int64(o.shards) < int64(o.maxRecordBytes+entryOverhead):
 		return nil, fmt.Errorf("idempotency: max bytes %d: each of the %d shards must hold a record of max record bytes (%d) plus %d",
 			o.maxBytes, o.shards, o.maxRecordBytes, entryOverhead)
 	case o.nowSet && o.now == nil:
@@ -122,6 +169,7 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 	}
 	s := &MemoryStore{
 		maxRecordBytes: o.maxRecordBytes,
+		minRetention:   o.minRetention,
 		seed:           maphash.MakeSeed(),
 		shards:         make([]memShard, o.shards),
 	}
@@ -142,8 +190,41 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 		sh.records = memList{-1, -1}
 		sh.maxEntries = o.maxEntries / o.shards
 		sh.maxBytes = o.maxBytes / int64(o.shards)
+		if o.scopeEntries > 0 || o.scopeBytes > 0 {
+			sh.scopes = make(map[string]*memScope)
+			sh.scopeEntries, sh.scopeBytes = math.MaxInt, math.MaxInt64
+			if o.scopeEntries > 0 {
+				sh.scopeEntries = o.scopeEntries / o.shards
+			}
+			if o.scopeBytes > 0 {
+				sh.scopeBytes = o.scopeBytes / int64(o.shards)
+			}
+		}
 	}
 	return s, nil
+}
+
+// checkQuota validates the minimum retention and the scope quota.
+func (o *memoryOptions) checkQuota() error {
+	switch {
+	case o.minRetention < 0:
+		return fmt.Errorf("idempotency: min retention %v: must not be negative", o.minRetention)
+	case o.quotaSet && (o.scopeEntries < 0 || o.scopeBytes < 0):
+		return fmt.Errorf("idempotency: scope quota %d entries, %d bytes: must not be negative", o.scopeEntries, o.scopeBytes)
+	case o.scopeEntries > 0 && o.shards > 0 && o.scopeEntries < o.shards:
+		return fmt.Errorf("idempotency: scope quota %d entries: must be at least the number of shards (%d)", o.scopeEntries, o.shards)
+	case o.scopeBytes > 0 && o.shards > 0 && o.scopeBytes/int64(o.shards) < int64(4*entryOverhead):
+		return fmt.Errorf("idempotency: scope quota %d bytes: each of the %d shards must hold %d", o.scopeBytes, o.shards, 4*entryOverhead)
+	}
+	return nil
+}
+
+// memScope is what one scope holds in one shard, when scope quotas are
+// on. Guarded by the shard's lock.
+type memScope struct {
+	entries int
+	bytes   int64
+	records memList // the scope's completed slots, oldest first, linked by sprev and snext
 }
 
 // memEntry is one key, in a slot of its shard. Fields are guarded by the
@@ -158,7 +239,12 @@ type memEntry struct {
 	fpLen   int32  // length of the fingerprint, or fpInline+1 when in fpLong
 	tag     uint32 // of key's hash; sh.index leads to the slot through the chain
 	expires int64  // store clock: end of the lease while in progress, of the TTL once completed
+	young   int64  // store clock: once completed, the record is not evicted for room before this
 	size    int64  // bytes counted against the shard
+	// scope is the entry's scope's account when scope quotas are on, else
+	// nil; sprev and snext link a completed slot in scope.records.
+	scope        *memScope
+	sprev, snext int32
 	// prev and next link the slot in the shard's leases list while in
 	// progress, its records list once completed, or (next only) the free
 	// list. chain is the next slot with the same hash. -1 ends each.
@@ -195,6 +281,13 @@ type memShard struct {
 	tokens     memTokens        // guarded by mu
 	maxEntries int              // immutable
 	maxBytes   int64            // immutable
+	// scopes holds the scopes' accounts when scope quotas are on, else nil;
+	// an account is dropped with the scope's last entry. Guarded by mu.
+	scopes       map[string]*memScope
+	scopeEntries int    // immutable
+	scopeBytes   int64  // immutable
+	evicted      uint64 // completed records evicted for room before their TTL; guarded by mu
+	refused      uint64 // claims refused for room; guarded by mu
 }
 
 func (s *MemoryStore) hash(k RecordKey) uint64 {
@@ -238,10 +331,25 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 		}
 		return Claim{State: InProgress, RetryAfter: time.Duration(e.expires - now)}, nil
 	}
-	size := int64(entryOverhead + len(key.Scope) + len(key.FullMethod) + len(key.Key) + len(fingerprint))
-	if !sh.makeRoom(now, 1, size) {
-		return Claim{}, fmt.Errorf("%w: %d keys in progress", ErrStoreFull, sh.n)
+	size := entrySize(key, fingerprint)
+	if sh.scopes != nil {
+		if err := sh.scopeRoom(now, key.Scope, size, s.minRetention); err != nil {
+			return Claim{}, err
+		}
 	}
+	if !sh.makeRoom(now, 1, size) {
+		sh.refused++
+		return Claim{}, &FullError{RetryAfter: sh.retryHint(now, nil, s.minRetention),
+			msg: fmt.Sprintf("a shard holds %d keys, in progress or younger than the minimum retention", sh.n)}
+	}
+	i := sh.insert(h, key, fingerprint, size, deadline(now, lease))
+	return Claim{State: Owned, Token: sh.slots[i].token}, nil
+}
+
+// insert adds an in-progress entry for key, whose hash is h, with a fresh
+// token, counted as size bytes, its lease ending at expires; the caller has
+// made room. It returns its slot.
+func (sh *memShard) insert(h uint64, key RecordKey, fingerprint []byte, size, expires int64) int32 {
 	i := sh.alloc()
 	e := &sh.slots[i]
 	*e = memEntry{
@@ -249,7 +357,7 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 		token:   sh.tokens.next(),
 		fpLen:   int32(min(len(fingerprint), fpInline+1)),
 		tag:     hashTag(h),
-		expires: deadline(now, lease),
+		expires: expires,
 		size:    size,
 		chain:   -1,
 	}
@@ -265,32 +373,93 @@ func (s *MemoryStore) Claim(_ context.Context, key RecordKey, fingerprint []byte
 	sh.n++
 	sh.bytes += size
 	sh.pushBack(&sh.leases, i)
-	return Claim{State: Owned, Token: e.token}, nil
+	if sh.scopes != nil {
+		sc := sh.scopes[key.Scope]
+		if sc == nil {
+			sc = &memScope{records: memList{-1, -1}}
+			sh.scopes[key.Scope] = sc
+		}
+		e.scope = sc
+		sc.entries++
+		sc.bytes += size
+	}
+	return i
 }
 
-// Complete implements Store.
+// entrySize is the heap an entry of key holds before it completes: its
+// overhead and its strings, the key and scope that the caller allocated and
+// the fingerprint when it does not fit the slot. The full method is not
+// counted: it is the generated code's constant, shared by every call.
+func entrySize(key RecordKey, fingerprint []byte) int64 {
+	n := entryOverhead + heapBytes(len(key.Scope)) + heapBytes(len(key.Key))
+	if len(fingerprint) > fpInline {
+		n += heapBytes(len(fingerprint))
+	}
+	return int64(n)
+}
+
+// Complete implements Store. When key is absent (the owner's lease ended
+// and no one claimed it since), it adds the record if the shard has room
+// for one more entry, and otherwise returns a *FullError.
 func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error {
 	recSize := rec.Size()
-	sh, i, now := s.lockOwned(key, token)
+	h := s.hash(key)
+	now := s.clock()
+	sh := s.shard(h)
+	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	i := sh.owned(h, key, token, now)
 	if i < 0 {
-		return ErrNotOwner
+		if sh.live(h, key, now) >= 0 {
+			return ErrNotOwner
+		}
+		if recSize > s.maxRecordBytes {
+			return fmt.Errorf("%w: %d bytes, bound %d", ErrRecordTooLarge, recSize, s.maxRecordBytes)
+		}
+		size := entrySize(key, rec.Fingerprint)
+		if !sh.makeRoom(now, 1, size) {
+			sh.refused++
+			return &FullError{RetryAfter: sh.retryHint(now, nil, s.minRetention), msg: "no room to store the outcome of a call whose lease ended"}
+		}
+		i = sh.insert(h, key, rec.Fingerprint, size, now)
 	}
 	if recSize > s.maxRecordBytes {
 		return fmt.Errorf("%w: %d bytes, bound %d", ErrRecordTooLarge, recSize, s.maxRecordBytes)
 	}
 	// Unlink the entry while making room, so that it is not evicted for
-	// itself; it keeps its slot, already counted.
+	// itself; it keeps its slot, already counted. The record is stored even
+	// when no record can be evicted (all younger than the minimum
+	// retention): the handler has run, and refusing its outcome would run it
+	// again. Claims are refused while the shard or the scope is over its
+	// bound, so the excess is at most the records of the calls in flight.
 	sh.unlink(&sh.leases, i)
-	if !sh.makeRoom(now, 0, int64(recSize)) {
-		sh.pushBack(&sh.leases, i) // the caller still owns the claim
-		return fmt.Errorf("%w: no room for a record of %d bytes", ErrStoreFull, recSize)
-	}
+	sh.makeRoom(now, 0, int64(recSize))
 	e := &sh.slots[i]
+	if sc := e.scope; sc != nil {
+		sh.scopeEvict(now, sc, 0, int64(recSize))
+		sc.bytes += int64(recSize)
+		sh.scopePush(sc, i)
+	}
 	e.token, e.rec, e.expires = "", rec, deadline(now, ttl)
+	e.young = deadline(now, s.minRetention)
 	e.size += int64(recSize)
 	sh.bytes += int64(recSize)
 	sh.pushBack(&sh.records, i)
+	return nil
+}
+
+// Renew implements Store.
+func (s *MemoryStore) Renew(_ context.Context, key RecordKey, token string, lease time.Duration) error {
+	sh, i, now := s.lockOwned(key, token)
+	defer sh.mu.Unlock()
+	if i < 0 {
+		return ErrNotOwner
+	}
+	sh.slots[i].expires = deadline(now, lease)
+	// Keep the list in claim-or-renewal order, so that ended leases are
+	// found at its head.
+	sh.unlink(&sh.leases, i)
+	sh.pushBack(&sh.leases, i)
 	return nil
 }
 
@@ -326,6 +495,39 @@ func (s *MemoryStore) Len() int {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// MemoryStats are a MemoryStore's counts, as [MemoryStore.Stats] returns them.
+type MemoryStats struct {
+	// Entries is the number of keys held, in progress or completed,
+	// including ended ones not yet dropped.
+	Entries int
+	// Bytes is the bytes counted against the bounds.
+	Bytes int64
+	// Evicted counts the completed records dropped to make room before their
+	// TTL ended, since the store was made. A duplicate of an evicted call
+	// runs it again.
+	Evicted uint64
+	// Refused counts the claims refused for room (a [*FullError]): the store,
+	// a shard or a scope was full of live leases and records younger than
+	// the minimum retention.
+	Refused uint64
+}
+
+// Stats returns the store's counts. It locks each shard in turn, so the
+// counts of different shards may be from slightly different instants.
+func (s *MemoryStore) Stats() MemoryStats {
+	var st MemoryStats
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Entries += sh.n
+		st.Bytes += sh.bytes
+		st.Evicted += sh.evicted
+		st.Refused += sh.refused
+		sh.mu.Unlock()
+	}
+	return st
 }
 
 // Bytes returns the bytes counted against the bound, including expired
@@ -409,6 +611,16 @@ func (sh *memShard) remove(i int32) {
 		}
 		sh.slots[p].chain = e.chain
 	}
+	if sc := e.scope; sc != nil {
+		if e.rec != nil {
+			sh.scopeUnlink(sc, i)
+		}
+		sc.entries--
+		sc.bytes -= e.size
+		if sc.entries == 0 {
+			delete(sh.scopes, e.key.Scope)
+		}
+	}
 	sh.n--
 	sh.bytes -= e.size
 	*e = memEntry{next: sh.free, prev: -1, chain: -1}
@@ -442,8 +654,9 @@ func (sh *memShard) unlink(l *memList, i int32) {
 }
 
 // makeRoom drops expired entries from the front of both lists, then evicts
-// the oldest completed records until n more entries of size bytes fit. Live
-// leases are never evicted. It reports whether they fit.
+// the oldest completed records past their minimum retention until n more
+// entries of size bytes fit. Live leases and younger records are never
+// evicted. It reports whether they fit.
 func (sh *memShard) makeRoom(now int64, n int, size int64) bool {
 	if sh.fits(n, size) {
 		return true
@@ -453,24 +666,127 @@ func (sh *memShard) makeRoom(now int64, n int, size int64) bool {
 			sh.remove(i)
 		}
 	}
-	for !sh.fits(n, size) && sh.records.head >= 0 {
-		sh.remove(sh.records.head)
+	for !sh.fits(n, size) && sh.records.head >= 0 && now >= sh.slots[sh.records.head].young {
+		sh.evict(sh.records.head)
 	}
 	if !sh.fits(n, size) {
-		// Leases of different durations expire out of order: look at all.
-		for i := sh.leases.head; i >= 0; {
-			next := sh.slots[i].next
-			if now >= sh.slots[i].expires {
-				sh.remove(i)
-			}
-			i = next
-		}
+		sh.dropEndedLeases(now)
 	}
 	return sh.fits(n, size)
 }
 
+// dropEndedLeases drops every lease that has ended: leases of different
+// durations end out of order, so it looks at all.
+func (sh *memShard) dropEndedLeases(now int64) {
+	for i := sh.leases.head; i >= 0; {
+		next := sh.slots[i].next
+		if now >= sh.slots[i].expires {
+			sh.remove(i)
+		}
+		i = next
+	}
+}
+
+// evict drops the completed record in slot i for room, and counts it.
+func (sh *memShard) evict(i int32) {
+	sh.evicted++
+	sh.remove(i)
+}
+
 func (sh *memShard) fits(n int, size int64) bool {
 	return sh.n+n <= sh.maxEntries && sh.bytes+size <= sh.maxBytes
+}
+
+func (sh *memShard) scopeFits(sc *memScope, n int, size int64) bool {
+	return sc.entries+n <= sh.scopeEntries && sc.bytes+size <= sh.scopeBytes
+}
+
+// scopeRoom makes room in the quota of the scope named for one more entry
+// of size bytes, touching that scope's entries only: it drops the scope's
+// ended records and evicts its oldest records past the minimum retention,
+// then, if that is not enough, drops ended leases. It returns a
+// [*FullError] wrapping ErrScopeFull when the quota stays full.
+func (sh *memShard) scopeRoom(now int64, scope string, size int64, minRetention time.Duration) error {
+	sc := sh.scopes[scope]
+	if sc == nil {
+		sc = &memScope{records: memList{-1, -1}} // empty, not stored
+	}
+	if sh.scopeFits(sc, 1, size) {
+		return nil
+	}
+	sh.scopeEvict(now, sc, 1, size)
+	if !sh.scopeFits(sc, 1, size) {
+		sh.dropEndedLeases(now)
+	}
+	if sh.scopeFits(sc, 1, size) {
+		return nil
+	}
+	sh.refused++
+	return &FullError{Scope: true, RetryAfter: sh.retryHint(now, sc, minRetention),
+		msg: fmt.Sprintf("the caller's scope holds %d keys and %d bytes in this shard, its quota %d and %d",
+			sc.entries, sc.bytes, sh.scopeEntries, sh.scopeBytes)}
+}
+
+// scopeEvict drops the scope's ended records and evicts its oldest records
+// past their minimum retention, from the front of its list, until n more
+// entries of size bytes fit its quota. When the scope's last entry goes,
+// its account leaves the map; sc then stays empty.
+func (sh *memShard) scopeEvict(now int64, sc *memScope, n int, size int64) {
+	for i := sc.records.head; i >= 0 && !sh.scopeFits(sc, n, size); i = sc.records.head {
+		switch e := &sh.slots[i]; {
+		case now >= e.expires:
+			sh.remove(i)
+		case now >= e.young:
+			sh.evict(i)
+		default:
+			return
+		}
+	}
+}
+
+// retryHint is when a refused claim may find room: when the oldest record
+// of the scope sc (or of the shard, sc nil) passes its minimum retention,
+// or when the oldest lease of the shard ends, whichever comes first; at
+// least a millisecond, and the minimum retention when nothing is known.
+func (sh *memShard) retryHint(now int64, sc *memScope, minRetention time.Duration) time.Duration {
+	hint := int64(minRetention)
+	records := &sh.records
+	if sc != nil {
+		records = &sc.records
+	}
+	if i := records.head; i >= 0 {
+		hint = min(hint, sh.slots[i].young-now)
+	}
+	if i := sh.leases.head; i >= 0 {
+		hint = min(hint, sh.slots[i].expires-now)
+	}
+	return max(time.Duration(hint), time.Millisecond)
+}
+
+func (sh *memShard) scopePush(sc *memScope, i int32) {
+	e := &sh.slots[i]
+	e.sprev, e.snext = sc.records.tail, -1
+	if sc.records.tail >= 0 {
+		sh.slots[sc.records.tail].snext = i
+	} else {
+		sc.records.head = i
+	}
+	sc.records.tail = i
+}
+
+func (sh *memShard) scopeUnlink(sc *memScope, i int32) {
+	e := &sh.slots[i]
+	if e.sprev >= 0 {
+		sh.slots[e.sprev].snext = e.snext
+	} else {
+		sc.records.head = e.snext
+	}
+	if e.snext >= 0 {
+		sh.slots[e.snext].sprev = e.sprev
+	} else {
+		sc.records.tail = e.sprev
+	}
+	e.sprev, e.snext = -1, -1
 }
 
 // memTokens hands out the owner tokens of a shard: a counter, as 13 base-32

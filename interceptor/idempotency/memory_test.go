@@ -52,6 +52,10 @@ func TestNewMemoryStoreRejectsBadBounds(t *testing.T) {
 		{"record bound zero", []idempotency.MemoryOption{idempotency.WithMaxRecordBytes(0)}, "max record bytes 0"},
 		{"shard smaller than a record", []idempotency.MemoryOption{idempotency.WithMaxBytes(1 << 20)}, "max bytes 1048576"},
 		{"nil clock", []idempotency.MemoryOption{idempotency.WithNow(nil)}, "now"},
+		{"negative min retention", []idempotency.MemoryOption{idempotency.WithMinRetention(-time.Second)}, "min retention -1s"},
+		{"negative scope quota", []idempotency.MemoryOption{idempotency.WithScopeQuota(-1, 0)}, "scope quota -1 entries"},
+		{"scope quota below the shards", []idempotency.MemoryOption{idempotency.WithScopeQuota(8, 0)}, "scope quota 8 entries"},
+		{"scope byte quota too small", []idempotency.MemoryOption{idempotency.WithScopeQuota(0, 1000)}, "scope quota 1000 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,7 +94,7 @@ func stateOf(t *testing.T, s idempotency.Store, k idempotency.RecordKey) idempot
 }
 
 func TestMemoryStoreEvictsOldestRecordWhenEntriesFull(t *testing.T) {
-	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3))
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3), idempotency.WithMinRetention(0))
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	complete(t, s, k("1"), nil, time.Hour)
 	complete(t, s, k("2"), nil, time.Hour)
@@ -112,7 +116,7 @@ func TestMemoryStoreEvictsOldestRecordWhenEntriesFull(t *testing.T) {
 func TestMemoryStoreEvictsByBytes(t *testing.T) {
 	// One shard of 3 × (4 KiB + overhead): two 3 KiB records fit, a third
 	// evicts the first.
-	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7000))
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7000), idempotency.WithMinRetention(0))
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	complete(t, s, k("1"), make([]byte, 3000), time.Hour)
 	complete(t, s, k("2"), make([]byte, 3000), time.Hour)
@@ -202,7 +206,7 @@ func TestMemoryStoreKeepsKeysApartOnHashCollisions(t *testing.T) {
 	// Every key hashes alike: one shard, one chain. Keys must still be told
 	// apart by their full value, and removing any link (head, middle, tail)
 	// must keep the others reachable.
-	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(4))
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(4), idempotency.WithMinRetention(0))
 	idempotency.SetHash(s, func(idempotency.RecordKey) uint64 { return 42 })
 	ctx := context.Background()
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
@@ -299,7 +303,7 @@ func TestMemoryStoreFirstExecutionDoesNotAllocate(t *testing.T) {
 	// Full, so that every claim evicts the oldest record: the steady state.
 	// Owner tokens come from chunks of 256, so 100 runs stay under one
 	// allocation each.
-	s, _ := newTestMemory(t, idempotency.WithMaxEntries(64), idempotency.WithShards(4))
+	s, _ := newTestMemory(t, idempotency.WithMaxEntries(64), idempotency.WithShards(4), idempotency.WithMinRetention(0))
 	ctx := context.Background()
 	keys := make([]idempotency.RecordKey, 1000)
 	for i := range keys {
@@ -323,5 +327,106 @@ func TestMemoryStoreFirstExecutionDoesNotAllocate(t *testing.T) {
 	}
 	if allocs := testing.AllocsPerRun(100, first); allocs != 0 {
 		t.Errorf("Claim() and Complete() of a new key allocate %v times, want 0", allocs)
+	}
+}
+
+// TestMemoryStoreMinRetentionRefusesInsteadOfEvicting pins finding 1 of
+// issue 14 in the store: a full shard whose records are all younger than the
+// minimum retention refuses the claim, with a hint, instead of evicting one;
+// once the oldest passes it, a claim evicts it and counts the eviction.
+func TestMemoryStoreMinRetentionRefusesInsteadOfEvicting(t *testing.T) {
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3), idempotency.WithMinRetention(time.Minute))
+	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
+	complete(t, s, k("1"), nil, time.Hour)
+	clk.Advance(10 * time.Second)
+	complete(t, s, k("2"), nil, time.Hour)
+	complete(t, s, k("3"), nil, time.Hour)
+	_, err := s.Claim(context.Background(), k("4"), []byte("fp"), time.Minute)
+	var full *idempotency.FullError
+	if !errors.As(err, &full) || !errors.Is(err, idempotency.ErrStoreFull) || errors.Is(err, idempotency.ErrScopeFull) || full.Scope {
+		t.Fatalf("Claim() into a shard of young records: error = %v, want a *FullError of the store", err)
+	}
+	// The hint is when the oldest record passes its minimum retention.
+	if want := 50 * time.Second; full.RetryAfter != want {
+		t.Errorf("RetryAfter = %v, want %v", full.RetryAfter, want)
+	}
+	for _, i := range []string{"1", "2", "3"} {
+		if got := stateOf(t, s, k(i)); got != idempotency.Completed {
+			t.Errorf("record %s = %v, want Completed (kept)", i, got)
+		}
+	}
+	if st := s.Stats(); st.Evicted != 0 || st.Refused != 1 || st.Entries != 3 {
+		t.Errorf("Stats() = %+v, want 3 entries, 0 evicted, 1 refused", st)
+	}
+	clk.Advance(50 * time.Second)
+	if c, err := s.Claim(context.Background(), k("4"), []byte("fp"), time.Minute); err != nil || c.State != idempotency.Owned {
+		t.Fatalf("Claim() once the oldest record is a minute old = %v, %v, want Owned", c.State, err)
+	}
+	for _, i := range []string{"2", "3"} {
+		if got := stateOf(t, s, k(i)); got != idempotency.Completed {
+			t.Errorf("record %s = %v, want Completed (kept)", i, got)
+		}
+	}
+	if st := s.Stats(); st.Evicted != 1 || st.Entries != 3 {
+		t.Errorf("Stats() = %+v, want 3 entries (2, 3 and 4; 1 evicted), 1 evicted", st)
+	}
+}
+
+// TestMemoryStoreScopeQuotaTouchesOnlyItsScope: a scope at its quota is
+// refused (ErrScopeFull, with a hint) while other scopes claim; past the
+// minimum retention it evicts its own oldest record, never another's.
+func TestMemoryStoreScopeQuotaTouchesOnlyItsScope(t *testing.T) {
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(10),
+		idempotency.WithScopeQuota(2, 0), idempotency.WithMinRetention(time.Minute))
+	k := func(scope, i string) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: scope, FullMethod: "/s/m", Key: i}
+	}
+	complete(t, s, k("a", "1"), nil, time.Hour)
+	complete(t, s, k("b", "1"), nil, time.Hour)
+	complete(t, s, k("b", "2"), nil, time.Hour)
+	_, err := s.Claim(context.Background(), k("b", "3"), []byte("fp"), time.Minute)
+	var full *idempotency.FullError
+	if !errors.As(err, &full) || !full.Scope || !errors.Is(err, idempotency.ErrScopeFull) || !errors.Is(err, idempotency.ErrStoreFull) {
+		t.Fatalf("Claim() past the scope's quota: error = %v, want a *FullError of the scope", err)
+	}
+	if full.RetryAfter != time.Minute {
+		t.Errorf("RetryAfter = %v, want %v", full.RetryAfter, time.Minute)
+	}
+	complete(t, s, k("a", "2"), nil, time.Hour) // another scope is not refused
+	clk.Advance(time.Minute)
+	complete(t, s, k("b", "3"), nil, time.Hour) // evicts b/1, b's oldest
+	want := map[idempotency.RecordKey]idempotency.State{
+		k("a", "1"): idempotency.Completed, k("a", "2"): idempotency.Completed,
+		k("b", "2"): idempotency.Completed, k("b", "3"): idempotency.Completed,
+	}
+	for key, w := range want {
+		if got := stateOf(t, s, key); got != w {
+			t.Errorf("%s/%s = %v, want %v", key.Scope, key.Key, got, w)
+		}
+	}
+	if st := s.Stats(); st.Evicted != 1 || st.Refused != 1 || st.Entries != 4 {
+		t.Errorf("Stats() = %+v, want 4 entries (b/1 evicted), 1 evicted, 1 refused", st)
+	}
+}
+
+// TestMemoryStoreCompleteStoresPastTheBoundRatherThanRunAgain: an owner's
+// outcome is stored even when the young records leave no room (refusing it
+// would make the duplicate run the handler again); the next claim is
+// refused until room comes.
+func TestMemoryStoreCompleteStoresPastTheBoundRatherThanRunAgain(t *testing.T) {
+	// Two records of 3000 bytes (about 3,550 counted) fit in 7,500; a third
+	// claim fits, its record does not.
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7500), idempotency.WithMinRetention(time.Minute))
+	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
+	complete(t, s, k("1"), make([]byte, 3000), time.Hour)
+	complete(t, s, k("2"), make([]byte, 3000), time.Hour)
+	complete(t, s, k("3"), make([]byte, 3000), time.Hour)
+	for _, i := range []string{"1", "2", "3"} {
+		if got := stateOf(t, s, k(i)); got != idempotency.Completed {
+			t.Errorf("record %s = %v, want Completed", i, got)
+		}
+	}
+	if _, err := s.Claim(context.Background(), k("4"), []byte("fp"), time.Minute); !errors.Is(err, idempotency.ErrStoreFull) {
+		t.Errorf("Claim() over the byte bound: error = %v, want ErrStoreFull", err)
 	}
 }

@@ -11,7 +11,8 @@ import (
 // three are equal, so a caller in one scope never reads another's record.
 type RecordKey struct {
 	// Scope identifies the caller, such as an authenticated principal. The
-	// empty scope is shared by every caller that has none.
+	// empty scope is the one interceptor.WithIdempotencySharedScope gives
+	// every caller.
 	Scope string
 	// FullMethod is the gRPC method, "/package.Service/Method".
 	FullMethod string
@@ -78,7 +79,9 @@ type Claim struct {
 // completed with a record. Transitions:
 //
 //	absent      --Claim-->    in progress (lease, owner token, fingerprint)
+//	in progress --Renew-->    in progress, with a new lease; only by the owner
 //	in progress --Complete--> completed (record, TTL); only by the owner
+//	absent      --Complete--> completed; by the owner whose lease ended
 //	in progress --Release-->  absent; only by the owner
 //	in progress --lease ends--> absent
 //	completed   --TTL ends or evicted--> absent
@@ -99,12 +102,21 @@ type Store interface {
 	Claim(ctx context.Context, key RecordKey, fingerprint []byte, lease time.Duration) (Claim, error)
 
 	// Complete stores rec for key for ttl and ends the lease, in one atomic
-	// step, if token still owns key; otherwise it returns an error wrapping
-	// ErrNotOwner and changes nothing. A record larger than the store's bound
+	// step, if token still owns key, or if key is absent (the owner's lease
+	// ended and no one has claimed key since: the call ran, and its outcome
+	// is the key's; rec.Fingerprint then becomes the key's fingerprint).
+	// Otherwise (another owner holds key, or a record is stored) it returns
+	// an error wrapping ErrNotOwner and changes nothing. A record larger than the store's bound
 	// is refused with an error wrapping ErrRecordTooLarge, and the claim is
 	// kept, so the caller should Release. The store may keep rec: the caller
 	// must not modify it afterwards.
 	Complete(ctx context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error
+
+	// Renew sets the lease of token on key to end lease from now, if token
+	// still owns key; otherwise it returns an error wrapping ErrNotOwner and
+	// changes nothing. The owner of a long call renews its lease while the
+	// call runs, so that a lease need not outlast the slowest call.
+	Renew(ctx context.Context, key RecordKey, token string, lease time.Duration) error
 
 	// Release ends the lease of token on key and makes key absent, if token
 	// still owns it; otherwise it returns an error wrapping ErrNotOwner and
@@ -123,7 +135,48 @@ var (
 	// is larger than the store's bound.
 	ErrRecordTooLarge = errors.New("idempotency: record too large for the store")
 
-	// ErrStoreFull is wrapped by the error of a MemoryStore's Claim or
-	// Complete when live leases fill a shard and nothing can be evicted.
+	// ErrStoreFull is wrapped by the error of a Claim refused for room: a
+	// [*FullError].
 	ErrStoreFull = errors.New("idempotency: store full")
+
+	// ErrScopeFull is wrapped, with ErrStoreFull, by the error of a Claim
+	// refused because the caller's scope holds its quota (see
+	// WithScopeQuota): a [*FullError] whose Scope is true.
+	ErrScopeFull = errors.New("idempotency: scope quota full")
 )
+
+// FullError is the error of a Claim that the store refused for room: live
+// leases and records it may not yet evict fill it, or fill the caller's
+// scope's quota. Nothing was claimed or evicted for it. errors.Is matches
+// ErrStoreFull, and ErrScopeFull when Scope is true; the interceptor answers
+// RESOURCE_EXHAUSTED with a RetryInfo of RetryAfter.
+type FullError struct {
+	// Scope is true when the caller's scope's quota is what is full; other
+	// scopes may still claim keys.
+	Scope bool
+	// RetryAfter is when room may come: the oldest record passes its minimum
+	// retention or the oldest lease ends. It is a hint, not a promise.
+	RetryAfter time.Duration
+
+	msg string
+}
+
+// Error returns a description of what is full, without the scope's name.
+func (e *FullError) Error() string {
+	what := ErrStoreFull.Error()
+	if e.Scope {
+		what = ErrScopeFull.Error()
+	}
+	if e.msg == "" {
+		return what
+	}
+	return what + ": " + e.msg
+}
+
+// Unwrap returns ErrStoreFull, and ErrScopeFull when Scope is true.
+func (e *FullError) Unwrap() []error {
+	if e.Scope {
+		return []error{ErrScopeFull, ErrStoreFull}
+	}
+	return []error{ErrStoreFull}
+}

@@ -5,7 +5,12 @@
 // # Data model
 //
 // Each record key (scope, method, idempotency key) is one Redis hash named
-// prefix + len(scope) ":" scope + len(method) ":" method + key, with fields
+// prefix + "{" + H + "}", where H is the unpadded base64url SHA-256 of the
+// scope and the method, each preceded by its length, and the key. The braces
+// are a Redis Cluster hash tag: one record is one key in one slot, and since
+// the client's text is hashed, a client cannot choose the slot (a "{t}" in
+// its key is just bytes) nor grow the key name. The prefix must not contain
+// braces. The hash has fields
 // f (request fingerprint), o (owner token, while in progress) and r (the
 // record, a resilience.idempotency.v1.Record with its format version, once
 // completed). Its time to live is the lease while in progress and the record
@@ -25,9 +30,12 @@
 //     order of checks. A replay therefore costs one round trip. A claim by
 //     the token that already holds the key owns it again, with a new lease
 //     (see Failures).
-//   - Complete checks the owner token, stores the record, drops the token and
-//     sets the TTL, in one step. The first execution of a call costs two round
+//   - Complete checks the owner token (or that the key is absent: the lease
+//     ended and no one claimed it since), stores the record, drops the token
+//     and sets the TTL, in one step. The first execution of a call costs two round
 //     trips: Claim and Complete.
+//   - Renew checks the owner token and sets a new lease; the interceptor
+//     renews every lease/3 while the handler runs.
 //   - Release checks the owner token and deletes the key.
 //
 // Records larger than the bound (WithMaxRecordBytes, default 1 MiB) are
@@ -53,6 +61,33 @@
 // Operations are bounded by the context and by the client's own timeouts; a
 // client for this store should keep go-redis's retries low, since a caller
 // waits for them.
+//
+// # Eviction, persistence and failover
+//
+// The store's guarantees hold only while Redis keeps what it was told:
+//
+//   - Eviction: with maxmemory set and a maxmemory-policy other than
+//     noeviction, Redis drops keys under memory pressure. volatile-ttl drops
+//     live claims first (their TTL is the shortest), the LRU and LFU
+//     policies drop claims and records alike; a duplicate then claims the
+//     key and runs the call while its owner still runs, or runs a completed
+//     call again. Use noeviction: writes then fail with an OOM error, which
+//     the interceptor answers with UNAVAILABLE (fail closed) and the handler
+//     does not run. [Open] reads the policy at startup and warns, or refuses
+//     with WithRefuseEvictingPolicy; it tolerates CONFIG being disabled.
+//   - Persistence: a Redis restarted without persistence (no AOF, no RDB)
+//     has lost every claim and record: duplicates of calls that ran before
+//     the restart run again. With RDB snapshots it loses what came after the
+//     last snapshot; with appendonly yes and appendfsync everysec, at most
+//     about a second of writes. Run the store on a persistent Redis, and
+//     size the TTL to what the data must survive.
+//   - Failover: replication is asynchronous. A claim or record acknowledged
+//     by the primary and not yet copied to a replica is lost when that
+//     replica is promoted: a duplicate may run the call again, concurrently
+//     with a live owner (whose Renew and Complete then find the key absent
+//     and store the outcome anyway, or find the duplicate's claim and give
+//     up). WAIT after a write would narrow the window; the store does not
+//     use it, to keep one round trip per operation.
 //
 // The Store holds no goroutine and no connection of its own: close the
 // client to release its connections.

@@ -3,10 +3,13 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +42,8 @@ type Option interface{ apply(*options) }
 type options struct {
 	prefix         string
 	maxRecordBytes int
+	refuseEvicting bool
+	logger         *slog.Logger
 }
 
 type optionFunc func(*options)
@@ -55,9 +60,75 @@ func WithKeyPrefix(p string) Option { return optionFunc(func(o *options) { o.pre
 // sending anything to Redis.
 func WithMaxRecordBytes(n int) Option { return optionFunc(func(o *options) { o.maxRecordBytes = n }) }
 
+// ErrEvictingPolicy is wrapped by the error of [Open] with
+// WithRefuseEvictingPolicy when the server's maxmemory-policy is not
+// noeviction: under memory pressure Redis would drop live claims and
+// records, and a duplicate would run its call again, concurrently.
+var ErrEvictingPolicy = errors.New("redisstore: Redis may evict keys (maxmemory-policy is not noeviction)")
+
+// Open returns a Store on client, as New does, after reading the server's
+// maxmemory-policy (CONFIG GET). When the policy is not noeviction, it logs
+// a warning, or, with WithRefuseEvictingPolicy, returns an error wrapping
+// ErrEvictingPolicy. When CONFIG is disabled or not permitted (managed
+// Redis services often rename it), it logs that the policy could not be
+// checked and goes on. Any other error (Redis unreachable) is returned.
+// Warnings go to the logger of WithLogger, by default slog.Default().
+//
+// With a cluster client the policy of the node that answers is read;
+// configure every node alike.
+func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
+	s, err := New(client, opts...)
+	if err != nil {
+		return nil, err
+	}
+	o := s.opts
+	res, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		if isCommandRefused(err) {
+			o.logger.Warn("redisstore: cannot read maxmemory-policy (CONFIG is disabled); make sure it is noeviction, "+
+				"or Redis may drop live claims and records under memory pressure", "error", err)
+			return s, nil
+		}
+		return nil, fmt.Errorf("redisstore: reading maxmemory-policy: %w", err)
+	}
+	policy, ok := res["maxmemory-policy"]
+	if !ok {
+		o.logger.Warn("redisstore: the server did not report maxmemory-policy; make sure it is noeviction")
+		return s, nil
+	}
+	if policy == "noeviction" {
+		return s, nil
+	}
+	if o.refuseEvicting {
+		return nil, fmt.Errorf("%w: it is %s", ErrEvictingPolicy, policy)
+	}
+	o.logger.Warn("redisstore: maxmemory-policy is not noeviction: under memory pressure Redis may evict live claims "+
+		"and records, and a duplicate may then run its call again, concurrently; set maxmemory-policy noeviction",
+		"maxmemory-policy", policy)
+	return s, nil
+}
+
+// isCommandRefused reports whether err says the server refuses the command
+// itself: unknown (renamed or disabled) or not permitted (ACL).
+func isCommandRefused(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "ERR unknown command") || strings.HasPrefix(msg, "NOPERM") ||
+		strings.Contains(msg, "unknown command")
+}
+
+// WithRefuseEvictingPolicy makes [Open] return an error, rather than log a
+// warning, when the server's maxmemory-policy is not noeviction.
+func WithRefuseEvictingPolicy() Option {
+	return optionFunc(func(o *options) { o.refuseEvicting = true })
+}
+
+// WithLogger sets the logger of [Open]'s warnings (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(o *options) { o.logger = l }) }
+
 // Store is an idempotency.Store in Redis. Its methods are safe for
 // concurrent use by many goroutines and many processes.
 type Store struct {
+	opts           options               // immutable
 	client         redis.UniversalClient // immutable
 	prefix         string                // immutable
 	maxRecordBytes int                   // immutable
@@ -66,10 +137,12 @@ type Store struct {
 
 var _ idempotency.Store = (*Store)(nil)
 
-// New returns a Store on client. It does not contact Redis. It returns an
+// New returns a Store on client. It does not contact Redis; [Open] also
+// checks the server's eviction policy, and is what a server should call at
+// startup. It returns an
 // error when client is nil or the record bound is not positive.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
-	o := options{prefix: DefaultKeyPrefix, maxRecordBytes: DefaultMaxRecordBytes}
+	o := options{prefix: DefaultKeyPrefix, maxRecordBytes: DefaultMaxRecordBytes, logger: slog.Default()}
 	for _, opt := range opts {
 		opt.apply(&o)
 	}
@@ -79,7 +152,13 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if o.maxRecordBytes < 1 {
 		return nil, fmt.Errorf("redisstore: max record bytes %d: must be positive", o.maxRecordBytes)
 	}
-	return &Store{client: client, prefix: o.prefix, maxRecordBytes: o.maxRecordBytes}, nil
+	if strings.ContainsAny(o.prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: key prefix %q: must not contain '{' or '}', which would make it the Cluster hash tag of every key", o.prefix)
+	}
+	if o.logger == nil {
+		return nil, errors.New("redisstore: WithLogger(nil): logger must not be nil")
+	}
+	return &Store{opts: o, client: client, prefix: o.prefix, maxRecordBytes: o.maxRecordBytes}, nil
 }
 
 // Each record key is one Redis hash with a TTL: field f holds the
@@ -107,13 +186,27 @@ end
 return {3, redis.call('PTTL', KEYS[1])}
 `)
 
-	// completeScript: KEYS[1]; ARGV token, record, ttl ms. Returns 1 when
-	// stored, 0 when the token does not own the key.
+	// completeScript: KEYS[1]; ARGV token, record, ttl ms, fingerprint.
+	// Returns 1 when stored, 0 when the token does not own the key. An
+	// absent key (the owner's lease ended, no one claimed it since) takes
+	// the record with the fingerprint.
 	completeScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
+local o = redis.call('HGET', KEYS[1], 'o')
+if o ~= ARGV[1] then
+  if o or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+  redis.call('HSET', KEYS[1], 'f', ARGV[4])
+end
 redis.call('HDEL', KEYS[1], 'o')
 redis.call('HSET', KEYS[1], 'r', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+`)
+
+	// renewScript: KEYS[1]; ARGV token, lease ms. Returns 1 when renewed,
+	// 0 when the token does not own the key.
+	renewScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
@@ -126,19 +219,28 @@ return 1
 `)
 )
 
-// redisKey returns the Redis key of k: the prefix, then the scope and the
-// method each preceded by its length, then the key, so that no two record
-// keys share a Redis key.
+// redisKey returns the Redis key of k: the prefix, then, inside a Redis
+// Cluster hash tag, the unpadded base64url SHA-256 of the scope and the
+// method, each preceded by its length, and the key. One record is one key,
+// hence one slot; the client's text is not in it, so a client cannot choose
+// the slot (a "{t}" in its key is hashed like any other byte), and the key's
+// length does not grow with the client's key.
 func (s *Store) redisKey(k idempotency.RecordKey) string {
-	b := make([]byte, 0, len(s.prefix)+len(k.Scope)+len(k.FullMethod)+len(k.Key)+12)
+	h := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(k.Scope)))
+	h.Write(n[:])
+	h.Write([]byte(k.Scope))
+	binary.BigEndian.PutUint64(n[:], uint64(len(k.FullMethod)))
+	h.Write(n[:])
+	h.Write([]byte(k.FullMethod))
+	h.Write([]byte(k.Key))
+	var sum [sha256.Size]byte
+	b := make([]byte, 0, len(s.prefix)+2+base64.RawURLEncoding.EncodedLen(sha256.Size))
 	b = append(b, s.prefix...)
-	b = strconv.AppendInt(b, int64(len(k.Scope)), 10)
-	b = append(b, ':')
-	b = append(b, k.Scope...)
-	b = strconv.AppendInt(b, int64(len(k.FullMethod)), 10)
-	b = append(b, ':')
-	b = append(b, k.FullMethod...)
-	b = append(b, k.Key...)
+	b = append(b, '{')
+	b = base64.RawURLEncoding.AppendEncode(b, h.Sum(sum[:0]))
+	b = append(b, '}')
 	return string(b)
 }
 
@@ -278,12 +380,24 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	ok, err := completeScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, data, millis(ttl)).Int()
+	ok, err := completeScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, data, millis(ttl), rec.Fingerprint).Int()
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	if ok != 1 {
 		return fmt.Errorf("redisstore: complete: %w", idempotency.ErrNotOwner)
+	}
+	return nil
+}
+
+// Renew implements idempotency.Store in one round trip.
+func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token string, lease time.Duration) error {
+	ok, err := renewScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, millis(lease)).Int()
+	if err != nil {
+		return fmt.Errorf("redisstore: renew: %w", err)
+	}
+	if ok != 1 {
+		return fmt.Errorf("redisstore: renew: %w", idempotency.ErrNotOwner)
 	}
 	return nil
 }

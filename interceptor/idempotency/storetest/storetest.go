@@ -43,7 +43,10 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ReleaseFreesKey", testRelease},
 		{"OnlyOwnerCompletesOrReleases", testOnlyOwner},
 		{"LeaseEnds", testLeaseEnds},
-		{"CompleteAfterLeaseEndsIsNotOwner", testCompleteAfterLease},
+		{"CompleteAfterLeaseEndsStoresWhenAbsent", testCompleteAfterLease},
+		{"CompleteAfterAnotherClaimIsNotOwner", testCompleteAfterOtherClaim},
+		{"RenewExtendsTheLease", testRenew},
+		{"OnlyOwnerRenews", testRenewNotOwner},
 		{"RecordTTLEnds", testTTL},
 		{"RecordTooLargeKeepsClaim", testTooLarge},
 		{"ConcurrentClaimsHaveOneOwner", testConcurrentClaims},
@@ -193,10 +196,14 @@ func testOnlyOwner(t *testing.T, h Harness) {
 	if err := h.Store.Release(ctx, key("k"), c.Token+"x"); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("Release() with a wrong token error = %v, want ErrNotOwner", err)
 	}
-	if err := h.Store.Complete(ctx, key("absent"), c.Token, sampleRecord(fpA), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Complete() of an absent key error = %v, want ErrNotOwner", err)
-	}
 	wantState(t, claim(t, h, key("k"), fpA, time.Minute), idempotency.InProgress)
+	// A completed key is no one's to complete again.
+	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpB), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete() of a completed key error = %v, want ErrNotOwner", err)
+	}
 }
 
 func testLeaseEnds(t *testing.T, h Harness) {
@@ -212,10 +219,67 @@ func testCompleteAfterLease(t *testing.T, h Harness) {
 	ctx := context.Background()
 	c := claim(t, h, key("k"), fpA, time.Second)
 	h.Advance(t, 2*time.Second)
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Complete() after the lease ended error = %v, want ErrNotOwner", err)
+	// No one claimed the key since the lease ended: the outcome is its own.
+	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); err != nil {
+		t.Fatalf("Complete() after the lease ended, key absent: error = %v, want the record stored", err)
 	}
+	got := claim(t, h, key("k"), fpA, time.Second)
+	wantState(t, got, idempotency.Completed)
+	if err := equalRecords(got.Record, sampleRecord(fpA)); err != nil {
+		t.Error(err)
+	}
+	wantState(t, claim(t, h, key("k"), fpB, time.Second), idempotency.Mismatch)
+}
+
+func testCompleteAfterOtherClaim(t *testing.T, h Harness) {
+	ctx := context.Background()
+	c := claim(t, h, key("k"), fpA, time.Second)
+	h.Advance(t, 2*time.Second)
+	other := claim(t, h, key("k"), fpA, time.Minute)
+	wantState(t, other, idempotency.Owned)
+	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete() after another owner claimed the key: error = %v, want ErrNotOwner", err)
+	}
+	if err := h.Store.Complete(ctx, key("k"), other.Token, sampleRecord(fpA), time.Hour); err != nil {
+		t.Errorf("Complete() by the new owner: error = %v", err)
+	}
+}
+
+func testRenew(t *testing.T, h Harness) {
+	ctx := context.Background()
+	c := claim(t, h, key("k"), fpA, time.Second)
+	for range 3 {
+		h.Advance(t, 700*time.Millisecond)
+		if err := h.Store.Renew(ctx, key("k"), c.Token, time.Second); err != nil {
+			t.Fatalf("Renew() error = %v", err)
+		}
+	}
+	// 2.1 s after a claim of 1 s: held, thanks to the renewals.
+	got := claim(t, h, key("k"), fpA, time.Second)
+	wantState(t, got, idempotency.InProgress)
+	if got.RetryAfter <= 0 || got.RetryAfter > time.Second {
+		t.Errorf("RetryAfter = %v, want the renewed lease's rest, in (0, 1s]", got.RetryAfter)
+	}
+	h.Advance(t, 1100*time.Millisecond)
 	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.Owned)
+}
+
+func testRenewNotOwner(t *testing.T, h Harness) {
+	ctx := context.Background()
+	c := claim(t, h, key("k"), fpA, time.Second)
+	if err := h.Store.Renew(ctx, key("k"), c.Token+"x", time.Second); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Renew() with another token: error = %v, want ErrNotOwner", err)
+	}
+	if err := h.Store.Renew(ctx, key("other"), c.Token, time.Second); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Renew() of an absent key: error = %v, want ErrNotOwner", err)
+	}
+	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Store.Renew(ctx, key("k"), c.Token, time.Second); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Renew() after Complete: error = %v, want ErrNotOwner", err)
+	}
+	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.Completed)
 }
 
 func testTTL(t *testing.T, h Harness) {

@@ -40,16 +40,44 @@ type Server struct {
 	Addr string
 	stop func()
 	once sync.Once
+	path string   // of redis-server
+	port int      // of Addr
+	args []string // the extra arguments of StartWith
 }
 
 // Stop kills the server and waits for it to exit. It is safe to call more
 // than once; Start also registers it as a cleanup of the test.
 func (s *Server) Stop() { s.once.Do(s.stop) }
 
+// Restart kills the server (SIGKILL: no shutdown save) and starts it again
+// on the same address with the same arguments, as a crashed and restarted
+// Redis. What the new process holds is what its persistence kept.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	var err error
+	for range 50 { // the port may take a moment to be free again
+		var n *Server
+		if n, err = startOn(s.path, s.port, s.args...); err == nil {
+			s.stop, s.once = n.stop, sync.Once{}
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("restarting redis-server: %v", err)
+}
+
 // Start starts a redis-server for t, whatever REDIS_ADDR says, for tests that
 // must stop their server. It skips or fails as Addr does when redis-server is
 // not on PATH.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith is Start with extra redis-server arguments, such as
+// "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl".
+func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -62,7 +90,7 @@ func Start(t testing.TB) *Server {
 	}
 	var lastErr error
 	for range 3 { // a free port may be taken between choosing and binding
-		s, err := start(path)
+		s, err := start(path, args...)
 		if err == nil {
 			t.Cleanup(s.Stop)
 			return s
@@ -82,14 +110,18 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func start(path string) (*Server, error) {
+func start(path string, args ...string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(path,
+	return startOn(path, port, args...)
+}
+
+func startOn(path string, port int, args ...string) (*Server, error) {
+	cmd := exec.Command(path, append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice")
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice"}, args...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -139,7 +171,7 @@ func start(path string) (*Server, error) {
 		stop()
 		return nil, fmt.Errorf("redis-server not ready after %v", startTimeout)
 	}
-	return &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), stop: stop}, nil
+	return &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), stop: stop, path: path, port: port, args: args}, nil
 }
 
 // Client returns a client of addr, closed when t ends.
