@@ -386,47 +386,6 @@ type knownDifference struct {
 // knownDifferences is the allow-list.
 var knownDifferences = []*knownDifference{
 	{
-		// Pending the stream rewrite (issue 9/15): Header() on a server
-		// stream whose first attempt failed before headers returns nil
-		// from the failed attempt; grpc-go's waits for the attempt that
-		// answers.
-		name:   "stream Header() after a failed attempt (pending the stream rewrite, issue 9/15)",
-		doc:    "issue 15, row 1",
-		fields: []string{"header"},
-		match: func(sc *scenario, i int) bool {
-			c := sc.Calls[i]
-			return c.Method == "ServerStream" && c.HeaderFirst && len(c.Attempts) > 0 && uncommittedFailure(c.Attempts[0])
-		},
-	},
-	{
-		// Pending the stream rewrite (issue 9/15): a stream counts its
-		// messages against the replay buffer without gRPC's 5-byte prefix,
-		// so a request of 1 to 5 bytes over the bound is retried where
-		// grpc-go commits it.
-		name:   "stream replay bound without the message prefix (pending the stream rewrite, issue 9/15)",
-		doc:    "issue 15, row 5",
-		fields: []string{"attempts", "read", "code", "responses", "header", "trailer"},
-		match: func(sc *scenario, i int) bool {
-			c := sc.Calls[i]
-			return c.Method == "ServerStream" && c.Wire > DefaultStreamReplayBuffer && c.Wire-grpcMessagePrefix <= DefaultStreamReplayBuffer
-		},
-	},
-	{
-		// Pending the stream rewrite (issue 9/15): a stream of a method
-		// without a retry policy is committed at once, so a pushback that
-		// says not to retry is not charged to the throttle, as grpc-go and
-		// our unary calls charge it. The call looks the same; a later call
-		// may see a different token count.
-		name:   "throttle charge of a don't-retry pushback on a stream without a retry policy (pending the stream rewrite, issue 9/15)",
-		doc:    "issue 15, row 3 (streams)",
-		fields: nil,
-		match: func(sc *scenario, i int) bool {
-			c := sc.Calls[i]
-			return c.Method == "ServerStream" && sc.StreamNoPolicy && len(c.Attempts) > 0 &&
-				uncommittedFailure(c.Attempts[0]) && refusal(c.Attempts[0].Pushback)
-		},
-	},
-	{
 		// grpc-go races with itself here: a stream's context watcher
 		// (newClientStreamWithParams) finishes the stream when the
 		// deadline passes, and csAttempt.shouldRetry charges the throttle

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -126,6 +127,9 @@ func TestDontRetryPushbackCountsAsThrottleFailure(t *testing.T) {
 		{"no pushback, no retry policy", "Lookup", codes.Unavailable, nil, false, 10},
 		{"negative after headers: committed", "Echo", codes.InvalidArgument, []string{"-1"}, true, 10},
 		{"negative after headers, no retry policy", "Lookup", codes.InvalidArgument, []string{"-1"}, true, 10},
+		{"negative, stream without a retry policy", "ServerStream", codes.Unavailable, []string{"-1"}, false, 9},
+		{"valid pushback, stream without a retry policy", "ServerStream", codes.Unavailable, []string{"1"}, false, 10},
+		{"negative after headers, stream without a retry policy", "ServerStream", codes.Unavailable, []string{"-1"}, true, 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,10 +146,18 @@ func TestDontRetryPushbackCountsAsThrottleFailure(t *testing.T) {
 			})
 			stub, c := newA6Echo(t, srv, a6Config())
 			var err error
-			if tt.method == "Echo" {
+			switch tt.method {
+			case "Echo":
 				_, err = stub.Echo(t.Context(), &echov1.EchoRequest{})
-			} else {
+			case "Lookup":
 				_, err = stub.Lookup(t.Context(), &echov1.LookupRequest{})
+			default:
+				var st grpc.ServerStreamingClient[echov1.ServerStreamResponse]
+				if st, err = stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Count: 1}); err == nil {
+					for err == nil {
+						_, err = st.Recv()
+					}
+				}
 			}
 			if status.Code(err) != tt.code {
 				t.Fatalf("%s = %v, want %v", tt.method, err, tt.code)

@@ -221,9 +221,26 @@ func (s *retryStream) received(a *streamAttempt, err error) (done bool, ret erro
 	case err == io.EOF:
 		return true, s.end(nil)
 	case st == stateCommitted:
+		if s.single {
+			s.chargeSingle(a, err)
+		}
 		return true, s.end(err)
 	}
 	return s.fail(a, err)
+}
+
+// chargeSingle does the A6 throttle accounting of a stream that never
+// retries (committed from its start), which failed with err on a: when no
+// headers arrived, as for a unary call (retrier.noRetryFailed), a pushback
+// that says not to retry counts as a failure, as in grpc-go. Nothing is
+// read when A6 throttling is off.
+func (s *retryStream) chargeSingle(a *streamAttempt, err error) {
+	if s.r.st.storm.throttle == nil {
+		return
+	}
+	if md, herr := a.cs.Header(); herr == nil && md == nil {
+		s.r.noRetryFailed(s.ctx, err, a.cs.Trailer(), false)
+	}
 }
 
 // fail is the transition attempting → idle → attempting: a failed with err
