@@ -3,7 +3,6 @@ package interceptor
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,11 +11,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -162,25 +160,13 @@ func (p *parityServer) seen(i int) []seenAttempt {
 // few seconds). stop closes both.
 func (p *parityServer) serve(opts ...grpc.DialOption) (cc *grpc.ClientConn, settle func(), stop func(), err error) {
 	p.calls = make(map[int][]seenAttempt)
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
-	echov1.RegisterEchoServiceServer(gs, p)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = gs.Serve(lis)
-	}()
-	dial := func(context.Context, string) (net.Conn, error) { return lis.Dial() }
-	opts = append([]grpc.DialOption{
-		grpc.WithContextDialer(dial),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-	}, opts...)
+	dial, stopServer := testserver.Listen(func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, p) })
+	opts = append(dial, opts...)
 	stop = func() {
 		if cc != nil {
 			_ = cc.Close()
 		}
-		gs.Stop()
-		<-served
+		stopServer()
 	}
 	cc, err = grpc.NewClient("passthrough:///parity", opts...)
 	if err != nil {

@@ -241,31 +241,43 @@ func (s *Server) BidiStream(stream grpc.BidiStreamingServer[echov1.BidiStreamReq
 	}
 }
 
-// Start serves srv over bufconn until the test ends and returns a client
-// connection dialed with opts. Everything is closed by t.Cleanup.
-func Start(t testing.TB, srv echov1.EchoServiceServer, opts ...grpc.DialOption) *grpc.ClientConn {
-	t.Helper()
+// Listen serves, over bufconn, the services register installs on a new
+// grpc.Server. It returns the dial options that reach it (a context dialer
+// and insecure credentials) and a function that stops the server and waits
+// for it to end.
+func Listen(register func(*grpc.Server)) (dial []grpc.DialOption, stop func()) {
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
-	echov1.RegisterEchoServiceServer(gs, srv)
+	register(gs)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
 		_ = gs.Serve(lis)
 	}()
-	dial := func(context.Context, string) (net.Conn, error) { return lis.Dial() }
-	opts = append([]grpc.DialOption{
-		grpc.WithContextDialer(dial),
+	dialer := func(context.Context, string) (net.Conn, error) { return lis.Dial() }
+	dial = []grpc.DialOption{
+		grpc.WithContextDialer(dialer),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-	}, opts...)
-	cc, err := grpc.NewClient("passthrough:///bufnet", opts...)
+	}
+	return dial, func() {
+		gs.Stop()
+		<-served
+	}
+}
+
+// Start serves srv over bufconn until the test ends and returns a client
+// connection dialed with opts. Everything is closed by t.Cleanup.
+func Start(t testing.TB, srv echov1.EchoServiceServer, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	dial, stop := Listen(func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, srv) })
+	cc, err := grpc.NewClient("passthrough:///bufnet", append(dial, opts...)...)
 	if err != nil {
+		stop()
 		t.Fatalf("grpc.NewClient: %v", err)
 	}
 	t.Cleanup(func() {
 		_ = cc.Close()
-		gs.Stop()
-		<-served
+		stop()
 	})
 	return cc
 }
