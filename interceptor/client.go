@@ -242,7 +242,7 @@ func (u *unaryCall) committed() bool {
 func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (err error, timedOut, rejected bool) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
-	adm, rerr := mp.g.admit(u.ctx, u.method, now)
+	adm, rerr := mp.g.admit(u.ctx, now)
 	if rerr != nil {
 		r.settle(false)
 		return rerr, false, true

@@ -74,7 +74,7 @@ type admission struct {
 // admit asks the method's breaker and bulkhead to let an attempt through.
 // A refusal is a *RejectedError, or the context's status when the caller
 // gave up while queued.
-func (g *guards) admit(ctx context.Context, fullMethod string, now time.Time) (admission, error) {
+func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 	var a admission
 	if g.breaker == nil && g.bulkhead == nil {
 		return a, nil

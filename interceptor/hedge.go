@@ -334,7 +334,7 @@ func (h *hedgeCall) next() (budget.Retry, bool) {
 func (h *hedgeCall) launch(tok budget.Retry) error {
 	now := time.Now()
 	h.r.begin(now)
-	adm, err := h.job.mp.g.admit(h.copies, h.job.method, now)
+	adm, err := h.job.mp.g.admit(h.copies, now)
 	if err != nil {
 		if tok != (budget.Retry{}) {
 			h.job.budget.Refund(tok)

@@ -40,12 +40,21 @@ func checkNothingHeld(t testing.TB, c *Client) {
 func heldGuards(c *Client) string {
 	var held string
 	for _, s := range c.Statuses() {
-		if b := s.Bulkhead; b != nil && (b.InFlight != 0 || b.Queued != 0) {
-			held += s.FullMethod + ": bulkhead in flight " + strconv.Itoa(b.InFlight) + ", queued " + strconv.Itoa(b.Queued) + "; "
+		if h := heldBy(s); h != "" {
+			held += s.FullMethod + ": " + h
 		}
-		if b := s.Breaker; b != nil && b.Probes != 0 {
-			held += s.FullMethod + ": breaker " + b.State.String() + " with " + strconv.Itoa(b.Probes) + " probes out; "
-		}
+	}
+	return held
+}
+
+// heldBy describes what one method's guards hold, or returns "".
+func heldBy(s MethodStatus) string {
+	var held string
+	if b := s.Bulkhead; b != nil && (b.InFlight != 0 || b.Queued != 0) {
+		held += "bulkhead in flight " + strconv.Itoa(b.InFlight) + ", queued " + strconv.Itoa(b.Queued) + "; "
+	}
+	if b := s.Breaker; b != nil && b.Probes != 0 {
+		held += "breaker " + b.State.String() + " with " + strconv.Itoa(b.Probes) + " probes out; "
 	}
 	return held
 }

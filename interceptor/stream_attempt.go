@@ -64,7 +64,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		return nil, errStop{s.r.outOfTime(s.r.lastErr)}
 	}
 	s.r.begin(now)
-	adm, rerr := s.mp.g.admit(s.ctx, s.method, now)
+	adm, rerr := s.mp.g.admit(s.ctx, now)
 	if rerr != nil {
 		s.r.settle(false)
 		if reason, ok := isRejection(rerr); ok {

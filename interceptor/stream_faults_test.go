@@ -162,11 +162,7 @@ func startWithFaults(t *testing.T, srv *testserver.Server, c *Client) (echov1.Ec
 // anything now, once every goroutine of the bubble has settled.
 func assertNothingHeld(t *testing.T, c *Client, fullMethod, when string) {
 	t.Helper()
-	st := c.Status(fullMethod)
-	if b := st.Bulkhead; b != nil && (b.InFlight != 0 || b.Queued != 0) {
-		t.Errorf("%s: bulkhead in flight %d, queued %d; want 0, 0", when, b.InFlight, b.Queued)
-	}
-	if b := st.Breaker; b != nil && b.Probes != 0 {
-		t.Errorf("%s: breaker %v with %d probes out; want none", when, b.State, b.Probes)
+	if held := heldBy(c.Status(fullMethod)); held != "" {
+		t.Errorf("%s: %swant nothing held", when, held)
 	}
 }

@@ -117,13 +117,6 @@ func (p *panicBelow) intercept(ctx context.Context, method string, req, reply an
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
-// callRecovering calls f and returns what it panicked with.
-func callRecovering(f func()) (v any) {
-	defer func() { v = recover() }()
-	f()
-	return nil
-}
-
 // TestUnaryPanicBelowReleasesSlotAndProbe pins that a panic below the
 // interceptor, recovered by the caller, gives back the attempt's bulkhead
 // slot and its half-open probe: both leaked, and with one slot every later
@@ -139,7 +132,7 @@ func TestUnaryPanicBelowReleasesSlotAndProbe(t *testing.T) {
 		ctx := t.Context()
 
 		below.armed = true
-		if v := callRecovering(func() { _, _ = stub.Echo(ctx, &echov1.EchoRequest{}) }); v == nil {
+		if v := recovered(func() { _, _ = stub.Echo(ctx, &echov1.EchoRequest{}) }); v == nil {
 			t.Fatal("Echo() did not panic through the interceptor")
 		}
 		if st := c.Status(echoMethod).Bulkhead; st.InFlight != 0 {
@@ -153,7 +146,7 @@ func TestUnaryPanicBelowReleasesSlotAndProbe(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		below.armed = true
-		_ = callRecovering(func() { _, _ = stub.Echo(ctx, &echov1.EchoRequest{}) })
+		_ = recovered(func() { _, _ = stub.Echo(ctx, &echov1.EchoRequest{}) })
 		if st := c.Status(echoMethod).Breaker; st.Probes != 0 {
 			t.Fatalf("breaker %v with %d probes out after a panic below, want none", st.State, st.Probes)
 		}

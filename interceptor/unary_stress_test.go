@@ -68,11 +68,10 @@ func randomFaults(rnd *lockedRand) testserver.Script {
 // stressConfig is a method config with every guard on and tight bounds, so
 // that a stress test crosses every state: retries, an open and half-open
 // breaker, a full bulkhead with a queue.
-func stressConfig(p *serviceconfig.RetryPolicy, h *serviceconfig.HedgingPolicy) ClientOption {
+func stressConfig(p *serviceconfig.RetryPolicy) ClientOption {
 	return WithMethodConfig(serviceconfig.MethodConfig{
 		Name:           []serviceconfig.Name{{Service: echoService}},
 		RetryPolicy:    p,
-		HedgingPolicy:  h,
 		CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 8, OpenDuration: 5 * time.Millisecond},
 		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 10, MaxQueue: 4, MaxQueueWait: 5 * time.Millisecond},
 	})
@@ -131,7 +130,7 @@ func TestStressUnaryRetry(t *testing.T) {
 	srv := &testserver.Server{}
 	srv.SetScript(randomFaults(rnd))
 	p := &serviceconfig.RetryPolicy{MaxAttempts: 4, InitialBackoff: 100 * time.Microsecond, MaxBackoff: time.Millisecond, BackoffMultiplier: 2}
-	c := newTestClient(t, stressConfig(p, nil), WithRetryBudget(nil))
+	c := newTestClient(t, stressConfig(p), WithRetryBudget(nil))
 	dial := append(c.DialOptions(), grpc.WithChainUnaryInterceptor(randomPanicBelow(rnd, 0.02)))
 	stubs := []echov1.EchoServiceClient{
 		echov1.NewEchoServiceClient(testserver.Start(t, srv, dial...)),
