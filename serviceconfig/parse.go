@@ -84,6 +84,10 @@ type wireHedging struct {
 	MaxAttempts         leaf[int]
 	HedgingDelay        leaf[*duration]
 	NonFatalStatusCodes leaf[[]code]
+	// The adaptive delay: extension fields, ignored by grpc-go.
+	HedgingDelayQuantile   leaf[float64]
+	HedgingDelayFloor      leaf[*duration]
+	HedgingDelayMinSamples leaf[int]
 }
 
 type wireThrottling struct {
@@ -446,6 +450,9 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 			field{"maxAttempts", &h.MaxAttempts},
 			field{"hedgingDelay", &h.HedgingDelay},
 			field{"nonFatalStatusCodes", &h.NonFatalStatusCodes},
+			field{"hedgingDelayQuantile", &h.HedgingDelayQuantile},
+			field{"hedgingDelayFloor", &h.HedgingDelayFloor},
+			field{"hedgingDelayMinSamples", &h.HedgingDelayMinSamples},
 		); err != nil {
 			return mc, false, err
 		}
@@ -562,11 +569,27 @@ func (h *wireHedging) policy(o parseOptions) (*HedgingPolicy, error) {
 	if h.MaxAttempts.v <= 1 {
 		return nil, required("maxAttempts", h.MaxAttempts.set, "must be greater than 1")
 	}
-	return &HedgingPolicy{
-		MaxAttempts:         min(h.MaxAttempts.v, o.maxAttemptsCap),
-		HedgingDelay:        optDuration(h.HedgingDelay.v),
-		NonFatalStatusCodes: codeSet(h.NonFatalStatusCodes.v),
-	}, nil
+	// A quantile written as 0 is not "off": the document says a quantile.
+	if q := h.HedgingDelayQuantile; q.set && !(q.v > 0 && q.v < 1) {
+		return nil, newError("hedgingDelayQuantile", "must be between 0 and 1, exclusive")
+	}
+	p := &HedgingPolicy{
+		MaxAttempts:            min(h.MaxAttempts.v, o.maxAttemptsCap),
+		HedgingDelay:           optDuration(h.HedgingDelay.v),
+		NonFatalStatusCodes:    codeSet(h.NonFatalStatusCodes.v),
+		HedgingDelayQuantile:   h.HedgingDelayQuantile.v,
+		HedgingDelayFloor:      optDuration(h.HedgingDelayFloor.v),
+		HedgingDelayMinSamples: h.HedgingDelayMinSamples.v,
+	}
+	// Written fields that need a quantile need it even when written as 0.
+	switch {
+	case h.HedgingDelayQuantile.set:
+	case h.HedgingDelayFloor.v != nil:
+		return nil, newError("hedgingDelayFloor", "needs hedgingDelayQuantile")
+	case h.HedgingDelayMinSamples.set:
+		return nil, newError("hedgingDelayMinSamples", "needs hedgingDelayQuantile")
+	}
+	return p, nil
 }
 
 // required returns an *Error at path with msg, saying the field is required
