@@ -73,14 +73,14 @@ type methodPolicy struct {
 	keyed        bool               // calls get an idempotency key
 	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
-	// hedgeWindow holds the recent durations of hedged copies, read at
-	// hedge.quantile; nil unless the hedging delay is adaptive.
-	hedgeWindow *latency.Window
-	fallback    Fallback      // answers local rejections of unary calls; nil: none
-	mm          methodMetrics // attribute sets, when metrics are on
+	fallback     Fallback           // answers local rejections of unary calls; nil: none
+	mm           methodMetrics      // attribute sets, when metrics are on
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
+	// hedgeWindow holds the recent durations of hedged copies, read at
+	// hedge.quantile; nil unless the hedging delay is adaptive.
+	hedgeWindow *latency.Window
 }
 
 // clientState is one service config in force, with the per-method policies
