@@ -166,3 +166,135 @@ func TestAdaptiveHedgingFollowsDrift(t *testing.T) {
 		t.Errorf("fixed 3ms: %.2f%% extra attempts before the drift and %.2f%% after, want at most 6%% and at least 90%%", 100*fBefore, 100*fAfter)
 	}
 }
+
+const echoMethod = "/resilience.echo.v1.EchoService/Echo"
+
+// echoHedged returns a client hedging EchoService under hp and a server
+// answering every attempt after took(n) (n from 1), in the synctest bubble
+// of t.
+func echoHedged(t *testing.T, hp *serviceconfig.HedgingPolicy, took func(n int) time.Duration) (*interceptor.Client, *testserver.Server, echov1.EchoServiceClient) {
+	srv := &testserver.Server{}
+	srv.SetScript(func(a testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: took(a.N)} })
+	c, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+		Name:          []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
+		HedgingPolicy: hp,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := testserver.Start(t, srv, c.DialOptions()...)
+	return c, srv, echov1.NewEchoServiceClient(cc)
+}
+
+// TestAdaptiveHedgingWarmUp pins the delay before HedgingDelayMinSamples:
+// HedgingDelay when set; when not, no timed copies at all.
+func TestAdaptiveHedgingWarmUp(t *testing.T) {
+	slow := func(int) time.Duration { return 40 * time.Millisecond }
+	tests := []struct {
+		name      string
+		delay     time.Duration
+		wantDelay time.Duration
+		wantOK    bool
+		wantSent  int // attempts of the first call
+	}{
+		{"hedgingDelay until the samples", 10 * time.Millisecond, 10 * time.Millisecond, true, 2},
+		{"no hedgingDelay: no timed copies", 0, 0, false, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c, srv, client := echoHedged(t, &serviceconfig.HedgingPolicy{
+					MaxAttempts: 2, HedgingDelay: tt.delay, HedgingDelayQuantile: 0.9, HedgingDelayMinSamples: 3,
+				}, slow)
+				if d, ok := c.HedgingDelay(echoMethod); d != tt.wantDelay || ok != tt.wantOK {
+					t.Errorf("HedgingDelay before any call = %v, %v, want %v, %v", d, ok, tt.wantDelay, tt.wantOK)
+				}
+				if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+					t.Fatalf("Echo: %v", err)
+				}
+				synctest.Wait()
+				if got := srv.Count("Echo"); got != tt.wantSent {
+					t.Errorf("the first call sent %d attempts, want %d", got, tt.wantSent)
+				}
+				for range 3 {
+					if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+						t.Fatalf("Echo: %v", err)
+					}
+					synctest.Wait()
+				}
+				// Every copy took 40ms or was cut off after it: the p90 is
+				// 40ms rounded up to its bucket.
+				if d, ok := c.HedgingDelay(echoMethod); d != 41943040 || !ok {
+					t.Errorf("HedgingDelay after the samples = %v, %v, want 41.94304ms, true", d, ok)
+				}
+			})
+		})
+	}
+}
+
+// TestAdaptiveHedgingFloor pins HedgingDelayFloor: the delay never goes
+// below it, however fast the method.
+func TestAdaptiveHedgingFloor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, _, client := echoHedged(t, &serviceconfig.HedgingPolicy{
+			MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayFloor: 5 * time.Millisecond, HedgingDelayMinSamples: 1,
+		}, func(int) time.Duration { return time.Millisecond })
+		for range 3 {
+			if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+				t.Fatalf("Echo: %v", err)
+			}
+		}
+		if d, ok := c.HedgingDelay(echoMethod); d != 5*time.Millisecond || !ok {
+			t.Errorf("HedgingDelay of a 1ms method with a 5ms floor = %v, %v, want 5ms, true", d, ok)
+		}
+	})
+}
+
+// TestAdaptiveHedgingCarriesAcrossUpdates pins that a method's observed
+// latencies survive a config update, as its breaker and latency estimate
+// do: a new quantile reads the same observations at once, while an update
+// to a fixed delay ends them.
+func TestAdaptiveHedgingCarriesAcrossUpdates(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// 2ms, and every 4th attempt 8ms: the p50 is 2ms, the p90 8ms.
+		c, _, client := echoHedged(t, &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayMinSamples: 20},
+			func(n int) time.Duration {
+				if n%4 == 0 {
+					return 8 * time.Millisecond
+				}
+				return 2 * time.Millisecond
+			})
+		for range 40 {
+			if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+				t.Fatalf("Echo: %v", err)
+			}
+			synctest.Wait()
+		}
+		hedged := func(hp serviceconfig.HedgingPolicy) *serviceconfig.Config {
+			return &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+				Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}}, HedgingPolicy: &hp,
+			}}}
+		}
+		steps := []struct {
+			name   string
+			policy serviceconfig.HedgingPolicy
+			want   time.Duration
+			wantOK bool
+		}{
+			{"before the updates", serviceconfig.HedgingPolicy{}, 8388608, true},
+			{"a new quantile reads the same samples", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.5, HedgingDelayMinSamples: 20}, 2097152, true},
+			{"a fixed delay", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 7 * time.Millisecond}, 7 * time.Millisecond, true},
+			{"adaptive again starts afresh", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.5}, 0, false},
+		}
+		for i, s := range steps {
+			if i > 0 {
+				if err := c.UpdateServiceConfig(hedged(s.policy)); err != nil {
+					t.Fatalf("%s: UpdateServiceConfig: %v", s.name, err)
+				}
+			}
+			if d, ok := c.HedgingDelay(echoMethod); d != s.want || ok != s.wantOK {
+				t.Errorf("%s: HedgingDelay = %v, %v, want %v, %v", s.name, d, ok, s.want, s.wantOK)
+			}
+		}
+	})
+}
