@@ -59,10 +59,13 @@ func upperEdge(b int) time.Duration {
 
 // A Window tracks a quantile of the durations observed last, by counting
 // them in a histogram of logarithmic buckets over a sliding window. Unlike
-// the [Estimator], which settles anywhere in a gap of the distribution, a
-// Window gives the lower quantile: for the 0.9 quantile of durations that
-// are 2ms 95 % of the time and 40ms otherwise, it reads 2ms (rounded up to
-// its bucket), never a value in between.
+// the [Estimator], which wanders anywhere in a gap of the distribution and
+// oscillates around a cluster (below it part of the time), a Window gives
+// the lower quantile rounded up: for the 0.9 quantile of durations that are
+// 2ms 95 % of the time and 40ms otherwise, it reads 2ms rounded up to its
+// bucket (2.097152ms), never less, never a value in between. The client
+// hedges at it: a hedging delay below the fast cluster would hedge fast
+// calls too.
 //
 // # Algorithm
 //
