@@ -84,10 +84,11 @@ type wireHedging struct {
 	MaxAttempts         leaf[int]
 	HedgingDelay        leaf[*duration]
 	NonFatalStatusCodes leaf[[]code]
-	// The adaptive delay: extension fields, ignored by grpc-go.
-	HedgingDelayQuantile   leaf[float64]
+	// The adaptive delay: extension fields, ignored by grpc-go; null
+	// means absent.
+	HedgingDelayQuantile   leaf[*float64]
 	HedgingDelayFloor      leaf[*duration]
-	HedgingDelayMinSamples leaf[int]
+	HedgingDelayMinSamples leaf[*int]
 }
 
 type wireThrottling struct {
@@ -569,24 +570,26 @@ func (h *wireHedging) policy(o parseOptions) (*HedgingPolicy, error) {
 	if h.MaxAttempts.v <= 1 {
 		return nil, required("maxAttempts", h.MaxAttempts.set, "must be greater than 1")
 	}
-	// A quantile written as 0 is not "off": the document says a quantile.
-	if q := h.HedgingDelayQuantile; q.set && !(q.v > 0 && q.v < 1) {
-		return nil, newError("hedgingDelayQuantile", "must be between 0 and 1, exclusive")
-	}
 	p := &HedgingPolicy{
-		MaxAttempts:            min(h.MaxAttempts.v, o.maxAttemptsCap),
-		HedgingDelay:           optDuration(h.HedgingDelay.v),
-		NonFatalStatusCodes:    codeSet(h.NonFatalStatusCodes.v),
-		HedgingDelayQuantile:   h.HedgingDelayQuantile.v,
-		HedgingDelayFloor:      optDuration(h.HedgingDelayFloor.v),
-		HedgingDelayMinSamples: h.HedgingDelayMinSamples.v,
+		MaxAttempts:         min(h.MaxAttempts.v, o.maxAttemptsCap),
+		HedgingDelay:        optDuration(h.HedgingDelay.v),
+		NonFatalStatusCodes: codeSet(h.NonFatalStatusCodes.v),
+		HedgingDelayFloor:   optDuration(h.HedgingDelayFloor.v),
 	}
-	// Written fields that need a quantile need it even when written as 0.
-	switch {
-	case h.HedgingDelayQuantile.set:
+	switch q := h.HedgingDelayQuantile.v; {
+	case q != nil:
+		// A quantile written as 0 is not "off": the document asks for one.
+		if !(*q > 0 && *q < 1) {
+			return nil, newError("hedgingDelayQuantile", "must be between 0 and 1, exclusive")
+		}
+		p.HedgingDelayQuantile = *q
+		if n := h.HedgingDelayMinSamples.v; n != nil {
+			p.HedgingDelayMinSamples = *n
+		}
+	// The fields that need a quantile need it even when written as 0.
 	case h.HedgingDelayFloor.v != nil:
 		return nil, newError("hedgingDelayFloor", "needs hedgingDelayQuantile")
-	case h.HedgingDelayMinSamples.set:
+	case h.HedgingDelayMinSamples.v != nil:
 		return nil, newError("hedgingDelayMinSamples", "needs hedgingDelayQuantile")
 	}
 	return p, nil

@@ -351,6 +351,8 @@ func parseCases() []parseCase {
 				HedgingDelayQuantile: 0.95, HedgingDelayFloor: time.Millisecond, HedgingDelayMinSamples: 50}})},
 		{name: "hedging adaptive delay alone", doc: orders(`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayQuantile": 0.9}`),
 			want: svc(serviceconfig.MethodConfig{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9}})},
+		{name: "hedging adaptive fields null", doc: orders(`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayQuantile": null, "hedgingDelayFloor": null, "hedgingDelayMinSamples": null}`),
+			want: svc(serviceconfig.MethodConfig{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2}})},
 		{name: "hedging quantile 0", doc: orders(`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayQuantile": 0}`), grpc: diffHedging,
 			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayQuantile: must be between 0 and 1, exclusive"},
 		{name: "hedging quantile 1", doc: orders(`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayQuantile": 1}`), grpc: diffHedging,
