@@ -1,12 +1,16 @@
 package interceptor_test
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
@@ -295,6 +299,49 @@ func TestAdaptiveHedgingCarriesAcrossUpdates(t *testing.T) {
 			if d, ok := c.HedgingDelay(echoMethod); d != s.want || ok != s.wantOK {
 				t.Errorf("%s: HedgingDelay = %v, %v, want %v, %v", s.name, d, ok, s.want, s.wantOK)
 			}
+		}
+	})
+}
+
+// TestAdaptiveHedgingConcurrentCallers runs the slow-tail workload from 8
+// callers at once, with every 7th call cancelled by its caller after 3ms:
+// the window takes observations from many copies at once (the race
+// detector watches), calls end as they should, and the hedged share stays
+// near the tail's.
+func TestAdaptiveHedgingConcurrentCallers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, srv, client := echoHedged(t, &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayMinSamples: 50},
+			func(n int) time.Duration { return tailLatency(n, 2*time.Millisecond) })
+		const callers, calls = 8, 150
+		errs := make(chan error, callers*calls)
+		for g := range callers {
+			go func() {
+				for i := range calls {
+					ctx, cancel := context.WithCancel(t.Context())
+					if (g*calls+i)%7 == 0 {
+						time.AfterFunc(3*time.Millisecond, cancel)
+					}
+					_, err := client.Echo(ctx, &echov1.EchoRequest{})
+					cancel()
+					errs <- err
+				}
+			}()
+		}
+		cancelled := 0
+		for range callers * calls {
+			switch err := <-errs; status.Code(err) {
+			case codes.OK:
+			case codes.Canceled:
+				cancelled++
+			default:
+				t.Fatalf("Echo: %v, want success or Canceled", err)
+			}
+		}
+		synctest.Wait()
+		extra := float64(srv.Count("Echo")-callers*calls) / float64(callers*calls)
+		t.Logf("%d calls, %d cancelled, extra attempts %.2f%%", callers*calls, cancelled, 100*extra)
+		if cancelled == 0 || extra > 0.08 {
+			t.Errorf("%d calls cancelled, %.2f%% extra attempts; want some cancelled and at most 8%% extra", cancelled, 100*extra)
 		}
 	})
 }
