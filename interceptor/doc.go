@@ -138,6 +138,19 @@
 // below the interceptor in a copy panics again in the caller's goroutine.
 // Streams with a hedging policy are called once.
 //
+// With HedgingDelayQuantile (an extension of hedgingPolicy) the delay is
+// not tuned by hand: each call waits the method's observed attempt latency
+// at that quantile, at least HedgingDelayFloor, so that at most about a
+// share 1 − quantile of calls is hedged, however the latency drifts. The
+// latency is read from a histogram of the method's last 256 to 512 copies
+// (eight logarithmic buckets per octave, rounded up to the bucket: at most
+// 12.5 % above), where a copy that a sibling's answer cut off counts as at
+// least as long as it ran; it carries over config updates while the method
+// stays adaptive. Until HedgingDelayMinSamples copies were observed (100 by
+// default) the call waits HedgingDelay, or, without one, sends further
+// copies only after non-fatal failures. Client.HedgingDelay reports the
+// delay in force. Reading it costs two atomic loads per call.
+//
 // # Deadlines and retry storms
 //
 // A call never waits past its deadline, and never starts an attempt it

@@ -40,14 +40,75 @@ import (
 
 // hedgePolicy is a serviceconfig.HedgingPolicy with its defaults resolved.
 type hedgePolicy struct {
-	maxAttempts int           // ≥ 2, ≤ the client's cap
-	delay       time.Duration // between copies; 0 sends them all at once
-	nonFatal    rescodes.Set  // codes after which hedging goes on
+	maxAttempts int // ≥ 2, ≤ the client's cap
+	// delay is the wait between copies: 0 sends them all at once, and
+	// noTimedCopies sends further copies only after non-fatal failures.
+	// In a methodPolicy with a quantile it is the delay until minSamples;
+	// in a hedgeCall, the delay of that call.
+	delay    time.Duration
+	nonFatal rescodes.Set // codes after which hedging goes on
+	// quantile, when > 0, makes the delay adaptive: the method's
+	// hedgeWindow at this quantile, at least floor, once minSamples
+	// attempts were observed.
+	quantile   float64
+	floor      time.Duration
+	minSamples uint64
 }
+
+// noTimedCopies is the delay of a call that sends further copies only
+// after non-fatal failures: an adaptive policy without a HedgingDelay, while
+// it has too few samples.
+const noTimedCopies time.Duration = -1
 
 // newHedgePolicy resolves p, capping MaxAttempts at maxCap.
 func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
-	return &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
+	hp := &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
+	if p.HedgingDelayQuantile > 0 {
+		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
+		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))
+		if hp.delay == 0 {
+			hp.delay = noTimedCopies
+		}
+	}
+	return hp
+}
+
+// orDefault returns v, or def when v is zero.
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// hedgeDelay returns the delay between the copies of a call of mp starting
+// now: the policy's HedgingDelay, or, when it is adaptive and the method's
+// window holds enough samples, the window's quantile, at least the floor.
+// Two atomic loads; no lock.
+func (mp *methodPolicy) hedgeDelay() time.Duration {
+	hp, w := mp.hedge, mp.hedgeWindow
+	if w == nil || w.Samples() < hp.minSamples {
+		return hp.delay
+	}
+	return max(w.Quantile(), hp.floor)
+}
+
+// HedgingDelay returns the delay between the copies of a hedged call of
+// fullMethod that started now, resolving its policy if no call has yet:
+// the fixed hedgingDelay, or the adaptive one (hedgingDelayQuantile) as
+// observed so far. ok is false when the method is not hedged, or when its
+// adaptive policy is still gathering samples and has no hedgingDelay to
+// use meanwhile (further copies then go out only after non-fatal
+// failures).
+func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
+	mp := c.state.Load().policy(fullMethod)
+	if mp.hedge == nil {
+		return 0, false
+	}
+	if d = mp.hedgeDelay(); d == noTimedCopies {
+		return 0, false
+	}
+	return d, true
 }
 
 // hedged runs a unary call under a hedging policy (gRFC A6): the first copy
@@ -129,6 +190,7 @@ type hedgeCall struct {
 func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int) *hedgeCall {
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
+	h.hp.delay = mp.hedgeDelay() // one delay for the whole call
 	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true}
 	h.ctx = h.r.outgoing(ctx)
 	h.copies, h.cancel = context.WithCancel(h.ctx)
@@ -206,8 +268,16 @@ func (h *hedgeCall) fail(reason StopReason) error {
 	return h.r.stopped(h.last.err, h.last.err, reason)
 }
 
-// arm makes the timer send the next copy after d.
+// arm makes the timer send the next copy after d; with noTimedCopies, it
+// disarms it.
 func (h *hedgeCall) arm(d time.Duration) {
+	if d == noTimedCopies {
+		if h.timer != nil {
+			h.timer.Stop()
+		}
+		h.timerC = nil
+		return
+	}
 	if h.timer == nil {
 		h.timer = time.NewTimer(d)
 	} else {
@@ -458,17 +528,31 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 // settle closes a copy's accounts: its bulkhead slot and breaker token, its
 // metrics and latency, and its budget token, refunded unless the copy failed
 // with a non-fatal code.
+//
+// With an adaptive delay, the method's window gets the copy's duration when
+// it succeeded, and a lower bound of it when the copy was cut off (a
+// sibling won, or the caller gave up): a cancelled slow copy is the tail
+// the quantile must see. Other failures say nothing of how long an answer
+// takes.
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
 	aborted := res.panicked != nil || res.goexit
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
 		j.c.metrics.attempt(ctx, &j.mp.mm, res.err)
+		if end.IsZero() && (j.mp.latency != nil || j.mp.hedgeWindow != nil) {
+			end = since(cp.start)
+		}
 		if res.err == nil && j.mp.latency != nil {
-			if end.IsZero() {
-				end = since(cp.start)
-			}
 			j.mp.latency.Observe(end.Sub(cp.start))
+		}
+		if w := j.mp.hedgeWindow; w != nil {
+			switch {
+			case res.err == nil:
+				w.Observe(end.Sub(cp.start))
+			case ctx.Err() != nil:
+				w.ObserveAtLeast(end.Sub(cp.start))
+			}
 		}
 	}
 	failedNonFatally := res.err != nil && !aborted && nonFatal(j.nonFatal, res.err)

@@ -78,6 +78,9 @@ type methodPolicy struct {
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
+	// hedgeWindow holds the recent durations of hedged copies, read at
+	// hedge.quantile; nil unless the hedging delay is adaptive.
+	hedgeWindow *latency.Window
 }
 
 // clientState is one service config in force, with the per-method policies
@@ -178,12 +181,29 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	} else if p.retry != nil || p.hedge != nil {
 		p.latency = newEstimator(s.opts.estimateFloor)
 	}
+	if p.hedge != nil && p.hedge.quantile > 0 {
+		p.hedgeWindow = s.hedgeWindow(fullMethod, p.hedge.quantile)
+	}
 	// With A6 throttling on, every call takes the full path: grpc-go counts
 	// the successes of every method on the channel, and so does the
 	// throttle here (at no cost when it is off).
 	p.passthrough = p.retry == nil && p.hedge == nil && p.timeout == 0 && p.waitForReady == nil &&
 		p.g.breaker == nil && p.g.bulkhead == nil && !p.keyed && s.storm.throttle == nil
 	return p
+}
+
+// hedgeWindow returns the window of fullMethod's hedged copies read at
+// quantile: the config before's, whose observations carry over (a method's
+// latency does not change with its config), or a new one.
+func (s *clientState) hedgeWindow(fullMethod string, quantile float64) *latency.Window {
+	if old := s.prev[fullMethod]; old != nil && old.hedgeWindow != nil {
+		if w, err := old.hedgeWindow.WithQuantile(quantile); err == nil {
+			return w
+		}
+	}
+	// quantile was validated with the config, so this cannot fail.
+	w, _ := latency.NewWindow(quantile, latency.DefaultWindowSize)
+	return w
 }
 
 // guards builds the breaker and bulkhead of fullMethod from mc, or carries

@@ -267,12 +267,37 @@ type HedgingPolicy struct {
 	// RetryPolicy.
 	MaxAttempts int
 	// HedgingDelay is the wait before each further copy. 0 sends all copies
-	// at once.
+	// at once. With HedgingDelayQuantile set, it is the wait only until
+	// HedgingDelayMinSamples were observed, and 0 then means that, until
+	// then, further copies go out only after non-fatal failures.
 	HedgingDelay time.Duration
 	// NonFatalStatusCodes are the codes after which hedging goes on; any
 	// other code ends the call.
 	NonFatalStatusCodes rescodes.Set
+
+	// HedgingDelayQuantile, in (0, 1), makes the delay adaptive (an
+	// extension field): each call waits the method's observed attempt
+	// latency at this quantile, so that about a share 1 − quantile of calls
+	// is hedged whatever the latencies are, and stays so as they drift. The
+	// latency is the lower quantile over the method's last few hundred
+	// attempts, rounded up by at most 12.5 %; a copy cut off by a sibling's
+	// answer counts as at least as long as it ran. 0 keeps HedgingDelay
+	// fixed.
+	HedgingDelayQuantile float64
+	// HedgingDelayFloor is the least adaptive delay, ≥ 0 (an extension
+	// field): hedges never go out sooner, however fast the method. Needs
+	// HedgingDelayQuantile.
+	HedgingDelayFloor time.Duration
+	// HedgingDelayMinSamples is how many attempts of the method must be
+	// observed before the adaptive delay is used, ≥ 0 (an extension field);
+	// until then HedgingDelay applies. 0 means
+	// DefaultHedgingDelayMinSamples. Needs HedgingDelayQuantile.
+	HedgingDelayMinSamples int
 }
+
+// DefaultHedgingDelayMinSamples is the HedgingDelayMinSamples of a zero
+// field: 100 observed attempts.
+const DefaultHedgingDelayMinSamples = 100
 
 // RetryThrottling is gRFC A6's retryThrottling: a token bucket per client
 // that starts full at MaxTokens. Each attempt that fails with a retryable code

@@ -97,6 +97,20 @@ func TestConfigValidate(t *testing.T) {
 		{name: "bad jitter",
 			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{}, {RetryPolicy: &serviceconfig.RetryPolicy{Jitter: "wild"}}}},
 			wantErr: "serviceconfig: methodConfig[1].retryPolicy.jitter: must be one of"},
+		{name: "hedging quantile out of range",
+			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 1.5}}}},
+			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayQuantile: must be between 0 and 1, exclusive"},
+		{name: "hedging floor without quantile",
+			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayFloor: time.Millisecond}}}},
+			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayFloor: needs hedgingDelayQuantile"},
+		{name: "hedging min samples without quantile",
+			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayMinSamples: 5}}}},
+			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayMinSamples: needs hedgingDelayQuantile"},
+		{name: "hedging min samples negative",
+			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayMinSamples: -1}}}},
+			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayMinSamples: must not be negative"},
+		{name: "hedging adaptive", config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{HedgingPolicy: &serviceconfig.HedgingPolicy{
+			MaxAttempts: 2, HedgingDelayQuantile: 0.95, HedgingDelayFloor: time.Millisecond, HedgingDelayMinSamples: 10}}}}},
 		{name: "tokenRatio zero", config: serviceconfig.Config{RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10}},
 			wantErr: "serviceconfig: retryThrottling.tokenRatio: must be greater than 0"},
 		{name: "budget", config: serviceconfig.Config{RetryBudget: &serviceconfig.RetryBudget{TTL: -time.Second}},
@@ -156,6 +170,12 @@ func TestMarshalJSON(t *testing.T) {
 				`"circuitBreaker":{"consecutiveFailures":3,"window":"60s","failureStatusCodes":["UNKNOWN","DATA_LOSS"]},` +
 				`"bulkhead":{"maxConcurrent":8,"maxQueueWait":"0.02s"}}],"retryThrottling":{"maxTokens":10,"tokenRatio":0.1},` +
 				`"healthCheckConfig":{"serviceName":"shop"},"retryBudget":{"ratio":0.25}}`},
+		{name: "adaptive hedging delay",
+			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+				HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95,
+					HedgingDelayFloor: time.Millisecond, HedgingDelayMinSamples: 50},
+			}}},
+			want: `{"methodConfig":[{"name":[],"hedgingPolicy":{"maxAttempts":2,"hedgingDelayQuantile":0.95,"hedgingDelayFloor":"0.001s","hedgingDelayMinSamples":50}}]}`},
 		{name: "one attempt has no document form",
 			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 1, RetryableStatusCodes: 1}}}},
 			wantErr: "serviceconfig: methodConfig[0].retryPolicy.maxAttempts: 1 (no retry) has no document form"},

@@ -150,6 +150,14 @@
 //	      "failureStatusCodes": ["UNAVAILABLE", "INTERNAL"]
 //	    },
 //	    "bulkhead": {"maxConcurrent": 64, "maxQueue": 128, "maxQueueWait": "0.1s"}
+//	  }, {
+//	    "name": [{"service": "shop.Catalog"}],
+//	    "hedgingPolicy": {
+//	      "maxAttempts": 2, "hedgingDelay": "0.02s",  // the delay until 100 samples
+//	      "hedgingDelayQuantile": 0.95,   // then hedge at the observed p95 latency
+//	      "hedgingDelayFloor": "0.001s",  // never sooner than 1ms
+//	      "hedgingDelayMinSamples": 100   // HedgingPolicy.HedgingDelayMinSamples
+//	    }
 //	  }],
 //	  "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1},
 //	  "retryBudget": {"ratio": 0.2, "minRetriesPerSecond": 10, "ttl": "10s"}

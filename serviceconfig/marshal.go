@@ -99,6 +99,10 @@ func newJSONMethod(mc *MethodConfig) (jsonMethod, error) {
 			MaxAttempts:         p.MaxAttempts,
 			HedgingDelay:        jsonDuration(p.HedgingDelay),
 			NonFatalStatusCodes: p.NonFatalStatusCodes,
+
+			HedgingDelayQuantile:   p.HedgingDelayQuantile,
+			HedgingDelayFloor:      jsonDuration(p.HedgingDelayFloor),
+			HedgingDelayMinSamples: p.HedgingDelayMinSamples,
 		}
 	}
 	if b := mc.CircuitBreaker; b != nil {
@@ -178,6 +182,10 @@ type jsonHedging struct {
 	MaxAttempts         int          `json:"maxAttempts"`
 	HedgingDelay        jsonDuration `json:"hedgingDelay,omitempty"`
 	NonFatalStatusCodes rescodes.Set `json:"nonFatalStatusCodes,omitempty"`
+
+	HedgingDelayQuantile   float64      `json:"hedgingDelayQuantile,omitempty"`
+	HedgingDelayFloor      jsonDuration `json:"hedgingDelayFloor,omitempty"`
+	HedgingDelayMinSamples int          `json:"hedgingDelayMinSamples,omitempty"`
 }
 
 type jsonThrottling struct {

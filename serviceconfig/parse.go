@@ -84,6 +84,11 @@ type wireHedging struct {
 	MaxAttempts         leaf[int]
 	HedgingDelay        leaf[*duration]
 	NonFatalStatusCodes leaf[[]code]
+	// The adaptive delay: extension fields, ignored by grpc-go; null
+	// means absent.
+	HedgingDelayQuantile   leaf[*float64]
+	HedgingDelayFloor      leaf[*duration]
+	HedgingDelayMinSamples leaf[*int]
 }
 
 type wireThrottling struct {
@@ -446,6 +451,9 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 			field{"maxAttempts", &h.MaxAttempts},
 			field{"hedgingDelay", &h.HedgingDelay},
 			field{"nonFatalStatusCodes", &h.NonFatalStatusCodes},
+			field{"hedgingDelayQuantile", &h.HedgingDelayQuantile},
+			field{"hedgingDelayFloor", &h.HedgingDelayFloor},
+			field{"hedgingDelayMinSamples", &h.HedgingDelayMinSamples},
 		); err != nil {
 			return mc, false, err
 		}
@@ -562,11 +570,29 @@ func (h *wireHedging) policy(o parseOptions) (*HedgingPolicy, error) {
 	if h.MaxAttempts.v <= 1 {
 		return nil, required("maxAttempts", h.MaxAttempts.set, "must be greater than 1")
 	}
-	return &HedgingPolicy{
+	p := &HedgingPolicy{
 		MaxAttempts:         min(h.MaxAttempts.v, o.maxAttemptsCap),
 		HedgingDelay:        optDuration(h.HedgingDelay.v),
 		NonFatalStatusCodes: codeSet(h.NonFatalStatusCodes.v),
-	}, nil
+		HedgingDelayFloor:   optDuration(h.HedgingDelayFloor.v),
+	}
+	switch q := h.HedgingDelayQuantile.v; {
+	case q != nil:
+		// A quantile written as 0 is not "off": the document asks for one.
+		if !(*q > 0 && *q < 1) {
+			return nil, newError("hedgingDelayQuantile", "must be between 0 and 1, exclusive")
+		}
+		p.HedgingDelayQuantile = *q
+		if n := h.HedgingDelayMinSamples.v; n != nil {
+			p.HedgingDelayMinSamples = *n
+		}
+	// The fields that need a quantile need it even when written as 0.
+	case h.HedgingDelayFloor.v != nil:
+		return nil, newError("hedgingDelayFloor", "needs hedgingDelayQuantile")
+	case h.HedgingDelayMinSamples.v != nil:
+		return nil, newError("hedgingDelayMinSamples", "needs hedgingDelayQuantile")
+	}
+	return p, nil
 }
 
 // required returns an *Error at path with msg, saying the field is required

@@ -100,7 +100,27 @@ func (p *HedgingPolicy) Validate() error {
 	if err := checkDuration("hedgingDelay", p.HedgingDelay); err != nil {
 		return err
 	}
-	return checkSet("nonFatalStatusCodes", p.NonFatalStatusCodes)
+	if err := checkSet("nonFatalStatusCodes", p.NonFatalStatusCodes); err != nil {
+		return err
+	}
+	return p.validateAdaptive()
+}
+
+// validateAdaptive checks the adaptive-delay extension fields of p.
+func (p *HedgingPolicy) validateAdaptive() error {
+	switch q := p.HedgingDelayQuantile; {
+	case q != 0 && !(q > 0 && q < 1):
+		return newError("hedgingDelayQuantile", "must be between 0 and 1, exclusive")
+	case p.HedgingDelayFloor < 0:
+		return newError("hedgingDelayFloor", "must not be negative")
+	case p.HedgingDelayMinSamples < 0:
+		return newError("hedgingDelayMinSamples", "must not be negative")
+	case q == 0 && p.HedgingDelayFloor != 0:
+		return newError("hedgingDelayFloor", "needs hedgingDelayQuantile")
+	case q == 0 && p.HedgingDelayMinSamples != 0:
+		return newError("hedgingDelayMinSamples", "needs hedgingDelayQuantile")
+	}
+	return nil
 }
 
 // minTokenRatio is the smallest TokenRatio three decimals hold; a positive

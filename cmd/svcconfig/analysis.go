@@ -166,7 +166,11 @@ func analyze(mc, raw serviceconfig.MethodConfig, opts options, maxAttemptsCap in
 			asked = raw.HedgingPolicy.MaxAttempts
 		}
 		a.attempts = h.MaxAttempts
-		a.steps = hedgeSchedule(h.HedgingDelay, min(h.MaxAttempts, scheduleLimit), a.attemptTime)
+		n := min(h.MaxAttempts, scheduleLimit)
+		if h.HedgingDelayQuantile > 0 && h.HedgingDelay == 0 {
+			n = 1 // until the samples, only failures send further copies
+		}
+		a.steps = hedgeSchedule(h.HedgingDelay, n, a.attemptTime)
 		if asked > h.MaxAttempts {
 			warnf("hedgingPolicy.maxAttempts %d is above the cap of %d and is lowered to %d "+
 				"(to keep it, parse it with serviceconfig.WithMaxAttemptsCap(%d) and run this with -max-attempts-cap %[4]d)",

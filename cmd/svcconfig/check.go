@@ -98,6 +98,15 @@ func summary(mc serviceconfig.MethodConfig, a analysis) string {
 	case mc.HedgingPolicy != nil:
 		h := mc.HedgingPolicy
 		s := fmt.Sprintf("hedging maxAttempts %d, hedgingDelay %v", h.MaxAttempts, h.HedgingDelay)
+		if h.HedgingDelayQuantile > 0 {
+			s += fmt.Sprintf(", hedgingDelayQuantile %s", num(h.HedgingDelayQuantile))
+			if h.HedgingDelayFloor > 0 {
+				s += ", hedgingDelayFloor " + h.HedgingDelayFloor.String()
+			}
+			if h.HedgingDelayMinSamples > 0 {
+				s += fmt.Sprintf(", hedgingDelayMinSamples %d", h.HedgingDelayMinSamples)
+			}
+		}
 		if !h.NonFatalStatusCodes.IsEmpty() {
 			s += ", nonFatalStatusCodes " + codeList(h.NonFatalStatusCodes)
 		}

@@ -37,7 +37,9 @@
 //     maxAttempts (which counts every attempt, the first call included),
 //     the backoffs, the jitter and its formula, the retryable status codes
 //     (the client's default rules when the list is empty),
-//     perAttemptRecvTimeout; or the hedging policy;
+//     perAttemptRecvTimeout; or the hedging policy, with its adaptive
+//     delay (hedgingDelayQuantile, hedgingDelayFloor, hedgingDelayMinSamples)
+//     and the delay it uses until it has the samples;
 //   - the client-wide retry limits: the retry budget (on by default in the
 //     client, 0.2 of requests plus 10/s over 10s, unless the document has a
 //     retryBudget block) and gRFC A6 throttling;

@@ -164,10 +164,36 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, time
 	p.printf("\nhedgingPolicy\n")
 	t := p.table()
 	t.row("  maxAttempts", fmt.Sprintf("%d: the first call and up to %d hedged copies", h.MaxAttempts, h.MaxAttempts-1))
-	if h.HedgingDelay > 0 {
+	adaptive := h.HedgingDelayQuantile > 0
+	minSamples := h.HedgingDelayMinSamples
+	if minSamples == 0 {
+		minSamples = serviceconfig.DefaultHedgingDelayMinSamples
+	}
+	switch {
+	case adaptive && h.HedgingDelay > 0:
+		t.row("  hedgingDelay", fmt.Sprintf("%v: the wait before each further copy until %d attempts were observed", h.HedgingDelay, minSamples))
+	case adaptive:
+		t.row("  hedgingDelay", fmt.Sprintf("not set: until %d attempts were observed, further copies go out only after non-fatal failures", minSamples))
+	case h.HedgingDelay > 0:
 		t.row("  hedgingDelay", h.HedgingDelay.String()+": the wait before each further copy")
-	} else {
+	default:
 		t.row("  hedgingDelay", "0s (default): every copy is sent at once")
+	}
+	if adaptive {
+		q := strconv.FormatFloat(h.HedgingDelayQuantile, 'g', -1, 64)
+		t.row("  hedgingDelayQuantile", fmt.Sprintf("%s: then the wait is the method's observed attempt latency at this quantile "+
+			"(over its last 256 to 512 attempts, rounded up by at most 12.5%%), so at most about %s%% of calls are hedged, however the latency drifts",
+			q, strconv.FormatFloat(100*(1-h.HedgingDelayQuantile), 'g', 4, 64)))
+		if h.HedgingDelayFloor > 0 {
+			t.row("  hedgingDelayFloor", h.HedgingDelayFloor.String()+": the adaptive wait is never shorter")
+		} else {
+			t.row("  hedgingDelayFloor", "0s (default): no least wait")
+		}
+		if h.HedgingDelayMinSamples > 0 {
+			t.row("  hedgingDelayMinSamples", fmt.Sprintf("%d: attempts observed before the adaptive wait applies", minSamples))
+		} else {
+			t.row("  hedgingDelayMinSamples", fmt.Sprintf("%d (default): attempts observed before the adaptive wait applies", minSamples))
+		}
 	}
 	if h.NonFatalStatusCodes.IsEmpty() {
 		t.row("  nonFatalStatusCodes", "none (default): any failure ends the call")
@@ -177,7 +203,16 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, time
 	t.flush()
 	p.printf("note: the grpc-resilience client hedges unary calls only (a non-fatal failure sends the next copy at once); streams are called once\n")
 	p.printf("\nhedging schedule (gRFC A6)\n")
-	p.printf("  copy k is sent at (k−1) × hedgingDelay unless a reply ended the call\n")
+	switch {
+	case adaptive && h.HedgingDelay > 0:
+		p.printf("  copy k is sent at (k−1) × hedgingDelay unless a reply ended the call; this is the schedule until %d attempts were observed,\n", minSamples)
+		p.printf("  then hedgingDelay is the observed latency at the quantile, which no schedule can show\n")
+	case adaptive:
+		p.printf("  until %d attempts were observed, only the first copy is sent on a schedule; then copy k is sent at\n", minSamples)
+		p.printf("  (k−1) × the observed latency at the quantile, which no schedule can show\n")
+	default:
+		p.printf("  copy k is sent at (k−1) × hedgingDelay unless a reply ended the call\n")
+	}
 	p.printf("  %s\n", attemptTimeNote(a))
 	writeSteps(p, a.steps, "copy", "wait before it", timeout)
 	if len(a.steps) < a.attempts {

@@ -39,3 +39,14 @@ func BenchmarkObserveParallel(b *testing.B) {
 		}
 	})
 }
+
+func BenchmarkWindowObserve(b *testing.B) {
+	w, _ := NewWindow(0.95, DefaultWindowSize)
+	b.ReportAllocs()
+	d := [2]time.Duration{2 * time.Millisecond, 40 * time.Millisecond}
+	i := 0
+	for b.Loop() {
+		w.Observe(d[i&1])
+		i++
+	}
+}

@@ -44,4 +44,13 @@
 // on a single atomic word (under contention the losing observation is
 // dropped, not retried) and Estimate one atomic load: no locks, no
 // allocation.
+//
+// # Windows
+//
+// A [Window] answers a different question: the quantile of the last few
+// hundred observations, read as a lower quantile from a histogram of
+// logarithmic buckets (eight per octave), so that it never settles in a gap
+// of a clustered distribution the way the Estimator may. The client hedges
+// at a Window's quantile (hedgingDelayQuantile); see the type for its
+// algorithm and costs.
 package latency

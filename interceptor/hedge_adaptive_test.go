@@ -1,0 +1,347 @@
+package interceptor_test
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// The slow-tail workload of issue 10: each attempt takes base, or 40ms
+// with probability 5%, drawn from a seeded generator by the attempt's
+// arrival number, so every run is the same. Calls are made one after the
+// other on fake time (testing/synctest) over real gRPC on bufconn: the
+// latencies are exact.
+
+const tailSeed = 10
+
+// tailLatency returns how long attempt n (from 1) takes when the base
+// latency is base.
+func tailLatency(n int, base time.Duration) time.Duration {
+	if rand.New(rand.NewPCG(tailSeed, uint64(n))).Float64() < 0.05 {
+		return 40 * time.Millisecond
+	}
+	return base
+}
+
+// tailRun is what a run of calls measured.
+type tailRun struct {
+	calls    int
+	attempts int             // attempts the server saw
+	lat      []time.Duration // call latencies, in call order
+}
+
+// extra is the share of attempts beyond one per call.
+func (r tailRun) extra() float64 { return float64(r.attempts-r.calls) / float64(r.calls) }
+
+// extraIn is the share of extra attempts among calls [from, to), counted
+// from the attempts made while they ran (attemptsAt[i] is the server's
+// count when call i returned).
+func extraIn(attemptsAt []int, from, to int) float64 {
+	before := 0
+	if from > 0 {
+		before = attemptsAt[from-1]
+	}
+	return float64(attemptsAt[to-1]-before-(to-from)) / float64(to-from)
+}
+
+// quantile returns the q-quantile of lat (the ⌈q·n⌉-th smallest).
+func quantile(lat []time.Duration, q float64) time.Duration {
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[int(math.Ceil(q*float64(len(s))))-1]
+}
+
+// runTail makes calls hedged (or not, with hedge nil) under the slow-tail
+// workload, the base latency being base(n) for attempt n, and returns
+// what it measured, with the server's attempt count after each call.
+func runTail(t *testing.T, hedge *serviceconfig.HedgingPolicy, calls int, base func(n int) time.Duration) (run tailRun, attemptsAt []int) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			return testserver.Outcome{Delay: tailLatency(a.N, base(a.N))}
+		})
+		c, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+			Name:          []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
+			HedgingPolicy: hedge,
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc := testserver.Start(t, srv, c.DialOptions()...)
+		client := echov1.NewEchoServiceClient(cc)
+		for range calls {
+			start := time.Now()
+			if _, err := client.Echo(t.Context(), &echov1.EchoRequest{Message: "tail"}); err != nil {
+				t.Fatalf("Echo: %v", err)
+			}
+			run.lat = append(run.lat, time.Since(start))
+			synctest.Wait() // the losing copy ends: the next call starts alone
+			attemptsAt = append(attemptsAt, srv.Count("Echo"))
+		}
+		run.calls, run.attempts = calls, srv.Count("Echo")
+	})
+	return run, attemptsAt
+}
+
+func constant(d time.Duration) func(int) time.Duration { return func(int) time.Duration { return d } }
+
+// TestAdaptiveHedgingMeetsTheTailTarget pins issue 10's goal: on attempts
+// of 2ms, or 40ms with probability 5%, hedging at the observed latency
+// quantile keeps the p99 within 0.25× of the unhedged p99 with at most 6%
+// extra attempts, at the issue's example quantile (0.95) and at 0.9. A
+// fixed delay of 10ms is logged beside them.
+//
+// At 0.95 the workload's quantile sits on the edge between the two
+// latencies (exactly 5% are slow): the window then reads the tail's
+// cut-off copies, recorded at what they ran (about 4ms), so the delay
+// settles one step above the fast latency instead of on it.
+func TestAdaptiveHedgingMeetsTheTailTarget(t *testing.T) {
+	const calls = 2000
+	base := constant(2 * time.Millisecond)
+	plain, _ := runTail(t, nil, calls, base)
+	p50, p99 := quantile(plain.lat, 0.5), quantile(plain.lat, 0.99)
+	t.Logf("%-26s p50 %v  p99 %v  extra attempts %.2f%%", "unhedged", p50, p99, 100*plain.extra())
+	if p99 != 40*time.Millisecond || plain.extra() != 0 {
+		t.Fatalf("unhedged: p99 %v with %.2f%% extra attempts, want 40ms and none", p99, 100*plain.extra())
+	}
+	tests := []struct {
+		name   string
+		policy serviceconfig.HedgingPolicy
+		target bool // held to the issue's target
+	}{
+		{"adaptive, quantile 0.95", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95}, true},
+		{"adaptive, quantile 0.9", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9}, true},
+		{"fixed hedgingDelay 10ms", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 10 * time.Millisecond}, false},
+	}
+	for _, tt := range tests {
+		r, _ := runTail(t, &tt.policy, calls, base)
+		r50, r99 := quantile(r.lat, 0.5), quantile(r.lat, 0.99)
+		ratio := float64(r99) / float64(p99)
+		t.Logf("%-26s p50 %v (%.2f×)  p99 %v (%.3f×)  extra attempts %.2f%%",
+			tt.name, r50, float64(r50)/float64(p50), r99, ratio, 100*r.extra())
+		if tt.target && (ratio > 0.25 || r.extra() > 0.06 || r50 != p50) {
+			t.Errorf("%s: p50 %v, p99 %.3f× of unhedged with %.2f%% extra attempts, want p50 %v, at most 0.25× and 6%%",
+				tt.name, r50, ratio, 100*r.extra(), p50)
+		}
+	}
+}
+
+// TestAdaptiveHedgingFollowsDrift pins what a fixed delay cannot do: when
+// the base latency doubles midway (2ms to 4ms from the 1051st attempt, at
+// about the 1000th call), a delay tuned for 2ms (3ms, which hedges the 5%
+// tail) hedges every call, while the adaptive delay keeps hedging about
+// the tail. The retry budget does not stop the fixed delay: a hedge that
+// loses is cancelled, not failed, and gives its budget token back.
+func TestAdaptiveHedgingFollowsDrift(t *testing.T) {
+	const calls, switchAt = 2000, 1051
+	drift := func(n int) time.Duration {
+		if n >= switchAt {
+			return 4 * time.Millisecond
+		}
+		return 2 * time.Millisecond
+	}
+	run := func(name string, hp *serviceconfig.HedgingPolicy) (before, after float64, p99 time.Duration) {
+		r, at := runTail(t, hp, calls, drift)
+		// The last 800 calls: the switch and the window's turn are past.
+		before, after, p99 = extraIn(at, 0, 1000), extraIn(at, calls-800, calls), quantile(r.lat[calls-800:], 0.99)
+		t.Logf("%-24s extra attempts %.2f%% in calls 1-1000, %.2f%% in calls 1201-2000 (p99 %v), %.2f%% overall",
+			name, 100*before, 100*after, p99, 100*r.extra())
+		return before, after, p99
+	}
+	aBefore, aAfter, aP99 := run("adaptive, quantile 0.9", &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9})
+	fBefore, fAfter, _ := run("fixed hedgingDelay 3ms", &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 3 * time.Millisecond})
+	if aBefore > 0.06 || aAfter > 0.07 || aP99 > 10*time.Millisecond {
+		t.Errorf("adaptive: %.2f%% extra attempts before the drift and %.2f%% after, p99 %v after; want at most 6%%, 7%% and 10ms",
+			100*aBefore, 100*aAfter, aP99)
+	}
+	if fBefore > 0.06 || fAfter < 0.9 {
+		t.Errorf("fixed 3ms: %.2f%% extra attempts before the drift and %.2f%% after, want at most 6%% and at least 90%%", 100*fBefore, 100*fAfter)
+	}
+}
+
+const echoMethod = "/resilience.echo.v1.EchoService/Echo"
+
+// echoHedged returns a client hedging EchoService under hp and a server
+// answering every attempt after took(n) (n from 1), in the synctest bubble
+// of t.
+func echoHedged(t *testing.T, hp *serviceconfig.HedgingPolicy, took func(n int) time.Duration) (*interceptor.Client, *testserver.Server, echov1.EchoServiceClient) {
+	srv := &testserver.Server{}
+	srv.SetScript(func(a testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: took(a.N)} })
+	c, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+		Name:          []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
+		HedgingPolicy: hp,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := testserver.Start(t, srv, c.DialOptions()...)
+	return c, srv, echov1.NewEchoServiceClient(cc)
+}
+
+// TestAdaptiveHedgingWarmUp pins the delay before HedgingDelayMinSamples:
+// HedgingDelay when set; when not, no timed copies at all.
+func TestAdaptiveHedgingWarmUp(t *testing.T) {
+	slow := func(int) time.Duration { return 40 * time.Millisecond }
+	tests := []struct {
+		name      string
+		delay     time.Duration
+		wantDelay time.Duration
+		wantOK    bool
+		wantSent  int // attempts of the first call
+	}{
+		{"hedgingDelay until the samples", 10 * time.Millisecond, 10 * time.Millisecond, true, 2},
+		{"no hedgingDelay: no timed copies", 0, 0, false, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c, srv, client := echoHedged(t, &serviceconfig.HedgingPolicy{
+					MaxAttempts: 2, HedgingDelay: tt.delay, HedgingDelayQuantile: 0.9, HedgingDelayMinSamples: 3,
+				}, slow)
+				if d, ok := c.HedgingDelay(echoMethod); d != tt.wantDelay || ok != tt.wantOK {
+					t.Errorf("HedgingDelay before any call = %v, %v, want %v, %v", d, ok, tt.wantDelay, tt.wantOK)
+				}
+				if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+					t.Fatalf("Echo: %v", err)
+				}
+				synctest.Wait()
+				if got := srv.Count("Echo"); got != tt.wantSent {
+					t.Errorf("the first call sent %d attempts, want %d", got, tt.wantSent)
+				}
+				for range 3 {
+					if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+						t.Fatalf("Echo: %v", err)
+					}
+					synctest.Wait()
+				}
+				// Every copy took 40ms or was cut off after it: the p90 is
+				// 40ms rounded up to its bucket.
+				if d, ok := c.HedgingDelay(echoMethod); d != 41943040 || !ok {
+					t.Errorf("HedgingDelay after the samples = %v, %v, want 41.94304ms, true", d, ok)
+				}
+			})
+		})
+	}
+}
+
+// TestAdaptiveHedgingFloor pins HedgingDelayFloor: the delay never goes
+// below it, however fast the method.
+func TestAdaptiveHedgingFloor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, _, client := echoHedged(t, &serviceconfig.HedgingPolicy{
+			MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayFloor: 5 * time.Millisecond, HedgingDelayMinSamples: 1,
+		}, func(int) time.Duration { return time.Millisecond })
+		for range 3 {
+			if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+				t.Fatalf("Echo: %v", err)
+			}
+		}
+		if d, ok := c.HedgingDelay(echoMethod); d != 5*time.Millisecond || !ok {
+			t.Errorf("HedgingDelay of a 1ms method with a 5ms floor = %v, %v, want 5ms, true", d, ok)
+		}
+	})
+}
+
+// TestAdaptiveHedgingCarriesAcrossUpdates pins that a method's observed
+// latencies survive a config update, as its breaker and latency estimate
+// do: a new quantile reads the same observations at once, while an update
+// to a fixed delay ends them.
+func TestAdaptiveHedgingCarriesAcrossUpdates(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// 2ms, and every 4th attempt 8ms: the p50 is 2ms, the p90 8ms.
+		c, _, client := echoHedged(t, &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayMinSamples: 20},
+			func(n int) time.Duration {
+				if n%4 == 0 {
+					return 8 * time.Millisecond
+				}
+				return 2 * time.Millisecond
+			})
+		for range 40 {
+			if _, err := client.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+				t.Fatalf("Echo: %v", err)
+			}
+			synctest.Wait()
+		}
+		hedged := func(hp serviceconfig.HedgingPolicy) *serviceconfig.Config {
+			return &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+				Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}}, HedgingPolicy: &hp,
+			}}}
+		}
+		steps := []struct {
+			name   string
+			policy serviceconfig.HedgingPolicy
+			want   time.Duration
+			wantOK bool
+		}{
+			{"before the updates", serviceconfig.HedgingPolicy{}, 8388608, true},
+			{"a new quantile reads the same samples", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.5, HedgingDelayMinSamples: 20}, 2097152, true},
+			{"a fixed delay", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 7 * time.Millisecond}, 7 * time.Millisecond, true},
+			{"adaptive again starts afresh", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.5}, 0, false},
+		}
+		for i, s := range steps {
+			if i > 0 {
+				if err := c.UpdateServiceConfig(hedged(s.policy)); err != nil {
+					t.Fatalf("%s: UpdateServiceConfig: %v", s.name, err)
+				}
+			}
+			if d, ok := c.HedgingDelay(echoMethod); d != s.want || ok != s.wantOK {
+				t.Errorf("%s: HedgingDelay = %v, %v, want %v, %v", s.name, d, ok, s.want, s.wantOK)
+			}
+		}
+	})
+}
+
+// TestAdaptiveHedgingConcurrentCallers runs the slow-tail workload from 8
+// callers at once, with every 7th call cancelled by its caller after 3ms:
+// the window takes observations from many copies at once (the race
+// detector watches), calls end as they should, and the hedged share stays
+// near the tail's.
+func TestAdaptiveHedgingConcurrentCallers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, srv, client := echoHedged(t, &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayMinSamples: 50},
+			func(n int) time.Duration { return tailLatency(n, 2*time.Millisecond) })
+		const callers, calls = 8, 150
+		errs := make(chan error, callers*calls)
+		for g := range callers {
+			go func() {
+				for i := range calls {
+					ctx, cancel := context.WithCancel(t.Context())
+					if (g*calls+i)%7 == 0 {
+						time.AfterFunc(3*time.Millisecond, cancel)
+					}
+					_, err := client.Echo(ctx, &echov1.EchoRequest{})
+					cancel()
+					errs <- err
+				}
+			}()
+		}
+		cancelled := 0
+		for range callers * calls {
+			switch err := <-errs; status.Code(err) {
+			case codes.OK:
+			case codes.Canceled:
+				cancelled++
+			default:
+				t.Fatalf("Echo: %v, want success or Canceled", err)
+			}
+		}
+		synctest.Wait()
+		extra := float64(srv.Count("Echo")-callers*calls) / float64(callers*calls)
+		t.Logf("%d calls, %d cancelled, extra attempts %.2f%%", callers*calls, cancelled, 100*extra)
+		if cancelled == 0 || extra > 0.08 {
+			t.Errorf("%d calls cancelled, %.2f%% extra attempts; want some cancelled and at most 8%% extra", cancelled, 100*extra)
+		}
+	})
+}
