@@ -167,7 +167,10 @@
 // WithRetryBudget) lets retries be at most 20% of requests over 10 seconds,
 // plus 10 per second, shared by all methods; a retry that succeeds is
 // refunded, so independent failures are retried freely while a full outage
-// costs about 1.2 attempts per call instead of MaxAttempts. gRFC A6
+// costs about 1.2 attempts per call instead of MaxAttempts. A hedged copy
+// after the first is never refunded once sent, won or cancelled: it was
+// extra load, so the budget bounds hedging too (a hedging delay set too
+// short hedges at most the budget's share of calls). gRFC A6
 // retryThrottling runs exactly as A6 specifies when the config has it, and
 // counts what grpc-go counts: every successful call on the client, and every
 // uncommitted attempt that fails with a code its method's retry policy lists

@@ -413,7 +413,7 @@ func (h *hedgeCall) launch(tok budget.Retry) error {
 	}
 	h.r.attempts++
 	h.running++
-	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, start: now, tok: tok, results: h.results}
+	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, start: now, results: h.results}
 	go cp.run(h.copies)
 	return nil
 }
@@ -462,10 +462,9 @@ func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes
 // the job, built before the go statement.
 type hedgeCopy struct {
 	job     *hedgeJob
-	n       int          // 1 for the first copy
-	adm     admission    // the copy's breaker token and bulkhead slot
-	start   time.Time    // when it was admitted
-	tok     budget.Retry // its budget token; zero for the first copy
+	n       int       // 1 for the first copy
+	adm     admission // the copy's breaker token and bulkhead slot
+	start   time.Time // when it was admitted
 	results chan<- hedgeResult
 }
 
@@ -526,8 +525,11 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 }
 
 // settle closes a copy's accounts: its bulkhead slot and breaker token, its
-// metrics and latency, and its budget token, refunded unless the copy failed
-// with a non-fatal code.
+// metrics and latency. Its budget token stays spent: a copy that reached
+// the server was extra load whether it won, lost or failed, and the retry
+// budget exists to bound extra load (a refund for every cancelled loser
+// would let a too-short hedging delay send a copy on every call). Only a
+// copy the guards refused before it was sent gets its token back (launch).
 //
 // With an adaptive delay, the method's window gets the copy's duration when
 // it succeeded, and a lower bound of it when the copy was cut off (a
@@ -554,10 +556,6 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 				w.ObserveAtLeast(end.Sub(cp.start))
 			}
 		}
-	}
-	failedNonFatally := res.err != nil && !aborted && nonFatal(j.nonFatal, res.err)
-	if cp.tok != (budget.Retry{}) && !failedNonFatally {
-		j.budget.Refund(cp.tok)
 	}
 }
 

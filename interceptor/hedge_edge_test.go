@@ -284,7 +284,8 @@ func TestHedgingTrailersOnlyFailureDoesNotCommit(t *testing.T) {
 
 // Copies still running when the call returns are cancelled at once, and
 // each settles its own accounts: its bulkhead slot, its breaker token and
-// its budget token (refunded: a cancelled copy is no failure).
+// its budget token (spent: a copy that reached the server was extra load,
+// whether it won or was cancelled).
 func TestHedgingLosingCopiesAreCancelledAndSettleTheirAccounts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &testserver.Server{}
@@ -313,11 +314,11 @@ func TestHedgingLosingCopiesAreCancelledAndSettleTheirAccounts(t *testing.T) {
 		if s.Bulkhead.InFlight != 0 || s.Breaker.State != BreakerClosed {
 			t.Errorf("after the call: bulkhead in flight %d, breaker %v; want 0, closed", s.Bulkhead.InFlight, s.Breaker.State)
 		}
-		// The call deposited Ratio; copies 2 and 3 withdrew one retry each,
-		// and both were refunded: the winner answered, the loser was
-		// cancelled.
-		if after := b.Available(time.Now()); after != before+0.5 {
-			t.Errorf("budget: %v retries available after the call, want %v", after, before+0.5)
+		// The call deposited Ratio; copies 2 and 3 withdrew one retry each
+		// and keep it spent: the winner and the cancelled loser were both
+		// sent.
+		if after := b.Available(time.Now()); after != before+0.5-2 {
+			t.Errorf("budget: %v retries available after the call, want %v", after, before+0.5-2)
 		}
 	})
 }
