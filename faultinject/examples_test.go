@@ -52,10 +52,12 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	t := &exampleT{}
-	defer t.done()
-	conn := resiliencetest.Start(t, resiliencetest.NewServer(), client.DialOptions(),
+	conn, stop, err := resiliencetest.Serve(resiliencetest.NewServer(), client.DialOptions(),
 		grpc.ChainUnaryInterceptor(inj.UnaryServerInterceptor()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
 	ec := echov1.NewEchoServiceClient(conn)
 	failed := 0
 	for range 30 {

@@ -18,27 +18,10 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// exampleT stands for the *testing.T of a real test in the Examples: it
-// runs the cleanups when done is called.
-type exampleT struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (*exampleT) Helper()                           {}
-func (e *exampleT) Cleanup(f func())                { e.cleanups = append(e.cleanups, f) }
-func (*exampleT) Fatalf(format string, args ...any) { log.Fatalf(format, args...) }
-
-func (e *exampleT) done() {
-	for i := len(e.cleanups) - 1; i >= 0; i-- {
-		e.cleanups[i]()
-	}
-}
-
 // A retry policy against a server that fails twice: the client makes three
 // attempts and the server saw grpc-previous-rpc-attempts on the retries.
-// In a test, pass the test's t; TestRetryPolicyInSynctest below runs the
-// same check on fake time.
+// In a test, check with RequireAttempts and RequirePreviousAttempts;
+// TestRetryPolicyInSynctest below runs the same check on fake time.
 func Example() {
 	srv := resiliencetest.NewServer()
 	srv.Script(resiliencetest.EchoMethod, resiliencetest.FailTimes(2, codes.Unavailable)...)
@@ -50,16 +33,18 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	t := &exampleT{} // in a test: the test's t
-	defer t.done()
-	conn := resiliencetest.Start(t, srv, client.DialOptions())
+	// In a test: conn := resiliencetest.Start(t, srv, client.DialOptions())
+	conn, stop, err := resiliencetest.Serve(srv, client.DialOptions())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
 
 	resp, err := echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{Message: "hi"})
 	fmt.Println(resp.GetMessage(), err)
 	for _, a := range srv.Attempts(resiliencetest.EchoMethod) {
 		fmt.Println("attempt", a.N, "grpc-previous-rpc-attempts", a.Previous)
 	}
-	resiliencetest.RequireAttempts(t, srv, resiliencetest.EchoMethod, 3)
 	// Output:
 	// hi <nil>
 	// attempt 1 grpc-previous-rpc-attempts -1
@@ -113,9 +98,11 @@ func ExampleServer_OnCall() {
 		}
 		return resiliencetest.Step{}
 	})
-	t := &exampleT{}
-	defer t.done()
-	conn := resiliencetest.Start(t, srv, nil)
+	conn, stop, err := resiliencetest.Serve(srv, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
 	ec := echov1.NewEchoServiceClient(conn)
 	for range 2 {
 		_, err := ec.Lookup(context.Background(), &echov1.LookupRequest{Message: "x"})

@@ -261,12 +261,11 @@ func (s *Server) BidiStream(ss grpc.BidiStreamingServer[echov1.BidiStreamRequest
 	}
 }
 
-// Start serves srv over bufconn, with the given server options (such as
-// interceptors), until the test ends, and returns a connection dialed with
-// dialOpts (such as a Client's DialOptions). Everything is closed by
-// t.Cleanup. It works inside a testing/synctest bubble when called there.
-func Start(t testing.TB, srv echov1.EchoServiceServer, dialOpts []grpc.DialOption, serverOpts ...grpc.ServerOption) *grpc.ClientConn {
-	t.Helper()
+// Serve serves srv over bufconn, with the given server options (such as
+// interceptors), and returns a connection dialed with dialOpts (such as a
+// Client's DialOptions) and a function that closes the connection and stops
+// the server. Tests use Start; Serve is for Examples and programs.
+func Serve(srv echov1.EchoServiceServer, dialOpts []grpc.DialOption, serverOpts ...grpc.ServerOption) (*grpc.ClientConn, func(), error) {
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(serverOpts...)
 	echov1.RegisterEchoServiceServer(gs, srv)
@@ -275,6 +274,10 @@ func Start(t testing.TB, srv echov1.EchoServiceServer, dialOpts []grpc.DialOptio
 		defer close(served)
 		_ = gs.Serve(lis)
 	}()
+	stopServer := func() {
+		gs.Stop()
+		<-served
+	}
 	dial := func(context.Context, string) (net.Conn, error) { return lis.Dial() }
 	opts := append([]grpc.DialOption{
 		grpc.WithContextDialer(dial),
@@ -282,14 +285,24 @@ func Start(t testing.TB, srv echov1.EchoServiceServer, dialOpts []grpc.DialOptio
 	}, dialOpts...)
 	cc, err := grpc.NewClient("passthrough:///resiliencetest", opts...)
 	if err != nil {
-		gs.Stop()
-		<-served
-		t.Fatalf("resiliencetest.Start: grpc.NewClient: %v", err)
+		stopServer()
+		return nil, nil, err
 	}
-	t.Cleanup(func() {
+	return cc, func() {
 		_ = cc.Close()
-		gs.Stop()
-		<-served
-	})
+		stopServer()
+	}, nil
+}
+
+// Start is Serve for tests: it fails the test on error and stops
+// everything in t.Cleanup. It works inside a testing/synctest bubble when
+// called there.
+func Start(t testing.TB, srv echov1.EchoServiceServer, dialOpts []grpc.DialOption, serverOpts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	cc, stop, err := Serve(srv, dialOpts, serverOpts...)
+	if err != nil {
+		t.Fatalf("resiliencetest.Start: %v", err)
+	}
+	t.Cleanup(stop)
 	return cc
 }
