@@ -25,7 +25,7 @@ type Config struct {
 }
 
 // Fault is what happens to the calls of some methods. At least one of
-// Delay, Abort and StreamAbort is set.
+// Delay, Abort, StreamAbort and Outage is set.
 type Fault struct {
 	// Methods are full methods ("/pkg.Service/Method", the leading slash
 	// optional) or services ("pkg.Service"). Empty matches every method.
@@ -36,6 +36,22 @@ type Fault struct {
 	Abort *Abort
 	// StreamAbort, when set, fails matching streams part-way.
 	StreamAbort *StreamAbort
+	// Outage, when set, fails every matching call during recurring windows.
+	Outage *Outage
+}
+
+// Outage fails every matching call, before the handler runs, during the
+// first Duration of every period of length Every, counted from the
+// Injector's creation: with Every 10s and Duration 2s, calls fail from 0 s
+// to 2 s, from 10 s to 12 s, and so on. It is checked after Delay and
+// before Abort.
+type Outage struct {
+	// Every is the period; it must be positive.
+	Every time.Duration
+	// Duration is the outage at the start of each period, in (0, Every].
+	Duration time.Duration
+	// Code is the status code; it must not be OK.
+	Code codes.Code
 }
 
 // Delay delays a call by a fixed time, or until the call's context ends.
@@ -95,8 +111,8 @@ func errAt(path, format string, args ...any) error {
 func (c *Config) Validate() error {
 	for i, f := range c.Faults {
 		p := fmt.Sprintf("faults[%d]", i)
-		if f.Delay == nil && f.Abort == nil && f.StreamAbort == nil {
-			return errAt(p, "needs delay, abort or streamAbort")
+		if f.Delay == nil && f.Abort == nil && f.StreamAbort == nil && f.Outage == nil {
+			return errAt(p, "needs delay, abort, streamAbort or outage")
 		}
 		for j, m := range f.Methods {
 			if _, _, err := splitName(m); err != nil {
@@ -131,6 +147,17 @@ func (c *Config) Validate() error {
 			}
 			if err := checkRate(s.Rate); err != nil {
 				return errAt(p+".streamAbort.percentage", "%v", err)
+			}
+		}
+		if o := f.Outage; o != nil {
+			if o.Every <= 0 {
+				return errAt(p+".outage.every", "must be positive, got %v", o.Every)
+			}
+			if o.Duration <= 0 || o.Duration > o.Every {
+				return errAt(p+".outage.duration", "must be in (0, every=%v], got %v", o.Every, o.Duration)
+			}
+			if o.Code == codes.OK || o.Code > codes.Unauthenticated {
+				return errAt(p+".outage.grpcStatus", "must be a failure code 1 to 16, got %d", o.Code)
 			}
 		}
 	}
@@ -169,6 +196,13 @@ type jsonFault struct {
 	Delay       *jsonDelay       `json:"delay"`
 	Abort       *jsonAbort       `json:"abort"`
 	StreamAbort *jsonStreamAbort `json:"streamAbort"`
+	Outage      *jsonOutage      `json:"outage"`
+}
+
+type jsonOutage struct {
+	Every      *string         `json:"every"`
+	Duration   *string         `json:"duration"`
+	GRPCStatus json.RawMessage `json:"grpcStatus"`
 }
 
 type jsonDelay struct {
@@ -268,6 +302,24 @@ func (jf *jsonFault) fault(p string) (Fault, error) {
 		}
 		if f.StreamAbort.Rate, err = js.Percentage.rate(); err != nil {
 			return f, errAt(p+".streamAbort.percentage", "%v", err)
+		}
+	}
+	if jo := jf.Outage; jo != nil {
+		f.Outage = &Outage{}
+		for _, d := range []struct {
+			name string
+			src  *string
+			dst  *time.Duration
+		}{{"every", jo.Every, &f.Outage.Every}, {"duration", jo.Duration, &f.Outage.Duration}} {
+			if d.src == nil {
+				return f, errAt(p+".outage."+d.name, "is required")
+			}
+			if *d.dst, err = parseDuration(*d.src); err != nil {
+				return f, errAt(p+".outage."+d.name, "%v", err)
+			}
+		}
+		if f.Outage.Code, err = parseCode(jo.GRPCStatus); err != nil {
+			return f, errAt(p+".outage.grpcStatus", "%v", err)
 		}
 	}
 	return f, nil

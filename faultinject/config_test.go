@@ -16,7 +16,8 @@ func TestParse(t *testing.T) {
 		"delay": {"fixedDelay": "0.05s", "percentage": {"numerator": 20}},
 		"abort": {"grpcStatus": "unavailable", "pushback": "-1s", "retryDelay": "150ms",
 		          "percentage": {"numerator": 2500, "denominator": "TEN_THOUSAND"}},
-		"streamAbort": {"afterMessages": 3, "grpcStatus": 10}}]}`))
+		"streamAbort": {"afterMessages": 3, "grpcStatus": 10},
+		"outage": {"every": "1m", "duration": "5s", "grpcStatus": "INTERNAL"}}]}`))
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
@@ -24,8 +25,9 @@ func TestParse(t *testing.T) {
 	if cfg.Seed != 7 || f.Delay.Fixed != 50*time.Millisecond || f.Delay.Rate != 0.2 ||
 		f.Abort.Code != codes.Unavailable || f.Abort.Rate != 0.25 || f.Abort.Pushback != -time.Second ||
 		f.Abort.RetryDelay != 150*time.Millisecond || f.StreamAbort.AfterMessages != 3 ||
-		f.StreamAbort.Code != codes.Aborted || f.StreamAbort.Rate != 0 {
-		t.Errorf("Parse = %+v %+v %+v %+v", cfg, *f.Delay, *f.Abort, *f.StreamAbort)
+		f.StreamAbort.Code != codes.Aborted || f.StreamAbort.Rate != 0 ||
+		*f.Outage != (faultinject.Outage{Every: time.Minute, Duration: 5 * time.Second, Code: codes.Internal}) {
+		t.Errorf("Parse = %+v %+v %+v %+v %+v", cfg, *f.Delay, *f.Abort, *f.StreamAbort, *f.Outage)
 	}
 }
 
@@ -34,7 +36,7 @@ func TestParseErrorsNameTheJSONPath(t *testing.T) {
 		name, json, want string
 	}{
 		{"empty fault", `{"faults": [{"methods": ["a.B"]}]}`,
-			"faultinject: faults[0]: needs delay, abort or streamAbort"},
+			"faultinject: faults[0]: needs delay, abort, streamAbort or outage"},
 		{"unknown code", `{"faults": [{"delay": {"fixedDelay": "1s"}}, {"abort": {"grpcStatus": "UNAVAILABEL"}}]}`,
 			`faultinject: faults[1].abort.grpcStatus: unknown status code "UNAVAILABEL"`},
 		{"OK is no failure", `{"faults": [{"abort": {"grpcStatus": 0}}]}`,
@@ -57,6 +59,10 @@ func TestParseErrorsNameTheJSONPath(t *testing.T) {
 			`faultinject: $: json: unknown field "dealy"`},
 		{"wrong type", `{"seed": "x"}`,
 			`faultinject: seed: cannot be a JSON string`},
+		{"outage without every", `{"faults": [{"outage": {"duration": "1s", "grpcStatus": "UNAVAILABLE"}}]}`,
+			`faultinject: faults[0].outage.every: is required`},
+		{"outage longer than its period", `{"faults": [{"outage": {"every": "1s", "duration": "2s", "grpcStatus": "UNAVAILABLE"}}]}`,
+			`faultinject: faults[0].outage.duration: must be in (0, every=1s], got 2s`},
 		{"trailing", `{} {}`,
 			`faultinject: $: trailing data after the configuration`},
 	}

@@ -28,14 +28,16 @@
 //	    "delay": {"fixedDelay": "0.05s", "percentage": {"numerator": 20}},
 //	    "abort": {"grpcStatus": "UNAVAILABLE", "pushback": "0.2s",
 //	              "percentage": {"numerator": 10, "denominator": "HUNDRED"}},
-//	    "streamAbort": {"afterMessages": 3, "grpcStatus": "UNAVAILABLE"}
+//	    "streamAbort": {"afterMessages": 3, "grpcStatus": "UNAVAILABLE"},
+//	    "outage": {"every": "60s", "duration": "5s", "grpcStatus": "UNAVAILABLE"}
 //	  }]
 //	}
 //
 // A method is "/pkg.Service/Method" (the leading slash optional) or a whole
 // service "pkg.Service"; a fault without methods matches every method. A
 // matching call is first delayed (with the delay's probability), then
-// aborted (with the abort's probability) before the handler runs; a
+// aborted, during an outage window or else with the abort's probability,
+// before the handler runs; a
 // streaming call not aborted fails once afterMessages messages, counted in
 // both directions, have passed. Probabilities are drawn from a PCG
 // generator seeded with the config's seed, so one sequence of calls sees

@@ -22,6 +22,7 @@ type Option interface{ apply(*options) }
 
 type options struct {
 	metadataFaults bool
+	now            func() time.Time
 }
 
 type optionFunc func(*options)
@@ -36,11 +37,19 @@ func WithMetadataFaults() Option {
 	return optionFunc(func(o *options) { o.metadataFaults = true })
 }
 
+// WithNow sets the clock of outage windows; by default time.Now (which is
+// the bubble's fake clock inside testing/synctest).
+func WithNow(now func() time.Time) Option {
+	return optionFunc(func(o *options) { o.now = now })
+}
+
 // Injector injects the faults of a Config. Its interceptors share its
 // random generator and its counts.
 type Injector struct {
 	faults         []compiled // immutable
 	metadataFaults bool
+	now            func() time.Time
+	start          time.Time // outage windows count from here
 
 	byMethod sync.Map // full method -> *compiled, nil when no fault matches
 
@@ -53,9 +62,10 @@ type Injector struct {
 // compiled is a Fault with its method names split once.
 type compiled struct {
 	Fault
-	all      bool
-	services map[string]struct{} // "pkg.Service"
-	methods  map[string]struct{} // "/pkg.Service/Method"
+	all         bool
+	services    map[string]struct{} // "pkg.Service"
+	methods     map[string]struct{} // "/pkg.Service/Method"
+	outageAbort *Abort              // the abort of Outage; nil without one
 }
 
 func (c *compiled) matches(fullMethod string) bool {
@@ -75,20 +85,28 @@ func New(cfg Config, opts ...Option) (*Injector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var o options
+	o := options{now: time.Now}
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, errors.New("faultinject: New: nil Option")
 		}
 		opt.apply(&o)
 	}
+	if o.now == nil {
+		return nil, errors.New("faultinject: WithNow(nil)")
+	}
 	inj := &Injector{
 		metadataFaults: o.metadataFaults,
+		now:            o.now,
+		start:          o.now(),
 		rnd:            rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 	}
 	for _, f := range cfg.Faults {
 		c := compiled{Fault: f, all: len(f.Methods) == 0,
 			services: map[string]struct{}{}, methods: map[string]struct{}{}}
+		if f.Outage != nil {
+			c.outageAbort = &Abort{Code: f.Outage.Code}
+		}
 		for _, m := range f.Methods {
 			svc, meth, _ := splitName(m) // validated
 			if meth == "" {
@@ -166,7 +184,9 @@ func (inj *Injector) planFor(fullMethod string, md metadata.MD) (plan, error) {
 	if f.Delay != nil && inj.hit(f.Delay.Rate) {
 		p.delay = f.Delay.Fixed
 	}
-	if f.Abort != nil && inj.hit(f.Abort.Rate) {
+	if f.Outage != nil && inj.now().Sub(inj.start)%f.Outage.Every < f.Outage.Duration {
+		p.abort = f.outageAbort
+	} else if f.Abort != nil && inj.hit(f.Abort.Rate) {
 		p.abort = f.Abort
 	}
 	if f.StreamAbort != nil && inj.hit(f.StreamAbort.Rate) {

@@ -273,3 +273,32 @@ func TestDelay(t *testing.T) {
 		}
 	})
 }
+
+// An outage fails every call in the first Duration of each period, from
+// the injector's creation, on the clock of WithNow.
+func TestOutageWindows(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	inj := newInjector(t, faultinject.Config{Faults: []faultinject.Fault{{
+		Outage: &faultinject.Outage{Every: 10 * time.Second, Duration: 2 * time.Second, Code: codes.Unavailable},
+	}}}, faultinject.WithNow(func() time.Time { return now }))
+	ec := serve(t, inj, resiliencetest.NewServer())
+	start := now
+	tests := []struct {
+		at   time.Duration
+		want codes.Code
+	}{
+		{0, codes.Unavailable},
+		{2*time.Second - 1, codes.Unavailable},
+		{2 * time.Second, codes.OK},
+		{9*time.Second + 999*time.Millisecond, codes.OK},
+		{10 * time.Second, codes.Unavailable},
+		{11 * time.Second, codes.Unavailable},
+		{12 * time.Second, codes.OK},
+	}
+	for _, tt := range tests {
+		now = start.Add(tt.at) // calls are sequential: the server reads now after this write
+		if got := codesOf(t, ec, 1)[0]; got != tt.want {
+			t.Errorf("Echo at %v = %v, want %v", tt.at, got, tt.want)
+		}
+	}
+}

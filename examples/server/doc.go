@@ -1,7 +1,8 @@
 // Command server is a real TCP server of the echo service
 // (resilience.echo.v1.EchoService) behind the server interceptors of
 // grpc-resilience: idempotency (an in-memory or Redis store) and deadline
-// headroom, with fault injection for trying clients' retry policies, gRPC
+// headroom, with fault injection (failure rate, latency, outage windows)
+// for trying clients' retry policies, gRPC
 // server reflection and health, and an OpenTelemetry Prometheus exporter
 // on /metrics.
 //
@@ -28,6 +29,8 @@
 //	-fail-rate        shorthand: abort this fraction of calls to the echo service
 //	-fail-code        shorthand: the code of -fail-rate (default UNAVAILABLE)
 //	-latency          shorthand: delay every echo call this long
+//	-outage           shorthand: DURATION/EVERY, e.g. 2s/10s: fail every echo call
+//	                  (with -fail-code) for the first 2s of every 10s
 //	-seed             seed of the fault injector (default: the config's, else 1)
 //	-metadata-faults  honour per-call fault metadata (x-fault-abort, ...); off by default
 //	-execution-log    append "<idempotency-key> <method> <message>\n" per handler

@@ -23,6 +23,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -56,6 +57,7 @@ type config struct {
 	failRate          float64
 	failCode          string
 	latency           time.Duration
+	outage            string
 	seed              uint64
 	seedSet           bool
 	metadataFaults    bool
@@ -77,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&c.failRate, "fail-rate", 0, "abort this fraction of calls (0 to 1)")
 	fs.StringVar(&c.failCode, "fail-code", "UNAVAILABLE", "status code of -fail-rate")
 	fs.DurationVar(&c.latency, "latency", 0, "delay every call this long")
+	fs.StringVar(&c.outage, "outage", "", "DURATION/EVERY, e.g. 2s/10s: fail every call (-fail-code) for the first 2s of every 10s")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the fault injector (overrides the config's)")
 	fs.BoolVar(&c.metadataFaults, "metadata-faults", false, "honour per-call fault metadata (untrusted: tests only)")
 	fs.StringVar(&c.executionLog, "execution-log", "", "append one line per handler execution of a keyed call")
@@ -109,19 +112,26 @@ func (c *config) faultConfig() (faultinject.Config, error) {
 	if c.seedSet {
 		cfg.Seed = c.seed
 	}
-	if c.failRate != 0 || c.latency != 0 {
+	if c.failRate != 0 || c.latency != 0 || c.outage != "" {
 		// Health and reflection stay reliable: the shorthand faults are the
 		// echo service's.
 		f := faultinject.Fault{Methods: []string{echov1.EchoService_ServiceDesc.ServiceName}}
 		if c.failRate != 0 {
-			code, err := rescodes.Parse(c.failCode)
+			code, err := failureCode(c.failCode)
 			if err != nil {
-				return cfg, fmt.Errorf("-fail-code: %w", err)
+				return cfg, err
 			}
 			f.Abort = &faultinject.Abort{Code: code, Rate: c.failRate}
 		}
 		if c.latency != 0 {
 			f.Delay = &faultinject.Delay{Fixed: c.latency}
+		}
+		if c.outage != "" {
+			o, err := parseOutage(c.outage, c.failCode)
+			if err != nil {
+				return cfg, err
+			}
+			f.Outage = o
 		}
 		cfg.Faults = append(cfg.Faults, f)
 	}
@@ -129,6 +139,36 @@ func (c *config) faultConfig() (faultinject.Config, error) {
 		return cfg, fmt.Errorf("fault flags: %w", err)
 	}
 	return cfg, nil
+}
+
+// failureCode parses -fail-code.
+func failureCode(s string) (codes.Code, error) {
+	code, err := rescodes.Parse(s)
+	if err == nil && code == codes.OK {
+		err = errors.New("OK is not a failure")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("-fail-code: %w", err)
+	}
+	return code, nil
+}
+
+// parseOutage parses -outage DURATION/EVERY.
+func parseOutage(s, code string) (*faultinject.Outage, error) {
+	d, every, ok := strings.Cut(s, "/")
+	o := &faultinject.Outage{}
+	var err1, err2 error
+	o.Duration, err1 = time.ParseDuration(d)
+	o.Every, err2 = time.ParseDuration(every)
+	if !ok || err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("-outage %q: want DURATION/EVERY, such as 2s/10s", s)
+	}
+	c, err := failureCode(code)
+	if err != nil {
+		return nil, err
+	}
+	o.Code = c
+	return o, nil
 }
 
 // run serves until ctx ends.
