@@ -166,9 +166,16 @@ type plan struct {
 
 // planFor decides the faults of one call from the metadata (when enabled
 // and present) or the configuration. A bad fault in metadata is an
-// INVALID_ARGUMENT error.
-func (inj *Injector) planFor(fullMethod string, md metadata.MD) (plan, error) {
+// INVALID_ARGUMENT error. The metadata is read only when enabled, so a call
+// without a fault allocates nothing.
+func (inj *Injector) planFor(ctx context.Context, fullMethod string, outgoing bool) (plan, error) {
 	if inj.metadataFaults {
+		var md metadata.MD
+		if outgoing {
+			md, _ = metadata.FromOutgoingContext(ctx)
+		} else {
+			md, _ = metadata.FromIncomingContext(ctx)
+		}
 		if p, ok, err := planFromMetadata(md); ok || err != nil {
 			if p.abort != nil && !inj.hit(p.abort.Rate) {
 				p.abort = nil
@@ -221,7 +228,10 @@ func abortStatus(a *Abort, what string) (metadata.MD, error) {
 		}
 	}
 	var md metadata.MD
-	if a.Pushback != 0 {
+	switch {
+	case a.Pushback < 0: // any negative pushback says "do not retry"
+		md = metadata.Pairs("grpc-retry-pushback-ms", "-1")
+	case a.Pushback > 0:
 		md = metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(a.Pushback.Milliseconds(), 10))
 	}
 	return md, st.Err()
@@ -231,8 +241,7 @@ func abortStatus(a *Abort, what string) (metadata.MD, error) {
 // faults of the called method: delay, then abort, before the handler runs.
 func (inj *Injector) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, _ := metadata.FromIncomingContext(ctx)
-		p, err := inj.planFor(info.FullMethod, md)
+		p, err := inj.planFor(ctx, info.FullMethod, false)
 		if err != nil {
 			return nil, err
 		}
@@ -257,8 +266,7 @@ func (inj *Injector) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 func (inj *Injector) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
-		md, _ := metadata.FromIncomingContext(ctx)
-		p, err := inj.planFor(info.FullMethod, md)
+		p, err := inj.planFor(ctx, info.FullMethod, false)
 		if err != nil {
 			return err
 		}
@@ -324,8 +332,7 @@ func (s *srvStream) RecvMsg(m any) error {
 // install it inside (after) the interceptors under test.
 func (inj *Injector) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		md, _ := metadata.FromOutgoingContext(ctx)
-		p, err := inj.planFor(method, md)
+		p, err := inj.planFor(ctx, method, true)
 		if err != nil {
 			return err
 		}
@@ -357,8 +364,7 @@ func setTrailer(opts []grpc.CallOption, md metadata.MD) {
 // stream is then cancelled).
 func (inj *Injector) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		md, _ := metadata.FromOutgoingContext(ctx)
-		p, err := inj.planFor(method, md)
+		p, err := inj.planFor(ctx, method, true)
 		if err != nil {
 			return nil, err
 		}

@@ -102,6 +102,7 @@ func TestPushbackReachesTheRetryPolicy(t *testing.T) {
 		want     int // attempts the server saw reach the injector
 	}{
 		{"refuse", -time.Millisecond, 1},
+		{"refuse below a millisecond", -time.Microsecond, 1},
 		{"retry after", time.Millisecond, 3},
 	}
 	for _, tt := range tests {
