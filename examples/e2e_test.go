@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,7 +28,10 @@ func build(t *testing.T, pkgs ...string) map[string]string {
 	t.Helper()
 	dir := t.TempDir()
 	out := map[string]string{}
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command, to build the examples: %v", err)
+	}
 	for _, pkg := range pkgs {
 		bin := filepath.Join(dir, filepath.Base(pkg))
 		args := []string{"build", "-o", bin}
@@ -54,6 +56,7 @@ type process struct {
 	lines  chan string // closed at EOF
 	stderr strings.Builder
 	done   chan error // the Wait result, once
+	waited bool       // done was received; only the test's goroutine uses it
 }
 
 func start(t *testing.T, bin string, args ...string) *process {
@@ -76,8 +79,8 @@ func start(t *testing.T, bin string, args ...string) *process {
 		p.done <- p.cmd.Wait()
 	}()
 	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
+		if !p.waited {
+			_ = p.cmd.Process.Kill() // fails harmlessly if it has exited
 			<-p.done
 		}
 	})
@@ -126,7 +129,9 @@ func (p *process) stop(t *testing.T) []string {
 				rest = append(rest, l)
 				continue
 			}
-			if err := <-p.done; err != nil {
+			err := <-p.done
+			p.waited = true
+			if err != nil {
 				t.Fatalf("%s exited with %v; stderr:\n%s", p.cmd.Path, err, p.stderr.String())
 			}
 			return rest
