@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
@@ -67,4 +68,29 @@ func ExampleNew() {
 	}
 	fmt.Println("calls failed:", failed, "faults injected:", inj.Counts().Aborts > 0)
 	// Output: calls failed: 0 faults injected: true
+}
+
+// A test asks for a fault per call with metadata; the server must opt in.
+func ExampleWithMetadataFaults() {
+	inj, err := faultinject.New(faultinject.Config{}, faultinject.WithMetadataFaults())
+	if err != nil {
+		log.Fatal(err)
+	}
+	conn, stop, err := resiliencetest.Serve(resiliencetest.NewServer(), nil,
+		grpc.ChainUnaryInterceptor(inj.UnaryServerInterceptor()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
+	ec := echov1.NewEchoServiceClient(conn)
+	ctx := metadata.AppendToOutgoingContext(context.Background(),
+		faultinject.MetadataAbort, "RESOURCE_EXHAUSTED", faultinject.MetadataPushbackMs, "250")
+	var trailer metadata.MD
+	_, err = ec.Echo(ctx, &echov1.EchoRequest{}, grpc.Trailer(&trailer))
+	fmt.Println(status.Code(err), trailer.Get("grpc-retry-pushback-ms"))
+	_, err = ec.Echo(context.Background(), &echov1.EchoRequest{})
+	fmt.Println(status.Code(err))
+	// Output:
+	// ResourceExhausted [250]
+	// OK
 }
