@@ -55,6 +55,6 @@
 //
 // An Injector is safe for concurrent use. The fault of a method is resolved
 // once and cached; a call that draws a probability takes a mutex around the
-// shared generator. A call without a matching fault costs a map lookup.
-// This is a test and staging tool: the abort and delay paths allocate.
+// shared generator. A call without a matching fault costs a map lookup
+// and, without WithMetadataFaults, allocates nothing. This is a test and staging tool: the abort and delay paths allocate.
 package faultinject
