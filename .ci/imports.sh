@@ -6,6 +6,11 @@
 #   internal/...  (engines) no google.golang.org/grpc root package, and none of
 #                 our packages but other internal engines
 #   examples/...  public packages only (nothing internal)
+#   faultinject, resiliencetest
+#                 testing aids for users: public packages only (nothing internal);
+#                 they may import grpc
+#   google.golang.org/grpc (the runtime) only from interceptor/..., faultinject,
+#                 resiliencetest, proto/... (generated code), examples/... and cmd/...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mod=$(go list -m)
@@ -42,12 +47,18 @@ while read -r pkg imports; do
 				check "$rel" "$imp" "engines import nothing of ours above them"
 			fi
 			;;
-		examples/*)
+		examples/* | faultinject | resiliencetest)
 			if [[ "$imp" == "$mod"/*internal* ]]; then
-				check "$rel" "$imp" "examples use public packages only"
+				check "$rel" "$imp" "examples and testing aids use public packages only"
 			fi
 			;;
 		esac
+		if [[ "$imp" == google.golang.org/grpc ]]; then
+			case "$rel" in
+			interceptor | interceptor/* | faultinject | resiliencetest | proto/* | examples/* | cmd/*) ;;
+			*) check "$rel" "$imp" "only interceptor, faultinject, resiliencetest, generated code, examples and commands use the grpc runtime" ;;
+			esac
+		fi
 	done
 done < <(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./...)
 

@@ -15,4 +15,8 @@
 // revealed, that Complete and Release act only for the owner, that leases and
 // records end, that tokens are not reused, and that concurrent claimers of one
 // key get exactly one Owned.
+//
+// The suite is a testify suite ([Suite]): each Test method gets a fresh
+// harness from SetupTest, and runs as a subtest named after the method, so
+// one check runs alone with -run 'TestConformance/TestLeaseEnds'.
 package storetest

@@ -3,11 +3,12 @@ package storetest
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/suite"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -29,34 +30,22 @@ type Harness struct {
 	MaxRecordBytes int
 }
 
-// Run runs the conformance suite, each test on a harness of its own.
+// Run runs the conformance suite, a testify suite ([Suite]), each test on
+// a fresh harness from newHarness.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
-	tests := []struct {
-		name string
-		run  func(t *testing.T, h Harness)
-	}{
-		{"ClaimFreeKeyIsOwned", testClaimFree},
-		{"ClaimHeldKeyIsInProgress", testClaimInProgress},
-		{"CompleteThenClaimReturnsRecord", testCompleteReplay},
-		{"FingerprintMismatchRevealsNothing", testMismatch},
-		{"KeysDifferInEveryPart", testKeyParts},
-		{"ReleaseFreesKey", testRelease},
-		{"OnlyOwnerCompletesOrReleases", testOnlyOwner},
-		{"LeaseEnds", testLeaseEnds},
-		{"CompleteAfterLeaseEndsStoresWhenAbsent", testCompleteAfterLease},
-		{"CompleteAfterAnotherClaimIsNotOwner", testCompleteAfterOtherClaim},
-		{"RenewExtendsTheLease", testRenew},
-		{"OnlyOwnerRenews", testRenewNotOwner},
-		{"RecordTTLEnds", testTTL},
-		{"RecordTooLargeKeepsClaim", testTooLarge},
-		{"ConcurrentClaimsHaveOneOwner", testConcurrentClaims},
-		{"FingerprintsOfAnyLength", testFingerprintLengths},
-		{"TokensAreNeverReused", testTokensNeverReused},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { tt.run(t, newHarness(t)) })
-	}
+	suite.Run(t, &Suite{newHarness: newHarness})
 }
+
+// Suite is the conformance suite as a testify suite: every Test method
+// runs on a harness of its own, made by SetupTest. Use it through [Run].
+type Suite struct {
+	suite.Suite
+	newHarness func(t *testing.T) Harness // immutable
+	h          Harness                    // the current test's; written by SetupTest
+}
+
+// SetupTest makes the harness of the next test.
+func (s *Suite) SetupTest() { s.h = s.newHarness(s.T()) }
 
 var (
 	fpA = bytes.Repeat([]byte{0xA1}, 32)
@@ -82,77 +71,69 @@ func sampleRecord(fp []byte) *idempotency.Record {
 	}
 }
 
-func claim(t testing.TB, h Harness, k idempotency.RecordKey, fp []byte, lease time.Duration) idempotency.Claim {
-	t.Helper()
-	c, err := h.Store.Claim(context.Background(), k, fp, lease)
-	if err != nil {
-		t.Fatalf("Claim(%q) error = %v", k.Key, err)
-	}
+// claim claims k and requires no error.
+func (s *Suite) claim(k idempotency.RecordKey, fp []byte, lease time.Duration) idempotency.Claim {
+	c, err := s.h.Store.Claim(context.Background(), k, fp, lease)
+	s.Require().NoError(err, "Claim(%q)", k.Key)
 	return c
 }
 
-func wantState(t testing.TB, c idempotency.Claim, want idempotency.State) {
-	t.Helper()
-	if c.State != want {
-		t.Fatalf("Claim state = %v, want %v", c.State, want)
-	}
+// claimState claims k and requires the claim's state to be want.
+func (s *Suite) claimState(k idempotency.RecordKey, fp []byte, lease time.Duration, want idempotency.State) idempotency.Claim {
+	c := s.claim(k, fp, lease)
+	s.Require().Equal(want, c.State, "Claim(%q) state", k.Key)
+	return c
 }
 
-func testClaimFree(t *testing.T, h Harness) {
-	c := claim(t, h, key("k"), fpA, time.Minute)
-	wantState(t, c, idempotency.Owned)
-	if c.Token == "" || c.Record != nil {
-		t.Errorf("Owned claim = %+v, want a token and no record", c)
-	}
+// advance moves the store's time forward.
+func (s *Suite) advance(d time.Duration) { s.h.Advance(s.T(), d) }
+
+// store is the current test's store.
+func (s *Suite) store() idempotency.Store { return s.h.Store }
+
+func (s *Suite) TestClaimFreeKeyIsOwned() {
+	c := s.claim(key("k"), fpA, time.Minute)
+	s.Require().Equal(idempotency.Owned, c.State)
+	s.NotEmpty(c.Token, "Owned claim's token")
+	s.Nil(c.Record, "Owned claim's record")
 }
 
-func testClaimInProgress(t *testing.T, h Harness) {
-	wantState(t, claim(t, h, key("k"), fpA, time.Minute), idempotency.Owned)
-	c := claim(t, h, key("k"), fpA, time.Minute)
-	wantState(t, c, idempotency.InProgress)
-	if c.Token != "" || c.RetryAfter <= 0 || c.RetryAfter > time.Minute {
-		t.Errorf("InProgress claim = %+v, want no token and 0 < RetryAfter <= 1m", c)
-	}
+func (s *Suite) TestClaimHeldKeyIsInProgress() {
+	s.claimState(key("k"), fpA, time.Minute, idempotency.Owned)
+	c := s.claim(key("k"), fpA, time.Minute)
+	s.Require().Equal(idempotency.InProgress, c.State)
+	s.Empty(c.Token, "InProgress claim's token")
+	s.Greater(c.RetryAfter, time.Duration(0), "InProgress claim's RetryAfter")
+	s.LessOrEqual(c.RetryAfter, time.Minute, "InProgress claim's RetryAfter")
 }
 
-func testCompleteReplay(t *testing.T, h Harness) {
+func (s *Suite) TestCompleteThenClaimReturnsRecord() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Minute)
+	c := s.claim(key("k"), fpA, time.Minute)
 	rec := sampleRecord(fpA)
-	if err := h.Store.Complete(ctx, key("k"), c.Token, rec, time.Hour); err != nil {
-		t.Fatalf("Complete() error = %v", err)
-	}
+	s.Require().NoError(s.store().Complete(ctx, key("k"), c.Token, rec, time.Hour), "Complete()")
 	for range 2 { // replays do not consume the record
-		got := claim(t, h, key("k"), fpA, time.Minute)
-		wantState(t, got, idempotency.Completed)
-		if err := equalRecords(got.Record, sampleRecord(fpA)); err != nil {
-			t.Fatalf("replayed record: %v", err)
-		}
+		got := s.claim(key("k"), fpA, time.Minute)
+		s.Require().Equal(idempotency.Completed, got.State)
+		s.Require().NoError(equalRecords(got.Record, sampleRecord(fpA)))
 	}
-	if err := h.Store.Release(ctx, key("k"), c.Token); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Release() after Complete error = %v, want ErrNotOwner", err)
-	}
+	s.ErrorIs(s.store().Release(ctx, key("k"), c.Token), idempotency.ErrNotOwner, "Release() after Complete")
 }
 
-func testMismatch(t *testing.T, h Harness) {
+func (s *Suite) TestFingerprintMismatchRevealsNothing() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Minute)
-	got := claim(t, h, key("k"), fpB, time.Minute)
-	wantState(t, got, idempotency.Mismatch)
-	if got.Record != nil || got.Token != "" {
-		t.Errorf("Mismatch while in progress = %+v, want nothing revealed", got)
-	}
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); err != nil {
-		t.Fatalf("Complete() error = %v", err)
-	}
-	got = claim(t, h, key("k"), fpB, time.Minute)
-	wantState(t, got, idempotency.Mismatch)
-	if got.Record != nil {
-		t.Errorf("Mismatch after completion revealed a record: %+v", got.Record)
-	}
+	c := s.claim(key("k"), fpA, time.Minute)
+	got := s.claim(key("k"), fpB, time.Minute)
+	s.Require().Equal(idempotency.Mismatch, got.State)
+	s.Nil(got.Record, "Mismatch while in progress revealed a record")
+	s.Empty(got.Token, "Mismatch while in progress gave a token")
+	s.Require().NoError(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour), "Complete()")
+	got = s.claim(key("k"), fpB, time.Minute)
+	s.Require().Equal(idempotency.Mismatch, got.State)
+	s.Nil(got.Record, "Mismatch after completion revealed a record")
 }
 
-func testKeyParts(t *testing.T, h Harness) {
+func (s *Suite) TestKeysDifferInEveryPart() {
 	base := key("k")
 	others := []idempotency.RecordKey{
 		{Scope: "tenant-2", FullMethod: base.FullMethod, Key: base.Key},
@@ -162,155 +143,119 @@ func testKeyParts(t *testing.T, h Harness) {
 		// Concatenations that collide unless parts are delimited.
 		{Scope: base.Scope + "/resilience.echo.v1.EchoService", FullMethod: "/Echo", Key: base.Key},
 	}
-	wantState(t, claim(t, h, base, fpA, time.Minute), idempotency.Owned)
+	s.claimState(base, fpA, time.Minute, idempotency.Owned)
 	for _, k := range others {
-		if c := claim(t, h, k, fpB, time.Minute); c.State != idempotency.Owned {
-			t.Errorf("Claim(%+v) = %v, want Owned: keys must differ in each part", k, c.State)
+		if c := s.claim(k, fpB, time.Minute); c.State != idempotency.Owned {
+			s.Failf("keys must differ in each part", "Claim(%+v) = %v, want Owned", k, c.State)
 		}
 	}
 }
 
-func testRelease(t *testing.T, h Harness) {
+func (s *Suite) TestReleaseFreesKey() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Minute)
-	if err := h.Store.Release(ctx, key("k"), c.Token); err != nil {
-		t.Fatalf("Release() error = %v", err)
-	}
+	c := s.claim(key("k"), fpA, time.Minute)
+	s.Require().NoError(s.store().Release(ctx, key("k"), c.Token), "Release()")
 	// Free again: even another fingerprint may claim it.
-	c2 := claim(t, h, key("k"), fpB, time.Minute)
-	wantState(t, c2, idempotency.Owned)
+	c2 := s.claim(key("k"), fpB, time.Minute)
+	s.Require().Equal(idempotency.Owned, c2.State)
 	if c2.Token == c.Token {
-		t.Errorf("second owner got token %q again", c2.Token)
+		s.Failf("token reused", "second owner got token %q again", c2.Token)
 	}
-	if err := h.Store.Release(ctx, key("k"), c.Token); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Release() with the first owner's token error = %v, want ErrNotOwner", err)
-	}
+	s.ErrorIs(s.store().Release(ctx, key("k"), c.Token), idempotency.ErrNotOwner, "Release() with the first owner's token")
 }
 
-func testOnlyOwner(t *testing.T, h Harness) {
+func (s *Suite) TestOnlyOwnerCompletesOrReleases() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Minute)
-	if err := h.Store.Complete(ctx, key("k"), c.Token+"x", sampleRecord(fpA), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Complete() with a wrong token error = %v, want ErrNotOwner", err)
-	}
-	if err := h.Store.Release(ctx, key("k"), c.Token+"x"); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Release() with a wrong token error = %v, want ErrNotOwner", err)
-	}
-	wantState(t, claim(t, h, key("k"), fpA, time.Minute), idempotency.InProgress)
+	c := s.claim(key("k"), fpA, time.Minute)
+	s.ErrorIs(s.store().Complete(ctx, key("k"), c.Token+"x", sampleRecord(fpA), time.Hour), idempotency.ErrNotOwner, "Complete() with a wrong token")
+	s.ErrorIs(s.store().Release(ctx, key("k"), c.Token+"x"), idempotency.ErrNotOwner, "Release() with a wrong token")
+	s.claimState(key("k"), fpA, time.Minute, idempotency.InProgress)
 	// A completed key is no one's to complete again.
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpB), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Complete() of a completed key error = %v, want ErrNotOwner", err)
-	}
+	s.Require().NoError(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour))
+	s.ErrorIs(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpB), time.Hour), idempotency.ErrNotOwner, "Complete() of a completed key")
 }
 
-func testLeaseEnds(t *testing.T, h Harness) {
-	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.Owned)
-	h.Advance(t, 500*time.Millisecond)
-	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.InProgress)
-	h.Advance(t, 600*time.Millisecond)
+func (s *Suite) TestLeaseEnds() {
+	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
+	s.advance(500 * time.Millisecond)
+	s.claimState(key("k"), fpA, time.Second, idempotency.InProgress)
+	s.advance(600 * time.Millisecond)
 	// The crashed owner's lease has ended: the key is free, for any request.
-	wantState(t, claim(t, h, key("k"), fpB, time.Second), idempotency.Owned)
+	s.claimState(key("k"), fpB, time.Second, idempotency.Owned)
 }
 
-func testCompleteAfterLease(t *testing.T, h Harness) {
+func (s *Suite) TestCompleteAfterLeaseEndsStoresWhenAbsent() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Second)
-	h.Advance(t, 2*time.Second)
+	c := s.claim(key("k"), fpA, time.Second)
+	s.advance(2 * time.Second)
 	// No one claimed the key since the lease ended: the outcome is its own.
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); err != nil {
-		t.Fatalf("Complete() after the lease ended, key absent: error = %v, want the record stored", err)
-	}
-	got := claim(t, h, key("k"), fpA, time.Second)
-	wantState(t, got, idempotency.Completed)
-	if err := equalRecords(got.Record, sampleRecord(fpA)); err != nil {
-		t.Error(err)
-	}
-	wantState(t, claim(t, h, key("k"), fpB, time.Second), idempotency.Mismatch)
+	s.Require().NoError(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour), "Complete() after the lease ended, key absent")
+	got := s.claim(key("k"), fpA, time.Second)
+	s.Require().Equal(idempotency.Completed, got.State)
+	s.Require().NoError(equalRecords(got.Record, sampleRecord(fpA)))
+	s.claimState(key("k"), fpB, time.Second, idempotency.Mismatch)
 }
 
-func testCompleteAfterOtherClaim(t *testing.T, h Harness) {
+func (s *Suite) TestCompleteAfterAnotherClaimIsNotOwner() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Second)
-	h.Advance(t, 2*time.Second)
-	other := claim(t, h, key("k"), fpA, time.Minute)
-	wantState(t, other, idempotency.Owned)
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Complete() after another owner claimed the key: error = %v, want ErrNotOwner", err)
-	}
-	if err := h.Store.Complete(ctx, key("k"), other.Token, sampleRecord(fpA), time.Hour); err != nil {
-		t.Errorf("Complete() by the new owner: error = %v", err)
-	}
+	c := s.claim(key("k"), fpA, time.Second)
+	s.advance(2 * time.Second)
+	other := s.claim(key("k"), fpA, time.Minute)
+	s.Require().Equal(idempotency.Owned, other.State)
+	s.ErrorIs(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour), idempotency.ErrNotOwner, "Complete() after another owner claimed the key")
+	s.NoError(s.store().Complete(ctx, key("k"), other.Token, sampleRecord(fpA), time.Hour), "Complete() by the new owner")
 }
 
-func testRenew(t *testing.T, h Harness) {
+func (s *Suite) TestRenewExtendsTheLease() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Second)
+	c := s.claim(key("k"), fpA, time.Second)
 	for range 3 {
-		h.Advance(t, 700*time.Millisecond)
-		if err := h.Store.Renew(ctx, key("k"), c.Token, time.Second); err != nil {
-			t.Fatalf("Renew() error = %v", err)
-		}
+		s.advance(700 * time.Millisecond)
+		s.Require().NoError(s.store().Renew(ctx, key("k"), c.Token, time.Second), "Renew()")
 	}
 	// 2.1 s after a claim of 1 s: held, thanks to the renewals.
-	got := claim(t, h, key("k"), fpA, time.Second)
-	wantState(t, got, idempotency.InProgress)
-	if got.RetryAfter <= 0 || got.RetryAfter > time.Second {
-		t.Errorf("RetryAfter = %v, want the renewed lease's rest, in (0, 1s]", got.RetryAfter)
-	}
-	h.Advance(t, 1100*time.Millisecond)
-	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.Owned)
+	got := s.claim(key("k"), fpA, time.Second)
+	s.Require().Equal(idempotency.InProgress, got.State)
+	s.Greater(got.RetryAfter, time.Duration(0), "RetryAfter: want the renewed lease's rest")
+	s.LessOrEqual(got.RetryAfter, time.Second, "RetryAfter: want the renewed lease's rest")
+	s.advance(1100 * time.Millisecond)
+	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
 }
 
-func testRenewNotOwner(t *testing.T, h Harness) {
+func (s *Suite) TestOnlyOwnerRenews() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Second)
-	if err := h.Store.Renew(ctx, key("k"), c.Token+"x", time.Second); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Renew() with another token: error = %v, want ErrNotOwner", err)
-	}
-	if err := h.Store.Renew(ctx, key("other"), c.Token, time.Second); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Renew() of an absent key: error = %v, want ErrNotOwner", err)
-	}
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Store.Renew(ctx, key("k"), c.Token, time.Second); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Errorf("Renew() after Complete: error = %v, want ErrNotOwner", err)
-	}
-	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.Completed)
+	c := s.claim(key("k"), fpA, time.Second)
+	s.ErrorIs(s.store().Renew(ctx, key("k"), c.Token+"x", time.Second), idempotency.ErrNotOwner, "Renew() with another token")
+	s.ErrorIs(s.store().Renew(ctx, key("other"), c.Token, time.Second), idempotency.ErrNotOwner, "Renew() of an absent key")
+	s.Require().NoError(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpA), time.Hour))
+	s.ErrorIs(s.store().Renew(ctx, key("k"), c.Token, time.Second), idempotency.ErrNotOwner, "Renew() after Complete")
+	s.claimState(key("k"), fpA, time.Second, idempotency.Completed)
 }
 
-func testTTL(t *testing.T, h Harness) {
+func (s *Suite) TestRecordTTLEnds() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Second)
+	c := s.claim(key("k"), fpA, time.Second)
 	// The TTL runs from completion and replaces the lease.
-	if err := h.Store.Complete(ctx, key("k"), c.Token, sampleRecord(fpA), 10*time.Second); err != nil {
-		t.Fatalf("Complete() error = %v", err)
-	}
-	h.Advance(t, 5*time.Second)
-	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.Completed)
-	h.Advance(t, 6*time.Second)
-	wantState(t, claim(t, h, key("k"), fpA, time.Second), idempotency.Owned)
+	s.Require().NoError(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpA), 10*time.Second), "Complete()")
+	s.advance(5 * time.Second)
+	s.claimState(key("k"), fpA, time.Second, idempotency.Completed)
+	s.advance(6 * time.Second)
+	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
 }
 
-func testTooLarge(t *testing.T, h Harness) {
+func (s *Suite) TestRecordTooLargeKeepsClaim() {
 	ctx := context.Background()
-	c := claim(t, h, key("k"), fpA, time.Minute)
-	rec := &idempotency.Record{Fingerprint: fpA, ReplyType: "x.Y", Reply: make([]byte, h.MaxRecordBytes)}
-	if err := h.Store.Complete(ctx, key("k"), c.Token, rec, time.Hour); !errors.Is(err, idempotency.ErrRecordTooLarge) {
-		t.Fatalf("Complete() of a %d-byte record error = %v, want ErrRecordTooLarge", rec.Size(), err)
-	}
-	wantState(t, claim(t, h, key("k"), fpA, time.Minute), idempotency.InProgress)
-	if err := h.Store.Release(ctx, key("k"), c.Token); err != nil {
-		t.Fatalf("Release() after ErrRecordTooLarge error = %v", err)
-	}
-	wantState(t, claim(t, h, key("k"), fpA, time.Minute), idempotency.Owned)
+	c := s.claim(key("k"), fpA, time.Minute)
+	rec := &idempotency.Record{Fingerprint: fpA, ReplyType: "x.Y", Reply: make([]byte, s.h.MaxRecordBytes)}
+	s.Require().ErrorIs(s.store().Complete(ctx, key("k"), c.Token, rec, time.Hour), idempotency.ErrRecordTooLarge, "Complete() of a %d-byte record", rec.Size())
+	s.claimState(key("k"), fpA, time.Minute, idempotency.InProgress)
+	s.Require().NoError(s.store().Release(ctx, key("k"), c.Token), "Release() after ErrRecordTooLarge")
+	s.claimState(key("k"), fpA, time.Minute, idempotency.Owned)
 }
 
-func testConcurrentClaims(t *testing.T, h Harness) {
+func (s *Suite) TestConcurrentClaimsHaveOneOwner() {
 	const n = 32
+	t := s.T() // the goroutines report through t, not through the suite
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex
@@ -318,9 +263,9 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 	)
 	for range n {
 		wg.Go(func() {
-			c, err := h.Store.Claim(context.Background(), key("k"), fpA, time.Minute)
+			c, err := s.store().Claim(context.Background(), key("k"), fpA, time.Minute)
 			if err != nil {
-				t.Errorf("Claim() error = %v", err)
+				t.Errorf("Claim() error = %v", err) // not Require: off the test's goroutine
 				return
 			}
 			mu.Lock()
@@ -329,39 +274,36 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 		})
 	}
 	wg.Wait()
-	if states[idempotency.Owned] != 1 || states[idempotency.InProgress] != n-1 {
-		t.Errorf("%d concurrent claims gave %v, want 1 Owned and %d InProgress", n, states, n-1)
-	}
+	s.Equal(map[idempotency.State]int{idempotency.Owned: 1, idempotency.InProgress: n - 1}, states,
+		"%d concurrent claims of one key", n)
 }
 
-func testFingerprintLengths(t *testing.T, h Harness) {
+func (s *Suite) TestFingerprintsOfAnyLength() {
 	// Around the 32 bytes of a SHA-256: a store may keep short fingerprints
 	// differently from long ones. Fingerprints that differ only in their
 	// last byte, or only in their length, are different.
 	for _, n := range []int{1, 31, 32, 33, 64} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
+		s.Run(fmt.Sprint(n), func() {
 			k := key(fmt.Sprint("fp-len-", n))
 			fp := bytes.Repeat([]byte{0xC3}, n)
 			mine := bytes.Clone(fp)
-			c := claim(t, h, k, mine, time.Minute)
-			wantState(t, c, idempotency.Owned)
+			c := s.claim(k, mine, time.Minute)
+			s.Require().Equal(idempotency.Owned, c.State)
 			mine[0] ^= 0xFF // the store keeps its own copy
-			wantState(t, claim(t, h, k, fp, time.Minute), idempotency.InProgress)
+			s.claimState(k, fp, time.Minute, idempotency.InProgress)
 			last := bytes.Clone(fp)
 			last[n-1]++
-			wantState(t, claim(t, h, k, last, time.Minute), idempotency.Mismatch)
-			wantState(t, claim(t, h, k, fp[:n-1], time.Minute), idempotency.Mismatch)
-			wantState(t, claim(t, h, k, append(bytes.Clone(fp), 0xC3), time.Minute), idempotency.Mismatch)
-			if err := h.Store.Complete(context.Background(), k, c.Token, sampleRecord(fp), time.Hour); err != nil {
-				t.Fatalf("Complete() error = %v", err)
-			}
-			wantState(t, claim(t, h, k, fp, time.Minute), idempotency.Completed)
-			wantState(t, claim(t, h, k, last, time.Minute), idempotency.Mismatch)
+			s.claimState(k, last, time.Minute, idempotency.Mismatch)
+			s.claimState(k, fp[:n-1], time.Minute, idempotency.Mismatch)
+			s.claimState(k, append(bytes.Clone(fp), 0xC3), time.Minute, idempotency.Mismatch)
+			s.Require().NoError(s.store().Complete(context.Background(), k, c.Token, sampleRecord(fp), time.Hour), "Complete()")
+			s.claimState(k, fp, time.Minute, idempotency.Completed)
+			s.claimState(k, last, time.Minute, idempotency.Mismatch)
 		})
 	}
 }
 
-func testTokensNeverReused(t *testing.T, h Harness) {
+func (s *Suite) TestTokensAreNeverReused() {
 	// Enough claims of one key to cross any batching of tokens a store may
 	// do; a stale token never owns the key again.
 	const n = 600
@@ -369,20 +311,16 @@ func testTokensNeverReused(t *testing.T, h Harness) {
 	seen := make(map[string]bool, n)
 	var prev string
 	for i := range n {
-		c := claim(t, h, key("k"), fpA, time.Minute)
-		wantState(t, c, idempotency.Owned)
+		c := s.claim(key("k"), fpA, time.Minute)
+		s.Require().Equal(idempotency.Owned, c.State)
 		if seen[c.Token] {
-			t.Fatalf("claim %d got token %q again", i, c.Token)
+			s.FailNowf("token reused", "claim %d got token %q again", i, c.Token)
 		}
 		seen[c.Token] = true
 		if prev != "" {
-			if err := h.Store.Release(ctx, key("k"), prev); !errors.Is(err, idempotency.ErrNotOwner) {
-				t.Fatalf("Release() with the previous owner's token error = %v, want ErrNotOwner", err)
-			}
+			s.Require().ErrorIs(s.store().Release(ctx, key("k"), prev), idempotency.ErrNotOwner, "Release() with the previous owner's token")
 		}
-		if err := h.Store.Release(ctx, key("k"), c.Token); err != nil {
-			t.Fatalf("Release() error = %v", err)
-		}
+		s.Require().NoError(s.store().Release(ctx, key("k"), c.Token), "Release()")
 		prev = c.Token
 	}
 }

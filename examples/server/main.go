@@ -1,0 +1,332 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/faultinject"
+	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// config is the parsed command line.
+type config struct {
+	addr, metricsAddr string
+	store, redisAddr  string
+	scope             string
+	faults            string
+	failRate          float64
+	failCode          string
+	latency           time.Duration
+	outage            string
+	seed              uint64
+	seedSet           bool
+	metadataFaults    bool
+	executionLog      string
+	headroom, floor   time.Duration
+	shutdownTimeout   time.Duration
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &config{}
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:50051", "gRPC listen address")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9464", "Prometheus /metrics listen address; empty disables")
+	fs.StringVar(&c.store, "store", "memory", "idempotency store: memory or redis")
+	fs.StringVar(&c.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address for -store redis")
+	fs.StringVar(&c.scope, "scope", "peer", "idempotency scope: peer, metadata:<key> or shared")
+	fs.StringVar(&c.faults, "faults", "", "fault-injection config (JSON file, see package faultinject)")
+	fs.Float64Var(&c.failRate, "fail-rate", 0, "abort this fraction of calls (0 to 1)")
+	fs.StringVar(&c.failCode, "fail-code", "UNAVAILABLE", "status code of -fail-rate")
+	fs.DurationVar(&c.latency, "latency", 0, "delay every call this long")
+	fs.StringVar(&c.outage, "outage", "", "DURATION/EVERY, e.g. 2s/10s: fail every call (-fail-code) for the first 2s of every 10s")
+	fs.Uint64Var(&c.seed, "seed", 1, "seed of the fault injector (overrides the config's)")
+	fs.BoolVar(&c.metadataFaults, "metadata-faults", false, "honour per-call fault metadata (untrusted: tests only)")
+	fs.StringVar(&c.executionLog, "execution-log", "", "append one line per handler execution of a keyed call")
+	fs.DurationVar(&c.headroom, "headroom", 20*time.Millisecond, "deadline headroom kept for the server's own work")
+	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "calls arriving with less than this left are refused")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound of the graceful stop")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	fs.Visit(func(f *flag.Flag) { c.seedSet = c.seedSet || f.Name == "seed" })
+	return c, nil
+}
+
+// faultConfig builds the injector's config: the file's faults first, then
+// a fault of the shorthand flags for every method of the echo service.
+func (c *config) faultConfig() (faultinject.Config, error) {
+	cfg := faultinject.Config{Seed: 1}
+	if c.faults != "" {
+		data, err := os.ReadFile(c.faults)
+		if err != nil {
+			return cfg, fmt.Errorf("-faults: %w", err)
+		}
+		if cfg, err = faultinject.Parse(data); err != nil {
+			return cfg, fmt.Errorf("-faults %s: %w", c.faults, err)
+		}
+	}
+	if c.seedSet {
+		cfg.Seed = c.seed
+	}
+	if c.failRate != 0 || c.latency != 0 || c.outage != "" {
+		// Health and reflection stay reliable: the shorthand faults are the
+		// echo service's.
+		f := faultinject.Fault{Methods: []string{echov1.EchoService_ServiceDesc.ServiceName}}
+		if c.failRate != 0 {
+			code, err := failureCode(c.failCode)
+			if err != nil {
+				return cfg, err
+			}
+			f.Abort = &faultinject.Abort{Code: code, Rate: c.failRate}
+		}
+		if c.latency != 0 {
+			f.Delay = &faultinject.Delay{Fixed: c.latency}
+		}
+		if c.outage != "" {
+			o, err := parseOutage(c.outage, c.failCode)
+			if err != nil {
+				return cfg, err
+			}
+			f.Outage = o
+		}
+		cfg.Faults = append(cfg.Faults, f)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("fault flags: %w", err)
+	}
+	return cfg, nil
+}
+
+// failureCode parses -fail-code.
+func failureCode(s string) (codes.Code, error) {
+	code, err := rescodes.Parse(s)
+	if err == nil && code == codes.OK {
+		err = errors.New("OK is not a failure")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("-fail-code: %w", err)
+	}
+	return code, nil
+}
+
+// parseOutage parses -outage DURATION/EVERY.
+func parseOutage(s, code string) (*faultinject.Outage, error) {
+	d, every, ok := strings.Cut(s, "/")
+	o := &faultinject.Outage{}
+	var err1, err2 error
+	o.Duration, err1 = time.ParseDuration(d)
+	o.Every, err2 = time.ParseDuration(every)
+	if !ok || err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("-outage %q: want DURATION/EVERY, such as 2s/10s", s)
+	}
+	c, err := failureCode(code)
+	if err != nil {
+		return nil, err
+	}
+	o.Code = c
+	return o, nil
+}
+
+// run serves until ctx ends.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	scope, err := parseScope(c.scope)
+	if err != nil {
+		return err
+	}
+	fcfg, err := c.faultConfig()
+	if err != nil {
+		return err
+	}
+	var fopts []faultinject.Option
+	if c.metadataFaults {
+		fopts = append(fopts, faultinject.WithMetadataFaults())
+	}
+	inj, err := faultinject.New(fcfg, fopts...)
+	if err != nil {
+		return err
+	}
+	store, closeStore, err := openStore(ctx, c, logger)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return err
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter),
+		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "resilience-example-server"))))
+	defer mp.Shutdown(context.Background())
+
+	opts := []interceptor.ServerOption{
+		interceptor.WithIdempotencyStore(store),
+		scope,
+		interceptor.WithServerHeadroom(c.headroom, c.floor),
+		interceptor.WithServerLogger(logger),
+	}
+	opts = append(opts, serverMetrics(mp)...)
+	srv, err := interceptor.NewServer(opts...)
+	if err != nil {
+		return err
+	}
+	echo, err := newEcho(c.executionLog)
+	if err != nil {
+		return err
+	}
+	defer echo.close()
+
+	gs := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(recoverUnary(logger), srv.UnaryServerInterceptor(), inj.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(recoverStream(logger), srv.StreamServerInterceptor(), inj.StreamServerInterceptor()),
+	)
+	echov1.RegisterEchoServiceServer(gs, echo)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(echov1.EchoService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+
+	lis, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "grpc listening on %s\n", lis.Addr())
+	var hsrv *http.Server
+	errc := make(chan error, 2)
+	if c.metricsAddr != "" {
+		mlis, err := net.Listen("tcp", c.metricsAddr)
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		fmt.Fprintf(stdout, "metrics listening on %s\n", mlis.Addr())
+		go func() {
+			if err := hsrv.Serve(mlis); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("metrics: %w", err)
+			}
+		}()
+	}
+	go func() { errc <- gs.Serve(lis) }()
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		gs.Stop()
+		if hsrv != nil {
+			hsrv.Close()
+		}
+		return err
+	}
+	hs.Shutdown() // NOT_SERVING, so load balancers stop sending
+	stopped := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(c.shutdownTimeout):
+		logger.Warn("graceful stop timed out; cutting the remaining calls", "timeout", c.shutdownTimeout)
+		gs.Stop()
+		<-stopped
+	}
+	if hsrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = hsrv.Shutdown(sctx)
+	}
+	return nil
+}
+
+// openStore opens the idempotency store named by -store.
+func openStore(ctx context.Context, c *config, logger *slog.Logger) (idempotency.Store, func(), error) {
+	switch c.store {
+	case "memory":
+		s, err := idempotency.NewMemoryStore()
+		return s, func() {}, err
+	case "redis":
+		rc := redis.NewClient(&redis.Options{Addr: c.redisAddr})
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		s, err := redisstore.Open(octx, rc, redisstore.WithLogger(logger))
+		if err != nil {
+			rc.Close()
+			return nil, nil, fmt.Errorf("-store redis at %s: %w", c.redisAddr, err)
+		}
+		return s, func() { rc.Close() }, nil
+	default:
+		return nil, nil, fmt.Errorf("-store %q: want memory or redis", c.store)
+	}
+}
+
+// parseScope returns the idempotency scope option named by -scope.
+func parseScope(s string) (interceptor.ServerOption, error) {
+	switch {
+	case s == "peer":
+		return interceptor.WithIdempotencyScope(peerIPScope), nil
+	case s == "shared":
+		return interceptor.WithIdempotencySharedScope(), nil
+	case strings.HasPrefix(s, "metadata:"):
+		key := strings.ToLower(strings.TrimPrefix(s, "metadata:"))
+		if key == "" || strings.HasPrefix(key, "grpc-") || strings.HasSuffix(key, "-bin") {
+			return nil, fmt.Errorf("-scope %q: want metadata:<key> with a text header that is not grpc-*", s)
+		}
+		return interceptor.WithIdempotencyScope(metadataScope(key)), nil
+	default:
+		return nil, fmt.Errorf("-scope %q: want peer, metadata:<key> or shared", s)
+	}
+}

@@ -1,0 +1,60 @@
+// Package faultinject is the tool to test one's own retry policies: gRPC
+// interceptors that make chosen methods fail with chosen codes at a chosen
+// rate, add latency, send server pushback (grpc-retry-pushback-ms) or a
+// google.rpc.RetryInfo detail, and abort streams after a number of
+// messages.
+//
+// Install the server side on a staging server, or the client side under the
+// interceptors under test (closest to the network), and watch what the
+// retry policy does with the failures:
+//
+//	inj, err := faultinject.New(cfg)
+//	grpc.NewServer(grpc.ChainUnaryInterceptor(inj.UnaryServerInterceptor()), ...)
+//	// or, on the client, inside the resilience interceptors:
+//	grpc.NewClient(target,
+//		grpc.WithChainUnaryInterceptor(client.UnaryClientInterceptor(), inj.UnaryClientInterceptor()))
+//
+// # Configuration
+//
+// A [Config] is a list of faults, each for a set of methods; the first
+// fault whose methods match a call applies to it. It is written in Go or in
+// JSON in the style of Envoy's HTTP fault filter ([Parse] validates it and
+// names the JSON path of the first error):
+//
+//	{
+//	  "seed": 7,
+//	  "faults": [{
+//	    "methods": ["resilience.echo.v1.EchoService/Echo"],
+//	    "delay": {"fixedDelay": "0.05s", "percentage": {"numerator": 20}},
+//	    "abort": {"grpcStatus": "UNAVAILABLE", "pushback": "0.2s",
+//	              "percentage": {"numerator": 10, "denominator": "HUNDRED"}},
+//	    "streamAbort": {"afterMessages": 3, "grpcStatus": "UNAVAILABLE"},
+//	    "outage": {"every": "60s", "duration": "5s", "grpcStatus": "UNAVAILABLE"}
+//	  }]
+//	}
+//
+// A method is "/pkg.Service/Method" (the leading slash optional) or a whole
+// service "pkg.Service"; a fault without methods matches every method. A
+// matching call is first delayed (with the delay's probability), then
+// aborted, during an outage window or else with the abort's probability,
+// before the handler runs; a
+// streaming call not aborted fails once afterMessages messages, counted in
+// both directions, have passed. Probabilities are drawn from a PCG
+// generator seeded with the config's seed, so one sequence of calls sees
+// one sequence of faults.
+//
+// # Per-call faults
+//
+// Tests can ask for a fault per call with metadata ([MetadataAbort],
+// [MetadataDelayMs] and the others), which then replaces the configured
+// fault for that call. Callers' metadata is untrusted, so it is honoured
+// only when the injector is built with [WithMetadataFaults]; otherwise it
+// is ignored.
+//
+// # Concurrency and cost
+//
+// An Injector is safe for concurrent use. The fault of a method is resolved
+// once and cached; a call that draws a probability takes a mutex around the
+// shared generator. A call without a matching fault costs a map lookup
+// and, without WithMetadataFaults, allocates nothing. This is a test and staging tool: the abort and delay paths allocate.
+package faultinject
