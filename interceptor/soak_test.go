@@ -231,8 +231,8 @@ func soakConfigs() [2]*serviceconfig.Config {
 		return &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{
 			{Name: []serviceconfig.Name{{Service: svc}}, RetryPolicy: retry, CircuitBreaker: cb1, Bulkhead: bh1},
 			{
-				Name:          []serviceconfig.Name{{Service: svc, Method: "Lookup"}},
-				HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: attempts, HedgingDelay: 2 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+				Name:           []serviceconfig.Name{{Service: svc, Method: "Lookup"}},
+				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: attempts, HedgingDelay: 2 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
 				CircuitBreaker: cb2, Bulkhead: bh2,
 			},
 		}}
