@@ -277,7 +277,8 @@ func TestProcessKilledMidLoad(t *testing.T) {
 
 	// The load: workers keyed calls in a loop until stop closes.
 	stop := make(chan struct{})
-	var lastOK atomic.Int64 // unix nanos of the latest success
+	var lastOK atomic.Int64   // unix nanos of the latest success
+	var rejected atomic.Int64 // calls failed fast by the open breaker
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -287,8 +288,12 @@ func TestProcessKilledMidLoad(t *testing.T) {
 					return
 				default:
 				}
-				if call("w"+strconv.Itoa(w)+"-"+strconv.Itoa(i)) == nil {
+				switch err := call("w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)); {
+				case err == nil:
 					lastOK.Store(time.Now().UnixNano())
+				case errors.Is(err, ErrCircuitOpen):
+					rejected.Add(1)
+					time.Sleep(10 * time.Millisecond) // a caller honouring the fast failure's hint
 				}
 			}
 		})
@@ -313,6 +318,9 @@ func TestProcessKilledMidLoad(t *testing.T) {
 		s := c.Status(method).Breaker
 		return s != nil && s.State == BreakerOpen
 	})
+	// Stay down past one OpenDuration, so a half-open probe meets the
+	// dead server and the breaker opens again.
+	time.Sleep(openFor + 200*time.Millisecond)
 	if _, err := startChild(t, bin, addr, redisAddr, logs[1]); err != nil {
 		close(stop)
 		wg.Wait()
@@ -362,7 +370,7 @@ func TestProcessKilledMidLoad(t *testing.T) {
 		t.Errorf("retries not refunded = %d, over the budget's %.0f (%d calls)", failed.Load(), limit, calls.Load())
 	}
 	t.Logf("summary: calls %d (ok %d, failed with a clear status %d, unclear %d), duplicates executed %d, "+
-		"server down %v, first success %v after restart, breaker %s, unrefunded retries %d, budget stops %d, ok before kill %d",
+		"server down %v, first success %v after restart, breaker %s, unrefunded retries %d, budget stops %d, ok before kill %d, rejected fast %d",
 		calls.Load(), okCalls.Load(), calls.Load()-okCalls.Load()-badCalls.Load(), badCalls.Load(), dups,
-		backAt.Sub(killedAt).Round(time.Millisecond), recovered.Round(time.Millisecond), transitions, failed.Load(), budgetStops, okAtKill)
+		backAt.Sub(killedAt).Round(time.Millisecond), recovered.Round(time.Millisecond), transitions, failed.Load(), budgetStops, okAtKill, rejected.Load())
 }
