@@ -359,32 +359,43 @@ func TestNetFaultCutMidStream(t *testing.T) {
 		}
 		e.summary(dups, lost)
 	})
-	t.Run("server stream after commit", func(t *testing.T) {
-		e := newNetEnv(t, netEnvConfig{client: []ClientOption{WithRetryPolicy(netRetry(0), "resilience.echo.v1.EchoService")}})
-		read3 := make(chan struct{})
-		e.srv.fault = func(_ string, attempt, sent int) {
-			if attempt == 1 && sent == 3 {
-				<-read3 // the caller has read three responses: committed
-				e.cut()
+	cuts := []struct {
+		name string
+		cut  func(e *netEnv)
+	}{
+		{name: "proxy restart", cut: (*netEnv).cut},
+		// limit_data closes the connection once its byte allowance (none
+		// here) is spent: the next response never leaves the proxy.
+		{name: "limit_data", cut: func(e *netEnv) { e.toxic("limit", "limit_data", "downstream", `{"bytes":0}`) }},
+	}
+	for _, c := range cuts {
+		t.Run("server stream after commit, "+c.name, func(t *testing.T) {
+			e := newNetEnv(t, netEnvConfig{client: []ClientOption{WithRetryPolicy(netRetry(0), "resilience.echo.v1.EchoService")}})
+			read3 := make(chan struct{})
+			e.srv.fault = func(_ string, attempt, sent int) {
+				if attempt == 1 && sent == 3 {
+					<-read3 // the caller has read three responses: committed
+					c.cut(e)
+				}
 			}
-		}
-		got, err := e.serverStream(count, 5*time.Second, func(n int) {
-			if n == 3 {
-				close(read3)
+			got, err := e.serverStream(count, 5*time.Second, func(n int) {
+				if n == 3 {
+					close(read3)
+				}
+			})
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("stream cut after commit ended with %v, want the transport's UNAVAILABLE", err)
 			}
+			if len(got) != 3 {
+				t.Errorf("caller read %d responses before the cut, want 3", len(got))
+			}
+			_, dups := checkIndexes(t, got, len(got))
+			if n := len(e.srv.attempts("ServerStream")); n != 1 {
+				t.Errorf("server saw %d attempts, want 1: a committed stream is not retried", n)
+			}
+			e.summary(dups, 0)
 		})
-		if status.Code(err) != codes.Unavailable {
-			t.Fatalf("stream cut after commit ended with %v, want the transport's UNAVAILABLE", err)
-		}
-		if len(got) != 3 {
-			t.Errorf("caller read %d responses before the cut, want 3", len(got))
-		}
-		_, dups := checkIndexes(t, got, len(got))
-		if n := len(e.srv.attempts("ServerStream")); n != 1 {
-			t.Errorf("server saw %d attempts, want 1: a committed stream is not retried", n)
-		}
-		e.summary(dups, 0)
-	})
+	}
 	t.Run("bidi before commit", func(t *testing.T) {
 		e := newNetEnv(t, netEnvConfig{client: []ClientOption{WithRetryPolicy(netRetry(0), "resilience.echo.v1.EchoService")}})
 		e.srv.fault = func(_ string, attempt, sent int) {
