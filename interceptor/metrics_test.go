@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -296,4 +297,38 @@ func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 		echo + ",resilience.breaker.from=closed,resilience.breaker.to=forced-open": 1,
 	})
 	got.expect(t, metricBudget, "{retry}", map[string]float64{"": 100}) // the default reserve
+}
+
+// TestMetricsRetriedStream checks gRFC A96's per-call metrics of a
+// server-streaming call retried twice before its first message: recorded
+// once, when the stream ends, with the retries and the delay between
+// attempts.
+func TestMetricsRetriedStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(2, codes.Unavailable))
+		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(4)))
+		stream, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Message: "m", Count: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := collect(t, reader)[metricCallRetries]; ok {
+			t.Errorf("%s recorded before the stream ended", metricCallRetries)
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if err != io.EOF {
+					t.Fatalf("Recv() = %v, want io.EOF at the end", err)
+				}
+				break
+			}
+		}
+		synctest.Wait()
+		const attrs = "grpc.method=resilience.echo.v1.EchoService/ServerStream,grpc.target=passthrough:///bufnet"
+		got := collect(t, reader)
+		got.expect(t, metricCallRetries, "{retry}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 2})
+		got.expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.024})
+	})
 }
