@@ -257,7 +257,7 @@
 // "github.com/grpc-resilience/resilience/interceptor". Without them nothing
 // is recorded, at no cost; with the no-op provider, or the SDK's, a call
 // allocates no more than without (attribute sets are built once per method,
-// and per connection for grpc.target).
+// and per target for grpc.target).
 //
 // The grpc.client.call.* instruments are gRFC A96's, with its names, units
 // and attributes, recorded once per call that ran the retry or hedging loop

@@ -101,7 +101,7 @@ var countBounds = []float64{1, 2, 3, 4, 5}
 // transitions and state, bulkhead occupancy, the retry budget's balance).
 // The package documentation has the full table.
 //
-// Attribute sets are built once per method (and per connection, for
+// Attribute sets are built once per method (and per target, for
 // grpc.target), so recording allocates nothing on the success path.
 // Without this option nothing is recorded, at no cost.
 func WithMeterProvider(mp metric.MeterProvider) ClientOption {
@@ -131,14 +131,12 @@ type instruments struct {
 	conns       *connCache
 }
 
-// connCache holds what gRFC A96's attributes need per connection.
+// connCache holds gRFC A96's attribute sets by (grpc.target, method), for
+// the calls whose method's one-entry cache misses: a method called on more
+// than one connection. It grows with the targets and methods called, not
+// with the connections.
 type connCache struct {
-	// sets holds the A96 attribute sets of a (connection, method) pair,
-	// for the calls whose method's one-entry cache misses (a method called
-	// on more than one connection); targets holds each connection's
-	// grpc.target, computed once.
-	sets    sync.Map // connMethod -> *connMetrics
-	targets sync.Map // *grpc.ClientConn -> string
+	sets sync.Map // targetMethod -> *connMetrics
 }
 
 // newInstruments builds the client's instruments on mp; nil mp gives the
@@ -250,7 +248,7 @@ type methodMetrics struct {
 	byReason [len(stopReasonTokens)][]metric.AddOption
 	// conn caches the A96 attribute sets of the connection the method was
 	// last called on.
-	conn atomic.Pointer[connMetrics]
+	conn atomic.Pointer[lastConn]
 }
 
 func newMethodMetrics(fullMethod string) *methodMetrics {
@@ -284,55 +282,51 @@ var a66CodeNames = [17]string{
 	"OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
 }
 
-// connMethod keys the A96 attribute sets of one method on one connection.
-type connMethod struct {
-	cc     *grpc.ClientConn
-	method string
+// targetMethod keys the A96 attribute sets of one method on one target.
+type targetMethod struct {
+	target, method string
 }
 
-// connMetrics are the A96 attribute sets of one method on one connection:
+// connMetrics are the A96 attribute sets of one method on one target:
 // grpc.method and grpc.target, with grpc.method "other" for calls that are
 // not of a generated stub (gRFC A66: a client records the method only when
 // the call carries grpc.StaticMethod).
 type connMetrics struct {
-	cc            *grpc.ClientConn
 	static, other []metric.RecordOption
 }
 
-// connSets returns the A96 attribute sets of mm's method on cc: from the
-// method's one-entry cache, or else built once per (connection, method).
-func (in *instruments) connSets(mm *methodMetrics, cc *grpc.ClientConn) *connMetrics {
-	if c := mm.conn.Load(); c != nil && c.cc == cc {
-		return c
-	}
-	key := connMethod{cc, mm.method}
-	v, ok := in.conns.sets.Load(key)
-	if !ok {
-		target := in.target(cc)
-		t := attrTarget.String(target)
-		c := &connMetrics{
-			cc:     cc,
-			static: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String(mm.method), t))},
-			other:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String("other"), t))},
-		}
-		v, _ = in.conns.sets.LoadOrStore(key, c)
-	}
-	c := v.(*connMetrics)
-	mm.conn.Store(c)
-	return c
+// lastConn is a method's one-entry cache: the connection it was last
+// called on, and that connection's attribute sets. It keeps that one
+// connection reachable until the method is called on another.
+type lastConn struct {
+	cc   *grpc.ClientConn
+	sets *connMetrics
 }
 
-// target returns cc's grpc.target (gRFC A66: its canonical target), once
-// per connection; "other" when the interceptor is called without one.
-func (in *instruments) target(cc *grpc.ClientConn) string {
-	if cc == nil {
-		return "other"
+// connSets returns the A96 attribute sets of mm's method on cc: from the
+// method's one-entry cache, or else built once per (target, method).
+// grpc.target is cc's canonical target (gRFC A66), "other" when the
+// interceptor is called without a connection.
+func (in *instruments) connSets(mm *methodMetrics, cc *grpc.ClientConn) *connMetrics {
+	if c := mm.conn.Load(); c != nil && c.cc == cc {
+		return c.sets
 	}
-	if t, ok := in.conns.targets.Load(cc); ok {
-		return t.(string)
+	target := "other"
+	if cc != nil {
+		target = cc.CanonicalTarget()
 	}
-	t, _ := in.conns.targets.LoadOrStore(cc, cc.CanonicalTarget())
-	return t.(string)
+	key := targetMethod{target, mm.method}
+	v, ok := in.conns.sets.Load(key)
+	if !ok {
+		t := attrTarget.String(target)
+		v, _ = in.conns.sets.LoadOrStore(key, &connMetrics{
+			static: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String(mm.method), t))},
+			other:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String("other"), t))},
+		})
+	}
+	sets := v.(*connMetrics)
+	mm.conn.Store(&lastConn{cc: cc, sets: sets})
+	return sets
 }
 
 // callEnded records gRFC A96's per-call metrics of a call that ran
@@ -343,11 +337,11 @@ func (in *instruments) callEnded(ctx context.Context, mm *methodMetrics, cc *grp
 	if !in.on {
 		return
 	}
-	c := in.connSets(mm, cc)
-	set := c.other
+	sets := in.connSets(mm, cc)
+	set := sets.other
 	for _, o := range opts {
 		if _, ok := o.(grpc.StaticMethodCallOption); ok {
-			set = c.static
+			set = sets.static
 			break
 		}
 	}

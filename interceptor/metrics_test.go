@@ -13,7 +13,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
@@ -265,7 +267,7 @@ func TestMetricsMethodIsOtherWithoutStaticMethod(t *testing.T) {
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 		srv := &testserver.Server{}
 		srv.SetScript(failFirst(1, codes.Unavailable))
-		c := newTestClient(t, WithMeterProvider(mp), WithRetryPolicy(fastPolicy(2)))
+		c := newTestClient(t, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(2)))
 		cc := testserver.Start(t, srv, c.DialOptions()...)
 		var reply echov1.EchoResponse
 		if err := cc.Invoke(t.Context(), echoMethod, &echov1.EchoRequest{}, &reply); err != nil {
@@ -330,5 +332,95 @@ func TestMetricsRetriedStream(t *testing.T) {
 		got := collect(t, reader)
 		got.expect(t, metricCallRetries, "{retry}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 2})
 		got.expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.024})
+	})
+}
+
+// TestMetricsHedgeRetryDelayIsTimeWithNoCopyRunning pins gRFC A96's
+// retry_delay for a hedged call: the first copy fails non-fatally with a
+// 50ms pushback, no copy runs until the second starts, which succeeds.
+func TestMetricsHedgeRetryDelayIsTimeWithNoCopyRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "busy"),
+					Trailer: metadata.Pairs("grpc-retry-pushback-ms", "50")}
+			}
+			return testserver.Outcome{}
+		})
+		stub, _ := newEcho(t, srv, WithMeterProvider(mp), hedging(3, time.Hour, codes.Unavailable))
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		const attrs = "grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=passthrough:///bufnet"
+		got := collect(t, reader)
+		got.expect(t, metricCallHedges, "{hedge}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 1})
+		got.expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.05})
+		if _, ok := got[metricCallRetries]; ok {
+			t.Errorf("%s recorded for a hedged call (A96 counts its copies as hedges)", metricCallRetries)
+		}
+	})
+}
+
+// TestMetricsBulkheadRejection counts a full bulkhead's rejection, and
+// reads its occupancy while a call holds the only slot.
+func TestMetricsBulkheadRejection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(stallFirst())
+		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
+			Name:     []serviceconfig.Name{{Service: echoService}},
+			Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 1},
+		}))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = stub.Echo(ctx, &echov1.EchoRequest{}) // holds the slot until cancelled
+		}()
+		synctest.Wait()
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("second call: %v, want RESOURCE_EXHAUSTED", err)
+		}
+		echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+		got := collect(t, reader)
+		got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=bulkhead_full": 1})
+		got.expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 1})
+		got.expect(t, metricQueued, "{attempt}", map[string]float64{echo: 0})
+		cancel()
+		<-done
+	})
+}
+
+// TestMetricsTargetPerConnection calls one method on two connections: each
+// call is recorded with its own connection's grpc.target.
+func TestMetricsTargetPerConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(2, codes.Unavailable))
+		c := newTestClient(t, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(2)))
+		dial, stop := testserver.Listen(func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, srv) })
+		defer stop()
+		for _, target := range []string{"passthrough:///one", "passthrough:///two", "passthrough:///one"} {
+			cc, err := grpc.NewClient(target, append(dial, c.DialOptions()...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{})
+			_ = cc.Close()
+		}
+		const m = "grpc.method=resilience.echo.v1.EchoService/Echo"
+		collect(t, reader).expect(t, metricCallRetryDelay, "s", map[string]float64{
+			// The first call fails twice, with one backoff of 10ms × 0.8.
+			"count:" + m + ",grpc.target=passthrough:///one": 2, "sum:" + m + ",grpc.target=passthrough:///one": 0.008,
+			"count:" + m + ",grpc.target=passthrough:///two": 1, "sum:" + m + ",grpc.target=passthrough:///two": 0,
+		})
 	})
 }
