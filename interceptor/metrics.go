@@ -128,15 +128,6 @@ type instruments struct {
 	denials     metric.Int64Counter
 	skips       metric.Int64Counter
 	transitions metric.Int64Counter
-	conns       *connCache
-}
-
-// connCache holds gRFC A96's attribute sets by (grpc.target, method), for
-// the calls whose method's one-entry cache misses: a method called on more
-// than one connection. It grows with the targets and methods called, not
-// with the connections.
-type connCache struct {
-	sets sync.Map // targetMethod -> *connMetrics
 }
 
 // newInstruments builds the client's instruments on mp; nil mp gives the
@@ -183,7 +174,6 @@ func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
 	if err := registerGauges(m, c); err != nil {
 		return instruments{}, err
 	}
-	in.conns = &connCache{}
 	in.on = true
 	return in, nil
 }
@@ -246,9 +236,12 @@ type methodMetrics struct {
 	byCode   [17][]metric.AddOption
 	byStop   [len(stopReasonTokens)][]metric.AddOption
 	byReason [len(stopReasonTokens)][]metric.AddOption
-	// conn caches the A96 attribute sets of the connection the method was
-	// last called on.
-	conn atomic.Pointer[lastConn]
+	// targets maps connections' targets (as created) to the method's A96
+	// attribute sets.
+	// It is replaced, never modified, under mu: readers load it without a
+	// lock.
+	targets atomic.Pointer[map[string]*connMetrics]
+	mu      sync.Mutex
 }
 
 func newMethodMetrics(fullMethod string) *methodMetrics {
@@ -282,11 +275,6 @@ var a66CodeNames = [17]string{
 	"OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
 }
 
-// targetMethod keys the A96 attribute sets of one method on one target.
-type targetMethod struct {
-	target, method string
-}
-
 // connMetrics are the A96 attribute sets of one method on one target:
 // grpc.method and grpc.target, with grpc.method "other" for calls that are
 // not of a generated stub (gRFC A66: a client records the method only when
@@ -295,37 +283,46 @@ type connMetrics struct {
 	static, other []metric.RecordOption
 }
 
-// lastConn is a method's one-entry cache: the connection it was last
-// called on, and that connection's attribute sets. It keeps that one
-// connection reachable until the method is called on another.
-type lastConn struct {
-	cc   *grpc.ClientConn
-	sets *connMetrics
-}
-
-// connSets returns the A96 attribute sets of mm's method on cc: from the
-// method's one-entry cache, or else built once per (target, method).
-// grpc.target is cc's canonical target (gRFC A66), "other" when the
-// interceptor is called without a connection.
-func (in *instruments) connSets(mm *methodMetrics, cc *grpc.ClientConn) *connMetrics {
-	if c := mm.conn.Load(); c != nil && c.cc == cc {
-		return c.sets
-	}
+// connSets returns the A96 attribute sets of mm's method on cc, built once
+// per target. grpc.target is cc's canonical target (gRFC A66), "other" when
+// the interceptor is called without a connection. The sets are found by the
+// target as the connection was created with (ClientConn.Target, a field
+// read; CanonicalTarget formats a URL on each call), so the fast path is one
+// map read, with no allocation, however many connections call the method.
+func (mm *methodMetrics) connSets(cc *grpc.ClientConn) *connMetrics {
 	target := "other"
 	if cc != nil {
-		target = cc.CanonicalTarget()
+		target = cc.Target()
 	}
-	key := targetMethod{target, mm.method}
-	v, ok := in.conns.sets.Load(key)
-	if !ok {
-		t := attrTarget.String(target)
-		v, _ = in.conns.sets.LoadOrStore(key, &connMetrics{
-			static: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String(mm.method), t))},
-			other:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String("other"), t))},
-		})
+	if m := mm.targets.Load(); m != nil {
+		if sets, ok := (*m)[target]; ok {
+			return sets
+		}
 	}
-	sets := v.(*connMetrics)
-	mm.conn.Store(&lastConn{cc: cc, sets: sets})
+	mm.mu.Lock()
+	defer mm.mu.Unlock()
+	var old map[string]*connMetrics
+	if m := mm.targets.Load(); m != nil {
+		old = *m
+	}
+	if sets, ok := old[target]; ok {
+		return sets
+	}
+	canonical := target
+	if cc != nil {
+		canonical = cc.CanonicalTarget()
+	}
+	t := attrTarget.String(canonical)
+	sets := &connMetrics{
+		static: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String(mm.method), t))},
+		other:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String("other"), t))},
+	}
+	next := make(map[string]*connMetrics, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[target] = sets
+	mm.targets.Store(&next)
 	return sets
 }
 
@@ -337,7 +334,7 @@ func (in *instruments) callEnded(ctx context.Context, mm *methodMetrics, cc *grp
 	if !in.on {
 		return
 	}
-	sets := in.connSets(mm, cc)
+	sets := mm.connSets(cc)
 	set := sets.other
 	for _, o := range opts {
 		if _, ok := o.(grpc.StaticMethodCallOption); ok {

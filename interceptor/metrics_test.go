@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -423,4 +425,20 @@ func TestMetricsTargetPerConnection(t *testing.T) {
 			"count:" + m + ",grpc.target=passthrough:///two": 1, "sum:" + m + ",grpc.target=passthrough:///two": 0,
 		})
 	})
+}
+
+// TestMetricsTargetIsCanonical pins gRFC A66's grpc.target: the canonical
+// target, with the resolver scheme grpc.NewClient adds.
+func TestMetricsTargetIsCanonical(t *testing.T) {
+	cc, err := grpc.NewClient("localhost:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	sets := newMethodMetrics(echoMethod).connSets(cc)
+	cfg := metric.NewRecordConfig(sets.static)
+	got := attrKey(cfg.Attributes())
+	if want := "grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=dns:///localhost:1"; got != want {
+		t.Errorf("A96 attributes of a call on %q = %s, want %s", cc.Target(), got, want)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
@@ -308,5 +309,34 @@ func TestServerMetricsOffAllocatesNothing(t *testing.T) {
 		if a != baseline {
 			t.Errorf("%s: replay %v allocs, want %v as without metrics", p.name, a, baseline)
 		}
+	}
+}
+
+// TestMetricsAlternatingConnectionsAllocateNothing: a method called on
+// connections in turn (a pool) finds its A96 attribute sets by target
+// without allocating.
+func TestMetricsAlternatingConnectionsAllocateNothing(t *testing.T) {
+	sdk := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	ic := newConfiguredClient(t, WithMeterProvider(sdk)).UnaryClientInterceptor()
+	var conns []*grpc.ClientConn
+	for _, target := range []string{"passthrough:///a", "passthrough:///b", "passthrough:///c"} {
+		cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		conns = append(conns, cc)
+	}
+	ctx := context.Background()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	for _, cc := range conns {
+		_ = ic(ctx, echoMethod, req, reply, cc, okInvoker)
+	}
+	i := 0
+	if a := testing.AllocsPerRun(300, func() {
+		_ = ic(ctx, echoMethod, req, reply, conns[i%len(conns)], okInvoker)
+		i++
+	}); a != 0 {
+		t.Errorf("calls alternating between connections: %v allocs, want 0", a)
 	}
 }
