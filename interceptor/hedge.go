@@ -88,6 +88,9 @@ func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, 
 	defer h.close() // cancels the copies still running, on every way out
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
 	err := h.run(req, out)
+	if !h.idleAt.IsZero() { // the call ended with no copy running
+		h.r.waited += time.Since(h.idleAt)
+	}
 	h.r.callEnded(cc, opts)
 	if h.r.attempts > 0 {
 		h.caller.finish(err)

@@ -57,7 +57,8 @@ var (
 // duplicates, conflicts, store errors (marked fail_open or fail_closed) and
 // the store's latency. The package documentation has the full table.
 // Attribute sets are built once per method. Without this option nothing is
-// recorded, at no cost.
+// recorded, at no cost; a Server without an idempotency store has nothing
+// to record yet.
 func WithServerMeterProvider(mp metric.MeterProvider) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if mp == nil {
