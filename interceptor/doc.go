@@ -261,7 +261,8 @@
 //
 // The grpc.client.call.* instruments are gRFC A96's, with its names, units
 // and attributes, recorded once per call that ran the retry or hedging loop
-// (a method with any policy). grpc.method and grpc.target are gRFC A66's:
+// (a method with any policy): retries and hedges only when not 0, as A96
+// says, retry_delay for every such call, as grpc-java does. grpc.method and grpc.target are gRFC A66's:
 // the full method without its leading slash, or "other" for a call without
 // grpc.StaticMethod (not made by a generated stub); the connection's
 // canonical target. grpc.client.call.transparent_retries is not recorded:
