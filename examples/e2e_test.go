@@ -35,9 +35,6 @@ func build(t *testing.T, pkgs ...string) map[string]string {
 	for _, pkg := range pkgs {
 		bin := filepath.Join(dir, filepath.Base(pkg))
 		args := []string{"build", "-o", bin}
-		if obsMerged {
-			args = append(args, "-tags", "resilience_obs")
-		}
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 		cmd := exec.CommandContext(ctx, goTool, append(args, pkg)...)
 		msg, err := cmd.CombinedOutput()
@@ -210,12 +207,8 @@ func TestServerAndClientProcesses(t *testing.T) {
 	cliMetrics := cli.addr(t, "metrics")
 
 	scrape(t, cliMetrics, "resilience_client_retries_total")
-	if obsMerged {
-		scrape(t, cliMetrics, "grpc_client_call_retries_count")
-		scrape(t, srvMetrics, "resilience_server_idempotency_executions_total")
-	} else {
-		t.Log("branch obs not merged: the A96 client series and the server's idempotency series are not checked")
-	}
+	scrape(t, cliMetrics, "grpc_client_call_retries_count")
+	scrape(t, srvMetrics, "resilience_server_idempotency_executions_total")
 	rest := cli.stop(t)
 	if len(rest) == 0 || !strings.HasPrefix(rest[len(rest)-1], "total calls=") {
 		t.Errorf("client's last lines = %q, want a total summary", rest)

@@ -161,7 +161,9 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		// (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
 	}
-	return u.run()
+	err := u.run()
+	u.r.callEnded(cc, u.s.opts)
+	return err
 }
 
 // unaryCall is one unary call under a retry policy (of one attempt when
@@ -271,7 +273,7 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (err error, ti
 	}
 	released = true
 	end := mp.g.release(u.ctx, adm, err, true)
-	r.c.metrics.attempt(u.ctx, &mp.mm, err)
+	r.c.metrics.attempt(u.ctx, mp.mm, err)
 	if mp.latency != nil {
 		if end.IsZero() {
 			end = since(now)
@@ -292,6 +294,7 @@ func (u *unaryCall) rejected(rerr, lastErr error) error {
 	if !ok {
 		return r.stopped(rerr, lastErr, stopOfContext(u.ctx.Err()))
 	}
+	r.onRejected(u.ctx, reason)
 	if mp.fallback != nil {
 		return mp.fallback(u.ctx, u.method, u.req, u.reply, rerr)
 	}

@@ -266,6 +266,73 @@
 // allocates nothing in the client interceptor, with every feature on, and
 // neither does a call an open breaker rejects.
 //
+// # Metrics
+//
+// WithMeterProvider (client) and WithServerMeterProvider (server) record
+// through the OpenTelemetry metric API, in the instrumentation scope
+// "github.com/grpc-resilience/resilience/interceptor". Without them nothing
+// is recorded, at no cost; with the no-op provider, or the SDK's, a call
+// allocates no more than without (attribute sets are built once per method,
+// and per target for grpc.target).
+//
+// The grpc.client.call.* instruments are gRFC A96's, with its names, units
+// and attributes, recorded once per call that ran the retry or hedging loop
+// (a method with any policy): retries and hedges only when not 0, as A96
+// says, retry_delay for every such call, as grpc-java does. grpc.method and grpc.target are gRFC A66's:
+// the full method without its leading slash, or "other" for a call without
+// grpc.StaticMethod (not made by a generated stub); the connection's
+// canonical target. grpc.client.call.transparent_retries is not recorded:
+// transparent retries happen inside grpc, below the interceptors, where
+// grpc's own OpenTelemetry plugin sees them. Everything else is this
+// library's, under the one prefix "resilience.", with grpc.method and
+// grpc.status (the code's name, as in A66).
+//
+//	name                                          kind            unit          attributes
+//	grpc.client.call.retries                      histogram       {retry}       grpc.method, grpc.target; 0 not recorded
+//	grpc.client.call.hedges                       histogram       {hedge}       grpc.method, grpc.target; 0 not recorded
+//	grpc.client.call.retry_delay                  histogram       s             grpc.method, grpc.target: time with no attempt running
+//	resilience.client.attempts                    counter         {attempt}     grpc.method, grpc.status
+//	resilience.client.retries                     counter         {retry}       grpc.method: retries and hedged copies sent
+//	resilience.client.stops                       counter         {call}        grpc.method, resilience.stop_reason
+//	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full)
+//	resilience.client.retry.denials               counter         {retry}       grpc.method, resilience.reason (budget, throttled)
+//	resilience.client.retry.deadline_skips        counter         {retry}       grpc.method: retries and hedges that would not fit the deadline
+//	resilience.client.breaker.transitions         counter         {transition}  grpc.method, resilience.breaker.from, resilience.breaker.to
+//	resilience.client.breaker.state               gauge           {state}       grpc.method: 0 closed, 1 open, 2 half-open, 3 forced open, 4 forced closed
+//	resilience.client.bulkhead.in_flight          gauge           {attempt}     grpc.method
+//	resilience.client.bulkhead.queued             gauge           {attempt}     grpc.method
+//	resilience.client.retry_budget.available      gauge           {retry}       (none)
+//	resilience.server.idempotency.executions      counter         {call}        grpc.method: handler runs under a claim
+//	resilience.server.idempotency.replays         counter         {call}        grpc.method, resilience.idempotency.source (store, flight)
+//	resilience.server.idempotency.waits           counter         {call}        grpc.method, resilience.idempotency.wait (flight, poll)
+//	resilience.server.idempotency.conflicts       counter         {call}        grpc.method, resilience.idempotency.conflict (mismatch, in_progress)
+//	resilience.server.idempotency.store_errors    counter         {error}       grpc.method, resilience.idempotency.op, resilience.idempotency.mode (fail_open, fail_closed)
+//	resilience.server.idempotency.store.duration  histogram       s             grpc.method, resilience.idempotency.op (claim, complete, release, renew)
+//
+// Bulkhead rejections are resilience.client.rejections with reason
+// bulkhead_full. Store errors exclude the store's answers that are not
+// failures (another owner, full, record too large) and calls whose context
+// ended. Before this table, the client's metrics carried rpc.method and
+// rpc.grpc.status_code, and breaker transitions were named
+// resilience.client.breaker.state_changes.
+//
+// # Tracing
+//
+// The client adds events to the span of the context a call is made with
+// (trace.SpanFromContext), and the server to the span of the handler's
+// context, only while that span records: without one, nothing is added and
+// nothing allocated. The events sit beside otelgrpc's or grpc's own
+// per-attempt client spans (a stats handler runs below the interceptors, so
+// its spans are children of the caller's, one per attempt).
+//
+//	event                          attributes
+//	resilience.retry               resilience.attempt (the attempt that failed), rpc.grpc.status_code,
+//	                               resilience.delay (seconds), resilience.pushback
+//	resilience.hedge               resilience.attempt (the copy's number, 2 for the first hedge), resilience.delay
+//	resilience.rejected            resilience.attempt (the attempt refused), resilience.reason (circuit_open, bulkhead_full)
+//	resilience.retry.stop          resilience.attempt (attempts run), rpc.grpc.status_code, resilience.reason (a stop reason)
+//	resilience.idempotency.replay  resilience.idempotency.source (store, flight), rpc.grpc.status_code (server)
+//
 // # Where things are
 //
 // The client side: client.go (NewClient, the unary call), options.go and
@@ -276,10 +343,12 @@
 // hedge.go (hedged unary calls), stream.go, stream_attempt.go and
 // stream_retry.go (retried streams: the caller's methods, one attempt and
 // its release, the transitions of the state machine), keys.go
-// (idempotency keys a client attaches), errors.go and metrics.go. The
-// server side: every file named server*.go (NewServer, deadline headroom,
-// the idempotency path and its in-flight group); the stores are in package
-// interceptor/idempotency.
+// (idempotency keys a client attaches), errors.go, metrics.go and trace.go
+// (metrics and span events). The server side: every file named server*.go
+// (NewServer, deadline headroom, the idempotency path and its in-flight
+// group, its metrics); the stores are in package interceptor/idempotency.
 //
-// See https://github.com/grpc/proposal/blob/master/A6-client-retries.md.
+// See https://github.com/grpc/proposal/blob/master/A6-client-retries.md,
+// https://github.com/grpc/proposal/blob/master/A66-otel-stats.md and
+// https://github.com/grpc/proposal/blob/master/A96-retry-otel-stats.md.
 package interceptor

@@ -149,6 +149,10 @@ func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, 
 	defer h.close() // cancels the copies still running, on every way out
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
 	err := h.run(req, out)
+	if !h.idleAt.IsZero() { // the call ended with no copy running
+		h.r.waited += time.Since(h.idleAt)
+	}
+	h.r.callEnded(cc, opts)
 	if h.r.attempts > 0 {
 		h.caller.finish(err)
 	}
@@ -183,6 +187,9 @@ type hedgeCall struct {
 	timerC <-chan time.Time
 	// last is the result of the latest copy that failed.
 	last hedgeResult
+	// idleAt is when the last running copy failed while the call went on;
+	// zero while a copy runs or none has failed.
+	idleAt time.Time
 }
 
 // newHedgeCall returns the state of a call of mp hedged with maxAttempts
@@ -191,7 +198,7 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
 	h.hp.delay = mp.hedgeDelay() // one delay for the whole call
-	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true}
+	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
 	h.ctx = h.r.outgoing(ctx)
 	h.copies, h.cancel = context.WithCancel(h.ctx)
 	h.results = make(chan hedgeResult, maxAttempts)
@@ -238,6 +245,9 @@ func (h *hedgeCall) run(req any, out proto.Message) error {
 // rejection when there is one.
 func (h *hedgeCall) refused(err error, req, reply any) error {
 	reason, rejected := isRejection(err)
+	if rejected {
+		h.r.onRejected(h.ctx, reason)
+	}
 	if rejected && h.r.mp.fallback != nil {
 		return h.r.mp.fallback(h.ctx, h.job.method, req, reply, err)
 	}
@@ -331,6 +341,9 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 // once, or after the server's pushback, or none when the server or A6
 // throttling says to stop.
 func (h *hedgeCall) onNonFatal(res *hedgeResult) {
+	if h.running == 0 {
+		h.idleAt = time.Now() // no copy runs: gRFC A96's retry delay starts
+	}
 	if th := h.st.storm.throttle; th != nil && !th.OnFailure() && h.stopped == StopNone {
 		h.stopped = StopThrottled
 	}
@@ -364,6 +377,8 @@ func (h *hedgeCall) another(delay time.Duration) {
 	if err := h.launch(tok); err != nil {
 		if h.stopped, _ = isRejection(err); h.stopped == StopNone {
 			h.stopped = stopOfContext(h.ctx.Err())
+		} else {
+			h.r.onRejected(h.ctx, h.stopped)
 		}
 		return
 	}
@@ -381,18 +396,18 @@ func (h *hedgeCall) next() (budget.Retry, bool) {
 		return budget.Retry{}, false
 	}
 	if th := h.st.storm.throttle; th != nil && !th.Allow() {
-		h.stopped = StopThrottled
+		h.stopped = h.r.skip(StopThrottled).stop
 		return budget.Retry{}, false
 	}
 	now := time.Now()
 	if dl, ok := h.ctx.Deadline(); ok && !deadline.Fit(dl, now, 0, h.r.estimate(), h.c.opts.headroom).OK() {
-		h.stopped = StopDeadline
+		h.stopped = h.r.skip(StopDeadline).stop
 		return budget.Retry{}, false
 	}
 	if b := h.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
-			h.stopped = StopBudget
+			h.stopped = h.r.skip(StopBudget).stop
 		}
 		return tok, ok
 	}
@@ -411,6 +426,10 @@ func (h *hedgeCall) launch(tok budget.Retry) error {
 		}
 		return err
 	}
+	if h.running == 0 && !h.idleAt.IsZero() {
+		h.r.waited += now.Sub(h.idleAt)
+		h.idleAt = time.Time{}
+	}
 	h.r.attempts++
 	h.running++
 	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, start: now, results: h.results}
@@ -420,7 +439,7 @@ func (h *hedgeCall) launch(tok budget.Retry) error {
 
 // onRetryHedge reports a copy sent delay after the one before.
 func (r *retrier) onRetryHedge(ctx context.Context, delay time.Duration) {
-	r.c.metrics.retry(ctx, &r.mp.mm)
+	r.onHedged(ctx, delay)
 	if f := r.c.opts.onRetry; f != nil {
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts - 1, Delay: delay, Hedge: true})
 	}
@@ -541,7 +560,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	aborted := res.panicked != nil || res.goexit
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
-		j.c.metrics.attempt(ctx, &j.mp.mm, res.err)
+		j.c.metrics.attempt(ctx, j.mp.mm, res.err)
 		if end.IsZero() && (j.mp.latency != nil || j.mp.hedgeWindow != nil) {
 			end = since(cp.start)
 		}

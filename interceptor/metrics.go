@@ -2,50 +2,108 @@ package interceptor
 
 import (
 	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 )
 
 // The client's metrics, recorded through the OpenTelemetry metric API when
-// WithMeterProvider is given (and not at all otherwise). Every instrument
-// carries rpc.method, the full method.
+// WithMeterProvider is given (and not at all otherwise). The table in
+// doc.go lists them with their units and attributes.
+//
+// The grpc.client.call.* instruments are gRFC A96's, with its names, units
+// and attributes (grpc.method and grpc.target as gRFC A66 defines them),
+// recorded once per call that went through the retry or hedging loop. The
+// others are this library's own, all under the prefix "resilience.".
 const (
-	// metricAttempts counts attempts by rpc.grpc.status_code.
+	// metricCallRetries is A96's: the retries of one call; not recorded
+	// for a call without retries.
+	metricCallRetries = "grpc.client.call.retries"
+	// metricCallHedges is A96's: the hedged copies of one call beyond the
+	// first; not recorded for a call without hedges.
+	metricCallHedges = "grpc.client.call.hedges"
+	// metricCallRetryDelay is A96's: the time of one call during which no
+	// attempt was running, in seconds.
+	metricCallRetryDelay = "grpc.client.call.retry_delay"
+
+	// metricAttempts counts attempts by grpc.status.
 	metricAttempts = "resilience.client.attempts"
-	// metricRetries counts retries scheduled (after their decision, before
-	// their wait).
+	// metricRetries counts retries and hedged copies sent.
 	metricRetries = "resilience.client.retries"
 	// metricStops counts calls that ended without success under a retry
 	// policy, by resilience.stop_reason: why retrying stopped (exhausted,
 	// non_retryable, deadline, pushback, cancelled, committed, throttled,
 	// budget, circuit_open, bulkhead_full, no_retry).
 	metricStops = "resilience.client.stops"
-	// metricStateChanges counts breaker state changes by
+	// metricRejections counts attempts refused locally, by
+	// resilience.reason: circuit_open or bulkhead_full.
+	metricRejections = "resilience.client.rejections"
+	// metricDenials counts retries and hedges not sent because the retry
+	// budget or A6 throttling denied them, by resilience.reason: budget or
+	// throttled.
+	metricDenials = "resilience.client.retry.denials"
+	// metricDeadlineSkips counts retries and hedges not sent because they
+	// would not fit in the call's deadline.
+	metricDeadlineSkips = "resilience.client.retry.deadline_skips"
+	// metricTransitions counts breaker state changes by
 	// resilience.breaker.from and resilience.breaker.to.
-	metricStateChanges = "resilience.client.breaker.state_changes"
+	metricTransitions = "resilience.client.breaker.transitions"
+	// metricBreakerState is the state of each breaker, as the number of
+	// its BreakerState (an observable gauge).
+	metricBreakerState = "resilience.client.breaker.state"
+	// metricInFlight and metricQueued are the occupancy of each bulkhead
+	// (observable gauges).
+	metricInFlight = "resilience.client.bulkhead.in_flight"
+	metricQueued   = "resilience.client.bulkhead.queued"
 	// metricBudget is the number of retries the retry budget would grant
-	// now (an observable gauge, without rpc.method).
+	// now (an observable gauge, without grpc.method).
 	metricBudget = "resilience.client.retry_budget.available"
 )
 
-// Attribute keys of the client's metrics.
+// meterName is the instrumentation scope of every instrument here.
+const meterName = "github.com/grpc-resilience/resilience/interceptor"
+
+// Attribute keys of the metrics. grpc.method, grpc.target and grpc.status
+// are gRFC A66's.
 var (
-	attrMethod     = attribute.Key("rpc.method")
-	attrStatusCode = attribute.Key("rpc.grpc.status_code")
+	attrMethod     = attribute.Key("grpc.method")
+	attrTarget     = attribute.Key("grpc.target")
+	attrStatus     = attribute.Key("grpc.status")
 	attrStopReason = attribute.Key("resilience.stop_reason")
+	attrReason     = attribute.Key("resilience.reason")
 	attrFrom       = attribute.Key("resilience.breaker.from")
 	attrTo         = attribute.Key("resilience.breaker.to")
 )
 
-// WithMeterProvider records the client's metrics with mp: attempts by
-// status code, retries, calls that stopped retrying by reason, breaker
-// state changes, and the retry budget's balance. The success path records
-// with attribute sets built once per method, so it allocates nothing.
+// a66LatencyBounds are gRFC A66's bucket boundaries for latencies, in
+// seconds, used by A96's retry_delay.
+var a66LatencyBounds = []float64{0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002,
+	0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08,
+	0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1, 2, 5, 10, 20, 50, 100}
+
+// countBounds are the bucket boundaries of the per-call counts (retries,
+// hedges): one bucket per count up to the default cap on attempts.
+var countBounds = []float64{1, 2, 3, 4, 5}
+
+// WithMeterProvider records the client's metrics with mp: gRFC A96's
+// grpc.client.call.retries, grpc.client.call.hedges and
+// grpc.client.call.retry_delay, and this library's own under
+// "resilience.client." (attempts by status, retries, stops by reason,
+// local rejections, budget and throttle denials, deadline skips, breaker
+// transitions and state, bulkhead occupancy, the retry budget's balance).
+// The package documentation has the full table.
+//
+// Attribute sets are built once per method (and per target, for
+// grpc.target), so recording allocates nothing on the success path.
+// Without this option nothing is recorded, at no cost.
 func WithMeterProvider(mp metric.MeterProvider) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if mp == nil {
@@ -59,37 +117,71 @@ func WithMeterProvider(mp metric.MeterProvider) ClientOption {
 // instruments are a client's metric instruments; the zero value records
 // nothing.
 type instruments struct {
-	on           bool
-	attempts     metric.Int64Counter
-	retries      metric.Int64Counter
-	stops        metric.Int64Counter
-	stateChanges metric.Int64Counter
+	on          bool
+	retriesHist metric.Int64Histogram
+	hedgesHist  metric.Int64Histogram
+	delayHist   metric.Float64Histogram
+	attempts    metric.Int64Counter
+	retries     metric.Int64Counter
+	stops       metric.Int64Counter
+	rejections  metric.Int64Counter
+	denials     metric.Int64Counter
+	skips       metric.Int64Counter
+	transitions metric.Int64Counter
 }
 
+// newInstruments builds the client's instruments on mp; nil mp gives the
+// zero instruments.
 func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
-	if mp == nil {
-		return instruments{}, nil
-	}
-	m := mp.Meter("github.com/grpc-resilience/resilience/interceptor")
 	var in instruments
+	if mp == nil {
+		return in, nil
+	}
+	m := mp.Meter(meterName)
 	var err error
-	if in.attempts, err = m.Int64Counter(metricAttempts, metric.WithUnit("{attempt}"),
-		metric.WithDescription("Attempts of client calls, by method and status code.")); err != nil {
-		return in, err
+	i64h := func(name, unit, desc string) metric.Int64Histogram {
+		var h metric.Int64Histogram
+		if err == nil {
+			h, err = m.Int64Histogram(name, metric.WithUnit(unit), metric.WithDescription(desc),
+				metric.WithExplicitBucketBoundaries(countBounds...))
+		}
+		return h
 	}
-	if in.retries, err = m.Int64Counter(metricRetries, metric.WithUnit("{retry}"),
-		metric.WithDescription("Retries scheduled by the client.")); err != nil {
-		return in, err
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		var ctr metric.Int64Counter
+		if err == nil {
+			ctr, err = m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		}
+		return ctr
 	}
-	if in.stops, err = m.Int64Counter(metricStops, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls that ended without success under a retry policy, by why retrying stopped.")); err != nil {
-		return in, err
+	in.retriesHist = i64h(metricCallRetries, "{retry}", "Number of retries during the client call. If there were no retries, 0 is not reported.")
+	in.hedgesHist = i64h(metricCallHedges, "{hedge}", "Number of hedges during the client call. If there were no hedges, 0 is not reported.")
+	if err == nil {
+		in.delayHist, err = m.Float64Histogram(metricCallRetryDelay, metric.WithUnit("s"),
+			metric.WithDescription("Total time of delay while there is no active attempt during the client call."),
+			metric.WithExplicitBucketBoundaries(a66LatencyBounds...))
 	}
-	if in.stateChanges, err = m.Int64Counter(metricStateChanges, metric.WithUnit("{change}"),
-		metric.WithDescription("Circuit breaker state changes.")); err != nil {
-		return in, err
+	in.attempts = counter(metricAttempts, "{attempt}", "Attempts of client calls, by method and status.")
+	in.retries = counter(metricRetries, "{retry}", "Retries and hedged copies sent by the client.")
+	in.stops = counter(metricStops, "{call}", "Calls that ended without success under a retry policy, by why retrying stopped.")
+	in.rejections = counter(metricRejections, "{attempt}", "Attempts refused locally by an open circuit breaker or a full bulkhead.")
+	in.denials = counter(metricDenials, "{retry}", "Retries and hedges the retry budget or A6 throttling denied.")
+	in.skips = counter(metricDeadlineSkips, "{retry}", "Retries and hedges not sent because they would not fit in the call's deadline.")
+	in.transitions = counter(metricTransitions, "{transition}", "Circuit breaker state changes.")
+	if err != nil {
+		return instruments{}, err
 	}
-	_, err = m.Float64ObservableGauge(metricBudget, metric.WithUnit("{retry}"),
+	if err := registerGauges(m, c); err != nil {
+		return instruments{}, err
+	}
+	in.on = true
+	return in, nil
+}
+
+// registerGauges registers the observable gauges of c: breaker state,
+// bulkhead occupancy and the retry budget's balance.
+func registerGauges(m metric.Meter, c *Client) error {
+	_, err := m.Float64ObservableGauge(metricBudget, metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries the client's retry budget would grant now."),
 		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
 			if b := c.state.Load().storm.budget; b != nil {
@@ -98,26 +190,166 @@ func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
 			return nil
 		}))
 	if err != nil {
-		return in, err
+		return err
 	}
-	in.on = true
-	return in, nil
+	state, err := m.Int64ObservableGauge(metricBreakerState, metric.WithUnit("{state}"),
+		metric.WithDescription("State of each method's circuit breaker: 0 closed, 1 open, 2 half-open, 3 forced open, 4 forced closed."))
+	if err != nil {
+		return err
+	}
+	inFlight, err := m.Int64ObservableGauge(metricInFlight, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts holding a slot of each method's bulkhead."))
+	if err != nil {
+		return err
+	}
+	queued, err := m.Int64ObservableGauge(metricQueued, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts waiting for a slot of each method's bulkhead."))
+	if err != nil {
+		return err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		now := time.Now()
+		for _, p := range *c.state.Load().methods.Load() {
+			attrs := metric.WithAttributeSet(p.mm.set)
+			if b := p.g.breaker; b != nil {
+				o.ObserveInt64(state, int64(b.Snapshot(now).State), attrs)
+			}
+			if bh := p.g.bulkhead; bh != nil {
+				s := bh.Snapshot()
+				o.ObserveInt64(inFlight, int64(s.InFlight), attrs)
+				o.ObserveInt64(queued, int64(s.Queued), attrs)
+			}
+		}
+		return nil
+	}, state, inFlight, queued)
+	return err
 }
 
-// methodMetrics are the attribute sets of one method, built once.
+// methodMetrics are the attribute sets of one method, built once when the
+// method's policy is resolved (and only when metrics are on).
 type methodMetrics struct {
-	method attribute.KeyValue
-	ok     []metric.AddOption // rpc.method and status code OK
-	plain  []metric.AddOption // rpc.method
+	method string        // grpc.method: the full method without its leading slash
+	set    attribute.Set // grpc.method
+	plain  []metric.AddOption
+	// byCode holds grpc.method with each grpc.status; byStop, with each
+	// resilience.stop_reason; byReason, with each resilience.reason.
+	byCode   [17][]metric.AddOption
+	byStop   [len(stopReasonTokens)][]metric.AddOption
+	byReason [len(stopReasonTokens)][]metric.AddOption
+	// targets maps connections' targets (as created) to the method's A96
+	// attribute sets.
+	// It is replaced, never modified, under mu: readers load it without a
+	// lock.
+	targets atomic.Pointer[map[string]*connMetrics]
+	mu      sync.Mutex
 }
 
-func newMethodMetrics(fullMethod string) methodMetrics {
-	m := attribute.String(string(attrMethod), fullMethod)
-	return methodMetrics{
-		method: m,
-		ok:     []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(m, attrStatusCode.Int(int(codes.OK))))},
-		plain:  []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(m))},
+func newMethodMetrics(fullMethod string) *methodMetrics {
+	mm := &methodMetrics{method: strings.TrimPrefix(fullMethod, "/")}
+	m := attrMethod.String(mm.method)
+	mm.set = attribute.NewSet(m)
+	mm.plain = []metric.AddOption{metric.WithAttributeSet(mm.set)}
+	for c := range mm.byCode {
+		mm.byCode[c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(m, attrStatus.String(codeName(codes.Code(c)))))}
 	}
+	for r, tok := range stopReasonTokens {
+		mm.byStop[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(m, attrStopReason.String(tok)))}
+		mm.byReason[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(m, attrReason.String(tok)))}
+	}
+	return mm
+}
+
+// codeName returns the name gRFC A66 gives a status code in grpc.status,
+// such as "UNAVAILABLE".
+func codeName(c codes.Code) string {
+	if int(c) < len(a66CodeNames) {
+		return a66CodeNames[c]
+	}
+	return c.String()
+}
+
+// a66CodeNames are the status codes' names as gRFC A66 writes them.
+var a66CodeNames = [17]string{
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+	"OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+}
+
+// connMetrics are the A96 attribute sets of one method on one target:
+// grpc.method and grpc.target, with grpc.method "other" for calls that are
+// not of a generated stub (gRFC A66: a client records the method only when
+// the call carries grpc.StaticMethod).
+type connMetrics struct {
+	static, other []metric.RecordOption
+}
+
+// connSets returns the A96 attribute sets of mm's method on cc, built once
+// per target. grpc.target is cc's canonical target (gRFC A66), "other" when
+// the interceptor is called without a connection. The sets are found by the
+// target as the connection was created with (ClientConn.Target, a field
+// read; CanonicalTarget formats a URL on each call), so the fast path is one
+// map read, with no allocation, however many connections call the method.
+func (mm *methodMetrics) connSets(cc *grpc.ClientConn) *connMetrics {
+	target := "other"
+	if cc != nil {
+		target = cc.Target()
+	}
+	if m := mm.targets.Load(); m != nil {
+		if sets, ok := (*m)[target]; ok {
+			return sets
+		}
+	}
+	mm.mu.Lock()
+	defer mm.mu.Unlock()
+	var old map[string]*connMetrics
+	if m := mm.targets.Load(); m != nil {
+		old = *m
+	}
+	if sets, ok := old[target]; ok {
+		return sets
+	}
+	canonical := target
+	if cc != nil {
+		canonical = cc.CanonicalTarget()
+	}
+	t := attrTarget.String(canonical)
+	sets := &connMetrics{
+		static: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String(mm.method), t))},
+		other:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String("other"), t))},
+	}
+	next := make(map[string]*connMetrics, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[target] = sets
+	mm.targets.Store(&next)
+	return sets
+}
+
+// callEnded records gRFC A96's per-call metrics of a call that ran
+// attempts attempts (hedged: as copies of a hedging policy) on cc with
+// opts, and spent delay with no attempt running.
+func (in *instruments) callEnded(ctx context.Context, mm *methodMetrics, cc *grpc.ClientConn, opts []grpc.CallOption,
+	attempts int, hedged bool, delay time.Duration) {
+	if !in.on {
+		return
+	}
+	sets := mm.connSets(cc)
+	set := sets.other
+	for _, o := range opts {
+		if _, ok := o.(grpc.StaticMethodCallOption); ok {
+			set = sets.static
+			break
+		}
+	}
+	if n := int64(attempts - 1); n > 0 {
+		if hedged {
+			in.hedgesHist.Record(ctx, n, set...)
+		} else {
+			in.retriesHist.Record(ctx, n, set...)
+		}
+	}
+	in.delayHist.Record(ctx, delay.Seconds(), set...)
 }
 
 // attempt records an attempt that ended with err.
@@ -125,29 +357,57 @@ func (in *instruments) attempt(ctx context.Context, mm *methodMetrics, err error
 	if !in.on {
 		return
 	}
-	if err == nil {
-		in.attempts.Add(ctx, 1, mm.ok...)
+	code := codes.OK
+	if err != nil {
+		code = rescodes.Classify(err)
+	}
+	if int(code) < len(mm.byCode) {
+		in.attempts.Add(ctx, 1, mm.byCode[code]...)
 		return
 	}
-	code := rescodes.Classify(err)
-	in.attempts.Add(ctx, 1, metric.WithAttributes(mm.method, attrStatusCode.Int(int(code))))
+	in.attempts.Add(ctx, 1, metric.WithAttributes(attrMethod.String(mm.method), attrStatus.String(codeName(code))))
 }
 
+// retry records a retry or hedged copy sent.
 func (in *instruments) retry(ctx context.Context, mm *methodMetrics) {
 	if in.on {
 		in.retries.Add(ctx, 1, mm.plain...)
 	}
 }
 
+// stop records a call under a retry policy that ended without success.
 func (in *instruments) stop(ctx context.Context, mm *methodMetrics, reason StopReason) {
-	if in.on {
-		in.stops.Add(ctx, 1, metric.WithAttributes(mm.method, attrStopReason.String(reason.token())))
+	if in.on && int(reason) < len(mm.byStop) {
+		in.stops.Add(ctx, 1, mm.byStop[reason]...)
 	}
 }
 
+// rejected records an attempt the breaker or bulkhead refused.
+func (in *instruments) rejected(ctx context.Context, mm *methodMetrics, reason StopReason) {
+	if in.on && int(reason) < len(mm.byReason) {
+		in.rejections.Add(ctx, 1, mm.byReason[reason]...)
+	}
+}
+
+// skipped records a retry or hedge not sent for reason: StopBudget and
+// StopThrottled are denials, StopDeadline a deadline skip; other reasons
+// are not recorded here.
+func (in *instruments) skipped(ctx context.Context, mm *methodMetrics, reason StopReason) {
+	if !in.on {
+		return
+	}
+	switch reason {
+	case StopBudget, StopThrottled:
+		in.denials.Add(ctx, 1, mm.byReason[reason]...)
+	case StopDeadline:
+		in.skips.Add(ctx, 1, mm.plain...)
+	}
+}
+
+// stateChange records a breaker's transition.
 func (in *instruments) stateChange(fullMethod string, from, to BreakerState) {
 	if in.on {
-		in.stateChanges.Add(context.Background(), 1, metric.WithAttributes(
-			attrMethod.String(fullMethod), attrFrom.String(from.String()), attrTo.String(to.String())))
+		in.transitions.Add(context.Background(), 1, metric.WithAttributes(
+			attrMethod.String(strings.TrimPrefix(fullMethod, "/")), attrFrom.String(from.String()), attrTo.String(to.String())))
 	}
 }

@@ -2,76 +2,289 @@ package interceptor
 
 import (
 	"context"
+	"io"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// counters collects every int64 sum point as "name{attr=value,...}" → value.
-func counters(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
+// collected is what a ManualReader collected, by instrument name.
+type collected map[string]metricdata.Metrics
+
+func collect(t *testing.T, r *sdkmetric.ManualReader) collected {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int64{}
+	out := collected{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				key := m.Name + "{"
-				for i, kv := range dp.Attributes.ToSlice() {
-					if i > 0 {
-						key += ","
-					}
-					key += string(kv.Key) + "=" + kv.Value.String()
-				}
-				out[key+"}"] += dp.Value
-			}
+			out[m.Name] = m
 		}
 	}
 	return out
 }
 
-func TestMetricsCountAttemptsRetriesStopsAndStateChanges(t *testing.T) {
+// attrKey writes a set as "k=v,k=v" in the set's (sorted) order.
+func attrKey(s attribute.Set) string {
+	var b strings.Builder
+	for i, kv := range s.ToSlice() {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(string(kv.Key) + "=" + kv.Value.Emit())
+	}
+	return b.String()
+}
+
+// points returns the values of a sum or gauge by attribute set, and its
+// unit; histograms give their count under "count:" and sum under "sum:"
+// keys.
+func (c collected) points(t *testing.T, name string) (unit string, pts map[string]float64) {
+	t.Helper()
+	m, ok := c[name]
+	if !ok {
+		t.Errorf("metric %s not recorded", name)
+		return "", nil
+	}
+	pts = map[string]float64{}
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, p := range d.DataPoints {
+			pts[attrKey(p.Attributes)] += float64(p.Value)
+		}
+	case metricdata.Gauge[int64]:
+		for _, p := range d.DataPoints {
+			pts[attrKey(p.Attributes)] = float64(p.Value)
+		}
+	case metricdata.Gauge[float64]:
+		for _, p := range d.DataPoints {
+			pts[attrKey(p.Attributes)] = p.Value
+		}
+	case metricdata.Histogram[int64]:
+		for _, p := range d.DataPoints {
+			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
+			pts["sum:"+attrKey(p.Attributes)] = float64(p.Sum)
+		}
+	case metricdata.Histogram[float64]:
+		for _, p := range d.DataPoints {
+			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
+			pts["sum:"+attrKey(p.Attributes)] = p.Sum
+		}
+	default:
+		t.Errorf("metric %s: unexpected data %T", name, m.Data)
+	}
+	return m.Unit, pts
+}
+
+// expect checks a metric's unit and points against want, exactly: no point
+// missing, none more.
+func (c collected) expect(t *testing.T, name, unit string, want map[string]float64) {
+	t.Helper()
+	gotUnit, got := c.points(t, name)
+	if got == nil {
+		return
+	}
+	if gotUnit != unit {
+		t.Errorf("%s: unit %q, want %q", name, gotUnit, unit)
+	}
+	keys := make([]string, 0, len(got)+len(want))
+	for k := range got {
+		keys = append(keys, k)
+	}
+	for k := range want {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		g, gok := got[k]
+		w, wok := want[k]
+		if gok != wok || g < w-1e-9 || g > w+1e-9 {
+			t.Errorf("%s{%s} = %v (recorded %v), want %v (expected %v)", name, k, g, gok, w, wok)
+		}
+	}
+}
+
+// zeroSource makes every jitter draw 0.
+type zeroSource struct{}
+
+func (zeroSource) Uint64() uint64 { return 0 }
+
+// TestMetricsAfterAScriptedSequence runs retried, plain, deadline-skipped,
+// hedged and rejected calls over real gRPC and reads every instrument
+// through the SDK's ManualReader: names, units, attributes and values.
+func TestMetricsAfterAScriptedSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 		srv := &testserver.Server{}
-		srv.SetScript(failFirst(4, codes.Unavailable))
-		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
-			Name:           []serviceconfig.Name{{Service: echoService}},
-			RetryPolicy:    fastPolicy(3),
-			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 10},
-		}))
-		_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{}) // 3 failed attempts: exhausted
-		_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{}) // 1 failed, 1 ok
-		got := counters(t, reader)
-		m := "rpc.method=" + echoMethod
-		want := map[string]int64{ // attributes in sorted order
-			"resilience.client.attempts{rpc.grpc.status_code=14," + m + "}":       4,
-			"resilience.client.attempts{rpc.grpc.status_code=0," + m + "}":        1,
-			"resilience.client.retries{" + m + "}":                                3,
-			"resilience.client.stops{resilience.stop_reason=exhausted," + m + "}": 1,
-		}
-		for k, v := range want {
-			if got[k] != v {
-				t.Errorf("%s = %d, want %d (all: %v)", k, got[k], v, got)
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			switch {
+			case a.Method == echoMethod && (a.N <= 2 || a.N == 5): // call 1 twice, call 3 once
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+			case a.Method == lookupMethod && a.N == 1: // the first copy stalls
+				return testserver.Outcome{Delay: time.Hour}
 			}
+			return testserver.Outcome{}
+		})
+		var mu sync.Mutex
+		var delays time.Duration
+		stub, c := newEcho(t, srv, WithMeterProvider(mp), WithRandSource(zeroSource{}),
+			WithOnRetry(func(_ context.Context, e RetryEvent) {
+				mu.Lock()
+				defer mu.Unlock()
+				if !e.Hedge {
+					delays += e.Delay
+				}
+			}),
+			WithMethodConfig(serviceconfig.MethodConfig{
+				Name:           []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+				RetryPolicy:    fastPolicy(3),
+				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 10},
+				Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 4},
+			}, serviceconfig.MethodConfig{
+				Name:          []serviceconfig.Name{{Service: echoService, Method: "Lookup"}},
+				HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 100 * time.Millisecond},
+			}))
+		ctx := t.Context()
+		if _, err := stub.Echo(ctx, &echov1.EchoRequest{}); err != nil { // 2 retries, then OK
+			t.Fatalf("call 1: %v", err)
+		}
+		if _, err := stub.Echo(ctx, &echov1.EchoRequest{}); err != nil { // at once
+			t.Fatalf("call 2: %v", err)
+		}
+		short, cancel := context.WithTimeout(ctx, 5*time.Millisecond) // a retry after 8ms does not fit
+		_, err := stub.Echo(short, &echov1.EchoRequest{})
+		cancel()
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("call 3: %v, want UNAVAILABLE", err)
+		}
+		if _, err := stub.Lookup(ctx, &echov1.LookupRequest{}); err != nil { // one hedge wins
+			t.Fatalf("call 4: %v", err)
+		}
+		if err := c.ForceOpen(echoMethod); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stub.Echo(ctx, &echov1.EchoRequest{}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("call 5: %v, want the open breaker's UNAVAILABLE", err)
+		}
+		synctest.Wait() // the losing copy of call 4 settles
+
+		got := collect(t, reader)
+		const (
+			echo   = "grpc.method=resilience.echo.v1.EchoService/Echo"
+			lookup = "grpc.method=resilience.echo.v1.EchoService/Lookup"
+			target = "grpc.target=passthrough:///bufnet"
+		)
+		if delays != 24*time.Millisecond { // 10ms and 20ms, each × 0.8 (A6 jitter at 0)
+			t.Fatalf("retry delays = %v, want 24ms", delays)
+		}
+		// gRFC A96: retries recorded only for the call that had some;
+		// hedges for the hedged call; the delay for every call.
+		got.expect(t, metricCallRetries, "{retry}", map[string]float64{
+			"count:" + echo + "," + target: 1, "sum:" + echo + "," + target: 2,
+		})
+		got.expect(t, metricCallHedges, "{hedge}", map[string]float64{
+			"count:" + lookup + "," + target: 1, "sum:" + lookup + "," + target: 1,
+		})
+		got.expect(t, metricCallRetryDelay, "s", map[string]float64{
+			"count:" + echo + "," + target: 4, "sum:" + echo + "," + target: delays.Seconds(),
+			"count:" + lookup + "," + target: 1, "sum:" + lookup + "," + target: 0,
+		})
+		got.expect(t, metricAttempts, "{attempt}", map[string]float64{
+			echo + ",grpc.status=UNAVAILABLE": 3, echo + ",grpc.status=OK": 2,
+			lookup + ",grpc.status=OK": 1, lookup + ",grpc.status=CANCELLED": 1,
+		})
+		got.expect(t, metricRetries, "{retry}", map[string]float64{echo: 2, lookup: 1})
+		got.expect(t, metricStops, "{call}", map[string]float64{
+			echo + ",resilience.stop_reason=deadline": 1, echo + ",resilience.stop_reason=circuit_open": 1,
+		})
+		got.expect(t, metricDeadlineSkips, "{retry}", map[string]float64{echo: 1})
+		got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=circuit_open": 1})
+		got.expect(t, metricTransitions, "{transition}", map[string]float64{
+			echo + ",resilience.breaker.from=closed,resilience.breaker.to=forced-open": 1,
+		})
+		got.expect(t, metricBreakerState, "{state}", map[string]float64{echo: float64(BreakerForcedOpen)})
+		got.expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 0})
+		got.expect(t, metricQueued, "{attempt}", map[string]float64{echo: 0})
+		if _, ok := got[metricDenials]; ok {
+			t.Errorf("%s recorded without a budget or throttle", metricDenials)
 		}
 	})
 }
 
+// TestMetricsCountThrottleDenials checks that a retry A6 throttling
+// withholds is counted as a denial, and the call as stopped by it.
+func TestMetricsCountThrottleDenials(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(1, codes.Unavailable))
+		cfg := &serviceconfig.Config{
+			MethodConfig: []serviceconfig.MethodConfig{{
+				Name: []serviceconfig.Name{{Service: echoService}}, RetryPolicy: fastPolicy(3),
+			}},
+			// Two tokens: the first failure leaves 1, not above half.
+			RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 2, TokenRatio: 0.1},
+		}
+		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithServiceConfig(cfg))
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Echo() = %v, want UNAVAILABLE, not retried", err)
+		}
+		got := collect(t, reader)
+		echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+		got.expect(t, metricDenials, "{retry}", map[string]float64{echo + ",resilience.reason=throttled": 1})
+		got.expect(t, metricStops, "{call}", map[string]float64{echo + ",resilience.stop_reason=throttled": 1})
+		if _, ok := got[metricCallRetries]; ok {
+			t.Errorf("%s recorded for a call without retries (gRFC A96: 0 is not reported)", metricCallRetries)
+		}
+	})
+}
+
+// TestMetricsMethodIsOtherWithoutStaticMethod pins gRFC A66's rule for
+// clients: a call without grpc.StaticMethod (not from a generated stub) is
+// recorded with grpc.method "other".
+func TestMetricsMethodIsOtherWithoutStaticMethod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(1, codes.Unavailable))
+		c := newTestClient(t, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(2)))
+		cc := testserver.Start(t, srv, c.DialOptions()...)
+		var reply echov1.EchoResponse
+		if err := cc.Invoke(t.Context(), echoMethod, &echov1.EchoRequest{}, &reply); err != nil {
+			t.Fatal(err)
+		}
+		got := collect(t, reader)
+		got.expect(t, metricCallRetries, "{retry}", map[string]float64{
+			"count:grpc.method=other,grpc.target=passthrough:///bufnet": 1,
+			"sum:grpc.method=other,grpc.target=passthrough:///bufnet":   1,
+		})
+	})
+}
+
+// TestMetricsStateChangesAndBudgetGauge checks the budget gauge of a fresh
+// client and a transition forced by hand.
 func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -82,24 +295,150 @@ func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 	if err := c.ForceOpen(echoMethod); err != nil {
 		t.Fatal(err)
 	}
-	got := counters(t, reader)
-	key := "resilience.client.breaker.state_changes{resilience.breaker.from=closed,resilience.breaker.to=forced-open,rpc.method=" + echoMethod + "}"
-	if got[key] != 1 {
-		t.Errorf("%s = %d, want 1 (all: %v)", key, got[key], got)
-	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if g, ok := m.Data.(metricdata.Gauge[float64]); ok && m.Name == metricBudget {
-				found = len(g.DataPoints) == 1 && g.DataPoints[0].Value == 100
+	got := collect(t, reader)
+	echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+	got.expect(t, metricTransitions, "{transition}", map[string]float64{
+		echo + ",resilience.breaker.from=closed,resilience.breaker.to=forced-open": 1,
+	})
+	got.expect(t, metricBudget, "{retry}", map[string]float64{"": 100}) // the default reserve
+}
+
+// TestMetricsRetriedStream checks gRFC A96's per-call metrics of a
+// server-streaming call retried twice before its first message: recorded
+// once, when the stream ends, with the retries and the delay between
+// attempts.
+func TestMetricsRetriedStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(2, codes.Unavailable))
+		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(4)))
+		stream, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Message: "m", Count: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := collect(t, reader)[metricCallRetries]; ok {
+			t.Errorf("%s recorded before the stream ended", metricCallRetries)
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if err != io.EOF {
+					t.Fatalf("Recv() = %v, want io.EOF at the end", err)
+				}
+				break
 			}
 		}
+		synctest.Wait()
+		const attrs = "grpc.method=resilience.echo.v1.EchoService/ServerStream,grpc.target=passthrough:///bufnet"
+		got := collect(t, reader)
+		got.expect(t, metricCallRetries, "{retry}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 2})
+		got.expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.024})
+	})
+}
+
+// TestMetricsHedgeRetryDelayIsTimeWithNoCopyRunning pins gRFC A96's
+// retry_delay for a hedged call: the first copy fails non-fatally with a
+// 50ms pushback, no copy runs until the second starts, which succeeds.
+func TestMetricsHedgeRetryDelayIsTimeWithNoCopyRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "busy"),
+					Trailer: metadata.Pairs("grpc-retry-pushback-ms", "50")}
+			}
+			return testserver.Outcome{}
+		})
+		stub, _ := newEcho(t, srv, WithMeterProvider(mp), hedging(3, time.Hour, codes.Unavailable))
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		const attrs = "grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=passthrough:///bufnet"
+		got := collect(t, reader)
+		got.expect(t, metricCallHedges, "{hedge}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 1})
+		got.expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.05})
+		if _, ok := got[metricCallRetries]; ok {
+			t.Errorf("%s recorded for a hedged call (A96 counts its copies as hedges)", metricCallRetries)
+		}
+	})
+}
+
+// TestMetricsBulkheadRejection counts a full bulkhead's rejection, and
+// reads its occupancy while a call holds the only slot.
+func TestMetricsBulkheadRejection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(stallFirst())
+		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
+			Name:     []serviceconfig.Name{{Service: echoService}},
+			Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 1},
+		}))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = stub.Echo(ctx, &echov1.EchoRequest{}) // holds the slot until cancelled
+		}()
+		synctest.Wait()
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("second call: %v, want RESOURCE_EXHAUSTED", err)
+		}
+		echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+		got := collect(t, reader)
+		got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=bulkhead_full": 1})
+		got.expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 1})
+		got.expect(t, metricQueued, "{attempt}", map[string]float64{echo: 0})
+		cancel()
+		<-done
+	})
+}
+
+// TestMetricsTargetPerConnection calls one method on two connections: each
+// call is recorded with its own connection's grpc.target.
+func TestMetricsTargetPerConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		srv := &testserver.Server{}
+		srv.SetScript(failFirst(2, codes.Unavailable))
+		c := newTestClient(t, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(2)))
+		dial, stop := testserver.Listen(func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, srv) })
+		defer stop()
+		for _, target := range []string{"passthrough:///one", "passthrough:///two", "passthrough:///one"} {
+			cc, err := grpc.NewClient(target, append(dial, c.DialOptions()...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{})
+			_ = cc.Close()
+		}
+		const m = "grpc.method=resilience.echo.v1.EchoService/Echo"
+		collect(t, reader).expect(t, metricCallRetryDelay, "s", map[string]float64{
+			// The first call fails twice, with one backoff of 10ms × 0.8.
+			"count:" + m + ",grpc.target=passthrough:///one": 2, "sum:" + m + ",grpc.target=passthrough:///one": 0.008,
+			"count:" + m + ",grpc.target=passthrough:///two": 1, "sum:" + m + ",grpc.target=passthrough:///two": 0,
+		})
+	})
+}
+
+// TestMetricsTargetIsCanonical pins gRFC A66's grpc.target: the canonical
+// target, with the resolver scheme grpc.NewClient adds.
+func TestMetricsTargetIsCanonical(t *testing.T) {
+	cc, err := grpc.NewClient("localhost:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !found {
-		t.Error("retry budget gauge missing or not 100 (the default reserve) on a fresh client")
+	defer cc.Close()
+	sets := newMethodMetrics(echoMethod).connSets(cc)
+	cfg := metric.NewRecordConfig(sets.static)
+	got := attrKey(cfg.Attributes())
+	if want := "grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=dns:///localhost:1"; got != want {
+		t.Errorf("A96 attributes of a call on %q = %s, want %s", cc.Target(), got, want)
 	}
 }

@@ -74,7 +74,7 @@ type methodPolicy struct {
 	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
 	fallback     Fallback           // answers local rejections of unary calls; nil: none
-	mm           methodMetrics      // attribute sets, when metrics are on
+	mm           *methodMetrics     // attribute sets; nil when metrics are off
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool

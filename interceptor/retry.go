@@ -38,10 +38,12 @@ type retrier struct {
 	attempts      int         // attempts started so far
 	sincePushback int         // retries since the last server pushback
 	prevDelay     time.Duration
-	pending       budget.Retry // the budget's token for the retry in flight
-	noRetry       StopReason   // StopNoRetry when retrying is off for this call
-	lastErr       error        // the last attempt's error (streams)
-	keyed         bool         // the call carries an idempotency key
+	pending       budget.Retry  // the budget's token for the retry in flight
+	noRetry       StopReason    // StopNoRetry when retrying is off for this call
+	lastErr       error         // the last attempt's error (streams)
+	keyed         bool          // the call carries an idempotency key
+	hedged        bool          // the call runs under a hedging policy (gRFC A96 counts hedges)
+	waited        time.Duration // time spent with no attempt running (gRFC A96's retry_delay)
 }
 
 // retryable reports whether an attempt that ended with code should be
@@ -97,7 +99,7 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 	case refuse:
 		return decision{stop: StopPushback}
 	case throttled:
-		return decision{stop: StopThrottled}
+		return r.skip(StopThrottled)
 	case r.attempts >= r.rp.maxAttempts:
 		return decision{stop: StopExhausted}
 	}
@@ -113,13 +115,13 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 	now := time.Now()
 	if dl, ok := ctx.Deadline(); ok {
 		if !deadline.Fit(dl, now, d.delay, r.estimate(), r.c.opts.headroom).OK() {
-			return decision{stop: StopDeadline}
+			return r.skip(StopDeadline)
 		}
 	}
 	if b := r.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
-			return decision{stop: StopBudget}
+			return r.skip(StopBudget)
 		}
 		r.pending = tok
 	}
@@ -262,14 +264,17 @@ func (r *retrier) wait(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
+	start := time.Now()
 	t := time.NewTimer(d)
+	var err error
 	select {
 	case <-t.C:
-		return nil
 	case <-ctx.Done():
 		t.Stop()
-		return ctx.Err()
+		err = ctx.Err()
 	}
+	r.waited += time.Since(start)
+	return err
 }
 
 // attemptContext returns the context of attempt n (1 for the first): the
@@ -296,7 +301,7 @@ func (r *retrier) stopped(err, lastErr error, reason StopReason) error {
 // reportStop tells the metrics and the OnStop hook that the call stopped
 // for reason with err.
 func (r *retrier) reportStop(reason StopReason, err error) {
-	r.c.metrics.stop(r.ctx, &r.mp.mm, reason)
+	r.onStopped(reason, err)
 	if f := r.c.opts.onStop; f != nil {
 		f(r.ctx, StopEvent{FullMethod: r.mp.fullMethod, Attempts: r.attempts, Reason: reason, Err: err})
 	}
@@ -323,7 +328,7 @@ func (r *retrier) cancelled(cerr, lastErr error) error {
 
 // onRetry calls the user's hook, if any.
 func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
-	r.c.metrics.retry(ctx, &r.mp.mm)
+	r.onRetried(ctx, err, d)
 	if f := r.c.opts.onRetry; f != nil {
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts, Err: err, Delay: d.delay, Pushback: d.pushback})
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/grpclog"
 )
@@ -31,7 +32,8 @@ type ServerOption interface{ apply(*serverOptions) }
 
 // serverOptions collects the options of NewServer before validation.
 type serverOptions struct {
-	logger          *slog.Logger // nil: grpclog
+	logger          *slog.Logger         // nil: grpclog
+	meterProvider   metric.MeterProvider // nil: no metrics
 	headroom, floor time.Duration
 	idem            srvIdemOptions
 	errs            []error // option errors found while applying, reported by NewServer
@@ -66,6 +68,11 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
 	if err != nil {
 		return nil, err
+	}
+	if idem != nil {
+		if idem.m, err = newSrvMetrics(o.meterProvider, o.idem.failOpen); err != nil {
+			return nil, fmt.Errorf("interceptor: server metrics: %w", err)
+		}
 	}
 	s.idem = idem
 	return s, nil

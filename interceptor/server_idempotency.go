@@ -421,6 +421,7 @@ type srvIdem struct {
 	flights      srvFlights
 	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
 	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
+	m            *srvMetrics // set by NewServer before the Server is used; never nil then
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -469,6 +470,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		detachMax:   o.detachMax,
 		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		log:         log,
+		m:           &srvMetrics{},
 		flights:     newSrvFlights(),
 		inProgress: srvOutcome{ok: true, pushback: true, err: &srvRejection{code: codes.Aborted,
 			msg:      "idempotency: a call with this idempotency-key is in progress; retry later",

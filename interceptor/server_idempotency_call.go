@@ -130,6 +130,7 @@ func (c *srvIdemCall) join() (any, error) {
 		if err != nil {
 			return nil, err
 		}
+		c.shared(out)
 		return c.s.replayShared(c.ctx, out)
 	}
 }
@@ -142,6 +143,7 @@ func (c *srvIdemCall) await(running *srvFlight, done <-chan struct{}) (*srvOutco
 	if c.s.noWait {
 		return &c.s.inProgress, nil
 	}
+	c.s.m.wait(c.ctx, c.info.FullMethod, srvWaitFlight)
 	select {
 	case <-done:
 	case <-c.ctx.Done():
@@ -159,24 +161,30 @@ func (c *srvIdemCall) await(running *srvFlight, done <-chan struct{}) (*srvOutco
 func (c *srvIdemCall) claim() (any, error) {
 	defer c.s.flights.finish(c.f) // after c.f.out is written, or with it unset: waiters compete again
 	for {
+		start := c.s.m.start()
 		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.lease)
+		c.s.m.storeDone(c.ctx, c.info.FullMethod, srvOpClaim, start, err)
 		if err != nil {
 			return c.claimFailed(err)
 		}
 		switch cl.State {
 		case idempotency.Completed:
 			c.f.out = srvOutcome{ok: true, rec: cl.Record}
+			c.s.m.replay(c.ctx, c.info.FullMethod, srvFromStore, cl.Record)
 			return c.s.replay(c.ctx, cl.Record)
 		case idempotency.Mismatch:
 			c.f.out = srvOutcome{ok: true, err: &srvRejection{code: codes.FailedPrecondition,
 				msg:      "idempotency: idempotency-key was already used with a different request to " + c.info.FullMethod,
 				sentinel: ErrIdempotencyKeyReused}}
+			c.s.m.conflict(c.ctx, c.info.FullMethod, srvMismatch)
 			return nil, c.f.out.err
 		case idempotency.InProgress:
 			if c.s.noWait {
 				c.f.out = c.s.inProgress
+				c.s.m.conflict(c.ctx, c.info.FullMethod, srvInProgress)
 				return c.s.replayShared(c.ctx, &c.f.out)
 			}
+			c.s.m.wait(c.ctx, c.info.FullMethod, srvWaitPoll)
 			if err := c.poll(cl.RetryAfter); err != nil {
 				return nil, err
 			}
@@ -253,6 +261,7 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 	c.renewal.mu.Unlock()
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
+	c.s.m.execution(c.ctx, c.info.FullMethod)
 	resp, err = c.handler(grpc.NewContextWithServerTransportStream(hctx, c.own), c.req)
 	panicked = false
 	return resp, err
@@ -284,7 +293,9 @@ func (r *srvRenewal) renew() {
 	if r.stopped {
 		return
 	}
+	start := r.s.m.start()
 	err := r.s.store.Renew(r.sctx, r.rk, r.token, r.lease)
+	r.s.m.storeDone(r.sctx, r.method, srvOpRenew, start, err)
 	switch {
 	case err == nil:
 	case errors.Is(err, idempotency.ErrNotOwner):
@@ -337,7 +348,10 @@ func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
 	if !panicked && c.complete(resp, herr) {
 		return
 	}
-	if err := c.s.store.Release(c.sctx, c.f.key.rk, c.token); err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
+	start := c.s.m.start()
+	err := c.s.store.Release(c.sctx, c.f.key.rk, c.token)
+	c.s.m.storeDone(c.sctx, c.info.FullMethod, srvOpRelease, start, err)
+	if err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
 		c.s.log.warn("idempotency: releasing the claim failed; it ends with its lease", "method", c.info.FullMethod, "error", err)
 	}
 }
@@ -360,7 +374,9 @@ func (c *srvIdemCall) complete(resp any, herr error) bool {
 	// this outcome whatever the store does with it, rather than run the
 	// handler again (finding 4 of issue 14).
 	c.f.out = srvOutcome{ok: true, rec: rec}
+	start := c.s.m.start()
 	err := c.s.store.Complete(c.sctx, c.f.key.rk, c.token, rec, c.s.ttl)
+	c.s.m.storeDone(c.sctx, c.info.FullMethod, srvOpComplete, start, err)
 	switch {
 	case err == nil:
 		return true
@@ -375,4 +391,18 @@ func (c *srvIdemCall) complete(resp any, herr error) bool {
 		c.s.log.warn("idempotency: outcome not stored: store failed", "method", method, "error", err)
 	}
 	return false
+}
+
+// shared records how a flight's outcome reaches a call that awaited it: a
+// replay, or a conflict (the key reused with another request, or in
+// progress with waiting off).
+func (c *srvIdemCall) shared(out *srvOutcome) {
+	switch {
+	case out.rec != nil:
+		c.s.m.replay(c.ctx, c.info.FullMethod, srvFromFlight, out.rec)
+	case out.pushback:
+		c.s.m.conflict(c.ctx, c.info.FullMethod, srvInProgress)
+	case out.err != nil:
+		c.s.m.conflict(c.ctx, c.info.FullMethod, srvMismatch)
+	}
 }

@@ -68,6 +68,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 	if rerr != nil {
 		s.r.settle(false)
 		if reason, ok := isRejection(rerr); ok {
+			s.r.onRejected(s.ctx, reason)
 			return nil, errStop{s.r.rejected(rerr.(*RejectedError), s.r.lastErr, reason)}
 		}
 		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, stopOfContext(s.ctx.Err()))}
@@ -151,7 +152,7 @@ func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
 	} else {
 		s.mp.g.release(s.ctx, a.adm, err, false)
 	}
-	s.c.metrics.attempt(s.ctx, &s.mp.mm, err)
+	s.c.metrics.attempt(s.ctx, s.mp.mm, err)
 }
 
 // attemptEnded runs when a's grpc stream context ends: grpc has finished

@@ -29,11 +29,13 @@ func (s *retryStream) stopDriving() {
 	s.mu.Unlock()
 	switch {
 	case !done:
+		return
 	case final == io.EOF:
 		s.r.succeeded()
 	default:
 		s.r.settle(false)
 	}
+	s.r.callEnded(s.cc, s.opts)
 }
 
 // errStop wraps an error that ends the stream at once, without the retry
@@ -379,6 +381,7 @@ func (s *retryStream) finish(err, outcome error) error {
 		} else {
 			s.r.settle(false)
 		}
+		s.r.callEnded(s.cc, s.opts)
 	}
 	s.cancelCall()
 	return final

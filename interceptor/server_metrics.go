@@ -1,0 +1,274 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+)
+
+// The server's metrics, recorded through the OpenTelemetry metric API when
+// WithServerMeterProvider is given. Every instrument carries grpc.method
+// (gRFC A66: the full method without its leading slash).
+const (
+	// metricSrvExecutions counts handler runs under an idempotency claim.
+	metricSrvExecutions = "resilience.server.idempotency.executions"
+	// metricSrvReplays counts stored outcomes replayed, by
+	// resilience.idempotency.source: store (a duplicate after completion)
+	// or flight (a duplicate that waited for a running call of this
+	// process).
+	metricSrvReplays = "resilience.server.idempotency.replays"
+	// metricSrvWaits counts duplicates that waited for a running call, by
+	// resilience.idempotency.wait: flight (coalesced in this process) or
+	// poll (the owner is another process).
+	metricSrvWaits = "resilience.server.idempotency.waits"
+	// metricSrvConflicts counts keyed calls refused, by
+	// resilience.idempotency.conflict: mismatch (the key was used with
+	// another request: FAILED_PRECONDITION) or in_progress (ABORTED with
+	// pushback, when waiting is off).
+	metricSrvConflicts = "resilience.server.idempotency.conflicts"
+	// metricSrvStoreErrors counts failed store operations, by
+	// resilience.idempotency.op and resilience.idempotency.mode (fail_open
+	// or fail_closed: what a failed claim does).
+	metricSrvStoreErrors = "resilience.server.idempotency.store_errors"
+	// metricSrvStoreDuration is the latency of store operations, in
+	// seconds, by resilience.idempotency.op.
+	metricSrvStoreDuration = "resilience.server.idempotency.store.duration"
+)
+
+var (
+	attrIdemSource   = attribute.Key("resilience.idempotency.source")
+	attrIdemWait     = attribute.Key("resilience.idempotency.wait")
+	attrIdemConflict = attribute.Key("resilience.idempotency.conflict")
+	attrIdemOp       = attribute.Key("resilience.idempotency.op")
+	attrIdemMode     = attribute.Key("resilience.idempotency.mode")
+)
+
+// WithServerMeterProvider records the Server's metrics with mp: under
+// "resilience.server.idempotency.", handler executions, replays, waits of
+// duplicates, conflicts, store errors (marked fail_open or fail_closed) and
+// the store's latency. The package documentation has the full table.
+// Attribute sets are built once per method. Without this option nothing is
+// recorded, at no cost; a Server without an idempotency store has nothing
+// to record yet.
+func WithServerMeterProvider(mp metric.MeterProvider) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if mp == nil {
+			o.errs = append(o.errs, errors.New("interceptor: WithServerMeterProvider: nil provider"))
+			return
+		}
+		o.meterProvider = mp
+	})
+}
+
+// Store operations, as resilience.idempotency.op names them.
+type srvStoreOp uint8
+
+const (
+	srvOpClaim srvStoreOp = iota
+	srvOpComplete
+	srvOpRelease
+	srvOpRenew
+	srvOps
+)
+
+var srvOpNames = [srvOps]string{"claim", "complete", "release", "renew"}
+
+// The labels of replays (source), waits and conflicts, as indexes of
+// srvMethodSets' arrays.
+const (
+	srvFromStore  = 0 // a replay of a record the store returned
+	srvFromFlight = 1 // a replay of a running flight's outcome
+	srvWaitFlight = 0 // a wait for a flight of this process
+	srvWaitPoll   = 1 // a wait, polling the store, for another process
+	srvMismatch   = 0 // the key was used with another request
+	srvInProgress = 1 // the key is in progress and waiting is off
+)
+
+// srvMetrics are a Server's instruments; the zero value records nothing.
+type srvMetrics struct {
+	on          bool
+	failOpen    bool
+	executions  metric.Int64Counter
+	replays     metric.Int64Counter
+	waits       metric.Int64Counter
+	conflicts   metric.Int64Counter
+	storeErrors metric.Int64Counter
+	storeDur    metric.Float64Histogram
+
+	// methods maps full methods to their attribute sets. It is replaced,
+	// never modified, under mu: readers load it without a lock.
+	methods atomic.Pointer[map[string]*srvMethodSets]
+	mu      sync.Mutex
+}
+
+// srvMethodSets are the attribute sets of one method, built once.
+type srvMethodSets struct {
+	plain     []metric.AddOption
+	replays   [2][]metric.AddOption // by srvFromStore, srvFromFlight
+	waits     [2][]metric.AddOption // by srvWaitFlight, srvWaitPoll
+	conflicts [2][]metric.AddOption // by srvMismatch, srvInProgress
+	errors    [srvOps][]metric.AddOption
+	durations [srvOps][]metric.RecordOption
+}
+
+func newSrvMetrics(mp metric.MeterProvider, failOpen bool) (*srvMetrics, error) {
+	m := &srvMetrics{failOpen: failOpen}
+	if mp == nil {
+		return m, nil
+	}
+	meter := mp.Meter(meterName)
+	var err error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		var c metric.Int64Counter
+		if err == nil {
+			c, err = meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		}
+		return c
+	}
+	m.executions = counter(metricSrvExecutions, "{call}", "Handler runs under an idempotency claim.")
+	m.replays = counter(metricSrvReplays, "{call}", "Stored outcomes replayed to duplicates.")
+	m.waits = counter(metricSrvWaits, "{call}", "Duplicates that waited for a running call with the same key.")
+	m.conflicts = counter(metricSrvConflicts, "{call}", "Keyed calls refused: key reused with another request, or in progress.")
+	m.storeErrors = counter(metricSrvStoreErrors, "{error}", "Failed idempotency store operations.")
+	if err == nil {
+		m.storeDur, err = meter.Float64Histogram(metricSrvStoreDuration, metric.WithUnit("s"),
+			metric.WithDescription("Latency of idempotency store operations."),
+			metric.WithExplicitBucketBoundaries(a66LatencyBounds...))
+	}
+	if err != nil {
+		return nil, err
+	}
+	empty := map[string]*srvMethodSets{}
+	m.methods.Store(&empty)
+	m.on = true
+	return m, nil
+}
+
+// sets returns the attribute sets of fullMethod, building them on its first
+// call. The fast path is one map read.
+func (m *srvMetrics) sets(fullMethod string) *srvMethodSets {
+	if s, ok := (*m.methods.Load())[fullMethod]; ok {
+		return s
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := *m.methods.Load()
+	if s, ok := old[fullMethod]; ok {
+		return s
+	}
+	s := m.newSets(fullMethod)
+	next := make(map[string]*srvMethodSets, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[fullMethod] = s
+	m.methods.Store(&next)
+	return s
+}
+
+func (m *srvMetrics) newSets(fullMethod string) *srvMethodSets {
+	meth := attrMethod.String(strings.TrimPrefix(fullMethod, "/"))
+	add := func(kvs ...attribute.KeyValue) []metric.AddOption {
+		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(kvs, meth)...))}
+	}
+	mode := "fail_closed"
+	if m.failOpen {
+		mode = "fail_open"
+	}
+	s := &srvMethodSets{plain: add()}
+	s.replays = [2][]metric.AddOption{add(attrIdemSource.String("store")), add(attrIdemSource.String("flight"))}
+	s.waits = [2][]metric.AddOption{add(attrIdemWait.String("flight")), add(attrIdemWait.String("poll"))}
+	s.conflicts = [2][]metric.AddOption{add(attrIdemConflict.String("mismatch")), add(attrIdemConflict.String("in_progress"))}
+	for op, name := range srvOpNames {
+		s.errors[op] = add(attrIdemOp.String(name), attrIdemMode.String(mode))
+		s.durations[op] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(meth, attrIdemOp.String(name)))}
+	}
+	return s
+}
+
+// execution records a handler run under a claim.
+func (m *srvMetrics) execution(ctx context.Context, fullMethod string) {
+	if m.on {
+		m.executions.Add(ctx, 1, m.sets(fullMethod).plain...)
+	}
+}
+
+// replay records an outcome replayed from source (srvFromStore or
+// srvFromFlight), with its event on the server's span.
+func (m *srvMetrics) replay(ctx context.Context, fullMethod string, source int, rec *idempotency.Record) {
+	if m.on {
+		m.replays.Add(ctx, 1, m.sets(fullMethod).replays[source]...)
+	}
+	traceReplay(ctx, source, rec)
+}
+
+// wait records a duplicate waiting for a running call (srvWaitFlight or
+// srvWaitPoll).
+func (m *srvMetrics) wait(ctx context.Context, fullMethod string, kind int) {
+	if m.on {
+		m.waits.Add(ctx, 1, m.sets(fullMethod).waits[kind]...)
+	}
+}
+
+// conflict records a keyed call refused (srvMismatch or srvInProgress).
+func (m *srvMetrics) conflict(ctx context.Context, fullMethod string, kind int) {
+	if m.on {
+		m.conflicts.Add(ctx, 1, m.sets(fullMethod).conflicts[kind]...)
+	}
+}
+
+// start returns the time a store operation starts, for storeDone; the zero
+// time when metrics are off.
+func (m *srvMetrics) start() time.Time {
+	if !m.on {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// storeDone records a store operation op that started at start and ended
+// with err. The store's answers that are not failures (the key is owned by
+// another call, the store is full, the record too large) and errors of a
+// context that has ended are not counted as errors.
+func (m *srvMetrics) storeDone(ctx context.Context, fullMethod string, op srvStoreOp, start time.Time, err error) {
+	if !m.on {
+		return
+	}
+	s := m.sets(fullMethod)
+	m.storeDur.Record(ctx, time.Since(start).Seconds(), s.durations[op]...)
+	if err == nil || ctx.Err() != nil || errors.Is(err, idempotency.ErrNotOwner) ||
+		errors.Is(err, idempotency.ErrRecordTooLarge) {
+		return
+	}
+	if _, full := errors.AsType[*idempotency.FullError](err); full {
+		return
+	}
+	m.storeErrors.Add(ctx, 1, s.errors[op]...)
+}
+
+// traceReplay adds the replay event to the server's span in ctx, when it
+// records.
+func traceReplay(ctx context.Context, source int, rec *idempotency.Record) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	src := "store"
+	if source == srvFromFlight {
+		src = "flight"
+	}
+	attrs := []attribute.KeyValue{attrIdemSource.String(src)}
+	if rec != nil {
+		attrs = append(attrs, attrCode.Int(int(rec.Code)))
+	}
+	span.AddEvent(eventReplay, trace.WithAttributes(attrs...))
+}
