@@ -74,38 +74,59 @@ var ErrEvictingPolicy = errors.New("redisstore: Redis may evict keys (maxmemory-
 // checked and goes on. Any other error (Redis unreachable) is returned.
 // Warnings go to the logger of WithLogger, by default slog.Default().
 //
-// With a cluster client the policy of the node that answers is read;
-// configure every node alike.
+// With a *redis.ClusterClient it reads the policy of every primary
+// (ForEachMaster), and the warnings and errors name the node; one evicting
+// primary is enough to refuse, since the records of its slots are at risk.
 func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	s, err := New(client, opts...)
 	if err != nil {
 		return nil, err
 	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return s.checkPolicy(ctx, node, node.Options().Addr)
+		})
+	} else {
+		err = s.checkPolicy(ctx, client, "")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkPolicy is Open's check of one server, named node in messages when
+// node is not empty (a cluster's primary). It is safe for concurrent use.
+func (s *Store) checkPolicy(ctx context.Context, client redis.UniversalClient, node string) error {
 	o := s.opts
+	where, attrs := "", []any{}
+	if node != "" {
+		where, attrs = " on node "+node, []any{"node", node}
+	}
 	res, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
 		if isCommandRefused(err) {
 			o.logger.Warn("redisstore: cannot read maxmemory-policy (CONFIG is disabled); make sure it is noeviction, "+
-				"or Redis may drop live claims and records under memory pressure", "error", err)
-			return s, nil
+				"or Redis may drop live claims and records under memory pressure", append(attrs, "error", err)...)
+			return nil
 		}
-		return nil, fmt.Errorf("redisstore: reading maxmemory-policy: %w", err)
+		return fmt.Errorf("redisstore: reading maxmemory-policy%s: %w", where, err)
 	}
 	policy, ok := res["maxmemory-policy"]
 	if !ok {
-		o.logger.Warn("redisstore: the server did not report maxmemory-policy; make sure it is noeviction")
-		return s, nil
+		o.logger.Warn("redisstore: the server did not report maxmemory-policy; make sure it is noeviction", attrs...)
+		return nil
 	}
 	if policy == "noeviction" {
-		return s, nil
+		return nil
 	}
 	if o.refuseEvicting {
-		return nil, fmt.Errorf("%w: it is %s", ErrEvictingPolicy, policy)
+		return fmt.Errorf("%w: it is %s%s", ErrEvictingPolicy, policy, where)
 	}
 	o.logger.Warn("redisstore: maxmemory-policy is not noeviction: under memory pressure Redis may evict live claims "+
 		"and records, and a duplicate may then run its call again, concurrently; set maxmemory-policy noeviction",
-		"maxmemory-policy", policy)
-	return s, nil
+		append(attrs, "maxmemory-policy", policy)...)
+	return nil
 }
 
 // isCommandRefused reports whether err says the server refuses the command
