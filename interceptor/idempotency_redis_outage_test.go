@@ -318,3 +318,134 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 		}
 	}
 }
+
+// idemReplica starts a primary and a replica of it, and waits, polling
+// INFO replication, until the replica's link is up and it has caught up.
+func idemReplica(t *testing.T) (primary, replica *redistest.Server) {
+	t.Helper()
+	primary = redistest.StartWith(t, "--dir", t.TempDir(), "--repl-diskless-sync-delay", "0")
+	replica = redistest.StartWith(t, "--dir", t.TempDir())
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	ctx := context.Background()
+	if err := redistest.Client(t, replica.Addr).ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	idemWaitInfo(t, replica.Addr, "master_link_status:up")
+	return primary, replica
+}
+
+// idemWaitInfo polls the INFO replication of the server at addr until it
+// contains want, and fails t after 10 s.
+func idemWaitInfo(t *testing.T, addr, want string) {
+	t.Helper()
+	c := redistest.Client(t, addr)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := c.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("INFO replication of %s: %v %q, want %q", addr, err, info, want)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+}
+
+// TestIdempotencyRedisFailoverLosesUnreplicatedWrites shows what a Redis
+// failover can and cannot guarantee. Replication is asynchronous: a claim
+// or a record the primary acknowledged and the replica never received is
+// lost when the replica is promoted (REPLICAOF NO ONE), and a duplicate
+// sent to the promoted replica runs the handler again: concurrently with
+// the first execution when the claim was lost, after it when the record
+// was. The test cuts the replica's link before the write (it replicates
+// from a closed port: a partition), kills the primary (SIGKILL), promotes
+// the replica and points a second server's store at it. When the write
+// has reached the replica (WAIT 1 confirmed it) the record survives the
+// failover and the duplicate replays it.
+func TestIdempotencyRedisFailoverLosesUnreplicatedWrites(t *testing.T) {
+	tests := []struct {
+		name       string
+		inProgress bool // the first execution still runs at the failover
+		replicated bool // WAIT 1 confirmed the write before the failover
+		wantRuns   int64
+	}{
+		{"claim not replicated: a second execution runs concurrently", true, false, 2},
+		{"record not replicated: the completed call runs again", false, false, 2},
+		{"record replicated (WAIT 1): the duplicate replays it", false, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			primary, replica := idemReplica(t)
+			ctx := idemCtx(t)
+			admin := redistest.Client(t, primary.Addr)
+			if !tt.replicated { // the partition: the replica loses its link before the write
+				host, port, _ := strings.Cut(redistest.ClosedAddr(t), ":")
+				if err := redistest.Client(t, replica.Addr).ReplicaOf(ctx, host, port).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var running, runs atomic.Int64
+			entered, release := make(chan struct{}), make(chan struct{})
+			e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+				runs.Add(1)
+				if running.Add(1) == 1 && tt.inProgress {
+					close(entered)
+					<-release
+				}
+				running.Add(-1)
+				return &echov1.EchoResponse{Message: req.Message}, nil
+			}}
+			log := new(idemLog)
+			server := func(addr string) *grpc.ClientConn {
+				s, err := redisstore.New(idemRedisClient(t, addr), redisstore.WithKeyPrefix("failover:"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return idemStart(t, e, WithIdempotencyStore(s), WithServerLogger(log.logger()))
+			}
+			ccA := server(primary.Addr)
+			first := make(chan idemCall, 1)
+			go func() { first <- idemDo(ctx, ccA, "k", "m") }()
+			if tt.inProgress {
+				<-entered // the claim is on the primary, and only there
+			} else {
+				if r := <-first; r.err != nil {
+					t.Fatal(r.err)
+				}
+			}
+			if tt.replicated {
+				n, err := admin.Wait(ctx, 1, 5*time.Second).Result()
+				if err != nil || n != 1 {
+					t.Fatalf("WAIT 1 = %d, %v; want 1 replica", n, err)
+				}
+			}
+			primary.Stop() // SIGKILL
+			if err := redistest.Client(t, replica.Addr).ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+				t.Fatal(err)
+			}
+			idemWaitInfo(t, replica.Addr, "role:master")
+			ccB := server(replica.Addr)
+			if r := idemDo(ctx, ccB, "k", "m"); r.err != nil {
+				t.Fatalf("duplicate on the promoted replica: %v", r.err)
+			}
+			concurrent := running.Load() // 1 while the first execution still runs
+			if tt.inProgress {
+				close(release)
+				if r := <-first; r.err != nil {
+					t.Fatalf("first call: %v", r.err)
+				}
+				if concurrent != 1 {
+					t.Errorf("the second execution ran while %d others ran, want 1 (the first, concurrently)", concurrent)
+				}
+				if !strings.Contains(log.String(), "outcome not stored: store failed") {
+					t.Errorf("log = %q, want the first call's outcome not stored (its primary is gone)", log.String())
+				}
+			}
+			if got := runs.Load(); got != tt.wantRuns {
+				t.Errorf("handler ran %d times, want %d", got, tt.wantRuns)
+			}
+			t.Logf("handler executions for one key across the failover: %d", runs.Load())
+		})
+	}
+}
