@@ -319,39 +319,6 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 	}
 }
 
-// idemReplica starts a primary and a replica of it, and waits, polling
-// INFO replication, until the replica's link is up and it has caught up.
-func idemReplica(t *testing.T) (primary, replica *redistest.Server) {
-	t.Helper()
-	primary = redistest.StartWith(t, "--dir", t.TempDir(), "--repl-diskless-sync-delay", "0")
-	replica = redistest.StartWith(t, "--dir", t.TempDir())
-	host, port, _ := strings.Cut(primary.Addr, ":")
-	ctx := context.Background()
-	if err := redistest.Client(t, replica.Addr).ReplicaOf(ctx, host, port).Err(); err != nil {
-		t.Fatal(err)
-	}
-	idemWaitInfo(t, replica.Addr, "master_link_status:up")
-	return primary, replica
-}
-
-// idemWaitInfo polls the INFO replication of the server at addr until it
-// contains want, and fails t after 10 s.
-func idemWaitInfo(t *testing.T, addr, want string) {
-	t.Helper()
-	c := redistest.Client(t, addr)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := c.Info(context.Background(), "replication").Result()
-		if err == nil && strings.Contains(info, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("INFO replication of %s: %v %q, want %q", addr, err, info, want)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval
-	}
-}
-
 // TestIdempotencyRedisFailoverLosesUnreplicatedWrites shows what a Redis
 // failover can and cannot guarantee. Replication is asynchronous: a claim
 // or a record the primary acknowledged and the replica never received is
@@ -362,21 +329,26 @@ func idemWaitInfo(t *testing.T, addr, want string) {
 // from a closed port: a partition), kills the primary (SIGKILL), promotes
 // the replica and points a second server's store at it. When the write
 // has reached the replica (WAIT 1 confirmed it) the record survives the
-// failover and the duplicate replays it.
+// failover and the duplicate replays it. With redisstore.WithMinReplicas(1)
+// the claim that no replica acknowledged is released and the first call
+// fails closed before its handler runs: one execution in all.
 func TestIdempotencyRedisFailoverLosesUnreplicatedWrites(t *testing.T) {
 	tests := []struct {
 		name       string
 		inProgress bool // the first execution still runs at the failover
 		replicated bool // WAIT 1 confirmed the write before the failover
+		minReplica bool // the first server's store has WithMinReplicas(1, 200ms)
 		wantRuns   int64
 	}{
-		{"claim not replicated: a second execution runs concurrently", true, false, 2},
-		{"record not replicated: the completed call runs again", false, false, 2},
-		{"record replicated (WAIT 1): the duplicate replays it", false, true, 1},
+		{"claim not replicated: a second execution runs concurrently", true, false, false, 2},
+		{"record not replicated: the completed call runs again", false, false, false, 2},
+		{"record replicated (WAIT 1): the duplicate replays it", false, true, false, 1},
+		{"claim not replicated, WithMinReplicas(1): the first call fails closed", false, false, true, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			primary, replica := idemReplica(t)
+			primary := redistest.StartWith(t, "--dir", t.TempDir())
+			replica := redistest.StartReplica(t, primary, "--dir", t.TempDir())
 			ctx := idemCtx(t)
 			admin := redistest.Client(t, primary.Addr)
 			if !tt.replicated { // the partition: the replica loses its link before the write
@@ -397,19 +369,31 @@ func TestIdempotencyRedisFailoverLosesUnreplicatedWrites(t *testing.T) {
 				return &echov1.EchoResponse{Message: req.Message}, nil
 			}}
 			log := new(idemLog)
-			server := func(addr string) *grpc.ClientConn {
-				s, err := redisstore.New(idemRedisClient(t, addr), redisstore.WithKeyPrefix("failover:"))
+			server := func(addr string, opts ...redisstore.Option) *grpc.ClientConn {
+				s, err := redisstore.New(idemRedisClient(t, addr), append(opts, redisstore.WithKeyPrefix("failover:"))...)
 				if err != nil {
 					t.Fatal(err)
 				}
 				return idemStart(t, e, WithIdempotencyStore(s), WithServerLogger(log.logger()))
 			}
-			ccA := server(primary.Addr)
+			var ccA *grpc.ClientConn
+			if tt.minReplica {
+				ccA = server(primary.Addr, redisstore.WithMinReplicas(1, 200*time.Millisecond))
+			} else {
+				ccA = server(primary.Addr)
+			}
 			first := make(chan idemCall, 1)
 			go func() { first <- idemDo(ctx, ccA, "k", "m") }()
-			if tt.inProgress {
+			switch {
+			case tt.inProgress:
 				<-entered // the claim is on the primary, and only there
-			} else {
+			case tt.minReplica:
+				r := <-first
+				wantCode(t, "first call, its claim on no replica", r.err, codes.Unavailable, "not acknowledged by enough replicas")
+				if err := wantRetryHint(r.err, r.trailer); err != nil {
+					t.Error(err)
+				}
+			default:
 				if r := <-first; r.err != nil {
 					t.Fatal(r.err)
 				}
@@ -424,7 +408,7 @@ func TestIdempotencyRedisFailoverLosesUnreplicatedWrites(t *testing.T) {
 			if err := redistest.Client(t, replica.Addr).ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
 				t.Fatal(err)
 			}
-			idemWaitInfo(t, replica.Addr, "role:master")
+			redistest.WaitInfo(t, replica.Addr, "replication", "role:master")
 			ccB := server(replica.Addr)
 			if r := idemDo(ctx, ccB, "k", "m"); r.err != nil {
 				t.Fatalf("duplicate on the promoted replica: %v", r.err)

@@ -78,6 +78,7 @@ func TestClusterRecordsSpreadOverPrimaries(t *testing.T) {
 	if total != n {
 		t.Errorf("keys over all nodes = %d, want %d (one key per record)", total, n)
 	}
+	t.Run("WithMinReplicas", func(t *testing.T) { minReplicasOnCluster(t, client) })
 }
 
 // TestClusterOpenChecksEveryPrimary: Open on a cluster client reads the

@@ -131,9 +131,16 @@
 //     its promotion survives it (WAIT 1 on the primary confirms that), and a
 //     call whose record survived replays. Tests show each case with a
 //     primary, a replica cut off before the write, the primary killed and
-//     the replica promoted. The store does not call WAIT after its writes,
-//     to keep one round trip per operation; WAIT would narrow the window,
-//     not close it (Redis's WAIT does not make it strongly consistent).
+//     the replica promoted. By default the store does not WAIT after its
+//     writes, to keep one round trip per operation. WithMinReplicas(n,
+//     timeout) makes a Claim that takes a key, and a Complete, WAIT for n
+//     replicas on the write's connection: a claim no replica acknowledged
+//     in time is released and the Claim fails (the handler does not run),
+//     so a promoted replica that acknowledged it holds the claim. This
+//     narrows the window, it does not close it (WAIT does not make Redis
+//     strongly consistent: the promoted replica may be one that had not
+//     acknowledged, unless n counts every replica), and it costs one round
+//     trip more per first execution's Claim and Complete, none per replay.
 //
 // The Store holds no goroutine and no connection of its own: close the
 // client to release its connections.

@@ -174,6 +174,43 @@ func startOn(path string, port int, args ...string) (*Server, error) {
 	return &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), stop: stop, path: path, port: port, args: args}, nil
 }
 
+// StartReplica starts a redis-server (with args) that replicates primary
+// (REPLICAOF), and waits, polling INFO replication, until its link to the
+// primary is up and the initial copy is done. It sets the primary's
+// repl-diskless-sync-delay to 0 first, so the copy starts at once.
+func StartReplica(t testing.TB, primary *Server, args ...string) *Server {
+	t.Helper()
+	ctx := context.Background()
+	if err := Client(t, primary.Addr).ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
+		t.Fatalf("CONFIG SET repl-diskless-sync-delay on the primary: %v", err)
+	}
+	replica := StartWith(t, args...)
+	host, port, _ := net.SplitHostPort(primary.Addr)
+	if err := Client(t, replica.Addr).ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatalf("REPLICAOF: %v", err)
+	}
+	WaitInfo(t, replica.Addr, "replication", "master_link_status:up")
+	return replica
+}
+
+// WaitInfo polls the INFO section of the server at addr until it contains
+// want, such as "role:master", and fails t after 10 s.
+func WaitInfo(t testing.TB, addr, section, want string) {
+	t.Helper()
+	c := Client(t, addr)
+	deadline := time.Now().Add(startTimeout)
+	for {
+		info, err := c.Info(context.Background(), section).Result()
+		if err == nil && strings.Contains(info, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("INFO %s of %s: %v %q, want %q", section, addr, err, info, want)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+}
+
 // Client returns a client of addr, closed when t ends.
 func Client(t testing.TB, addr string) *redis.Client {
 	t.Helper()
