@@ -209,20 +209,28 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 
 	// The burst. Fail closed, a worker that gets UNAVAILABLE waits for the
 	// restart before it retries, so the restart comes once every worker
-	// has seen the outage; fail open, it comes once openProofs calls ran
-	// without the store.
+	// has seen the outage (or ended); fail open, it comes once openProofs
+	// calls ran without the store.
 	var (
-		answered, unavailable, seen atomic.Int64
-		restarted                   = make(chan struct{}) // closed after the restart
-		atKill                      = make(chan struct{}) // closed when killAfter calls are answered
-		allSeen                     = make(chan struct{}, 2*pairs)
-		wg                          sync.WaitGroup
-		errMu                       sync.Mutex
-		errs                        []string
+		answered, unavailable atomic.Int64
+		restarted             = make(chan struct{})          // closed after the restart
+		atKill                = make(chan struct{})          // closed when killAfter calls are answered
+		blocked               = make(chan struct{}, 2*pairs) // one per worker: when it first waits for the restart, or ends
+		wg                    sync.WaitGroup
+		errMu                 sync.Mutex
+		errs                  []string
 	)
 	var atKillOnce sync.Once
 	for w := range 2 * pairs {
 		wg.Go(func() {
+			signalled := false
+			signal := func() {
+				if !signalled {
+					signalled = true
+					blocked <- struct{}{}
+				}
+			}
+			defer signal()
 			for i := w % pairs; i < burst; i += pairs {
 				key := fmt.Sprint("burst-", i)
 				for attempt := 0; ; attempt++ {
@@ -233,7 +241,7 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 						}
 						break
 					}
-					if err := wantRetryHint(r.err, r.trailer); status.Code(r.err) != codes.Unavailable || err != nil || attempt > 20 {
+					if err := wantRetryHint(r.err, r.trailer); status.Code(r.err) != codes.Unavailable || err != nil || attempt > 100 {
 						errMu.Lock()
 						errs = append(errs, fmt.Sprintf("call %s, attempt %d: %v (hint: %v)", key, attempt, r.err, err))
 						errMu.Unlock()
@@ -241,11 +249,10 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 					}
 					unavailable.Add(1)
 					select {
-					case <-restarted:
+					case <-restarted: // the client's wait: the retry hint
+						time.Sleep(DefaultIdempotencyPushback)
 					default:
-						if seen.Add(1) <= 2*pairs {
-							allSeen <- struct{}{}
-						}
+						signal()
 						<-restarted
 					}
 				}
@@ -262,12 +269,30 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 			time.Sleep(time.Millisecond) // polling the observed count
 		}
 	} else {
-		for range 2 * pairs {
-			<-allSeen
+		for range 2 * pairs { // every worker has seen the outage (or ended)
+			<-blocked
 		}
 	}
 	srv.StartAgain(t)
+	restartedAt := time.Now()
 	close(restarted)
+	// Recovery: go-redis fails fast, without dialing, once a client's dials
+	// failed PoolSize times, until a probe it dials once a second succeeds.
+	for i, l := range ledgers {
+		probe := idempotency.RecordKey{Key: fmt.Sprint("probe-", i)}
+		for {
+			c, err := l.Store.Claim(ctx, probe, []byte("fp"), time.Second)
+			if err == nil {
+				_ = l.Store.Release(ctx, probe, c.Token)
+				break
+			}
+			if time.Since(restartedAt) > 5*time.Second {
+				t.Fatalf("store %d still fails %v after the restart: %v", i, time.Since(restartedAt), err)
+			}
+			time.Sleep(10 * time.Millisecond) // polling interval
+		}
+	}
+	recovered := time.Since(restartedAt)
 	wg.Wait()
 	if len(errs) > 0 {
 		t.Fatalf("%d calls failed otherwise than UNAVAILABLE with the retry hint; first: %s", len(errs), errs[0])
@@ -281,8 +306,9 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 	}
 	execs += before
 	openLines := strings.Count(log.String(), "running the handler without idempotency (fail open)")
-	t.Logf("burst: %d calls answered, %d UNAVAILABLE, claims granted %d, claims failed %d, executions %d, fail-open log lines %d, duplicates after completion %d",
-		answered.Load(), unavailable.Load(), owned, failed, execs, openLines, book.duplicates())
+	t.Logf("burst: %d calls answered, %d UNAVAILABLE, claims granted %d, claims failed %d, executions %d, fail-open log lines %d, "+
+		"duplicates after completion %d; both stores worked again %v after the restart",
+		answered.Load(), unavailable.Load(), owned, failed, execs, openLines, book.duplicates(), recovered.Round(time.Millisecond))
 	if failed == 0 {
 		t.Fatal("no Claim failed: the kill did not land in the burst")
 	}

@@ -90,7 +90,12 @@
 // Operations are bounded by the context and by the client's own timeouts; a
 // client for this store should keep go-redis's retries low (MaxRetries, and
 // DialerRetries, whose default of 5 dials 100 ms apart makes each call wait
-// half a second while Redis is down), since a caller waits for them.
+// half a second while Redis is down), since a caller waits for them. Know
+// also that once a go-redis client's dials have failed PoolSize times, it
+// fails every command at once, without dialing, until a probe it dials
+// once a second succeeds: after Redis is back, calls keep failing (fail
+// closed: UNAVAILABLE) for up to about a second. Tests measured 10 ms to
+// 970 ms from the restart to a working store.
 //
 // # Eviction, persistence and failover
 //
