@@ -69,7 +69,8 @@
 // "running the handler without idempotency (fail open)". When Claim
 // succeeded and Complete then fails (Redis died while the handler ran), the
 // caller still gets the handler's outcome, which is not stored: the key
-// stays claimed until its lease ends (the release fails too), then a
+// stays claimed until its lease ends (the release fails too; a Redis
+// restarted without persistence has lost the claim at once), then a
 // duplicate runs the handler again. A record that Redis acknowledged is
 // never executed again while Redis keeps it: Redis killed (SIGKILL) during
 // a burst of keyed calls, tests count 0 such executions.
