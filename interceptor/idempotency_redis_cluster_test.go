@@ -26,11 +26,16 @@ import (
 // (SIGKILL) and restarts another primary. A call refused meanwhile gets
 // UNAVAILABLE with the retry hint and is retried after it. Exactly once
 // must hold for completed records: no execution of a key whose record was
-// stored, and calls with every key after the faults replay.
+// stored, and calls with every key after the faults replay. With
+// -stress=D, the faults repeat (a migration, then a restart, each round
+// between other nodes) for D while the calls go on.
 func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
+	keys := 160 // keyed calls per worker pair
+	if *stressFor > 0 {
+		keys = 1 << 30 // until the faults stop
+	}
 	const (
 		pairs       = 4   // of workers: one on each replica, with the same keys
-		keys        = 160 // keyed calls per worker pair
 		migrateAt   = 40  // calls answered before the slot migration
 		restartAt   = 100 // calls answered before the primary restart
 		maxAttempts = 100 // per call; each waits the retry hint after UNAVAILABLE
@@ -49,7 +54,8 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 		ccs[i] = idemStart(t, idemCountingEcho(book), WithIdempotencyStore(&idemLedger{Store: s, idemBook: book}),
 			WithIdempotencyLease(2*time.Second), WithServerLogger(log.logger()))
 	}
-	ctx := idemCtx(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second+*stressFor)
+	defer cancel()
 	call := func(cc *grpc.ClientConn, key string) idemCall {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -62,10 +68,19 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 		wg                    sync.WaitGroup
 		errMu                 sync.Mutex
 		errs                  []string
+		stop                  = make(chan struct{}) // -stress: closed when the faults end
+		last                  atomic.Int64          // the highest key index a worker started
 	)
 	for w := range 2 * pairs {
 		wg.Go(func() {
 			for i := w % pairs; i < keys; i += pairs {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for l := last.Load(); int64(i) > l && !last.CompareAndSwap(l, int64(i)); l = last.Load() {
+				}
 				key := fmt.Sprint("k-", i)
 				for attempt := 1; ; attempt++ {
 					r := call(ccs[w/pairs], key)
@@ -93,12 +108,24 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 	}
 
 	<-milestones[migrateAt]
-	moved := moveRecordSlots(t, cluster, prefix, movedSlots)
+	moved := moveRecordSlots(t, cluster, prefix, 0, 1, movedSlots)
 	<-milestones[restartAt]
 	cluster.Nodes[2].Stop() // SIGKILL
 	cluster.Nodes[2].StartAgain(t)
 	cluster.WaitOK(t)
+	rounds := 1
+	for start := time.Now(); time.Since(start) < *stressFor; rounds++ {
+		from := rounds % 3
+		moved += moveRecordSlots(t, cluster, prefix, from, (from+1)%3, movedSlots)
+		cluster.Nodes[(from+2)%3].Stop()
+		cluster.Nodes[(from+2)%3].StartAgain(t)
+		cluster.WaitOK(t)
+	}
+	if *stressFor > 0 {
+		close(stop)
+	}
 	wg.Wait()
+	keys = min(keys, int(last.Load())+1)
 	if len(errs) > 0 {
 		t.Fatalf("%d calls failed otherwise than UNAVAILABLE with the retry hint, or too often; first: %s", len(errs), errs[0])
 	}
@@ -106,12 +133,12 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 	for i := range keys {
 		execs += book.count(fmt.Sprint("k-", i))
 	}
-	t.Logf("cluster: %d calls answered, %d UNAVAILABLE retried, %d slots moved, %d executions for %d keys, duplicates after completion %d",
-		answered.Load(), unavailable.Load(), moved, execs, keys, book.duplicates())
+	t.Logf("cluster: %d rounds of faults, %d calls answered, %d UNAVAILABLE retried, %d slots moved, %d executions for %d keys, duplicates after completion %d",
+		rounds, answered.Load(), unavailable.Load(), moved, execs, keys, book.duplicates())
 	if d := book.duplicates(); d != 0 {
 		t.Errorf("%d executions of keys whose record was stored, want 0", d)
 	}
-	if answered.Load() != 2*keys {
+	if *stressFor == 0 && answered.Load() != int64(2*keys) {
 		t.Errorf("calls answered = %d, want %d", answered.Load(), 2*keys)
 	}
 	// Every record is where the cluster routes it, after the migration and
@@ -119,6 +146,9 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 	for i := range keys {
 		key := fmt.Sprint("k-", i)
 		runs := book.count(key)
+		if runs == 0 { // -stress: a key no worker reached before the stop
+			continue
+		}
 		if r := call(ccs[i%2], key); r.err != nil {
 			t.Fatalf("call %s after the faults: %v", key, r.err)
 		}
@@ -129,11 +159,11 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 }
 
 // moveRecordSlots moves up to n slots that hold records under prefix on
-// node 0 to node 1, while calls run, and returns how many it moved.
-func moveRecordSlots(t *testing.T, cluster *redistest.Cluster, prefix string, n int) int {
+// node from to node to, while calls run, and returns how many it moved.
+func moveRecordSlots(t *testing.T, cluster *redistest.Cluster, prefix string, from, to, n int) int {
 	t.Helper()
 	ctx := context.Background()
-	src := cluster.Admin(0)
+	src := cluster.Admin(from)
 	recs, err := src.Keys(ctx, prefix+"*").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -150,14 +180,14 @@ func moveRecordSlots(t *testing.T, cluster *redistest.Cluster, prefix string, n 
 		slots[slot] = true
 	}
 	if len(slots) == 0 {
-		t.Fatal("node 0 holds no record to move")
+		t.Fatalf("node %d holds no record to move", from)
 	}
 	for slot := range slots {
-		if err := cluster.MoveSlot(ctx, int(slot), 1); err != nil {
+		if err := cluster.MoveSlot(ctx, int(slot), to); err != nil {
 			t.Fatalf("MoveSlot(%d) error = %v", slot, err)
 		}
-		if n, err := cluster.Admin(1).ClusterCountKeysInSlot(ctx, int(slot)).Result(); err != nil || n == 0 {
-			t.Fatalf("after MoveSlot(%d): node 1 holds %d keys of it, %v; want the migrated records", slot, n, err)
+		if n, err := cluster.Admin(to).ClusterCountKeysInSlot(ctx, int(slot)).Result(); err != nil || n == 0 {
+			t.Fatalf("after MoveSlot(%d): node %d holds %d keys of it, %v; want the migrated records", slot, to, n, err)
 		}
 	}
 	return len(slots)
