@@ -84,10 +84,15 @@ func Start(t testing.TB) *Server {
 }
 
 // StartWith is Start with extra redis-server arguments, such as
-// "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl".
+// "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl". The server's
+// working directory (--dir) is a t.TempDir() unless args set one.
 func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	path := lookPath(t, "redis-server")
+	// Whatever the server writes (an RDB a replica receives, AOF files)
+	// goes to a directory of the test, not to the package's; a --dir in
+	// args comes later and wins.
+	args = append([]string{"--dir", t.TempDir()}, args...)
 	var lastErr error
 	for range 3 { // a free port may be taken between choosing and binding
 		s, err := start(path, args...)
