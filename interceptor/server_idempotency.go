@@ -311,8 +311,11 @@ func WithIdempotencyWait(wait bool) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.noWait = !wait })
 }
 
-// WithIdempotencyPushback sets the grpc-retry-pushback-ms sent with ABORTED
-// when waiting is off (default DefaultIdempotencyPushback).
+// WithIdempotencyPushback sets the retry hint of the calls the server asks
+// to retry (default DefaultIdempotencyPushback): the grpc-retry-pushback-ms
+// trailer of ABORTED when waiting is off, and both that trailer and a
+// google.rpc.RetryInfo detail of UNAVAILABLE when the store fails and the
+// server fails closed.
 func WithIdempotencyPushback(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.pushback = d })
 }
@@ -327,7 +330,9 @@ func WithIdempotencyPoll(initial, max time.Duration) ServerOption {
 
 // WithIdempotencyFailOpen sets what a keyed call does when the store fails
 // (an outage, a timeout). false, the default, fails closed: the call gets
-// UNAVAILABLE, which clients retry, and the handler does not run. true fails
+// UNAVAILABLE with a retry hint (the grpc-retry-pushback-ms trailer and a
+// google.rpc.RetryInfo detail of WithIdempotencyPushback), which clients
+// retry, and the handler does not run. true fails
 // open: the handler runs without idempotency, so a duplicate may run it
 // again; each such call is logged. A store that refuses a claim for room
 // (idempotency.FullError: full, or the caller's scope at its quota) is not
@@ -409,10 +414,11 @@ type srvIdem struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy
-	omit        map[string]struct{} // metadata keys never stored, lower case; nil when none
-	detachMax   time.Duration       // > 0: owned handlers run detached from the caller, at most this long
-	pushbackMD  metadata.MD         // the trailer of ABORTED when waiting is off
-	inProgress  srvOutcome          // ABORTED with pushback, when waiting is off
+	omit        map[string]struct{}   // metadata keys never stored, lower case; nil when none
+	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
+	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
+	retryHint   *errdetails.RetryInfo // the pushback, the detail of a failed-closed call
+	inProgress  srvOutcome            // ABORTED with pushback, when waiting is off
 	log         srvLogger
 	// detach: store calls after the handler get a context that the
 	// caller's cancellation does not reach. The memory store ignores
@@ -469,6 +475,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		omit:        o.omit,
 		detachMax:   o.detachMax,
 		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
 		log:         log,
 		m:           &srvMetrics{},
 		flights:     newSrvFlights(),

@@ -202,7 +202,8 @@ func (c *srvIdemCall) claim() (any, error) {
 // wins; then a store refusing for room (idempotency.FullError) gets
 // RESOURCE_EXHAUSTED with its hint, fail open or not: the store works, and
 // running the handler unrecorded would undo the bound; then fail open runs
-// the handler plainly, and fail closed refuses.
+// the handler plainly, and fail closed refuses with UNAVAILABLE and the
+// retry hint (pushback trailer and RetryInfo).
 func (c *srvIdemCall) claimFailed(err error) (any, error) {
 	if c.ctx.Err() != nil {
 		return nil, status.FromContextError(c.ctx.Err()).Err()
@@ -215,8 +216,14 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 			"method", c.info.FullMethod, "error", err)
 		return c.handler(c.ctx, c.req)
 	}
-	return nil, &srvRejection{code: codes.Unavailable, msg: "idempotency: store unavailable: " + err.Error(),
-		sentinel: ErrIdempotencyStoreUnavailable}
+	// Fail closed, with the retry hint both ways a client may read it.
+	msg := "idempotency: store unavailable: " + err.Error()
+	st := status.New(codes.Unavailable, msg)
+	if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
+		st = withHint
+	}
+	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
+	return nil, &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
 }
 
 // poll is the wait of step claim for an owner in another process: it sleeps

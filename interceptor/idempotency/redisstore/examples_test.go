@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"log"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -31,4 +32,34 @@ func ExampleOpen() {
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
 	defer gs.Stop()
 	// Register services on gs and serve.
+}
+
+// A Redis Cluster: every record is one key in one slot, so the store runs
+// on a cluster client; Open checks the eviction policy of every primary.
+// (Compiled, not run: it needs a cluster.)
+func ExampleOpen_cluster() {
+	client := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:      []string{"redis-0:6379", "redis-1:6379", "redis-2:6379"},
+		MaxRetries: 1, DialerRetries: 1,
+	})
+	defer client.Close()
+	store, err := redisstore.Open(context.Background(), client, redisstore.WithRefuseEvictingPolicy())
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = store // interceptor.WithIdempotencyStore(store), as in ExampleOpen
+}
+
+// WithMinReplicas narrows what a failover can lose: a claim that no replica
+// acknowledged within 50 ms is released, and the call fails closed
+// (UNAVAILABLE, retried by the client) instead of running where a promoted
+// replica would not know of it. (Compiled, not run: it needs a replica.)
+func ExampleWithMinReplicas() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: 1})
+	defer client.Close()
+	store, err := redisstore.Open(context.Background(), client, redisstore.WithMinReplicas(1, 50*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = store
 }

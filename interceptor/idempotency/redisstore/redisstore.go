@@ -44,6 +44,8 @@ type options struct {
 	maxRecordBytes int
 	refuseEvicting bool
 	logger         *slog.Logger
+	minReplicas    int           // WithMinReplicas; 0: no WAIT
+	replicaTimeout time.Duration // WithMinReplicas
 }
 
 type optionFunc func(*options)
@@ -74,38 +76,59 @@ var ErrEvictingPolicy = errors.New("redisstore: Redis may evict keys (maxmemory-
 // checked and goes on. Any other error (Redis unreachable) is returned.
 // Warnings go to the logger of WithLogger, by default slog.Default().
 //
-// With a cluster client the policy of the node that answers is read;
-// configure every node alike.
+// With a *redis.ClusterClient it reads the policy of every primary
+// (ForEachMaster), and the warnings and errors name the node; one evicting
+// primary is enough to refuse, since the records of its slots are at risk.
 func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	s, err := New(client, opts...)
 	if err != nil {
 		return nil, err
 	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return s.checkPolicy(ctx, node, node.Options().Addr)
+		})
+	} else {
+		err = s.checkPolicy(ctx, client, "")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkPolicy is Open's check of one server, named node in messages when
+// node is not empty (a cluster's primary). It is safe for concurrent use.
+func (s *Store) checkPolicy(ctx context.Context, client redis.UniversalClient, node string) error {
 	o := s.opts
+	where, attrs := "", []any{}
+	if node != "" {
+		where, attrs = " on node "+node, []any{"node", node}
+	}
 	res, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
 		if isCommandRefused(err) {
 			o.logger.Warn("redisstore: cannot read maxmemory-policy (CONFIG is disabled); make sure it is noeviction, "+
-				"or Redis may drop live claims and records under memory pressure", "error", err)
-			return s, nil
+				"or Redis may drop live claims and records under memory pressure", append(attrs, "error", err)...)
+			return nil
 		}
-		return nil, fmt.Errorf("redisstore: reading maxmemory-policy: %w", err)
+		return fmt.Errorf("redisstore: reading maxmemory-policy%s: %w", where, err)
 	}
 	policy, ok := res["maxmemory-policy"]
 	if !ok {
-		o.logger.Warn("redisstore: the server did not report maxmemory-policy; make sure it is noeviction")
-		return s, nil
+		o.logger.Warn("redisstore: the server did not report maxmemory-policy; make sure it is noeviction", attrs...)
+		return nil
 	}
 	if policy == "noeviction" {
-		return s, nil
+		return nil
 	}
 	if o.refuseEvicting {
-		return nil, fmt.Errorf("%w: it is %s", ErrEvictingPolicy, policy)
+		return fmt.Errorf("%w: it is %s%s", ErrEvictingPolicy, policy, where)
 	}
 	o.logger.Warn("redisstore: maxmemory-policy is not noeviction: under memory pressure Redis may evict live claims "+
 		"and records, and a duplicate may then run its call again, concurrently; set maxmemory-policy noeviction",
-		"maxmemory-policy", policy)
-	return s, nil
+		append(attrs, "maxmemory-policy", policy)...)
+	return nil
 }
 
 // isCommandRefused reports whether err says the server refuses the command
@@ -120,6 +143,37 @@ func isCommandRefused(err error) bool {
 // warning, when the server's maxmemory-policy is not noeviction.
 func WithRefuseEvictingPolicy() Option {
 	return optionFunc(func(o *options) { o.refuseEvicting = true })
+}
+
+// ErrNotReplicated is wrapped by the error of a Claim or Complete whose
+// write fewer replicas than WithMinReplicas asks acknowledged in time.
+var ErrNotReplicated = errors.New("redisstore: write not acknowledged by enough replicas")
+
+// WithMinReplicas makes the store's writes that decide exactly once wait,
+// with Redis's WAIT, until n replicas of the key's primary have
+// acknowledged them, at most timeout: a Claim that takes a key, and a
+// Complete. WAIT runs on the connection of the write, right after it: one
+// more round trip for those two operations, none for replays. When fewer
+// than n replicas acknowledge in time:
+//
+//   - Claim releases the claim it took (as a failed Claim does) and
+//     returns an error wrapping ErrNotReplicated, so the handler does not
+//     run (the interceptor fails closed with UNAVAILABLE, or runs it
+//     unrecorded when it fails open): a replica promoted after a claim that
+//     was acknowledged holds it, and no second execution starts there;
+//   - Complete returns an error wrapping ErrNotReplicated: the record is
+//     stored on the primary, not known to be on the replicas.
+//
+// This narrows the failover window (see the package documentation), it
+// does not close it: WAIT does not make Redis strongly consistent (a
+// promoted replica may not be one that acknowledged, unless n counts them
+// all), and Renew does not wait. With a *redis.ClusterClient, the
+// operation runs on the key's primary without following redirections, so
+// during a slot migration a Claim or Complete of a migrating key fails (and
+// the caller retries). It needs a *redis.Client or a *redis.ClusterClient
+// (New returns an error for other clients), n >= 1 and timeout > 0.
+func WithMinReplicas(n int, timeout time.Duration) Option {
+	return optionFunc(func(o *options) { o.minReplicas, o.replicaTimeout = n, timeout })
 }
 
 // WithLogger sets the logger of [Open]'s warnings (default slog.Default()).
@@ -157,6 +211,16 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	if o.logger == nil {
 		return nil, errors.New("redisstore: WithLogger(nil): logger must not be nil")
+	}
+	if o.minReplicas != 0 || o.replicaTimeout != 0 {
+		switch client.(type) {
+		case *redis.Client, *redis.ClusterClient:
+		default:
+			return nil, fmt.Errorf("redisstore: WithMinReplicas: needs a *redis.Client or *redis.ClusterClient, not %T", client)
+		}
+		if o.minReplicas < 1 || o.replicaTimeout < time.Millisecond {
+			return nil, fmt.Errorf("redisstore: WithMinReplicas(%d, %v): need n >= 1 and timeout >= 1ms", o.minReplicas, o.replicaTimeout)
+		}
 	}
 	return &Store{opts: o, client: client, prefix: o.prefix, maxRecordBytes: o.maxRecordBytes}, nil
 }
@@ -254,7 +318,8 @@ func newToken() string {
 }
 
 // Claim implements idempotency.Store in one round trip (once Redis has
-// cached the script; the first use of a script on a server costs one more).
+// cached the script; the first use of a script on a server costs one more;
+// with WithMinReplicas, a Claim that takes the key costs one more, WAIT).
 //
 // A Claim that fails may have taken the key all the same: the script ran,
 // and the reply was lost (the caller's deadline passed first, the connection
@@ -274,7 +339,11 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 		token = newToken()
 	}
 	sent := time.Now()
-	res, err := claimScript.Run(ctx, s.client, []string{rkey}, fingerprint, token, millis(lease)).Slice()
+	cmd, err := s.run(ctx, claimScript, rkey, claimWrote, fingerprint, token, millis(lease))
+	var res []any
+	if err == nil {
+		res, err = cmd.Slice()
+	}
 	if err != nil {
 		s.abandon(ctx, rkey, fingerprint, token, sent.Add(lease))
 		return idempotency.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
@@ -371,7 +440,56 @@ func (o *orphans) put(rkey string, fingerprint []byte, token string, until time.
 	o.n.Store(int32(len(o.m)))
 }
 
-// Complete implements idempotency.Store in one round trip.
+// claimWrote and completeWrote report whether a reply of claimScript and
+// completeScript says that the script took the key or stored the record.
+func claimWrote(cmd *redis.Cmd) bool {
+	res, _ := cmd.Slice()
+	return len(res) > 0 && res[0] == int64(1)
+}
+
+func completeWrote(cmd *redis.Cmd) bool {
+	n, _ := cmd.Int()
+	return n == 1
+}
+
+// run runs script on rkey. With WithMinReplicas, it runs it on one
+// connection to rkey's primary and then, when wrote reports that the script
+// wrote, WAITs on that connection (WAIT counts the acknowledgements of the
+// connection's own last write); the error is then that of the wait, or
+// wraps ErrNotReplicated, and cmd holds the script's reply. Without, it is
+// script.Run on the client.
+func (s *Store) run(ctx context.Context, script *redis.Script, rkey string, wrote func(*redis.Cmd) bool, args ...any) (*redis.Cmd, error) {
+	if s.opts.minReplicas == 0 {
+		return script.Run(ctx, s.client, []string{rkey}, args...), nil
+	}
+	var node *redis.Client
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		var err error
+		if node, err = c.MasterForKey(ctx, rkey); err != nil {
+			return nil, err
+		}
+	case *redis.Client:
+		node = c
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	cmd := script.Run(ctx, conn, []string{rkey}, args...)
+	if cmd.Err() != nil || !wrote(cmd) {
+		return cmd, nil
+	}
+	n, err := conn.Wait(ctx, s.opts.minReplicas, s.opts.replicaTimeout).Result()
+	if err != nil {
+		return cmd, fmt.Errorf("WAIT: %w", err)
+	}
+	if n < int64(s.opts.minReplicas) {
+		return cmd, fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, n, s.opts.minReplicas, s.opts.replicaTimeout)
+	}
+	return cmd, nil
+}
+
+// Complete implements idempotency.Store in one round trip (two with
+// WithMinReplicas: the script, then WAIT).
 func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token string, rec *idempotency.Record, ttl time.Duration) error {
 	if n := rec.Size(); n > s.maxRecordBytes {
 		return fmt.Errorf("redisstore: %w: %d bytes, bound %d", idempotency.ErrRecordTooLarge, n, s.maxRecordBytes)
@@ -380,7 +498,11 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	ok, err := completeScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, data, millis(ttl), rec.Fingerprint).Int()
+	cmd, err := s.run(ctx, completeScript, s.redisKey(key), completeWrote, token, data, millis(ttl), rec.Fingerprint)
+	var ok int
+	if err == nil {
+		ok, err = cmd.Int()
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}

@@ -1,0 +1,118 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/storetest"
+)
+
+// TestClusterConformance runs the store's conformance suite through a
+// *redis.ClusterClient on a real cluster of 3 primaries.
+func TestClusterConformance(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	client := cluster.Client(t, nil)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		prefix := redistest.Prefix(t)
+		s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix), redisstore.WithMaxRecordBytes(testMaxRecord))
+		if err != nil {
+			t.Fatalf("New() error = %v", err)
+		}
+		return storetest.Harness{
+			Store: s,
+			Advance: func(t testing.TB, d time.Duration) {
+				if err := redistest.Advance(context.Background(), client, prefix, d); err != nil {
+					t.Fatalf("Advance(%v) error = %v", d, err)
+				}
+			},
+			MaxRecordBytes: testMaxRecord,
+		}
+	})
+}
+
+// TestClusterRecordsSpreadOverPrimaries checks that the hash tag, a hash of
+// the record key, spreads records over the cluster (it does not pin them
+// to one slot), and that each record is one key: n records make n keys.
+func TestClusterRecordsSpreadOverPrimaries(t *testing.T) {
+	const n = 90
+	cluster := redistest.StartCluster(t, 3)
+	client := cluster.Client(t, nil)
+	prefix := redistest.Prefix(t)
+	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range n {
+		k := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: fmt.Sprint("k", i)}
+		c, err := s.Claim(ctx, k, []byte("fp"), time.Minute)
+		if err != nil || c.State != idempotency.Owned {
+			t.Fatalf("Claim(%q) = %v, %v; want Owned", k.Key, c.State, err)
+		}
+		rec := &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y", Reply: []byte("r")}
+		if err := s.Complete(ctx, k, c.Token, rec, time.Hour); err != nil {
+			t.Fatalf("Complete(%q) error = %v", k.Key, err)
+		}
+	}
+	total := 0
+	for i := range cluster.Nodes {
+		keys, err := cluster.Admin(i).Keys(ctx, prefix+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("node %d holds %d records", i, len(keys))
+		if len(keys) == 0 {
+			t.Errorf("node %d holds no record of %d", i, n)
+		}
+		total += len(keys)
+	}
+	if total != n {
+		t.Errorf("keys over all nodes = %d, want %d (one key per record)", total, n)
+	}
+	t.Run("WithMinReplicas", func(t *testing.T) { minReplicasOnCluster(t, client) })
+}
+
+// TestClusterOpenChecksEveryPrimary: Open on a cluster client reads the
+// maxmemory-policy of every primary, so that one evicting node is found
+// whichever node answers first, and names it.
+func TestClusterOpenChecksEveryPrimary(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	open := func(refuse bool) (*redisstore.Store, string, error) {
+		var log bytes.Buffer
+		opts := []redisstore.Option{redisstore.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))}
+		if refuse {
+			opts = append(opts, redisstore.WithRefuseEvictingPolicy())
+		}
+		s, err := redisstore.Open(ctx, cluster.Client(t, nil), opts...)
+		return s, log.String(), err
+	}
+	if s, log, err := open(true); err != nil || s == nil || log != "" {
+		t.Fatalf("Open() on a noeviction cluster = %v, %v, log %q; want a store, no warning", s, err, log)
+	}
+	evicting := cluster.Nodes[2].Addr
+	if err := cluster.Admin(2).ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, _, err := open(true)
+	if !errors.Is(err, redisstore.ErrEvictingPolicy) || s != nil || !strings.Contains(err.Error(), evicting) {
+		t.Fatalf("Open(WithRefuseEvictingPolicy) with node %s on allkeys-lru = %v, %v; want ErrEvictingPolicy naming the node", evicting, s, err)
+	}
+	s, log, err := open(false)
+	if err != nil || s == nil {
+		t.Fatalf("Open() = %v, %v; want a store and a warning", s, err)
+	}
+	if want := "node=" + evicting; !strings.Contains(log, want) || !strings.Contains(log, "maxmemory-policy=allkeys-lru") ||
+		strings.Count(log, "level=WARN") != 1 {
+		t.Errorf("log = %q, want one warning with %s and maxmemory-policy=allkeys-lru", log, want)
+	}
+}
