@@ -39,7 +39,8 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		limit:    c.opts.replayBuffer,
 		watch:    mp.g.breaker != nil || mp.g.bulkhead != nil,
 	}
-	s.ready = sync.NewCond(&s.mu)
+	s.ready.L = &s.mu
+	s.buf = s.bufOne[:0]
 	if mp.waitForReady != nil {
 		s.opts = append(append([]grpc.CallOption(nil), opts...), grpc.WaitForReady(*mp.waitForReady))
 	}
@@ -135,14 +136,20 @@ type retryStream struct {
 	r retrier
 
 	mu    sync.Mutex
-	ready *sync.Cond // broadcast when state, cur or an attempt's reading changes
+	ready sync.Cond // on mu; broadcast when state, cur or an attempt's reading changes
 	state streamState
 	// cur is the live attempt while attempting or committed, else nil.
 	cur *streamAttempt
 	// last is the latest attempt created; never nil once start succeeded.
-	last      *streamAttempt
-	buf       []any // messages sent before the commit, for replay
-	bufBytes  int   // their size as messageSize counts it
+	last     *streamAttempt
+	buf      []any // messages sent before the commit, for replay
+	bufBytes int   // their size as messageSize counts it
+	// bufOne backs buf until a second message is kept, so that a stream
+	// with one request (server streaming) keeps it without allocating.
+	bufOne [1]any
+	// first is the first attempt, in the stream's own allocation: the
+	// success path allocates no attempt of its own.
+	first     streamAttempt
 	closeSent bool
 	driving   bool  // a driver is at work (state idle)
 	final     error // set when done: io.EOF after success, else the error

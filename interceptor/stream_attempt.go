@@ -74,7 +74,11 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 	}
 	s.r.attempts++
 	actx, cancel := context.WithCancel(attemptContext(s.ctx, s.r.attempts))
-	a := &streamAttempt{adm: adm, cancel: cancel, busy: 1}
+	a := &s.first
+	if s.r.attempts > 1 {
+		a = new(streamAttempt)
+	}
+	a.adm, a.cancel, a.busy = adm, cancel, 1
 	if d := s.r.rp.perAttempt; d > 0 && !s.single {
 		a.timer = time.AfterFunc(d, func() {
 			if s.ctx.Err() == nil {
