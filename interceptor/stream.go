@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -44,10 +45,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if mp.waitForReady != nil {
 		s.opts = append(append([]grpc.CallOption(nil), opts...), grpc.WaitForReady(*mp.waitForReady))
 	}
-	s.ctx, s.cancelCall = ctx, func() {}
-	if mp.timeout > 0 {
-		s.ctx, s.cancelCall = withTimeout(ctx, mp.timeout)
-	}
+	s.ctx, s.cancelCall = streamContext(ctx, mp.timeout)
 	s.r = c.newRetrier(s.ctx, st, mp, &co)
 	s.ctx = s.r.outgoing(s.ctx)
 	// A key makes a unary call safe to retry on more codes; a stream is not
@@ -68,6 +66,24 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, err
 	}
 	return s, nil
+}
+
+// streamContext returns the context of a stream, which the stream cancels
+// when it ends: the caller's, bounded by the config timeout as withTimeout
+// bounds it. Attempts run under it, so the end of the stream ends the grpc
+// stream of an attempt still live (a panic below, an attempt opened as the
+// stream ended); an attempt has a context of its own only for a per-attempt
+// timeout, and a failed one has ended its grpc stream before it is retired.
+func streamContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout > 0 {
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > timeout {
+			if timeout <= time.Nanosecond {
+				return context.WithDeadline(ctx, time.Now())
+			}
+			return context.WithTimeout(ctx, timeout)
+		}
+	}
+	return context.WithCancel(ctx)
 }
 
 // streamState is where a retryStream is in its life:
@@ -120,8 +136,8 @@ const (
 type retryStream struct {
 	c          *Client
 	mp         *methodPolicy
-	ctx        context.Context // the call's: the caller's, bounded by the config timeout
-	cancelCall context.CancelFunc
+	ctx        context.Context    // the call's: the caller's, bounded by the config timeout
+	cancelCall context.CancelFunc // ends ctx: called once the stream is done (finish)
 	desc       *grpc.StreamDesc
 	cc         *grpc.ClientConn
 	method     string

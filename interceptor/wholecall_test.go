@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -33,9 +34,11 @@ func (leanEcho) ServerStream(req *echov1.ServerStreamRequest, ss grpc.ServerStre
 }
 
 // floorPair is a bare connection and one through a client with retry,
-// budget, breaker and bulkhead on EchoService, to one lean server.
+// budget, breaker and bulkhead on EchoService, to one lean server; timed
+// goes through a client whose EchoService config has a retry policy and a
+// timeout.
 type floorPair struct {
-	bare, ours echov1.EchoServiceClient
+	bare, ours, timed echov1.EchoServiceClient
 }
 
 func newFloorPair(tb testing.TB) floorPair {
@@ -49,7 +52,17 @@ func newFloorPair(tb testing.TB) floorPair {
 		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1 << 20},
 	}))
 	ours := testserver.Start(tb, srv, c.DialOptions()...)
-	return floorPair{bare: echov1.NewEchoServiceClient(bare), ours: echov1.NewEchoServiceClient(ours)}
+	ct := newTestClient(tb, WithMethodConfig(serviceconfig.MethodConfig{
+		Name:        []serviceconfig.Name{{Service: echoService}},
+		RetryPolicy: fastPolicy(4),
+		Timeout:     time.Hour,
+	}))
+	timed := testserver.Start(tb, srv, ct.DialOptions()...)
+	return floorPair{
+		bare:  echov1.NewEchoServiceClient(bare),
+		ours:  echov1.NewEchoServiceClient(ours),
+		timed: echov1.NewEchoServiceClient(timed),
+	}
 }
 
 func unaryOnce(tb testing.TB, stub echov1.EchoServiceClient, req *echov1.EchoRequest) {
@@ -91,9 +104,15 @@ var (
 //     context, under which grpc registers its own (5), and, as the method
 //     has guards, the watch on the grpc stream's context that releases
 //     them when the stream ends with no call at work (3).
+//   - server stream under a config timeout (no guards): the retryStream
+//     (1), the timeout's context, its timer and grpc's context registered
+//     under it (11, of which a bare call with its own deadline pays most
+//     too). The attempt runs under that context rather than one of its own
+//     (5 fewer), as every attempt without a per-attempt timeout does.
 const (
-	unaryExtraAllocs  = 4
-	streamExtraAllocs = 9
+	unaryExtraAllocs       = 4
+	streamExtraAllocs      = 9
+	streamTimedExtraAllocs = 16
 )
 
 // TestWholeCallAllocations compares, in exact allocations per call, a bare
@@ -109,18 +128,23 @@ func TestWholeCallAllocations(t *testing.T) {
 		unaryOnce(t, p.ours, floorUnaryReq)
 		streamOnce(t, p.bare, floorStreamReq)
 		streamOnce(t, p.ours, floorStreamReq)
+		streamOnce(t, p.timed, floorStreamReq)
 	}
+	unary := func(c echov1.EchoServiceClient) { unaryOnce(t, c, floorUnaryReq) }
+	stream := func(c echov1.EchoServiceClient) { streamOnce(t, c, floorStreamReq) }
 	tests := []struct {
 		name  string
 		call  func(echov1.EchoServiceClient)
+		ours  echov1.EchoServiceClient
 		extra float64
 	}{
-		{"unary", func(c echov1.EchoServiceClient) { unaryOnce(t, c, floorUnaryReq) }, unaryExtraAllocs},
-		{"server stream", func(c echov1.EchoServiceClient) { streamOnce(t, c, floorStreamReq) }, streamExtraAllocs},
+		{"unary", unary, p.ours, unaryExtraAllocs},
+		{"server stream", stream, p.ours, streamExtraAllocs},
+		{"server stream, config timeout", stream, p.timed, streamTimedExtraAllocs},
 	}
 	for _, tt := range tests {
 		bare := testing.AllocsPerRun(300, func() { tt.call(p.bare) })
-		ours := testing.AllocsPerRun(300, func() { tt.call(p.ours) })
+		ours := testing.AllocsPerRun(300, func() { tt.call(tt.ours) })
 		t.Logf("%s: bare %v allocs per call, ours %v", tt.name, bare, ours)
 		if ours-bare > tt.extra {
 			t.Errorf("%s: ours %v allocs per call, bare %v: +%v, want at most +%v", tt.name, ours, bare, ours-bare, tt.extra)
