@@ -35,8 +35,11 @@ var benchConfigs = []struct {
 	})}},
 	{"retry+budget+metrics", []ClientOption{WithMeterProvider(
 		sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())))}},
+	// The method config replaces the default retry policy for the
+	// service, so it names one of its own.
 	{"retry+budget+breaker+bulkhead", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{
 		Name:           []serviceconfig.Name{{Service: echoService}},
+		RetryPolicy:    fastPolicy(4),
 		CircuitBreaker: &serviceconfig.CircuitBreaker{},
 		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1 << 20},
 	})}},
@@ -193,5 +196,62 @@ func BenchmarkRejection(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// fullBulkheadInterceptor returns the unary interceptor of a client whose
+// Echo bulkhead (one slot, no queue) is held by a call blocked in its
+// invoker until the test ends.
+func fullBulkheadInterceptor(tb testing.TB) grpc.UnaryClientInterceptor {
+	c := newTestClient(tb, WithMethodConfig(serviceconfig.MethodConfig{
+		Name:     []serviceconfig.Name{{Service: echoService}},
+		Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 1},
+	}), WithRetryBudget(nil))
+	ic := c.UnaryClientInterceptor()
+	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = ic(context.Background(), echoMethod, &echov1.EchoRequest{}, &echov1.EchoResponse{}, nil,
+			func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+				close(entered)
+				<-release
+				return nil
+			})
+	}()
+	<-entered
+	tb.Cleanup(func() {
+		close(release)
+		<-done
+	})
+	return ic
+}
+
+// TestBulkheadRejectionAllocatesNothing pins the cost of a call the full
+// bulkhead rejects, as the caller sees it: the interceptor and status.Code
+// of its error allocate nothing.
+func TestBulkheadRejectionAllocatesNothing(t *testing.T) {
+	ic := fullBulkheadInterceptor(t)
+	ctx := context.Background()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	allocs := testing.AllocsPerRun(1000, func() {
+		err := ic(ctx, echoMethod, req, reply, nil, okInvoker)
+		if !errors.Is(err, ErrBulkheadFull) || status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("rejected call = %v, want ErrBulkheadFull, RESOURCE_EXHAUSTED", err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("call rejected by the full bulkhead: %v allocs, want 0", allocs)
+	}
+}
+
+// BenchmarkBulkheadRejection measures a call the full bulkhead rejects,
+// with the caller's status.Code of its error.
+func BenchmarkBulkheadRejection(b *testing.B) {
+	ic := fullBulkheadInterceptor(b)
+	ctx := context.Background()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = status.Code(ic(ctx, echoMethod, req, reply, nil, okInvoker))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -39,14 +40,12 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		limit:    c.opts.replayBuffer,
 		watch:    mp.g.breaker != nil || mp.g.bulkhead != nil,
 	}
-	s.ready = sync.NewCond(&s.mu)
+	s.ready.L = &s.mu
+	s.buf = s.bufOne[:0]
 	if mp.waitForReady != nil {
 		s.opts = append(append([]grpc.CallOption(nil), opts...), grpc.WaitForReady(*mp.waitForReady))
 	}
-	s.ctx, s.cancelCall = ctx, func() {}
-	if mp.timeout > 0 {
-		s.ctx, s.cancelCall = withTimeout(ctx, mp.timeout)
-	}
+	s.ctx, s.cancelCall = streamContext(ctx, mp.timeout)
 	s.r = c.newRetrier(s.ctx, st, mp, &co)
 	s.ctx = s.r.outgoing(s.ctx)
 	// A key makes a unary call safe to retry on more codes; a stream is not
@@ -67,6 +66,24 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, err
 	}
 	return s, nil
+}
+
+// streamContext returns the context of a stream, which the stream cancels
+// when it ends: the caller's, bounded by the config timeout as withTimeout
+// bounds it. Attempts run under it, so the end of the stream ends the grpc
+// stream of an attempt still live (a panic below, an attempt opened as the
+// stream ended); an attempt has a context of its own only for a per-attempt
+// timeout, and a failed one has ended its grpc stream before it is retired.
+func streamContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout > 0 {
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > timeout {
+			if timeout <= time.Nanosecond {
+				return context.WithDeadline(ctx, time.Now())
+			}
+			return context.WithTimeout(ctx, timeout)
+		}
+	}
+	return context.WithCancel(ctx)
 }
 
 // streamState is where a retryStream is in its life:
@@ -119,8 +136,8 @@ const (
 type retryStream struct {
 	c          *Client
 	mp         *methodPolicy
-	ctx        context.Context // the call's: the caller's, bounded by the config timeout
-	cancelCall context.CancelFunc
+	ctx        context.Context    // the call's: the caller's, bounded by the config timeout
+	cancelCall context.CancelFunc // ends ctx: called once the stream is done (finish)
 	desc       *grpc.StreamDesc
 	cc         *grpc.ClientConn
 	method     string
@@ -135,14 +152,20 @@ type retryStream struct {
 	r retrier
 
 	mu    sync.Mutex
-	ready *sync.Cond // broadcast when state, cur or an attempt's reading changes
+	ready sync.Cond // on mu; broadcast when state, cur or an attempt's reading changes
 	state streamState
 	// cur is the live attempt while attempting or committed, else nil.
 	cur *streamAttempt
 	// last is the latest attempt created; never nil once start succeeded.
-	last      *streamAttempt
-	buf       []any // messages sent before the commit, for replay
-	bufBytes  int   // their size as messageSize counts it
+	last     *streamAttempt
+	buf      []any // messages sent before the commit, for replay
+	bufBytes int   // their size as messageSize counts it
+	// bufOne backs buf until a second message is kept, so that a stream
+	// with one request (server streaming) keeps it without allocating.
+	bufOne [1]any
+	// first is the first attempt, in the stream's own allocation: the
+	// success path allocates no attempt of its own.
+	first     streamAttempt
 	closeSent bool
 	driving   bool  // a driver is at work (state idle)
 	final     error // set when done: io.EOF after success, else the error

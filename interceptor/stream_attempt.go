@@ -13,12 +13,12 @@ import (
 // streamAttempt is one attempt of a stream: the grpc stream below the
 // interceptor and the admission it holds.
 type streamAttempt struct {
-	cs       grpc.ClientStream // set once created, before the attempt is shared
-	adm      admission         // the breaker token and bulkhead slot it holds
-	cancel   context.CancelFunc
-	timer    *time.Timer // the per-attempt timeout until commit; nil if none
-	timedOut atomic.Bool // the timer fired while the call was live
-	unwatch  func() bool // stops the watch on cs's context; nil if none
+	cs       grpc.ClientStream  // set once created, before the attempt is shared
+	adm      admission          // the breaker token and bulkhead slot it holds
+	cancel   context.CancelFunc // ends the attempt's own context; noCancel when it has none
+	timer    *time.Timer        // the per-attempt timeout until commit; nil if none
+	timedOut atomic.Bool        // the timer fired while the call was live
+	unwatch  func() bool        // stops the watch on cs's context; nil if none
 
 	// Guarded by the stream's mu.
 	released bool // adm was released: set once, by releaseAttempt
@@ -35,11 +35,16 @@ func (a *streamAttempt) stopTimer() {
 }
 
 // stop stops the timer and cancels the attempt's context, which ends its
-// grpc stream if it is still running.
+// grpc stream if it is still running. Only an attempt with a per-attempt
+// timeout has a context of its own; the others run under the stream's,
+// which the stream's end cancels (see streamContext).
 func (a *streamAttempt) stop() {
 	a.stopTimer()
 	a.cancel()
 }
+
+// noCancel is the cancel of an attempt without a context of its own.
+func noCancel() {}
 
 var (
 	// errEndedHere is the outcome of an attempt that ended on this side
@@ -74,10 +79,18 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, stopOfContext(s.ctx.Err()))}
 	}
 	s.r.attempts++
-	actx, cancel := context.WithCancel(attemptContext(s.ctx, s.r.attempts))
-	a := &streamAttempt{adm: adm, cancel: cancel, busy: 1}
-	if d := s.r.rp.perAttempt; d > 0 && !s.single {
-		a.timer = time.AfterFunc(d, func() {
+	actx, cancel := attemptContext(s.ctx, s.r.attempts), context.CancelFunc(noCancel)
+	timed := s.r.rp.perAttempt > 0 && !s.single
+	if timed {
+		actx, cancel = context.WithCancel(actx)
+	}
+	a := &s.first
+	if s.r.attempts > 1 {
+		a = new(streamAttempt)
+	}
+	a.adm, a.cancel, a.busy = adm, cancel, 1
+	if timed {
+		a.timer = time.AfterFunc(s.r.rp.perAttempt, func() {
 			if s.ctx.Err() == nil {
 				a.timedOut.Store(true)
 			}

@@ -179,9 +179,16 @@ func (s *retryStream) commitLocked() {
 		return
 	}
 	s.state = stateCommitted
-	s.buf, s.bufBytes = nil, 0
+	s.dropBuf()
 	s.cur.stopTimer()
 	s.ready.Broadcast()
+}
+
+// dropBuf empties the replay buffer for good (commit or end), letting go of
+// the messages it kept.
+func (s *retryStream) dropBuf() {
+	clear(s.buf)
+	s.buf, s.bufBytes = nil, 0
 }
 
 // commitAttempt commits a if it is the live attempt.
@@ -367,7 +374,7 @@ func (s *retryStream) finish(err, outcome error) error {
 	if err == nil {
 		s.final = io.EOF
 	}
-	s.buf, s.bufBytes = nil, 0
+	s.dropBuf()
 	a, driving, final := s.last, s.driving, s.final
 	s.ready.Broadcast()
 	s.mu.Unlock()

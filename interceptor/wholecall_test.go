@@ -1,0 +1,173 @@
+package interceptor
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// leanEcho answers Echo and ServerStream without recording anything, so
+// that what a measurement sees of the server is grpc's own work, the same
+// for a bare call and one through the interceptor.
+type leanEcho struct {
+	echov1.UnimplementedEchoServiceServer
+}
+
+func (leanEcho) Echo(_ context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+	return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+}
+
+func (leanEcho) ServerStream(req *echov1.ServerStreamRequest, ss grpc.ServerStreamingServer[echov1.ServerStreamResponse]) error {
+	for i := range req.GetCount() {
+		if err := ss.Send(&echov1.ServerStreamResponse{Message: req.GetMessage(), Index: i}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// floorPair is a bare connection and one through a client with retry,
+// budget, breaker and bulkhead on EchoService, to one lean server; timed
+// goes through a client whose EchoService config has a retry policy and a
+// timeout.
+type floorPair struct {
+	bare, ours, timed echov1.EchoServiceClient
+}
+
+func newFloorPair(tb testing.TB) floorPair {
+	tb.Helper()
+	var srv leanEcho
+	bare := testserver.Start(tb, srv, grpc.WithDisableRetry())
+	c := newTestClient(tb, WithMethodConfig(serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: echoService}},
+		RetryPolicy:    fastPolicy(4),
+		CircuitBreaker: &serviceconfig.CircuitBreaker{},
+		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1 << 20},
+	}))
+	ours := testserver.Start(tb, srv, c.DialOptions()...)
+	ct := newTestClient(tb, WithMethodConfig(serviceconfig.MethodConfig{
+		Name:        []serviceconfig.Name{{Service: echoService}},
+		RetryPolicy: fastPolicy(4),
+		Timeout:     time.Hour,
+	}))
+	timed := testserver.Start(tb, srv, ct.DialOptions()...)
+	return floorPair{
+		bare:  echov1.NewEchoServiceClient(bare),
+		ours:  echov1.NewEchoServiceClient(ours),
+		timed: echov1.NewEchoServiceClient(timed),
+	}
+}
+
+func unaryOnce(tb testing.TB, stub echov1.EchoServiceClient, req *echov1.EchoRequest) {
+	if _, err := stub.Echo(context.Background(), req); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// streamOnce reads a server stream to its end.
+func streamOnce(tb testing.TB, stub echov1.EchoServiceClient, req *echov1.ServerStreamRequest) {
+	st, err := stub.ServerStream(context.Background(), req)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		if _, err := st.Recv(); err == io.EOF {
+			return
+		} else if err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+var (
+	floorUnaryReq  = &echov1.EchoRequest{Message: "bench"}
+	floorStreamReq = &echov1.ServerStreamRequest{Message: "bench", Count: 10}
+)
+
+// What a whole call through the client (retry, budget, breaker, bulkhead)
+// allocates beyond a bare call, on the success path, pinned by
+// TestWholeCallAllocations:
+//   - unary: grpc copies the response header and the trailer for the
+//     grpc.Header and grpc.Trailer options a retry needs to tell a committed
+//     attempt and to read the server's pushback (3 for the header's
+//     content-type, 1 for the empty trailer); grpc's public API gives
+//     neither without the copy, and the options run whatever the outcome.
+//   - server stream: the retryStream (with its first attempt and a
+//     one-message replay buffer inline, 1), the attempt's cancellable
+//     context, under which grpc registers its own (5), and, as the method
+//     has guards, the watch on the grpc stream's context that releases
+//     them when the stream ends with no call at work (3).
+//   - server stream under a config timeout (no guards): the retryStream
+//     (1), the timeout's context, its timer and grpc's context registered
+//     under it (11, of which a bare call with its own deadline pays most
+//     too). The attempt runs under that context rather than one of its own
+//     (5 fewer), as every attempt without a per-attempt timeout does.
+const (
+	unaryExtraAllocs       = 4
+	streamExtraAllocs      = 9
+	streamTimedExtraAllocs = 16
+)
+
+// TestWholeCallAllocations compares, in exact allocations per call, a bare
+// unary call and a bare server stream of 10 with the same calls through
+// the client, over bufconn to one server, and pins the difference.
+func TestWholeCallAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("exact allocation counts need the race detector off: with it, sync.Pool drops items at random")
+	}
+	p := newFloorPair(t)
+	for range 3 { // connections up, policies resolved
+		unaryOnce(t, p.bare, floorUnaryReq)
+		unaryOnce(t, p.ours, floorUnaryReq)
+		streamOnce(t, p.bare, floorStreamReq)
+		streamOnce(t, p.ours, floorStreamReq)
+		streamOnce(t, p.timed, floorStreamReq)
+	}
+	unary := func(c echov1.EchoServiceClient) { unaryOnce(t, c, floorUnaryReq) }
+	stream := func(c echov1.EchoServiceClient) { streamOnce(t, c, floorStreamReq) }
+	tests := []struct {
+		name  string
+		call  func(echov1.EchoServiceClient)
+		ours  echov1.EchoServiceClient
+		extra float64
+	}{
+		{"unary", unary, p.ours, unaryExtraAllocs},
+		{"server stream", stream, p.ours, streamExtraAllocs},
+		{"server stream, config timeout", stream, p.timed, streamTimedExtraAllocs},
+	}
+	for _, tt := range tests {
+		bare := testing.AllocsPerRun(300, func() { tt.call(p.bare) })
+		ours := testing.AllocsPerRun(300, func() { tt.call(tt.ours) })
+		t.Logf("%s: bare %v allocs per call, ours %v", tt.name, bare, ours)
+		if ours-bare > tt.extra {
+			t.Errorf("%s: ours %v allocs per call, bare %v: +%v, want at most +%v", tt.name, ours, bare, ours-bare, tt.extra)
+		}
+	}
+}
+
+// BenchmarkWholeCall compares a bare call with the same call through the
+// client (retry, budget, breaker, bulkhead), paired and alternating over
+// bufconn to one server; ratio is ours/bare in time. allocs/op counts both
+// calls of a pair.
+func BenchmarkWholeCall(b *testing.B) {
+	p := newFloorPair(b)
+	unaryOnce(b, p.bare, floorUnaryReq)
+	unaryOnce(b, p.ours, floorUnaryReq)
+	b.Run("unary", func(b *testing.B) {
+		pairedCalls(b,
+			func(int) { unaryOnce(b, p.bare, floorUnaryReq) },
+			func(int) { unaryOnce(b, p.ours, floorUnaryReq) })
+	})
+	b.Run("server stream of 10", func(b *testing.B) {
+		pairedCalls(b,
+			func(int) { streamOnce(b, p.bare, floorStreamReq) },
+			func(int) { streamOnce(b, p.ours, floorStreamReq) })
+	})
+}
