@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+)
+
+// The saturation workload. The rule of thumb it shows: a bulkhead's
+// maxConcurrent on a slow method must stay below the connection's
+// MaxConcurrentStreams minus what the other methods need at once, here
+// 48 < 64 - 1 fast caller, with room to spare.
+const (
+	satStreams      = 64                     // the server's MaxConcurrentStreams
+	satSlowCallers  = 128                    // closed-loop callers of the slow method
+	satSlowDelay    = 100 * time.Millisecond // the slow method's time per call
+	satSlowBulkhead = 48                     // ours: bulkhead maxConcurrent on the slow method
+	satLimit        = 1.5                    // the fast method's loaded p99 must stay within this × its idle p99
+)
+
+// Saturation shows per-method isolation: a slow method fills the
+// connection's streams while a fast one is called.
+func Saturation() Scenario {
+	return Scenario{
+		Name: "slow method saturating the connection (per-method isolation)",
+		Workload: fmt.Sprintf("The server allows %d concurrent streams per connection (grpc.MaxConcurrentStreams). "+
+			"Lookup (the slow method) takes %v; Echo (the fast one) answers at once. One connection per peer. "+
+			"First one caller makes 2×Size.Calls sequential Echo calls on the idle connection (idle p99); then %d closed-loop "+
+			"callers call Lookup while the same caller makes 2×Size.Calls Echo calls again (loaded p99). "+
+			"Ours has a bulkhead of %d on Lookup alone (maxQueueWait 1 s), below the connection's capacity. "+
+			"Rule of thumb: a slow method's bulkhead maxConcurrent < the connection's MaxConcurrentStreams minus the fast "+
+			"methods' peak concurrency; then the slow method queues in its own bulkhead, not in the transport, "+
+			"where it would make every method wait for a stream. Pass: loaded p99 ≤ %.1f× idle p99.",
+			satStreams, satSlowDelay, satSlowCallers, satSlowBulkhead, satLimit),
+		Run: runSaturation,
+	}
+}
+
+func runSaturation(ctx context.Context, sz Size) ([]Table, error) {
+	pol := DefaultPolicy
+	pol.SlowBulkhead = satSlowBulkhead
+	peers := retryPeers()
+	t := Table{
+		Header: []string{"peer", "fast idle p99 vs bare's", "fast loaded p99 / own idle p99", fmt.Sprintf("within %.1f×", satLimit), "slow calls succeeded"},
+		Notes:  peerNotes(peers),
+	}
+	var bareIdle time.Duration
+	for _, p := range peers {
+		opts, cannot, err := p.setup(pol, needUnary)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
+		if cannot != "" {
+			t.Rows = append(t.Rows, []string{p.name, "(" + cannot + ")", "—", "—", "—"})
+			continue
+		}
+		idle, loaded, slowOK, err := saturate(ctx, opts, 2*sz.Calls)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
+		if p.name == peerBare {
+			bareIdle = idle
+		}
+		r := float64(loaded) / float64(idle)
+		pass := "no"
+		if r <= satLimit {
+			pass = "yes"
+		}
+		t.Rows = append(t.Rows, []string{p.name, ratio(float64(idle) / float64(bareIdle)), ratio(r), pass, pct(slowOK)})
+	}
+	return []Table{t}, nil
+}
+
+// saturate returns the fast method's idle and loaded p99 over n calls each,
+// and the slow calls' success rate.
+func saturate(ctx context.Context, opts []grpc.DialOption, n int) (idle, loaded time.Duration, slowOK float64, err error) {
+	ts, err := startServer(Bufconn, grpc.MaxConcurrentStreams(satStreams))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer ts.stop()
+	ts.setBehavior(func(method, _ string, _ int) (time.Duration, error) {
+		if method == methodLookup {
+			return satSlowDelay, nil
+		}
+		return 0, nil
+	})
+	cc, err := ts.dial(opts...)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer cc.Close()
+	c := echov1.NewEchoServiceClient(cc)
+	fast := func(i int) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := c.Echo(ctx, &echov1.EchoRequest{Message: "f" + strconv.Itoa(i)})
+		return time.Since(start), err
+	}
+	fastRun := func(base int) (time.Duration, error) {
+		ds := make([]time.Duration, 0, n)
+		for i := range n {
+			d, err := fast(base + i)
+			if err != nil {
+				return 0, fmt.Errorf("fast call: %w", err)
+			}
+			ds = append(ds, d)
+		}
+		return quantile(ds, 0.99), nil
+	}
+	if _, err := fastRun(0); err != nil { // warm up
+		return 0, 0, 0, err
+	}
+	if idle, err = fastRun(n); err != nil {
+		return 0, 0, 0, err
+	}
+
+	slowCtx, stopSlow := context.WithCancel(ctx)
+	var (
+		l  load
+		wg sync.WaitGroup
+	)
+	wg.Go(func() {
+		l.closedLoop(slowCtx, satSlowCallers, 0, time.Now().Add(time.Hour), func(ctx context.Context, i int) error {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			_, err := c.Lookup(ctx, &echov1.LookupRequest{Message: "s" + strconv.Itoa(i)})
+			return err
+		})
+	})
+	time.Sleep(2 * satSlowDelay) // let the slow callers fill the streams
+	loaded, err = fastRun(2 * n)
+	stopAt := time.Now()
+	stopSlow()
+	wg.Wait()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	// Calls cut short by stopSlow are not the method's failures.
+	ok, total := 0, 0
+	for _, o := range l.outcomes {
+		if o.err != nil && !o.end.Before(stopAt) {
+			continue
+		}
+		total++
+		if o.err == nil {
+			ok++
+		}
+	}
+	if total > 0 {
+		slowOK = float64(ok) / float64(total)
+	}
+	return idle, loaded, slowOK, nil
+}
