@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	_ "embed"
 	"fmt"
 	"io"
 	"os"
@@ -56,25 +57,36 @@ var reportedModules = []string{
 	"github.com/sony/gobreaker/v2",
 }
 
-// Versions returns "module version" lines for the compared libraries, as
-// the running binary was built with them.
+//go:embed go.mod
+var goMod string
+
+// Versions returns "module version" lines for the compared libraries: as
+// the running binary was built with them, or, where the build information
+// lacks them (test binaries), as bench/go.mod requires them.
 func Versions() []string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return []string{"(build information unavailable)"}
-	}
-	var out []string
-	for _, want := range reportedModules {
+	built := map[string]string{}
+	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
-			if d.Path != want {
-				continue
-			}
-			v := d.Version
+			built[d.Path] = d.Version
 			if d.Replace != nil {
-				v = "this checkout (replace " + d.Replace.Path + ")"
+				built[d.Path] = "this checkout (replace " + d.Replace.Path + ")"
 			}
-			out = append(out, want+" "+v)
 		}
+	}
+	for _, line := range strings.Split(goMod, "\n") {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(f) >= 2 && built[f[0]] == "" {
+			built[f[0]] = f[1]
+		}
+	}
+	built["github.com/grpc-resilience/resilience"] = "this checkout (bench/go.mod replaces it with ../)"
+	out := make([]string, 0, len(reportedModules))
+	for _, m := range reportedModules {
+		v := built[m]
+		if v == "" {
+			v = "(unknown)"
+		}
+		out = append(out, m+" "+v)
 	}
 	return out
 }

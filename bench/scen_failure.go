@@ -25,6 +25,7 @@ var errUnavailable = status.Error(codes.Unavailable, "bench: transient failure")
 type loadRun struct {
 	load
 	attempts int64     // attempts the server saw
+	failed   int64     // attempts that failed on the server
 	start    time.Time // when the first call started
 }
 
@@ -57,15 +58,16 @@ func runPeer(ctx context.Context, p peer, pol Policy, n need, b func(start time.
 	r := &loadRun{start: time.Now()}
 	ts.setBehavior(b(r.start))
 	w(ctx, &r.load, r.start, call)
-	r.attempts = ts.attempts.Load()
+	r.attempts, r.failed = ts.attempts.Load(), ts.failed.Load()
 	return r, "", nil
 }
 
 // failureTable runs w through every retry peer and builds a table whose
-// cells cells computes from each run.
-func failureTable(ctx context.Context, title string, header []string, b func(start time.Time) Behavior, w workload, cells func(r *loadRun) []string) (Table, error) {
+// cells cells computes from each run and the bare run (the first peer's).
+func failureTable(ctx context.Context, title string, header []string, b func(start time.Time) Behavior, w workload, cells func(r, bare *loadRun) []string) (Table, error) {
 	peers := retryPeers()
 	t := Table{Title: title, Header: append([]string{"peer"}, header...), Notes: peerNotes(peers)}
+	var bare *loadRun
 	for _, p := range peers {
 		r, cannot, err := runPeer(ctx, p, DefaultPolicy, needUnary, b, w)
 		if err != nil {
@@ -77,7 +79,10 @@ func failureTable(ctx context.Context, title string, header []string, b func(sta
 				row = append(row, "("+cannot+")")
 			}
 		} else {
-			row = append(row, cells(r)...)
+			if bare == nil {
+				bare = r
+			}
+			row = append(row, cells(r, bare)...)
 		}
 		t.Rows = append(t.Rows, row)
 	}
@@ -141,7 +146,7 @@ func Transient() Scenario {
 				return 0, nil
 			})
 			t, err := failureTable(ctx, "", []string{"success", "attempts/call"}, b, closedCalls(transientCallers, max(sz.Calls/4, 1)),
-				func(r *loadRun) []string { return []string{pct(r.success()), perCall(r.attemptsPerCall())} })
+				func(r, _ *loadRun) []string { return []string{pct(r.success()), perCall(r.attemptsPerCall())} })
 			if err != nil {
 				return nil, err
 			}
@@ -157,11 +162,15 @@ func Outage() Scenario {
 	return Scenario{
 		Name: "full outage",
 		Workload: fmt.Sprintf("Every attempt fails with UNAVAILABLE. %d closed-loop callers for Size.Phase, DefaultPolicy. "+
-			"attempts/call is the load the client adds to a server that is down (bare: 1).", failureCallers),
+			"attempts/call is the load each call adds to a server that is down (bare: 1); server attempts vs bare compares the "+
+			"total load on the server in the same time (closed-loop bare callers hammer it back to back, retrying peers wait in "+
+			"backoff, and a caller whose breaker is open fails at once without reaching the server, so its calls are many and cheap).", failureCallers),
 		Run: func(ctx context.Context, sz Size) ([]Table, error) {
 			b := constant(func(string, string, int) (time.Duration, error) { return 0, errUnavailable })
-			t, err := failureTable(ctx, "", []string{"attempts/call", "success"}, b, closedFor(failureCallers, sz.Phase),
-				func(r *loadRun) []string { return []string{perCall(r.attemptsPerCall()), pct(r.success())} })
+			t, err := failureTable(ctx, "", []string{"attempts/call", "server attempts vs bare", "success"}, b, closedFor(failureCallers, sz.Phase),
+				func(r, bare *loadRun) []string {
+					return []string{perCall(r.attemptsPerCall()), ratio(float64(r.attempts) / float64(bare.attempts)), pct(r.success())}
+				})
 			return []Table{t}, err
 		},
 	}
@@ -172,11 +181,13 @@ func OutageRecovery() Scenario {
 	return Scenario{
 		Name: "outage then recovery",
 		Workload: "Every attempt fails with UNAVAILABLE for Size.Phase, then every attempt succeeds for Size.Phase. " +
-			"Closed loop: 16 callers back to back. Open loop: calls arrive at Size.Rate per second whatever happens to earlier ones. " +
-			"DefaultPolicy (breakers open after 5 consecutive failures for 500 ms). Columns: success of all calls; success of " +
-			"calls started after the recovery; attempts per call; time to recover: from the recovery to the end of the last " +
-			"failed call that started after it (set by the breaker's open time, not by the machine's speed; " +
-			"\"not within the phase\" when the last call of the run still failed).",
+			"DefaultPolicy (breakers open after 5 consecutive failures for 500 ms). " +
+			"Closed loop: 16 callers back to back; a caller whose breaker is open fails at once and calls again, so call counts " +
+			"and success shares mean little, and the columns are the load on the failing server (its failed attempts) and the " +
+			"good work after recovery (successful calls), both against bare. Open loop: calls arrive at Size.Rate per second " +
+			"whatever happens to earlier ones; success of all calls and of calls started after the recovery, server attempts per call. " +
+			"Time to recover: from the recovery to the end of the last failed call that started after it (set by the breakers' " +
+			"open time, not by the machine's speed; \"not within the phase\" when the run's last call still failed).",
 		Run: func(ctx context.Context, sz Size) ([]Table, error) {
 			b := func(start time.Time) Behavior {
 				healthy := start.Add(sz.Phase)
@@ -187,21 +198,34 @@ func OutageRecovery() Scenario {
 					return 0, nil
 				}
 			}
-			cells := func(r *loadRun) []string {
+			recovery := func(r *loadRun) string {
+				if d, ok := r.recoveryTime(r.start.Add(sz.Phase)); ok {
+					return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
+				}
+				return "not within the phase"
+			}
+			closedCells := func(r, bare *loadRun) []string {
+				ok := func(l *loadRun) float64 {
+					healthy := l.start.Add(sz.Phase)
+					rate, n := l.successRate(healthy, healthy.Add(sz.Phase))
+					return rate * float64(n)
+				}
+				return []string{ratio(float64(r.failed) / float64(bare.failed)), ratio(ok(r) / ok(bare)), recovery(r)}
+			}
+			openCells := func(r, _ *loadRun) []string {
 				healthy := r.start.Add(sz.Phase)
 				after, _ := r.successRate(healthy, healthy.Add(sz.Phase))
-				rec := "not within the phase"
-				if d, ok := r.recoveryTime(healthy); ok {
-					rec = fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
-				}
-				return []string{pct(r.success()), pct(after), perCall(r.attemptsPerCall()), rec}
+				return []string{pct(r.success()), pct(after), perCall(r.attemptsPerCall()), recovery(r)}
 			}
-			header := []string{"success", "success after recovery", "attempts/call", "time to recover"}
-			closed, err := failureTable(ctx, "Closed loop (16 callers)", header, b, closedFor(16, 2*sz.Phase), cells)
+			closed, err := failureTable(ctx, "Closed loop (16 callers)",
+				[]string{"server attempts in the outage vs bare", "successful calls after recovery vs bare", "time to recover"},
+				b, closedFor(16, 2*sz.Phase), closedCells)
 			if err != nil {
 				return nil, err
 			}
-			open, err := failureTable(ctx, fmt.Sprintf("Open loop (%.0f calls/s)", sz.Rate), header, b, openFor(sz.Rate, 2*sz.Phase), cells)
+			open, err := failureTable(ctx, fmt.Sprintf("Open loop (%.0f calls/s)", sz.Rate),
+				[]string{"success", "success after recovery", "attempts/call", "time to recover"},
+				b, openFor(sz.Rate, 2*sz.Phase), openCells)
 			if err != nil {
 				return nil, err
 			}
@@ -229,7 +253,7 @@ func RandomFailures() Scenario {
 				return 0, nil
 			})
 			t, err := failureTable(ctx, "", []string{"success", "attempts/call"}, b, closedCalls(failureCallers, sz.Calls),
-				func(r *loadRun) []string { return []string{pct(r.success()), perCall(r.attemptsPerCall())} })
+				func(r, _ *loadRun) []string { return []string{pct(r.success()), perCall(r.attemptsPerCall())} })
 			return []Table{t}, err
 		},
 	}

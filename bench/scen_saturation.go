@@ -32,7 +32,8 @@ func Saturation() Scenario {
 		Workload: fmt.Sprintf("The server allows %d concurrent streams per connection (grpc.MaxConcurrentStreams). "+
 			"Lookup (the slow method) takes %v; Echo (the fast one) answers at once. One connection per peer. "+
 			"First one caller makes 2×Size.Calls sequential Echo calls on the idle connection (idle p99); then %d closed-loop "+
-			"callers call Lookup while the same caller makes 2×Size.Calls Echo calls again (loaded p99). "+
+			"callers call Lookup while the same caller makes up to 2×Size.Calls Echo calls again, for at most Size.Phase (loaded p99 of "+
+			"the successful ones; failed ones counted). "+
 			"Ours has a bulkhead of %d on Lookup alone (maxQueueWait 1 s), below the connection's capacity. "+
 			"Rule of thumb: a slow method's bulkhead maxConcurrent < the connection's MaxConcurrentStreams minus the fast "+
 			"methods' peak concurrency; then the slow method queues in its own bulkhead, not in the transport, "+
@@ -47,7 +48,7 @@ func runSaturation(ctx context.Context, sz Size) ([]Table, error) {
 	pol.SlowBulkhead = satSlowBulkhead
 	peers := retryPeers()
 	t := Table{
-		Header: []string{"peer", "fast idle p99 vs bare's", "fast loaded p99 / own idle p99", fmt.Sprintf("within %.1f×", satLimit), "slow calls succeeded"},
+		Header: []string{"peer", "fast idle p99 vs bare's", "fast loaded p99 / own idle p99", "fast calls failed", fmt.Sprintf("within %.1f×", satLimit), "slow calls succeeded"},
 		Notes:  peerNotes(peers),
 	}
 	var bareIdle time.Duration
@@ -57,32 +58,41 @@ func runSaturation(ctx context.Context, sz Size) ([]Table, error) {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		if cannot != "" {
-			t.Rows = append(t.Rows, []string{p.name, "(" + cannot + ")", "—", "—", "—"})
+			t.Rows = append(t.Rows, []string{p.name, "(" + cannot + ")", "—", "—", "—", "—"})
 			continue
 		}
-		idle, loaded, slowOK, err := saturate(ctx, opts, 2*sz.Calls)
+		res, err := saturate(ctx, opts, 2*sz.Calls, sz.Phase)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		if p.name == peerBare {
-			bareIdle = idle
+			bareIdle = res.idle
 		}
-		r := float64(loaded) / float64(idle)
+		r := float64(res.loaded) / float64(res.idle)
 		pass := "no"
-		if r <= satLimit {
+		if r <= satLimit && res.fastFailed == 0 {
 			pass = "yes"
 		}
-		t.Rows = append(t.Rows, []string{p.name, ratio(float64(idle) / float64(bareIdle)), ratio(r), pass, pct(slowOK)})
+		t.Rows = append(t.Rows, []string{p.name, ratio(float64(res.idle) / float64(bareIdle)), ratio(r),
+			strconv.Itoa(res.fastFailed), pass, pct(res.slowOK)})
 	}
 	return []Table{t}, nil
 }
 
-// saturate returns the fast method's idle and loaded p99 over n calls each,
-// and the slow calls' success rate.
-func saturate(ctx context.Context, opts []grpc.DialOption, n int) (idle, loaded time.Duration, slowOK float64, err error) {
+// satResult is one peer's saturation run.
+type satResult struct {
+	idle, loaded time.Duration // the fast method's p99, idle and under load
+	fastFailed   int           // fast calls that failed under load
+	slowOK       float64       // the slow calls' success rate
+}
+
+// saturate measures the fast method's p99 over n calls on the idle
+// connection, then over at most n calls for at most phase while the slow
+// method saturates the connection.
+func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Duration) (satResult, error) {
 	ts, err := startServer(Bufconn, grpc.MaxConcurrentStreams(satStreams))
 	if err != nil {
-		return 0, 0, 0, err
+		return satResult{}, err
 	}
 	defer ts.stop()
 	ts.setBehavior(func(method, _ string, _ int) (time.Duration, error) {
@@ -93,7 +103,7 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int) (idle, loaded 
 	})
 	cc, err := ts.dial(opts...)
 	if err != nil {
-		return 0, 0, 0, err
+		return satResult{}, err
 	}
 	defer cc.Close()
 	c := echov1.NewEchoServiceClient(cc)
@@ -104,22 +114,30 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int) (idle, loaded 
 		_, err := c.Echo(ctx, &echov1.EchoRequest{Message: "f" + strconv.Itoa(i)})
 		return time.Since(start), err
 	}
-	fastRun := func(base int) (time.Duration, error) {
+	// fastRun makes up to n fast calls, for at most budget, and returns
+	// the p99 of the successful ones and how many failed.
+	fastRun := func(base int, budget time.Duration) (p99 time.Duration, failed int, err error) {
 		ds := make([]time.Duration, 0, n)
-		for i := range n {
+		end := time.Now().Add(budget)
+		for i := 0; i < n && time.Now().Before(end); i++ {
 			d, err := fast(base + i)
 			if err != nil {
-				return 0, fmt.Errorf("fast call: %w", err)
+				failed++
+				continue
 			}
 			ds = append(ds, d)
 		}
-		return quantile(ds, 0.99), nil
+		if len(ds) == 0 {
+			return 0, failed, fmt.Errorf("every fast call failed")
+		}
+		return quantile(ds, 0.99), failed, nil
 	}
-	if _, err := fastRun(0); err != nil { // warm up
-		return 0, 0, 0, err
-	}
-	if idle, err = fastRun(n); err != nil {
-		return 0, 0, 0, err
+	var idle time.Duration
+	for _, base := range []int{0, n} { // warm up, then idle
+		var failed int
+		if idle, failed, err = fastRun(base, time.Hour); err != nil || failed > 0 {
+			return satResult{}, fmt.Errorf("fast calls on the idle connection: %d failed (%v)", failed, err)
+		}
 	}
 
 	slowCtx, stopSlow := context.WithCancel(ctx)
@@ -136,12 +154,12 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int) (idle, loaded 
 		})
 	})
 	time.Sleep(2 * satSlowDelay) // let the slow callers fill the streams
-	loaded, err = fastRun(2 * n)
+	loaded, fastFailed, err := fastRun(2*n, phase)
 	stopAt := time.Now()
 	stopSlow()
 	wg.Wait()
 	if err != nil {
-		return 0, 0, 0, err
+		return satResult{}, fmt.Errorf("fast calls under load: %w", err)
 	}
 	// Calls cut short by stopSlow are not the method's failures.
 	ok, total := 0, 0
@@ -154,8 +172,9 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int) (idle, loaded 
 			ok++
 		}
 	}
+	r := satResult{idle: idle, loaded: loaded, fastFailed: fastFailed}
 	if total > 0 {
-		slowOK = float64(ok) / float64(total)
+		r.slowOK = float64(ok) / float64(total)
 	}
-	return idle, loaded, slowOK, nil
+	return r, nil
 }

@@ -57,6 +57,7 @@ type server struct {
 
 	behavior atomic.Pointer[Behavior] // nil: echo at once, no per-call bookkeeping
 	attempts atomic.Int64             // attempts of every method since the last reset
+	failed   atomic.Int64             // attempts that ended in an error since the last reset
 
 	mu      sync.Mutex
 	perCall map[string]int // attempts per method and request message; guarded by mu
@@ -68,6 +69,7 @@ func (s *server) setBehavior(b Behavior) {
 	s.perCall = make(map[string]int)
 	s.mu.Unlock()
 	s.attempts.Store(0)
+	s.failed.Store(0)
 	if b == nil {
 		s.behavior.Store(nil)
 		return
@@ -94,8 +96,12 @@ func (s *server) act(ctx context.Context, method, msg string) error {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			s.failed.Add(1)
 			return ctx.Err()
 		}
+	}
+	if err != nil {
+		s.failed.Add(1)
 	}
 	return err
 }
