@@ -76,7 +76,7 @@ func TestSmoke(t *testing.T) {
 	}
 
 	var buf bytes.Buffer
-	WriteReport(&buf, results, Tiny, ThisMachine(), time.Since(start))
+	WriteReport(&buf, results, Tiny, ThisMachine(), time.Since(start), "")
 	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
 		if !strings.Contains(buf.String(), s) {
 			t.Errorf("report lacks %q", s)

@@ -249,4 +249,10 @@ func pct(x float64) string {
 	return fmt.Sprintf("%.1f%%", 100*x)
 }
 func perCall(x float64) string { return fmt.Sprintf("%.2f", x) }
-func signed(x float64) string  { return fmt.Sprintf("%+.1f", x) }
+func signed(x float64) string {
+	r := math.Round(x*10) / 10
+	if r == 0 {
+		r = 0 // no "-0.0"
+	}
+	return fmt.Sprintf("%+.1f", r)
+}

@@ -98,7 +98,7 @@ const (
 func bare() peer {
 	return peer{
 		name: peerBare,
-		note: "grpc.WithDisableRetry(); every ratio is against this row.",
+		note: "grpc.WithDisableRetry(); every ratio is against it. In the paired timing tables its own row times a second bare connection against the first: the noise floor.",
 		setup: func(Policy, need) ([]grpc.DialOption, string, error) {
 			return []grpc.DialOption{grpc.WithDisableRetry()}, "", nil
 		},

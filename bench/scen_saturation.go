@@ -48,32 +48,28 @@ func runSaturation(ctx context.Context, sz Size) ([]Table, error) {
 	pol.SlowBulkhead = satSlowBulkhead
 	peers := retryPeers()
 	t := Table{
-		Header: []string{"peer", "fast idle p99 vs bare's", "fast loaded p99 / own idle p99", "fast calls failed", fmt.Sprintf("within %.1f×", satLimit), "slow calls succeeded"},
+		Header: []string{"peer", "fast loaded p99 / own idle p99", "fast calls failed", fmt.Sprintf("within %.1f×", satLimit), "slow calls succeeded"},
 		Notes:  peerNotes(peers),
 	}
-	var bareIdle time.Duration
 	for _, p := range peers {
 		opts, cannot, err := p.setup(pol, needUnary)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		if cannot != "" {
-			t.Rows = append(t.Rows, []string{p.name, "(" + cannot + ")", "—", "—", "—", "—"})
+			t.Rows = append(t.Rows, []string{p.name, "(" + cannot + ")", "—", "—", "—"})
 			continue
 		}
 		res, err := saturate(ctx, opts, 2*sz.Calls, sz.Phase)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
-		if p.name == peerBare {
-			bareIdle = res.idle
-		}
 		r := float64(res.loaded) / float64(res.idle)
 		pass := "no"
 		if r <= satLimit && res.fastFailed == 0 {
 			pass = "yes"
 		}
-		t.Rows = append(t.Rows, []string{p.name, ratio(float64(res.idle) / float64(bareIdle)), ratio(r),
+		t.Rows = append(t.Rows, []string{p.name, ratio(r),
 			strconv.Itoa(res.fastFailed), pass, pct(res.slowOK)})
 	}
 	return []Table{t}, nil

@@ -29,7 +29,7 @@ type Size struct {
 // Sizes are the named sizes the command accepts; Default fits the whole run
 // in under 5 minutes on 2 cores, Tiny is the smoke test's.
 var (
-	Default = Size{Name: "default", Pairs: 2000, Calls: 400, Phase: time.Second, Rate: 200}
+	Default = Size{Name: "default", Pairs: 4000, Calls: 800, Phase: time.Second, Rate: 200}
 	Tiny    = Size{Name: "tiny", Pairs: 40, Calls: 20, Phase: 100 * time.Millisecond, Rate: 100}
 )
 

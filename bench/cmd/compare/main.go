@@ -4,6 +4,7 @@
 //	cd bench && go run ./cmd/compare                 # default size, under 5 minutes on 2 cores
 //	go run ./cmd/compare -size tiny -out ''          # a quick look, no file written
 //	go run ./cmd/compare -run 'tail|isolation'       # some scenarios only
+//	go run ./cmd/compare -note 'busy machine'       # a bold note under the title
 package main
 
 import (
@@ -35,6 +36,7 @@ func run() error {
 	size := flag.String("size", "default", "workload size: default or tiny")
 	only := flag.String("run", "", "run only the scenarios whose name matches this regular expression")
 	out := flag.String("out", "BENCHMARKS.md", "write the report to this file (empty: do not write)")
+	note := flag.String("note", "", "a note printed in bold under the report's title, e.g. that the machine was busy")
 	flag.Parse()
 
 	var sz bench.Size
@@ -63,7 +65,7 @@ func run() error {
 	start := time.Now()
 	results := bench.Run(context.Background(), selected, sz, os.Stderr)
 	var buf bytes.Buffer
-	bench.WriteReport(&buf, results, sz, bench.ThisMachine(), time.Since(start))
+	bench.WriteReport(&buf, results, sz, bench.ThisMachine(), time.Since(start), *note)
 	if _, err := os.Stdout.Write(buf.Bytes()); err != nil {
 		return err
 	}
