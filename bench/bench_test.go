@@ -77,7 +77,16 @@ func TestSmoke(t *testing.T) {
 
 	var buf bytes.Buffer
 	WriteReport(&buf, results, Tiny, ThisMachine(), time.Since(start), "")
-	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
+	targets := TargetsTable(results)
+	if len(targets.Rows) != len(issueTargets) {
+		t.Errorf("TargetsTable has %d rows, want %d", len(targets.Rows), len(issueTargets))
+	}
+	for _, row := range targets.Rows {
+		if row[1] == "(not run)" && !strings.HasPrefix(row[0], "adaptive") {
+			t.Errorf("target %q: its cell is missing from the results", row[0])
+		}
+	}
+	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "### Targets (issue 10)", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
 		if !strings.Contains(buf.String(), s) {
 			t.Errorf("report lacks %q", s)
 		}
@@ -103,27 +112,13 @@ func checkTable(t *testing.T, scenario string, tb Table) {
 	}
 }
 
-// cell returns the cell of the first table of scenario with that row and column.
+// cell returns the cell of scenario's first table with that row and column.
 func cell(results []Result, scenario, row, column string) string {
-	for _, r := range results {
-		if r.Scenario.Name != scenario {
-			continue
-		}
-		for _, tb := range r.Tables {
-			col := -1
-			for i, h := range tb.Header {
-				if h == column {
-					col = i
-				}
-			}
-			for _, rw := range tb.Rows {
-				if rw[0] == row && col >= 0 {
-					return rw[col]
-				}
-			}
-		}
+	c, ok := resultCell(results, scenario, "", row, column)
+	if !ok {
+		return "(missing)"
 	}
-	return "(missing)"
+	return c
 }
 
 // TestScenarioRegistry pins that the registry is the list the command and

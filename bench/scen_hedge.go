@@ -77,7 +77,7 @@ func runSlowTail(ctx context.Context, sz Size, pol Policy) ([]Table, error) {
 			pct(r.attemptsPerCall() - 1), pct(r.success())})
 	}
 	if pol.OursHedgeConfig == "" {
-		t.Rows = append(t.Rows, []string{peerOursHedgeQuant, "(pending: set bench.AdaptiveHedgeConfig when hedgingDelayQuantile exists)", "—", "—", "—"})
+		t.Rows = append(t.Rows, []string{peerOursHedgeQuant, "(pending: set bench.AdaptiveHedgeConfig when hedgingDelayQuantile exists)", "(pending)", "(pending)", "(pending)"})
 	}
 	return []Table{t}, nil
 }
