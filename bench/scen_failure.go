@@ -38,12 +38,12 @@ func runPeer(ctx context.Context, p peer, pol Policy, n need, b func(start time.
 	if err != nil || cannot != "" {
 		return nil, cannot, err
 	}
-	ts, err := startServer(Bufconn)
+	ts, err := StartServer(Bufconn)
 	if err != nil {
 		return nil, "", err
 	}
-	defer ts.stop()
-	cc, err := ts.dial(opts...)
+	defer ts.Stop()
+	cc, err := ts.Dial(opts...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -56,9 +56,9 @@ func runPeer(ctx context.Context, p peer, pol Policy, n need, b func(start time.
 		return err
 	}
 	r := &loadRun{start: time.Now()}
-	ts.setBehavior(b(r.start))
+	ts.SetBehavior(b(r.start))
 	w(ctx, &r.load, r.start, call)
-	r.attempts, r.failed = ts.attempts.Load(), ts.failed.Load()
+	r.attempts, r.failed = ts.Attempts(), ts.Failed()
 	return r, "", nil
 }
 

@@ -37,22 +37,22 @@ func runIdempotency(_ context.Context, sz Size) ([]Table, error) {
 	if err != nil {
 		return nil, err
 	}
-	bareSrv, err := startServer(Bufconn)
+	bareSrv, err := StartServer(Bufconn)
 	if err != nil {
 		return nil, err
 	}
-	defer bareSrv.stop()
-	idemSrv, err := startServer(Bufconn, grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
+	defer bareSrv.Stop()
+	idemSrv, err := StartServer(Bufconn, grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
 	if err != nil {
 		return nil, err
 	}
-	defer idemSrv.stop()
-	bareCC, err := bareSrv.dial(grpc.WithDisableRetry())
+	defer idemSrv.Stop()
+	bareCC, err := bareSrv.Dial(grpc.WithDisableRetry())
 	if err != nil {
 		return nil, err
 	}
 	defer bareCC.Close()
-	idemCC, err := idemSrv.dial(grpc.WithDisableRetry())
+	idemCC, err := idemSrv.Dial(grpc.WithDisableRetry())
 	if err != nil {
 		return nil, err
 	}

@@ -86,18 +86,18 @@ type satResult struct {
 // connection, then over at most n calls for at most phase while the slow
 // method saturates the connection.
 func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Duration) (satResult, error) {
-	ts, err := startServer(Bufconn, grpc.MaxConcurrentStreams(satStreams))
+	ts, err := StartServer(Bufconn, grpc.MaxConcurrentStreams(satStreams))
 	if err != nil {
 		return satResult{}, err
 	}
-	defer ts.stop()
-	ts.setBehavior(func(method, _ string, _ int) (time.Duration, error) {
-		if method == methodLookup {
+	defer ts.Stop()
+	ts.SetBehavior(func(method, _ string, _ int) (time.Duration, error) {
+		if method == MethodLookup {
 			return satSlowDelay, nil
 		}
 		return 0, nil
 	})
-	cc, err := ts.dial(opts...)
+	cc, err := ts.Dial(opts...)
 	if err != nil {
 		return satResult{}, err
 	}

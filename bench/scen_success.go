@@ -75,12 +75,12 @@ func runSuccessPath(_ context.Context, sz Size) ([]Table, error) {
 }
 
 func successTable(tr Transport, peers []peer, sz Size) (Table, error) {
-	ts, err := startServer(tr)
+	ts, err := StartServer(tr)
 	if err != nil {
 		return Table{}, err
 	}
-	defer ts.stop()
-	bareCC, err := ts.dial(grpc.WithDisableRetry())
+	defer ts.Stop()
+	bareCC, err := ts.Dial(grpc.WithDisableRetry())
 	if err != nil {
 		return Table{}, err
 	}
@@ -109,7 +109,7 @@ func successTable(tr Transport, peers []peer, sz Size) (Table, error) {
 
 // successCells returns the time ratio and extra allocations of peer p on
 // one kind of call, or two cells saying why p cannot make it.
-func successCells(ts *testServer, p peer, n need, bareCall func() error, call func(*grpc.ClientConn) func() error, sz Size) ([]string, error) {
+func successCells(ts *Server, p peer, n need, bareCall func() error, call func(*grpc.ClientConn) func() error, sz Size) ([]string, error) {
 	opts, cannot, err := p.setup(DefaultPolicy, n)
 	if err != nil {
 		return nil, err
@@ -117,7 +117,7 @@ func successCells(ts *testServer, p peer, n need, bareCall func() error, call fu
 	if cannot != "" {
 		return []string{"(" + cannot + ")", "—"}, nil
 	}
-	cc, err := ts.dial(opts...)
+	cc, err := ts.Dial(opts...)
 	if err != nil {
 		return nil, err
 	}

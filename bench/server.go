@@ -15,13 +15,16 @@ import (
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
-// Full method names of the echo service, as the peers' configurations name them.
+// Full method names of the echo service, as a [Behavior] receives them.
 const (
-	echoService   = "resilience.echo.v1.EchoService"
-	methodEcho    = "/" + echoService + "/Echo"
-	methodLookup  = "/" + echoService + "/Lookup"
-	methodStream  = "/" + echoService + "/ServerStream"
-	streamReplies = 10 // responses per server stream in every scenario
+	MethodEcho         = "/" + echoService + "/Echo"
+	MethodLookup       = "/" + echoService + "/Lookup"
+	MethodServerStream = "/" + echoService + "/ServerStream"
+)
+
+const (
+	echoService   = "resilience.echo.v1.EchoService" // as the peers' service configs name it
+	streamReplies = 10                               // responses per server stream in every scenario
 )
 
 // Transport is how a client reaches the server.
@@ -62,6 +65,10 @@ type server struct {
 	mu      sync.Mutex
 	perCall map[string]int // attempts per method and request message; guarded by mu
 }
+
+// SetBehavior replaces the behaviour (nil: answer at once) and resets the
+// attempt counters.
+func (ts *Server) SetBehavior(b Behavior) { ts.setBehavior(b) }
 
 // setBehavior replaces the behaviour and resets the counters.
 func (s *server) setBehavior(b Behavior) {
@@ -107,21 +114,21 @@ func (s *server) act(ctx context.Context, method, msg string) error {
 }
 
 func (s *server) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
-	if err := s.act(ctx, methodEcho, req.GetMessage()); err != nil {
+	if err := s.act(ctx, MethodEcho, req.GetMessage()); err != nil {
 		return nil, err
 	}
 	return &echov1.EchoResponse{Message: req.GetMessage(), Payload: req.GetPayload()}, nil
 }
 
 func (s *server) Lookup(ctx context.Context, req *echov1.LookupRequest) (*echov1.LookupResponse, error) {
-	if err := s.act(ctx, methodLookup, req.GetMessage()); err != nil {
+	if err := s.act(ctx, MethodLookup, req.GetMessage()); err != nil {
 		return nil, err
 	}
 	return &echov1.LookupResponse{Message: req.GetMessage()}, nil
 }
 
 func (s *server) ServerStream(req *echov1.ServerStreamRequest, st grpc.ServerStreamingServer[echov1.ServerStreamResponse]) error {
-	if err := s.act(st.Context(), methodStream, req.GetMessage()); err != nil {
+	if err := s.act(st.Context(), MethodServerStream, req.GetMessage()); err != nil {
 		return err
 	}
 	for i := range req.GetCount() {
@@ -132,8 +139,12 @@ func (s *server) ServerStream(req *echov1.ServerStreamRequest, st grpc.ServerStr
 	return nil
 }
 
-// testServer is a running echo server and the way to dial it.
-type testServer struct {
+// Server is the running echo server every scenario shares (a scenario of
+// another package, such as bench/overload, too): Echo and Lookup answer
+// with the request's message, ServerStream sends count responses, each
+// after the [Behavior] set with SetBehavior. Attempts are counted on the
+// server.
+type Server struct {
 	*server
 	gs     *grpc.Server
 	target string
@@ -142,11 +153,11 @@ type testServer struct {
 
 // startServer starts the shared echo server over tr with opts (server
 // interceptors, MaxConcurrentStreams). Stop it with stop.
-func startServer(tr Transport, opts ...grpc.ServerOption) (*testServer, error) {
+func StartServer(tr Transport, opts ...grpc.ServerOption) (*Server, error) {
 	s := &server{perCall: make(map[string]int)}
 	gs := grpc.NewServer(opts...)
 	echov1.RegisterEchoServiceServer(gs, s)
-	ts := &testServer{server: s, gs: gs}
+	ts := &Server{server: s, gs: gs}
 	var lis net.Listener
 	switch tr {
 	case TCP:
@@ -166,8 +177,9 @@ func startServer(tr Transport, opts ...grpc.ServerOption) (*testServer, error) {
 	return ts, nil
 }
 
-// dial connects to the server with the peer's dial options appended.
-func (ts *testServer) dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+// Dial connects to the server, insecure, with opts appended (a peer's
+// interceptors and service config).
+func (ts *Server) Dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	all := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if ts.dialer != nil {
 		all = append(all, ts.dialer)
@@ -181,4 +193,11 @@ func (ts *testServer) dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
-func (ts *testServer) stop() { ts.gs.Stop() }
+// Stop stops the server and closes its connections.
+func (ts *Server) Stop() { ts.gs.Stop() }
+
+// Attempts returns the attempts of every method since the last SetBehavior.
+func (ts *Server) Attempts() int64 { return ts.attempts.Load() }
+
+// Failed returns the attempts that ended in an error since the last SetBehavior.
+func (ts *Server) Failed() int64 { return ts.failed.Load() }
