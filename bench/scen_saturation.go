@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -32,7 +33,8 @@ func Saturation() Scenario {
 		Workload: fmt.Sprintf("The server allows %d concurrent streams per connection (grpc.MaxConcurrentStreams). "+
 			"Lookup (the slow method) takes %v; Echo (the fast one) answers at once. One connection per peer. "+
 			"First one caller makes 2×Size.Calls sequential Echo calls on the idle connection (idle p99); then %d closed-loop "+
-			"callers call Lookup while the same caller makes up to 2×Size.Calls Echo calls again, for at most Size.Phase (loaded p99 of "+
+			"callers call Lookup while the same caller makes 2×Size.Calls Echo calls again, and for at least 3 slow calls' time, at most "+
+			"max(Size.Phase, 3 slow calls' time) (loaded p99 of "+
 			"the successful ones; failed ones counted). "+
 			"Ours has a bulkhead of %d on Lookup alone (maxQueueWait 1 s), below the connection's capacity. "+
 			"Rule of thumb: a slow method's bulkhead maxConcurrent < the connection's MaxConcurrentStreams minus the fast "+
@@ -110,12 +112,13 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Dur
 		_, err := c.Echo(ctx, &echov1.EchoRequest{Message: "f" + strconv.Itoa(i)})
 		return time.Since(start), err
 	}
-	// fastRun makes up to n fast calls, for at most budget, and returns
-	// the p99 of the successful ones and how many failed.
-	fastRun := func(base int, budget time.Duration) (p99 time.Duration, failed int, err error) {
+	// fastRun makes fast calls until it has made n and least has passed,
+	// but for at most budget, and returns the p99 of the successful ones
+	// and how many failed.
+	fastRun := func(base int, least, budget time.Duration) (p99 time.Duration, failed int, err error) {
 		ds := make([]time.Duration, 0, n)
-		end := time.Now().Add(budget)
-		for i := 0; i < n && time.Now().Before(end); i++ {
+		start := time.Now()
+		for i := 0; (i < n || time.Since(start) < least) && time.Since(start) < budget; i++ {
 			d, err := fast(base + i)
 			if err != nil {
 				failed++
@@ -131,7 +134,7 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Dur
 	var idle time.Duration
 	for _, base := range []int{0, n} { // warm up, then idle
 		var failed int
-		if idle, failed, err = fastRun(base, time.Hour); err != nil || failed > 0 {
+		if idle, failed, err = fastRun(base, 0, time.Hour); err != nil || failed > 0 {
 			return satResult{}, fmt.Errorf("fast calls on the idle connection: %d failed (%v)", failed, err)
 		}
 	}
@@ -149,8 +152,19 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Dur
 			return err
 		})
 	})
-	time.Sleep(2 * satSlowDelay) // let the slow callers fill the streams
-	loaded, fastFailed, err := fastRun(2*n, phase)
+	// The slow callers have filled what they can fill once the server holds
+	// at least the smaller of the connection's streams and ours' bulkhead.
+	for deadline := time.Now().Add(5 * time.Second); ts.InFlight() < satSlowBulkhead; {
+		if time.Now().After(deadline) {
+			stopSlow()
+			wg.Wait()
+			return satResult{}, fmt.Errorf("slow callers: %d in flight after 5 s, want %d", ts.InFlight(), satSlowBulkhead)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// At least 3 slow calls' time, so that slow calls cycle through the
+	// streams (or ours' bulkhead) while the fast ones are measured.
+	loaded, fastFailed, err := fastRun(2*n, 3*satSlowDelay, max(phase, 3*satSlowDelay))
 	stopAt := time.Now()
 	stopSlow()
 	wg.Wait()
@@ -168,7 +182,7 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Dur
 			ok++
 		}
 	}
-	r := satResult{idle: idle, loaded: loaded, fastFailed: fastFailed}
+	r := satResult{idle: idle, loaded: loaded, fastFailed: fastFailed, slowOK: math.NaN()}
 	if total > 0 {
 		r.slowOK = float64(ok) / float64(total)
 	}

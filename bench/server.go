@@ -61,6 +61,7 @@ type server struct {
 	behavior atomic.Pointer[Behavior] // nil: echo at once, no per-call bookkeeping
 	attempts atomic.Int64             // attempts of every method since the last reset
 	failed   atomic.Int64             // attempts that ended in an error since the last reset
+	inFlight atomic.Int64             // attempts in the handler now (never reset)
 
 	mu      sync.Mutex
 	perCall map[string]int // attempts per method and request message; guarded by mu
@@ -87,6 +88,8 @@ func (s *server) setBehavior(b Behavior) {
 // act runs the behaviour for one attempt of method carrying msg.
 func (s *server) act(ctx context.Context, method, msg string) error {
 	s.attempts.Add(1)
+	s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
 	b := s.behavior.Load()
 	if b == nil {
 		return nil
@@ -198,6 +201,9 @@ func (ts *Server) Stop() { ts.gs.Stop() }
 
 // Attempts returns the attempts of every method since the last SetBehavior.
 func (ts *Server) Attempts() int64 { return ts.attempts.Load() }
+
+// InFlight returns the attempts in a handler now, of every method.
+func (ts *Server) InFlight() int64 { return ts.inFlight.Load() }
 
 // Failed returns the attempts that ended in an error since the last SetBehavior.
 func (ts *Server) Failed() int64 { return ts.failed.Load() }
