@@ -143,3 +143,22 @@ func TestOursConfigsParse(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowTailPassedConfig pins that a hedgingPolicy passed in the Policy
+// gets its own row with numbers (the row the adaptive-delay config fills
+// once it exists); a fixed-delay object stands in for it here.
+func TestSlowTailPassedConfig(t *testing.T) {
+	pol := DefaultPolicy
+	pol.OursHedgeConfig = `{"maxAttempts": 2, "hedgingDelay": "0.004s"}`
+	tables, err := SlowTail(pol).Run(context.Background(), Tiny)
+	if err != nil {
+		t.Fatalf("SlowTail(passed config).Run = %v", err)
+	}
+	results := []Result{{Scenario: SlowTail(pol), Tables: tables}}
+	if got := cell(results, "slow tail (hedging)", peerOursHedgeQuant, "success"); got != "100.0%" {
+		t.Errorf("passed-config row: success = %q, want 100.0%%", got)
+	}
+	if got := cell(results, "slow tail (hedging)", peerOursHedgeQuant, "p99 vs bare"); !isNumber(got) {
+		t.Errorf("passed-config row: p99 vs bare = %q, want a ratio", got)
+	}
+}

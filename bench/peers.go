@@ -111,6 +111,12 @@ func retryPeers() []peer {
 		failsafeRetry(true), gobreakerGGM(), ours()}
 }
 
+// allPeers are every row of every scenario, for the report's notes.
+func allPeers() []peer {
+	return append(retryPeers(), failsafeHedge(), oursHedge(peerOursHedge, ""),
+		oursHedge(peerOursHedgeQuant, "as set in bench.AdaptiveHedgeConfig (pending until hedgingDelayQuantile exists)"))
+}
+
 // hedgePeers are the rows of the hedging scenario, bare first.
 func hedgePeers(p Policy) []peer {
 	ps := []peer{bare(), grpcRetry(false), ggmRetry(), failsafeHedge(), oursHedge(peerOursHedge, "")}

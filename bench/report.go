@@ -112,6 +112,11 @@ func WriteReport(w io.Writer, results []Result, sz Size, m Machine, total time.D
 		"included), exponential backoff from 10 ms to 100 ms (×2, ±20%% jitter), retry on UNAVAILABLE; breakers open after "+
 		"5 consecutive failures for 500 ms; bulkheads of 64. A cell in parentheses says what a peer cannot express; "+
 		"it is never a number made up for it.\n\n")
+	fmt.Fprintf(w, "The peers, as configured in every scenario:\n\n")
+	for _, n := range peerNotes(allPeers()) {
+		fmt.Fprintf(w, "- %s\n", n)
+	}
+	fmt.Fprintln(w)
 	writeTable(w, TargetsTable(results))
 	Markdown(w, results)
 }

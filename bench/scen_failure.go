@@ -66,7 +66,7 @@ func runPeer(ctx context.Context, p peer, pol Policy, n need, b func(start time.
 // cells cells computes from each run and the bare run (the first peer's).
 func failureTable(ctx context.Context, title string, header []string, b func(start time.Time) Behavior, w workload, cells func(r, bare *loadRun) []string) (Table, error) {
 	peers := retryPeers()
-	t := Table{Title: title, Header: append([]string{"peer"}, header...), Notes: peerNotes(peers)}
+	t := Table{Title: title, Header: append([]string{"peer"}, header...)}
 	var bare *loadRun
 	for _, p := range peers {
 		r, cannot, err := runPeer(ctx, p, DefaultPolicy, needUnary, b, w)

@@ -52,7 +52,6 @@ func runSlowTail(ctx context.Context, sz Size, pol Policy) ([]Table, error) {
 	peers := hedgePeers(pol)
 	t := Table{
 		Header: []string{"peer", "p50 vs bare", "p99 vs bare", "extra attempts", "success"},
-		Notes:  peerNotes(peers),
 	}
 	var bare50, bare99 time.Duration
 	for _, p := range peers {

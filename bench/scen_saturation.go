@@ -51,7 +51,6 @@ func runSaturation(ctx context.Context, sz Size) ([]Table, error) {
 	peers := retryPeers()
 	t := Table{
 		Header: []string{"peer", "fast loaded p99 / own idle p99", "fast calls failed", fmt.Sprintf("within %.1f×", satLimit), "slow calls succeeded"},
-		Notes:  peerNotes(peers),
 	}
 	for _, p := range peers {
 		opts, cannot, err := p.setup(pol, needUnary)

@@ -134,7 +134,8 @@ func writeTable(w io.Writer, t Table) {
 	}
 }
 
-// peerNotes lists each peer's configuration note, for a table's notes.
+// peerNotes lists each peer's configuration note: what it runs with and
+// what it cannot express.
 func peerNotes(ps []peer) []string {
 	notes := make([]string, 0, len(ps))
 	for _, p := range ps {
