@@ -144,9 +144,9 @@ func (s *server) ServerStream(req *echov1.ServerStreamRequest, st grpc.ServerStr
 
 // Server is the running echo server every scenario shares (a scenario of
 // another package, such as bench/overload, too): Echo and Lookup answer
-// with the request's message, ServerStream sends count responses, each
-// after the [Behavior] set with SetBehavior. Attempts are counted on the
-// server.
+// with the request's message and ServerStream sends count responses, all
+// after the [Behavior] set with SetBehavior has run once for the attempt.
+// Attempts are counted on the server.
 type Server struct {
 	*server
 	gs     *grpc.Server
