@@ -28,36 +28,49 @@ func Idempotency() Scenario {
 	}
 }
 
-func runIdempotency(_ context.Context, sz Size) ([]Table, error) {
+// idemServers starts a bare echo server and one behind our idempotency
+// interceptor (memory store with its defaults, shared scope), and returns a
+// client of each and a function that stops everything.
+func idemServers() (bare, idem echov1.EchoServiceClient, stop func(), err error) {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope())
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	bareSrv, err := StartServer(Bufconn)
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	var clients []echov1.EchoServiceClient
+	for _, opts := range [][]grpc.ServerOption{nil, {grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor())}} {
+		ts, err := StartServer(Bufconn, opts...)
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, ts.Stop)
+		cc, err := ts.Dial(grpc.WithDisableRetry())
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, func() { _ = cc.Close() })
+		clients = append(clients, echov1.NewEchoServiceClient(cc))
+	}
+	return clients[0], clients[1], stop, nil
+}
+
+func runIdempotency(_ context.Context, sz Size) ([]Table, error) {
+	bare, idem, stop, err := idemServers()
 	if err != nil {
 		return nil, err
 	}
-	defer bareSrv.Stop()
-	idemSrv, err := StartServer(Bufconn, grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
-	if err != nil {
-		return nil, err
-	}
-	defer idemSrv.Stop()
-	bareCC, err := bareSrv.Dial(grpc.WithDisableRetry())
-	if err != nil {
-		return nil, err
-	}
-	defer bareCC.Close()
-	idemCC, err := idemSrv.Dial(grpc.WithDisableRetry())
-	if err != nil {
-		return nil, err
-	}
-	defer idemCC.Close()
-	bare, idem := echov1.NewEchoServiceClient(bareCC), echov1.NewEchoServiceClient(idemCC)
+	defer stop()
 	req := &echov1.EchoRequest{Message: "hello, bench"}
 
 	// Keys are made before the timed calls; each side reads its own

@@ -104,36 +104,11 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Dur
 	}
 	defer cc.Close()
 	c := echov1.NewEchoServiceClient(cc)
-	fast := func(i int) (time.Duration, error) {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		start := time.Now()
-		_, err := c.Echo(ctx, &echov1.EchoRequest{Message: "f" + strconv.Itoa(i)})
-		return time.Since(start), err
-	}
-	// fastRun makes fast calls until it has made n and least has passed,
-	// but for at most budget, and returns the p99 of the successful ones
-	// and how many failed.
-	fastRun := func(base int, least, budget time.Duration) (p99 time.Duration, failed int, err error) {
-		ds := make([]time.Duration, 0, n)
-		start := time.Now()
-		for i := 0; (i < n || time.Since(start) < least) && time.Since(start) < budget; i++ {
-			d, err := fast(base + i)
-			if err != nil {
-				failed++
-				continue
-			}
-			ds = append(ds, d)
-		}
-		if len(ds) == 0 {
-			return 0, failed, fmt.Errorf("every fast call failed")
-		}
-		return quantile(ds, 0.99), failed, nil
-	}
+	fc := &fastCaller{ctx: ctx, c: c, n: n}
 	var idle time.Duration
-	for _, base := range []int{0, n} { // warm up, then idle
+	for range 2 { // warm up, then idle
 		var failed int
-		if idle, failed, err = fastRun(base, 0, time.Hour); err != nil || failed > 0 {
+		if idle, failed, err = fc.run(0, time.Hour); err != nil || failed > 0 {
 			return satResult{}, fmt.Errorf("fast calls on the idle connection: %d failed (%v)", failed, err)
 		}
 	}
@@ -163,14 +138,19 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Dur
 	}
 	// At least 3 slow calls' time, so that slow calls cycle through the
 	// streams (or ours' bulkhead) while the fast ones are measured.
-	loaded, fastFailed, err := fastRun(2*n, 3*satSlowDelay, max(phase, 3*satSlowDelay))
+	loaded, fastFailed, err := fc.run(3*satSlowDelay, max(phase, 3*satSlowDelay))
 	stopAt := time.Now()
 	stopSlow()
 	wg.Wait()
 	if err != nil {
 		return satResult{}, fmt.Errorf("fast calls under load: %w", err)
 	}
-	// Calls cut short by stopSlow are not the method's failures.
+	return satResult{idle: idle, loaded: loaded, fastFailed: fastFailed, slowOK: slowSuccess(&l, stopAt)}, nil
+}
+
+// slowSuccess is the share of slow calls that succeeded, less those that
+// failed because the run stopped them at stopAt; NaN when none ended.
+func slowSuccess(l *load, stopAt time.Time) float64 {
 	ok, total := 0, 0
 	for _, o := range l.outcomes {
 		if o.err != nil && !o.end.Before(stopAt) {
@@ -181,9 +161,46 @@ func saturate(ctx context.Context, opts []grpc.DialOption, n int, phase time.Dur
 			ok++
 		}
 	}
-	r := satResult{idle: idle, loaded: loaded, fastFailed: fastFailed, slowOK: math.NaN()}
-	if total > 0 {
-		r.slowOK = float64(ok) / float64(total)
+	if total == 0 {
+		return math.NaN()
 	}
-	return r, nil
+	return float64(ok) / float64(total)
+}
+
+// fastCaller makes the fast method's sequential calls, each with a new
+// message, and times them.
+type fastCaller struct {
+	ctx  context.Context
+	c    echov1.EchoServiceClient
+	n    int // calls per run, at least
+	next int // the next call's number
+}
+
+// run makes fast calls until it has made n and least has passed, but for
+// at most budget, and returns the p99 of the successful ones and how many
+// failed.
+func (f *fastCaller) run(least, budget time.Duration) (p99 time.Duration, failed int, err error) {
+	ds := make([]time.Duration, 0, f.n)
+	start := time.Now()
+	for i := 0; (i < f.n || time.Since(start) < least) && time.Since(start) < budget; i++ {
+		d, err := f.call()
+		if err != nil {
+			failed++
+			continue
+		}
+		ds = append(ds, d)
+	}
+	if len(ds) == 0 {
+		return 0, failed, fmt.Errorf("every fast call failed")
+	}
+	return quantile(ds, 0.99), failed, nil
+}
+
+func (f *fastCaller) call() (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+	defer cancel()
+	f.next++
+	start := time.Now()
+	_, err := f.c.Echo(ctx, &echov1.EchoRequest{Message: "f" + strconv.Itoa(f.next)})
+	return time.Since(start), err
 }

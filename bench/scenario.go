@@ -75,10 +75,10 @@ func All() []Scenario {
 
 // Result is one scenario's outcome.
 type Result struct {
-	Scenario Scenario
-	Tables   []Table
-	Err      error
-	Elapsed  time.Duration
+	Scenario Scenario      // the scenario that ran
+	Tables   []Table       // its tables; nil when Err is set
+	Err      error         // why it failed, or nil
+	Elapsed  time.Duration // its wall-clock time, for the progress report only
 }
 
 // Run runs every scenario in order at size sz, reporting progress to

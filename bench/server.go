@@ -38,6 +38,7 @@ const (
 	TCP
 )
 
+// String names the transport as the report does.
 func (t Transport) String() string {
 	if t == TCP {
 		return "loopback TCP"
