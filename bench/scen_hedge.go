@@ -1,0 +1,75 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// AdaptiveHedgeConfig is the hedgingPolicy object of the slow-tail
+// scenario's adaptive row: ours hedging at the method's observed p95
+// (hedgingDelayQuantile), with the fixed delay as the warm-up delay until
+// 100 attempts were observed.
+var AdaptiveHedgeConfig = `{"maxAttempts": 2, "hedgingDelay": "0.005s", "hedgingDelayQuantile": 0.95, "hedgingDelayMinSamples": 100}`
+
+// The slow-tail workload.
+const (
+	tailFast    = 2 * time.Millisecond  // an attempt's usual time
+	tailSlow    = 40 * time.Millisecond // its time with probability tailP
+	tailP       = 0.05
+	tailCallers = 4
+)
+
+// SlowTail measures hedging on a server with a slow tail; pol's
+// OursHedgeConfig, when set, adds ours with that hedgingPolicy, and
+// AdaptiveHedgeConfig adds the adaptive row.
+func SlowTail(pol Policy) Scenario {
+	if pol.OursHedgeConfig == "" {
+		pol.OursHedgeConfig = AdaptiveHedgeConfig
+	}
+	return Scenario{
+		Name: "slow tail (hedging)",
+		Workload: fmt.Sprintf("Each Echo attempt takes %v, or %v with probability %.2f drawn deterministically from "+
+			"(seed, call, attempt). %d closed-loop callers, 2×Size.Calls calls per peer. Hedging peers send at most one hedge "+
+			"after a fixed %v (failsafe-go hedgepolicy, ours hedgingPolicy {maxAttempts 2}); the losing attempt is cancelled. "+
+			"Latency quantiles are ratios to the bare (unhedged) call's; extra load is server attempts per call minus 1.",
+			tailFast, tailSlow, tailP, tailCallers, pol.HedgeDelay),
+		Run: func(ctx context.Context, sz Size) ([]Table, error) { return runSlowTail(ctx, sz, pol) },
+	}
+}
+
+func runSlowTail(ctx context.Context, sz Size, pol Policy) ([]Table, error) {
+	b := constant(func(_, msg string, attempt int) (time.Duration, error) {
+		if chance(randomSeed+1, msg, attempt) < tailP {
+			return tailSlow, nil
+		}
+		return tailFast, nil
+	})
+	peers := hedgePeers(pol)
+	t := Table{
+		Header: []string{"peer", "p50 vs bare", "p99 vs bare", "extra attempts", "success"},
+	}
+	var bare50, bare99 time.Duration
+	for _, p := range peers {
+		n := needHedge
+		if p.name == peerBare {
+			n = needUnary
+		}
+		r, cannot, err := runPeer(ctx, p, pol, n, b, closedCalls(tailCallers, 2*sz.Calls))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
+		if cannot != "" {
+			t.Rows = append(t.Rows, []string{p.name, "(" + cannot + ")", "—", "—", "—"})
+			continue
+		}
+		ds := r.latencies()
+		p50, p99 := quantile(ds, 0.5), quantile(ds, 0.99)
+		if p.name == peerBare {
+			bare50, bare99 = p50, p99
+		}
+		t.Rows = append(t.Rows, []string{p.name, ratio(float64(p50) / float64(bare50)), ratio(float64(p99) / float64(bare99)),
+			pct(r.attemptsPerCall() - 1), pct(r.success())})
+	}
+	return []Table{t}, nil
+}

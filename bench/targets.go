@@ -1,0 +1,108 @@
+package bench
+
+import (
+	"strconv"
+	"strings"
+)
+
+// target is one of issue 10's goals, read back from the report's cells.
+type target struct {
+	goal               string
+	scenario, table    string // table "" means any table of the scenario
+	row, column        string
+	max                float64 // met when the cell's number ≤ max
+	ratioOf, ratioOver string  // when set: met when cell(row) < cell(ratioOver) in the same column
+}
+
+// issueTargets are issue 10's measurable targets for ours.
+var issueTargets = []target{
+	{goal: "unary success path, bufconn: time ≤ 1.01×", scenario: "success-path overhead", table: "Success path, bufconn", row: peerOurs, column: "unary time vs bare", max: 1.01},
+	{goal: "unary success path, bufconn: +0 allocations", scenario: "success-path overhead", table: "Success path, bufconn", row: peerOurs, column: "unary extra allocs/call", max: 0.4},
+	{goal: "unary success path, TCP: time ≤ 1.01×", scenario: "success-path overhead", table: "Success path, loopback TCP", row: peerOurs, column: "unary time vs bare", max: 1.01},
+	{goal: "unary success path, TCP: +0 allocations", scenario: "success-path overhead", table: "Success path, loopback TCP", row: peerOurs, column: "unary extra allocs/call", max: 0.4},
+	{goal: "server stream, bufconn: time ≤ 1.02×", scenario: "success-path overhead", table: "Success path, bufconn", row: peerOurs, column: "stream of 10 time vs bare", max: 1.02},
+	{goal: "server stream, bufconn: ≤ +2 allocations", scenario: "success-path overhead", table: "Success path, bufconn", row: peerOurs, column: "stream extra allocs/call", max: 2.4},
+	{goal: "server stream, TCP: time ≤ 1.02×", scenario: "success-path overhead", table: "Success path, loopback TCP", row: peerOurs, column: "stream of 10 time vs bare", max: 1.02},
+	{goal: "server stream, TCP: ≤ +2 allocations", scenario: "success-path overhead", table: "Success path, loopback TCP", row: peerOurs, column: "stream extra allocs/call", max: 2.4},
+	{goal: "idempotency, first execution: ≤ 1.03× a bare call", scenario: "idempotency (server)", row: "first execution (new key per call)", column: "time vs bare server", max: 1.03},
+	{goal: "idempotency, miss (no key): nothing measurable (≤ 1.01×)", scenario: "idempotency (server)", row: "miss (no key)", column: "time vs bare server", max: 1.01},
+	{goal: "idempotency, replay cheaper than running the handler (replay < first execution)", scenario: "idempotency (server)", row: "replay (one key repeated)", column: "time vs bare server", ratioOver: "first execution (new key per call)"},
+	{goal: "hedging, fixed delay: p99 ≤ 0.25× unhedged", scenario: "slow tail (hedging)", row: peerOursHedge, column: "p99 vs bare", max: 0.25},
+	{goal: "hedging, fixed delay: ≤ 6% extra attempts", scenario: "slow tail (hedging)", row: peerOursHedge, column: "extra attempts", max: 6},
+	{goal: "adaptive hedging: p99 ≤ 0.25× unhedged", scenario: "slow tail (hedging)", row: peerOursHedgeQuant, column: "p99 vs bare", max: 0.25},
+	{goal: "adaptive hedging: ≤ 6% extra attempts", scenario: "slow tail (hedging)", row: peerOursHedgeQuant, column: "extra attempts", max: 6},
+	{goal: "per-method isolation: fast p99 under saturation ≤ 1.5× idle", scenario: "slow method saturating the connection (per-method isolation)", row: peerOurs, column: "fast loaded p99 / own idle p99", max: satLimit},
+}
+
+// TargetsTable reads issue 10's targets back from results: what was
+// measured and whether it meets the goal. A goal whose scenario did not run,
+// or whose row is pending, says so.
+func TargetsTable(results []Result) Table {
+	t := Table{
+		Title:  "Targets (issue 10)",
+		Header: []string{"goal", "measured (ours)", "met"},
+		Notes: []string{"A local rejection (breaker open, bulkhead full, budget spent) in under 100 ns with 0 allocations is measured " +
+			"by the interceptor's own benchmarks (go test -run ^$ -bench Rejection ./interceptor), not here: it is the interceptor alone, not a whole call."},
+	}
+	for _, g := range issueTargets {
+		c, ok := resultCell(results, g.scenario, g.table, g.row, g.column)
+		met := "no"
+		switch {
+		case !ok:
+			c, met = "(not run)", "—"
+		case !isNumber(c):
+			met = "—"
+		case g.ratioOver != "":
+			other, ok := resultCell(results, g.scenario, g.table, g.ratioOver, g.column)
+			if ok && number(c) < number(other) {
+				met = "yes"
+			}
+			c += " (vs " + other + ")"
+		case number(c) <= g.max:
+			met = "yes"
+		}
+		t.Rows = append(t.Rows, []string{g.goal, c, met})
+	}
+	return t
+}
+
+// resultCell returns the cell at row and column of scenario's table
+// (the first table that has them when table is "").
+func resultCell(results []Result, scenario, table, row, column string) (string, bool) {
+	for _, r := range results {
+		if r.Scenario.Name != scenario || r.Err != nil {
+			continue
+		}
+		for _, tb := range r.Tables {
+			if table != "" && tb.Title != table {
+				continue
+			}
+			col := -1
+			for i, h := range tb.Header {
+				if h == column {
+					col = i
+				}
+			}
+			if col < 0 {
+				continue
+			}
+			for _, rw := range tb.Rows {
+				if rw[0] == row {
+					return rw[col], true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+func isNumber(cell string) bool {
+	_, err := strconv.ParseFloat(strings.TrimRight(cell, "×%"), 64)
+	return err == nil
+}
+
+// number parses a cell: "1.03×", "+2.0", "3.8%".
+func number(cell string) float64 {
+	f, _ := strconv.ParseFloat(strings.TrimRight(cell, "×%"), 64)
+	return f
+}
