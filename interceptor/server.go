@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/grpclog"
+
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // Server is the server side of grpc-resilience: it gives the interceptors
@@ -21,7 +23,8 @@ import (
 // A Server is safe for concurrent use; its per-method policy and its
 // in-process coalescing state are shared by all calls.
 type Server struct {
-	idem     *srvIdem // nil when idempotency is off; immutable
+	idem     *srvIdem   // nil when idempotency is off; immutable
+	limits   *srvLimits // nil when no concurrency limit is set; immutable
 	headroom time.Duration
 	floor    time.Duration
 }
@@ -34,6 +37,8 @@ type serverOptions struct {
 	logger          *slog.Logger // nil: grpclog
 	headroom, floor time.Duration
 	idem            srvIdemOptions
+	limit           *serviceconfig.ConcurrencyLimit // nil: the server has none
+	methodLimits    []methodLimit
 	errs            []error // option errors found while applying, reported by NewServer
 }
 
@@ -68,6 +73,9 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, err
 	}
 	s.idem = idem
+	if s.limits, err = newSrvLimits(&o); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -90,6 +98,16 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.limits != nil {
+		if l := s.limits.lookup(info.FullMethod); l != nil {
+			return s.limited(ctx, l, req, info, handler)
+		}
+	}
+	return s.srvUnaryInner(ctx, req, info, handler)
+}
+
+// srvUnaryInner is the unary interceptor inside the concurrency limit.
+func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
 		return nil, err

@@ -54,13 +54,19 @@
 //
 // A shed request is told to come back after
 //
-//	pushback = s · (1 + p),  p = x / (1 − x), capped at 10
+//	pushback = s · (1 + x/(1 − x))
 //
 // where s is the smoothed latency of admitted requests (EWMA, weight 1/16)
-// and x the smoothed share of requests shed (EWMA, weight 1/64): at three
-// times the capacity two thirds are shed, p ≈ 2, and a client waits about
-// three service times, the time in which the requests admitted before it
-// drain. The result is rounded up to the millisecond and is at least 1ms.
+// and x the smoothed share of requests shed (EWMA, weight 1/64): when a
+// third of the requests are shed, x/(1 − x) = 0.5 and a client waits one and
+// a half service times, the time in which the requests admitted before it
+// drain and the excess spreads out. The result is rounded up to the
+// millisecond and is at least 1ms. Once x reaches 1/2, the server sheds at
+// least as many requests as it serves, and a retry could only add to the
+// excess: the pushback is then [NoRetry], gRFC A6's "do not retry", as the
+// SRE book's "overloaded; don't retry" answer. This is what keeps a
+// retrying client from amplifying a sustained overload beyond its first
+// attempts, whatever its retry budget.
 //
 // # Concurrency
 //

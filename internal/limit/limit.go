@@ -110,18 +110,29 @@ func (c Config) normalize() Config {
 	return c
 }
 
-// Reason is why a request was shed.
-type Reason uint8
+// Verdict is what Acquire decided.
+type Verdict uint8
 
 const (
-	// OverLimit: the in-flight requests fill the criticality's share.
-	OverLimit Reason = iota
-	// Deadline: the request's remaining deadline is shorter than the base
-	// RTT.
-	Deadline
-	// NumReasons is the number of reasons.
-	NumReasons
+	// Admitted: the request may run; end it with one Release or Abandon.
+	Admitted Verdict = iota
+	// ShedLimit: the in-flight requests fill the criticality's share of
+	// the limit.
+	ShedLimit
+	// ShedDeadline: the request's remaining deadline is shorter than the
+	// base RTT, so it cannot finish in time even without queueing.
+	ShedDeadline
+	// NumVerdicts is the number of verdicts.
+	NumVerdicts
 )
+
+// NoRetry is the pushback that tells a shed request not to come back: the
+// server sheds at least as many requests as it admits, so a retry would
+// only add to the excess.
+const NoRetry = time.Duration(-1)
+
+// NoDeadline is the remaining time of a request without a deadline.
+const NoDeadline = time.Duration(math.MaxInt64)
 
 // Snapshot is a Limiter's state and counters.
 type Snapshot struct {
@@ -129,10 +140,8 @@ type Snapshot struct {
 	InFlight int
 	// BaseRTT is the base RTT; SmoothedRTT the EWMA of admitted latencies.
 	BaseRTT, SmoothedRTT time.Duration
-	// Admitted counts requests admitted; Shed those shed, by reason and
-	// criticality.
-	Admitted uint64
-	Shed     [NumReasons][NumCriticalities]uint64
+	// Count counts the verdicts by criticality.
+	Count [NumVerdicts][NumCriticalities]uint64
 }
 
 // A Limiter is one adaptive concurrency limit. Use [New]; the zero value is
@@ -141,16 +150,15 @@ type Limiter struct {
 	cfg Config // normalized; immutable
 
 	mu       sync.Mutex
-	limit    float64               // in [MinLimit, MaxLimit]
-	caps     [NumCriticalities]int // in-flight at which each criticality is shed; follows limit
-	inflight int                   // admitted and not yet released
-	base     [2]time.Duration      // minimum latency of the previous and current window; 0: none
-	baseEnd  time.Time             // end of the current window; zero before the first sample
-	srtt     float64               // EWMA of admitted latencies, nanoseconds
-	win      window                // samples since the last update
-	shedEW   float64               // EWMA of the shed share of decisions
-	admitted uint64                // counters
-	shed     [NumReasons][NumCriticalities]uint64
+	limit    float64                               // in [MinLimit, MaxLimit]
+	caps     [NumCriticalities]int                 // in-flight at which each criticality is shed; follows limit
+	inflight int                                   // admitted and not yet released
+	base     [2]time.Duration                      // minimum latency of the previous and current window; 0: none
+	baseEnd  time.Time                             // end of the current window; zero before the first sample
+	srtt     float64                               // EWMA of admitted latencies, nanoseconds
+	win      window                                // samples since the last update
+	shedEW   float64                               // EWMA of the shed share of decisions
+	count    [NumVerdicts][NumCriticalities]uint64 // verdicts by criticality
 }
 
 // New returns a Limiter for cfg, or cfg's first error.
@@ -171,42 +179,40 @@ func (l *Limiter) setLimit(v float64) {
 	}
 }
 
-// Acquire admits a request of criticality c, or sheds it and returns the
-// time it should wait before coming back. An admitted request must be
-// ended by exactly one Release.
-func (l *Limiter) Acquire(c Criticality) (ok bool, pushback time.Duration) {
+// Acquire decides on a request of criticality c with left of its deadline
+// remaining (NoDeadline when it has none). It sheds the request when left
+// is shorter than the base RTT, or when the requests in flight fill c's
+// share of the limit; then pushback is how long it should wait before
+// coming back, or NoRetry (0 for ShedDeadline: it has no time to come
+// back). An
+// admitted request must be ended by exactly one Release or Abandon.
+func (l *Limiter) Acquire(c Criticality, left time.Duration) (v Verdict, pushback time.Duration) {
 	if c >= NumCriticalities {
 		c = Critical
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if base := l.baseLocked(); left < base {
+		l.count[ShedDeadline][c]++
+		return ShedDeadline, 0
+	}
 	if l.inflight < l.caps[c] {
 		l.inflight++
-		l.admitted++
+		l.count[Admitted][c]++
 		l.shedEW -= l.shedEW / 64
-		return true, 0
+		return Admitted, 0
 	}
-	l.shed[OverLimit][c]++
+	l.count[ShedLimit][c]++
 	l.shedEW += (1 - l.shedEW) / 64
-	return false, l.pushbackLocked()
+	return ShedLimit, l.pushbackLocked()
 }
 
-// ShedDeadline counts a request of criticality c shed at the door because
-// its remaining deadline was shorter than the base RTT, and returns its
-// pushback. BaseRTT gives the bound.
-func (l *Limiter) ShedDeadline(c Criticality) time.Duration {
-	if c >= NumCriticalities {
-		c = Critical
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.shed[Deadline][c]++
-	return l.pushbackLocked()
-}
-
-// pushbackLocked is the wait of the package doc.
+// pushbackLocked is the wait of the package doc, or NoRetry.
 func (l *Limiter) pushbackLocked() time.Duration {
-	x := min(l.shedEW, 0.99)
+	if l.shedEW >= 0.5 {
+		return NoRetry
+	}
+	x := l.shedEW
 	p := min(x/(1-x), 10)
 	d := time.Duration(l.srtt * (1 + p))
 	const ms = time.Millisecond
@@ -345,6 +351,6 @@ func (l *Limiter) Snapshot() Snapshot {
 	return Snapshot{
 		Limit: int(l.limit), InFlight: l.inflight,
 		BaseRTT: l.baseLocked(), SmoothedRTT: time.Duration(l.srtt),
-		Admitted: l.admitted, Shed: l.shed,
+		Count: l.count,
 	}
 }

@@ -50,8 +50,8 @@ func TestSharesShedLowestFirst(t *testing.T) {
 	fill := func(c Criticality) int {
 		n := 0
 		for {
-			ok, _ := l.Acquire(c)
-			if !ok {
+			v, _ := l.Acquire(c, NoDeadline)
+			if v != Admitted {
 				return n
 			}
 			n++
@@ -68,12 +68,12 @@ func TestSharesShedLowestFirst(t *testing.T) {
 	}
 	s := l.Snapshot()
 	for c := range NumCriticalities {
-		if s.Shed[OverLimit][c] != 1 {
-			t.Errorf("Shed[OverLimit][%d] = %d, want 1", c, s.Shed[OverLimit][c])
+		if s.Count[ShedLimit][c] != 1 {
+			t.Errorf("Count[ShedLimit][%d] = %d, want 1", c, s.Count[ShedLimit][c])
 		}
 	}
-	if s.Admitted != 20 {
-		t.Errorf("Admitted = %d, want 20", s.Admitted)
+	if n := s.Count[Admitted][Sheddable] + s.Count[Admitted][SheddablePlus] + s.Count[Admitted][Critical] + s.Count[Admitted][CriticalPlus]; n != 20 {
+		t.Errorf("admitted = %d, want 20", n)
 	}
 	for range 20 {
 		l.Abandon()
@@ -88,7 +88,7 @@ func TestSharesShedLowestFirst(t *testing.T) {
 // after that one update.
 func releaseAt(l *Limiter, inflight int, rtt time.Duration, dropped bool) int {
 	for range inflight {
-		l.Acquire(CriticalPlus)
+		l.Acquire(CriticalPlus, NoDeadline)
 	}
 	l.Release(t0, rtt, dropped)
 	l.Release(t0.Add(time.Hour), rtt, dropped)
@@ -174,7 +174,7 @@ func TestLimitBounds(t *testing.T) {
 func TestBaseRTTWindows(t *testing.T) {
 	l := mustNew(t, Config{BaseWindow: 10 * time.Second})
 	obs := func(at time.Duration, rtt time.Duration) time.Duration {
-		l.Acquire(CriticalPlus)
+		l.Acquire(CriticalPlus, NoDeadline)
 		l.Release(t0.Add(at), rtt, false)
 		return l.BaseRTT()
 	}
@@ -194,8 +194,8 @@ func TestBaseRTTWindows(t *testing.T) {
 	}
 }
 
-// TestPushbackFormula pins pushback = s·(1 + x/(1−x)), capped at p = 10,
-// rounded up to the millisecond, at least 1ms.
+// TestPushbackFormula pins pushback = s·(1 + x/(1−x)), rounded up to the
+// millisecond, at least 1ms, and NoRetry from x = 1/2.
 func TestPushbackFormula(t *testing.T) {
 	tests := []struct {
 		srtt float64
@@ -204,9 +204,11 @@ func TestPushbackFormula(t *testing.T) {
 	}{
 		{0, 0, time.Millisecond},
 		{float64(100 * time.Millisecond), 0, 100 * time.Millisecond},
-		{float64(100 * time.Millisecond), 2.0 / 3, 300 * time.Millisecond},
-		{float64(100 * time.Millisecond), 0.5, 200 * time.Millisecond},
-		{float64(100 * time.Millisecond), 0.999, 1100 * time.Millisecond},
+		{float64(100 * time.Millisecond), 1.0 / 3, 150 * time.Millisecond},
+		{float64(100 * time.Millisecond), 0.2, 125 * time.Millisecond},
+		{float64(100 * time.Millisecond), 0.4999, 200 * time.Millisecond}, // 199.98ms rounded up
+		{float64(100 * time.Millisecond), 0.5, NoRetry},
+		{float64(100 * time.Millisecond), 0.9, NoRetry},
 		{float64(1500 * time.Microsecond), 0, 2 * time.Millisecond},
 	}
 	for _, tt := range tests {
@@ -243,7 +245,7 @@ func TestConvergesOnFixedCapacity(t *testing.T) {
 				maxLat = max(maxLat, r.done.Sub(r.start))
 			}
 		}
-		if ok, _ := l.Acquire(Critical); !ok {
+		if v, _ := l.Acquire(Critical, NoDeadline); v != Admitted {
 			continue
 		}
 		// the earliest free slot serves it
@@ -284,11 +286,41 @@ func TestConvergesOnFixedCapacity(t *testing.T) {
 func TestAcquireReleaseAllocs(t *testing.T) {
 	l := mustNew(t, Config{})
 	allocs := testing.AllocsPerRun(1000, func() {
-		if ok, _ := l.Acquire(Critical); ok {
+		if v, _ := l.Acquire(Critical, time.Second); v == Admitted {
 			l.Release(t0, time.Millisecond, false)
 		}
 	})
 	if allocs != 0 {
 		t.Errorf("Acquire+Release allocs = %v, want 0", allocs)
+	}
+}
+
+// TestShedDeadline pins the door: a request with less left than the base
+// RTT is shed without pushback; one with exactly the base RTT runs.
+func TestShedDeadline(t *testing.T) {
+	l := mustNew(t, Config{})
+	if v, _ := l.Acquire(Critical, 0); v != Admitted {
+		t.Fatalf("before any sample, Acquire(left 0) = %v, want Admitted", v)
+	}
+	l.Release(t0, 100*time.Millisecond, false)
+	tests := []struct {
+		left time.Duration
+		want Verdict
+	}{
+		{99 * time.Millisecond, ShedDeadline},
+		{100 * time.Millisecond, Admitted},
+		{NoDeadline, Admitted},
+	}
+	for _, tt := range tests {
+		v, pb := l.Acquire(Sheddable, tt.left)
+		if v != tt.want || pb != 0 {
+			t.Errorf("Acquire(left %v) = %v, %v, want %v, 0", tt.left, v, pb, tt.want)
+		}
+		if v == Admitted {
+			l.Abandon()
+		}
+	}
+	if got := l.Snapshot().Count[ShedDeadline][Sheddable]; got != 1 {
+		t.Errorf("Count[ShedDeadline][Sheddable] = %d, want 1", got)
 	}
 }

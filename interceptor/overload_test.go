@@ -1,0 +1,182 @@
+package interceptor
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// capacityEcho is a server with a fixed capacity: each Echo holds one of
+// cap(tokens) tokens for service, waiting for one as long as its context
+// lives. The work itself cannot be cancelled, as real work rarely can.
+type capacityEcho struct {
+	echov1.UnimplementedEchoServiceServer
+	tokens  chan struct{}
+	service time.Duration
+	active  sync.WaitGroup // handlers running; waited for before the bubble ends
+}
+
+func newCapacityEcho(n int, service time.Duration) *capacityEcho {
+	return &capacityEcho{tokens: make(chan struct{}, n), service: service}
+}
+
+func (c *capacityEcho) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+	c.active.Add(1)
+	defer c.active.Done()
+	select {
+	case c.tokens <- struct{}{}:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	time.Sleep(c.service)
+	<-c.tokens
+	return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+}
+
+// load is an open-loop load: calls start every gap for dur, each with its
+// own deadline, whatever became of the calls before.
+type load struct {
+	gap, dur, deadline time.Duration
+	// measureFrom: only calls started at or after it count.
+	measureFrom time.Duration
+	// ctx returns the context of call i (criticality, etc.); nil: plain.
+	ctx func(ctx context.Context, i int) context.Context
+	// class groups the calls for the report (e.g. by criticality); nil: one.
+	class func(i int) int
+}
+
+// loadResult is what the counted calls of a load saw.
+type loadResult struct {
+	calls, good [2]int          // by class
+	lat         []time.Duration // of the good calls
+	codes       map[codes.Code]int
+}
+
+// p returns the q-quantile of the good calls' latencies.
+func (r *loadResult) p(q float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// run drives the load against cc inside a synctest bubble and waits for
+// every call to end.
+func (ld load) run(cc *grpc.ClientConn) *loadResult {
+	client := echov1.NewEchoServiceClient(cc)
+	res := &loadResult{codes: map[codes.Code]int{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := 0; time.Duration(i)*ld.gap < ld.dur; i++ {
+		start := time.Now()
+		counted := start.Sub(t0) >= ld.measureFrom
+		class := 0
+		if ld.class != nil {
+			class = ld.class(i)
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), ld.deadline)
+			defer cancel()
+			if ld.ctx != nil {
+				ctx = ld.ctx(ctx, i)
+			}
+			_, err := client.Echo(ctx, &echov1.EchoRequest{Message: "m"})
+			took := time.Since(start)
+			if !counted {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			res.calls[class]++
+			res.codes[status.Code(err)]++
+			if err == nil && took <= ld.deadline {
+				res.good[class]++
+				res.lat = append(res.lat, took)
+			}
+		})
+		time.Sleep(ld.gap)
+	}
+	wg.Wait()
+	return res
+}
+
+// Scenario: 20 tokens of 100ms, a capacity of 200 calls/s; deadlines of 1s.
+const (
+	ovTokens   = 20
+	ovService  = 100 * time.Millisecond
+	ovDeadline = time.Second
+)
+
+// ovGap is the gap between arrivals at x times the capacity.
+func ovGap(x float64) time.Duration {
+	return time.Duration(float64(ovService) / (ovTokens * x))
+}
+
+// capacityIn is the most calls the server can finish in d.
+func capacityIn(d time.Duration) float64 { return float64(ovTokens) * float64(d) / float64(ovService) }
+
+// TestOverloadGoodput runs the open-loop scenario of the overload issue on
+// fake time: 3s of arrivals at three times the capacity, counting the calls
+// started after the first second. Without protection the goodput (calls
+// that succeed within their deadline) collapses; with the adaptive limit it
+// stays at 90% of the capacity or more, and the p99 latency of the calls
+// that succeed stays within twice the unloaded p99.
+func TestOverloadGoodput(t *testing.T) {
+	const dur, from = 3 * time.Second, time.Second
+	window := capacityIn(dur - from)
+	var unloaded, bare, limited *loadResult
+	synctest.Test(t, func(t *testing.T) {
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, nil)
+		unloaded = load{gap: ovGap(0.5), dur: time.Second, deadline: ovDeadline}.run(cc)
+		ce.active.Wait()
+	})
+	synctest.Test(t, func(t *testing.T) {
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, nil)
+		bare = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
+		ce.active.Wait()
+	})
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, srv)
+		limited = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	base := unloaded.p(0.99)
+	t.Logf("unloaded: p99 %v; capacity in the window %.0f", base, window)
+	t.Logf("no protection: goodput %d (%.1f%% of capacity), codes %v", bare.good[0], 100*float64(bare.good[0])/window, bare.codes)
+	t.Logf("adaptive limit: goodput %d (%.1f%%), admitted p99 %v (%.2f× unloaded), codes %v, limit %+v",
+		limited.good[0], 100*float64(limited.good[0])/window, limited.p(0.99), float64(limited.p(0.99))/float64(base), limited.codes, st)
+	if base != ovService {
+		t.Errorf("unloaded p99 = %v, want the service time %v", base, ovService)
+	}
+	if got := float64(bare.good[0]) / window; got > 0.1 {
+		t.Errorf("without protection, goodput = %.2f of capacity, want a collapse (≤ 0.1)", got)
+	}
+	if got := float64(limited.good[0]) / window; got < 0.9 {
+		t.Errorf("with the adaptive limit, goodput = %.2f of capacity, want ≥ 0.9", got)
+	}
+	if p := limited.p(0.99); p > 2*base {
+		t.Errorf("with the adaptive limit, admitted p99 = %v, want ≤ 2 × %v", p, base)
+	}
+}

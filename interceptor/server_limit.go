@@ -1,0 +1,237 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/grpc-resilience/resilience/internal/limit"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// WithConcurrencyLimit puts the unary calls of the server under one
+// adaptive concurrency limit (see serviceconfig.ConcurrencyLimit and the
+// package doc, "Overload protection"): a call that arrives while the calls
+// in flight fill its criticality's share of the limit is rejected at once
+// with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and the
+// grpc-retry-pushback-ms trailer that say when to come back; a call whose
+// remaining deadline is shorter than the base RTT (the service time without
+// queueing) is rejected with DEADLINE_EXCEEDED before its handler runs.
+// Methods that WithMethodConcurrencyLimit names have limits of their own.
+// Streams are not limited.
+func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if err := cfg.Validate(); err != nil {
+			o.errs = append(o.errs, errorf("WithConcurrencyLimit: %v", err))
+			return
+		}
+		o.limit = &cfg
+	})
+}
+
+// WithMethodConcurrencyLimit gives the unary calls of name, a full method
+// ("/pkg.Service/Method") or a service ("pkg.Service"), a concurrency limit
+// of their own, separate from the server's (WithConcurrencyLimit): each
+// full method named has its own limit, and all the methods of a service
+// named share one. A full method's entry wins over its service's.
+func WithMethodConcurrencyLimit(name string, cfg serviceconfig.ConcurrencyLimit) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		n, err := parseName(name)
+		if err != nil {
+			o.errs = append(o.errs, errorf("WithMethodConcurrencyLimit(%q): %v", name, err))
+			return
+		}
+		if err := cfg.Validate(); err != nil {
+			o.errs = append(o.errs, errorf("WithMethodConcurrencyLimit(%q): %v", name, err))
+			return
+		}
+		o.methodLimits = append(o.methodLimits, methodLimit{name, n, cfg})
+	})
+}
+
+// methodLimit is one WithMethodConcurrencyLimit; a later one for the same
+// name replaces an earlier one.
+type methodLimit struct {
+	raw  string
+	name serviceconfig.Name
+	cfg  serviceconfig.ConcurrencyLimit
+}
+
+// srvLimits holds the server's limiters, built once by NewServer; the maps
+// are read-only after.
+type srvLimits struct {
+	server   *limit.Limiter            // nil: methods not named are not limited
+	methods  map[string]*limit.Limiter // by full method
+	services map[string]*limit.Limiter // by service
+	// all lists every limiter with its name ("" for the server's).
+	all []namedLimiter
+}
+
+type namedLimiter struct {
+	name string
+	l    *limit.Limiter
+}
+
+// newSrvLimits builds the limiters of o; nil when none is configured.
+func newSrvLimits(o *serverOptions) (*srvLimits, error) {
+	if o.limit == nil && len(o.methodLimits) == 0 {
+		return nil, nil
+	}
+	ls := &srvLimits{methods: map[string]*limit.Limiter{}, services: map[string]*limit.Limiter{}}
+	if o.limit != nil {
+		l, err := newLimiter(*o.limit)
+		if err != nil {
+			return nil, errorf("WithConcurrencyLimit: %v", err)
+		}
+		ls.server = l
+		ls.all = append(ls.all, namedLimiter{"", l})
+	}
+	seen := map[string]int{} // index in all by name
+	for _, m := range o.methodLimits {
+		l, err := newLimiter(m.cfg)
+		if err != nil {
+			return nil, errorf("WithMethodConcurrencyLimit(%q): %v", m.raw, err)
+		}
+		key := m.name.Service
+		if m.name.Method == "" {
+			ls.services[key] = l
+		} else {
+			key = "/" + m.name.Service + "/" + m.name.Method
+			ls.methods[key] = l
+		}
+		if i, ok := seen[key]; ok {
+			ls.all[i].l = l
+			continue
+		}
+		seen[key] = len(ls.all)
+		ls.all = append(ls.all, namedLimiter{key, l})
+	}
+	return ls, nil
+}
+
+// newLimiter normalizes cfg (validated) for the engine.
+func newLimiter(cfg serviceconfig.ConcurrencyLimit) (*limit.Limiter, error) {
+	alg := limit.Vegas
+	if cfg.Algorithm == "aimd" {
+		alg = limit.AIMD
+	}
+	return limit.New(limit.Config{
+		Algorithm: alg, InitialLimit: cfg.InitialLimit, MinLimit: cfg.MinLimit,
+		MaxLimit: cfg.MaxLimit, BaseWindow: cfg.BaseWindow,
+	})
+}
+
+// lookup returns the limiter of fullMethod: its own, its service's, or the
+// server's; nil when none applies. It allocates nothing.
+func (ls *srvLimits) lookup(fullMethod string) *limit.Limiter {
+	if l, ok := ls.methods[fullMethod]; ok {
+		return l
+	}
+	if len(fullMethod) > 1 {
+		if i := strings.LastIndexByte(fullMethod, '/'); i > 0 {
+			if l, ok := ls.services[fullMethod[1:i]]; ok {
+				return l
+			}
+		}
+	}
+	return ls.server
+}
+
+// limited runs a unary call under its limiter l: admitted, it runs the rest
+// of the interceptor and the handler and is released when they return or
+// panic; shed, they do not run.
+func (s *Server) limited(ctx context.Context, l *limit.Limiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	crit := incomingCriticality(ctx)
+	start := time.Now()
+	left := limit.NoDeadline
+	if dl, ok := ctx.Deadline(); ok {
+		left = dl.Sub(start)
+	}
+	v, pushback := l.Acquire(limit.Criticality(crit), left)
+	switch v {
+	case limit.ShedDeadline:
+		return nil, status.Errorf(codes.DeadlineExceeded,
+			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
+			left.Round(time.Microsecond), l.BaseRTT())
+	case limit.ShedLimit:
+		return nil, shedError(ctx, info.FullMethod, crit, pushback)
+	}
+	// Released on every way the handler ends: a return, or a panic, which
+	// goes on up after the release.
+	defer func() {
+		end := time.Now()
+		switch err := ctx.Err(); {
+		case errors.Is(err, context.Canceled):
+			l.Abandon() // the caller went away: no sample of the server's load
+		default:
+			l.Release(end, end.Sub(start), err != nil)
+		}
+	}()
+	return s.srvUnaryInner(ctx, req, info, handler)
+}
+
+// shedError is the status of a call the limit shed, with the pushback as
+// a RetryInfo detail and as the A6 trailer; when the pushback is
+// limit.NoRetry, the trailer says not to retry (-1) and there is no
+// RetryInfo.
+func shedError(ctx context.Context, fullMethod string, crit Criticality, pushback time.Duration) error {
+	if pushback == limit.NoRetry {
+		_ = grpc.SetTrailer(ctx, noRetryTrailer)
+		return status.Error(codes.ResourceExhausted, "resilience: "+fullMethod+": over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
+	}
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(pushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10)))
+	st := status.New(codes.ResourceExhausted, "resilience: "+fullMethod+": over the concurrency limit ("+crit.String()+"); retry after "+pushback.String())
+	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(pushback)}); err == nil {
+		st = withHint
+	}
+	return st.Err()
+}
+
+// noRetryTrailer is gRFC A6's "do not retry"; grpc only reads it.
+var noRetryTrailer = metadata.Pairs(pushbackKey, "-1")
+
+// LimitStatus is the state of one concurrency limit, from
+// Server.LimitStatuses.
+type LimitStatus struct {
+	// Name is the full method or service of WithMethodConcurrencyLimit,
+	// "" for the server's limit.
+	Name string
+	// Limit is the current limit; InFlight the calls admitted and running.
+	Limit, InFlight int
+	// BaseRTT is the service time without queueing, as learned;
+	// SmoothedRTT the moving average of admitted calls' latencies.
+	BaseRTT, SmoothedRTT time.Duration
+	// Admitted counts the calls admitted, by criticality.
+	Admitted [4]uint64
+	// ShedLimit and ShedDeadline count the calls shed over the limit and
+	// at the door for too short a deadline, by criticality.
+	ShedLimit, ShedDeadline [4]uint64
+}
+
+// LimitStatuses returns the state of each of the server's concurrency
+// limits, the server's first, then the methods' in no set order.
+func (s *Server) LimitStatuses() []LimitStatus {
+	if s.limits == nil {
+		return nil
+	}
+	out := make([]LimitStatus, 0, len(s.limits.all))
+	for _, nl := range s.limits.all {
+		sn := nl.l.Snapshot()
+		out = append(out, LimitStatus{
+			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight,
+			BaseRTT: sn.BaseRTT, SmoothedRTT: sn.SmoothedRTT,
+			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
+			ShedDeadline: sn.Count[limit.ShedDeadline],
+		})
+	}
+	return out
+}
