@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -178,5 +179,108 @@ func TestOverloadGoodput(t *testing.T) {
 	}
 	if p := limited.p(0.99); p > 2*base {
 		t.Errorf("with the adaptive limit, admitted p99 = %v, want ≤ 2 × %v", p, base)
+	}
+}
+
+// TestOverloadRetriesDoNotAmplify runs the 3× scenario with our client
+// retrying RESOURCE_EXHAUSTED (MaxAttempts 3, the default retry budget):
+// the server sees at most 1.1 attempts per call, every retry waited the
+// server's pushback exactly, and went out as SHEDDABLE_PLUS.
+func TestOverloadRetriesDoNotAmplify(t *testing.T) {
+	cfg, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{}],
+		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+			"backoffMultiplier": 2, "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu                         sync.Mutex
+		arrivals, retries, badCrit int
+		events                     []RetryEvent
+		res                        *loadResult
+	)
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestClient(t, WithServiceConfig(cfg), WithOnRetry(func(_ context.Context, e RetryEvent) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}))
+		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spy := func(ctx context.Context) {
+			md, _ := metadata.FromIncomingContext(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			arrivals++
+			if len(md.Get(previousAttemptsKey)) > 0 {
+				retries++
+				if incomingCriticality(ctx) != SheddablePlus {
+					badCrit++
+				}
+			}
+		}
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEchoWith(t, ce, srv, spy, c.DialOptions()...)
+		res = load{gap: ovGap(3), dur: 3 * time.Second, deadline: ovDeadline}.run(cc)
+		ce.active.Wait()
+	})
+	calls := res.calls[0]
+	perCall := float64(arrivals) / float64(calls)
+	t.Logf("calls %d, attempts at the server %d (%.3f per call), retries %d, goodput %d, codes %v",
+		calls, arrivals, perCall, retries, res.good[0], res.codes)
+	if perCall > 1.1 {
+		t.Errorf("attempts per call = %.3f, want ≤ 1.1", perCall)
+	}
+	if badCrit > 0 {
+		t.Errorf("%d retries arrived with a criticality other than SHEDDABLE_PLUS", badCrit)
+	}
+	if len(events) != retries {
+		t.Errorf("OnRetry saw %d retries, the server %d", len(events), retries)
+	}
+	for _, e := range events {
+		d, ok, refuse := serverHint(e.Err, nil) // the RetryInfo detail
+		if !e.Pushback || !ok || refuse || e.Delay != d {
+			t.Errorf("retry after %v (pushback %v), want the server's RetryInfo %v (ok %v, refuse %v)", e.Delay, e.Pushback, d, ok, refuse)
+			break
+		}
+	}
+}
+
+// TestOverloadCriticality runs twice the capacity, every other call
+// SHEDDABLE: the server sheds the sheddable calls, and 99% of the CRITICAL
+// calls or more succeed within their deadline.
+func TestOverloadCriticality(t *testing.T) {
+	var res *loadResult
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, srv)
+		res = load{
+			gap: ovGap(2), dur: 3 * time.Second, deadline: ovDeadline, measureFrom: time.Second,
+			ctx: func(ctx context.Context, i int) context.Context {
+				if i%2 == 1 {
+					return ContextWithCriticality(ctx, Sheddable)
+				}
+				return ctx
+			},
+			class: func(i int) int { return i % 2 },
+		}.run(cc)
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	crit := float64(res.good[0]) / float64(res.calls[0])
+	t.Logf("CRITICAL: %d/%d succeeded (%.1f%%); SHEDDABLE: %d/%d; limit %+v",
+		res.good[0], res.calls[0], 100*crit, res.good[1], res.calls[1], st)
+	if crit < 0.99 {
+		t.Errorf("CRITICAL success = %.3f, want ≥ 0.99", crit)
+	}
+	if res.good[1] >= res.good[0] {
+		t.Errorf("SHEDDABLE succeeded %d times, CRITICAL %d: want the sheddable shed first", res.good[1], res.good[0])
 	}
 }
