@@ -134,4 +134,3 @@ func TestRetryAttemptsAreSheddablePlus(t *testing.T) {
 		}
 	}
 }
-

@@ -2,6 +2,8 @@ package interceptor
 
 import (
 	"context"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -282,5 +284,86 @@ func TestOverloadCriticality(t *testing.T) {
 	}
 	if res.good[1] >= res.good[0] {
 		t.Errorf("SHEDDABLE succeeded %d times, CRITICAL %d: want the sheddable shed first", res.good[1], res.good[0])
+	}
+}
+
+// quotaEcho accepts at most rate calls per second (a token bucket of one
+// second's worth) and fails the others with RESOURCE_EXHAUSTED; arrivals
+// counts every call that reached it.
+type quotaEcho struct {
+	echov1.UnimplementedEchoServiceServer
+	mu       sync.Mutex
+	rate     float64
+	tokens   float64
+	last     time.Time
+	arrivals int
+}
+
+func (q *quotaEcho) setRate(r float64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.rate, q.tokens = r, min(q.tokens, r)
+}
+
+func (q *quotaEcho) count() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.arrivals
+}
+
+func (q *quotaEcho) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	if !q.last.IsZero() {
+		q.tokens = min(q.rate, q.tokens+q.rate*now.Sub(q.last).Seconds())
+	}
+	q.last = now
+	q.arrivals++
+	if q.tokens < 1 {
+		return nil, status.Error(codes.ResourceExhausted, "over quota")
+	}
+	q.tokens--
+	return &echov1.EchoResponse{}, nil
+}
+
+// TestAdaptiveThrottlingSettlesAndRecovers: a backend that accepts 30% of
+// the offered load gets about K·accepts = 60% of it (within 20%) from a
+// client in adaptive mode, and after it recovers the client sends
+// everything again within one window.
+func TestAdaptiveThrottlingSettlesAndRecovers(t *testing.T) {
+	const rate, window = 50.0, 10 * time.Second
+	cfg, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{}],
+		"circuitBreaker": {"mode": "adaptive", "k": 2, "window": "10s"}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var settled, recovered float64
+	var st MethodStatus
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestClient(t, WithServiceConfig(cfg), WithRandSource(rand.NewPCG(1, 2)))
+		q := &quotaEcho{rate: 0.3 * rate, tokens: 0.3 * rate}
+		cc := serveEcho(t, q, nil, c.DialOptions()...)
+		gap := time.Duration(float64(time.Second) / rate)
+		phase := func(d time.Duration) float64 {
+			before := q.count()
+			ld := load{gap: gap, dur: d, deadline: time.Second}
+			res := ld.run(cc)
+			return float64(q.count()-before) / float64(res.calls[0])
+		}
+		phase(2 * window)
+		settled = phase(window)
+		st = c.Status(echoMethod)
+		q.setRate(2 * rate)
+		phase(window)
+		recovered = phase(time.Second)
+	})
+	t.Logf("backend at 30%%: the client sent %.3f of the offered load (K·accepts = 0.6); status %+v; one window after recovery: %.3f",
+		settled, *st.Adaptive, recovered)
+	if math.Abs(settled-0.6) > 0.6*0.2 {
+		t.Errorf("backend at 30%%: sent %.3f, want 0.6 ± 20%%", settled)
+	}
+	if recovered < 0.99 {
+		t.Errorf("one window after recovery: sent %.3f, want all", recovered)
 	}
 }
