@@ -58,6 +58,36 @@ func WithMethodConcurrencyLimit(name string, cfg serviceconfig.ConcurrencyLimit)
 	})
 }
 
+// WithServerConfig applies a server document (serviceconfig.ParseServer):
+// its top-level concurrencyLimit as WithConcurrencyLimit, and each name of
+// each methodConfig entry as WithMethodConcurrencyLimit. Options given
+// after it override it.
+func WithServerConfig(cfg *serviceconfig.ServerConfig) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if cfg == nil {
+			o.errs = append(o.errs, errorf("WithServerConfig: nil config"))
+			return
+		}
+		if err := cfg.Validate(); err != nil {
+			o.errs = append(o.errs, errorf("WithServerConfig: %v", err))
+			return
+		}
+		if l := cfg.ConcurrencyLimit; l != nil {
+			c := *l
+			o.limit = &c
+		}
+		for _, mc := range cfg.MethodConfig {
+			for _, n := range mc.Name {
+				raw := n.Service
+				if n.Method != "" {
+					raw = "/" + n.Service + "/" + n.Method
+				}
+				o.methodLimits = append(o.methodLimits, methodLimit{raw, n, *mc.ConcurrencyLimit})
+			}
+		}
+	})
+}
+
 // methodLimit is one WithMethodConcurrencyLimit; a later one for the same
 // name replaces an earlier one.
 type methodLimit struct {

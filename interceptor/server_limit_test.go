@@ -280,3 +280,36 @@ func TestLimitHotPathAllocatesNothing(t *testing.T) {
 		t.Errorf("allocs per admitted call = %v, want 0", n)
 	}
 }
+
+func TestWithServerConfig(t *testing.T) {
+	cfg, err := serviceconfig.ParseServer([]byte(`{"concurrencyLimit": {"maxLimit": 50},
+		"methodConfig": [{"name": [{"service": "shop.Orders", "method": "Report"}, {"service": "shop.Admin"}],
+			"concurrencyLimit": {"algorithm": "aimd", "initialLimit": 3, "maxLimit": 4}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(WithServerConfig(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, ls := range srv.LimitStatuses() {
+		got[ls.Name] = ls.Limit
+	}
+	want := map[string]int{"": 20, "/shop.Orders/Report": 3, "shop.Admin": 3}
+	if len(got) != len(want) {
+		t.Fatalf("limits = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("limit %q = %d, want %d", k, got[k], v)
+		}
+	}
+	if _, err := NewServer(WithServerConfig(nil)); err == nil {
+		t.Errorf("WithServerConfig(nil): no error")
+	}
+	bad := &serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "a.B"}}}}}
+	if _, err := NewServer(WithServerConfig(bad)); err == nil || !strings.Contains(err.Error(), "methodConfig[0].concurrencyLimit: is required") {
+		t.Errorf("WithServerConfig(bad) = %v, want the JSON path", err)
+	}
+}
