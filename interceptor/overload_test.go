@@ -367,3 +367,35 @@ func TestAdaptiveThrottlingSettlesAndRecovers(t *testing.T) {
 		t.Errorf("one window after recovery: sent %.3f, want all", recovered)
 	}
 }
+
+// TestOverloadCPUShedding runs the 3× scenario with CPU-aware shedding in
+// place of the concurrency limit, the CPU use being the share of busy
+// tokens: goodput stays at 90% of the capacity or more, and the admitted
+// p99 within twice the service time.
+func TestOverloadCPUShedding(t *testing.T) {
+	const dur, from = 6 * time.Second, 2 * time.Second
+	var res *loadResult
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		ce := newCapacityEcho(ovTokens, ovService)
+		srv, err := NewServer(WithCPUShedding(CPUShedding{
+			CPU: func() float64 { return float64(len(ce.tokens)) / ovTokens },
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc := serveEcho(t, ce, srv)
+		res = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	window := capacityIn(dur - from)
+	good := float64(res.good[0]) / window
+	t.Logf("CPU shedding: goodput %d (%.1f%% of capacity), admitted p99 %v, codes %v, %+v", res.good[0], 100*good, res.p(0.99), res.codes, st)
+	if good < 0.9 {
+		t.Errorf("goodput = %.2f of capacity, want ≥ 0.9", good)
+	}
+	if p := res.p(0.99); p > 2*ovService {
+		t.Errorf("admitted p99 = %v, want ≤ %v", p, 2*ovService)
+	}
+}

@@ -38,6 +38,7 @@ type serverOptions struct {
 	headroom, floor time.Duration
 	idem            srvIdemOptions
 	limit           *serviceconfig.ConcurrencyLimit // nil: the server has none
+	cpu             *CPUShedding                    // nil: no CPU-aware shedding
 	methodLimits    []methodLimit
 	errs            []error // option errors found while applying, reported by NewServer
 }
@@ -101,6 +102,9 @@ func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	if s.limits != nil {
 		if l := s.limits.lookup(info.FullMethod); l != nil {
 			return s.limited(ctx, l, req, info, handler)
+		}
+		if s.limits.cpu != nil {
+			return s.shedByCPU(ctx, req, info, handler)
 		}
 	}
 	return s.srvUnaryInner(ctx, req, info, handler)

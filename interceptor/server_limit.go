@@ -104,6 +104,8 @@ type srvLimits struct {
 	services map[string]*limit.Limiter // by service
 	// all lists every limiter with its name ("" for the server's).
 	all []namedLimiter
+	// cpu sheds the methods without a limiter; nil: off.
+	cpu *srvCPU
 }
 
 type namedLimiter struct {
@@ -113,10 +115,17 @@ type namedLimiter struct {
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
 func newSrvLimits(o *serverOptions) (*srvLimits, error) {
-	if o.limit == nil && len(o.methodLimits) == 0 {
+	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
 		return nil, nil
 	}
+	if o.limit != nil && o.cpu != nil {
+		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
+	}
 	ls := &srvLimits{methods: map[string]*limit.Limiter{}, services: map[string]*limit.Limiter{}}
+	var err error
+	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
+		return nil, err
+	}
 	if o.limit != nil {
 		l, err := newLimiter(*o.limit)
 		if err != nil {
@@ -247,13 +256,26 @@ type LimitStatus struct {
 	ShedLimit, ShedDeadline [4]uint64
 }
 
+// CPUSheddingName is the LimitStatus.Name of the CPU-aware shedder
+// (WithCPUShedding), whose Limit is the current bandwidth-delay product
+// (0 before it has measured one) and which has no BaseRTT.
+const CPUSheddingName = "(cpu)"
+
 // LimitStatuses returns the state of each of the server's concurrency
-// limits, the server's first, then the methods' in no set order.
+// limits: the CPU-aware shedder's or the server's first, then the
+// methods' in no set order.
 func (s *Server) LimitStatuses() []LimitStatus {
 	if s.limits == nil {
 		return nil
 	}
-	out := make([]LimitStatus, 0, len(s.limits.all))
+	out := make([]LimitStatus, 0, len(s.limits.all)+1)
+	if c := s.limits.cpu; c != nil {
+		sn := c.bbr.Snapshot(time.Now())
+		out = append(out, LimitStatus{
+			Name: CPUSheddingName, Limit: sn.Limit, InFlight: sn.InFlight, SmoothedRTT: sn.SmoothedRTT,
+			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
+		})
+	}
 	for _, nl := range s.limits.all {
 		sn := nl.l.Snapshot()
 		out = append(out, LimitStatus{

@@ -313,3 +313,35 @@ func TestWithServerConfig(t *testing.T) {
 		t.Errorf("WithServerConfig(bad) = %v, want the JSON path", err)
 	}
 }
+
+func TestCPUSheddingOptions(t *testing.T) {
+	if _, err := NewServer(WithCPUShedding(CPUShedding{}), WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{})); err == nil || !strings.Contains(err.Error(), "choose one") {
+		t.Errorf("both: %v, want an error", err)
+	}
+	if _, err := NewServer(WithCPUShedding(CPUShedding{CPUThreshold: 1.5})); err == nil || !strings.Contains(err.Error(), "WithCPUShedding: limit: cpuThreshold") {
+		t.Errorf("threshold 1.5: %v, want an error", err)
+	}
+	// With a method limit of its own, the method is not under the CPU
+	// shedder; the others are.
+	srv, err := NewServer(WithCPUShedding(CPUShedding{CPU: func() float64 { return 0 }}),
+		WithMethodConcurrencyLimit("a.B", serviceconfig.ConcurrencyLimit{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt := srv.UnaryServerInterceptor()
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	_, _ = icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/a.B/C"}, h)
+	_, _ = icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x.Y/Z"}, h)
+	got := map[string]uint64{}
+	for _, ls := range srv.LimitStatuses() {
+		got[ls.Name] = ls.Admitted[Critical]
+	}
+	if got[CPUSheddingName] != 1 || got["a.B"] != 1 {
+		t.Errorf("admitted by limit = %v, want one each", got)
+	}
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x", "y"))
+	info := &grpc.UnaryServerInfo{FullMethod: "/x.Y/Z"}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = icpt(ctx, nil, info, h) }); n != 0 {
+		t.Errorf("allocs per call under CPU shedding = %v, want 0", n)
+	}
+}

@@ -208,13 +208,15 @@ func (l *Limiter) Acquire(c Criticality, left time.Duration) (v Verdict, pushbac
 }
 
 // pushbackLocked is the wait of the package doc, or NoRetry.
-func (l *Limiter) pushbackLocked() time.Duration {
-	if l.shedEW >= 0.5 {
+func (l *Limiter) pushbackLocked() time.Duration { return pushback(l.srtt, l.shedEW) }
+
+// pushback is s·(1 + x/(1 − x)) rounded up to the millisecond, at least
+// 1ms, or NoRetry from x = 1/2 (see the package doc).
+func pushback(srtt, x float64) time.Duration {
+	if x >= 0.5 {
 		return NoRetry
 	}
-	x := l.shedEW
-	p := min(x/(1-x), 10)
-	d := time.Duration(l.srtt * (1 + p))
+	d := time.Duration(srtt * (1 + x/(1-x)))
 	const ms = time.Millisecond
 	return max(ms, (d+ms-1)/ms*ms)
 }
