@@ -3,3 +3,22 @@ module github.com/grpc-resilience/resilience/bench
 go 1.26.0
 
 replace github.com/grpc-resilience/resilience => ../
+
+require (
+	github.com/failsafe-go/failsafe-go v0.9.8
+	github.com/grpc-resilience/resilience v0.0.0-00010101000000-000000000000
+	google.golang.org/grpc v1.85.0
+)
+
+require (
+	github.com/bits-and-blooms/bitset v1.24.4 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/influxdata/tdigest v0.0.1 // indirect
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
