@@ -13,10 +13,11 @@
 // For each contender the report gives, over the overload phase after its
 // first Settle: the goodput (calls that succeed within their deadline) as
 // a share of the capacity, and the p99 latency of the calls that
-// succeeded; the convergence time after the step up (until the p99 of
-// every later 250ms bucket stays within 2× the unloaded p99); and the
-// recovery time after the step down (until every later bucket has all its
-// calls succeed). The unloaded p99 is each contender's own in the first
+// succeeded; the convergence time after the step up (until, in every later
+// 500ms bucket of arrivals, the calls that succeeded are at least 90% of
+// the bucket's capacity and their p90 latency is within 2× the unloaded
+// p99); and the recovery time after the step down (until every later
+// bucket has all its calls succeed). The unloaded p99 is each contender's own in the first
 // phase.
 package overload
 
@@ -127,10 +128,10 @@ type Result struct {
 	// those calls.
 	Goodput     float64
 	AdmittedP99 time.Duration
-	// Converge is the time from the step up until every later bucket's p99
-	// stays within 2× UnloadedP99; Recover the time from the step down
-	// until every later bucket's calls all succeed. Negative: never within
-	// the phase.
+	// Converge is the time from the step up until every later bucket has
+	// a goodput of 90% of its capacity or more, with a p90 latency within
+	// 2× UnloadedP99; Recover the time from the step down until every later
+	// bucket's calls all succeed. Negative: never within the phase.
 	Converge, Recover time.Duration
 	// Calls counts the calls started.
 	Calls int
@@ -281,7 +282,7 @@ func analyse(cfg Config, capacity float64, calls []call) Result {
 				ok = append(ok, c.took)
 			}
 		}
-		return len(ok) > 0 && p99(ok) <= 2*r.UnloadedP99
+		return float64(len(ok)) >= 0.9*capacity*bucket.Seconds() && quantile(ok, 0.9) <= 2*r.UnloadedP99
 	})
 	r.Recover = settleTime(calls, down, down+cfg.After, func(b []call) bool {
 		for _, c := range b {
@@ -294,7 +295,7 @@ func analyse(cfg Config, capacity float64, calls []call) Result {
 	return r
 }
 
-const bucket = 250 * time.Millisecond
+const bucket = 500 * time.Millisecond
 
 // settleTime returns the time from `from` to the start of the first bucket
 // after which every bucket up to `to` satisfies good; -1 when the last
@@ -323,13 +324,15 @@ func settleTime(calls []call, from, to time.Duration, good func([]call) bool) ti
 	return time.Duration(settled) * bucket
 }
 
-func p99(d []time.Duration) time.Duration {
+func p99(d []time.Duration) time.Duration { return quantile(d, 0.99) }
+
+func quantile(d []time.Duration, q float64) time.Duration {
 	if len(d) == 0 {
 		return 0
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	return s[min(len(s)-1, int(0.99*float64(len(s))))]
+	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
 // Markdown renders the report as a table with the scenario above it.
