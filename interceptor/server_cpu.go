@@ -81,7 +81,7 @@ func (s *Server) shedByCPU(ctx context.Context, req any, info *grpc.UnaryServerI
 	start := time.Now()
 	v, pushback := c.bbr.Acquire(start, c.cpu(), limit.Criticality(crit))
 	if v != limit.Admitted {
-		return nil, shedError(ctx, info.FullMethod, crit, pushback)
+		return nil, s.limits.shedError(ctx, crit, pushback)
 	}
 	defer func() {
 		end := time.Now()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -106,6 +107,8 @@ type srvLimits struct {
 	all []namedLimiter
 	// cpu sheds the methods without a limiter; nil: off.
 	cpu *srvCPU
+	// shed caches the last shed status per criticality.
+	shed [4]atomic.Pointer[shedEntry]
 }
 
 type namedLimiter struct {
@@ -202,7 +205,7 @@ func (s *Server) limited(ctx context.Context, l *limit.Limiter, req any, info *g
 			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
 			left.Round(time.Microsecond), l.BaseRTT())
 	case limit.ShedLimit:
-		return nil, shedError(ctx, info.FullMethod, crit, pushback)
+		return nil, s.limits.shedError(ctx, crit, pushback)
 	}
 	// Released on every way the handler ends: a return, or a panic, which
 	// goes on up after the release.
@@ -221,18 +224,41 @@ func (s *Server) limited(ctx context.Context, l *limit.Limiter, req any, info *g
 // shedError is the status of a call the limit shed, with the pushback as
 // a RetryInfo detail and as the A6 trailer; when the pushback is
 // limit.NoRetry, the trailer says not to retry (-1) and there is no
-// RetryInfo.
-func shedError(ctx context.Context, fullMethod string, crit Criticality, pushback time.Duration) error {
-	if pushback == limit.NoRetry {
-		_ = grpc.SetTrailer(ctx, noRetryTrailer)
-		return status.Error(codes.ResourceExhausted, "resilience: "+fullMethod+": over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
+// RetryInfo. The status and trailer are built once per (criticality,
+// pushback) and reused while the pushback stays the same, so that shedding
+// under a steady overload allocates nothing but what grpc does.
+func (ls *srvLimits) shedError(ctx context.Context, crit Criticality, pushback time.Duration) error {
+	c := &ls.shed[crit&3]
+	e := c.Load()
+	if e == nil || e.pushback != pushback {
+		e = newShedEntry(crit, pushback)
+		c.Store(e)
 	}
-	_ = grpc.SetTrailer(ctx, metadata.Pairs(pushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10)))
-	st := status.New(codes.ResourceExhausted, "resilience: "+fullMethod+": over the concurrency limit ("+crit.String()+"); retry after "+pushback.String())
+	_ = grpc.SetTrailer(ctx, e.trailer)
+	return e.err
+}
+
+// shedEntry is a shed status and trailer, built once; read-only.
+type shedEntry struct {
+	pushback time.Duration
+	err      error
+	trailer  metadata.MD
+}
+
+func newShedEntry(crit Criticality, pushback time.Duration) *shedEntry {
+	e := &shedEntry{pushback: pushback}
+	if pushback == limit.NoRetry {
+		e.trailer = noRetryTrailer
+		e.err = status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
+		return e
+	}
+	e.trailer = metadata.Pairs(pushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10))
+	st := status.New(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); retry after "+pushback.String())
 	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(pushback)}); err == nil {
 		st = withHint
 	}
-	return st.Err()
+	e.err = st.Err()
+	return e
 }
 
 // noRetryTrailer is gRFC A6's "do not retry"; grpc only reads it.
