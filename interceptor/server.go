@@ -17,8 +17,11 @@ import (
 // WithIdempotencyStore and the package interceptor/idempotency), deadline
 // headroom for downstream hops (WithServerHeadroom), and marks the context
 // of a call whose caller retries it (CallerRetries), so that clients in the
-// handler retry less (WithOneLayerRetry). A Server with no option only
-// marks contexts.
+// handler retry less (WithOneLayerRetry). It protects the server from
+// overload with an adaptive concurrency limit (WithConcurrencyLimit,
+// WithMethodConcurrencyLimit, WithServerConfig) or CPU-aware shedding
+// (WithCPUShedding), by criticality. A Server with no option only marks
+// contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
 // in-process coalescing state are shared by all calls.
