@@ -59,3 +59,18 @@ func ExampleContextWithCriticality() {
 	// resilience-criticality [SHEDDABLE]
 	// CRITICAL_PLUS true
 }
+
+func ExampleWithCPUShedding() {
+	srv, err := interceptor.NewServer(interceptor.WithCPUShedding(interceptor.CPUShedding{
+		CPUThreshold: 0.8, // from 80% CPU, keep in flight ≤ max pass rate × min latency
+		// CPU: nil reads the process's cgroup (Linux); a function here
+		// drives it from another source.
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
+	fmt.Println(srv.LimitStatuses()[0].Name)
+	// Output:
+	// (cpu)
+}
