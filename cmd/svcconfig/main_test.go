@@ -42,9 +42,9 @@ func TestRun(t *testing.T) {
 		{name: "check_strict_clean", args: []string{"check", "-strict", "testdata/nodefault.json"}},
 
 		// adaptive throttling and the server document
-		{name: "check_adaptive", args: []string{"check", "testdata/adaptive.json"}},
-		{name: "explain_adaptive", args: []string{"explain", "testdata/adaptive.json", "/shop.Orders/Pay"}},
-		{name: "explain_adaptive_defaults", args: []string{"explain", "testdata/adaptive.json", "/shop.Carts/Get"}},
+		{name: "check_breaker_adaptive", args: []string{"check", "testdata/breaker_adaptive.json"}},
+		{name: "explain_breaker_adaptive", args: []string{"explain", "testdata/breaker_adaptive.json", "/shop.Orders/Pay"}},
+		{name: "explain_breaker_adaptive_defaults", args: []string{"explain", "testdata/breaker_adaptive.json", "/shop.Carts/Get"}},
 		{name: "server_check", args: []string{"server", "testdata/server.json"}},
 		{name: "server_method", args: []string{"server", "testdata/server.json", "/shop.Orders/Report"}},
 		{name: "server_service", args: []string{"server", "testdata/server.json", "/shop.Admin/Ban"}},
