@@ -68,6 +68,16 @@
 // retrying client from amplifying a sustained overload beyond its first
 // attempts, whatever its retry budget.
 //
+// # CPU-aware shedding
+//
+// [BBR] is the alternative of Kratos and go-zero, after TCP BBR: it does
+// nothing while the CPU use is below a threshold (0.8), and above it (or
+// within a cool-off of 1s after a shed) admits a request only while the
+// requests in flight stay below the bandwidth-delay product
+// maxPass × minRT / bucket, measured over a window of 10 buckets (5s). It
+// needs no latency target, but it reacts only to CPU: a server that is
+// slow for another reason (a lock, a dependency) is not protected.
+//
 // # Concurrency
 //
 // A [Limiter] is safe for concurrent use; every method takes one mutex for
