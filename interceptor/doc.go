@@ -245,7 +245,8 @@
 // of the Server's, in this order:
 //
 //	criticality ─► remaining deadline < base RTT? ── yes ─► DEADLINE_EXCEEDED, not started
-//	            ─► in flight ≥ the criticality's share of the limit? ── yes ─► RESOURCE_EXHAUSTED + pushback
+//	            ─► in flight ≥ the criticality's share of the limit? ── yes ─► wait in the queue (MaxQueue,
+//	               MaxQueueWait) if it has room, else RESOURCE_EXHAUSTED + pushback
 //	            ─► headroom, idempotency, handler ─► latency sample (none when the caller cancelled)
 //
 // A shed call costs a lock and a status: RESOURCE_EXHAUSTED with a

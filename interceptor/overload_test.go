@@ -399,3 +399,32 @@ func TestOverloadCPUShedding(t *testing.T) {
 		t.Errorf("admitted p99 = %v, want ≤ %v", p, 2*ovService)
 	}
 }
+
+// TestOverloadGoodputWithQueue is the 3× scenario with a short queue (10
+// calls, 50ms): goodput stays at 90% of capacity or more, and the p99 of
+// admitted calls within twice the unloaded p99 plus MaxQueueWait (the
+// queue trades that much latency for absorbing bursts).
+func TestOverloadGoodputWithQueue(t *testing.T) {
+	const dur, from = 3 * time.Second, time.Second
+	var res *loadResult
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MaxQueue: 10, MaxQueueWait: 50 * time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, srv)
+		res = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	good := float64(res.good[0]) / capacityIn(dur-from)
+	t.Logf("with a queue: goodput %.1f%% of capacity, admitted p99 %v, %+v", 100*good, res.p(0.99), st)
+	if good < 0.9 {
+		t.Errorf("goodput = %.2f of capacity, want ≥ 0.9", good)
+	}
+	if p := res.p(0.99); p > 2*ovService+50*time.Millisecond {
+		t.Errorf("admitted p99 = %v, want ≤ %v", p, 2*ovService+50*time.Millisecond)
+	}
+}

@@ -22,8 +22,9 @@ import (
 // WithConcurrencyLimit puts the unary calls of the server under one
 // adaptive concurrency limit (see serviceconfig.ConcurrencyLimit and the
 // package doc, "Overload protection"): a call that arrives while the calls
-// in flight fill its criticality's share of the limit is rejected at once
-// with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and the
+// in flight fill its criticality's share of the limit waits in the limit's
+// queue when it has one (MaxQueue, at most MaxQueueWait) and is otherwise
+// rejected at once with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and the
 // grpc-retry-pushback-ms trailer that say when to come back; a call whose
 // remaining deadline is shorter than the base RTT (the service time without
 // queueing) is rejected with DEADLINE_EXCEEDED before its handler runs.
@@ -100,9 +101,9 @@ type methodLimit struct {
 // srvLimits holds the server's limiters, built once by NewServer; the maps
 // are read-only after.
 type srvLimits struct {
-	server   *limit.Limiter            // nil: methods not named are not limited
-	methods  map[string]*limit.Limiter // by full method
-	services map[string]*limit.Limiter // by service
+	server   *srvLimiter            // nil: methods not named are not limited
+	methods  map[string]*srvLimiter // by full method
+	services map[string]*srvLimiter // by service
 	// all lists every limiter with its name ("" for the server's).
 	all []namedLimiter
 	// cpu sheds the methods without a limiter; nil: off.
@@ -113,7 +114,15 @@ type srvLimits struct {
 
 type namedLimiter struct {
 	name string
-	l    *limit.Limiter
+	l    *srvLimiter
+}
+
+// srvLimiter is one limit with its queue.
+type srvLimiter struct {
+	*limit.Limiter
+	maxQueue int32         // 0: no queue; immutable
+	maxWait  time.Duration // immutable
+	queued   atomic.Int32  // calls waiting
 }
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
@@ -124,7 +133,7 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 	if o.limit != nil && o.cpu != nil {
 		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
 	}
-	ls := &srvLimits{methods: map[string]*limit.Limiter{}, services: map[string]*limit.Limiter{}}
+	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}}
 	var err error
 	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
 		return nil, err
@@ -161,20 +170,62 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 }
 
 // newLimiter normalizes cfg (validated) for the engine.
-func newLimiter(cfg serviceconfig.ConcurrencyLimit) (*limit.Limiter, error) {
+func newLimiter(cfg serviceconfig.ConcurrencyLimit) (*srvLimiter, error) {
 	alg := limit.Vegas
 	if cfg.Algorithm == "aimd" {
 		alg = limit.AIMD
 	}
-	return limit.New(limit.Config{
+	l, err := limit.New(limit.Config{
 		Algorithm: alg, InitialLimit: cfg.InitialLimit, MinLimit: cfg.MinLimit,
 		MaxLimit: cfg.MaxLimit, BaseWindow: cfg.BaseWindow,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return &srvLimiter{Limiter: l, maxQueue: int32(min(cfg.MaxQueue, 1<<30)), maxWait: cfg.MaxQueueWait}, nil
+}
+
+// wait queues a call of criticality crit that the limit shed, when the
+// queue has room: until a slot frees for it (admitted), MaxQueueWait
+// passes, its deadline comes within the base RTT, or its context ends.
+// It returns whether the call was admitted. A queued call is woken by
+// every release and tries again; the queue is short, so the herd is small.
+func (l *srvLimiter) wait(ctx context.Context, crit Criticality) bool {
+	if l.maxQueue == 0 {
+		return false
+	}
+	if l.queued.Add(1) > l.maxQueue {
+		l.queued.Add(-1)
+		return false
+	}
+	defer l.queued.Add(-1)
+	d := l.maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)-l.BaseRTT())
+	}
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		released := l.Released() // before trying, so no release is missed
+		if l.TryAcquire(limit.Criticality(crit)) {
+			return true
+		}
+		select {
+		case <-released:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // lookup returns the limiter of fullMethod: its own, its service's, or the
 // server's; nil when none applies. It allocates nothing.
-func (ls *srvLimits) lookup(fullMethod string) *limit.Limiter {
+func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 	if l, ok := ls.methods[fullMethod]; ok {
 		return l
 	}
@@ -191,7 +242,7 @@ func (ls *srvLimits) lookup(fullMethod string) *limit.Limiter {
 // limited runs a unary call under its limiter l: admitted, it runs the rest
 // of the interceptor and the handler and is released when they return or
 // panic; shed, they do not run.
-func (s *Server) limited(ctx context.Context, l *limit.Limiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	crit := incomingCriticality(ctx)
 	start := time.Now()
 	left := limit.NoDeadline
@@ -205,7 +256,10 @@ func (s *Server) limited(ctx context.Context, l *limit.Limiter, req any, info *g
 			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
 			left.Round(time.Microsecond), l.BaseRTT())
 	case limit.ShedLimit:
-		return nil, s.limits.shedError(ctx, crit, pushback)
+		if !l.wait(ctx, crit) {
+			return nil, s.limits.shedError(ctx, crit, pushback)
+		}
+		start = time.Now() // the time in the queue is not the service's latency
 	}
 	// Released on every way the handler ends: a return, or a panic, which
 	// goes on up after the release.
@@ -270,15 +324,18 @@ type LimitStatus struct {
 	// Name is the full method or service of WithMethodConcurrencyLimit,
 	// "" for the server's limit.
 	Name string
-	// Limit is the current limit; InFlight the calls admitted and running.
-	Limit, InFlight int
+	// Limit is the current limit; InFlight the calls admitted and running;
+	// Queued the calls waiting for a slot.
+	Limit, InFlight, Queued int
 	// BaseRTT is the service time without queueing, as learned;
 	// SmoothedRTT the moving average of admitted calls' latencies.
 	BaseRTT, SmoothedRTT time.Duration
 	// Admitted counts the calls admitted, by criticality.
 	Admitted [4]uint64
 	// ShedLimit and ShedDeadline count the calls shed over the limit and
-	// at the door for too short a deadline, by criticality.
+	// at the door for too short a deadline, by criticality. A call over the
+	// limit that then waited in the queue counts in ShedLimit on arrival,
+	// and in Admitted too when a slot freed for it.
 	ShedLimit, ShedDeadline [4]uint64
 }
 
@@ -305,7 +362,7 @@ func (s *Server) LimitStatuses() []LimitStatus {
 	for _, nl := range s.limits.all {
 		sn := nl.l.Snapshot()
 		out = append(out, LimitStatus{
-			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight,
+			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight, Queued: int(nl.l.queued.Load()),
 			BaseRTT: sn.BaseRTT, SmoothedRTT: sn.SmoothedRTT,
 			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
 			ShedDeadline: sn.Count[limit.ShedDeadline],

@@ -345,3 +345,63 @@ func TestCPUSheddingOptions(t *testing.T) {
 		t.Errorf("allocs per call under CPU shedding = %v, want 0", n)
 	}
 }
+
+// TestQueueWaitsForASlot: with a limit of 1 and a queue of 1 (50ms), a call
+// arriving while another runs waits and runs after it; a third finds the
+// queue full and is shed at once; a call that waits longer than 50ms is
+// shed with the pushback.
+func TestQueueWaitsForASlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{
+			InitialLimit: 1, MinLimit: 1, MaxLimit: 1, MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		icpt := srv.UnaryServerInterceptor()
+		info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
+		hold := func(d time.Duration) grpc.UnaryHandler {
+			return func(context.Context, any) (any, error) {
+				time.Sleep(d)
+				return "ok", nil
+			}
+		}
+		results := make(chan error, 3)
+		run := func(d time.Duration) {
+			go func() {
+				_, err := icpt(context.Background(), nil, info, hold(d))
+				results <- err
+			}()
+			synctest.Wait()
+		}
+		start := time.Now()
+		run(30 * time.Millisecond) // runs
+		run(10 * time.Millisecond) // queued
+		if q := srv.LimitStatuses()[0].Queued; q != 1 {
+			t.Errorf("Queued = %d, want 1", q)
+		}
+		run(time.Millisecond) // queue full: shed at once
+		if err := <-results; status.Code(err) != codes.ResourceExhausted || time.Since(start) != 0 {
+			t.Errorf("third call: %v after %v, want RESOURCE_EXHAUSTED at once", err, time.Since(start))
+		}
+		for range 2 {
+			if err := <-results; err != nil {
+				t.Errorf("first or queued call: %v", err)
+			}
+		}
+		if d := time.Since(start); d != 40*time.Millisecond {
+			t.Errorf("the queued call ended after %v, want 40ms (30ms wait + 10ms)", d)
+		}
+		// Too long a wait: shed after 50ms.
+		start = time.Now()
+		run(200 * time.Millisecond)
+		run(time.Millisecond)
+		if err := <-results; status.Code(err) != codes.ResourceExhausted || time.Since(start) != 50*time.Millisecond {
+			t.Errorf("queued past MaxQueueWait: %v after %v, want RESOURCE_EXHAUSTED after 50ms", err, time.Since(start))
+		}
+		<-results
+		st := srv.LimitStatuses()[0]
+		if st.InFlight != 0 || st.Queued != 0 || st.Admitted[Critical] != 3 {
+			t.Errorf("after: %+v, want nothing held and 3 admitted", st)
+		}
+	})
+}

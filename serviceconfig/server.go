@@ -25,6 +25,11 @@ type ConcurrencyLimit struct {
 	// without queueing) is the least latency seen; the base RTT is the
 	// minimum of the last two periods. 0 means 30s.
 	BaseWindow time.Duration
+	// MaxQueue is how many calls over the limit may wait for a slot, at
+	// most MaxQueueWait each (less when their deadline is nearer); 0: none,
+	// calls over the limit are shed at once. Both or neither are set.
+	MaxQueue     int
+	MaxQueueWait time.Duration
 }
 
 // Validate reports the first field of c that is out of range.
@@ -48,6 +53,14 @@ func (c *ConcurrencyLimit) Validate() error {
 		return newError("minLimit", "must not exceed maxLimit (default 1000)")
 	case c.MaxLimit == 0 && c.InitialLimit > 1000:
 		return newError("initialLimit", "must not exceed maxLimit (default 1000)")
+	case c.MaxQueue < 0:
+		return newError("maxQueue", "must not be negative")
+	case c.MaxQueueWait < 0:
+		return newError("maxQueueWait", "must not be negative")
+	case c.MaxQueue > 0 && c.MaxQueueWait == 0:
+		return newError("maxQueueWait", "must be set when maxQueue is")
+	case c.MaxQueue == 0 && c.MaxQueueWait > 0:
+		return newError("maxQueue", "must be set when maxQueueWait is")
 	}
 	return checkDuration("baseWindow", c.BaseWindow)
 }
@@ -57,7 +70,8 @@ func (c *ConcurrencyLimit) Validate() error {
 //
 //	{
 //	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20,
-//	                       "minLimit": 1, "maxLimit": 1000, "baseWindow": "30s"},
+//	                       "minLimit": 1, "maxLimit": 1000, "baseWindow": "30s",
+//	                       "maxQueue": 16, "maxQueueWait": "0.02s"},
 //	  "methodConfig": [{
 //	    "name": [{"service": "shop.Orders", "method": "Report"}],
 //	    "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}
@@ -134,6 +148,8 @@ type wireLimit struct {
 	MinLimit     leaf[int]
 	MaxLimit     leaf[int]
 	BaseWindow   leaf[*duration]
+	MaxQueue     leaf[int]
+	MaxQueueWait leaf[*duration]
 }
 
 // limit checks the leaves of w under path and returns its value.
@@ -144,12 +160,15 @@ func (w *wireLimit) limit(path string) (*ConcurrencyLimit, error) {
 		field{"minLimit", &w.MinLimit},
 		field{"maxLimit", &w.MaxLimit},
 		field{"baseWindow", &w.BaseWindow},
+		field{"maxQueue", &w.MaxQueue},
+		field{"maxQueueWait", &w.MaxQueueWait},
 	); err != nil {
 		return nil, err
 	}
 	return &ConcurrencyLimit{
 		Algorithm: w.Algorithm.v, InitialLimit: w.InitialLimit.v, MinLimit: w.MinLimit.v,
 		MaxLimit: w.MaxLimit.v, BaseWindow: optDuration(w.BaseWindow.v),
+		MaxQueue: w.MaxQueue.v, MaxQueueWait: optDuration(w.MaxQueueWait.v),
 	}, nil
 }
 

@@ -11,7 +11,7 @@ import (
 
 func TestParseServer(t *testing.T) {
 	doc := `{
-	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20, "minLimit": 2, "maxLimit": 500, "baseWindow": "10s"},
+	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20, "minLimit": 2, "maxLimit": 500, "baseWindow": "10s", "maxQueue": 4, "maxQueueWait": "0.02s"},
 	  "methodConfig": [
 	    {"name": [{"service": "shop.Orders", "method": "Report"}], "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}},
 	    {"name": [{"service": "shop.Admin"}], "concurrencyLimit": {}}
@@ -21,7 +21,8 @@ func TestParseServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ParseServer: %v", err)
 	}
-	want := serviceconfig.ConcurrencyLimit{Algorithm: "vegas", InitialLimit: 20, MinLimit: 2, MaxLimit: 500, BaseWindow: 10 * time.Second}
+	want := serviceconfig.ConcurrencyLimit{Algorithm: "vegas", InitialLimit: 20, MinLimit: 2, MaxLimit: 500, BaseWindow: 10 * time.Second,
+		MaxQueue: 4, MaxQueueWait: 20 * time.Millisecond}
 	if *c.ConcurrencyLimit != want {
 		t.Errorf("ConcurrencyLimit = %+v, want %+v", *c.ConcurrencyLimit, want)
 	}
@@ -55,6 +56,9 @@ func TestParseServerErrors(t *testing.T) {
 		{"window", `{"concurrencyLimit": {"baseWindow": "10"}}`, `serviceconfig: concurrencyLimit.baseWindow: "10" is not a duration`},
 		{"min over max", `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {"minLimit": 9, "maxLimit": 8}}]}`,
 			"serviceconfig: methodConfig[0].concurrencyLimit.minLimit: must not exceed maxLimit"},
+		{"queue without wait", `{"concurrencyLimit": {"maxQueue": 4}}`, "serviceconfig: concurrencyLimit.maxQueueWait: must be set when maxQueue is"},
+		{"wait without queue", `{"concurrencyLimit": {"maxQueueWait": "1s"}}`, "serviceconfig: concurrencyLimit.maxQueue: must be set when maxQueueWait is"},
+		{"negative queue", `{"concurrencyLimit": {"maxQueue": -1}}`, "serviceconfig: concurrencyLimit.maxQueue: must not be negative"},
 		{"no name", `{"methodConfig": [{"concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name: must name at least one service"},
 		{"empty service", `{"methodConfig": [{"name": [{}], "concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name[0].service: must not be empty"},
 		{"duplicate", `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {}}, {"name": [{"service": "a.B"}], "concurrencyLimit": {}}]}`,

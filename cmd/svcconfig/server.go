@@ -108,6 +108,12 @@ func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	t.row("  minLimit", def(strconv.Itoa(lo), l.MinLimit == 0))
 	t.row("  maxLimit", def(strconv.Itoa(hi), l.MaxLimit == 0))
 	t.row("  baseWindow", def(window.String(), l.BaseWindow == 0)+": the base RTT is the least latency of the last two windows")
+	if l.MaxQueue > 0 {
+		t.row("  maxQueue", strconv.Itoa(l.MaxQueue)+": calls over the limit that may wait for a slot")
+		t.row("  maxQueueWait", l.MaxQueueWait.String()+": the longest wait (less when the deadline is nearer); it adds to their latency")
+	} else {
+		t.row("  maxQueue", "0 (default): calls over the limit are shed at once")
+	}
 	t.flush()
 	p.printf("\nshares of the limit by criticality (metadata resilience-criticality; retries count as SHEDDABLE_PLUS at most)\n")
 	t = p.table()

@@ -159,6 +159,7 @@ type Limiter struct {
 	win      window                                // samples since the last update
 	shedEW   float64                               // EWMA of the shed share of decisions
 	count    [NumVerdicts][NumCriticalities]uint64 // verdicts by criticality
+	released chan struct{}                         // closed at the next release; nil: nobody waits
 }
 
 // New returns a Limiter for cfg, or cfg's first error.
@@ -239,6 +240,45 @@ func (l *Limiter) baseLocked() time.Duration {
 	return min(b0, b1)
 }
 
+// TryAcquire is Acquire for a request that was shed and waits in a queue
+// for a slot: it admits the request (counted as Admitted) when c's share
+// has room, and otherwise counts nothing, as the shed was counted on
+// arrival.
+func (l *Limiter) TryAcquire(c Criticality) bool {
+	if c >= NumCriticalities {
+		c = Critical
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inflight >= l.caps[c] {
+		return false
+	}
+	l.inflight++
+	l.count[Admitted][c]++
+	l.shedEW -= l.shedEW / 64
+	return true
+}
+
+// Released returns a channel closed at the next Release or Abandon: a
+// request that was shed may wait on it (with a bound of its own) and try
+// Acquire again. It allocates only when nobody waits yet.
+func (l *Limiter) Released() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.released == nil {
+		l.released = make(chan struct{})
+	}
+	return l.released
+}
+
+// wakeLocked closes the channel of Released, if any.
+func (l *Limiter) wakeLocked() {
+	if l.released != nil {
+		close(l.released)
+		l.released = nil
+	}
+}
+
 // Release ends an admitted request that completed at now after latency
 // rtt; dropped reports that its deadline ended before it did (overload).
 func (l *Limiter) Release(now time.Time, rtt time.Duration, dropped bool) {
@@ -246,6 +286,7 @@ func (l *Limiter) Release(now time.Time, rtt time.Duration, dropped bool) {
 	defer l.mu.Unlock()
 	inflight := l.inflight
 	l.inflight--
+	l.wakeLocked()
 	if rtt <= 0 {
 		rtt = 1
 	}
@@ -291,6 +332,7 @@ type window struct {
 func (l *Limiter) Abandon() {
 	l.mu.Lock()
 	l.inflight--
+	l.wakeLocked()
 	l.mu.Unlock()
 }
 

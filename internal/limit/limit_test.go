@@ -324,3 +324,47 @@ func TestShedDeadline(t *testing.T) {
 		t.Errorf("Count[ShedDeadline][Sheddable] = %d, want 1", got)
 	}
 }
+
+// TestReleasedWakes: the channel of Released closes at the next Release or
+// Abandon, and a new one is made for the next waiter.
+func TestReleasedWakes(t *testing.T) {
+	l := mustNew(t, Config{})
+	l.Acquire(Critical, NoDeadline)
+	l.Acquire(Critical, NoDeadline)
+	c := l.Released()
+	if c != l.Released() {
+		t.Fatalf("two waiters got different channels")
+	}
+	select {
+	case <-c:
+		t.Fatalf("closed before a release")
+	default:
+	}
+	l.Release(t0, time.Millisecond, false)
+	select {
+	case <-c:
+	default:
+		t.Fatalf("not closed by Release")
+	}
+	c2 := l.Released()
+	l.Abandon()
+	select {
+	case <-c2:
+	default:
+		t.Fatalf("not closed by Abandon")
+	}
+}
+
+func TestTryAcquireCountsOnlyAdmissions(t *testing.T) {
+	l := mustNew(t, Config{InitialLimit: 1, MinLimit: 1, MaxLimit: 1})
+	if !l.TryAcquire(Critical) {
+		t.Fatalf("TryAcquire on an empty limiter failed")
+	}
+	if l.TryAcquire(Critical) {
+		t.Fatalf("TryAcquire over the limit succeeded")
+	}
+	s := l.Snapshot()
+	if s.Count[Admitted][Critical] != 1 || s.Count[ShedLimit][Critical] != 0 || s.InFlight != 1 {
+		t.Errorf("snapshot %+v, want 1 admitted, no shed", s)
+	}
+}
