@@ -6,7 +6,10 @@ replace github.com/grpc-resilience/resilience => ../
 
 require (
 	github.com/failsafe-go/failsafe-go v0.9.8
+	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/grpc-resilience/resilience v0.0.0-00010101000000-000000000000
+	github.com/sony/gobreaker/v2 v2.4.0
+	go.uber.org/goleak v1.3.0
 	google.golang.org/grpc v1.85.0
 )
 
@@ -16,6 +19,7 @@ require (
 	github.com/influxdata/tdigest v0.0.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
