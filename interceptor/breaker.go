@@ -45,11 +45,21 @@ type BulkheadStatus struct {
 	InFlight, Queued int
 }
 
+// AdaptiveStatus is a snapshot of one method's adaptive throttling (a
+// circuitBreaker block in mode "adaptive"): the attempts tried and the
+// attempts the backend accepted over its window, and the probability that
+// the next attempt is rejected locally.
+type AdaptiveStatus struct {
+	Requests, Accepts float64
+	RejectProbability float64
+}
+
 // MethodStatus is a snapshot of one method's guards; nil fields mean the
 // method has no such guard.
 type MethodStatus struct {
 	FullMethod string
 	Breaker    *BreakerStatus
+	Adaptive   *AdaptiveStatus
 	Bulkhead   *BulkheadStatus
 }
 
@@ -61,12 +71,12 @@ func (c *Client) Status(fullMethod string) MethodStatus {
 }
 
 // Statuses returns a snapshot of every method called so far that has a
-// breaker or a bulkhead, sorted by method.
+// breaker (of either mode) or a bulkhead, sorted by method.
 func (c *Client) Statuses() []MethodStatus {
 	now := time.Now()
 	var out []MethodStatus
 	for _, p := range *c.state.Load().methods.Load() {
-		if p.g.breaker != nil || p.g.bulkhead != nil {
+		if p.g.breaker != nil || p.g.bulkhead != nil || p.g.adaptive != nil {
 			out = append(out, p.status(now))
 		}
 	}
@@ -90,6 +100,10 @@ func (p *methodPolicy) status(now time.Time) MethodStatus {
 			State: BreakerState(s.State), Calls: s.Calls, Failures: s.Failures, SlowCalls: s.SlowCalls,
 			ConsecutiveFailures: s.ConsecutiveFailures, OpenUntil: s.OpenUntil, Probes: s.Probes, Trips: s.Trips,
 		}
+	}
+	if a := p.g.adaptive; a != nil {
+		s := a.Snapshot(now)
+		st.Adaptive = &AdaptiveStatus{Requests: s.Requests, Accepts: s.Accepts, RejectProbability: s.RejectProbability}
 	}
 	if bh := p.g.bulkhead; bh != nil {
 		s := bh.Snapshot()

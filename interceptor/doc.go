@@ -206,6 +206,13 @@
 // start, and a probe that never reports (its caller hung) is deemed lost
 // after one open time.
 //
+// A circuitBreaker block with "mode": "adaptive" is the SRE book's
+// client-side adaptive throttling instead (see serviceconfig.CircuitBreaker):
+// no states, but each attempt is rejected locally (ErrCircuitOpen, without
+// a hint) with probability max(0, (requests − K·accepts)/(requests + 1))
+// over the method's last window, where the backend's RESOURCE_EXHAUSTED and
+// UNAVAILABLE are not accepts. MethodStatus.Adaptive shows its counts.
+//
 // # Streams
 //
 // Client, server and bidirectional streams are retried until they commit: an
@@ -243,6 +250,37 @@
 // handler a context that ends WithServerHeadroom before the caller's
 // deadline, reject calls that arrive with less than the floor left, mark
 // calls whose caller retries, and run idempotency.
+//
+// # Overload protection
+//
+// WithConcurrencyLimit (per server) and WithMethodConcurrencyLimit (per
+// method or service) bound the unary calls in flight by a limit learned
+// from their latencies: TCP Vegas against the base RTT by default, AIMD as
+// the simple alternative (serviceconfig.ConcurrencyLimit; the algorithm and
+// why Vegas is in package internal/limit). It runs outside everything else
+// of the Server's, in this order:
+//
+//	criticality ─► remaining deadline < base RTT? ── yes ─► DEADLINE_EXCEEDED, not started
+//	            ─► in flight ≥ the criticality's share of the limit? ── yes ─► wait in the queue (MaxQueue,
+//	               MaxQueueWait) if it has room, else RESOURCE_EXHAUSTED + pushback
+//	            ─► headroom, idempotency, handler ─► latency sample (none when the caller cancelled)
+//
+// A shed call costs a lock and a status: RESOURCE_EXHAUSTED with a
+// google.rpc.RetryInfo detail and the grpc-retry-pushback-ms trailer, both
+// saying how long to wait (the smoothed latency times 1 + shed/admitted);
+// once the server sheds as many calls as it admits, the trailer says not to
+// retry (-1) instead, so retrying clients cannot amplify an overload. A
+// Client honours both. An admitted call allocates nothing for the limit.
+// Server.LimitStatuses shows each limit's state and counts.
+//
+// Criticality rides in metadata (CriticalityKey, set with
+// ContextWithCriticality): CRITICAL_PLUS may fill the whole limit, CRITICAL
+// (the default) 90% of it, SHEDDABLE_PLUS 75%, SHEDDABLE half, so the
+// server sheds the lowest first. A Client sends every retry and hedged copy
+// as SHEDDABLE_PLUS at most (the server takes the lowest value it gets), so
+// that a retry never displaces a first attempt. The value is the caller's
+// claim: put an interceptor before this one that strips or caps it for
+// callers you do not trust.
 //
 // # Observability
 //

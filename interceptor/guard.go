@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/internal/adaptive"
 	"github.com/grpc-resilience/resilience/internal/breaker"
 	"github.com/grpc-resilience/resilience/internal/bulkhead"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -33,6 +34,7 @@ type guards struct {
 	breakerCfg  *serviceconfig.CircuitBreaker // as configured, for carry-over
 	bulkheadCfg *serviceconfig.Bulkhead
 	breaker     *breaker.Breaker   // nil: none
+	adaptive    *adaptive.Throttle // the breaker in mode "adaptive"; nil: none
 	bulkhead    *bulkhead.Bulkhead // nil: none
 	failures    rescodes.Set       // codes that count against the breaker
 	rejections  *rejections        // set with either guard
@@ -76,10 +78,13 @@ type admission struct {
 // gave up while queued.
 func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 	var a admission
-	if g.breaker == nil && g.bulkhead == nil {
+	if g.breaker == nil && g.bulkhead == nil && g.adaptive == nil {
 		return a, nil
 	}
 	a.start = now
+	if g.adaptive != nil && !g.adaptive.Allow(now) {
+		return a, g.rejections.noHint
+	}
 	if g.breaker != nil {
 		tok, retryAfter, err := g.breaker.Allow(a.start)
 		if err != nil {
@@ -124,6 +129,13 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	if a.slot {
 		g.bulkhead.Release()
 	}
+	if g.adaptive != nil {
+		now := since(a.start)
+		if backendAccepted(ctx, err) {
+			g.adaptive.Accepted(now)
+		}
+		return now
+	}
 	if g.breaker == nil {
 		return time.Time{}
 	}
@@ -141,6 +153,27 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	}
 	g.breaker.Record(a.tok, now, outcome, d)
 	return now
+}
+
+// backendAccepted reports whether an attempt that ended with err counts as
+// accepted for adaptive throttling: every outcome but RESOURCE_EXHAUSTED
+// and UNAVAILABLE from the backend. The caller's own cancellation and
+// grpc's message errors are not the backend's refusal.
+func backendAccepted(ctx context.Context, err error) bool {
+	if err == nil {
+		return true
+	}
+	switch rescodes.Classify(err) {
+	case codes.ResourceExhausted, codes.Unavailable:
+		return callerErr(ctx) != nil || isMessageError(err)
+	}
+	return true
+}
+
+// newAdaptive builds the throttle of a circuitBreaker block in mode
+// "adaptive", its draws seeded from seed.
+func newAdaptive(cb *serviceconfig.CircuitBreaker, seed uint64) (*adaptive.Throttle, error) {
+	return adaptive.New(adaptive.Config{K: cb.K, Window: cb.Window, Seed: seed})
 }
 
 // abandon releases an attempt whose outcome is unknown (a panic below the
@@ -177,7 +210,11 @@ func newBulkhead(b *serviceconfig.Bulkhead) (*bulkhead.Bulkhead, error) {
 // engines' own limits, so that building them later cannot fail.
 func validateGuards(cfg *serviceconfig.Config) error {
 	for i, mc := range cfg.MethodConfig {
-		if mc.CircuitBreaker != nil {
+		if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
+			if _, err := newAdaptive(cb, 0); err != nil {
+				return fmt.Errorf("serviceconfig: methodConfig[%d].circuitBreaker: %w", i, err)
+			}
+		} else if mc.CircuitBreaker != nil {
 			if _, err := newBreaker("", mc.CircuitBreaker, nil); err != nil {
 				return fmt.Errorf("serviceconfig: methodConfig[%d].circuitBreaker: %w", i, err)
 			}

@@ -188,7 +188,7 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	// the successes of every method on the channel, and so does the
 	// throttle here (at no cost when it is off).
 	p.passthrough = p.retry == nil && p.hedge == nil && p.timeout == 0 && p.waitForReady == nil &&
-		p.g.breaker == nil && p.g.bulkhead == nil && !p.keyed && s.storm.throttle == nil
+		p.g.breaker == nil && p.g.bulkhead == nil && p.g.adaptive == nil && !p.keyed && s.storm.throttle == nil
 	return p
 }
 
@@ -212,7 +212,14 @@ func (s *clientState) hedgeWindow(fullMethod string, quantile float64) *latency.
 func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) guards {
 	var g guards
 	old := s.prev[fullMethod]
-	if cb := mc.CircuitBreaker; cb != nil {
+	if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
+		g.breakerCfg = cb
+		if old != nil && old.g.breakerCfg != nil && *old.g.breakerCfg == *cb && old.g.adaptive != nil {
+			g.adaptive = old.g.adaptive
+		} else if a, err := newAdaptive(cb, uint64(s.opts.rand()*(1<<53))); err == nil {
+			g.adaptive = a
+		}
+	} else if cb != nil {
 		g.breakerCfg = cb
 		g.failures = cb.FailureStatusCodes
 		if g.failures.IsEmpty() {
@@ -232,7 +239,7 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) g
 			g.bulkhead = b
 		}
 	}
-	if g.breaker != nil || g.bulkhead != nil {
+	if g.breaker != nil || g.bulkhead != nil || g.adaptive != nil {
 		g.rejections = newRejections(fullMethod)
 	}
 	return g

@@ -278,13 +278,30 @@ func (r *retrier) wait(ctx context.Context, d time.Duration) error {
 }
 
 // attemptContext returns the context of attempt n (1 for the first): the
-// caller's, with grpc-previous-rpc-attempts on retries.
+// caller's, with grpc-previous-rpc-attempts on retries and hedged copies,
+// and with CriticalityKey SHEDDABLE_PLUS, which a server combines with the
+// caller's criticality by taking the lower (see CriticalityKey). The first
+// attempt's context is the caller's, untouched.
 func attemptContext(ctx context.Context, n int) context.Context {
 	if n <= 1 {
 		return ctx
 	}
-	return metadata.AppendToOutgoingContext(ctx, previousAttemptsKey, strconv.Itoa(n-1))
+	if n-1 < len(retryAttemptMD) {
+		return metadata.AppendToOutgoingContext(ctx, retryAttemptMD[n-1]...)
+	}
+	return metadata.AppendToOutgoingContext(ctx, previousAttemptsKey, strconv.Itoa(n-1), CriticalityKey, retryCriticality)
 }
+
+// retryCriticality is the criticality of retries and hedged copies, at most.
+const retryCriticality = "SHEDDABLE_PLUS"
+
+// retryAttemptMD[k] is the metadata of attempt k+1, built once.
+var retryAttemptMD = func() (md [8][]string) {
+	for k := 1; k < len(md); k++ {
+		md[k] = []string{previousAttemptsKey, strconv.Itoa(k), CriticalityKey, retryCriticality}
+	}
+	return md
+}()
 
 // stopped returns the error of a call that ends with err after the attempt
 // that failed with lastErr (nil when none ran): err itself when no retry

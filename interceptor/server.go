@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/grpclog"
+
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // Server is the server side of grpc-resilience: it gives the interceptors
@@ -16,13 +18,17 @@ import (
 // WithIdempotencyStore and the package interceptor/idempotency), deadline
 // headroom for downstream hops (WithServerHeadroom), and marks the context
 // of a call whose caller retries it (CallerRetries), so that clients in the
-// handler retry less (WithOneLayerRetry). A Server with no option only
-// marks contexts.
+// handler retry less (WithOneLayerRetry). It protects the server from
+// overload with an adaptive concurrency limit (WithConcurrencyLimit,
+// WithMethodConcurrencyLimit, WithServerConfig) or CPU-aware shedding
+// (WithCPUShedding), by criticality. A Server with no option only marks
+// contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
 // in-process coalescing state are shared by all calls.
 type Server struct {
-	idem     *srvIdem // nil when idempotency is off; immutable
+	idem     *srvIdem   // nil when idempotency is off; immutable
+	limits   *srvLimits // nil when no concurrency limit is set; immutable
 	headroom time.Duration
 	floor    time.Duration
 }
@@ -36,6 +42,9 @@ type serverOptions struct {
 	meterProvider   metric.MeterProvider // nil: no metrics
 	headroom, floor time.Duration
 	idem            srvIdemOptions
+	limit           *serviceconfig.ConcurrencyLimit // nil: the server has none
+	cpu             *CPUShedding                    // nil: no CPU-aware shedding
+	methodLimits    []methodLimit
 	errs            []error // option errors found while applying, reported by NewServer
 }
 
@@ -75,6 +84,9 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		}
 	}
 	s.idem = idem
+	if s.limits, err = newSrvLimits(&o); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -97,6 +109,19 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.limits != nil {
+		if l := s.limits.lookup(info.FullMethod); l != nil {
+			return s.limited(ctx, l, req, info, handler)
+		}
+		if s.limits.cpu != nil {
+			return s.shedByCPU(ctx, req, info, handler)
+		}
+	}
+	return s.srvUnaryInner(ctx, req, info, handler)
+}
+
+// srvUnaryInner is the unary interceptor inside the concurrency limit.
+func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
 		return nil, err

@@ -332,7 +332,24 @@ type RetryBudget struct {
 //
 // When neither ConsecutiveFailures nor FailureRateThreshold is set, both take
 // their defaults; when one is set, the other zero is off.
+//
+// With Mode "adaptive" the block is the client-side adaptive throttling of
+// the SRE book ("Handling Overload") instead: no open or closed states, but
+// each attempt is rejected locally with probability
+//
+//	max(0, (requests − K·accepts) / (requests + 1))
+//
+// over the last Window (0 means 60s in this mode), where requests counts
+// the attempts the client tried (rejected ones included) and accepts those
+// the backend accepted: every outcome but RESOURCE_EXHAUSTED and
+// UNAVAILABLE from the backend. Only K and Window apply in this mode.
 type CircuitBreaker struct {
+	// Mode is "" for the breaker with states, or "adaptive".
+	Mode string
+	// K is the adaptive mode's multiplier, in [1, 100]; 0 means 2. The
+	// client sends about K times what the backend accepts. Only in mode
+	// "adaptive".
+	K float64
 	// ConsecutiveFailures trips the breaker after that many failures in a
 	// row. 0 is off (or 5, see above).
 	ConsecutiveFailures int
@@ -347,7 +364,8 @@ type CircuitBreaker struct {
 	// MinimumCalls is the number of calls in Window before a rate can trip
 	// the breaker. 0 means 20.
 	MinimumCalls int
-	// Window is the rolling window of the rates. 0 means 10s.
+	// Window is the rolling window of the rates. 0 means 10s (60s in mode
+	// "adaptive").
 	Window time.Duration
 	// OpenDuration is how long the breaker stays open after its first trip.
 	// 0 means 5s.

@@ -163,6 +163,11 @@
 //	  "retryBudget": {"ratio": 0.2, "minRetriesPerSecond": 10, "ttl": "10s"}
 //	}
 //
+// A circuitBreaker block may instead ask for the SRE book's client-side
+// adaptive throttling, which takes only k and window:
+//
+//	"circuitBreaker": {"mode": "adaptive", "k": 2, "window": "60s"}
+//
 // (JSON has no comments; they are here for the reader.) Integers must be
 // JSON integers, numbers JSON numbers; a field left out is zero, which
 // means the default each field documents.

@@ -119,3 +119,36 @@ func ExampleConfig_MarshalJSON() {
 	//   ]
 	// }
 }
+
+func ExampleParseServer() {
+	cfg, err := serviceconfig.ParseServer([]byte(`{
+	  "concurrencyLimit": {"maxLimit": 500},
+	  "methodConfig": [{"name": [{"service": "shop.Orders", "method": "Report"}],
+	                    "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}}]
+	}`))
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range []string{"/shop.Orders/Report", "/shop.Orders/Get"} {
+		l, name, _ := cfg.Lookup(m)
+		fmt.Printf("%s: %q algorithm %q maxLimit %d\n", m, name, l.Algorithm, l.MaxLimit)
+	}
+	_, err = serviceconfig.ParseServer([]byte(`{"concurrencyLimit": {"algorithm": "gradient2"}}`))
+	fmt.Println(err)
+	// Output:
+	// /shop.Orders/Report: "/shop.Orders/Report" algorithm "aimd" maxLimit 8
+	// /shop.Orders/Get: "" algorithm "" maxLimit 500
+	// serviceconfig: concurrencyLimit.algorithm: must be "vegas" or "aimd"
+}
+
+func ExampleCircuitBreaker_adaptive() {
+	cfg, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{"service": "shop.Orders"}],
+	  "circuitBreaker": {"mode": "adaptive", "k": 2, "window": "60s"}}]}`))
+	if err != nil {
+		panic(err)
+	}
+	mc, _ := cfg.Lookup("/shop.Orders/Pay")
+	fmt.Println(mc.CircuitBreaker.Mode, mc.CircuitBreaker.K, mc.CircuitBreaker.Window)
+	// Output:
+	// adaptive 2 1m0s
+}

@@ -107,6 +107,8 @@ func newJSONMethod(mc *MethodConfig) (jsonMethod, error) {
 	}
 	if b := mc.CircuitBreaker; b != nil {
 		m.CircuitBreaker = &jsonBreaker{
+			Mode:                  b.Mode,
+			K:                     b.K,
 			ConsecutiveFailures:   b.ConsecutiveFailures,
 			FailureRateThreshold:  b.FailureRateThreshold,
 			SlowCallDuration:      jsonDuration(b.SlowCallDuration),
@@ -204,6 +206,8 @@ type jsonBudget struct {
 }
 
 type jsonBreaker struct {
+	Mode                  string       `json:"mode,omitempty"`
+	K                     float64      `json:"k,omitempty"`
 	ConsecutiveFailures   int          `json:"consecutiveFailures,omitempty"`
 	FailureRateThreshold  float64      `json:"failureRateThreshold,omitempty"`
 	SlowCallDuration      jsonDuration `json:"slowCallDuration,omitempty"`

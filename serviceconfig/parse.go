@@ -107,6 +107,8 @@ type wireBudget struct {
 }
 
 type wireBreaker struct {
+	Mode                  leaf[string]
+	K                     leaf[float64]
 	ConsecutiveFailures   leaf[int]
 	FailureRateThreshold  leaf[float64]
 	SlowCallDuration      leaf[*duration]
@@ -460,6 +462,8 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 	}
 	if b := m.CircuitBreaker; b != nil {
 		if err := checkAll("circuitBreaker",
+			field{"mode", &b.Mode},
+			field{"k", &b.K},
 			field{"consecutiveFailures", &b.ConsecutiveFailures},
 			field{"failureRateThreshold", &b.FailureRateThreshold},
 			field{"slowCallDuration", &b.SlowCallDuration},
@@ -513,6 +517,8 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 	}
 	if b := m.CircuitBreaker; b != nil {
 		mc.CircuitBreaker = &CircuitBreaker{
+			Mode:                  b.Mode.v,
+			K:                     b.K.v,
 			ConsecutiveFailures:   b.ConsecutiveFailures.v,
 			FailureRateThreshold:  b.FailureRateThreshold.v,
 			SlowCallDuration:      optDuration(b.SlowCallDuration.v),

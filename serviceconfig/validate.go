@@ -152,6 +152,16 @@ func (b *RetryBudget) Validate() error {
 
 // Validate reports the first field of c that is out of range.
 func (c *CircuitBreaker) Validate() error {
+	switch c.Mode {
+	case "":
+		if c.K != 0 {
+			return newError("k", `is used only in mode "adaptive"`)
+		}
+	case ModeAdaptive:
+		return c.validateAdaptive()
+	default:
+		return newError("mode", `must be "adaptive" or absent`)
+	}
 	switch {
 	case c.ConsecutiveFailures < 0:
 		return newError("consecutiveFailures", "must not be negative")
@@ -285,3 +295,33 @@ func (mc *MethodConfig) validate(seen map[string]string, entry int) error {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// ModeAdaptive is the CircuitBreaker mode of client-side adaptive
+// throttling.
+const ModeAdaptive = "adaptive"
+
+// validateAdaptive checks a block in mode "adaptive": K and Window only.
+func (c *CircuitBreaker) validateAdaptive() error {
+	if !(c.K == 0 || c.K >= 1 && c.K <= 100) {
+		return newError("k", "must be between 1 and 100")
+	}
+	for _, f := range []struct {
+		path string
+		set  bool
+	}{
+		{"consecutiveFailures", c.ConsecutiveFailures != 0},
+		{"failureRateThreshold", c.FailureRateThreshold != 0},
+		{"slowCallDuration", c.SlowCallDuration != 0},
+		{"slowCallRateThreshold", c.SlowCallRateThreshold != 0},
+		{"minimumCalls", c.MinimumCalls != 0},
+		{"openDuration", c.OpenDuration != 0},
+		{"maxOpenDuration", c.MaxOpenDuration != 0},
+		{"halfOpenProbes", c.HalfOpenProbes != 0},
+		{"failureStatusCodes", !c.FailureStatusCodes.IsEmpty()},
+	} {
+		if f.set {
+			return newError(f.path, `is not used in mode "adaptive"`)
+		}
+	}
+	return checkDuration("window", c.Window)
+}

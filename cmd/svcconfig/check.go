@@ -114,7 +114,9 @@ func summary(mc serviceconfig.MethodConfig, a analysis) string {
 	default:
 		parts = append(parts, "no retry")
 	}
-	if b := mc.CircuitBreaker; b != nil {
+	if b := mc.CircuitBreaker; b != nil && b.Mode == serviceconfig.ModeAdaptive {
+		parts = append(parts, "circuitBreaker adaptive")
+	} else if b != nil {
 		parts = append(parts, "circuitBreaker")
 	}
 	if b := mc.Bulkhead; b != nil {

@@ -10,6 +10,7 @@
 //
 //	go run ./cmd/svcconfig check [flags] FILE
 //	go run ./cmd/svcconfig explain [flags] FILE /package.Service/Method
+//	go run ./cmd/svcconfig server FILE [/package.Service/Method]
 //
 // FILE is a path, or - for standard input. Flags may come before or after
 // the arguments.
@@ -63,6 +64,20 @@
 // The attempt time is -attempt-time when given, else the policy's
 // perAttemptRecvTimeout, else 0, which the output says: the times then count
 // the delays alone.
+//
+// A circuitBreaker block in mode "adaptive" is explained as client-side
+// adaptive throttling: k and window with their defaults (2, 60s) and the
+// rejection probability.
+//
+// # server
+//
+// server reads a server document (serviceconfig.ParseServer: the
+// concurrency limits of interceptor.WithServerConfig). Without a method it
+// prints "ok" and one line per limit; with one, the limit that applies (the
+// method's own, its service's, or the server's), its settings with the
+// defaults marked, the in-flight count at which each criticality is shed,
+// and what a shed call receives. An invalid document gets its error with
+// the JSON path, and exit status 1.
 //
 // # Warnings
 //

@@ -11,6 +11,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/internal/adaptive"
 	"github.com/grpc-resilience/resilience/internal/breaker"
 	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -296,6 +297,10 @@ func jitterFormula(j serviceconfig.Jitter) string {
 // explainBreaker writes a circuitBreaker block with its defaults, as the
 // client resolves them.
 func explainBreaker(p *printer, cb *serviceconfig.CircuitBreaker) {
+	if cb.Mode == serviceconfig.ModeAdaptive {
+		explainAdaptive(p, cb)
+		return
+	}
 	p.printf("\ncircuitBreaker (one per method)\n")
 	t := p.table()
 	consecutive, rate := cb.ConsecutiveFailures, cb.FailureRateThreshold
@@ -355,6 +360,28 @@ func explainBreaker(p *printer, cb *serviceconfig.CircuitBreaker) {
 	}
 	t.flush()
 	p.printf("the breaker sees every attempt; while it is open, attempts fail fast with UNAVAILABLE and are not retried\n")
+}
+
+// explainAdaptive writes a circuitBreaker block in mode "adaptive".
+func explainAdaptive(p *printer, cb *serviceconfig.CircuitBreaker) {
+	p.printf("\ncircuitBreaker, mode adaptive: client-side adaptive throttling (one per method)\n")
+	t := p.table()
+	k := cb.K
+	if k == 0 {
+		k = adaptive.DefaultK
+	}
+	window := cb.Window
+	if window == 0 {
+		window = adaptive.DefaultWindow
+	}
+	t.row("  k", def(num(k), cb.K == 0)+": the client sends about k times what the backend accepts")
+	t.row("  window", def(window.String(), cb.Window == 0)+": requests and accepts are counted over it")
+	t.flush()
+	p.printf("each attempt is rejected locally (UNAVAILABLE, not retried) with probability\n")
+	p.printf("  max(0, (requests - k*accepts) / (requests + 1))\n")
+	p.printf("where requests counts every attempt tried and accepts every one the backend\n")
+	p.printf("did not answer with RESOURCE_EXHAUSTED or UNAVAILABLE; with a backend that\n")
+	p.printf("accepts a share a < 1/k of the offered load, about k*a of it is sent\n")
 }
 
 // explainBulkhead writes a bulkhead block with its defaults.

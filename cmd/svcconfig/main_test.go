@@ -41,6 +41,18 @@ func TestRun(t *testing.T) {
 		{name: "check_missing_file", args: []string{"check", "testdata/missing.json"}},
 		{name: "check_strict_clean", args: []string{"check", "-strict", "testdata/nodefault.json"}},
 
+		// adaptive throttling and the server document
+		{name: "check_breaker_adaptive", args: []string{"check", "testdata/breaker_adaptive.json"}},
+		{name: "explain_breaker_adaptive", args: []string{"explain", "testdata/breaker_adaptive.json", "/shop.Orders/Pay"}},
+		{name: "explain_breaker_adaptive_defaults", args: []string{"explain", "testdata/breaker_adaptive.json", "/shop.Carts/Get"}},
+		{name: "server_check", args: []string{"server", "testdata/server.json"}},
+		{name: "server_method", args: []string{"server", "testdata/server.json", "/shop.Orders/Report"}},
+		{name: "server_service", args: []string{"server", "testdata/server.json", "/shop.Admin/Ban"}},
+		{name: "server_default", args: []string{"server", "testdata/server.json", "shop.Orders/Get"}},
+		{name: "server_none", args: []string{"server", "-"}, stdin: `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {}}]}`},
+		{name: "server_invalid", args: []string{"server", "-"}, stdin: `{"concurrencyLimit": {"algorithm": "gradient2"}}`},
+		{name: "usage_server_args", args: []string{"server"}},
+
 		// explain: resolution
 		{name: "explain_exact", args: []string{"explain", "testdata/shop.json", "/shop.Orders/Pay"}},
 		{name: "explain_service", args: []string{"explain", "testdata/shop.json", "/shop.Orders/Create"}},

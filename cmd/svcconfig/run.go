@@ -21,6 +21,7 @@ const (
 
 const usage = `usage: svcconfig check [flags] FILE
        svcconfig explain [flags] FILE /package.Service/Method
+       svcconfig server FILE [/package.Service/Method]
 
 Checks a gRPC service config (gRFC A6 and grpc-resilience's extension blocks)
 and explains what the grpc-resilience client does with it.
@@ -32,6 +33,9 @@ commands:
   explain  show the entry that applies to the method, its policy with the
            defaults filled in, its blocks, and the retry schedule: the delay
            range before each attempt and the worst-case time at its end
+  server   validate a server document (concurrency limits, as
+           serviceconfig.ParseServer reads it) and, given a method, explain
+           the limit that applies to it
 
 flags (before or after the arguments):
   -max-attempts-cap N  cap on maxAttempts, as serviceconfig.WithMaxAttemptsCap
@@ -96,7 +100,7 @@ func dispatch(args []string, stdin io.Reader, stdout io.Writer) error {
 	switch cmd {
 	case "help", "-h", "-help", "--help":
 		return errHelp
-	case "check", "explain":
+	case "check", "explain", "server":
 	default:
 		return usagef("unknown command %q", cmd)
 	}
@@ -130,6 +134,23 @@ func dispatch(args []string, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 		if warnings, err = explain(stdout, data, method, opts); err != nil {
+			return err
+		}
+	case "server":
+		if len(pos) != 1 && len(pos) != 2 {
+			return usagef("server takes FILE and an optional method, got %d arguments", len(pos))
+		}
+		method := ""
+		if len(pos) == 2 {
+			if method, err = fullMethod(pos[1]); err != nil {
+				return err
+			}
+		}
+		data, err := readInput(pos[0], stdin)
+		if err != nil {
+			return err
+		}
+		if err := server(stdout, data, method); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// The defaults of a concurrency limit, as internal/limit applies them.
+const (
+	defInitialLimit = 20
+	defMinLimit     = 1
+	defMaxLimit     = 1000
+	defBaseWindow   = 30 * time.Second
+)
+
+// server checks a server document (serviceconfig.ParseServer) and, when
+// fullMethod is not empty, explains the limit that applies to it.
+func server(w io.Writer, data []byte, fullMethod string) error {
+	cfg, err := serviceconfig.ParseServer(data)
+	if err != nil {
+		return err
+	}
+	p := &printer{w: w}
+	if fullMethod == "" {
+		p.printf("ok\n")
+		if l := cfg.ConcurrencyLimit; l != nil {
+			p.printf("  (server): %s\n", limitSummary(l))
+		} else {
+			p.printf("  (server): no limit\n")
+		}
+		for i, mc := range cfg.MethodConfig {
+			names := make([]string, 0, len(mc.Name))
+			for _, n := range mc.Name {
+				names = append(names, limitName(n))
+			}
+			p.printf("  methodConfig[%d] %s: %s\n", i, strings.Join(names, ", "), limitSummary(mc.ConcurrencyLimit))
+		}
+		return p.err
+	}
+	l, name, ok := cfg.Lookup(fullMethod)
+	if !ok {
+		p.printf("%s: no concurrency limit applies (no entry names it and there is no top-level concurrencyLimit)\n", fullMethod)
+		return p.err
+	}
+	switch name {
+	case "":
+		p.printf("%s: the server's limit (top-level concurrencyLimit), shared with every method no entry names\n", fullMethod)
+	case fullMethod:
+		p.printf("%s: its own limit (entry for the method)\n", fullMethod)
+	default:
+		p.printf("%s: the limit of service %s, shared by its methods\n", fullMethod, name)
+	}
+	explainLimit(p, l)
+	return p.err
+}
+
+// limitName writes a name as a full method or a service.
+func limitName(n serviceconfig.Name) string {
+	if n.Method == "" {
+		return n.Service
+	}
+	return "/" + n.Service + "/" + n.Method
+}
+
+// limitValues fills the defaults of l.
+func limitValues(l *serviceconfig.ConcurrencyLimit) (alg string, initial, lo, hi int, window time.Duration) {
+	alg, initial, lo, hi, window = l.Algorithm, l.InitialLimit, l.MinLimit, l.MaxLimit, l.BaseWindow
+	if alg == "" {
+		alg = "vegas"
+	}
+	if lo == 0 {
+		lo = defMinLimit
+	}
+	if hi == 0 {
+		hi = defMaxLimit
+	}
+	if initial == 0 {
+		initial = min(max(defInitialLimit, lo), hi)
+	}
+	if window == 0 {
+		window = defBaseWindow
+	}
+	return alg, initial, lo, hi, window
+}
+
+func limitSummary(l *serviceconfig.ConcurrencyLimit) string {
+	alg, initial, lo, hi, _ := limitValues(l)
+	return fmt.Sprintf("%s, limit %d in [%d, %d]", alg, initial, lo, hi)
+}
+
+// explainLimit writes a limit with its defaults and what the server does.
+func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
+	alg, initial, lo, hi, window := limitValues(l)
+	p.printf("\nconcurrencyLimit (unary calls; streams are not limited)\n")
+	t := p.table()
+	switch alg {
+	case "aimd":
+		t.row("  algorithm", "aimd: +1 per call while the latency stays within 2x the base RTT, x0.9 on a slower or dropped call")
+	default:
+		t.row("  algorithm", def("vegas", l.Algorithm == "")+": queue = limit x (1 - baseRTT/RTT) per RTT window; grows below 3 log10(limit), shrinks above 6 log10(limit)")
+	}
+	t.row("  initialLimit", def(strconv.Itoa(initial), l.InitialLimit == 0))
+	t.row("  minLimit", def(strconv.Itoa(lo), l.MinLimit == 0))
+	t.row("  maxLimit", def(strconv.Itoa(hi), l.MaxLimit == 0))
+	t.row("  baseWindow", def(window.String(), l.BaseWindow == 0)+": the base RTT is the least latency of the last two windows")
+	if l.MaxQueue > 0 {
+		t.row("  maxQueue", strconv.Itoa(l.MaxQueue)+": calls over the limit that may wait for a slot")
+		t.row("  maxQueueWait", l.MaxQueueWait.String()+": the longest wait (less when the deadline is nearer); it adds to their latency")
+	} else {
+		t.row("  maxQueue", "0 (default): calls over the limit are shed at once")
+	}
+	t.flush()
+	p.printf("\nshares of the limit by criticality (metadata resilience-criticality; retries count as SHEDDABLE_PLUS at most)\n")
+	t = p.table()
+	for _, s := range []struct {
+		name  string
+		share float64
+	}{{"CRITICAL_PLUS", 1}, {"CRITICAL (default)", 0.9}, {"SHEDDABLE_PLUS", 0.75}, {"SHEDDABLE", 0.5}} {
+		t.row("  "+s.name, strconv.Itoa(int(s.share*100))+"%", fmt.Sprintf("%d of the initial limit", ceilShare(initial, s.share)))
+	}
+	t.flush()
+	p.printf("\na call whose deadline has less left than the base RTT fails with DEADLINE_EXCEEDED, not started;\n")
+	p.printf("a call over its share fails at once with RESOURCE_EXHAUSTED, RetryInfo and grpc-retry-pushback-ms\n")
+	p.printf("(smoothed latency x (1 + shed/admitted)), or pushback -1 (do not retry) once half or more are shed\n")
+}
+
+// ceilShare is the in-flight count at which a share of limit sheds.
+func ceilShare(limit int, share float64) int {
+	n := int(float64(limit) * share)
+	if float64(n) < float64(limit)*share {
+		n++
+	}
+	return max(1, n)
+}

@@ -1,0 +1,77 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+func adaptiveClient(t *testing.T) *Client {
+	t.Helper()
+	return newConfiguredClient(t, WithMethodConfig(serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: echoService}},
+		CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: serviceconfig.ModeAdaptive},
+	}))
+}
+
+// TestAdaptiveSuccessPathAllocatesNothing: adaptive throttling adds no
+// allocation to a successful call.
+func TestAdaptiveSuccessPathAllocatesNothing(t *testing.T) {
+	ic := adaptiveClient(t).UnaryClientInterceptor()
+	ctx := context.Background()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	_ = ic(ctx, echoMethod, req, reply, nil, okInvoker)
+	if n := testing.AllocsPerRun(1000, func() { _ = ic(ctx, echoMethod, req, reply, nil, okInvoker) }); n != 0 {
+		t.Errorf("allocs per call = %v, want 0", n)
+	}
+}
+
+// TestAdaptiveCountsOnlyBackendRefusals pins what counts as accepted:
+// everything but the backend's RESOURCE_EXHAUSTED and UNAVAILABLE; and a
+// local rejection is ErrCircuitOpen, not retried.
+func TestAdaptiveCountsOnlyBackendRefusals(t *testing.T) {
+	c := adaptiveClient(t)
+	ic := c.UnaryClientInterceptor()
+	ctx := context.Background()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	fail := func(code codes.Code) grpc.UnaryInvoker {
+		return func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+			return status.Error(code, "x")
+		}
+	}
+	for _, code := range []codes.Code{codes.NotFound, codes.Internal, codes.InvalidArgument} {
+		_ = ic(ctx, echoMethod, req, reply, nil, fail(code))
+	}
+	st := c.Status(echoMethod).Adaptive
+	if st == nil || st.Requests != 3 || st.Accepts != 3 || st.RejectProbability != 0 {
+		t.Fatalf("after three non-refusals: %+v, want 3 requests, 3 accepts, p 0", st)
+	}
+	// Refusals: RESOURCE_EXHAUSTED and UNAVAILABLE (retried up to 4
+	// attempts each, fastPolicy) until the throttle rejects locally.
+	var rejected error
+	for range 50 {
+		err := ic(ctx, echoMethod, req, reply, nil, fail(codes.ResourceExhausted))
+		if errors.Is(err, ErrCircuitOpen) {
+			rejected = err
+			break
+		}
+		_ = ic(ctx, echoMethod, req, reply, nil, fail(codes.Unavailable))
+	}
+	if rejected == nil {
+		t.Fatalf("no local rejection after 50 refused calls: %+v", c.Status(echoMethod).Adaptive)
+	}
+	if status.Code(rejected) != codes.Unavailable {
+		t.Errorf("local rejection: %v, want UNAVAILABLE", rejected)
+	}
+	st = c.Status(echoMethod).Adaptive
+	if st.Accepts != 3 || st.RejectProbability <= 0 {
+		t.Errorf("after refusals: %+v, want 3 accepts and p > 0", st)
+	}
+}

@@ -1,0 +1,76 @@
+package interceptor_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+func ExampleWithConcurrencyLimit() {
+	srv, err := interceptor.NewServer(
+		// One limit for the server, learned by Vegas between 1 and 1000
+		// calls in flight, starting at 20.
+		interceptor.WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
+		// Reports gets a small limit of its own.
+		interceptor.WithMethodConcurrencyLimit("/shop.Orders/Report",
+			serviceconfig.ConcurrencyLimit{Algorithm: "aimd", InitialLimit: 1, MinLimit: 1, MaxLimit: 1}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
+
+	// While one report runs, a second one is shed at once, with a hint.
+	icpt := srv.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: "/shop.Orders/Report"}
+	_, _ = icpt(context.Background(), nil, info, func(ctx context.Context, _ any) (any, error) {
+		_, err := icpt(ctx, nil, info, func(context.Context, any) (any, error) {
+			fmt.Println("not reached")
+			return nil, nil
+		})
+		st := status.Convert(err)
+		fmt.Println(st.Code(), len(st.Details()), "detail (RetryInfo)")
+		return nil, nil
+	})
+	for _, ls := range srv.LimitStatuses() {
+		if ls.Name != "" {
+			fmt.Printf("%s: limit %d, admitted %d, shed %d\n", ls.Name, ls.Limit, ls.Admitted[interceptor.Critical], ls.ShedLimit[interceptor.Critical])
+		}
+	}
+	// Output:
+	// ResourceExhausted 1 detail (RetryInfo)
+	// /shop.Orders/Report: limit 1, admitted 1, shed 1
+}
+
+func ExampleContextWithCriticality() {
+	ctx := interceptor.ContextWithCriticality(context.Background(), interceptor.Sheddable)
+	md, _ := metadata.FromOutgoingContext(ctx)
+	fmt.Println(interceptor.CriticalityKey, md.Get(interceptor.CriticalityKey))
+	c, ok := interceptor.ParseCriticality("critical_plus")
+	fmt.Println(c, ok)
+	// Output:
+	// resilience-criticality [SHEDDABLE]
+	// CRITICAL_PLUS true
+}
+
+func ExampleWithCPUShedding() {
+	srv, err := interceptor.NewServer(interceptor.WithCPUShedding(interceptor.CPUShedding{
+		CPUThreshold: 0.8, // from 80% CPU, keep in flight ≤ max pass rate × min latency
+		// CPU: nil reads the process's cgroup (Linux); a function here
+		// drives it from another source.
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
+	fmt.Println(srv.LimitStatuses()[0].Name)
+	// Output:
+	// (cpu)
+}

@@ -1,0 +1,95 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/grpc-resilience/resilience/internal/cpuusage"
+	"github.com/grpc-resilience/resilience/internal/limit"
+)
+
+// CPUShedding configures CPU-aware load shedding (WithCPUShedding). Zero
+// fields take their defaults.
+type CPUShedding struct {
+	// CPUThreshold is the CPU use, in (0, 1], from which the server limits
+	// the calls in flight; 0 means 0.8.
+	CPUThreshold float64
+	// Window is the window of the pass rate and the minimum latency; 0
+	// means 5s.
+	Window time.Duration
+	// CoolOff keeps the limit on for this long after a call was shed,
+	// whatever the CPU; 0 means 1s.
+	CoolOff time.Duration
+	// CPU returns the CPU use in [0, 1]. nil means the process's own,
+	// cgroup-aware on Linux (cgroup v2, then v1, then /proc/stat; sampled at
+	// most every 250ms, on the calls, without a goroutine), and 0 where it
+	// cannot be read, which never sheds. It is called on every call and
+	// must be cheap and safe for concurrent use.
+	CPU func() float64
+}
+
+// WithCPUShedding sheds unary calls when the CPU is hot, as the
+// BBR-inspired limiters of Kratos and go-zero do: while the CPU use is at
+// CPUThreshold or above, or within CoolOff of the last shed, a call is
+// admitted only while the calls in flight stay below the server's
+// bandwidth-delay product, the most calls completed in one tenth of Window
+// times the least mean latency of such a tenth, over that tenth. Below the
+// threshold nothing is shed. Shed calls get what a concurrency limit's get
+// (RESOURCE_EXHAUSTED with RetryInfo and pushback, or do-not-retry), and
+// criticalities the same shares. It is an alternative to
+// WithConcurrencyLimit for the methods without a limit of their own
+// (WithMethodConcurrencyLimit); NewServer refuses both at once.
+func WithCPUShedding(cfg CPUShedding) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if err := (limit.BBRConfig{CPUThreshold: cfg.CPUThreshold, Window: cfg.Window, CoolOff: cfg.CoolOff}).Validate(); err != nil {
+			o.errs = append(o.errs, errorf("WithCPUShedding: %v", err))
+			return
+		}
+		o.cpu = &cfg
+	})
+}
+
+// srvCPU is the server's CPU-aware shedder.
+type srvCPU struct {
+	bbr *limit.BBR
+	cpu func() float64
+}
+
+func newSrvCPU(cfg *CPUShedding) (*srvCPU, error) {
+	if cfg == nil {
+		return nil, nil
+	}
+	b, err := limit.NewBBR(limit.BBRConfig{CPUThreshold: cfg.CPUThreshold, Window: cfg.Window, CoolOff: cfg.CoolOff})
+	if err != nil {
+		return nil, errorf("WithCPUShedding: %v", err)
+	}
+	cpu := cfg.CPU
+	if cpu == nil {
+		r := cpuusage.New(0)
+		cpu = func() float64 { return r.Usage(time.Now()) }
+	}
+	return &srvCPU{bbr: b, cpu: cpu}, nil
+}
+
+// shedByCPU runs a unary call under the CPU-aware shedder.
+func (s *Server) shedByCPU(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	crit := incomingCriticality(ctx)
+	c := s.limits.cpu
+	start := time.Now()
+	v, pushback := c.bbr.Acquire(start, c.cpu(), limit.Criticality(crit))
+	if v != limit.Admitted {
+		return nil, s.limits.shedError(ctx, crit, pushback)
+	}
+	defer func() {
+		end := time.Now()
+		if errors.Is(ctx.Err(), context.Canceled) {
+			c.bbr.Abandon()
+			return
+		}
+		c.bbr.Release(end, end.Sub(start))
+	}()
+	return s.srvUnaryInner(ctx, req, info, handler)
+}

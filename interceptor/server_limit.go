@@ -1,0 +1,372 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/grpc-resilience/resilience/internal/limit"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// WithConcurrencyLimit puts the unary calls of the server under one
+// adaptive concurrency limit (see serviceconfig.ConcurrencyLimit and the
+// package doc, "Overload protection"): a call that arrives while the calls
+// in flight fill its criticality's share of the limit waits in the limit's
+// queue when it has one (MaxQueue, at most MaxQueueWait) and is otherwise
+// rejected at once with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and the
+// grpc-retry-pushback-ms trailer that say when to come back; a call whose
+// remaining deadline is shorter than the base RTT (the service time without
+// queueing) is rejected with DEADLINE_EXCEEDED before its handler runs.
+// Methods that WithMethodConcurrencyLimit names have limits of their own.
+// Streams are not limited.
+func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if err := cfg.Validate(); err != nil {
+			o.errs = append(o.errs, errorf("WithConcurrencyLimit: %v", err))
+			return
+		}
+		o.limit = &cfg
+	})
+}
+
+// WithMethodConcurrencyLimit gives the unary calls of name, a full method
+// ("/pkg.Service/Method") or a service ("pkg.Service"), a concurrency limit
+// of their own, separate from the server's (WithConcurrencyLimit): each
+// full method named has its own limit, and all the methods of a service
+// named share one. A full method's entry wins over its service's.
+func WithMethodConcurrencyLimit(name string, cfg serviceconfig.ConcurrencyLimit) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		n, err := parseName(name)
+		if err != nil {
+			o.errs = append(o.errs, errorf("WithMethodConcurrencyLimit(%q): %v", name, err))
+			return
+		}
+		if err := cfg.Validate(); err != nil {
+			o.errs = append(o.errs, errorf("WithMethodConcurrencyLimit(%q): %v", name, err))
+			return
+		}
+		o.methodLimits = append(o.methodLimits, methodLimit{name, n, cfg})
+	})
+}
+
+// WithServerConfig applies a server document (serviceconfig.ParseServer):
+// its top-level concurrencyLimit as WithConcurrencyLimit, and each name of
+// each methodConfig entry as WithMethodConcurrencyLimit. Options given
+// after it override it.
+func WithServerConfig(cfg *serviceconfig.ServerConfig) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if cfg == nil {
+			o.errs = append(o.errs, errorf("WithServerConfig: nil config"))
+			return
+		}
+		if err := cfg.Validate(); err != nil {
+			o.errs = append(o.errs, errorf("WithServerConfig: %v", err))
+			return
+		}
+		if l := cfg.ConcurrencyLimit; l != nil {
+			c := *l
+			o.limit = &c
+		}
+		for _, mc := range cfg.MethodConfig {
+			for _, n := range mc.Name {
+				raw := n.Service
+				if n.Method != "" {
+					raw = "/" + n.Service + "/" + n.Method
+				}
+				o.methodLimits = append(o.methodLimits, methodLimit{raw, n, *mc.ConcurrencyLimit})
+			}
+		}
+	})
+}
+
+// methodLimit is one WithMethodConcurrencyLimit; a later one for the same
+// name replaces an earlier one.
+type methodLimit struct {
+	raw  string
+	name serviceconfig.Name
+	cfg  serviceconfig.ConcurrencyLimit
+}
+
+// srvLimits holds the server's limiters, built once by NewServer; the maps
+// are read-only after.
+type srvLimits struct {
+	server   *srvLimiter            // nil: methods not named are not limited
+	methods  map[string]*srvLimiter // by full method
+	services map[string]*srvLimiter // by service
+	// all lists every limiter with its name ("" for the server's).
+	all []namedLimiter
+	// cpu sheds the methods without a limiter; nil: off.
+	cpu *srvCPU
+	// shed caches the last shed status per criticality.
+	shed [4]atomic.Pointer[shedEntry]
+}
+
+type namedLimiter struct {
+	name string
+	l    *srvLimiter
+}
+
+// srvLimiter is one limit with its queue.
+type srvLimiter struct {
+	*limit.Limiter
+	maxQueue int32         // 0: no queue; immutable
+	maxWait  time.Duration // immutable
+	queued   atomic.Int32  // calls waiting
+}
+
+// newSrvLimits builds the limiters of o; nil when none is configured.
+func newSrvLimits(o *serverOptions) (*srvLimits, error) {
+	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
+		return nil, nil
+	}
+	if o.limit != nil && o.cpu != nil {
+		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
+	}
+	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}}
+	var err error
+	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
+		return nil, err
+	}
+	if o.limit != nil {
+		l, err := newLimiter(*o.limit)
+		if err != nil {
+			return nil, errorf("WithConcurrencyLimit: %v", err)
+		}
+		ls.server = l
+		ls.all = append(ls.all, namedLimiter{"", l})
+	}
+	seen := map[string]int{} // index in all by name
+	for _, m := range o.methodLimits {
+		l, err := newLimiter(m.cfg)
+		if err != nil {
+			return nil, errorf("WithMethodConcurrencyLimit(%q): %v", m.raw, err)
+		}
+		key := m.name.Service
+		if m.name.Method == "" {
+			ls.services[key] = l
+		} else {
+			key = "/" + m.name.Service + "/" + m.name.Method
+			ls.methods[key] = l
+		}
+		if i, ok := seen[key]; ok {
+			ls.all[i].l = l
+			continue
+		}
+		seen[key] = len(ls.all)
+		ls.all = append(ls.all, namedLimiter{key, l})
+	}
+	return ls, nil
+}
+
+// newLimiter normalizes cfg (validated) for the engine.
+func newLimiter(cfg serviceconfig.ConcurrencyLimit) (*srvLimiter, error) {
+	alg := limit.Vegas
+	if cfg.Algorithm == "aimd" {
+		alg = limit.AIMD
+	}
+	l, err := limit.New(limit.Config{
+		Algorithm: alg, InitialLimit: cfg.InitialLimit, MinLimit: cfg.MinLimit,
+		MaxLimit: cfg.MaxLimit, BaseWindow: cfg.BaseWindow,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &srvLimiter{Limiter: l, maxQueue: int32(min(cfg.MaxQueue, 1<<30)), maxWait: cfg.MaxQueueWait}, nil
+}
+
+// wait queues a call of criticality crit that the limit shed, when the
+// queue has room: until a slot frees for it (admitted), MaxQueueWait
+// passes, its deadline comes within the base RTT, or its context ends.
+// It returns whether the call was admitted. A queued call is woken by
+// every release and tries again; the queue is short, so the herd is small.
+func (l *srvLimiter) wait(ctx context.Context, crit Criticality) bool {
+	if l.maxQueue == 0 {
+		return false
+	}
+	if l.queued.Add(1) > l.maxQueue {
+		l.queued.Add(-1)
+		return false
+	}
+	defer l.queued.Add(-1)
+	d := l.maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)-l.BaseRTT())
+	}
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		released := l.Released() // before trying, so no release is missed
+		if l.TryAcquire(limit.Criticality(crit)) {
+			return true
+		}
+		select {
+		case <-released:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// lookup returns the limiter of fullMethod: its own, its service's, or the
+// server's; nil when none applies. It allocates nothing.
+func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
+	if l, ok := ls.methods[fullMethod]; ok {
+		return l
+	}
+	if len(fullMethod) > 1 {
+		if i := strings.LastIndexByte(fullMethod, '/'); i > 0 {
+			if l, ok := ls.services[fullMethod[1:i]]; ok {
+				return l
+			}
+		}
+	}
+	return ls.server
+}
+
+// limited runs a unary call under its limiter l: admitted, it runs the rest
+// of the interceptor and the handler and is released when they return or
+// panic; shed, they do not run.
+func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	crit := incomingCriticality(ctx)
+	start := time.Now()
+	left := limit.NoDeadline
+	if dl, ok := ctx.Deadline(); ok {
+		left = dl.Sub(start)
+	}
+	v, pushback := l.Acquire(limit.Criticality(crit), left)
+	switch v {
+	case limit.ShedDeadline:
+		return nil, status.Errorf(codes.DeadlineExceeded,
+			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
+			left.Round(time.Microsecond), l.BaseRTT())
+	case limit.ShedLimit:
+		if !l.wait(ctx, crit) {
+			return nil, s.limits.shedError(ctx, crit, pushback)
+		}
+		start = time.Now() // the time in the queue is not the service's latency
+	}
+	// Released on every way the handler ends: a return, or a panic, which
+	// goes on up after the release.
+	defer func() {
+		end := time.Now()
+		switch err := ctx.Err(); {
+		case errors.Is(err, context.Canceled):
+			l.Abandon() // the caller went away: no sample of the server's load
+		default:
+			l.Release(end, end.Sub(start), err != nil)
+		}
+	}()
+	return s.srvUnaryInner(ctx, req, info, handler)
+}
+
+// shedError is the status of a call the limit shed, with the pushback as
+// a RetryInfo detail and as the A6 trailer; when the pushback is
+// limit.NoRetry, the trailer says not to retry (-1) and there is no
+// RetryInfo. The status and trailer are built once per (criticality,
+// pushback) and reused while the pushback stays the same, so that shedding
+// under a steady overload allocates nothing but what grpc does.
+func (ls *srvLimits) shedError(ctx context.Context, crit Criticality, pushback time.Duration) error {
+	c := &ls.shed[crit&3]
+	e := c.Load()
+	if e == nil || e.pushback != pushback {
+		e = newShedEntry(crit, pushback)
+		c.Store(e)
+	}
+	_ = grpc.SetTrailer(ctx, e.trailer)
+	return e.err
+}
+
+// shedEntry is a shed status and trailer, built once; read-only.
+type shedEntry struct {
+	pushback time.Duration
+	err      error
+	trailer  metadata.MD
+}
+
+func newShedEntry(crit Criticality, pushback time.Duration) *shedEntry {
+	e := &shedEntry{pushback: pushback}
+	if pushback == limit.NoRetry {
+		e.trailer = noRetryTrailer
+		e.err = status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
+		return e
+	}
+	e.trailer = metadata.Pairs(pushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10))
+	st := status.New(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); retry after "+pushback.String())
+	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(pushback)}); err == nil {
+		st = withHint
+	}
+	e.err = st.Err()
+	return e
+}
+
+// noRetryTrailer is gRFC A6's "do not retry"; grpc only reads it.
+var noRetryTrailer = metadata.Pairs(pushbackKey, "-1")
+
+// LimitStatus is the state of one concurrency limit, from
+// Server.LimitStatuses.
+type LimitStatus struct {
+	// Name is the full method or service of WithMethodConcurrencyLimit,
+	// "" for the server's limit.
+	Name string
+	// Limit is the current limit; InFlight the calls admitted and running;
+	// Queued the calls waiting for a slot.
+	Limit, InFlight, Queued int
+	// BaseRTT is the service time without queueing, as learned;
+	// SmoothedRTT the moving average of admitted calls' latencies.
+	BaseRTT, SmoothedRTT time.Duration
+	// Admitted counts the calls admitted, by criticality.
+	Admitted [4]uint64
+	// ShedLimit and ShedDeadline count the calls shed over the limit and
+	// at the door for too short a deadline, by criticality. A call over the
+	// limit that then waited in the queue counts in ShedLimit on arrival,
+	// and in Admitted too when a slot freed for it.
+	ShedLimit, ShedDeadline [4]uint64
+}
+
+// CPUSheddingName is the LimitStatus.Name of the CPU-aware shedder
+// (WithCPUShedding), whose Limit is the current bandwidth-delay product
+// (0 before it has measured one) and which has no BaseRTT.
+const CPUSheddingName = "(cpu)"
+
+// LimitStatuses returns the state of each of the server's concurrency
+// limits: the CPU-aware shedder's or the server's first, then the
+// methods' in no set order.
+func (s *Server) LimitStatuses() []LimitStatus {
+	if s.limits == nil {
+		return nil
+	}
+	out := make([]LimitStatus, 0, len(s.limits.all)+1)
+	if c := s.limits.cpu; c != nil {
+		sn := c.bbr.Snapshot(time.Now())
+		out = append(out, LimitStatus{
+			Name: CPUSheddingName, Limit: sn.Limit, InFlight: sn.InFlight, SmoothedRTT: sn.SmoothedRTT,
+			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
+		})
+	}
+	for _, nl := range s.limits.all {
+		sn := nl.l.Snapshot()
+		out = append(out, LimitStatus{
+			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight, Queued: int(nl.l.queued.Load()),
+			BaseRTT: sn.BaseRTT, SmoothedRTT: sn.SmoothedRTT,
+			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
+			ShedDeadline: sn.Count[limit.ShedDeadline],
+		})
+	}
+	return out
+}

@@ -1,0 +1,243 @@
+package serviceconfig
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+)
+
+// ConcurrencyLimit is a server's adaptive concurrency limit (see
+// interceptor.WithConcurrencyLimit): how many requests may run at once,
+// learned from their latencies within [MinLimit, MaxLimit]. The zero value
+// is the Vegas limit with its defaults.
+type ConcurrencyLimit struct {
+	// Algorithm is "vegas" (the default, also for "") or "aimd".
+	Algorithm string
+	// InitialLimit is the limit before any request completed; 0 means 20
+	// (clamped into [MinLimit, MaxLimit]).
+	InitialLimit int
+	// MinLimit is the least the limit falls to; 0 means 1.
+	MinLimit int
+	// MaxLimit is the most the limit grows to; 0 means 1000.
+	MaxLimit int
+	// BaseWindow is the period over which the base RTT (the service time
+	// without queueing) is the least latency seen; the base RTT is the
+	// minimum of the last two periods. 0 means 30s.
+	BaseWindow time.Duration
+	// MaxQueue is how many calls over the limit may wait for a slot, at
+	// most MaxQueueWait each (less when their deadline is nearer); 0: none,
+	// calls over the limit are shed at once. Both or neither are set.
+	MaxQueue     int
+	MaxQueueWait time.Duration
+}
+
+// Validate reports the first field of c that is out of range.
+func (c *ConcurrencyLimit) Validate() error {
+	switch {
+	case c.Algorithm != "" && c.Algorithm != "vegas" && c.Algorithm != "aimd":
+		return newError("algorithm", `must be "vegas" or "aimd"`)
+	case c.InitialLimit < 0:
+		return newError("initialLimit", "must not be negative")
+	case c.MinLimit < 0:
+		return newError("minLimit", "must not be negative")
+	case c.MaxLimit < 0:
+		return newError("maxLimit", "must not be negative")
+	case c.MaxLimit > 0 && c.MinLimit > c.MaxLimit:
+		return newError("minLimit", "must not exceed maxLimit")
+	case c.InitialLimit > 0 && c.MaxLimit > 0 && c.InitialLimit > c.MaxLimit:
+		return newError("initialLimit", "must not exceed maxLimit")
+	case c.InitialLimit > 0 && c.InitialLimit < c.MinLimit:
+		return newError("initialLimit", "must not be less than minLimit")
+	case c.MaxLimit == 0 && c.MinLimit > 1000:
+		return newError("minLimit", "must not exceed maxLimit (default 1000)")
+	case c.MaxLimit == 0 && c.InitialLimit > 1000:
+		return newError("initialLimit", "must not exceed maxLimit (default 1000)")
+	case c.MaxQueue < 0:
+		return newError("maxQueue", "must not be negative")
+	case c.MaxQueueWait < 0:
+		return newError("maxQueueWait", "must not be negative")
+	case c.MaxQueue > 0 && c.MaxQueueWait == 0:
+		return newError("maxQueueWait", "must be set when maxQueue is")
+	case c.MaxQueue == 0 && c.MaxQueueWait > 0:
+		return newError("maxQueue", "must be set when maxQueueWait is")
+	}
+	return checkDuration("baseWindow", c.BaseWindow)
+}
+
+// ServerConfig is the server side's document: the concurrency limits of
+// interceptor.NewServer (see interceptor.WithServerConfig). Its JSON form:
+//
+//	{
+//	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20,
+//	                       "minLimit": 1, "maxLimit": 1000, "baseWindow": "30s",
+//	                       "maxQueue": 16, "maxQueueWait": "0.02s"},
+//	  "methodConfig": [{
+//	    "name": [{"service": "shop.Orders", "method": "Report"}],
+//	    "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}
+//	  }]
+//	}
+//
+// The top-level limit covers every method no entry names; each name of an
+// entry (a full method, or a service when the method is left out) gets a
+// limit of its own with the entry's settings. Names follow the service
+// config's rules, except that the empty name (the default entry) is not
+// allowed: the top-level block is the default.
+type ServerConfig struct {
+	// ConcurrencyLimit is the server's limit; nil: none.
+	ConcurrencyLimit *ConcurrencyLimit
+	// MethodConfig gives methods and services limits of their own.
+	MethodConfig []ServerMethodConfig
+}
+
+// ServerMethodConfig is one entry of ServerConfig.MethodConfig.
+type ServerMethodConfig struct {
+	Name             []Name
+	ConcurrencyLimit *ConcurrencyLimit
+}
+
+// Validate reports the first problem of c, with its JSON path.
+func (c *ServerConfig) Validate() error {
+	if l := c.ConcurrencyLimit; l != nil {
+		if err := l.Validate(); err != nil {
+			return prefix("concurrencyLimit", err)
+		}
+	}
+	seen := map[Name]int{}
+	for i, mc := range c.MethodConfig {
+		p := index("methodConfig", i)
+		if len(mc.Name) == 0 {
+			return newError(join(p, "name"), "must name at least one service")
+		}
+		for j, n := range mc.Name {
+			np := index(join(p, "name"), j)
+			switch {
+			case n.Service == "":
+				return newError(join(np, "service"), "must not be empty: the top-level concurrencyLimit is the default")
+			case strings.Contains(n.Service, "/") || strings.Contains(n.Method, "/"):
+				return newError(np, "must not contain '/'")
+			}
+			if k, dup := seen[n]; dup {
+				return newError(np, "duplicates methodConfig["+itoa(k)+"]")
+			}
+			seen[n] = i
+		}
+		if mc.ConcurrencyLimit == nil {
+			return newError(join(p, "concurrencyLimit"), "is required")
+		}
+		if err := mc.ConcurrencyLimit.Validate(); err != nil {
+			return prefix(join(p, "concurrencyLimit"), err)
+		}
+	}
+	return nil
+}
+
+type wireServer struct {
+	ConcurrencyLimit *wireLimit
+	MethodConfig     *[]wireServerMethod
+}
+
+type wireServerMethod struct {
+	Name             *[]wireName
+	ConcurrencyLimit *wireLimit
+}
+
+type wireLimit struct {
+	Algorithm    leaf[string]
+	InitialLimit leaf[int]
+	MinLimit     leaf[int]
+	MaxLimit     leaf[int]
+	BaseWindow   leaf[*duration]
+	MaxQueue     leaf[int]
+	MaxQueueWait leaf[*duration]
+}
+
+// limit checks the leaves of w under path and returns its value.
+func (w *wireLimit) limit(path string) (*ConcurrencyLimit, error) {
+	if err := checkAll(path,
+		field{"algorithm", &w.Algorithm},
+		field{"initialLimit", &w.InitialLimit},
+		field{"minLimit", &w.MinLimit},
+		field{"maxLimit", &w.MaxLimit},
+		field{"baseWindow", &w.BaseWindow},
+		field{"maxQueue", &w.MaxQueue},
+		field{"maxQueueWait", &w.MaxQueueWait},
+	); err != nil {
+		return nil, err
+	}
+	return &ConcurrencyLimit{
+		Algorithm: w.Algorithm.v, InitialLimit: w.InitialLimit.v, MinLimit: w.MinLimit.v,
+		MaxLimit: w.MaxLimit.v, BaseWindow: optDuration(w.BaseWindow.v),
+		MaxQueue: w.MaxQueue.v, MaxQueueWait: optDuration(w.MaxQueueWait.v),
+	}, nil
+}
+
+// ParseServer reads a ServerConfig document and returns it validated, or an
+// *Error naming the JSON path of the first problem. Keys match without
+// regard to case and unknown keys are ignored, as in Parse.
+func ParseServer(data []byte) (*ServerConfig, error) {
+	if len(data) == 0 {
+		return nil, &Error{Err: errors.New("no JSON server config provided")}
+	}
+	var w wireServer
+	if err := json.Unmarshal(data, &w); err != nil {
+		return nil, decodeError(data, err)
+	}
+	c := &ServerConfig{}
+	if w.ConcurrencyLimit != nil {
+		l, err := w.ConcurrencyLimit.limit("concurrencyLimit")
+		if err != nil {
+			return nil, err
+		}
+		c.ConcurrencyLimit = l
+	}
+	if w.MethodConfig != nil {
+		for i, m := range *w.MethodConfig {
+			p := index("methodConfig", i)
+			mc := ServerMethodConfig{}
+			if m.Name != nil {
+				for j, n := range *m.Name {
+					np := index(join(p, "name"), j)
+					if err := checkAll(np, field{"service", &n.Service}, field{"method", &n.Method}); err != nil {
+						return nil, err
+					}
+					mc.Name = append(mc.Name, Name{Service: n.Service.v, Method: n.Method.v})
+				}
+			}
+			if m.ConcurrencyLimit != nil {
+				l, err := m.ConcurrencyLimit.limit(join(p, "concurrencyLimit"))
+				if err != nil {
+					return nil, err
+				}
+				mc.ConcurrencyLimit = l
+			}
+			c.MethodConfig = append(c.MethodConfig, mc)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Lookup returns the limit that applies to fullMethod ("/pkg.Service/Method")
+// and the name it was found under: the method's entry, else its service's,
+// else the top-level block (name ""); ok is false when none applies.
+func (c *ServerConfig) Lookup(fullMethod string) (l *ConcurrencyLimit, name string, ok bool) {
+	service, method := SplitMethod(fullMethod)
+	var svc *ConcurrencyLimit
+	for _, mc := range c.MethodConfig {
+		for _, n := range mc.Name {
+			switch {
+			case n.Service == service && n.Method == method && method != "":
+				return mc.ConcurrencyLimit, "/" + service + "/" + method, true
+			case n.Service == service && n.Method == "" && svc == nil:
+				svc = mc.ConcurrencyLimit
+			}
+		}
+	}
+	if svc != nil {
+		return svc, service, true
+	}
+	return c.ConcurrencyLimit, "", c.ConcurrencyLimit != nil
+}

@@ -1,0 +1,97 @@
+package serviceconfig_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+func TestParseServer(t *testing.T) {
+	doc := `{
+	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20, "minLimit": 2, "maxLimit": 500, "baseWindow": "10s", "maxQueue": 4, "maxQueueWait": "0.02s"},
+	  "methodConfig": [
+	    {"name": [{"service": "shop.Orders", "method": "Report"}], "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}},
+	    {"name": [{"service": "shop.Admin"}], "concurrencyLimit": {}}
+	  ]
+	}`
+	c, err := serviceconfig.ParseServer([]byte(doc))
+	if err != nil {
+		t.Fatalf("ParseServer: %v", err)
+	}
+	want := serviceconfig.ConcurrencyLimit{Algorithm: "vegas", InitialLimit: 20, MinLimit: 2, MaxLimit: 500, BaseWindow: 10 * time.Second,
+		MaxQueue: 4, MaxQueueWait: 20 * time.Millisecond}
+	if *c.ConcurrencyLimit != want {
+		t.Errorf("ConcurrencyLimit = %+v, want %+v", *c.ConcurrencyLimit, want)
+	}
+	tests := []struct {
+		method, name string
+		alg          string
+	}{
+		{"/shop.Orders/Report", "/shop.Orders/Report", "aimd"},
+		{"/shop.Orders/Get", "", "vegas"},
+		{"/shop.Admin/Any", "shop.Admin", ""},
+	}
+	for _, tt := range tests {
+		l, name, ok := c.Lookup(tt.method)
+		if !ok || name != tt.name || l.Algorithm != tt.alg {
+			t.Errorf("Lookup(%q) = %+v, %q, %v, want algorithm %q under %q", tt.method, l, name, ok, tt.alg, tt.name)
+		}
+	}
+	if _, _, ok := (&serviceconfig.ServerConfig{}).Lookup("/a.B/C"); ok {
+		t.Errorf("empty config: Lookup found a limit")
+	}
+}
+
+func TestParseServerErrors(t *testing.T) {
+	tests := []struct {
+		name, doc, want string
+	}{
+		{"empty", ``, "no JSON server config provided"},
+		{"syntax", `{"concurrencyLimit": }`, "invalid JSON at line 1"},
+		{"algorithm", `{"concurrencyLimit": {"algorithm": "gradient2"}}`, `serviceconfig: concurrencyLimit.algorithm: must be "vegas" or "aimd"`},
+		{"type", `{"concurrencyLimit": {"maxLimit": "8"}}`, "serviceconfig: concurrencyLimit.maxLimit: must be an integer, not a string"},
+		{"window", `{"concurrencyLimit": {"baseWindow": "10"}}`, `serviceconfig: concurrencyLimit.baseWindow: "10" is not a duration`},
+		{"min over max", `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {"minLimit": 9, "maxLimit": 8}}]}`,
+			"serviceconfig: methodConfig[0].concurrencyLimit.minLimit: must not exceed maxLimit"},
+		{"queue without wait", `{"concurrencyLimit": {"maxQueue": 4}}`, "serviceconfig: concurrencyLimit.maxQueueWait: must be set when maxQueue is"},
+		{"wait without queue", `{"concurrencyLimit": {"maxQueueWait": "1s"}}`, "serviceconfig: concurrencyLimit.maxQueue: must be set when maxQueueWait is"},
+		{"negative queue", `{"concurrencyLimit": {"maxQueue": -1}}`, "serviceconfig: concurrencyLimit.maxQueue: must not be negative"},
+		{"no name", `{"methodConfig": [{"concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name: must name at least one service"},
+		{"empty service", `{"methodConfig": [{"name": [{}], "concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name[0].service: must not be empty"},
+		{"duplicate", `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {}}, {"name": [{"service": "a.B"}], "concurrencyLimit": {}}]}`,
+			"serviceconfig: methodConfig[1].name[0]: duplicates methodConfig[0]"},
+		{"no limit", `{"methodConfig": [{"name": [{"service": "a.B"}]}]}`, "serviceconfig: methodConfig[0].concurrencyLimit: is required"},
+		{"name type", `{"methodConfig": [{"name": [{"service": 1}]}]}`, "serviceconfig: methodConfig[0].name[0].service: must be a string, not a number"},
+		{"slash", `{"methodConfig": [{"name": [{"service": "a/B"}], "concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name[0]: must not contain '/'"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := serviceconfig.ParseServer([]byte(tt.doc))
+			var e *serviceconfig.Error
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.As(err, &e) || c != nil {
+				t.Errorf("ParseServer(%q) = %v, %v, want an *Error containing %q", tt.doc, c, err, tt.want)
+			}
+		})
+	}
+}
+
+func FuzzParseServer(f *testing.F) {
+	f.Add([]byte(`{"concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}, "methodConfig": [{"name": [{"service": "a.B", "method": "C"}], "concurrencyLimit": {}}]}`))
+	f.Add([]byte(`{"methodConfig": [{"name": [{"service": 1}]}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := serviceconfig.ParseServer(data)
+		if err != nil {
+			var e *serviceconfig.Error
+			if !errors.As(err, &e) || c != nil {
+				t.Fatalf("ParseServer(%q) = %v, %T", data, c, err)
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("ParseServer(%q) gave a config that does not validate: %v", data, err)
+		}
+	})
+}
