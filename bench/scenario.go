@@ -70,6 +70,7 @@ func All() []Scenario {
 		Saturation(),
 		SlowTail(DefaultPolicy),
 		Idempotency(),
+		Overload(),
 	}
 }
 

@@ -31,6 +31,7 @@ var issueTargets = []target{
 	{goal: "hedging, fixed delay: ≤ 6% extra attempts", scenario: "slow tail (hedging)", row: peerOursHedge, column: "extra attempts", max: 6},
 	{goal: "adaptive hedging: p99 ≤ 0.25× unhedged", scenario: "slow tail (hedging)", row: peerOursHedgeQuant, column: "p99 vs bare", max: 0.25},
 	{goal: "adaptive hedging: ≤ 6% extra attempts", scenario: "slow tail (hedging)", row: peerOursHedgeQuant, column: "extra attempts", max: 6},
+	{goal: "overload (issue 12): admitted p99 ≤ 2× the unloaded p99 under 3× load", scenario: "overload (server)", row: "grpc-resilience", column: "admitted p99 vs unloaded p99", max: 2},
 	{goal: "per-method isolation: fast p99 under saturation ≤ 1.5× idle", scenario: "slow method saturating the connection (per-method isolation)", row: peerOurs, column: "fast loaded p99 / own idle p99", max: satLimit},
 }
 
