@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,6 +133,11 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
+	if mp.early && !co.any {
+		if err, ok := c.rejectEarly(ctx, st, mp, cc, opts); ok {
+			return err
+		}
+	}
 	if mp.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = withTimeout(ctx, mp.timeout)
@@ -164,6 +170,51 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	err := u.run()
 	u.r.callEnded(cc, u.s.opts)
 	return err
+}
+
+// rejectEarly ends a call that the method's guards refuse at once (see
+// guards.rejecting) before the call builds any state, reading the clock at
+// most once: a caller spinning on an open breaker competes for the CPU with
+// the probe that would close it. It does what the full path (run, attempt,
+// rejected) does for such a call: the retry budget's deposit, the yield
+// while half-open, the metrics, span events and hooks, and the same error.
+// ok is false when the guards might admit the call, or when the full path
+// would end it otherwise: its idempotency key is checked first, and a
+// deadline with no time left for an attempt ends it with
+// DEADLINE_EXCEEDED. Only methods with mp.early and calls without call
+// options of ours come here.
+func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPolicy, cc *grpc.ClientConn, opts []grpc.CallOption) (err error, ok bool) {
+	rej, halfOpenFull, now := mp.g.rejecting()
+	if rej == nil {
+		return nil, false
+	}
+	if _, keyed := IdempotencyKeyFromContext(ctx); keyed {
+		return nil, false
+	}
+	// newRetrier's state, for a call without call options or one-layer
+	// retry: the method's policy, or one attempt.
+	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: 1}, wrap: mp.retry != nil}
+	if p := mp.retry; p != nil && (p.maxAttempts > 1 || p.perAttempt > 0) {
+		r.rp.maxAttempts, r.rp.perAttempt = p.maxAttempts, p.perAttempt
+	}
+	_, hasDeadline := ctx.Deadline()
+	if now.IsZero() && (hasDeadline || r.rp.maxAttempts > 1 && st.storm.budget != nil) {
+		now = time.Now()
+	}
+	if hasDeadline {
+		if timeout, bounded := r.attemptTimeout(ctx, now); bounded && timeout <= 0 {
+			return nil, false
+		}
+	}
+	r.begin(now)
+	if halfOpenFull {
+		runtime.Gosched() // as admit does, for the probe's sake
+	}
+	reason := rej.stopped.Reason
+	r.onRejected(ctx, reason)
+	err = r.rejected(rej, nil, reason)
+	r.callEnded(cc, opts)
+	return err, true
 }
 
 // unaryCall is one unary call under a retry policy (of one attempt when

@@ -118,6 +118,31 @@ func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 	return a, nil
 }
 
+// rejecting returns the rejection that admit would return at once for an
+// attempt now, read without a lock and taking nothing (no probe, no slot):
+// the breaker open, half-open with every probe out (halfOpenFull) or forced
+// open, else the bulkhead full with its queue full. It returns nil when
+// admit might let the attempt through or queue it. It reads the clock only
+// when the breaker is neither closed nor forced closed, and returns the
+// time it read, else the zero time.
+//
+// A bulkhead rejection behind a closed breaker is the same as admit's,
+// which records nothing for it (an Ignored outcome in Closed is a no-op).
+func (g *guards) rejecting() (rej *RejectedError, halfOpenFull bool, now time.Time) {
+	if g.breaker != nil && !g.breaker.Admitting() {
+		now = g.rejections.now()
+		retryAfter, err := g.breaker.Rejects(now)
+		if err == nil {
+			return nil, false, now
+		}
+		return g.rejections.circuitOpen(retryAfter), err == breaker.ErrHalfOpenFull, now
+	}
+	if g.bulkhead != nil && g.bulkhead.Full() {
+		return g.rejections.full, false, now
+	}
+	return nil, false, now
+}
+
 // release returns the attempt's slot and tells the breaker its outcome:
 // success, a failure when its code is in the failure set, and nothing at all
 // for the caller's own cancellation or deadline, for other codes and for

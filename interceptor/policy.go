@@ -78,6 +78,12 @@ type methodPolicy struct {
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
+	// early is true when a call the guards refuse at once may be refused
+	// before any per-call state is built (Client.rejectEarly): the method
+	// has a guard, and nothing that the full path does before its first
+	// attempt changes the outcome of a rejection (hedging, a fallback, a
+	// config timeout, an idempotency key made here, one-layer retry).
+	early bool
 	// hedgeWindow holds the recent durations of hedged copies, read at
 	// hedge.quantile; nil unless the hedging delay is adaptive.
 	hedgeWindow *latency.Window
@@ -189,6 +195,8 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	// throttle here (at no cost when it is off).
 	p.passthrough = p.retry == nil && p.hedge == nil && p.timeout == 0 && p.waitForReady == nil &&
 		p.g.breaker == nil && p.g.bulkhead == nil && p.g.adaptive == nil && !p.keyed && s.storm.throttle == nil
+	p.early = (p.g.breaker != nil || p.g.bulkhead != nil) && p.g.adaptive == nil && p.hedge == nil && p.fallback == nil &&
+		p.timeout == 0 && !p.keyed && s.opts.oneLayer == 0
 	return p
 }
 

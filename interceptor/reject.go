@@ -98,6 +98,31 @@ type rejections struct {
 	// open is the latest rejection of an open breaker, for its RetryAfter;
 	// replaced when a rejection needs another.
 	open atomic.Pointer[RejectedError]
+	// anchor is a time read with time.Now less than anchorFor before now
+	// (or nil), for now.
+	anchor atomic.Pointer[time.Time]
+}
+
+// anchorFor is how long a rejections' anchor serves: the wall clock's
+// adjustments within it (NTP slews at most 0.5 ms per second) are all that
+// its now can miss.
+const anchorFor = time.Second
+
+// now returns the current time for a breaker's lock-free check, read on the
+// monotonic clock from an anchor read with time.Now at most anchorFor
+// before: on virtual machines without a fast wall clock, a third cheaper
+// than time.Now, and a caller spinning on an open breaker reads it on every
+// call. A new anchor is stored when the last is older (one allocation per
+// anchorFor at most).
+func (r *rejections) now() time.Time {
+	if a := r.anchor.Load(); a != nil {
+		if d := time.Since(*a); d < anchorFor {
+			return a.Add(d)
+		}
+	}
+	t := time.Now()
+	r.anchor.Store(&t)
+	return t
 }
 
 func newRejections(fullMethod string) *rejections {

@@ -418,8 +418,13 @@ type srvIdem struct {
 	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
 	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
 	retryHint   *errdetails.RetryInfo // the pushback, the detail of a failed-closed call
-	inProgress  srvOutcome            // ABORTED with pushback, when waiting is off
-	log         srvLogger
+	// renewals holds stopped lease renewals with their timer, for the next
+	// first execution (see srvRenewal). Per server, not global: a timer made
+	// in a testing/synctest bubble must not be reset outside it, and a
+	// server's calls run where the server serves.
+	renewals   sync.Pool
+	inProgress srvOutcome // ABORTED with pushback, when waiting is off
+	log        srvLogger
 	// detach: store calls after the handler get a context that the
 	// caller's cancellation does not reach. The memory store ignores
 	// contexts, so it is spared the allocation.

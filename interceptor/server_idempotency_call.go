@@ -261,11 +261,7 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 		defer cancel()
 	}
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = &srvRenewal{s: c.s, sctx: c.sctx, rk: c.f.key.rk, token: token, lease: c.lease, method: c.info.FullMethod,
-		cancel: cancel}
-	c.renewal.mu.Lock() // renew waits for t
-	c.renewal.t = time.AfterFunc(c.lease/3, c.renewal.renew)
-	c.renewal.mu.Unlock()
+	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.lease, c.info.FullMethod, cancel)
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
 	c.s.m.execution(c.ctx, c.info.FullMethod)
@@ -278,18 +274,44 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 // runs (finding 4 of issue 14: a handler that outlived its lease ran again,
 // concurrently, on another server). It is the timer's, not the record's:
 // nothing stored points to it.
+//
+// Renewals are pooled with their timer (srvIdem.renewals), so that a first
+// execution does not allocate a timer and its state: a renewal goes back to
+// the pool only when stop removed its pending timer, so no run of renew is
+// under way or to come that could see the next call's fields.
 type srvRenewal struct {
-	s      *srvIdem              // immutable
-	sctx   context.Context       // the store's context; immutable
-	rk     idempotency.RecordKey // immutable
-	token  string                // immutable
-	lease  time.Duration         // immutable
-	method string                // immutable
-	cancel context.CancelFunc    // cancels a detached handler when the lease is lost; nil otherwise; immutable
-	t      *time.Timer           // set under mu when made; Reset under mu
+	// The fields up to t are set by startRenewal, under mu, before the
+	// timer is armed, and immutable until the renewal is back in the pool.
+	s      *srvIdem
+	sctx   context.Context // the store's context
+	rk     idempotency.RecordKey
+	token  string
+	lease  time.Duration
+	method string
+	cancel context.CancelFunc // cancels a detached handler when the lease is lost; nil otherwise
+	t      *time.Timer        // made once per pooled renewal; Reset and Stop under mu
 
 	mu      sync.Mutex
 	stopped bool // guarded by mu; no renewal starts once set
+}
+
+// startRenewal returns a running renewal of the claim of rk held with token,
+// its first renewal due after lease/3.
+func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, token string, lease time.Duration,
+	method string, cancel context.CancelFunc) *srvRenewal {
+	r, _ := s.renewals.Get().(*srvRenewal)
+	if r == nil {
+		r = new(srvRenewal)
+	}
+	r.mu.Lock() // renew waits for the fields and t
+	r.s, r.sctx, r.rk, r.token, r.lease, r.method, r.cancel, r.stopped = s, sctx, rk, token, lease, method, cancel, false
+	if r.t == nil {
+		r.t = time.AfterFunc(lease/3, r.renew)
+	} else {
+		r.t.Reset(lease / 3)
+	}
+	r.mu.Unlock()
+	return r
 }
 
 // renew is the timer's function: it renews the lease and sets the timer
@@ -319,12 +341,22 @@ func (r *srvRenewal) renew() {
 }
 
 // stop ends the renewals: one running finishes first (mu), none starts
-// after.
+// after. The caller must not use r afterwards: when its timer was still
+// pending (the usual case: the handler ran for less than lease/3), no run
+// of renew can come, and r goes back to the pool.
 func (r *srvRenewal) stop() {
 	r.mu.Lock()
 	r.stopped = true
-	r.t.Stop()
+	pending := r.t.Stop()
+	s := r.s
+	if pending {
+		// Drop what the next call must not keep alive.
+		r.s, r.sctx, r.rk, r.token, r.cancel = nil, nil, idempotency.RecordKey{}, "", nil
+	}
 	r.mu.Unlock()
+	if pending {
+		s.renewals.Put(r)
+	}
 }
 
 // settle is step settle: the one place where an owned claim ends. It stops
@@ -351,6 +383,7 @@ func (r *srvRenewal) stop() {
 //     held (see claimFailed).
 func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
 	c.renewal.stop()
+	c.renewal = nil // pooled: no longer the call's
 	c.own.close()
 	if !panicked && c.complete(resp, herr) {
 		return

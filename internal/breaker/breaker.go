@@ -185,22 +185,49 @@ func New(cfg Config) (*Breaker, error) {
 // wait for. An Open breaker whose open time has passed turns HalfOpen here.
 func (b *Breaker) Allow(now time.Time) (tok Token, retryAfter time.Duration, err error) {
 	w := b.word.Load()
-	t := now.UnixNano()
 	switch State(w & stateMask) {
 	case StateClosed, StateForcedClosed:
 		return Token{w: w}, 0, nil
+	}
+	if retryAfter, err := b.Rejects(now); err != nil {
+		return Token{}, retryAfter, err
+	}
+	return b.allowSlow(now.UnixNano())
+}
+
+// Admitting reports whether the breaker is Closed or ForcedClosed, where
+// Allow admits every attempt, whatever the time. It takes no lock and reads
+// no clock: a caller can skip reading the time when it is true.
+func (b *Breaker) Admitting() bool {
+	switch State(b.word.Load() & stateMask) {
+	case StateClosed, StateForcedClosed:
+		return true
+	}
+	return false
+}
+
+// Rejects returns the rejection that Allow would return for an attempt at
+// now without taking its lock (Open before its open time has passed,
+// HalfOpen with every probe out, ForcedOpen), and a nil error when Allow
+// might admit the attempt. It changes nothing: no probe is taken, no state
+// turns, so a caller may use it to refuse an attempt before it builds any
+// state, and call Allow when it returns nil.
+func (b *Breaker) Rejects(now time.Time) (retryAfter time.Duration, err error) {
+	w := b.word.Load()
+	t := now.UnixNano()
+	switch State(w & stateMask) {
 	case StateOpen:
 		if until := b.openUntilA.Load(); t < until && b.word.Load() == w {
-			return Token{}, time.Duration(until - t), ErrOpen
+			return time.Duration(until - t), ErrOpen
 		}
 	case StateHalfOpen:
 		if t < b.probesFullUntil.Load() && b.word.Load() == w {
-			return Token{}, 0, ErrHalfOpenFull
+			return 0, ErrHalfOpenFull
 		}
 	case StateForcedOpen:
-		return Token{}, 0, ErrForcedOpen
+		return 0, ErrForcedOpen
 	}
-	return b.allowSlow(t)
+	return 0, nil
 }
 
 func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err error) {

@@ -626,3 +626,43 @@ func TestHotPathDoesNotAllocate(t *testing.T) {
 		})
 	}
 }
+
+// TestRejectsPeeksWithoutChanging: Rejects gives Allow's lock-free
+// rejection in every state and admits nothing, takes no probe and turns no
+// state; Admitting is true exactly in the closed states.
+func TestRejectsPeeksWithoutChanging(t *testing.T) {
+	b, err := New(Config{ConsecutiveFailures: 1, OpenDuration: time.Second, HalfOpenProbes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, now time.Time, admitting bool, wantErr error, wantAfter time.Duration) {
+		t.Helper()
+		if got := b.Admitting(); got != admitting {
+			t.Errorf("%s: Admitting() = %v, want %v", what, got, admitting)
+		}
+		if after, err := b.Rejects(now); err != wantErr || after != wantAfter {
+			t.Errorf("%s: Rejects = %v, %v, want %v, %v", what, after, err, wantAfter, wantErr)
+		}
+	}
+	check("closed", t0, true, nil, 0)
+	tok, _, _ := b.Allow(t0)
+	b.Record(tok, t0, Failure, 0)
+	check("open", t0.Add(300*ms), false, ErrOpen, 700*ms)
+	// The open time has passed: Allow would turn half-open and admit a
+	// probe; Rejects says nil and changes nothing.
+	check("open, time passed", t0.Add(time.Second), false, nil, 0)
+	if s := b.Snapshot(t0.Add(300 * ms)).State; s != StateOpen {
+		t.Fatalf("state after Rejects = %v, want still open", s)
+	}
+	probe, _, err := b.Allow(t0.Add(time.Second))
+	if err != nil || !probe.Probe() {
+		t.Fatalf("Allow after the open time = %v, want a probe", err)
+	}
+	check("half-open, probe out", t0.Add(time.Second+ms), false, ErrHalfOpenFull, 0)
+	b.Record(probe, t0.Add(time.Second+ms), Success, ms)
+	check("closed again", t0.Add(time.Second+ms), true, nil, 0)
+	b.ForceOpen(t0.Add(2 * time.Second))
+	check("forced open", t0.Add(2*time.Second), false, ErrForcedOpen, 0)
+	b.ForceClosed(t0.Add(2 * time.Second))
+	check("forced closed", t0.Add(2*time.Second), true, nil, 0)
+}

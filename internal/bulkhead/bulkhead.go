@@ -149,6 +149,15 @@ func (b *Bulkhead) Acquire(ctx context.Context) error {
 	return b.acquireSlow(ctx)
 }
 
+// Full reports whether Acquire would return ErrQueueFull at once: every
+// slot is taken and the queue is full (with MaxQueue 0, every slot is
+// taken). It takes no lock and changes nothing; a slot may free up the
+// moment after it answers, as it may after Acquire refuses.
+func (b *Bulkhead) Full() bool {
+	s := b.state.Load()
+	return (uint32(s) >= b.max || s >= oneWaiting) && uint32(s>>32) >= b.maxQueue
+}
+
 func (b *Bulkhead) acquireSlow(ctx context.Context) error {
 	if uint32(b.state.Load()>>32) >= b.maxQueue {
 		return ErrQueueFull // needs no lock: the queue is at most as long

@@ -3,6 +3,7 @@ package bulkhead
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -373,4 +374,47 @@ func TestFastPathDoesNotAllocate(t *testing.T) {
 	}
 	b.Release()
 	b2.Release()
+}
+
+// TestFull: Full is true exactly when Acquire would refuse at once with
+// ErrQueueFull: every slot taken and the queue full.
+func TestFull(t *testing.T) {
+	ctx := context.Background()
+	b := mustNew(t, Config{MaxConcurrent: 1}, nil)
+	if b.Full() {
+		t.Error("Full() with a free slot = true")
+	}
+	if err := b.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Full() {
+		t.Error("Full() with every slot taken and no queue = false")
+	}
+	b.Release()
+	if b.Full() {
+		t.Error("Full() after Release = true")
+	}
+
+	q := mustNew(t, Config{MaxConcurrent: 1, MaxQueue: 1, MaxQueueWait: time.Hour}, nil)
+	if err := q.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if q.Full() {
+		t.Error("Full() with a place in the queue = true")
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- q.Acquire(wctx) }()
+	for q.Snapshot().Queued != 1 {
+		runtime.Gosched()
+	}
+	if !q.Full() {
+		t.Error("Full() with the queue full = false")
+	}
+	if err := q.Acquire(ctx); err != ErrQueueFull {
+		t.Errorf("Acquire() when Full = %v, want %v", err, ErrQueueFull)
+	}
+	cancel()
+	<-done
+	q.Release()
 }
