@@ -278,10 +278,14 @@
 // WithServerMeterProvider records them (resilience.server.limit.*, in the
 // table under Metrics).
 //
-// Streams are not limited: a stream would hold a slot for its whole life,
-// so a few long streams could starve the unary calls, and their latency
-// says nothing of the server's load. Bound streams with grpc.MaxConcurrentStreams
-// or a bulkhead of your own.
+// Streams are not limited by default: a stream holds a slot for its whole
+// life, so a few long streams could starve the unary calls, and their
+// lifetimes say nothing of the server's load. WithStreamConcurrencyLimit
+// opts the streams of a method or service in: a stream takes a slot of
+// its method's limit when it opens (queued or shed as a unary call is, by
+// criticality, never at the door for its deadline) and gives it back when
+// its handler returns, without a latency sample. Give streaming methods a
+// limit of their own (WithMethodConcurrencyLimit).
 //
 // Criticality rides in metadata (CriticalityKey, set with
 // ContextWithCriticality): CRITICAL_PLUS may fill the whole limit, CRITICAL

@@ -29,7 +29,7 @@ import (
 // remaining deadline is shorter than the base RTT (the service time without
 // queueing) is rejected with DEADLINE_EXCEEDED before its handler runs.
 // Methods that WithMethodConcurrencyLimit names have limits of their own.
-// Streams are not limited.
+// Streams are not limited unless WithStreamConcurrencyLimit names them.
 func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if err := cfg.Validate(); err != nil {
@@ -115,6 +115,9 @@ type srvLimits struct {
 	// crit resolves a call's criticality from what it sent; nil: as sent
 	// (WithCriticality).
 	crit CriticalityFunc
+	// streams holds the full methods and services whose streams are
+	// limited (WithStreamConcurrencyLimit); empty: none.
+	streams map[string]bool
 }
 
 type namedLimiter struct {
@@ -132,13 +135,20 @@ type srvLimiter struct {
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
 func newSrvLimits(o *serverOptions) (*srvLimits, error) {
+	if len(o.streamLimits) > 0 && o.limit == nil && len(o.methodLimits) == 0 {
+		return nil, errorf("WithStreamConcurrencyLimit: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to put streams under")
+	}
 	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
 		return nil, nil
 	}
 	if o.limit != nil && o.cpu != nil {
 		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
 	}
-	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}, crit: o.criticality}
+	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}, crit: o.criticality,
+		streams: map[string]bool{}}
+	for _, n := range o.streamLimits {
+		ls.streams[n] = true
+	}
 	var err error
 	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
 		return nil, err
