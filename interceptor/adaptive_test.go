@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -73,5 +74,54 @@ func TestAdaptiveCountsOnlyBackendRefusals(t *testing.T) {
 	st = c.Status(echoMethod).Adaptive
 	if st.Accepts != 3 || st.RejectProbability <= 0 {
 		t.Errorf("after refusals: %+v, want 3 accepts and p > 0", st)
+	}
+}
+
+// TestAdaptiveRejectionMetrics: a local rejection of adaptive throttling
+// is a RejectedError (ErrCircuitOpen) that stops the call as
+// StopAdaptiveThrottle, counts in
+// resilience.client.rejections with reason adaptive_throttle, and the
+// method's rejection
+// probability is a gauge equal to MethodStatus's.
+func TestAdaptiveRejectionMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	var stops []StopReason
+	c := newConfiguredClient(t, WithMeterProvider(mp), WithOnStop(func(_ context.Context, e StopEvent) {
+		stops = append(stops, e.Reason)
+	}), WithMethodConfig(serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: echoService}},
+		RetryPolicy:    fastPolicy(2), // no retryable codes: one attempt per call, no backoff
+		CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: serviceconfig.ModeAdaptive},
+	}))
+	ic := c.UnaryClientInterceptor()
+	ctx := context.Background()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	refuse := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+		return status.Error(codes.ResourceExhausted, "x")
+	}
+	var rejected error
+	for range 50 {
+		if err := ic(ctx, echoMethod, req, reply, nil, refuse); errors.Is(err, ErrCircuitOpen) {
+			rejected = err
+			break
+		}
+	}
+	if rejected == nil {
+		t.Fatalf("no local rejection after 50 refused calls: %+v", c.Status(echoMethod).Adaptive)
+	}
+	if _, ok := errors.AsType[*RejectedError](rejected); !ok {
+		t.Errorf("rejection %v: want a *RejectedError", rejected)
+	}
+	if len(stops) == 0 || stops[len(stops)-1] != StopAdaptiveThrottle {
+		t.Errorf("stop reasons %v, want the last %v", stops, StopAdaptiveThrottle)
+	}
+	p := c.Status(echoMethod).Adaptive.RejectProbability
+	echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+	got := collect(t, reader)
+	got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=adaptive_throttle": 1})
+	got.expect(t, metricRejectProbability, "1", map[string]float64{echo: p})
+	if p <= 0 {
+		t.Errorf("reject probability %v, want > 0", p)
 	}
 }

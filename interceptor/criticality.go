@@ -96,12 +96,77 @@ func ContextWithCriticality(ctx context.Context, c Criticality) context.Context 
 // critical of the valid values under CriticalityKey, Critical when none.
 // It allocates only when the key is present (grpc copies the values).
 func incomingCriticality(ctx context.Context) Criticality {
-	vs := metadata.ValueFromIncomingContext(ctx, CriticalityKey)
-	c, seen := Critical, false
-	for _, v := range vs {
-		p, ok := ParseCriticality(v)
-		if ok && (!seen || p.rank() < c.rank()) {
-			c, seen = p, true
+	c, _ := sentCriticality(ctx)
+	return c
+}
+
+// sentCriticality is incomingCriticality, and whether the call sent a
+// valid value.
+func sentCriticality(ctx context.Context) (c Criticality, ok bool) {
+	c = Critical
+	for _, v := range metadata.ValueFromIncomingContext(ctx, CriticalityKey) {
+		p, valid := ParseCriticality(v)
+		if valid && (!ok || p.rank() < c.rank()) {
+			c, ok = p, true
+		}
+	}
+	return c, ok
+}
+
+// CriticalityFunc decides the criticality a Server gives an incoming call
+// (WithCriticality). sent is what the call carried under CriticalityKey
+// (the least critical valid value), and ok whether it carried one; sent
+// is Critical when ok is false. ctx is the call's context, with what the
+// interceptors before the Server's put there (the peer, the credentials an
+// authentication interceptor verified). It runs on every call under an
+// overload protection, synchronously, and must be cheap and safe for
+// concurrent use. A result that is not one of the four criticalities
+// counts as Critical.
+type CriticalityFunc func(ctx context.Context, sent Criticality, ok bool) Criticality
+
+// WithCriticality makes the Server's overload protection (WithConcurrencyLimit,
+// WithMethodConcurrencyLimit, WithCPUShedding) shed calls by the
+// criticality f returns instead of the one they sent.
+//
+// The threat: CriticalityKey is set by the caller, so by default (without
+// this option, kept for compatibility and for servers whose callers are all
+// trusted) a caller can send CRITICAL_PLUS with every call and be shed last,
+// taking the share of the limit kept for the truly critical calls, and
+// every caller that does so makes the levels meaningless. For a server with
+// callers you do not trust, cap what they may claim, by who they are:
+// CapCriticality(Critical) lets anyone lower their own criticality but no
+// one raise it above the default; a CriticalityFunc can let authenticated
+// internal callers through as sent and cap the rest.
+func WithCriticality(f CriticalityFunc) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if f == nil {
+			o.errs = append(o.errs, errorf("WithCriticality: nil function"))
+			return
+		}
+		o.criticality = f
+	})
+}
+
+// CapCriticality returns a CriticalityFunc that gives each call the
+// criticality it sent (Critical when it sent none), but at most highest: a
+// call that sent, or defaulted to, a more critical value gets highest.
+func CapCriticality(highest Criticality) CriticalityFunc {
+	return func(_ context.Context, sent Criticality, _ bool) Criticality {
+		if sent.rank() > highest.rank() {
+			return highest
+		}
+		return sent
+	}
+}
+
+// criticality resolves the criticality of an incoming call: as sent, or
+// through WithCriticality's function; always one of the four.
+func (ls *srvLimits) criticality(ctx context.Context) Criticality {
+	c, ok := sentCriticality(ctx)
+	if ls.crit != nil {
+		c = ls.crit(ctx, c, ok)
+		if int(c) >= len(criticalityNames) {
+			c = Critical
 		}
 	}
 	return c

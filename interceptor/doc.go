@@ -211,7 +211,10 @@
 // no states, but each attempt is rejected locally (ErrCircuitOpen, without
 // a hint) with probability max(0, (requests − K·accepts)/(requests + 1))
 // over the method's last window, where the backend's RESOURCE_EXHAUSTED and
-// UNAVAILABLE are not accepts. MethodStatus.Adaptive shows its counts.
+// UNAVAILABLE are not accepts. Such a rejection stops the call as
+// StopAdaptiveThrottle and counts in resilience.client.rejections with
+// reason adaptive_throttle; MethodStatus.Adaptive shows its counts, and
+// resilience.client.adaptive.reject_probability the probability.
 //
 // # Streams
 //
@@ -271,16 +274,34 @@
 // once the server sheds as many calls as it admits, the trailer says not to
 // retry (-1) instead, so retrying clients cannot amplify an overload. A
 // Client honours both. An admitted call allocates nothing for the limit.
-// Server.LimitStatuses shows each limit's state and counts.
+// Server.LimitStatuses shows each limit's state and counts;
+// WithServerMeterProvider records them (resilience.server.limit.*, in the
+// table under Metrics).
+//
+// Streams are not limited by default: a stream holds a slot for its whole
+// life, so a few long streams could starve the unary calls, and their
+// lifetimes say nothing of the server's load. WithStreamConcurrencyLimit
+// opts the streams of a method or service in: a stream takes a slot of
+// its method's limit when it opens (queued or shed as a unary call is, by
+// criticality, never at the door for its deadline) and gives it back when
+// its handler returns, without a latency sample. Give streaming methods a
+// limit of their own (WithMethodConcurrencyLimit).
 //
 // Criticality rides in metadata (CriticalityKey, set with
 // ContextWithCriticality): CRITICAL_PLUS may fill the whole limit, CRITICAL
 // (the default) 90% of it, SHEDDABLE_PLUS 75%, SHEDDABLE half, so the
 // server sheds the lowest first. A Client sends every retry and hedged copy
 // as SHEDDABLE_PLUS at most (the server takes the lowest value it gets), so
-// that a retry never displaces a first attempt. The value is the caller's
-// claim: put an interceptor before this one that strips or caps it for
-// callers you do not trust.
+// that a retry never displaces a first attempt.
+//
+// The value is the caller's claim, and by default (for compatibility, and
+// for servers whose callers are all trusted) the server takes it as sent:
+// a caller that sends CRITICAL_PLUS with every call is shed last, takes the
+// share kept for truly critical work, and once several callers do so the
+// levels mean nothing. For callers you do not trust, WithCriticality
+// decides from the context (the peer, verified credentials) and what was
+// sent: WithCriticality(CapCriticality(Critical)) lets every caller lower
+// its own criticality and none raise it above the default.
 //
 // # Observability
 //
@@ -332,13 +353,14 @@
 //	resilience.client.attempts                    counter         {attempt}     grpc.method, grpc.status
 //	resilience.client.retries                     counter         {retry}       grpc.method: retries and hedged copies sent
 //	resilience.client.stops                       counter         {call}        grpc.method, resilience.stop_reason
-//	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full)
+//	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full, adaptive_throttle)
 //	resilience.client.retry.denials               counter         {retry}       grpc.method, resilience.reason (budget, throttled)
 //	resilience.client.retry.deadline_skips        counter         {retry}       grpc.method: retries and hedges that would not fit the deadline
 //	resilience.client.breaker.transitions         counter         {transition}  grpc.method, resilience.breaker.from, resilience.breaker.to
 //	resilience.client.breaker.state               gauge           {state}       grpc.method: 0 closed, 1 open, 2 half-open, 3 forced open, 4 forced closed
 //	resilience.client.bulkhead.in_flight          gauge           {attempt}     grpc.method
 //	resilience.client.bulkhead.queued             gauge           {attempt}     grpc.method
+//	resilience.client.adaptive.reject_probability gauge           1             grpc.method: adaptive throttling's rejection probability now
 //	resilience.client.retry_budget.available      gauge           {retry}       (none)
 //	resilience.server.idempotency.executions      counter         {call}        grpc.method: handler runs under a claim
 //	resilience.server.idempotency.replays         counter         {call}        grpc.method, resilience.idempotency.source (store, flight)
@@ -346,9 +368,24 @@
 //	resilience.server.idempotency.conflicts       counter         {call}        grpc.method, resilience.idempotency.conflict (mismatch, in_progress)
 //	resilience.server.idempotency.store_errors    counter         {error}       grpc.method, resilience.idempotency.op, resilience.idempotency.mode (fail_open, fail_closed)
 //	resilience.server.idempotency.store.duration  histogram       s             grpc.method, resilience.idempotency.op (claim, complete, release, renew)
+//	resilience.server.limit.current               gauge           {call}        resilience.limiter: each limit now; cpu: the bandwidth-delay product
+//	resilience.server.limit.in_flight             gauge           {call}        resilience.limiter
+//	resilience.server.limit.queued                gauge           {call}        resilience.limiter (not cpu)
+//	resilience.server.limit.admitted              counter         {call}        grpc.method, resilience.criticality
+//	resilience.server.limit.shed                  counter         {call}        grpc.method, resilience.criticality, resilience.reason (limit, queue_timeout, deadline, cpu)
+//	resilience.server.limit.queue.duration        histogram       s             grpc.method: time in a limit's queue, admitted or not
 //
 // Bulkhead rejections are resilience.client.rejections with reason
-// bulkhead_full. Store errors exclude the store's answers that are not
+// bulkhead_full. resilience.limiter names the limiter: server (the
+// server-wide limit), cpu (WithCPUShedding), or the full method (without
+// its leading slash) or service of WithMethodConcurrencyLimit.
+// resilience.criticality is the criticality the server gave the call (the
+// wire name, after WithCriticality). A shed call counts once, with the
+// reason that ended it: limit (over its criticality's share, no room in
+// the queue), queue_timeout (waited in the queue without getting a slot:
+// MaxQueueWait, its deadline, or its caller left), deadline (rejected at
+// the door: DEADLINE_EXCEEDED), cpu (the CPU shedder); a call admitted
+// from the queue counts only as admitted. Store errors exclude the store's answers that are not
 // failures (another owner, full, record too large) and calls whose context
 // ended. Before this table, the client's metrics carried rpc.method and
 // rpc.grpc.status_code, and breaker transitions were named

@@ -38,6 +38,10 @@ const (
 	// StopNoRetry: retrying is off for this call (a call option, or an
 	// incoming call from a caller that retries itself).
 	StopNoRetry
+	// StopAdaptiveThrottle: the method's adaptive throttling (a
+	// circuitBreaker block in mode "adaptive") rejected the attempt. Its
+	// error is a RejectedError with Reason ErrCircuitOpen.
+	StopAdaptiveThrottle
 )
 
 var stopReasonNames = [...]string{
@@ -53,6 +57,8 @@ var stopReasonNames = [...]string{
 	StopCircuitOpen:  "circuit open",
 	StopBulkheadFull: "bulkhead full",
 	StopNoRetry:      "retry off",
+
+	StopAdaptiveThrottle: "adaptive throttle",
 }
 
 // stopReasonTokens name the reasons in metrics.
@@ -69,6 +75,8 @@ var stopReasonTokens = [...]string{
 	StopCircuitOpen:  "circuit_open",
 	StopBulkheadFull: "bulkhead_full",
 	StopNoRetry:      "no_retry",
+
+	StopAdaptiveThrottle: "adaptive_throttle",
 }
 
 // token returns the reason's name in metrics, such as "exhausted".

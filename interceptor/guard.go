@@ -83,7 +83,7 @@ func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 	}
 	a.start = now
 	if g.adaptive != nil && !g.adaptive.Allow(now) {
-		return a, g.rejections.noHint
+		return a, g.rejections.throttled
 	}
 	if g.breaker != nil {
 		tok, retryAfter, err := g.breaker.Allow(a.start)

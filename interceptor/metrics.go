@@ -41,10 +41,10 @@ const (
 	// metricStops counts calls that ended without success under a retry
 	// policy, by resilience.stop_reason: why retrying stopped (exhausted,
 	// non_retryable, deadline, pushback, cancelled, committed, throttled,
-	// budget, circuit_open, bulkhead_full, no_retry).
+	// budget, circuit_open, bulkhead_full, no_retry, adaptive_throttle).
 	metricStops = "resilience.client.stops"
 	// metricRejections counts attempts refused locally, by
-	// resilience.reason: circuit_open or bulkhead_full.
+	// resilience.reason: circuit_open, bulkhead_full or adaptive_throttle.
 	metricRejections = "resilience.client.rejections"
 	// metricDenials counts retries and hedges not sent because the retry
 	// budget or A6 throttling denied them, by resilience.reason: budget or
@@ -63,6 +63,10 @@ const (
 	// (observable gauges).
 	metricInFlight = "resilience.client.bulkhead.in_flight"
 	metricQueued   = "resilience.client.bulkhead.queued"
+	// metricRejectProbability is the probability with which each
+	// method's adaptive throttling rejects an attempt now (an observable
+	// gauge).
+	metricRejectProbability = "resilience.client.adaptive.reject_probability"
 	// metricBudget is the number of retries the retry budget would grant
 	// now (an observable gauge, without grpc.method).
 	metricBudget = "resilience.client.retry_budget.available"
@@ -207,12 +211,20 @@ func registerGauges(m metric.Meter, c *Client) error {
 	if err != nil {
 		return err
 	}
+	rejectP, err := m.Float64ObservableGauge(metricRejectProbability, metric.WithUnit("1"),
+		metric.WithDescription("Probability with which each method's adaptive throttling rejects an attempt now."))
+	if err != nil {
+		return err
+	}
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		now := time.Now()
 		for _, p := range *c.state.Load().methods.Load() {
 			attrs := metric.WithAttributeSet(p.mm.set)
 			if b := p.g.breaker; b != nil {
 				o.ObserveInt64(state, int64(b.Snapshot(now).State), attrs)
+			}
+			if a := p.g.adaptive; a != nil {
+				o.ObserveFloat64(rejectP, a.Snapshot(now).RejectProbability, attrs)
 			}
 			if bh := p.g.bulkhead; bh != nil {
 				s := bh.Snapshot()
@@ -221,7 +233,7 @@ func registerGauges(m metric.Meter, c *Client) error {
 			}
 		}
 		return nil
-	}, state, inFlight, queued)
+	}, state, inFlight, queued, rejectP)
 	return err
 }
 

@@ -248,8 +248,8 @@ type StopEvent struct {
 	// Attempts is the number of attempts that ran.
 	Attempts int
 	// Reason says why retrying stopped: a denied retry shows here as
-	// StopBudget or StopThrottled, a local rejection as StopCircuitOpen or
-	// StopBulkheadFull.
+	// StopBudget or StopThrottled, a local rejection as StopCircuitOpen,
+	// StopBulkheadFull or StopAdaptiveThrottle.
 	Reason StopReason
 	// Err is the error the call returns.
 	Err error

@@ -74,3 +74,41 @@ func ExampleWithCPUShedding() {
 	// Output:
 	// (cpu)
 }
+
+// A server whose callers are not all trusted caps the criticality they
+// claim: here every caller may lower its own, but only callers that an
+// authentication interceptor marked as internal (standing in: the
+// x-internal metadata) may claim CRITICAL_PLUS.
+func ExampleWithCriticality() {
+	capped := interceptor.CapCriticality(interceptor.Critical)
+	srv, err := interceptor.NewServer(
+		interceptor.WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
+		interceptor.WithCriticality(func(ctx context.Context, sent interceptor.Criticality, ok bool) interceptor.Criticality {
+			if len(metadata.ValueFromIncomingContext(ctx, "x-internal")) > 0 {
+				return sent
+			}
+			return capped(ctx, sent, ok)
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	icpt := srv.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: "/shop.Orders/Get"}
+	ok := func(context.Context, any) (any, error) { return nil, nil }
+	for _, md := range []metadata.MD{
+		metadata.Pairs(interceptor.CriticalityKey, "CRITICAL_PLUS"),                    // capped: CRITICAL
+		metadata.Pairs(interceptor.CriticalityKey, "CRITICAL_PLUS", "x-internal", "1"), // trusted
+		metadata.Pairs(interceptor.CriticalityKey, "SHEDDABLE"),                        // lowering is free
+	} {
+		_, _ = icpt(metadata.NewIncomingContext(context.Background(), md), nil, info, ok)
+	}
+	ls := srv.LimitStatuses()[0]
+	for _, c := range []interceptor.Criticality{interceptor.CriticalPlus, interceptor.Critical, interceptor.Sheddable} {
+		fmt.Println(c, ls.Admitted[c])
+	}
+	// Output:
+	// CRITICAL_PLUS 1
+	// CRITICAL 1
+	// SHEDDABLE 1
+}

@@ -31,7 +31,8 @@ var (
 type RejectedError struct {
 	// FullMethod is the method rejected.
 	FullMethod string
-	// Reason is ErrCircuitOpen or ErrBulkheadFull.
+	// Reason is ErrCircuitOpen (also for adaptive throttling, whose
+	// RetryError's Reason is StopAdaptiveThrottle) or ErrBulkheadFull.
 	Reason error
 	// RetryAfter is the time until the breaker lets a probe through,
 	// rounded up to 10ms; 0 when unknown.
@@ -95,6 +96,9 @@ type rejections struct {
 	// or forced open: RetryAfter is unknown.
 	noHint *RejectedError
 	full   *RejectedError // the bulkhead's
+	// throttled rejects for adaptive throttling: ErrCircuitOpen without a
+	// RetryAfter, stopping as StopAdaptiveThrottle.
+	throttled *RejectedError
 	// open is the latest rejection of an open breaker, for its RetryAfter;
 	// replaced when a rejection needs another.
 	open atomic.Pointer[RejectedError]
@@ -126,10 +130,13 @@ func (r *rejections) now() time.Time {
 }
 
 func newRejections(fullMethod string) *rejections {
+	throttled := newRejection(fullMethod, ErrCircuitOpen, 0)
+	throttled.stopped.Reason = StopAdaptiveThrottle
 	return &rejections{
 		fullMethod: fullMethod,
 		noHint:     newRejection(fullMethod, ErrCircuitOpen, 0),
 		full:       newRejection(fullMethod, ErrBulkheadFull, 0),
+		throttled:  throttled,
 	}
 }
 

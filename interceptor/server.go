@@ -45,7 +45,9 @@ type serverOptions struct {
 	limit           *serviceconfig.ConcurrencyLimit // nil: the server has none
 	cpu             *CPUShedding                    // nil: no CPU-aware shedding
 	methodLimits    []methodLimit
-	errs            []error // option errors found while applying, reported by NewServer
+	streamLimits    []string        // full methods and services whose streams are limited
+	criticality     CriticalityFunc // nil: trust the sent criticality
+	errs            []error         // option errors found while applying, reported by NewServer
 }
 
 type srvOptionFunc func(*serverOptions)

@@ -76,13 +76,15 @@ func newSrvCPU(cfg *CPUShedding) (*srvCPU, error) {
 
 // shedByCPU runs a unary call under the CPU-aware shedder.
 func (s *Server) shedByCPU(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	crit := incomingCriticality(ctx)
+	crit := s.limits.criticality(ctx)
 	c := s.limits.cpu
 	start := time.Now()
 	v, pushback := c.bbr.Acquire(start, c.cpu(), limit.Criticality(crit))
 	if v != limit.Admitted {
+		s.limits.m.shedCall(ctx, info.FullMethod, crit, shedCPU)
 		return nil, s.limits.shedError(ctx, crit, pushback)
 	}
+	s.limits.m.admit(ctx, info.FullMethod, crit)
 	defer func() {
 		end := time.Now()
 		if errors.Is(ctx.Err(), context.Canceled) {

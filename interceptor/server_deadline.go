@@ -58,6 +58,7 @@ func (s *Server) srvDeadline(ctx context.Context) (_ context.Context, cancel con
 }
 
 // StreamServerInterceptor returns the stream interceptor of s: the
+// concurrency limit for the streams WithStreamConcurrencyLimit names, the
 // deadline headroom and floor (WithServerHeadroom) and the caller-retries
 // mark. Idempotency is for unary calls only: a stream runs whatever
 // idempotency-key it carries, and every call of a streaming method that a
@@ -70,18 +71,28 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 				return err
 			}
 		}
-		ctx, cancel, err := s.srvDeadline(ss.Context())
-		if err != nil {
-			return err
+		if s.limits != nil {
+			if l := s.limits.streamLimiter(info.FullMethod); l != nil {
+				return s.limitedStream(l, srv, ss, info, handler)
+			}
 		}
-		if cancel != nil {
-			defer cancel()
-		}
-		if ctx != ss.Context() {
-			ss = &srvStream{ServerStream: ss, ctx: ctx}
-		}
-		return handler(srv, ss)
+		return s.srvStreamInner(srv, ss, info, handler)
 	}
+}
+
+// srvStreamInner is the stream interceptor inside the concurrency limit.
+func (s *Server) srvStreamInner(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel, err := s.srvDeadline(ss.Context())
+	if err != nil {
+		return err
+	}
+	if cancel != nil {
+		defer cancel()
+	}
+	if ctx != ss.Context() {
+		ss = &srvStream{ServerStream: ss, ctx: ctx}
+	}
+	return handler(srv, ss)
 }
 
 // srvStream is a grpc.ServerStream with a context of the interceptor's.

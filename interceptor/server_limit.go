@@ -29,7 +29,7 @@ import (
 // remaining deadline is shorter than the base RTT (the service time without
 // queueing) is rejected with DEADLINE_EXCEEDED before its handler runs.
 // Methods that WithMethodConcurrencyLimit names have limits of their own.
-// Streams are not limited.
+// Streams are not limited unless WithStreamConcurrencyLimit names them.
 func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if err := cfg.Validate(); err != nil {
@@ -110,6 +110,14 @@ type srvLimits struct {
 	cpu *srvCPU
 	// shed caches the last shed status per criticality.
 	shed [4]atomic.Pointer[shedEntry]
+	// m records admissions, sheds and queue waits; never nil.
+	m *srvLimitMetrics
+	// crit resolves a call's criticality from what it sent; nil: as sent
+	// (WithCriticality).
+	crit CriticalityFunc
+	// streams holds the full methods and services whose streams are
+	// limited (WithStreamConcurrencyLimit); empty: none.
+	streams map[string]bool
 }
 
 type namedLimiter struct {
@@ -127,13 +135,20 @@ type srvLimiter struct {
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
 func newSrvLimits(o *serverOptions) (*srvLimits, error) {
+	if len(o.streamLimits) > 0 && o.limit == nil && len(o.methodLimits) == 0 {
+		return nil, errorf("WithStreamConcurrencyLimit: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to put streams under")
+	}
 	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
 		return nil, nil
 	}
 	if o.limit != nil && o.cpu != nil {
 		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
 	}
-	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}}
+	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}, crit: o.criticality,
+		streams: map[string]bool{}}
+	for _, n := range o.streamLimits {
+		ls.streams[n] = true
+	}
 	var err error
 	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
 		return nil, err
@@ -166,6 +181,9 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 		seen[key] = len(ls.all)
 		ls.all = append(ls.all, namedLimiter{key, l})
 	}
+	if ls.m, err = newSrvLimitMetrics(o.meterProvider, ls); err != nil {
+		return nil, errorf("server limit metrics: %v", err)
+	}
 	return ls, nil
 }
 
@@ -188,15 +206,17 @@ func newLimiter(cfg serviceconfig.ConcurrencyLimit) (*srvLimiter, error) {
 // wait queues a call of criticality crit that the limit shed, when the
 // queue has room: until a slot frees for it (admitted), MaxQueueWait
 // passes, its deadline comes within the base RTT, or its context ends.
-// It returns whether the call was admitted. A queued call is woken by
-// every release and tries again; the queue is short, so the herd is small.
-func (l *srvLimiter) wait(ctx context.Context, crit Criticality) bool {
+// It returns whether the call was admitted, and whether it entered the
+// queue (false: the queue is full, or there is none). A queued call is
+// woken by every release and tries again; the queue is short, so the herd
+// is small.
+func (l *srvLimiter) wait(ctx context.Context, crit Criticality) (admitted, queued bool) {
 	if l.maxQueue == 0 {
-		return false
+		return false, false
 	}
 	if l.queued.Add(1) > l.maxQueue {
 		l.queued.Add(-1)
-		return false
+		return false, false
 	}
 	defer l.queued.Add(-1)
 	d := l.maxWait
@@ -204,21 +224,21 @@ func (l *srvLimiter) wait(ctx context.Context, crit Criticality) bool {
 		d = min(d, time.Until(dl)-l.BaseRTT())
 	}
 	if d <= 0 {
-		return false
+		return false, true
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
 		released := l.Released() // before trying, so no release is missed
 		if l.TryAcquire(limit.Criticality(crit)) {
-			return true
+			return true, true
 		}
 		select {
 		case <-released:
 		case <-t.C:
-			return false
+			return false, true
 		case <-ctx.Done():
-			return false
+			return false, true
 		}
 	}
 }
@@ -243,7 +263,8 @@ func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 // of the interceptor and the handler and is released when they return or
 // panic; shed, they do not run.
 func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	crit := incomingCriticality(ctx)
+	crit := s.limits.criticality(ctx)
+	m := s.limits.m
 	start := time.Now()
 	left := limit.NoDeadline
 	if dl, ok := ctx.Deadline(); ok {
@@ -252,15 +273,26 @@ func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc
 	v, pushback := l.Acquire(limit.Criticality(crit), left)
 	switch v {
 	case limit.ShedDeadline:
+		m.shedCall(ctx, info.FullMethod, crit, shedDeadline)
 		return nil, status.Errorf(codes.DeadlineExceeded,
 			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
 			left.Round(time.Microsecond), l.BaseRTT())
 	case limit.ShedLimit:
-		if !l.wait(ctx, crit) {
+		admitted, queued := l.wait(ctx, crit)
+		if queued {
+			m.waited(ctx, info.FullMethod, time.Since(start))
+		}
+		if !admitted {
+			reason := shedOverLimit
+			if queued {
+				reason = shedQueueTimeout
+			}
+			m.shedCall(ctx, info.FullMethod, crit, reason)
 			return nil, s.limits.shedError(ctx, crit, pushback)
 		}
 		start = time.Now() // the time in the queue is not the service's latency
 	}
+	m.admit(ctx, info.FullMethod, crit)
 	// Released on every way the handler ends: a return, or a panic, which
 	// goes on up after the release.
 	defer func() {

@@ -2,7 +2,10 @@ package interceptor
 
 import (
 	"context"
+	"strings"
 	"testing"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -31,7 +34,7 @@ func BenchmarkServerLimit(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if name == "shed" {
+		if strings.HasPrefix(name, "shed") {
 			s.limits.server.Acquire(limit.CriticalPlus, limit.NoDeadline) // holds the only slot
 		}
 		icpt := s.UnaryServerInterceptor()
@@ -49,4 +52,9 @@ func BenchmarkServerLimit(b *testing.B) {
 	run("concurrency limit, criticality", crit, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MaxLimit: 1000, InitialLimit: 1000}))
 	run("cpu shedding", ctx, WithCPUShedding(CPUShedding{CPU: func() float64 { return 0.5 }}))
 	run("shed", ctx, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MinLimit: 1, MaxLimit: 1, InitialLimit: 1}))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	run("concurrency limit, SDK metrics", ctx, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MaxLimit: 1000, InitialLimit: 1000}),
+		WithServerMeterProvider(mp))
+	run("shed, SDK metrics", ctx, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MinLimit: 1, MaxLimit: 1, InitialLimit: 1}),
+		WithServerMeterProvider(mp))
 }

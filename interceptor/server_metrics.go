@@ -55,10 +55,13 @@ var (
 // WithServerMeterProvider records the Server's metrics with mp: under
 // "resilience.server.idempotency.", handler executions, replays, waits of
 // duplicates, conflicts, store errors (marked fail_open or fail_closed) and
-// the store's latency. The package documentation has the full table.
-// Attribute sets are built once per method. Without this option nothing is
-// recorded, at no cost; a Server without an idempotency store has nothing
-// to record yet.
+// the store's latency; under "resilience.server.limit.", the overload
+// protection's limits, calls in flight and queued, calls admitted and
+// shed (by reason and criticality) and the time in queues. The package
+// documentation has the full table. Attribute sets are built once per
+// method. Without this option nothing is recorded, at no cost; a Server
+// with neither an idempotency store nor an overload protection has nothing
+// to record.
 func WithServerMeterProvider(mp metric.MeterProvider) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if mp == nil {

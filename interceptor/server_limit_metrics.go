@@ -1,0 +1,227 @@
+package interceptor
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/grpc-resilience/resilience/internal/limit"
+)
+
+// The metrics of the server's overload protection (WithConcurrencyLimit,
+// WithMethodConcurrencyLimit, WithCPUShedding), recorded through
+// WithServerMeterProvider's meter.
+const (
+	// metricSrvLimitCurrent is each limiter's current limit, by
+	// resilience.limiter; for the CPU shedder, its bandwidth-delay product
+	// (0 before it measured one).
+	metricSrvLimitCurrent = "resilience.server.limit.current"
+	// metricSrvLimitInFlight is the calls admitted and running under each
+	// limiter, by resilience.limiter.
+	metricSrvLimitInFlight = "resilience.server.limit.in_flight"
+	// metricSrvLimitQueued is the calls waiting in each limiter's queue,
+	// by resilience.limiter.
+	metricSrvLimitQueued = "resilience.server.limit.queued"
+	// metricSrvLimitAdmitted counts the calls admitted under a limiter or
+	// the CPU shedder, by grpc.method and resilience.criticality; a call
+	// admitted from the queue counts once, when admitted.
+	metricSrvLimitAdmitted = "resilience.server.limit.admitted"
+	// metricSrvLimitShed counts the calls shed, by grpc.method,
+	// resilience.criticality and resilience.reason (limit, queue_timeout,
+	// deadline, cpu).
+	metricSrvLimitShed = "resilience.server.limit.shed"
+	// metricSrvLimitQueueWait is the time calls spent in a limiter's
+	// queue, admitted or not, in seconds, by grpc.method.
+	metricSrvLimitQueueWait = "resilience.server.limit.queue.duration"
+)
+
+var (
+	attrLimiter     = attribute.Key("resilience.limiter")
+	attrCriticality = attribute.Key("resilience.criticality")
+)
+
+// shedReason is why the overload protection shed a call, as
+// resilience.reason names it.
+type shedReason uint8
+
+const (
+	// shedOverLimit: over the criticality's share of the limit, with no
+	// room in the queue (or no queue).
+	shedOverLimit shedReason = iota
+	// shedQueueTimeout: waited in the queue and got no slot: MaxQueueWait
+	// passed, the deadline came within the base RTT, or the caller left.
+	shedQueueTimeout
+	// shedDeadline: rejected at the door, its remaining deadline shorter
+	// than the base RTT (DEADLINE_EXCEEDED).
+	shedDeadline
+	// shedCPU: shed by the CPU-aware shedder.
+	shedCPU
+	numShedReasons
+)
+
+var shedReasonTokens = [numShedReasons]string{"limit", "queue_timeout", "deadline", "cpu"}
+
+// limiterMetricName is the resilience.limiter value of a limiter named
+// name in srvLimits.all: "server" for the server's, else the full method
+// without its leading slash or the service.
+func limiterMetricName(name string) string {
+	if name == "" {
+		return "server"
+	}
+	return strings.TrimPrefix(name, "/")
+}
+
+// srvLimitMetrics are the instruments of the overload protection; the zero
+// value records nothing.
+type srvLimitMetrics struct {
+	on        bool
+	admitted  metric.Int64Counter
+	shed      metric.Int64Counter
+	queueWait metric.Float64Histogram
+
+	// methods maps full methods to their attribute sets. It is replaced,
+	// never modified, under mu: readers load it without a lock.
+	methods atomic.Pointer[map[string]*srvLimitSets]
+	mu      sync.Mutex
+}
+
+// srvLimitSets are the attribute sets of one method, built once.
+type srvLimitSets struct {
+	admitted [limit.NumCriticalities][]metric.AddOption
+	shed     [numShedReasons][limit.NumCriticalities][]metric.AddOption
+	wait     []metric.RecordOption
+}
+
+// newSrvLimitMetrics builds the instruments of ls with mp (nil: off) and
+// registers the gauges, which read ls at each collection. The registration
+// lasts as long as mp: a Server has no Close.
+func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetrics, error) {
+	m := &srvLimitMetrics{}
+	if mp == nil {
+		return m, nil
+	}
+	meter := mp.Meter(meterName)
+	var err error
+	if m.admitted, err = meter.Int64Counter(metricSrvLimitAdmitted, metric.WithUnit("{call}"),
+		metric.WithDescription("Calls admitted by the server's concurrency limit or CPU shedder.")); err != nil {
+		return nil, err
+	}
+	if m.shed, err = meter.Int64Counter(metricSrvLimitShed, metric.WithUnit("{call}"),
+		metric.WithDescription("Calls shed by the server's overload protection, by reason and criticality.")); err != nil {
+		return nil, err
+	}
+	if m.queueWait, err = meter.Float64Histogram(metricSrvLimitQueueWait, metric.WithUnit("s"),
+		metric.WithDescription("Time calls waited in a concurrency limit's queue, admitted or not."),
+		metric.WithExplicitBucketBoundaries(a66LatencyBounds...)); err != nil {
+		return nil, err
+	}
+	if err := registerLimitGauges(meter, ls); err != nil {
+		return nil, err
+	}
+	empty := map[string]*srvLimitSets{}
+	m.methods.Store(&empty)
+	m.on = true
+	return m, nil
+}
+
+// registerLimitGauges registers the gauges of the current limit, the calls
+// in flight and the calls queued of each limiter of ls, with attribute
+// sets built here, once.
+func registerLimitGauges(meter metric.Meter, ls *srvLimits) error {
+	current, err := meter.Int64ObservableGauge(metricSrvLimitCurrent, metric.WithUnit("{call}"),
+		metric.WithDescription("Current concurrency limit of each limiter; the CPU shedder's bandwidth-delay product."))
+	if err != nil {
+		return err
+	}
+	inFlight, err := meter.Int64ObservableGauge(metricSrvLimitInFlight, metric.WithUnit("{call}"),
+		metric.WithDescription("Calls admitted and running under each limiter."))
+	if err != nil {
+		return err
+	}
+	queued, err := meter.Int64ObservableGauge(metricSrvLimitQueued, metric.WithUnit("{call}"),
+		metric.WithDescription("Calls waiting in each limiter's queue."))
+	if err != nil {
+		return err
+	}
+	sets := make([]metric.ObserveOption, len(ls.all))
+	for i, nl := range ls.all {
+		sets[i] = metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name))))
+	}
+	cpuSet := metric.WithAttributeSet(attribute.NewSet(attrLimiter.String("cpu")))
+	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if c := ls.cpu; c != nil {
+			sn := c.bbr.Snapshot(time.Now())
+			o.ObserveInt64(current, int64(sn.Limit), cpuSet)
+			o.ObserveInt64(inFlight, int64(sn.InFlight), cpuSet)
+		}
+		for i, nl := range ls.all {
+			sn := nl.l.Snapshot()
+			o.ObserveInt64(current, int64(sn.Limit), sets[i])
+			o.ObserveInt64(inFlight, int64(sn.InFlight), sets[i])
+			o.ObserveInt64(queued, int64(nl.l.queued.Load()), sets[i])
+		}
+		return nil
+	}, current, inFlight, queued)
+	return err
+}
+
+// sets returns the attribute sets of fullMethod, building them on its first
+// call. The fast path is one map read.
+func (m *srvLimitMetrics) sets(fullMethod string) *srvLimitSets {
+	if s, ok := (*m.methods.Load())[fullMethod]; ok {
+		return s
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := *m.methods.Load()
+	if s, ok := old[fullMethod]; ok {
+		return s
+	}
+	s := newSrvLimitSets(fullMethod)
+	next := make(map[string]*srvLimitSets, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[fullMethod] = s
+	m.methods.Store(&next)
+	return s
+}
+
+func newSrvLimitSets(fullMethod string) *srvLimitSets {
+	meth := attrMethod.String(strings.TrimPrefix(fullMethod, "/"))
+	s := &srvLimitSets{wait: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(meth))}}
+	for c := range limit.NumCriticalities {
+		crit := attrCriticality.String(Criticality(c).String())
+		s.admitted[c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(meth, crit))}
+		for r, tok := range shedReasonTokens {
+			s.shed[r][c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(meth, crit, attrReason.String(tok)))}
+		}
+	}
+	return s
+}
+
+// admit records a call of criticality c admitted.
+func (m *srvLimitMetrics) admit(ctx context.Context, fullMethod string, c Criticality) {
+	if m.on {
+		m.admitted.Add(ctx, 1, m.sets(fullMethod).admitted[c&3]...)
+	}
+}
+
+// shedCall records a call of criticality c shed for reason r.
+func (m *srvLimitMetrics) shedCall(ctx context.Context, fullMethod string, c Criticality, r shedReason) {
+	if m.on {
+		m.shed.Add(ctx, 1, m.sets(fullMethod).shed[r][c&3]...)
+	}
+}
+
+// waited records a call's time in a queue.
+func (m *srvLimitMetrics) waited(ctx context.Context, fullMethod string, d time.Duration) {
+	if m.on {
+		m.queueWait.Record(ctx, d.Seconds(), m.sets(fullMethod).wait...)
+	}
+}
