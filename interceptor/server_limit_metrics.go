@@ -3,8 +3,6 @@ package interceptor
 import (
 	"context"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -84,10 +82,7 @@ type srvLimitMetrics struct {
 	shed      metric.Int64Counter
 	queueWait metric.Float64Histogram
 
-	// methods maps full methods to their attribute sets. It is replaced,
-	// never modified, under mu: readers load it without a lock.
-	methods atomic.Pointer[map[string]*srvLimitSets]
-	mu      sync.Mutex
+	methods methodSets[srvLimitSets] // attribute sets by full method
 }
 
 // srvLimitSets are the attribute sets of one method, built once.
@@ -123,8 +118,7 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 	if err := registerLimitGauges(meter, ls); err != nil {
 		return nil, err
 	}
-	empty := map[string]*srvLimitSets{}
-	m.methods.Store(&empty)
+	m.methods.build = newSrvLimitSets
 	m.on = true
 	return m, nil
 }
@@ -173,23 +167,7 @@ func registerLimitGauges(meter metric.Meter, ls *srvLimits) error {
 // sets returns the attribute sets of fullMethod, building them on its first
 // call. The fast path is one map read.
 func (m *srvLimitMetrics) sets(fullMethod string) *srvLimitSets {
-	if s, ok := (*m.methods.Load())[fullMethod]; ok {
-		return s
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	old := *m.methods.Load()
-	if s, ok := old[fullMethod]; ok {
-		return s
-	}
-	s := newSrvLimitSets(fullMethod)
-	next := make(map[string]*srvLimitSets, len(old)+1)
-	for k, v := range old {
-		next[k] = v
-	}
-	next[fullMethod] = s
-	m.methods.Store(&next)
-	return s
+	return m.methods.get(fullMethod)
 }
 
 func newSrvLimitSets(fullMethod string) *srvLimitSets {

@@ -107,10 +107,7 @@ type srvMetrics struct {
 	storeErrors metric.Int64Counter
 	storeDur    metric.Float64Histogram
 
-	// methods maps full methods to their attribute sets. It is replaced,
-	// never modified, under mu: readers load it without a lock.
-	methods atomic.Pointer[map[string]*srvMethodSets]
-	mu      sync.Mutex
+	methods methodSets[srvMethodSets] // attribute sets by full method
 }
 
 // srvMethodSets are the attribute sets of one method, built once.
@@ -150,8 +147,7 @@ func newSrvMetrics(mp metric.MeterProvider, failOpen bool) (*srvMetrics, error) 
 	if err != nil {
 		return nil, err
 	}
-	empty := map[string]*srvMethodSets{}
-	m.methods.Store(&empty)
+	m.methods.build = m.newSets
 	m.on = true
 	return m, nil
 }
@@ -159,23 +155,7 @@ func newSrvMetrics(mp metric.MeterProvider, failOpen bool) (*srvMetrics, error) 
 // sets returns the attribute sets of fullMethod, building them on its first
 // call. The fast path is one map read.
 func (m *srvMetrics) sets(fullMethod string) *srvMethodSets {
-	if s, ok := (*m.methods.Load())[fullMethod]; ok {
-		return s
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	old := *m.methods.Load()
-	if s, ok := old[fullMethod]; ok {
-		return s
-	}
-	s := m.newSets(fullMethod)
-	next := make(map[string]*srvMethodSets, len(old)+1)
-	for k, v := range old {
-		next[k] = v
-	}
-	next[fullMethod] = s
-	m.methods.Store(&next)
-	return s
+	return m.methods.get(fullMethod)
 }
 
 func (m *srvMetrics) newSets(fullMethod string) *srvMethodSets {
@@ -274,4 +254,59 @@ func traceReplay(ctx context.Context, source int, rec *idempotency.Record) {
 		attrs = append(attrs, attrCode.Int(int(rec.Code)))
 	}
 	span.AddEvent(eventReplay, trace.WithAttributes(attrs...))
+}
+
+// maxMetricMethods bounds the methods a server's metrics keep attribute
+// sets for. A server whose UnknownServiceHandler runs the interceptors for
+// any method name a caller sends would otherwise keep (and copy) one entry
+// per name a caller invents; past the bound, further methods are recorded
+// as "other", as gRFC A66 records methods that are not registered.
+const maxMetricMethods = 1024
+
+// methodSets maps full methods to their attribute sets, built once per
+// method by build, for at most maxMetricMethods methods; the rest share
+// the sets built for "other". The map is replaced, never modified, under
+// mu: readers load it without a lock.
+type methodSets[T any] struct {
+	build   func(fullMethod string) *T
+	methods atomic.Pointer[map[string]*T]
+	other   atomic.Pointer[T] // set once the bound is reached
+	mu      sync.Mutex
+}
+
+// get returns fullMethod's sets; the fast path is one map read.
+func (s *methodSets[T]) get(fullMethod string) *T {
+	if p := s.methods.Load(); p != nil {
+		if v, ok := (*p)[fullMethod]; ok {
+			return v
+		}
+	}
+	if o := s.other.Load(); o != nil {
+		return o
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var old map[string]*T
+	if p := s.methods.Load(); p != nil {
+		old = *p
+	}
+	if v, ok := old[fullMethod]; ok {
+		return v
+	}
+	if len(old) >= maxMetricMethods {
+		if o := s.other.Load(); o != nil {
+			return o
+		}
+		o := s.build("other")
+		s.other.Store(o)
+		return o
+	}
+	v := s.build(fullMethod)
+	next := make(map[string]*T, len(old)+1)
+	for k, x := range old {
+		next[k] = x
+	}
+	next[fullMethod] = v
+	s.methods.Store(&next)
+	return v
 }
