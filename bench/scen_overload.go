@@ -42,8 +42,11 @@ func runOverload(_ context.Context, sz Size) ([]Table, error) {
 			"sony/gobreaker, grpc-go and go-grpc-middleware have no server-side limiter."},
 	}
 	for _, r := range rep.Results {
-		t.Rows = append(t.Rows, []string{r.Name, pct(r.Goodput), ratio(float64(r.AdmittedP99) / float64(r.UnloadedP99)),
-			settledIn(r.Converge), settledIn(r.Recover)})
+		p99 := "n/a" // no call was served within its deadline
+		if r.AdmittedP99 > 0 && r.UnloadedP99 > 0 {
+			p99 = ratio(float64(r.AdmittedP99) / float64(r.UnloadedP99))
+		}
+		t.Rows = append(t.Rows, []string{r.Name, pct(r.Goodput), p99, settledIn(r.Converge), settledIn(r.Recover)})
 	}
 	return []Table{t}, nil
 }
