@@ -134,7 +134,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	if mp.early && !co.any {
-		if err, ok := c.rejectEarly(ctx, st, mp, cc, opts); ok {
+		if ok, err := c.rejectEarly(ctx, st, mp, cc, opts); ok {
 			return err
 		}
 	}
@@ -183,13 +183,13 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 // deadline with no time left for an attempt ends it with
 // DEADLINE_EXCEEDED. Only methods with mp.early and calls without call
 // options of ours come here.
-func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPolicy, cc *grpc.ClientConn, opts []grpc.CallOption) (err error, ok bool) {
+func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPolicy, cc *grpc.ClientConn, opts []grpc.CallOption) (ok bool, err error) {
 	rej, halfOpenFull, now := mp.g.rejecting()
 	if rej == nil {
-		return nil, false
+		return false, nil
 	}
 	if _, keyed := IdempotencyKeyFromContext(ctx); keyed {
-		return nil, false
+		return false, nil
 	}
 	// newRetrier's state, for a call without call options or one-layer
 	// retry: the method's policy, or one attempt.
@@ -203,7 +203,7 @@ func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPol
 	}
 	if hasDeadline {
 		if timeout, bounded := r.attemptTimeout(ctx, now); bounded && timeout <= 0 {
-			return nil, false
+			return false, nil
 		}
 	}
 	r.begin(now)
@@ -214,7 +214,7 @@ func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPol
 	r.onRejected(ctx, reason)
 	err = r.rejected(rej, nil, reason)
 	r.callEnded(cc, opts)
-	return err, true
+	return true, err
 }
 
 // unaryCall is one unary call under a retry policy (of one attempt when
