@@ -240,7 +240,7 @@ func (u *unaryCall) run() error {
 		if bounded && timeout <= 0 {
 			return r.outOfTime(lastErr)
 		}
-		err, timedOut, rejected := u.attempt(now, timeout)
+		timedOut, rejected, err := u.attempt(now, timeout)
 		switch {
 		case rejected:
 			return u.rejected(err, lastErr)
@@ -292,13 +292,13 @@ func (u *unaryCall) committed() bool {
 // way it ends: an outcome, or a panic below the interceptor, after which
 // they are released as if the attempt had been cancelled and the panic goes
 // on up.
-func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (err error, timedOut, rejected bool) {
+func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rejected bool, err error) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
 	adm, rerr := mp.g.admit(u.ctx, now)
 	if rerr != nil {
 		r.settle(false)
-		return rerr, false, true
+		return false, true, rerr
 	}
 	released := false
 	defer func() {
@@ -333,7 +333,7 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (err error, ti
 			mp.latency.Observe(end.Sub(now))
 		}
 	}
-	return err, timedOut, false
+	return timedOut, false, err
 }
 
 // rejected ends a call whose attempt the guards refused with rerr, after

@@ -50,7 +50,7 @@ func attrKey(s attribute.Set) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(string(kv.Key) + "=" + kv.Value.Emit())
+		b.WriteString(string(kv.Key) + "=" + kv.Value.String())
 	}
 	return b.String()
 }

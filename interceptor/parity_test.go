@@ -403,22 +403,6 @@ var knownDifferences = []*knownDifference{
 	},
 }
 
-// refusal reports whether pushback values say not to retry: more than one,
-// or one that is not a non-negative integer.
-func refusal(pushback []string) bool {
-	if len(pushback) == 0 {
-		return false
-	}
-	n, err := strconv.Atoi(pushback[0])
-	return len(pushback) > 1 || err != nil || n < 0
-}
-
-// uncommittedFailure reports whether a fails before sending headers or a
-// response.
-func uncommittedFailure(a scriptedAttempt) bool {
-	return a.Code != "" && !a.Header && a.Sent == 0 && !a.Hang
-}
-
 // allowed returns the allow-list entry that covers call i of sc differing
 // in fields, or nil. With A6 throttling on, a call of a known class may
 // have charged the throttle differently while looking the same, so a

@@ -162,7 +162,7 @@ func TestTraceEventsOnTheCallersSpan(t *testing.T) {
 				got := eventAttrs(events[i])
 				for k, v := range w.attrs {
 					if got[k] != v {
-						t.Errorf("span %s event %s: %s = %v, want %v", tt.span.Name(), w.name, k, got[k].Emit(), v.Emit())
+						t.Errorf("span %s event %s: %s = %v, want %v", tt.span.Name(), w.name, k, got[k].String(), v.String())
 					}
 				}
 			}

@@ -22,10 +22,10 @@ type stats struct {
 	start   time.Time
 	retries atomic.Int64 // retries in the period, from the OnRetry hook
 
-	mu                     sync.Mutex
-	period, total          map[codes.Code]int64 // calls by final code; guarded by mu
-	totalRetries           int64                // guarded by mu
-	periodStart, lastPrint time.Time
+	mu            sync.Mutex
+	period, total map[codes.Code]int64 // calls by final code; guarded by mu
+	totalRetries  int64                // guarded by mu
+	periodStart   time.Time
 }
 
 func newStats() *stats {
