@@ -55,7 +55,7 @@ type Config struct {
 	// MinLimit and MaxLimit bound the limit; defaults 1 and 1000.
 	MinLimit, MaxLimit int
 	// BaseWindow is the period of the base RTT's minimum (it is the minimum
-	// over the last two periods); default 30s.
+	// over the last two periods, reset by each Vegas probe); default 30s.
 	BaseWindow time.Duration
 	// ProbeMultiplier (Vegas): about every ProbeMultiplier × limit
 	// samples (jittered into [½, 1) of that), the base RTT is reset to the

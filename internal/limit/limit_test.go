@@ -2,6 +2,7 @@ package limit
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -403,7 +404,7 @@ func TestVegasProbe(t *testing.T) {
 			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
 			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
 			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
-			{200 * ms, 200 * ms, 1}, // the 10th: the probe takes the slower sample
+			{200 * ms, 200 * ms, 1},                          // the 10th: the probe takes the slower sample
 			{250 * ms, 200 * ms, 1}, {150 * ms, 150 * ms, 1}, // the minimum again
 			{210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1},
 			{210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1},
@@ -417,6 +418,8 @@ func TestVegasProbe(t *testing.T) {
 			{200 * ms, 100 * ms, 0}, {200 * ms, 100 * ms, 0},
 			{200 * ms, 200 * ms, 1}, // the 15th
 		}},
+		{"jitter near 1 stretches to 20", 0.999, append(slices.Repeat([]step{{100 * ms, 100 * ms, 0}}, 19),
+			step{200 * ms, 200 * ms, 1})}, // the 20th: 2·(½ + ½·0.999)·10 = 19.99
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
