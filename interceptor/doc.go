@@ -260,7 +260,11 @@
 // method or service) bound the unary calls in flight by a limit learned
 // from their latencies: TCP Vegas against the base RTT by default, AIMD as
 // the simple alternative (serviceconfig.ConcurrencyLimit; the algorithm and
-// why Vegas is in package internal/limit). It runs outside everything else
+// why Vegas is in package internal/limit). Vegas probes: every few round
+// trips it takes the latest latency for the base RTT, so when the service
+// itself becomes slower for good (a deploy, a slower dependency) the limit
+// recovers within seconds instead of shedding a server that is not
+// overloaded for a minute. It runs outside everything else
 // of the Server's, in this order:
 //
 //	criticality ─► remaining deadline < base RTT? ── yes ─► DEADLINE_EXCEEDED, not started

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -26,6 +27,7 @@ type capacityEcho struct {
 	echov1.UnimplementedEchoServiceServer
 	tokens  chan struct{}
 	service time.Duration
+	slower  atomic.Int64   // added to service, nanoseconds (a slowdown)
 	active  sync.WaitGroup // handlers running; waited for before the bubble ends
 }
 
@@ -41,7 +43,7 @@ func (c *capacityEcho) Echo(ctx context.Context, req *echov1.EchoRequest) (*echo
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	time.Sleep(c.service)
+	time.Sleep(c.service + time.Duration(c.slower.Load()))
 	<-c.tokens
 	return &echov1.EchoResponse{Message: req.GetMessage()}, nil
 }
@@ -426,5 +428,94 @@ func TestOverloadGoodputWithQueue(t *testing.T) {
 	}
 	if p := res.p(0.99); p > 2*ovService+50*time.Millisecond {
 		t.Errorf("admitted p99 = %v, want ≤ %v", p, 2*ovService+50*time.Millisecond)
+	}
+}
+
+// TestSlowdownLimitRecovers: at an offered load of 80 calls/s (40% of the
+// capacity, 80% of it after the slowdown), the service time doubles for
+// good (100ms → 200ms) although the server is not overloaded. The Vegas
+// probe makes the new service time the base RTT: from 3s of fake time after
+// the slowdown on, the limit stays at 80% of its value before it or more, and goodput over
+// the 10s after the slowdown stays at 90% of the offered calls or more.
+func TestSlowdownLimitRecovers(t *testing.T) {
+	const (
+		gap      = 12500 * time.Microsecond // 80 calls/s
+		before   = 5 * time.Second
+		after    = 10 * time.Second
+		recovery = 3 * time.Second
+	)
+	var (
+		res       *loadResult
+		pre, low  int
+		recovered time.Duration // the last sample with the limit below 80% of pre
+		st        []LimitStatus
+	)
+	synctest.Test(t, func(t *testing.T) {
+		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, srv)
+		load{gap: gap, dur: before, deadline: ovDeadline}.run(cc)
+		pre = srv.LimitStatuses()[0].Limit
+		low = pre
+		ce.slower.Store(int64(ovService))
+		t0 := time.Now()
+		done := make(chan struct{})
+		go func() { // samples the limit every 50ms of fake time
+			defer close(done)
+			for time.Since(t0) < after {
+				time.Sleep(50 * time.Millisecond)
+				l := srv.LimitStatuses()[0].Limit
+				low = min(low, l)
+				if 5*l < 4*pre {
+					recovered = time.Since(t0)
+				}
+			}
+		}()
+		res = load{gap: gap, dur: after, deadline: ovDeadline}.run(cc)
+		<-done
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	good := float64(res.good[0]) / float64(res.calls[0])
+	t.Logf("limit before the slowdown %d, lowest after %d, back to ≥ 80%% for good after %v; goodput %d/%d (%.1f%%), codes %v, %+v",
+		pre, low, recovered, res.good[0], res.calls[0], 100*good, res.codes, st)
+	if good < 0.9 {
+		t.Errorf("goodput after the slowdown = %.3f of the offered calls, want ≥ 0.9", good)
+	}
+	if recovered > recovery {
+		t.Errorf("the limit was below 80%% of %d until %v after the slowdown, want within %v", pre, recovered, recovery)
+	}
+}
+
+// TestOverloadSustained runs the 3× scenario for 30s of fake time: each
+// Vegas probe takes a queued sample for the base RTT, and this pins that
+// the probes do not ratchet the limit up over a long overload: in the last
+// 2s, goodput stays at 90% of the capacity or more and the admitted p99
+// within twice the service time.
+func TestOverloadSustained(t *testing.T) {
+	const dur, last = 30 * time.Second, 2 * time.Second
+	var res *loadResult
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, srv)
+		res = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: dur - last}.run(cc)
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	good := float64(res.good[0]) / capacityIn(last)
+	t.Logf("after %v at 3×: goodput %.1f%% of capacity, admitted p99 %v, %+v", dur, 100*good, res.p(0.99), st)
+	if good < 0.9 {
+		t.Errorf("goodput = %.2f of capacity, want ≥ 0.9", good)
+	}
+	if p := res.p(0.99); p > 2*ovService {
+		t.Errorf("admitted p99 = %v, want ≤ %v", p, 2*ovService)
 	}
 }

@@ -23,7 +23,9 @@ type ConcurrencyLimit struct {
 	MaxLimit int
 	// BaseWindow is the period over which the base RTT (the service time
 	// without queueing) is the least latency seen; the base RTT is the
-	// minimum of the last two periods. 0 means 30s.
+	// minimum of the last two periods (with Vegas, a probe every few
+	// round trips also resets it to the latest latency, so a lasting
+	// slowdown is learned in seconds). 0 means 30s.
 	BaseWindow time.Duration
 	// MaxQueue is how many calls over the limit may wait for a slot, at
 	// most MaxQueueWait each (less when their deadline is nearer); 0: none,

@@ -102,7 +102,7 @@ func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	case "aimd":
 		t.row("  algorithm", "aimd: +1 per call while the latency stays within 2x the base RTT, x0.9 on a slower or dropped call")
 	default:
-		t.row("  algorithm", def("vegas", l.Algorithm == "")+": queue = limit x (1 - baseRTT/RTT) per RTT window; grows below 3 log10(limit), shrinks above 6 log10(limit)")
+		t.row("  algorithm", def("vegas", l.Algorithm == "")+": queue = limit x (1 - baseRTT/RTT) per RTT window; grows below 3 log10(limit), shrinks above 6 log10(limit); every ~10 x limit calls a probe takes the latest RTT for the base RTT, so a lasting slowdown is learned in seconds")
 	}
 	t.row("  initialLimit", def(strconv.Itoa(initial), l.InitialLimit == 0))
 	t.row("  minLimit", def(strconv.Itoa(lo), l.MinLimit == 0))

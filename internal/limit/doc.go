@@ -32,11 +32,41 @@
 // drifts up with the short one and the limit follows it, so the queue it
 // allows grows with the length of the overload. Vegas measures against the
 // base RTT, which queueing cannot raise. Its weakness is the other way round:
-// when the service time itself rises for good (a slower dependency), the old
-// base RTT makes every request look queued and the limit falls to MinLimit.
-// The base RTT is therefore the minimum of the latencies of the last two
-// BaseWindow periods (30s by default), so it follows a lasting change within
-// two windows.
+// when the service time itself rises for good (a deploy, a slower
+// dependency), the old base RTT makes every request look queued and the
+// limit falls towards MinLimit, shedding traffic a server that is not
+// overloaded could serve. The base RTT is the minimum of the latencies of
+// the last two BaseWindow periods (30s by default), which alone would take
+// up to a minute to forget the old service time.
+//
+// # Probe
+//
+// Vegas therefore probes, as Netflix's VegasLimit does: after about
+// ProbeMultiplier × L samples (default 10; the count is drawn anew after
+// each probe from [½, 1) of that with Config.Rand, so servers started
+// together do not probe in step), the next sample becomes the base RTT
+// outright, whatever the windowed minimum was, and later samples fold in as
+// the minimum again. After a lasting slowdown that sample is the new
+// service time: nothing looks queued any more and the limit grows back.
+// The count is in samples, not seconds, so a probe comes after about
+// ProbeMultiplier round trips of a server that uses its limit, and sooner
+// as the limit falls: with 16 requests in flight at 200ms, within about 2s
+// of fake time in the tests (TestVegasLearnsSlowdown,
+// interceptor.TestSlowdownLimitRecovers), against 30 to 60s without it.
+//
+// Under overload the probe's sample is a queued one, and the limit grows by
+// up to β before the queue it adds shows against that base; but the limit
+// moves around its settling point, the samples taken at its low points see
+// a shorter queue, and the minimum comes back down, so the probes do not
+// ratchet: after 30 or 60s of a simulated 3× overload the limit is where it
+// settled after 3s (about 1.5 times the server's concurrency), the base RTT
+// between probes within 20% of the service time and the admitted p99 under
+// twice it (TestConvergesOnFixedCapacity, interceptor.TestOverloadSustained).
+// Gradient2's long-term average learns a slowdown without probing but has
+// the drift above, which is what the limit exists to prevent; BBR's
+// ProbeRTT (drain the queue to measure) would cost goodput at every probe.
+// AIMD does not probe: its latency test is a Tolerance multiple of the base
+// RTT, and a slowdown within Tolerance does not move it.
 //
 // AIMD is the simple alternative: L ← L + 1 per completed request while at
 // least half of L is in use and the latency is at most Tolerance·b, and

@@ -3,6 +3,7 @@ package limit
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -54,8 +55,16 @@ type Config struct {
 	// MinLimit and MaxLimit bound the limit; defaults 1 and 1000.
 	MinLimit, MaxLimit int
 	// BaseWindow is the period of the base RTT's minimum (it is the minimum
-	// over the last two periods); default 30s.
+	// over the last two periods, reset by each Vegas probe); default 30s.
 	BaseWindow time.Duration
+	// ProbeMultiplier (Vegas): about every ProbeMultiplier × limit
+	// samples (jittered into [½, 1) of that), the base RTT is reset to the
+	// next sample, so a lasting rise of the service time becomes the new
+	// base within that many samples (see the package doc); default 10.
+	ProbeMultiplier float64
+	// Rand draws the probe's jitter in [0, 1); nil: math/rand/v2's
+	// Float64. Tests inject a seeded source for repeatable runs.
+	Rand func() float64
 	// Tolerance (AIMD): a latency above Tolerance times the base RTT counts
 	// as overload; default 2.
 	Tolerance float64
@@ -76,6 +85,8 @@ func (c Config) Validate() error {
 		return errors.New("limit: tolerance must be in [1, 100]")
 	case c.Backoff != 0 && !(c.Backoff > 0 && c.Backoff < 1):
 		return errors.New("limit: backoff must be in (0, 1)")
+	case c.ProbeMultiplier != 0 && !(c.ProbeMultiplier >= 1 && c.ProbeMultiplier <= 1000):
+		return errors.New("limit: probeMultiplier must be in [1, 1000]")
 	}
 	n := c.normalize()
 	if n.MinLimit > n.MaxLimit {
@@ -106,6 +117,12 @@ func (c Config) normalize() Config {
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 0.9
+	}
+	if c.ProbeMultiplier == 0 {
+		c.ProbeMultiplier = 10
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Float64
 	}
 	return c
 }
@@ -142,6 +159,8 @@ type Snapshot struct {
 	BaseRTT, SmoothedRTT time.Duration
 	// Count counts the verdicts by criticality.
 	Count [NumVerdicts][NumCriticalities]uint64
+	// Probes counts the Vegas probes: resets of the base RTT.
+	Probes uint64
 }
 
 // A Limiter is one adaptive concurrency limit. Use [New]; the zero value is
@@ -155,6 +174,9 @@ type Limiter struct {
 	inflight int                                   // admitted and not yet released
 	base     [2]time.Duration                      // minimum latency of the previous and current window; 0: none
 	baseEnd  time.Time                             // end of the current window; zero before the first sample
+	probeN   float64                               // samples since the last probe
+	probeAt  float64                               // probe when probeN reaches probeAt × limit
+	probes   uint64                                // base RTT resets by a probe
 	srtt     float64                               // EWMA of admitted latencies, nanoseconds
 	win      window                                // samples since the last update
 	shedEW   float64                               // EWMA of the shed share of decisions
@@ -169,7 +191,14 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg.normalize()}
 	l.setLimit(float64(l.cfg.InitialLimit))
+	l.nextProbe()
 	return l, nil
+}
+
+// nextProbe draws the jittered multiplier of the next probe.
+func (l *Limiter) nextProbe() {
+	l.probeN = 0
+	l.probeAt = l.cfg.ProbeMultiplier * (0.5 + 0.5*l.cfg.Rand())
 }
 
 // setLimit sets the limit, clamped, and the caps that follow from it.
@@ -336,8 +365,19 @@ func (l *Limiter) Abandon() {
 	l.mu.Unlock()
 }
 
-// observeBase folds rtt into the windowed minimum.
+// observeBase folds rtt into the windowed minimum, or, at a Vegas probe,
+// makes it the base RTT.
 func (l *Limiter) observeBase(now time.Time, rtt time.Duration) {
+	if l.cfg.Algorithm == Vegas {
+		l.probeN++
+		if l.probeN >= l.probeAt*l.limit {
+			l.nextProbe()
+			l.probes++
+			l.base = [2]time.Duration{0, rtt}
+			l.baseEnd = now.Add(l.cfg.BaseWindow)
+			return
+		}
+	}
 	if l.baseEnd.IsZero() {
 		l.baseEnd = now.Add(l.cfg.BaseWindow)
 	}
@@ -395,6 +435,6 @@ func (l *Limiter) Snapshot() Snapshot {
 	return Snapshot{
 		Limit: int(l.limit), InFlight: l.inflight,
 		BaseRTT: l.baseLocked(), SmoothedRTT: time.Duration(l.srtt),
-		Count: l.count,
+		Count: l.count, Probes: l.probes,
 	}
 }

@@ -1,6 +1,8 @@
 package limit
 
 import (
+	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -32,6 +34,9 @@ func TestValidate(t *testing.T) {
 		{"backoff 1", Config{Backoff: 1}, false},
 		{"tolerance under 1", Config{Tolerance: 0.5}, false},
 		{"negative window", Config{BaseWindow: -time.Second}, false},
+		{"probe multiplier", Config{ProbeMultiplier: 30}, true},
+		{"probe multiplier under 1", Config{ProbeMultiplier: 0.5}, false},
+		{"probe multiplier NaN", Config{ProbeMultiplier: math.NaN()}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -223,9 +228,20 @@ func TestPushbackFormula(t *testing.T) {
 // TestConvergesOnFixedCapacity runs a discrete simulation of a server with
 // n slots and a fixed service time under three times its capacity: the
 // Vegas limit settles where it keeps every slot busy with a short queue.
+// Over 60s the probes (each of which takes a queued sample for the base
+// RTT) do not ratchet the limit up: the queue stays as short in the last 3s.
 func TestConvergesOnFixedCapacity(t *testing.T) {
+	for _, secs := range []int{5, 60} {
+		t.Run(time.Duration(secs*int(time.Second)).String(), func(t *testing.T) {
+			convergeOnFixedCapacity(t, secs)
+		})
+	}
+}
+
+func convergeOnFixedCapacity(t *testing.T, secs int) {
 	const n, svc = 20, 100 * time.Millisecond
-	l := mustNew(t, Config{})
+	l := mustNew(t, Config{Rand: func() float64 { return 0.25 }})
+	from := 3 * n * 10 * (secs - 3) // the first arrival of the last 3s
 	type req struct{ start, done time.Time }
 	var running []req // admitted, in order of completion
 	var slotsFree []time.Time
@@ -235,13 +251,13 @@ func TestConvergesOnFixedCapacity(t *testing.T) {
 	gap := svc / (3 * n)
 	busy, total := time.Duration(0), time.Duration(0)
 	var maxLat time.Duration
-	for i := range 3 * n * 50 { // 5 seconds of arrivals
+	for i := range 3 * n * 10 * secs {
 		now := t0.Add(time.Duration(i) * gap)
 		for len(running) > 0 && !running[0].done.After(now) {
 			r := running[0]
 			running = running[1:]
 			l.Release(r.done, r.done.Sub(r.start), false)
-			if i > 3*n*20 {
+			if i > from {
 				maxLat = max(maxLat, r.done.Sub(r.start))
 			}
 		}
@@ -261,7 +277,7 @@ func TestConvergesOnFixedCapacity(t *testing.T) {
 		}
 		done := start.Add(svc)
 		slotsFree[k] = done
-		if i > 3*n*20 {
+		if i > from {
 			busy += svc
 		}
 		r := req{now, done}
@@ -366,5 +382,129 @@ func TestTryAcquireCountsOnlyAdmissions(t *testing.T) {
 	s := l.Snapshot()
 	if s.Count[Admitted][Critical] != 1 || s.Count[ShedLimit][Critical] != 0 || s.InFlight != 1 {
 		t.Errorf("snapshot %+v, want 1 admitted, no shed", s)
+	}
+}
+
+// TestVegasProbe pins the probe on a table of instants at a pinned limit of
+// 10 and ProbeMultiplier 2: with a jitter draw of r the probe comes every
+// 2·(½ + ½r)·10 samples, and its sample becomes the base RTT even when it
+// is slower; the samples after it fold in as the minimum again.
+func TestVegasProbe(t *testing.T) {
+	ms := time.Millisecond
+	type step struct {
+		rtt, base time.Duration // the sample; the base RTT after it
+		probes    uint64        // probes after it
+	}
+	tests := []struct {
+		name  string
+		draw  float64
+		steps []step
+	}{
+		{"every 10 samples", 0, []step{
+			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+			{200 * ms, 200 * ms, 1},                          // the 10th: the probe takes the slower sample
+			{250 * ms, 200 * ms, 1}, {150 * ms, 150 * ms, 1}, // the minimum again
+			{210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1},
+			{210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1},
+			{210 * ms, 150 * ms, 1}, {210 * ms, 210 * ms, 2}, // 10 samples later
+		}},
+		{"jitter stretches to 15", 0.5, []step{
+			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+			{200 * ms, 100 * ms, 0}, {200 * ms, 100 * ms, 0}, {200 * ms, 100 * ms, 0},
+			{200 * ms, 100 * ms, 0}, {200 * ms, 100 * ms, 0},
+			{200 * ms, 200 * ms, 1}, // the 15th
+		}},
+		{"jitter near 1 stretches to 20", 0.999, append(slices.Repeat([]step{{100 * ms, 100 * ms, 0}}, 19),
+			step{200 * ms, 200 * ms, 1})}, // the 20th: 2·(½ + ½·0.999)·10 = 19.99
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := mustNew(t, Config{InitialLimit: 10, MinLimit: 10, MaxLimit: 10, ProbeMultiplier: 2,
+				Rand: func() float64 { return tt.draw }})
+			for i, s := range tt.steps {
+				l.Acquire(CriticalPlus, NoDeadline)
+				l.Release(t0.Add(time.Duration(i)*ms), s.rtt, false)
+				if got := l.Snapshot(); got.BaseRTT != s.base || got.Probes != s.probes {
+					t.Fatalf("sample %d (%v): base %v, probes %d; want %v, %d", i+1, s.rtt, got.BaseRTT, got.Probes, s.base, s.probes)
+				}
+			}
+		})
+	}
+}
+
+// TestAIMDDoesNotProbe: the probe is Vegas's; AIMD keeps the windowed
+// minimum.
+func TestAIMDDoesNotProbe(t *testing.T) {
+	l := mustNew(t, Config{Algorithm: AIMD, InitialLimit: 1, MinLimit: 1, MaxLimit: 1, ProbeMultiplier: 1,
+		Rand: func() float64 { return 0 }})
+	for i := range 10 {
+		l.Acquire(CriticalPlus, NoDeadline)
+		l.Release(t0.Add(time.Duration(i)*time.Millisecond), time.Duration(10+i)*time.Millisecond, false)
+	}
+	if s := l.Snapshot(); s.BaseRTT != 10*time.Millisecond || s.Probes != 0 {
+		t.Errorf("AIMD: base %v, probes %d; want 10ms, 0", s.BaseRTT, s.Probes)
+	}
+}
+
+// TestVegasLearnsSlowdown simulates a server far from its capacity (an
+// open load of 80 requests/s, each running its service time) whose service
+// time doubles from 100ms to 200ms at 10s. Without the probe (the base RTT
+// held for two 30s windows) the limit falls and sheds a quarter of the
+// requests for the rest of the run; with it, within 3s of the slowdown the
+// limit is back to 80% of its value before it and stays there, and at most
+// 5% of the requests after the slowdown are shed.
+func TestVegasLearnsSlowdown(t *testing.T) {
+	run := func(probe float64) (pre, last int, recovered time.Duration, shed float64) {
+		l := mustNew(t, Config{ProbeMultiplier: probe, Rand: func() float64 { return 0.5 }})
+		const gap, slow, end = 12500 * time.Microsecond, 10 * time.Second, 20 * time.Second
+		var done []time.Time // completion times of the running requests, ascending
+		var starts []time.Time
+		var after, afterShed int
+		for at := time.Duration(0); at < end; at += gap {
+			now := t0.Add(at)
+			for len(done) > 0 && !done[0].After(now) {
+				l.Release(done[0], done[0].Sub(starts[0]), false)
+				done, starts = done[1:], starts[1:]
+			}
+			if at == slow {
+				pre = l.Snapshot().Limit
+			}
+			v, _ := l.Acquire(Critical, NoDeadline)
+			lim := l.Snapshot().Limit
+			if at >= slow {
+				after++
+				if v != Admitted {
+					afterShed++
+				}
+				if 5*lim < 4*pre {
+					recovered = at - slow + gap
+				}
+			}
+			if v == Admitted {
+				svc := 100 * time.Millisecond
+				if at >= slow {
+					svc *= 2
+				}
+				done, starts = append(done, now.Add(svc)), append(starts, now)
+			}
+		}
+		return pre, l.Snapshot().Limit, recovered, float64(afterShed) / float64(after)
+	}
+	pre, last, rec, shed := run(1000) // a probe every 10,000 samples: none in this run
+	t.Logf("without the probe: limit %d before, %d at the end, below 80%% until %v after the slowdown, shed %.3f", pre, last, rec, shed)
+	if shed < 0.1 {
+		t.Errorf("without the probe, shed %.3f after the slowdown; want the collapse this test guards against (≥ 0.1)", shed)
+	}
+	pre, last, rec, shed = run(0)
+	t.Logf("with the probe: limit %d before, %d at the end, below 80%% until %v after the slowdown, shed %.3f", pre, last, rec, shed)
+	if rec > 3*time.Second {
+		t.Errorf("the limit was below 80%% of %d until %v after the slowdown, want within 3s", pre, rec)
+	}
+	if shed > 0.05 {
+		t.Errorf("shed %.3f of the requests after the slowdown, want ≤ 0.05", shed)
 	}
 }
