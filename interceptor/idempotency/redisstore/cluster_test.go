@@ -20,23 +20,7 @@ import (
 // *redis.ClusterClient on a real cluster of 3 primaries.
 func TestClusterConformance(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	client := cluster.Client(t, nil)
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		prefix := redistest.Prefix(t)
-		s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix), redisstore.WithMaxRecordBytes(testMaxRecord))
-		if err != nil {
-			t.Fatalf("New() error = %v", err)
-		}
-		return storetest.Harness{
-			Store: s,
-			Advance: func(t testing.TB, d time.Duration) {
-				if err := redistest.Advance(context.Background(), client, prefix, d); err != nil {
-					t.Fatalf("Advance(%v) error = %v", d, err)
-				}
-			},
-			MaxRecordBytes: testMaxRecord,
-		}
-	})
+	storetest.Run(t, conformanceHarness(cluster.Client(t, nil)))
 }
 
 // TestClusterRecordsSpreadOverPrimaries checks that the hash tag, a hash of

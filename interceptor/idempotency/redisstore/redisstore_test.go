@@ -22,9 +22,15 @@ func TestMain(m *testing.M) {
 const testMaxRecord = 4096
 
 func TestConformance(t *testing.T) {
-	addr := redistest.Addr(t)
-	client := redistest.Client(t, addr)
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
+	client := redistest.Client(t, redistest.Addr(t))
+	storetest.Run(t, conformanceHarness(client))
+}
+
+// conformanceHarness returns the storetest harness of a store over client
+// (a plain or a cluster client): a store per test under a prefix of its
+// own, with Advance moving that prefix's keys.
+func conformanceHarness(client redis.UniversalClient) func(t *testing.T) storetest.Harness {
+	return func(t *testing.T) storetest.Harness {
 		prefix := redistest.Prefix(t)
 		s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix), redisstore.WithMaxRecordBytes(testMaxRecord))
 		if err != nil {
@@ -39,7 +45,7 @@ func TestConformance(t *testing.T) {
 			},
 			MaxRecordBytes: testMaxRecord,
 		}
-	})
+	}
 }
 
 func TestRoundTripsFirstExecutionTwoReplayOne(t *testing.T) {
