@@ -300,12 +300,16 @@ func (s *Store) redisKey(k idempotency.RecordKey) string {
 	h.Write([]byte(k.FullMethod))
 	h.Write([]byte(k.Key))
 	var sum [sha256.Size]byte
-	b := make([]byte, 0, len(s.prefix)+2+base64.RawURLEncoding.EncodedLen(sha256.Size))
-	b = append(b, s.prefix...)
-	b = append(b, '{')
-	b = base64.RawURLEncoding.AppendEncode(b, h.Sum(sum[:0]))
-	b = append(b, '}')
-	return string(b)
+	var tag [43]byte // base64.RawURLEncoding.EncodedLen(sha256.Size)
+	base64.RawURLEncoding.Encode(tag[:], h.Sum(sum[:0]))
+	// One allocation: the key itself.
+	var b strings.Builder
+	b.Grow(len(s.prefix) + 2 + len(tag))
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	b.Write(tag[:])
+	b.WriteByte('}')
+	return b.String()
 }
 
 func millis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
