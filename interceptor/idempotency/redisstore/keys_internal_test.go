@@ -13,7 +13,7 @@ import (
 // the braces of the hash tag and the 43 characters of an unpadded base64
 // SHA-256 (the size of redisKey's stack buffer).
 func TestRedisKeyOneAllocation(t *testing.T) {
-	s := &Store{prefix: "idem:"}
+	s := &Store{opts: options{prefix: "idem:"}}
 	k := idempotency.RecordKey{Scope: "principal-123", FullMethod: "/shop.Orders/Create", Key: "order-0001-abcdef"}
 	if n := base64.RawURLEncoding.EncodedLen(sha256.Size); n != 43 {
 		t.Fatalf("EncodedLen(sha256.Size) = %d, want 43 (redisKey's buffer)", n)

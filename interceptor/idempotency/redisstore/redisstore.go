@@ -182,11 +182,9 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(o *options) { o.
 // Store is an idempotency.Store in Redis. Its methods are safe for
 // concurrent use by many goroutines and many processes.
 type Store struct {
-	opts           options               // immutable
-	client         redis.UniversalClient // immutable
-	prefix         string                // immutable
-	maxRecordBytes int                   // immutable
-	orphans        orphans
+	opts    options               // immutable
+	client  redis.UniversalClient // immutable
+	orphans orphans
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -222,7 +220,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("redisstore: WithMinReplicas(%d, %v): need n >= 1 and timeout >= 1ms", o.minReplicas, o.replicaTimeout)
 		}
 	}
-	return &Store{opts: o, client: client, prefix: o.prefix, maxRecordBytes: o.maxRecordBytes}, nil
+	return &Store{opts: o, client: client}, nil
 }
 
 // Each record key is one Redis hash with a TTL: field f holds the
@@ -304,8 +302,8 @@ func (s *Store) redisKey(k idempotency.RecordKey) string {
 	base64.RawURLEncoding.Encode(tag[:], h.Sum(sum[:0]))
 	// One allocation: the key itself.
 	var b strings.Builder
-	b.Grow(len(s.prefix) + 2 + len(tag))
-	b.WriteString(s.prefix)
+	b.Grow(len(s.opts.prefix) + 2 + len(tag))
+	b.WriteString(s.opts.prefix)
 	b.WriteByte('{')
 	b.Write(tag[:])
 	b.WriteByte('}')
@@ -495,8 +493,8 @@ func (s *Store) run(ctx context.Context, script *redis.Script, rkey string, wrot
 // Complete implements idempotency.Store in one round trip (two with
 // WithMinReplicas: the script, then WAIT).
 func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token string, rec *idempotency.Record, ttl time.Duration) error {
-	if n := rec.Size(); n > s.maxRecordBytes {
-		return fmt.Errorf("redisstore: %w: %d bytes, bound %d", idempotency.ErrRecordTooLarge, n, s.maxRecordBytes)
+	if n := rec.Size(); n > s.opts.maxRecordBytes {
+		return fmt.Errorf("redisstore: %w: %d bytes, bound %d", idempotency.ErrRecordTooLarge, n, s.opts.maxRecordBytes)
 	}
 	data, err := rec.MarshalBinary()
 	if err != nil {
