@@ -59,6 +59,22 @@ func TestOpenChecksTheEvictionPolicy(t *testing.T) {
 			}
 		})
 	}
+	t.Run("CONFIG not permitted", func(t *testing.T) { // an ACL user without +config: NOPERM
+		srv := redistest.Start(t)
+		ctx := context.Background()
+		if err := redistest.Client(t, srv.Addr).Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-config").Err(); err != nil {
+			t.Fatalf("ACL SETUSER: %v", err)
+		}
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+		t.Cleanup(func() { _ = c.Close() })
+		var log bytes.Buffer
+		if _, err := redisstore.Open(ctx, c, redisstore.WithRefuseEvictingPolicy(), redisstore.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))); err != nil {
+			t.Fatalf("Open() as a user without CONFIG error = %v, want a warning only", err)
+		}
+		if !strings.Contains(log.String(), "cannot read maxmemory-policy") {
+			t.Errorf("log = %q, want %q", log.String(), "cannot read maxmemory-policy")
+		}
+	})
 	t.Run("unreachable", func(t *testing.T) {
 		c := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })

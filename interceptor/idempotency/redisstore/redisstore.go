@@ -135,8 +135,7 @@ func (s *Store) checkPolicy(ctx context.Context, client redis.UniversalClient, n
 // itself: unknown (renamed or disabled) or not permitted (ACL).
 func isCommandRefused(err error) bool {
 	msg := err.Error()
-	return strings.HasPrefix(msg, "ERR unknown command") || strings.HasPrefix(msg, "NOPERM") ||
-		strings.Contains(msg, "unknown command")
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "unknown command")
 }
 
 // WithRefuseEvictingPolicy makes [Open] return an error, rather than log a
