@@ -59,7 +59,11 @@ func StartCluster(t testing.TB, n int, args ...string) *Cluster {
 		addrs[i] = s.Addr
 		c.admin = append(c.admin, Client(t, s.Addr))
 	}
-	cmd := exec.Command(cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-yes")...)
+	// Bounded, so that a redis-cli that hangs (waiting on a node) fails the
+	// test rather than the whole run's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-yes")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
