@@ -96,7 +96,7 @@ func limitSummary(l *serviceconfig.ConcurrencyLimit) string {
 // explainLimit writes a limit with its defaults and what the server does.
 func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	alg, initial, lo, hi, window := limitValues(l)
-	p.printf("\nconcurrencyLimit (unary calls; streams are not limited)\n")
+	p.printf("\nconcurrencyLimit (unary calls; streams only where interceptor.WithStreamConcurrencyLimit names them)\n")
 	t := p.table()
 	switch alg {
 	case "aimd":
