@@ -91,6 +91,8 @@ func (s *Suite) advance(d time.Duration) { s.h.Advance(s.T(), d) }
 // store is the current test's store.
 func (s *Suite) store() idempotency.Store { return s.h.Store }
 
+// TestClaimFreeKeyIsOwned checks that a Claim of a free key is Owned, with a
+// token and no record.
 func (s *Suite) TestClaimFreeKeyIsOwned() {
 	c := s.claim(key("k"), fpA, time.Minute)
 	s.Require().Equal(idempotency.Owned, c.State)
@@ -98,6 +100,8 @@ func (s *Suite) TestClaimFreeKeyIsOwned() {
 	s.Nil(c.Record, "Owned claim's record")
 }
 
+// TestClaimHeldKeyIsInProgress checks that a Claim of a held key is
+// InProgress, with no token and a RetryAfter within the lease.
 func (s *Suite) TestClaimHeldKeyIsInProgress() {
 	s.claimState(key("k"), fpA, time.Minute, idempotency.Owned)
 	c := s.claim(key("k"), fpA, time.Minute)
@@ -107,6 +111,8 @@ func (s *Suite) TestClaimHeldKeyIsInProgress() {
 	s.LessOrEqual(c.RetryAfter, time.Minute, "InProgress claim's RetryAfter")
 }
 
+// TestCompleteThenClaimReturnsRecord checks that a completed key replays its
+// record to every later Claim, and that the owner can no longer Release it.
 func (s *Suite) TestCompleteThenClaimReturnsRecord() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Minute)
@@ -120,6 +126,9 @@ func (s *Suite) TestCompleteThenClaimReturnsRecord() {
 	s.ErrorIs(s.store().Release(ctx, key("k"), c.Token), idempotency.ErrNotOwner, "Release() after Complete")
 }
 
+// TestFingerprintMismatchRevealsNothing checks that a Claim with another
+// fingerprint is Mismatch, with no token or record, while the key is held
+// and once it is completed.
 func (s *Suite) TestFingerprintMismatchRevealsNothing() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Minute)
@@ -133,6 +142,8 @@ func (s *Suite) TestFingerprintMismatchRevealsNothing() {
 	s.Nil(got.Record, "Mismatch after completion revealed a record")
 }
 
+// TestKeysDifferInEveryPart checks that record keys differing in scope,
+// method or key, or only in where their parts split, are different keys.
 func (s *Suite) TestKeysDifferInEveryPart() {
 	base := key("k")
 	others := []idempotency.RecordKey{
@@ -151,6 +162,8 @@ func (s *Suite) TestKeysDifferInEveryPart() {
 	}
 }
 
+// TestReleaseFreesKey checks that a released key may be claimed again, with
+// a new token, and that the old token no longer owns it.
 func (s *Suite) TestReleaseFreesKey() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Minute)
@@ -164,6 +177,9 @@ func (s *Suite) TestReleaseFreesKey() {
 	s.ErrorIs(s.store().Release(ctx, key("k"), c.Token), idempotency.ErrNotOwner, "Release() with the first owner's token")
 }
 
+// TestOnlyOwnerCompletesOrReleases checks that Complete and Release with a
+// wrong token, or of a completed key, fail with ErrNotOwner and leave the
+// key as it was.
 func (s *Suite) TestOnlyOwnerCompletesOrReleases() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Minute)
@@ -175,6 +191,8 @@ func (s *Suite) TestOnlyOwnerCompletesOrReleases() {
 	s.ErrorIs(s.store().Complete(ctx, key("k"), c.Token, sampleRecord(fpB), time.Hour), idempotency.ErrNotOwner, "Complete() of a completed key")
 }
 
+// TestLeaseEnds checks that a claim holds its key for its lease and no
+// longer.
 func (s *Suite) TestLeaseEnds() {
 	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
 	s.advance(500 * time.Millisecond)
@@ -184,6 +202,8 @@ func (s *Suite) TestLeaseEnds() {
 	s.claimState(key("k"), fpB, time.Second, idempotency.Owned)
 }
 
+// TestCompleteAfterLeaseEndsStoresWhenAbsent checks that an owner whose
+// lease ended, with no claim since, still stores its record.
 func (s *Suite) TestCompleteAfterLeaseEndsStoresWhenAbsent() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Second)
@@ -196,6 +216,9 @@ func (s *Suite) TestCompleteAfterLeaseEndsStoresWhenAbsent() {
 	s.claimState(key("k"), fpB, time.Second, idempotency.Mismatch)
 }
 
+// TestCompleteAfterAnotherClaimIsNotOwner checks that an owner whose lease
+// ended and whose key was claimed again cannot Complete it, and that the new
+// owner can.
 func (s *Suite) TestCompleteAfterAnotherClaimIsNotOwner() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Second)
@@ -206,6 +229,8 @@ func (s *Suite) TestCompleteAfterAnotherClaimIsNotOwner() {
 	s.NoError(s.store().Complete(ctx, key("k"), other.Token, sampleRecord(fpA), time.Hour), "Complete() by the new owner")
 }
 
+// TestRenewExtendsTheLease checks that Renew extends the owner's lease from
+// the time of the renewal.
 func (s *Suite) TestRenewExtendsTheLease() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Second)
@@ -222,6 +247,8 @@ func (s *Suite) TestRenewExtendsTheLease() {
 	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
 }
 
+// TestOnlyOwnerRenews checks that Renew with a wrong token, of an absent
+// key, or after Complete fails with ErrNotOwner.
 func (s *Suite) TestOnlyOwnerRenews() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Second)
@@ -232,6 +259,8 @@ func (s *Suite) TestOnlyOwnerRenews() {
 	s.claimState(key("k"), fpA, time.Second, idempotency.Completed)
 }
 
+// TestRecordTTLEnds checks that a record lives for its TTL from completion,
+// then the key is free.
 func (s *Suite) TestRecordTTLEnds() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Second)
@@ -243,6 +272,9 @@ func (s *Suite) TestRecordTTLEnds() {
 	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
 }
 
+// TestRecordTooLargeKeepsClaim checks that Complete of a record over
+// MaxRecordBytes fails with ErrRecordTooLarge and leaves the claim held, for
+// the owner to Release.
 func (s *Suite) TestRecordTooLargeKeepsClaim() {
 	ctx := context.Background()
 	c := s.claim(key("k"), fpA, time.Minute)
@@ -253,6 +285,8 @@ func (s *Suite) TestRecordTooLargeKeepsClaim() {
 	s.claimState(key("k"), fpA, time.Minute, idempotency.Owned)
 }
 
+// TestConcurrentClaimsHaveOneOwner checks that of concurrent Claims of one
+// free key exactly one is Owned and the others InProgress.
 func (s *Suite) TestConcurrentClaimsHaveOneOwner() {
 	const n = 32
 	t := s.T() // the goroutines report through t, not through the suite
@@ -278,6 +312,9 @@ func (s *Suite) TestConcurrentClaimsHaveOneOwner() {
 		"%d concurrent claims of one key", n)
 }
 
+// TestFingerprintsOfAnyLength checks fingerprints of lengths around 32
+// bytes: the store keeps its own copy, and fingerprints that differ in their
+// last byte or their length differ.
 func (s *Suite) TestFingerprintsOfAnyLength() {
 	// Around the 32 bytes of a SHA-256: a store may keep short fingerprints
 	// differently from long ones. Fingerprints that differ only in their
@@ -303,6 +340,8 @@ func (s *Suite) TestFingerprintsOfAnyLength() {
 	}
 }
 
+// TestTokensAreNeverReused checks over many claims of one key that no token
+// is handed out twice and a stale token never owns the key again.
 func (s *Suite) TestTokensAreNeverReused() {
 	// Enough claims of one key to cross any batching of tokens a store may
 	// do; a stale token never owns the key again.
