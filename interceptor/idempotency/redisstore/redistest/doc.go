@@ -7,6 +7,15 @@
 // environment variable is set), where it fails: Redis tests never skip
 // silently in CI.
 //
+// [Start] and [StartWith] always start a server of the test's own (with extra
+// redis-server arguments), which [Server.Restart] kills and starts again as
+// a crashed Redis; [StartReplica] adds a replica of one, and [StartCluster] a
+// Redis Cluster of n primaries (it also needs redis-cli, with the same skip
+// or failure). Each waits on what the server reports (its log's "Ready to
+// accept connections", INFO replication, CLUSTER INFO), not on a sleep, and
+// every process is stopped by a cleanup of the test, whether it passes or
+// fails.
+//
 // Tests sharing a server keep apart by key prefix: [Prefix] returns one that
 // is unique to the test and the run.
 //
