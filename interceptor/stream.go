@@ -171,17 +171,13 @@ type retryStream struct {
 	final     error // set when done: io.EOF after success, else the error
 }
 
-// messagePrefix is the length of grpc's message prefix: a compression flag
-// and a 4-byte length.
-const messagePrefix = 5
-
 // messageSize returns what m counts toward the replay bound: its encoded
 // size plus grpc's 5-byte message prefix, proto.Size(m) + 5, as grpc-go
 // counts it. A message that is not a proto.Message cannot be measured: it
 // counts as limit + 1, past the bound, so the stream commits.
 func messageSize(m any, limit int) int {
 	if pm, ok := m.(proto.Message); ok {
-		return proto.Size(pm) + messagePrefix
+		return proto.Size(pm) + grpcMessagePrefix
 	}
 	return limit + 1
 }
