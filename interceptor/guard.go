@@ -202,11 +202,18 @@ func newAdaptive(cb *serviceconfig.CircuitBreaker, seed uint64) (*adaptive.Throt
 }
 
 // abandon releases an attempt whose outcome is unknown (a panic below the
-// interceptor ended it): its slot is returned and its breaker token
-// recorded as Ignored, which frees a half-open probe.
+// interceptor, or a stream attempt that ended on the client: the caller's
+// cancellation with no call at work on it, a closed connection): its slot
+// is returned and its breaker token recorded as Ignored, which frees a
+// half-open probe. Adaptive throttling counts it as accepted, as it counts
+// the caller's cancellation (backendAccepted): the backend refused nothing.
 func (g *guards) abandon(a admission) {
 	if a.slot {
 		g.bulkhead.Release()
+	}
+	if g.adaptive != nil {
+		g.adaptive.Accepted(since(a.start))
+		return
 	}
 	if g.breaker != nil {
 		g.breaker.Record(a.tok, since(a.start), breaker.Ignored, 0)

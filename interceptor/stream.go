@@ -38,7 +38,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		streamer: streamer,
 		opts:     opts,
 		limit:    c.opts.replayBuffer,
-		watch:    mp.g.breaker != nil || mp.g.bulkhead != nil,
+		watch:    mp.g.breaker != nil || mp.g.bulkhead != nil || mp.g.adaptive != nil,
 	}
 	s.ready.L = &s.mu
 	s.buf = s.bufOne[:0]
@@ -145,7 +145,7 @@ type retryStream struct {
 	opts       []grpc.CallOption
 	limit      int  // replay buffer bound, bytes
 	single     bool // nothing to retry: the first attempt is committed at once
-	watch      bool // attempts hold guards, so they watch their grpc stream's context
+	watch      bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
 
 	// r is used by the driver while the state is idle, and otherwise by
 	// the call that ends the stream (see stopDriving).
