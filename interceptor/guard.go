@@ -40,6 +40,12 @@ type guards struct {
 	rejections  *rejections        // set with either guard
 }
 
+// any reports whether the method has a guard: a breaker of either mode or
+// a bulkhead.
+func (g *guards) any() bool {
+	return g.breaker != nil || g.bulkhead != nil || g.adaptive != nil
+}
+
 // newBreaker builds the breaker of fullMethod from its block. The hook, when
 // set, learns the method's state changes.
 func newBreaker(fullMethod string, cb *serviceconfig.CircuitBreaker, hook func(string, BreakerState, BreakerState)) (*breaker.Breaker, error) {
@@ -78,7 +84,7 @@ type admission struct {
 // gave up while queued.
 func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 	var a admission
-	if g.breaker == nil && g.bulkhead == nil && g.adaptive == nil {
+	if !g.any() {
 		return a, nil
 	}
 	a.start = now

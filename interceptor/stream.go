@@ -38,7 +38,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		streamer: streamer,
 		opts:     opts,
 		limit:    c.opts.replayBuffer,
-		watch:    mp.g.breaker != nil || mp.g.bulkhead != nil || mp.g.adaptive != nil,
+		watch:    mp.g.any(),
 	}
 	s.ready.L = &s.mu
 	s.buf = s.bufOne[:0]
