@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -124,4 +127,32 @@ func TestAdaptiveRejectionMetrics(t *testing.T) {
 	if p <= 0 {
 		t.Errorf("reject probability %v, want > 0", p)
 	}
+}
+
+// TestAdaptiveCountsCancelledStreamsAsAccepted: a stream the caller cancels
+// with no call at work on it is no refusal by the backend, as a cancelled
+// unary call is not; before the fix its attempt was never released, so
+// every such stream counted as refused and the second was already at a
+// reject probability of 1/2.
+func TestAdaptiveCountsCancelledStreamsAsAccepted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: time.Hour} })
+		stub, c := newEcho(t, srv, WithMethodConfig(serviceconfig.MethodConfig{
+			Name:           []serviceconfig.Name{{Service: echoService}},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: serviceconfig.ModeAdaptive},
+		}))
+		const method = "/resilience.echo.v1.EchoService/ServerStream"
+		for i := range 10 {
+			ctx, cancel := context.WithCancel(t.Context())
+			if _, err := stub.ServerStream(ctx, &echov1.ServerStreamRequest{Count: 1}); err != nil {
+				t.Fatalf("stream %d: ServerStream() error = %v", i, err)
+			}
+			cancel()
+			synctest.Wait()
+			if st := c.Status(method).Adaptive; st.Requests != float64(i+1) || st.Accepts != float64(i+1) {
+				t.Fatalf("after %d cancelled streams: %+v, want as many requests and accepts", i+1, st)
+			}
+		}
+	})
 }

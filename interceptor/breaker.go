@@ -76,7 +76,7 @@ func (c *Client) Statuses() []MethodStatus {
 	now := time.Now()
 	var out []MethodStatus
 	for _, p := range *c.state.Load().methods.Load() {
-		if p.g.breaker != nil || p.g.bulkhead != nil || p.g.adaptive != nil {
+		if p.g.any() {
 			out = append(out, p.status(now))
 		}
 	}

@@ -191,12 +191,7 @@ func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPol
 	if _, keyed := IdempotencyKeyFromContext(ctx); keyed {
 		return false, nil
 	}
-	// newRetrier's state, for a call without call options or one-layer
-	// retry: the method's policy, or one attempt.
-	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: 1}, wrap: mp.retry != nil}
-	if p := mp.retry; p != nil && (p.maxAttempts > 1 || p.perAttempt > 0) {
-		r.rp.maxAttempts, r.rp.perAttempt = p.maxAttempts, p.perAttempt
-	}
+	r := c.newRetrier(ctx, st, mp, &callOptions{})
 	_, hasDeadline := ctx.Deadline()
 	if now.IsZero() && (hasDeadline || r.rp.maxAttempts > 1 && st.storm.budget != nil) {
 		now = time.Now()

@@ -40,6 +40,12 @@ type guards struct {
 	rejections  *rejections        // set with either guard
 }
 
+// any reports whether the method has a guard: a breaker of either mode or
+// a bulkhead.
+func (g *guards) any() bool {
+	return g.breaker != nil || g.bulkhead != nil || g.adaptive != nil
+}
+
 // newBreaker builds the breaker of fullMethod from its block. The hook, when
 // set, learns the method's state changes.
 func newBreaker(fullMethod string, cb *serviceconfig.CircuitBreaker, hook func(string, BreakerState, BreakerState)) (*breaker.Breaker, error) {
@@ -78,7 +84,7 @@ type admission struct {
 // gave up while queued.
 func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 	var a admission
-	if g.breaker == nil && g.bulkhead == nil && g.adaptive == nil {
+	if !g.any() {
 		return a, nil
 	}
 	a.start = now
@@ -202,11 +208,18 @@ func newAdaptive(cb *serviceconfig.CircuitBreaker, seed uint64) (*adaptive.Throt
 }
 
 // abandon releases an attempt whose outcome is unknown (a panic below the
-// interceptor ended it): its slot is returned and its breaker token
-// recorded as Ignored, which frees a half-open probe.
+// interceptor, or a stream attempt that ended on the client: the caller's
+// cancellation with no call at work on it, a closed connection): its slot
+// is returned and its breaker token recorded as Ignored, which frees a
+// half-open probe. Adaptive throttling counts it as accepted, as it counts
+// the caller's cancellation (backendAccepted): the backend refused nothing.
 func (g *guards) abandon(a admission) {
 	if a.slot {
 		g.bulkhead.Release()
+	}
+	if g.adaptive != nil {
+		g.adaptive.Accepted(since(a.start))
+		return
 	}
 	if g.breaker != nil {
 		g.breaker.Record(a.tok, since(a.start), breaker.Ignored, 0)

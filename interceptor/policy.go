@@ -194,7 +194,7 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	// the successes of every method on the channel, and so does the
 	// throttle here (at no cost when it is off).
 	p.passthrough = p.retry == nil && p.hedge == nil && p.timeout == 0 && p.waitForReady == nil &&
-		p.g.breaker == nil && p.g.bulkhead == nil && p.g.adaptive == nil && !p.keyed && s.storm.throttle == nil
+		!p.g.any() && !p.keyed && s.storm.throttle == nil
 	p.early = (p.g.breaker != nil || p.g.bulkhead != nil) && p.g.adaptive == nil && p.hedge == nil && p.fallback == nil &&
 		p.timeout == 0 && !p.keyed && s.opts.oneLayer == 0
 	return p
@@ -247,7 +247,7 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) g
 			g.bulkhead = b
 		}
 	}
-	if g.breaker != nil || g.bulkhead != nil || g.adaptive != nil {
+	if g.any() {
 		g.rejections = newRejections(fullMethod)
 	}
 	return g

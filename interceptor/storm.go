@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
@@ -60,7 +61,7 @@ func WithOneLayerRetry(nestedMaxAttempts int) ClientOption {
 func SetRetryPushback(ctx context.Context, d time.Duration) error {
 	ms := "-1"
 	if d >= 0 {
-		ms = fmt.Sprint(d.Milliseconds())
+		ms = strconv.FormatInt(d.Milliseconds(), 10)
 	}
 	return grpc.SetTrailer(ctx, metadata.Pairs(pushbackKey, ms))
 }

@@ -38,7 +38,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		streamer: streamer,
 		opts:     opts,
 		limit:    c.opts.replayBuffer,
-		watch:    mp.g.breaker != nil || mp.g.bulkhead != nil,
+		watch:    mp.g.any(),
 	}
 	s.ready.L = &s.mu
 	s.buf = s.bufOne[:0]
@@ -145,7 +145,7 @@ type retryStream struct {
 	opts       []grpc.CallOption
 	limit      int  // replay buffer bound, bytes
 	single     bool // nothing to retry: the first attempt is committed at once
-	watch      bool // attempts hold guards, so they watch their grpc stream's context
+	watch      bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
 
 	// r is used by the driver while the state is idle, and otherwise by
 	// the call that ends the stream (see stopDriving).
@@ -171,17 +171,13 @@ type retryStream struct {
 	final     error // set when done: io.EOF after success, else the error
 }
 
-// messagePrefix is the length of grpc's message prefix: a compression flag
-// and a 4-byte length.
-const messagePrefix = 5
-
 // messageSize returns what m counts toward the replay bound: its encoded
 // size plus grpc's 5-byte message prefix, proto.Size(m) + 5, as grpc-go
 // counts it. A message that is not a proto.Message cannot be measured: it
 // counts as limit + 1, past the bound, so the stream commits.
 func messageSize(m any, limit int) int {
 	if pm, ok := m.(proto.Message); ok {
-		return proto.Size(pm) + messagePrefix
+		return proto.Size(pm) + grpcMessagePrefix
 	}
 	return limit + 1
 }
