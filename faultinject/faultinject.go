@@ -218,10 +218,11 @@ func (inj *Injector) wait(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// abortStatus returns the status of an abort and its trailer (the pushback,
-// nil when none).
-func abortStatus(a *Abort, what string) (metadata.MD, error) {
-	st := status.New(a.Code, "faultinject: injected "+what)
+// abort counts an injected abort and returns its status and its trailer
+// (the pushback, nil when none).
+func (inj *Injector) abort(a *Abort) (metadata.MD, error) {
+	inj.aborts.Add(1)
+	st := status.New(a.Code, "faultinject: injected abort")
 	if a.RetryDelay > 0 {
 		if withRI, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(a.RetryDelay)}); err == nil {
 			st = withRI
@@ -249,8 +250,7 @@ func (inj *Injector) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			if trailer != nil {
 				_ = grpc.SetTrailer(ctx, trailer) // fails only when the call ended
 			}
@@ -274,8 +274,7 @@ func (inj *Injector) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			if trailer != nil {
 				ss.SetTrailer(trailer)
 			}
@@ -356,8 +355,7 @@ func (inj *Injector) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 			return err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			setTrailer(opts, trailer)
 			return err
 		}
@@ -388,8 +386,7 @@ func (inj *Injector) StreamClientInterceptor() grpc.StreamClientInterceptor {
 			return nil, err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			setTrailer(opts, trailer)
 			return nil, err
 		}
