@@ -218,10 +218,11 @@ func (inj *Injector) wait(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// abortStatus returns the status of an abort and its trailer (the pushback,
-// nil when none).
-func abortStatus(a *Abort, what string) (metadata.MD, error) {
-	st := status.New(a.Code, "faultinject: injected "+what)
+// abort counts an injected abort and returns its status and its trailer
+// (the pushback, nil when none).
+func (inj *Injector) abort(a *Abort) (metadata.MD, error) {
+	inj.aborts.Add(1)
+	st := status.New(a.Code, "faultinject: injected abort")
 	if a.RetryDelay > 0 {
 		if withRI, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(a.RetryDelay)}); err == nil {
 			st = withRI
@@ -249,8 +250,7 @@ func (inj *Injector) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			if trailer != nil {
 				_ = grpc.SetTrailer(ctx, trailer) // fails only when the call ended
 			}
@@ -274,8 +274,7 @@ func (inj *Injector) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			if trailer != nil {
 				ss.SetTrailer(trailer)
 			}
@@ -284,8 +283,8 @@ func (inj *Injector) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if p.streamAbort == nil {
 			return handler(srv, ss)
 		}
-		w := &srvStream{ServerStream: ss, err: status.Error(p.streamAbort.Code, "faultinject: injected stream abort")}
-		w.left.Store(int64(p.streamAbort.AfterMessages))
+		w := &srvStream{ServerStream: ss}
+		w.arm(p.streamAbort)
 		herr := handler(srv, w)
 		if w.aborted.Load() {
 			inj.streamAborts.Add(1)
@@ -295,16 +294,32 @@ func (inj *Injector) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
-// srvStream fails its messages once left reaches zero.
+// gate counts the messages of a stream under a StreamAbort: the first
+// AfterMessages pass, every later one is refused with err. Shared by
+// srvStream and cliStream, which differ in what a refusal does.
+type gate struct {
+	left atomic.Int64 // messages that may still pass
+	err  error        // the abort status; immutable after arm
+}
+
+// arm sets the gate for a before the stream is handed out.
+func (g *gate) arm(a *StreamAbort) {
+	g.err = status.Error(a.Code, "faultinject: injected stream abort")
+	g.left.Store(int64(a.AfterMessages))
+}
+
+// open takes one message's passage and reports whether it was granted.
+func (g *gate) open() bool { return g.left.Add(-1) >= 0 }
+
+// srvStream fails its messages once its gate closes.
 type srvStream struct {
 	grpc.ServerStream
-	left    atomic.Int64 // messages that may still pass
-	aborted atomic.Bool  // a message was refused
-	err     error        // the abort status; immutable
+	gate
+	aborted atomic.Bool // a message was refused
 }
 
 func (s *srvStream) pass() error {
-	if s.left.Add(-1) < 0 {
+	if !s.open() {
 		s.aborted.Store(true)
 		return s.err
 	}
@@ -340,8 +355,7 @@ func (inj *Injector) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 			return err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			setTrailer(opts, trailer)
 			return err
 		}
@@ -372,8 +386,7 @@ func (inj *Injector) StreamClientInterceptor() grpc.StreamClientInterceptor {
 			return nil, err
 		}
 		if p.abort != nil {
-			inj.aborts.Add(1)
-			trailer, err := abortStatus(p.abort, "abort")
+			trailer, err := inj.abort(p.abort)
 			setTrailer(opts, trailer)
 			return nil, err
 		}
@@ -386,26 +399,24 @@ func (inj *Injector) StreamClientInterceptor() grpc.StreamClientInterceptor {
 			cancel()
 			return nil, err
 		}
-		w := &cliStream{ClientStream: cs, cancel: cancel, inj: inj,
-			err: status.Error(p.streamAbort.Code, "faultinject: injected stream abort")}
-		w.left.Store(int64(p.streamAbort.AfterMessages))
+		w := &cliStream{ClientStream: cs, cancel: cancel, inj: inj}
+		w.arm(p.streamAbort)
 		return w, nil
 	}
 }
 
-// cliStream fails its messages once left reaches zero, and cancels the
+// cliStream fails its messages once its gate closes, and cancels the
 // stream then, or when RecvMsg reports the stream's end.
 type cliStream struct {
 	grpc.ClientStream
+	gate
 	cancel context.CancelFunc // releases the stream's context; idempotent
 	inj    *Injector
-	left   atomic.Int64 // messages that may still pass
-	once   sync.Once    // counts the abort once
-	err    error        // the abort status; immutable
+	once   sync.Once // counts the abort once
 }
 
 func (s *cliStream) pass() error {
-	if s.left.Add(-1) < 0 {
+	if !s.open() {
 		s.once.Do(func() { s.inj.streamAborts.Add(1) })
 		s.cancel()
 		return s.err

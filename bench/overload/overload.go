@@ -22,6 +22,7 @@
 package overload
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,35 +70,18 @@ func DefaultConfig() Config {
 	}
 }
 
+// withDefaults sets each zero field to DefaultConfig's.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.Tokens == 0 {
-		c.Tokens = d.Tokens
-	}
-	if c.Service == 0 {
-		c.Service = d.Service
-	}
-	if c.Deadline == 0 {
-		c.Deadline = d.Deadline
-	}
-	if c.Low == 0 {
-		c.Low = d.Low
-	}
-	if c.High == 0 {
-		c.High = d.High
-	}
-	if c.LowFor == 0 {
-		c.LowFor = d.LowFor
-	}
-	if c.HighFor == 0 {
-		c.HighFor = d.HighFor
-	}
-	if c.After == 0 {
-		c.After = d.After
-	}
-	if c.Settle == 0 {
-		c.Settle = d.Settle
-	}
+	c.Tokens = cmp.Or(c.Tokens, d.Tokens)
+	c.Service = cmp.Or(c.Service, d.Service)
+	c.Deadline = cmp.Or(c.Deadline, d.Deadline)
+	c.Low = cmp.Or(c.Low, d.Low)
+	c.High = cmp.Or(c.High, d.High)
+	c.LowFor = cmp.Or(c.LowFor, d.LowFor)
+	c.HighFor = cmp.Or(c.HighFor, d.HighFor)
+	c.After = cmp.Or(c.After, d.After)
+	c.Settle = cmp.Or(c.Settle, d.Settle)
 	return c
 }
 

@@ -25,12 +25,10 @@ type stats struct {
 	mu            sync.Mutex
 	period, total map[codes.Code]int64 // calls by final code; guarded by mu
 	totalRetries  int64                // guarded by mu
-	periodStart   time.Time
 }
 
 func newStats() *stats {
-	now := time.Now()
-	return &stats{start: now, periodStart: now, period: map[codes.Code]int64{}, total: map[codes.Code]int64{}}
+	return &stats{start: time.Now(), period: map[codes.Code]int64{}, total: map[codes.Code]int64{}}
 }
 
 func (s *stats) record(c codes.Code) {

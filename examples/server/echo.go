@@ -21,6 +21,11 @@ import (
 // call with an idempotency key is appended to the execution log (when
 // set) before the reply, so a test can count executions per key across a
 // SIGKILL.
+//
+// It is not resiliencetest.Server, though the stream handlers are the same
+// echo loops: that fake records every attempt with a copy of its metadata
+// (memory that grows with every call of a long-running process) and
+// imports package testing; this is a real server.
 type echoServer struct {
 	echov1.UnimplementedEchoServiceServer
 

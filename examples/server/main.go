@@ -141,6 +141,19 @@ func (c *config) faultConfig() (faultinject.Config, error) {
 	return cfg, nil
 }
 
+// injector builds the fault injector of the fault flags.
+func (c *config) injector() (*faultinject.Injector, error) {
+	cfg, err := c.faultConfig()
+	if err != nil {
+		return nil, err
+	}
+	var opts []faultinject.Option
+	if c.metadataFaults {
+		opts = append(opts, faultinject.WithMetadataFaults())
+	}
+	return faultinject.New(cfg, opts...)
+}
+
 // failureCode parses -fail-code.
 func failureCode(s string) (codes.Code, error) {
 	code, err := rescodes.Parse(s)
@@ -182,15 +195,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fcfg, err := c.faultConfig()
-	if err != nil {
-		return err
-	}
-	var fopts []faultinject.Option
-	if c.metadataFaults {
-		fopts = append(fopts, faultinject.WithMetadataFaults())
-	}
-	inj, err := faultinject.New(fcfg, fopts...)
+	inj, err := c.injector()
 	if err != nil {
 		return err
 	}
@@ -242,23 +247,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "grpc listening on %s\n", lis.Addr())
-	var hsrv *http.Server
-	errc := make(chan error, 2)
-	if c.metricsAddr != "" {
-		mlis, err := net.Listen("tcp", c.metricsAddr)
-		if err != nil {
-			lis.Close()
-			return err
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		fmt.Fprintf(stdout, "metrics listening on %s\n", mlis.Addr())
-		go func() {
-			if err := hsrv.Serve(mlis); !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("metrics: %w", err)
-			}
-		}()
+	errc := make(chan error, 2) // one send at most from each server's goroutine
+	hsrv, err := serveMetrics(c.metricsAddr, reg, stdout, errc)
+	if err != nil {
+		lis.Close()
+		return err
 	}
 	go func() { errc <- gs.Serve(lis) }()
 
@@ -272,6 +265,40 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	hs.Shutdown() // NOT_SERVING, so load balancers stop sending
+	stopGracefully(gs, c.shutdownTimeout, logger)
+	if hsrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = hsrv.Shutdown(sctx)
+	}
+	return nil
+}
+
+// serveMetrics serves reg's /metrics on addr in a goroutine that sends to
+// errc only when serving fails; nil, nil when addr is empty.
+func serveMetrics(addr string, reg *prometheus.Registry, stdout io.Writer, errc chan<- error) (*http.Server, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	mlis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	fmt.Fprintf(stdout, "metrics listening on %s\n", mlis.Addr())
+	go func() {
+		if err := hsrv.Serve(mlis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("metrics: %w", err)
+		}
+	}()
+	return hsrv, nil
+}
+
+// stopGracefully lets the calls in flight finish, cutting them after
+// timeout.
+func stopGracefully(gs *grpc.Server, timeout time.Duration, logger *slog.Logger) {
 	stopped := make(chan struct{})
 	go func() {
 		gs.GracefulStop()
@@ -279,17 +306,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}()
 	select {
 	case <-stopped:
-	case <-time.After(c.shutdownTimeout):
-		logger.Warn("graceful stop timed out; cutting the remaining calls", "timeout", c.shutdownTimeout)
+	case <-time.After(timeout):
+		logger.Warn("graceful stop timed out; cutting the remaining calls", "timeout", timeout)
 		gs.Stop()
 		<-stopped
 	}
-	if hsrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = hsrv.Shutdown(sctx)
-	}
-	return nil
 }
 
 // openStore opens the idempotency store named by -store.
