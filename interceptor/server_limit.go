@@ -263,36 +263,15 @@ func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 // of the interceptor and the handler and is released when they return or
 // panic; shed, they do not run.
 func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	crit := s.limits.criticality(ctx)
-	m := s.limits.m
-	start := time.Now()
+	now := time.Now()
 	left := limit.NoDeadline
 	if dl, ok := ctx.Deadline(); ok {
-		left = dl.Sub(start)
+		left = dl.Sub(now)
 	}
-	v, pushback := l.Acquire(limit.Criticality(crit), left)
-	switch v {
-	case limit.ShedDeadline:
-		m.shedCall(ctx, info.FullMethod, crit, shedDeadline)
-		return nil, status.Errorf(codes.DeadlineExceeded,
-			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
-			left.Round(time.Microsecond), l.BaseRTT())
-	case limit.ShedLimit:
-		admitted, queued := l.wait(ctx, crit)
-		if queued {
-			m.waited(ctx, info.FullMethod, time.Since(start))
-		}
-		if !admitted {
-			reason := shedOverLimit
-			if queued {
-				reason = shedQueueTimeout
-			}
-			m.shedCall(ctx, info.FullMethod, crit, reason)
-			return nil, s.limits.shedError(ctx, crit, pushback)
-		}
-		start = time.Now() // the time in the queue is not the service's latency
+	start, err := s.admit(ctx, l, info.FullMethod, now, left)
+	if err != nil {
+		return nil, err
 	}
-	m.admit(ctx, info.FullMethod, crit)
 	// Released on every way the handler ends: a return, or a panic, which
 	// goes on up after the release.
 	defer func() {
@@ -305,6 +284,42 @@ func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc
 		}
 	}()
 	return s.srvUnaryInner(ctx, req, info, handler)
+}
+
+// admit takes a slot of l for a call of fullMethod that arrived at now with
+// left of its deadline (limit.NoDeadline: none, and then it is never shed
+// for its deadline): at once, or from the queue. Admitted, it returns when
+// the call's service time starts (after its time in the queue, which is not
+// the service's latency), and the caller must give the slot back once
+// (Release or Abandon); shed, it returns the status, and holds nothing.
+func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, now time.Time, left time.Duration) (start time.Time, err error) {
+	ls := s.limits
+	crit := ls.criticality(ctx)
+	v, pushback := l.Acquire(limit.Criticality(crit), left)
+	switch v {
+	case limit.ShedDeadline:
+		ls.m.shedCall(ctx, fullMethod, crit, shedDeadline)
+		return now, status.Errorf(codes.DeadlineExceeded,
+			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
+			left.Round(time.Microsecond), l.BaseRTT())
+	case limit.ShedLimit:
+		admitted, queued := l.wait(ctx, crit)
+		if queued {
+			arrived := now
+			now = time.Now()
+			ls.m.waited(ctx, fullMethod, now.Sub(arrived))
+		}
+		if !admitted {
+			reason := shedOverLimit
+			if queued {
+				reason = shedQueueTimeout
+			}
+			ls.m.shedCall(ctx, fullMethod, crit, reason)
+			return now, ls.shedError(ctx, crit, pushback)
+		}
+	}
+	ls.m.admit(ctx, fullMethod, crit)
+	return now, nil
 }
 
 // shedError is the status of a call the limit shed, with the pushback as

@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"context"
 	"strings"
 	"time"
 
@@ -57,36 +56,10 @@ func (ls *srvLimits) streamLimiter(fullMethod string) *srvLimiter {
 	return ls.lookup(fullMethod)
 }
 
-// admitStream admits a stream of fullMethod under l: it returns nil, and
-// then the caller must call l.Abandon once when the stream's handler
-// returns, or the shed status.
-func (s *Server) admitStream(ctx context.Context, l *srvLimiter, fullMethod string) error {
-	ls := s.limits
-	crit := ls.criticality(ctx)
-	start := time.Now()
-	v, pushback := l.Acquire(limit.Criticality(crit), limit.NoDeadline)
-	if v != limit.Admitted {
-		admitted, queued := l.wait(ctx, crit)
-		if queued {
-			ls.m.waited(ctx, fullMethod, time.Since(start))
-		}
-		if !admitted {
-			reason := shedOverLimit
-			if queued {
-				reason = shedQueueTimeout
-			}
-			ls.m.shedCall(ctx, fullMethod, crit, reason)
-			return ls.shedError(ctx, crit, pushback)
-		}
-	}
-	ls.m.admit(ctx, fullMethod, crit)
-	return nil
-}
-
 // limitedStream runs a stream under l: admitted, the handler runs and the
 // slot is released when it returns or panics; shed, it does not run.
 func (s *Server) limitedStream(l *srvLimiter, srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := s.admitStream(ss.Context(), l, info.FullMethod); err != nil {
+	if _, err := s.admit(ss.Context(), l, info.FullMethod, time.Now(), limit.NoDeadline); err != nil {
 		return err
 	}
 	defer l.Abandon() // no sample: a stream's life is not a service time
