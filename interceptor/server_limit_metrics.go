@@ -100,22 +100,11 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 	if mp == nil {
 		return m, nil
 	}
-	meter := mp.Meter(meterName)
-	var err error
-	if m.admitted, err = meter.Int64Counter(metricSrvLimitAdmitted, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls admitted by the server's concurrency limit or CPU shedder.")); err != nil {
-		return nil, err
-	}
-	if m.shed, err = meter.Int64Counter(metricSrvLimitShed, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls shed by the server's overload protection, by reason and criticality.")); err != nil {
-		return nil, err
-	}
-	if m.queueWait, err = meter.Float64Histogram(metricSrvLimitQueueWait, metric.WithUnit("s"),
-		metric.WithDescription("Time calls waited in a concurrency limit's queue, admitted or not."),
-		metric.WithExplicitBucketBoundaries(a66LatencyBounds...)); err != nil {
-		return nil, err
-	}
-	if err := registerLimitGauges(meter, ls); err != nil {
+	mk := instrumentMaker{meter: mp.Meter(meterName)}
+	m.admitted = mk.counter(metricSrvLimitAdmitted, "{call}", "Calls admitted by the server's concurrency limit or CPU shedder.")
+	m.shed = mk.counter(metricSrvLimitShed, "{call}", "Calls shed by the server's overload protection, by reason and criticality.")
+	m.queueWait = mk.seconds(metricSrvLimitQueueWait, "Time calls waited in a concurrency limit's queue, admitted or not.")
+	if err := registerLimitGauges(&mk, ls); err != nil {
 		return nil, err
 	}
 	m.methods.build = newSrvLimitSets
@@ -126,28 +115,19 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 // registerLimitGauges registers the gauges of the current limit, the calls
 // in flight and the calls queued of each limiter of ls, with attribute
 // sets built here, once.
-func registerLimitGauges(meter metric.Meter, ls *srvLimits) error {
-	current, err := meter.Int64ObservableGauge(metricSrvLimitCurrent, metric.WithUnit("{call}"),
-		metric.WithDescription("Current concurrency limit of each limiter; the CPU shedder's bandwidth-delay product."))
-	if err != nil {
-		return err
-	}
-	inFlight, err := meter.Int64ObservableGauge(metricSrvLimitInFlight, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls admitted and running under each limiter."))
-	if err != nil {
-		return err
-	}
-	queued, err := meter.Int64ObservableGauge(metricSrvLimitQueued, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls waiting in each limiter's queue."))
-	if err != nil {
-		return err
+func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) error {
+	current := mk.gauge(metricSrvLimitCurrent, "{call}", "Current concurrency limit of each limiter; the CPU shedder's bandwidth-delay product.")
+	inFlight := mk.gauge(metricSrvLimitInFlight, "{call}", "Calls admitted and running under each limiter.")
+	queued := mk.gauge(metricSrvLimitQueued, "{call}", "Calls waiting in each limiter's queue.")
+	if mk.err != nil {
+		return mk.err
 	}
 	sets := make([]metric.ObserveOption, len(ls.all))
 	for i, nl := range ls.all {
 		sets[i] = metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name))))
 	}
 	cpuSet := metric.WithAttributeSet(attribute.NewSet(attrLimiter.String("cpu")))
-	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	_, err := mk.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		if c := ls.cpu; c != nil {
 			sn := c.bbr.Snapshot(time.Now())
 			o.ObserveInt64(current, int64(sn.Limit), cpuSet)
