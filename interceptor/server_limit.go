@@ -398,15 +398,21 @@ func (s *Server) LimitStatuses() []LimitStatus {
 	if s.limits == nil {
 		return nil
 	}
-	out := make([]LimitStatus, 0, len(s.limits.all)+1)
-	if c := s.limits.cpu; c != nil {
-		sn := c.bbr.Snapshot(time.Now())
+	return s.limits.statuses(time.Now())
+}
+
+// statuses is LimitStatuses at now: the CPU shedder's first, when there is
+// one, then the limiters in the order of ls.all.
+func (ls *srvLimits) statuses(now time.Time) []LimitStatus {
+	out := make([]LimitStatus, 0, len(ls.all)+1)
+	if c := ls.cpu; c != nil {
+		sn := c.bbr.Snapshot(now)
 		out = append(out, LimitStatus{
 			Name: CPUSheddingName, Limit: sn.Limit, InFlight: sn.InFlight, SmoothedRTT: sn.SmoothedRTT,
 			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
 		})
 	}
-	for _, nl := range s.limits.all {
+	for _, nl := range ls.all {
 		sn := nl.l.Snapshot()
 		out = append(out, LimitStatus{
 			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight, Queued: int(nl.l.queued.Load()),

@@ -122,22 +122,21 @@ func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) error {
 	if mk.err != nil {
 		return mk.err
 	}
-	sets := make([]metric.ObserveOption, len(ls.all))
-	for i, nl := range ls.all {
-		sets[i] = metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name))))
+	// sets follows ls.statuses: the CPU shedder's first, when there is one.
+	sets := make([]metric.ObserveOption, 0, len(ls.all)+1)
+	if ls.cpu != nil {
+		sets = append(sets, metric.WithAttributeSet(attribute.NewSet(attrLimiter.String("cpu"))))
 	}
-	cpuSet := metric.WithAttributeSet(attribute.NewSet(attrLimiter.String("cpu")))
+	for _, nl := range ls.all {
+		sets = append(sets, metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name)))))
+	}
 	_, err := mk.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		if c := ls.cpu; c != nil {
-			sn := c.bbr.Snapshot(time.Now())
-			o.ObserveInt64(current, int64(sn.Limit), cpuSet)
-			o.ObserveInt64(inFlight, int64(sn.InFlight), cpuSet)
-		}
-		for i, nl := range ls.all {
-			sn := nl.l.Snapshot()
-			o.ObserveInt64(current, int64(sn.Limit), sets[i])
-			o.ObserveInt64(inFlight, int64(sn.InFlight), sets[i])
-			o.ObserveInt64(queued, int64(nl.l.queued.Load()), sets[i])
+		for i, st := range ls.statuses(time.Now()) {
+			o.ObserveInt64(current, int64(st.Limit), sets[i])
+			o.ObserveInt64(inFlight, int64(st.InFlight), sets[i])
+			if st.Name != CPUSheddingName { // the CPU shedder has no queue
+				o.ObserveInt64(queued, int64(st.Queued), sets[i])
+			}
 		}
 		return nil
 	}, current, inFlight, queued)
