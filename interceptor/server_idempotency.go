@@ -563,8 +563,8 @@ func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 	if p, ok := s.policies[fullMethod]; ok {
 		return p
 	}
-	if i := strings.LastIndexByte(fullMethod, '/'); i > 1 {
-		if p, ok := s.policies[fullMethod[1:i]]; ok {
+	if svc, ok := serviceOf(fullMethod); ok {
+		if p, ok := s.policies[svc]; ok {
 			return p
 		}
 	}

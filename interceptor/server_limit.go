@@ -80,11 +80,7 @@ func WithServerConfig(cfg *serviceconfig.ServerConfig) ServerOption {
 		}
 		for _, mc := range cfg.MethodConfig {
 			for _, n := range mc.Name {
-				raw := n.Service
-				if n.Method != "" {
-					raw = "/" + n.Service + "/" + n.Method
-				}
-				o.methodLimits = append(o.methodLimits, methodLimit{raw, n, *mc.ConcurrencyLimit})
+				o.methodLimits = append(o.methodLimits, methodLimit{nameKey(n), n, *mc.ConcurrencyLimit})
 			}
 		}
 	})
@@ -167,11 +163,10 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 		if err != nil {
 			return nil, errorf("WithMethodConcurrencyLimit(%q): %v", m.raw, err)
 		}
-		key := m.name.Service
+		key := nameKey(m.name)
 		if m.name.Method == "" {
 			ls.services[key] = l
 		} else {
-			key = "/" + m.name.Service + "/" + m.name.Method
 			ls.methods[key] = l
 		}
 		if i, ok := seen[key]; ok {
@@ -249,14 +244,32 @@ func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 	if l, ok := ls.methods[fullMethod]; ok {
 		return l
 	}
-	if len(fullMethod) > 1 {
-		if i := strings.LastIndexByte(fullMethod, '/'); i > 0 {
-			if l, ok := ls.services[fullMethod[1:i]]; ok {
-				return l
-			}
+	if svc, ok := serviceOf(fullMethod); ok {
+		if l, ok := ls.services[svc]; ok {
+			return l
 		}
 	}
 	return ls.server
+}
+
+// nameKey is how the server's per-method tables file a parsed name: its
+// full method "/pkg.Service/Method", or its service "pkg.Service".
+func nameKey(n serviceconfig.Name) string {
+	if n.Method == "" {
+		return n.Service
+	}
+	return "/" + n.Service + "/" + n.Method
+}
+
+// serviceOf returns the service of fullMethod ("/pkg.Service/Method"),
+// what lies between its leading slash and its last one, for the
+// per-service entries of the server's tables; ok false when there is none.
+// It slices fullMethod and allocates nothing.
+func serviceOf(fullMethod string) (service string, ok bool) {
+	if i := strings.LastIndexByte(fullMethod, '/'); i > 1 {
+		return fullMethod[1:i], true
+	}
+	return "", false
 }
 
 // limited runs a unary call under its limiter l: admitted, it runs the rest

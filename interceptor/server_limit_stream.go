@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -33,11 +32,7 @@ func WithStreamConcurrencyLimit(name string) ServerOption {
 			o.errs = append(o.errs, errorf("WithStreamConcurrencyLimit(%q): %v", name, err))
 			return
 		}
-		key := n.Service
-		if n.Method != "" {
-			key = "/" + n.Service + "/" + n.Method
-		}
-		o.streamLimits = append(o.streamLimits, key)
+		o.streamLimits = append(o.streamLimits, nameKey(n))
 	})
 }
 
@@ -48,8 +43,7 @@ func (ls *srvLimits) streamLimiter(fullMethod string) *srvLimiter {
 		return nil
 	}
 	if !ls.streams[fullMethod] {
-		i := strings.LastIndexByte(fullMethod, '/')
-		if i <= 0 || !ls.streams[fullMethod[1:i]] {
+		if svc, ok := serviceOf(fullMethod); !ok || !ls.streams[svc] {
 			return nil
 		}
 	}
