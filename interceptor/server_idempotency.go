@@ -479,7 +479,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		policies:    o.policies,
 		omit:        o.omit,
 		detachMax:   o.detachMax,
-		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		pushbackMD:  metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
 		log:         log,
 		m:           &srvMetrics{},
