@@ -479,7 +479,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		policies:    o.policies,
 		omit:        o.omit,
 		detachMax:   o.detachMax,
-		pushbackMD:  metadata.Pairs("grpc-retry-pushback-ms", strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		pushbackMD:  metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
 		log:         log,
 		m:           &srvMetrics{},
@@ -563,8 +563,8 @@ func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 	if p, ok := s.policies[fullMethod]; ok {
 		return p
 	}
-	if i := strings.LastIndexByte(fullMethod, '/'); i > 1 {
-		if p, ok := s.policies[fullMethod[1:i]]; ok {
+	if svc, ok := serviceOf(fullMethod); ok {
+		if p, ok := s.policies[svc]; ok {
 			return p
 		}
 	}

@@ -80,11 +80,7 @@ func WithServerConfig(cfg *serviceconfig.ServerConfig) ServerOption {
 		}
 		for _, mc := range cfg.MethodConfig {
 			for _, n := range mc.Name {
-				raw := n.Service
-				if n.Method != "" {
-					raw = "/" + n.Service + "/" + n.Method
-				}
-				o.methodLimits = append(o.methodLimits, methodLimit{raw, n, *mc.ConcurrencyLimit})
+				o.methodLimits = append(o.methodLimits, methodLimit{nameKey(n), n, *mc.ConcurrencyLimit})
 			}
 		}
 	})
@@ -167,11 +163,10 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 		if err != nil {
 			return nil, errorf("WithMethodConcurrencyLimit(%q): %v", m.raw, err)
 		}
-		key := m.name.Service
+		key := nameKey(m.name)
 		if m.name.Method == "" {
 			ls.services[key] = l
 		} else {
-			key = "/" + m.name.Service + "/" + m.name.Method
 			ls.methods[key] = l
 		}
 		if i, ok := seen[key]; ok {
@@ -249,50 +244,47 @@ func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 	if l, ok := ls.methods[fullMethod]; ok {
 		return l
 	}
-	if len(fullMethod) > 1 {
-		if i := strings.LastIndexByte(fullMethod, '/'); i > 0 {
-			if l, ok := ls.services[fullMethod[1:i]]; ok {
-				return l
-			}
+	if svc, ok := serviceOf(fullMethod); ok {
+		if l, ok := ls.services[svc]; ok {
+			return l
 		}
 	}
 	return ls.server
+}
+
+// nameKey is how the server's per-method tables file a parsed name: its
+// full method "/pkg.Service/Method", or its service "pkg.Service".
+func nameKey(n serviceconfig.Name) string {
+	if n.Method == "" {
+		return n.Service
+	}
+	return "/" + n.Service + "/" + n.Method
+}
+
+// serviceOf returns the service of fullMethod ("/pkg.Service/Method"),
+// what lies between its leading slash and its last one, for the
+// per-service entries of the server's tables; ok false when there is none.
+// It slices fullMethod and allocates nothing.
+func serviceOf(fullMethod string) (service string, ok bool) {
+	if i := strings.LastIndexByte(fullMethod, '/'); i > 1 {
+		return fullMethod[1:i], true
+	}
+	return "", false
 }
 
 // limited runs a unary call under its limiter l: admitted, it runs the rest
 // of the interceptor and the handler and is released when they return or
 // panic; shed, they do not run.
 func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	crit := s.limits.criticality(ctx)
-	m := s.limits.m
-	start := time.Now()
+	now := time.Now()
 	left := limit.NoDeadline
 	if dl, ok := ctx.Deadline(); ok {
-		left = dl.Sub(start)
+		left = dl.Sub(now)
 	}
-	v, pushback := l.Acquire(limit.Criticality(crit), left)
-	switch v {
-	case limit.ShedDeadline:
-		m.shedCall(ctx, info.FullMethod, crit, shedDeadline)
-		return nil, status.Errorf(codes.DeadlineExceeded,
-			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
-			left.Round(time.Microsecond), l.BaseRTT())
-	case limit.ShedLimit:
-		admitted, queued := l.wait(ctx, crit)
-		if queued {
-			m.waited(ctx, info.FullMethod, time.Since(start))
-		}
-		if !admitted {
-			reason := shedOverLimit
-			if queued {
-				reason = shedQueueTimeout
-			}
-			m.shedCall(ctx, info.FullMethod, crit, reason)
-			return nil, s.limits.shedError(ctx, crit, pushback)
-		}
-		start = time.Now() // the time in the queue is not the service's latency
+	start, err := s.admit(ctx, l, info.FullMethod, now, left)
+	if err != nil {
+		return nil, err
 	}
-	m.admit(ctx, info.FullMethod, crit)
 	// Released on every way the handler ends: a return, or a panic, which
 	// goes on up after the release.
 	defer func() {
@@ -305,6 +297,42 @@ func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc
 		}
 	}()
 	return s.srvUnaryInner(ctx, req, info, handler)
+}
+
+// admit takes a slot of l for a call of fullMethod that arrived at now with
+// left of its deadline (limit.NoDeadline: none, and then it is never shed
+// for its deadline): at once, or from the queue. Admitted, it returns when
+// the call's service time starts (after its time in the queue, which is not
+// the service's latency), and the caller must give the slot back once
+// (Release or Abandon); shed, it returns the status, and holds nothing.
+func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, now time.Time, left time.Duration) (start time.Time, err error) {
+	ls := s.limits
+	crit := ls.criticality(ctx)
+	v, pushback := l.Acquire(limit.Criticality(crit), left)
+	switch v {
+	case limit.ShedDeadline:
+		ls.m.shedCall(ctx, fullMethod, crit, shedDeadline)
+		return now, status.Errorf(codes.DeadlineExceeded,
+			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
+			left.Round(time.Microsecond), l.BaseRTT())
+	case limit.ShedLimit:
+		admitted, queued := l.wait(ctx, crit)
+		if queued {
+			arrived := now
+			now = time.Now()
+			ls.m.waited(ctx, fullMethod, now.Sub(arrived))
+		}
+		if !admitted {
+			reason := shedOverLimit
+			if queued {
+				reason = shedQueueTimeout
+			}
+			ls.m.shedCall(ctx, fullMethod, crit, reason)
+			return now, ls.shedError(ctx, crit, pushback)
+		}
+	}
+	ls.m.admit(ctx, fullMethod, crit)
+	return now, nil
 }
 
 // shedError is the status of a call the limit shed, with the pushback as
@@ -383,15 +411,21 @@ func (s *Server) LimitStatuses() []LimitStatus {
 	if s.limits == nil {
 		return nil
 	}
-	out := make([]LimitStatus, 0, len(s.limits.all)+1)
-	if c := s.limits.cpu; c != nil {
-		sn := c.bbr.Snapshot(time.Now())
+	return s.limits.statuses(time.Now())
+}
+
+// statuses is LimitStatuses at now: the CPU shedder's first, when there is
+// one, then the limiters in the order of ls.all.
+func (ls *srvLimits) statuses(now time.Time) []LimitStatus {
+	out := make([]LimitStatus, 0, len(ls.all)+1)
+	if c := ls.cpu; c != nil {
+		sn := c.bbr.Snapshot(now)
 		out = append(out, LimitStatus{
 			Name: CPUSheddingName, Limit: sn.Limit, InFlight: sn.InFlight, SmoothedRTT: sn.SmoothedRTT,
 			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
 		})
 	}
-	for _, nl := range s.limits.all {
+	for _, nl := range ls.all {
 		sn := nl.l.Snapshot()
 		out = append(out, LimitStatus{
 			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight, Queued: int(nl.l.queued.Load()),

@@ -100,22 +100,11 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 	if mp == nil {
 		return m, nil
 	}
-	meter := mp.Meter(meterName)
-	var err error
-	if m.admitted, err = meter.Int64Counter(metricSrvLimitAdmitted, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls admitted by the server's concurrency limit or CPU shedder.")); err != nil {
-		return nil, err
-	}
-	if m.shed, err = meter.Int64Counter(metricSrvLimitShed, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls shed by the server's overload protection, by reason and criticality.")); err != nil {
-		return nil, err
-	}
-	if m.queueWait, err = meter.Float64Histogram(metricSrvLimitQueueWait, metric.WithUnit("s"),
-		metric.WithDescription("Time calls waited in a concurrency limit's queue, admitted or not."),
-		metric.WithExplicitBucketBoundaries(a66LatencyBounds...)); err != nil {
-		return nil, err
-	}
-	if err := registerLimitGauges(meter, ls); err != nil {
+	mk := instrumentMaker{meter: mp.Meter(meterName)}
+	m.admitted = mk.counter(metricSrvLimitAdmitted, "{call}", "Calls admitted by the server's concurrency limit or CPU shedder.")
+	m.shed = mk.counter(metricSrvLimitShed, "{call}", "Calls shed by the server's overload protection, by reason and criticality.")
+	m.queueWait = mk.seconds(metricSrvLimitQueueWait, "Time calls waited in a concurrency limit's queue, admitted or not.")
+	if err := registerLimitGauges(&mk, ls); err != nil {
 		return nil, err
 	}
 	m.methods.build = newSrvLimitSets
@@ -126,38 +115,28 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 // registerLimitGauges registers the gauges of the current limit, the calls
 // in flight and the calls queued of each limiter of ls, with attribute
 // sets built here, once.
-func registerLimitGauges(meter metric.Meter, ls *srvLimits) error {
-	current, err := meter.Int64ObservableGauge(metricSrvLimitCurrent, metric.WithUnit("{call}"),
-		metric.WithDescription("Current concurrency limit of each limiter; the CPU shedder's bandwidth-delay product."))
-	if err != nil {
-		return err
+func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) error {
+	current := mk.gauge(metricSrvLimitCurrent, "{call}", "Current concurrency limit of each limiter; the CPU shedder's bandwidth-delay product.")
+	inFlight := mk.gauge(metricSrvLimitInFlight, "{call}", "Calls admitted and running under each limiter.")
+	queued := mk.gauge(metricSrvLimitQueued, "{call}", "Calls waiting in each limiter's queue.")
+	if mk.err != nil {
+		return mk.err
 	}
-	inFlight, err := meter.Int64ObservableGauge(metricSrvLimitInFlight, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls admitted and running under each limiter."))
-	if err != nil {
-		return err
+	// sets follows ls.statuses: the CPU shedder's first, when there is one.
+	sets := make([]metric.ObserveOption, 0, len(ls.all)+1)
+	if ls.cpu != nil {
+		sets = append(sets, metric.WithAttributeSet(attribute.NewSet(attrLimiter.String("cpu"))))
 	}
-	queued, err := meter.Int64ObservableGauge(metricSrvLimitQueued, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls waiting in each limiter's queue."))
-	if err != nil {
-		return err
+	for _, nl := range ls.all {
+		sets = append(sets, metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name)))))
 	}
-	sets := make([]metric.ObserveOption, len(ls.all))
-	for i, nl := range ls.all {
-		sets[i] = metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name))))
-	}
-	cpuSet := metric.WithAttributeSet(attribute.NewSet(attrLimiter.String("cpu")))
-	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		if c := ls.cpu; c != nil {
-			sn := c.bbr.Snapshot(time.Now())
-			o.ObserveInt64(current, int64(sn.Limit), cpuSet)
-			o.ObserveInt64(inFlight, int64(sn.InFlight), cpuSet)
-		}
-		for i, nl := range ls.all {
-			sn := nl.l.Snapshot()
-			o.ObserveInt64(current, int64(sn.Limit), sets[i])
-			o.ObserveInt64(inFlight, int64(sn.InFlight), sets[i])
-			o.ObserveInt64(queued, int64(nl.l.queued.Load()), sets[i])
+	_, err := mk.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for i, st := range ls.statuses(time.Now()) {
+			o.ObserveInt64(current, int64(st.Limit), sets[i])
+			o.ObserveInt64(inFlight, int64(st.InFlight), sets[i])
+			if st.Name != CPUSheddingName { // the CPU shedder has no queue
+				o.ObserveInt64(queued, int64(st.Queued), sets[i])
+			}
 		}
 		return nil
 	}, current, inFlight, queued)

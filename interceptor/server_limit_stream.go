@@ -1,8 +1,6 @@
 package interceptor
 
 import (
-	"context"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -34,11 +32,7 @@ func WithStreamConcurrencyLimit(name string) ServerOption {
 			o.errs = append(o.errs, errorf("WithStreamConcurrencyLimit(%q): %v", name, err))
 			return
 		}
-		key := n.Service
-		if n.Method != "" {
-			key = "/" + n.Service + "/" + n.Method
-		}
-		o.streamLimits = append(o.streamLimits, key)
+		o.streamLimits = append(o.streamLimits, nameKey(n))
 	})
 }
 
@@ -49,44 +43,17 @@ func (ls *srvLimits) streamLimiter(fullMethod string) *srvLimiter {
 		return nil
 	}
 	if !ls.streams[fullMethod] {
-		i := strings.LastIndexByte(fullMethod, '/')
-		if i <= 0 || !ls.streams[fullMethod[1:i]] {
+		if svc, ok := serviceOf(fullMethod); !ok || !ls.streams[svc] {
 			return nil
 		}
 	}
 	return ls.lookup(fullMethod)
 }
 
-// admitStream admits a stream of fullMethod under l: it returns nil, and
-// then the caller must call l.Abandon once when the stream's handler
-// returns, or the shed status.
-func (s *Server) admitStream(ctx context.Context, l *srvLimiter, fullMethod string) error {
-	ls := s.limits
-	crit := ls.criticality(ctx)
-	start := time.Now()
-	v, pushback := l.Acquire(limit.Criticality(crit), limit.NoDeadline)
-	if v != limit.Admitted {
-		admitted, queued := l.wait(ctx, crit)
-		if queued {
-			ls.m.waited(ctx, fullMethod, time.Since(start))
-		}
-		if !admitted {
-			reason := shedOverLimit
-			if queued {
-				reason = shedQueueTimeout
-			}
-			ls.m.shedCall(ctx, fullMethod, crit, reason)
-			return ls.shedError(ctx, crit, pushback)
-		}
-	}
-	ls.m.admit(ctx, fullMethod, crit)
-	return nil
-}
-
 // limitedStream runs a stream under l: admitted, the handler runs and the
 // slot is released when it returns or panics; shed, it does not run.
 func (s *Server) limitedStream(l *srvLimiter, srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := s.admitStream(ss.Context(), l, info.FullMethod); err != nil {
+	if _, err := s.admit(ss.Context(), l, info.FullMethod, time.Now(), limit.NoDeadline); err != nil {
 		return err
 	}
 	defer l.Abandon() // no sample: a stream's life is not a service time

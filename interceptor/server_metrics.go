@@ -125,31 +125,56 @@ func newSrvMetrics(mp metric.MeterProvider, failOpen bool) (*srvMetrics, error) 
 	if mp == nil {
 		return m, nil
 	}
-	meter := mp.Meter(meterName)
-	var err error
-	counter := func(name, unit, desc string) metric.Int64Counter {
-		var c metric.Int64Counter
-		if err == nil {
-			c, err = meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		}
-		return c
-	}
-	m.executions = counter(metricSrvExecutions, "{call}", "Handler runs under an idempotency claim.")
-	m.replays = counter(metricSrvReplays, "{call}", "Stored outcomes replayed to duplicates.")
-	m.waits = counter(metricSrvWaits, "{call}", "Duplicates that waited for a running call with the same key.")
-	m.conflicts = counter(metricSrvConflicts, "{call}", "Keyed calls refused: key reused with another request, or in progress.")
-	m.storeErrors = counter(metricSrvStoreErrors, "{error}", "Failed idempotency store operations.")
-	if err == nil {
-		m.storeDur, err = meter.Float64Histogram(metricSrvStoreDuration, metric.WithUnit("s"),
-			metric.WithDescription("Latency of idempotency store operations."),
-			metric.WithExplicitBucketBoundaries(a66LatencyBounds...))
-	}
-	if err != nil {
-		return nil, err
+	mk := instrumentMaker{meter: mp.Meter(meterName)}
+	m.executions = mk.counter(metricSrvExecutions, "{call}", "Handler runs under an idempotency claim.")
+	m.replays = mk.counter(metricSrvReplays, "{call}", "Stored outcomes replayed to duplicates.")
+	m.waits = mk.counter(metricSrvWaits, "{call}", "Duplicates that waited for a running call with the same key.")
+	m.conflicts = mk.counter(metricSrvConflicts, "{call}", "Keyed calls refused: key reused with another request, or in progress.")
+	m.storeErrors = mk.counter(metricSrvStoreErrors, "{error}", "Failed idempotency store operations.")
+	m.storeDur = mk.seconds(metricSrvStoreDuration, "Latency of idempotency store operations.")
+	if mk.err != nil {
+		return nil, mk.err
 	}
 	m.methods.build = m.newSets
 	m.on = true
 	return m, nil
+}
+
+// instrumentMaker makes the server's instruments on one meter and keeps
+// the first error; after it, each method returns the zero instrument, so
+// that a constructor checks err once.
+type instrumentMaker struct {
+	meter metric.Meter
+	err   error
+}
+
+// counter makes an Int64Counter.
+func (mk *instrumentMaker) counter(name, unit, desc string) metric.Int64Counter {
+	var c metric.Int64Counter
+	if mk.err == nil {
+		c, mk.err = mk.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	}
+	return c
+}
+
+// seconds makes a Float64Histogram of durations in seconds, with gRFC
+// A66's latency buckets.
+func (mk *instrumentMaker) seconds(name, desc string) metric.Float64Histogram {
+	var h metric.Float64Histogram
+	if mk.err == nil {
+		h, mk.err = mk.meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(a66LatencyBounds...))
+	}
+	return h
+}
+
+// gauge makes an Int64ObservableGauge.
+func (mk *instrumentMaker) gauge(name, unit, desc string) metric.Int64ObservableGauge {
+	var g metric.Int64ObservableGauge
+	if mk.err == nil {
+		g, mk.err = mk.meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	}
+	return g
 }
 
 // sets returns the attribute sets of fullMethod, building them on its first
