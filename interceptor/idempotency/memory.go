@@ -399,8 +399,9 @@ func entrySize(key RecordKey, fingerprint []byte) int64 {
 }
 
 // Complete implements Store. When key is absent (the owner's lease ended
-// and no one claimed it since), it adds the record if the shard has room
-// for one more entry, and otherwise returns a *FullError.
+// and no one claimed it since), it adds the record if the shard, and the
+// caller's scope quota, have room for one more entry, and otherwise returns
+// a *FullError.
 func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, rec *Record, ttl time.Duration) error {
 	recSize := rec.Size()
 	h := s.hash(key)
@@ -417,6 +418,13 @@ func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, r
 			return fmt.Errorf("%w: %d bytes, bound %d", ErrRecordTooLarge, recSize, s.maxRecordBytes)
 		}
 		size := entrySize(key, rec.Fingerprint)
+		if sh.scopes != nil {
+			// As a claim would: the caller's scope may not grow past its
+			// quota by letting its leases end before completing.
+			if err := sh.scopeRoom(now, key.Scope, size, s.minRetention); err != nil {
+				return err
+			}
+		}
 		if !sh.makeRoom(now, 1, size) {
 			sh.refused++
 			return &FullError{RetryAfter: sh.retryHint(now, nil, s.minRetention), msg: "no room to store the outcome of a call whose lease ended"}

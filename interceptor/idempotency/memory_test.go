@@ -430,3 +430,30 @@ func TestMemoryStoreCompleteStoresPastTheBoundRatherThanRunAgain(t *testing.T) {
 		t.Errorf("Claim() over the byte bound: error = %v, want ErrStoreFull", err)
 	}
 }
+
+// TestMemoryStoreCompleteAfterLeaseEndedKeepsTheScopeQuota: an owner whose
+// lease ended stores its outcome only if its scope has room, as a claim
+// would; a caller cannot grow its scope past the quota by letting its
+// leases end before completing.
+func TestMemoryStoreCompleteAfterLeaseEndedKeepsTheScopeQuota(t *testing.T) {
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(10),
+		idempotency.WithScopeQuota(2, 0), idempotency.WithMinRetention(time.Minute))
+	ctx := context.Background()
+	k := func(i string) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: "b", FullMethod: "/s/m", Key: i}
+	}
+	c, err := s.Claim(ctx, k("1"), []byte("fp"), time.Second)
+	if err != nil || c.State != idempotency.Owned {
+		t.Fatalf("Claim(1) = %v, %v, want Owned", c.State, err)
+	}
+	clk.Advance(2 * time.Second) // the lease of b/1 ends
+	complete(t, s, k("2"), nil, time.Hour)
+	complete(t, s, k("3"), nil, time.Hour) // drops b/1's ended lease: the quota is full of young records
+	err = s.Complete(ctx, k("1"), c.Token, &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y"}, time.Hour)
+	if !errors.Is(err, idempotency.ErrScopeFull) {
+		t.Fatalf("Complete(1) after its lease ended, scope full: error = %v, want ErrScopeFull", err)
+	}
+	if st := s.Stats(); st.Entries != 2 {
+		t.Errorf("Stats().Entries = %d, want 2: the scope's quota", st.Entries)
+	}
+}
