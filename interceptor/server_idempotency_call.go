@@ -322,8 +322,13 @@ func (r *srvRenewal) renew() {
 	if r.stopped {
 		return
 	}
+	// A renewal that takes longer than the time to the next one is of no
+	// use, and stop (the call's settle) waits for it under mu: bound it, so
+	// a stalled store cannot hold up the end of the call.
+	ctx, cancel := context.WithTimeout(r.sctx, r.lease/3)
 	start := r.s.m.start()
-	err := r.s.store.Renew(r.sctx, r.rk, r.token, r.lease)
+	err := r.s.store.Renew(ctx, r.rk, r.token, r.lease)
+	cancel()
 	r.s.m.storeDone(r.sctx, r.method, srvOpRenew, start, err)
 	switch {
 	case err == nil:
