@@ -24,8 +24,7 @@ import (
 // instruments through the SDK's ManualReader, mid-way and at the end.
 func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv, err := NewServer(
 			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
 				MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond}),
@@ -109,8 +108,7 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 // (reason cpu) and its gauges, under resilience.limiter=cpu.
 func TestLimitMetricsCPUShedding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv, err := NewServer(WithCPUShedding(CPUShedding{CPU: func() float64 { return 1 }}), WithServerMeterProvider(mp))
 		if err != nil {
 			t.Fatal(err)
