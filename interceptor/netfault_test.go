@@ -349,7 +349,7 @@ func TestNetFaultCutMidStream(t *testing.T) {
 				e.cut()
 			}
 		}
-		got, err := e.serverStream(count, 5*time.Second, nil)
+		got, err := e.serverStream("s", count, 5*time.Second, nil)
 		if err != nil {
 			t.Fatalf("stream through a cut before commit: %v, want it replayed", err)
 		}
@@ -378,7 +378,7 @@ func TestNetFaultCutMidStream(t *testing.T) {
 					c.cut(e)
 				}
 			}
-			got, err := e.serverStream(count, 5*time.Second, func(n int) {
+			got, err := e.serverStream("s", count, 5*time.Second, func(n int) {
 				if n == 3 {
 					close(read3)
 				}
@@ -456,14 +456,14 @@ func TestNetFaultCutMidStream(t *testing.T) {
 	})
 }
 
-// serverStream reads a ServerStream of count responses; onRead runs after
-// each response with the number read so far.
-func (e *netEnv) serverStream(count int, d time.Duration, onRead func(n int)) ([]int32, error) {
+// serverStream reads a ServerStream of count responses carrying msg;
+// onRead runs after each response with the number read so far.
+func (e *netEnv) serverStream(msg string, count int, d time.Duration, onRead func(n int)) ([]int32, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
 	defer e.done(start, d)
-	stream, err := e.echo.ServerStream(ctx, &echov1.ServerStreamRequest{Message: "s", Count: int32(count)})
+	stream, err := e.echo.ServerStream(ctx, &echov1.ServerStreamRequest{Message: msg, Count: int32(count)})
 	if err != nil {
 		return nil, err
 	}
@@ -621,27 +621,7 @@ func TestNetFaultBandwidth(t *testing.T) {
 	e.toxic("bandwidth", "bandwidth", "downstream", `{"rate":256}`) // KB/s
 	const count = 20
 	payload := strings.Repeat("x", 8<<10) // 20 × 8 KiB at 256 KB/s: about 0.6 s
-	read := func(d time.Duration) ([]int32, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), d)
-		defer cancel()
-		start := time.Now()
-		defer e.done(start, d)
-		stream, err := e.echo.ServerStream(ctx, &echov1.ServerStreamRequest{Message: payload, Count: count})
-		if err != nil {
-			return nil, err
-		}
-		var got []int32
-		for {
-			r, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return got, nil
-			}
-			if err != nil {
-				return got, err
-			}
-			got = append(got, r.GetIndex())
-		}
-	}
+	read := func(d time.Duration) ([]int32, error) { return e.serverStream(payload, count, d, nil) }
 	start := time.Now()
 	got, err := read(10 * time.Second)
 	if err != nil {
