@@ -9,7 +9,6 @@ package interceptor
 // the outage wastes, and the client must recover within a bound.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -59,9 +58,11 @@ func (w *listenWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	w.buf.Write(p)
 	if !w.sent {
-		sc := bufio.NewScanner(bytes.NewReader(w.buf.Bytes()))
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "grpc listening on "); ok {
+		for line := range strings.Lines(w.buf.String()) {
+			if !strings.HasSuffix(line, "\n") {
+				break // a line still being written: its address may be cut short
+			}
+			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "grpc listening on "); ok {
 				w.addr <- a
 				w.sent = true
 				break
