@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
-	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -161,27 +160,10 @@ type netEnvConfig struct {
 	keyed bool
 }
 
-// newNetEnv starts a grpc server on a loopback port, a toxiproxy proxy in
-// front of it, and a client connection through the proxy whose reconnect
-// backoff is short (10 ms to 100 ms), so a test sees recoveries quickly.
-// Everything stops when the test ends, before the leak checks run.
-func newNetEnv(t *testing.T, cfg netEnvConfig) *netEnv {
+// serveLoopback serves gs on a loopback TCP port and returns its address;
+// stop stops gs and waits for Serve to return.
+func serveLoopback(t *testing.T, gs *grpc.Server) (addr string, stop func()) {
 	t.Helper()
-	e := &netEnv{t: t, srv: &netServer{peers: make(map[string][]string), execs: make(map[string]int)}}
-	sopts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(e.srv.recordUnary)}
-	if cfg.keyed {
-		store, err := idempotency.NewMemoryStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
-		if err != nil {
-			t.Fatal(err)
-		}
-		sopts = append(sopts, grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()))
-	}
-	gs := grpc.NewServer(sopts...)
-	echov1.RegisterEchoServiceServer(gs, e.srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -191,13 +173,30 @@ func newNetEnv(t *testing.T, cfg netEnvConfig) *netEnv {
 		defer close(served)
 		_ = gs.Serve(lis)
 	}()
-	t.Cleanup(func() {
+	return lis.Addr().String(), func() {
 		gs.Stop()
 		<-served
-	})
+	}
+}
+
+// newNetEnv starts a grpc server on a loopback port, a toxiproxy proxy in
+// front of it, and a client connection through the proxy whose reconnect
+// backoff is short (10 ms to 100 ms), so a test sees recoveries quickly.
+// Everything stops when the test ends, before the leak checks run.
+func newNetEnv(t *testing.T, cfg netEnvConfig) *netEnv {
+	t.Helper()
+	e := &netEnv{t: t, srv: &netServer{peers: make(map[string][]string), execs: make(map[string]int)}}
+	sopts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(e.srv.recordUnary)}
+	if cfg.keyed {
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(memoryIdemServer(t).UnaryServerInterceptor()))
+	}
+	gs := grpc.NewServer(sopts...)
+	echov1.RegisterEchoServiceServer(gs, e.srv)
+	addr, stop := serveLoopback(t, gs)
+	t.Cleanup(stop)
 
 	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	e.proxy = toxiproxy.NewProxy(api, t.Name(), "127.0.0.1:0", lis.Addr().String())
+	e.proxy = toxiproxy.NewProxy(api, t.Name(), "127.0.0.1:0", addr)
 	if err := e.proxy.Start(); err != nil {
 		t.Fatalf("toxiproxy: %v", err)
 	}
