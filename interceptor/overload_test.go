@@ -152,6 +152,7 @@ func runOverload(t *testing.T, ld load, opts func(ce *capacityEcho) []ServerOpti
 		}
 		cc := serveEcho(t, ce, srv)
 		res = ld.run(cc)
+		synctest.Wait() // every call the server got has its handler started: Add before Wait
 		ce.active.Wait()
 		if srv != nil {
 			st = srv.LimitStatuses()
@@ -238,6 +239,7 @@ func TestOverloadRetriesDoNotAmplify(t *testing.T) {
 		ce := newCapacityEcho(ovTokens, ovService)
 		cc := serveEchoWith(t, ce, srv, spy, c.DialOptions()...)
 		res = load{gap: ovGap(3), dur: 3 * time.Second, deadline: ovDeadline}.run(cc)
+		synctest.Wait() // every call the server got has its handler started: Add before Wait
 		ce.active.Wait()
 	})
 	calls := res.calls[0]
@@ -453,6 +455,7 @@ func TestSlowdownLimitRecovers(t *testing.T) {
 		}()
 		res = load{gap: gap, dur: after, deadline: ovDeadline}.run(cc)
 		<-done
+		synctest.Wait() // every call the server got has its handler started: Add before Wait
 		ce.active.Wait()
 		st = srv.LimitStatuses()
 	})
