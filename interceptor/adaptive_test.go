@@ -7,7 +7,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -87,8 +86,7 @@ func TestAdaptiveCountsOnlyBackendRefusals(t *testing.T) {
 // method's rejection
 // probability is a gauge equal to MethodStatus's.
 func TestAdaptiveRejectionMetrics(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	reader, mp := newMeterReader()
 	var stops []StopReason
 	c := newConfiguredClient(t, WithMeterProvider(mp), WithOnStop(func(_ context.Context, e StopEvent) {
 		stops = append(stops, e.Reason)
@@ -120,7 +118,7 @@ func TestAdaptiveRejectionMetrics(t *testing.T) {
 		t.Errorf("stop reasons %v, want the last %v", stops, StopAdaptiveThrottle)
 	}
 	p := c.Status(echoMethod).Adaptive.RejectProbability
-	echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+	echo := echoMethodAttr
 	got := collect(t, reader)
 	got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=adaptive_throttle": 1})
 	got.expect(t, metricRejectProbability, "1", map[string]float64{echo: p})

@@ -342,3 +342,18 @@ func idemReply(t *testing.T, c idemCall) *echov1.EchoResponse {
 	}
 	return &r
 }
+
+// memoryIdemServer is a Server with idempotency on a fresh memory store
+// and one scope for every caller.
+func memoryIdemServer(tb testing.TB) *Server {
+	tb.Helper()
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}

@@ -265,8 +265,11 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 		book.forget()
 	}
 	if failOpen {
-		for ledgers[0].failed.Load()+ledgers[1].failed.Load() < openProofs && answered.Load() < 2*burst {
-			time.Sleep(time.Millisecond) // polling the observed count
+		for end := time.Now().Add(10 * time.Second); ledgers[0].failed.Load()+ledgers[1].failed.Load() < openProofs && answered.Load() < 2*burst; time.Sleep(time.Millisecond) { // polling the observed count
+			if time.Now().After(end) {
+				t.Fatalf("with Redis down: %d failed store calls and %d answers after 10s, want %d failures or every call answered",
+					ledgers[0].failed.Load()+ledgers[1].failed.Load(), answered.Load(), openProofs)
+			}
 		}
 	} else {
 		for range 2 * pairs { // every worker has seen the outage (or ended)

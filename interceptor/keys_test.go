@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
@@ -48,14 +47,7 @@ func (s *slowOrders) spy(ctx context.Context) {
 // carries the same key, waits for the first execution and gets its reply.
 func TestKeyedRetryOfANonIdempotentCallExecutesOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store, err := idempotency.NewMemoryStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
-		if err != nil {
-			t.Fatal(err)
-		}
+		srv := memoryIdemServer(t)
 		p := fastPolicy(3)
 		p.PerAttemptRecvTimeout = 200 * time.Millisecond
 		c := newTestClient(t, WithRetryPolicy(p), WithIdempotencyKeys(echoMethod))

@@ -25,6 +25,15 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
+// echoMethodAttr is the grpc.method attribute of echoMethod.
+const echoMethodAttr = "grpc.method=resilience.echo.v1.EchoService/Echo"
+
+// newMeterReader returns a meter provider and the manual reader it feeds.
+func newMeterReader() (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
+	reader := sdkmetric.NewManualReader()
+	return reader, sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+}
+
 // collected is what a ManualReader collected, by instrument name.
 type collected map[string]metricdata.Metrics
 
@@ -133,8 +142,7 @@ func (zeroSource) Uint64() uint64 { return 0 }
 // through the SDK's ManualReader: names, units, attributes and values.
 func TestMetricsAfterAScriptedSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv := &testserver.Server{}
 		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
 			switch {
@@ -235,8 +243,7 @@ func TestMetricsAfterAScriptedSequence(t *testing.T) {
 // withholds is counted as a denial, and the call as stopped by it.
 func TestMetricsCountThrottleDenials(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv := &testserver.Server{}
 		srv.SetScript(failFirst(1, codes.Unavailable))
 		cfg := &serviceconfig.Config{
@@ -251,7 +258,7 @@ func TestMetricsCountThrottleDenials(t *testing.T) {
 			t.Fatalf("Echo() = %v, want UNAVAILABLE, not retried", err)
 		}
 		got := collect(t, reader)
-		echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+		echo := echoMethodAttr
 		got.expect(t, metricDenials, "{retry}", map[string]float64{echo + ",resilience.reason=throttled": 1})
 		got.expect(t, metricStops, "{call}", map[string]float64{echo + ",resilience.stop_reason=throttled": 1})
 		if _, ok := got[metricCallRetries]; ok {
@@ -265,8 +272,7 @@ func TestMetricsCountThrottleDenials(t *testing.T) {
 // recorded with grpc.method "other".
 func TestMetricsMethodIsOtherWithoutStaticMethod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv := &testserver.Server{}
 		srv.SetScript(failFirst(1, codes.Unavailable))
 		c := newTestClient(t, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(2)))
@@ -286,8 +292,7 @@ func TestMetricsMethodIsOtherWithoutStaticMethod(t *testing.T) {
 // TestMetricsStateChangesAndBudgetGauge checks the budget gauge of a fresh
 // client and a transition forced by hand.
 func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	reader, mp := newMeterReader()
 	c := newTestClient(t, WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
 		Name:           []serviceconfig.Name{{Service: echoService}},
 		CircuitBreaker: &serviceconfig.CircuitBreaker{},
@@ -296,7 +301,7 @@ func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := collect(t, reader)
-	echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+	echo := echoMethodAttr
 	got.expect(t, metricTransitions, "{transition}", map[string]float64{
 		echo + ",resilience.breaker.from=closed,resilience.breaker.to=forced-open": 1,
 	})
@@ -309,8 +314,7 @@ func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 // attempts.
 func TestMetricsRetriedStream(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv := &testserver.Server{}
 		srv.SetScript(failFirst(2, codes.Unavailable))
 		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(4)))
@@ -342,8 +346,7 @@ func TestMetricsRetriedStream(t *testing.T) {
 // 50ms pushback, no copy runs until the second starts, which succeeds.
 func TestMetricsHedgeRetryDelayIsTimeWithNoCopyRunning(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv := &testserver.Server{}
 		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
 			if a.N == 1 {
@@ -370,8 +373,7 @@ func TestMetricsHedgeRetryDelayIsTimeWithNoCopyRunning(t *testing.T) {
 // reads its occupancy while a call holds the only slot.
 func TestMetricsBulkheadRejection(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv := &testserver.Server{}
 		srv.SetScript(stallFirst())
 		stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
@@ -389,7 +391,7 @@ func TestMetricsBulkheadRejection(t *testing.T) {
 		if status.Code(err) != codes.ResourceExhausted {
 			t.Fatalf("second call: %v, want RESOURCE_EXHAUSTED", err)
 		}
-		echo := "grpc.method=resilience.echo.v1.EchoService/Echo"
+		echo := echoMethodAttr
 		got := collect(t, reader)
 		got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=bulkhead_full": 1})
 		got.expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 1})
@@ -403,8 +405,7 @@ func TestMetricsBulkheadRejection(t *testing.T) {
 // call is recorded with its own connection's grpc.target.
 func TestMetricsTargetPerConnection(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv := &testserver.Server{}
 		srv.SetScript(failFirst(2, codes.Unavailable))
 		c := newTestClient(t, WithMeterProvider(mp), WithRandSource(zeroSource{}), WithRetryPolicy(fastPolicy(2)))

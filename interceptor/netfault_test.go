@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
-	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -161,27 +160,10 @@ type netEnvConfig struct {
 	keyed bool
 }
 
-// newNetEnv starts a grpc server on a loopback port, a toxiproxy proxy in
-// front of it, and a client connection through the proxy whose reconnect
-// backoff is short (10 ms to 100 ms), so a test sees recoveries quickly.
-// Everything stops when the test ends, before the leak checks run.
-func newNetEnv(t *testing.T, cfg netEnvConfig) *netEnv {
+// serveLoopback serves gs on a loopback TCP port and returns its address;
+// stop stops gs and waits for Serve to return.
+func serveLoopback(t *testing.T, gs *grpc.Server) (addr string, stop func()) {
 	t.Helper()
-	e := &netEnv{t: t, srv: &netServer{peers: make(map[string][]string), execs: make(map[string]int)}}
-	sopts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(e.srv.recordUnary)}
-	if cfg.keyed {
-		store, err := idempotency.NewMemoryStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
-		if err != nil {
-			t.Fatal(err)
-		}
-		sopts = append(sopts, grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()))
-	}
-	gs := grpc.NewServer(sopts...)
-	echov1.RegisterEchoServiceServer(gs, e.srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -191,13 +173,30 @@ func newNetEnv(t *testing.T, cfg netEnvConfig) *netEnv {
 		defer close(served)
 		_ = gs.Serve(lis)
 	}()
-	t.Cleanup(func() {
+	return lis.Addr().String(), func() {
 		gs.Stop()
 		<-served
-	})
+	}
+}
+
+// newNetEnv starts a grpc server on a loopback port, a toxiproxy proxy in
+// front of it, and a client connection through the proxy whose reconnect
+// backoff is short (10 ms to 100 ms), so a test sees recoveries quickly.
+// Everything stops when the test ends, before the leak checks run.
+func newNetEnv(t *testing.T, cfg netEnvConfig) *netEnv {
+	t.Helper()
+	e := &netEnv{t: t, srv: &netServer{peers: make(map[string][]string), execs: make(map[string]int)}}
+	sopts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(e.srv.recordUnary)}
+	if cfg.keyed {
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(memoryIdemServer(t).UnaryServerInterceptor()))
+	}
+	gs := grpc.NewServer(sopts...)
+	echov1.RegisterEchoServiceServer(gs, e.srv)
+	addr, stop := serveLoopback(t, gs)
+	t.Cleanup(stop)
 
 	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	e.proxy = toxiproxy.NewProxy(api, t.Name(), "127.0.0.1:0", lis.Addr().String())
+	e.proxy = toxiproxy.NewProxy(api, t.Name(), "127.0.0.1:0", addr)
 	if err := e.proxy.Start(); err != nil {
 		t.Fatalf("toxiproxy: %v", err)
 	}
@@ -349,7 +348,7 @@ func TestNetFaultCutMidStream(t *testing.T) {
 				e.cut()
 			}
 		}
-		got, err := e.serverStream(count, 5*time.Second, nil)
+		got, err := e.serverStream("s", count, 5*time.Second, nil)
 		if err != nil {
 			t.Fatalf("stream through a cut before commit: %v, want it replayed", err)
 		}
@@ -378,7 +377,7 @@ func TestNetFaultCutMidStream(t *testing.T) {
 					c.cut(e)
 				}
 			}
-			got, err := e.serverStream(count, 5*time.Second, func(n int) {
+			got, err := e.serverStream("s", count, 5*time.Second, func(n int) {
 				if n == 3 {
 					close(read3)
 				}
@@ -456,14 +455,14 @@ func TestNetFaultCutMidStream(t *testing.T) {
 	})
 }
 
-// serverStream reads a ServerStream of count responses; onRead runs after
-// each response with the number read so far.
-func (e *netEnv) serverStream(count int, d time.Duration, onRead func(n int)) ([]int32, error) {
+// serverStream reads a ServerStream of count responses carrying msg;
+// onRead runs after each response with the number read so far.
+func (e *netEnv) serverStream(msg string, count int, d time.Duration, onRead func(n int)) ([]int32, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
 	defer e.done(start, d)
-	stream, err := e.echo.ServerStream(ctx, &echov1.ServerStreamRequest{Message: "s", Count: int32(count)})
+	stream, err := e.echo.ServerStream(ctx, &echov1.ServerStreamRequest{Message: msg, Count: int32(count)})
 	if err != nil {
 		return nil, err
 	}
@@ -621,27 +620,7 @@ func TestNetFaultBandwidth(t *testing.T) {
 	e.toxic("bandwidth", "bandwidth", "downstream", `{"rate":256}`) // KB/s
 	const count = 20
 	payload := strings.Repeat("x", 8<<10) // 20 × 8 KiB at 256 KB/s: about 0.6 s
-	read := func(d time.Duration) ([]int32, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), d)
-		defer cancel()
-		start := time.Now()
-		defer e.done(start, d)
-		stream, err := e.echo.ServerStream(ctx, &echov1.ServerStreamRequest{Message: payload, Count: count})
-		if err != nil {
-			return nil, err
-		}
-		var got []int32
-		for {
-			r, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return got, nil
-			}
-			if err != nil {
-				return got, err
-			}
-			got = append(got, r.GetIndex())
-		}
-	}
+	read := func(d time.Duration) ([]int32, error) { return e.serverStream(payload, count, d, nil) }
 	start := time.Now()
 	got, err := read(10 * time.Second)
 	if err != nil {

@@ -133,6 +133,39 @@ func ovGap(x float64) time.Duration {
 // capacityIn is the most calls the server can finish in d.
 func capacityIn(d time.Duration) float64 { return float64(ovTokens) * float64(d) / float64(ovService) }
 
+// runOverload offers ld, in a synctest bubble, to a capacityEcho behind a
+// server built from opts(ce) (opts nil: no server interceptor), waits until
+// every handler has returned, and gives the result with the server's limit
+// statuses (nil without a server).
+func runOverload(t *testing.T, ld load, opts func(ce *capacityEcho) []ServerOption) (*loadResult, []LimitStatus) {
+	t.Helper()
+	var res *loadResult
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		ce := newCapacityEcho(ovTokens, ovService)
+		var srv *Server
+		if opts != nil {
+			var err error
+			if srv, err = NewServer(opts(ce)...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cc := serveEcho(t, ce, srv)
+		res = ld.run(cc)
+		synctest.Wait() // every call the server got has its handler started: Add before Wait
+		ce.active.Wait()
+		if srv != nil {
+			st = srv.LimitStatuses()
+		}
+	})
+	return res, st
+}
+
+// withLimit is runOverload's opts for a concurrency limit of cfg.
+func withLimit(cfg serviceconfig.ConcurrencyLimit) func(*capacityEcho) []ServerOption {
+	return func(*capacityEcho) []ServerOption { return []ServerOption{WithConcurrencyLimit(cfg)} }
+}
+
 // TestOverloadGoodput runs the open-loop scenario of the overload issue on
 // fake time: 3s of arrivals at three times the capacity, counting the calls
 // started after the first second. Without protection the goodput (calls
@@ -142,31 +175,9 @@ func capacityIn(d time.Duration) float64 { return float64(ovTokens) * float64(d)
 func TestOverloadGoodput(t *testing.T) {
 	const dur, from = 3 * time.Second, time.Second
 	window := capacityIn(dur - from)
-	var unloaded, bare, limited *loadResult
-	synctest.Test(t, func(t *testing.T) {
-		ce := newCapacityEcho(ovTokens, ovService)
-		cc := serveEcho(t, ce, nil)
-		unloaded = load{gap: ovGap(0.5), dur: time.Second, deadline: ovDeadline}.run(cc)
-		ce.active.Wait()
-	})
-	synctest.Test(t, func(t *testing.T) {
-		ce := newCapacityEcho(ovTokens, ovService)
-		cc := serveEcho(t, ce, nil)
-		bare = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
-		ce.active.Wait()
-	})
-	var st []LimitStatus
-	synctest.Test(t, func(t *testing.T) {
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ce := newCapacityEcho(ovTokens, ovService)
-		cc := serveEcho(t, ce, srv)
-		limited = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
-		ce.active.Wait()
-		st = srv.LimitStatuses()
-	})
+	unloaded, _ := runOverload(t, load{gap: ovGap(0.5), dur: time.Second, deadline: ovDeadline}, nil)
+	bare, _ := runOverload(t, load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}, nil)
+	limited, st := runOverload(t, load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}, withLimit(serviceconfig.ConcurrencyLimit{}))
 	base := unloaded.p(0.99)
 	t.Logf("unloaded: p99 %v; capacity in the window %.0f", base, window)
 	t.Logf("no protection: goodput %d (%.1f%% of capacity), codes %v", bare.good[0], 100*float64(bare.good[0])/window, bare.codes)
@@ -228,6 +239,7 @@ func TestOverloadRetriesDoNotAmplify(t *testing.T) {
 		ce := newCapacityEcho(ovTokens, ovService)
 		cc := serveEchoWith(t, ce, srv, spy, c.DialOptions()...)
 		res = load{gap: ovGap(3), dur: 3 * time.Second, deadline: ovDeadline}.run(cc)
+		synctest.Wait() // every call the server got has its handler started: Add before Wait
 		ce.active.Wait()
 	})
 	calls := res.calls[0]
@@ -256,28 +268,16 @@ func TestOverloadRetriesDoNotAmplify(t *testing.T) {
 // SHEDDABLE: the server sheds the sheddable calls, and 99% of the CRITICAL
 // calls or more succeed within their deadline.
 func TestOverloadCriticality(t *testing.T) {
-	var res *loadResult
-	var st []LimitStatus
-	synctest.Test(t, func(t *testing.T) {
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ce := newCapacityEcho(ovTokens, ovService)
-		cc := serveEcho(t, ce, srv)
-		res = load{
-			gap: ovGap(2), dur: 3 * time.Second, deadline: ovDeadline, measureFrom: time.Second,
-			ctx: func(ctx context.Context, i int) context.Context {
-				if i%2 == 1 {
-					return ContextWithCriticality(ctx, Sheddable)
-				}
-				return ctx
-			},
-			class: func(i int) int { return i % 2 },
-		}.run(cc)
-		ce.active.Wait()
-		st = srv.LimitStatuses()
-	})
+	res, st := runOverload(t, load{
+		gap: ovGap(2), dur: 3 * time.Second, deadline: ovDeadline, measureFrom: time.Second,
+		ctx: func(ctx context.Context, i int) context.Context {
+			if i%2 == 1 {
+				return ContextWithCriticality(ctx, Sheddable)
+			}
+			return ctx
+		},
+		class: func(i int) int { return i % 2 },
+	}, withLimit(serviceconfig.ConcurrencyLimit{}))
 	crit := float64(res.good[0]) / float64(res.calls[0])
 	t.Logf("CRITICAL: %d/%d succeeded (%.1f%%); SHEDDABLE: %d/%d; limit %+v",
 		res.good[0], res.calls[0], 100*crit, res.good[1], res.calls[1], st)
@@ -376,20 +376,10 @@ func TestAdaptiveThrottlingSettlesAndRecovers(t *testing.T) {
 // p99 within twice the service time.
 func TestOverloadCPUShedding(t *testing.T) {
 	const dur, from = 6 * time.Second, 2 * time.Second
-	var res *loadResult
-	var st []LimitStatus
-	synctest.Test(t, func(t *testing.T) {
-		ce := newCapacityEcho(ovTokens, ovService)
-		srv, err := NewServer(WithCPUShedding(CPUShedding{
+	res, st := runOverload(t, load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}, func(ce *capacityEcho) []ServerOption {
+		return []ServerOption{WithCPUShedding(CPUShedding{
 			CPU: func() float64 { return float64(len(ce.tokens)) / ovTokens },
-		}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cc := serveEcho(t, ce, srv)
-		res = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
-		ce.active.Wait()
-		st = srv.LimitStatuses()
+		})}
 	})
 	window := capacityIn(dur - from)
 	good := float64(res.good[0]) / window
@@ -408,19 +398,8 @@ func TestOverloadCPUShedding(t *testing.T) {
 // queue trades that much latency for absorbing bursts).
 func TestOverloadGoodputWithQueue(t *testing.T) {
 	const dur, from = 3 * time.Second, time.Second
-	var res *loadResult
-	var st []LimitStatus
-	synctest.Test(t, func(t *testing.T) {
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MaxQueue: 10, MaxQueueWait: 50 * time.Millisecond}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ce := newCapacityEcho(ovTokens, ovService)
-		cc := serveEcho(t, ce, srv)
-		res = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}.run(cc)
-		ce.active.Wait()
-		st = srv.LimitStatuses()
-	})
+	res, st := runOverload(t, load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from},
+		withLimit(serviceconfig.ConcurrencyLimit{MaxQueue: 10, MaxQueueWait: 50 * time.Millisecond}))
 	good := float64(res.good[0]) / capacityIn(dur-from)
 	t.Logf("with a queue: goodput %.1f%% of capacity, admitted p99 %v, %+v", 100*good, res.p(0.99), st)
 	if good < 0.9 {
@@ -476,6 +455,7 @@ func TestSlowdownLimitRecovers(t *testing.T) {
 		}()
 		res = load{gap: gap, dur: after, deadline: ovDeadline}.run(cc)
 		<-done
+		synctest.Wait() // every call the server got has its handler started: Add before Wait
 		ce.active.Wait()
 		st = srv.LimitStatuses()
 	})
@@ -497,19 +477,7 @@ func TestSlowdownLimitRecovers(t *testing.T) {
 // within twice the service time.
 func TestOverloadSustained(t *testing.T) {
 	const dur, last = 30 * time.Second, 2 * time.Second
-	var res *loadResult
-	var st []LimitStatus
-	synctest.Test(t, func(t *testing.T) {
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ce := newCapacityEcho(ovTokens, ovService)
-		cc := serveEcho(t, ce, srv)
-		res = load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: dur - last}.run(cc)
-		ce.active.Wait()
-		st = srv.LimitStatuses()
-	})
+	res, st := runOverload(t, load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: dur - last}, withLimit(serviceconfig.ConcurrencyLimit{}))
 	good := float64(res.good[0]) / capacityIn(last)
 	t.Logf("after %v at 3×: goodput %.1f%% of capacity, admitted p99 %v, %+v", dur, 100*good, res.p(0.99), st)
 	if good < 0.9 {

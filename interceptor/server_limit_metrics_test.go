@@ -24,8 +24,7 @@ import (
 // instruments through the SDK's ManualReader, mid-way and at the end.
 func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv, err := NewServer(
 			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
 				MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond}),
@@ -109,28 +108,24 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 // (reason cpu) and its gauges, under resilience.limiter=cpu.
 func TestLimitMetricsCPUShedding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		srv, err := NewServer(WithCPUShedding(CPUShedding{CPU: func() float64 { return 1 }}), WithServerMeterProvider(mp))
 		if err != nil {
 			t.Fatal(err)
 		}
 		icpt := srv.UnaryServerInterceptor()
 		info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
-		hold := func(d time.Duration) grpc.UnaryHandler {
-			return func(context.Context, any) (any, error) { time.Sleep(d); return "ok", nil }
-		}
 		// One call of 10ms fills a bucket (500ms): the bandwidth-delay
 		// product is then 1 × 10ms / 500ms, rounded up to 1 call.
-		if _, err := icpt(t.Context(), nil, info, hold(10*time.Millisecond)); err != nil {
+		if _, err := icpt(t.Context(), nil, info, sleepHandler(10*time.Millisecond)); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(600 * time.Millisecond)
 		done := make(chan error)
-		go func() { _, err := icpt(t.Context(), nil, info, hold(100*time.Millisecond)); done <- err }()
+		go func() { _, err := icpt(t.Context(), nil, info, sleepHandler(100*time.Millisecond)); done <- err }()
 		synctest.Wait()
 		ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(CriticalityKey, "SHEDDABLE"))
-		if _, err := icpt(ctx, nil, info, hold(0)); status.Code(err) != codes.ResourceExhausted {
+		if _, err := icpt(ctx, nil, info, sleepHandler(0)); status.Code(err) != codes.ResourceExhausted {
 			t.Fatalf("hot CPU, one call in flight: %v, want RESOURCE_EXHAUSTED", err)
 		}
 		mid := collect(t, reader)

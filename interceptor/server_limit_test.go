@@ -64,6 +64,15 @@ func (b *blockingEcho) Echo(ctx context.Context, req *echov1.EchoRequest) (*echo
 	return &echov1.EchoResponse{Message: req.GetMessage()}, nil
 }
 
+// sleepHandler is a unary handler that takes d (on the bubble's clock in
+// synctest) and answers "ok".
+func sleepHandler(d time.Duration) grpc.UnaryHandler {
+	return func(context.Context, any) (any, error) {
+		time.Sleep(d)
+		return "ok", nil
+	}
+}
+
 // limitOfOne is a server whose limit is one call.
 func limitOfOne(t *testing.T, opts ...ServerOption) *Server {
 	t.Helper()
@@ -359,16 +368,10 @@ func TestQueueWaitsForASlot(t *testing.T) {
 		}
 		icpt := srv.UnaryServerInterceptor()
 		info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
-		hold := func(d time.Duration) grpc.UnaryHandler {
-			return func(context.Context, any) (any, error) {
-				time.Sleep(d)
-				return "ok", nil
-			}
-		}
 		results := make(chan error, 3)
 		run := func(d time.Duration) {
 			go func() {
-				_, err := icpt(context.Background(), nil, info, hold(d))
+				_, err := icpt(context.Background(), nil, info, sleepHandler(d))
 				results <- err
 			}()
 			synctest.Wait()

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"testing/synctest"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -21,8 +20,7 @@ import (
 // server's instruments through the SDK's ManualReader.
 func TestServerMetricsAfterAScriptedSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reader, mp := newMeterReader()
 		newUnary := func(store idempotency.Store, opts ...ServerOption) grpc.UnaryServerInterceptor {
 			t.Helper()
 			s, err := NewServer(append([]ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope(),

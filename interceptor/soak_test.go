@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"runtime"
 	"slices"
@@ -36,7 +35,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
-	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -374,27 +372,11 @@ type soakClient struct {
 // startSoak serves srv on a loopback port and connects a Client to it; stop
 // closes both and waits for the server to end.
 func startSoak(t *testing.T, srv *soakServer) (*soakClient, func()) {
-	store, err := idempotency.NewMemoryStore()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()))
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(memoryIdemServer(t).UnaryServerInterceptor()))
 	echov1.RegisterEchoServiceServer(gs, srv)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = gs.Serve(lis)
-	}()
+	addr, stopServer := serveLoopback(t, gs)
 	c := newTestClient(t, WithIdempotencyKeys("/resilience.echo.v1.EchoService/Echo"))
-	cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), append(c.DialOptions(),
+	cc, err := grpc.NewClient("passthrough:///"+addr, append(c.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 100 * time.Millisecond}}),
 	)...)
@@ -403,8 +385,7 @@ func startSoak(t *testing.T, srv *soakServer) (*soakClient, func()) {
 	}
 	return &soakClient{client: c, echo: echov1.NewEchoServiceClient(cc)}, func() {
 		_ = cc.Close()
-		gs.Stop()
-		<-served
+		stopServer()
 	}
 }
 
