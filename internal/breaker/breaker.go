@@ -128,8 +128,8 @@ type Breaker struct {
 
 	// openUntil mirrors the field of the same name for the lock-free
 	// rejections of Allow, and probesFullUntil is, while HalfOpen has every
-	// probe out, the time (Unix ns) at which the oldest is deemed lost; 0
-	// otherwise. Both are written only with mu held.
+	// probe out, the time (Unix ns) at which all are deemed lost (the newest has been
+	// out an open period); 0 otherwise. Both are written only with mu held.
 	openUntilA      atomic.Int64
 	probesFullUntil atomic.Int64
 
@@ -148,7 +148,7 @@ type Breaker struct {
 	openUntil   int64         // Unix ns at which Open turns HalfOpen
 	openFor     time.Duration // length of the current or last open period
 	probes      int           // probes in flight, in HalfOpen
-	probeSince  int64         // admission of the oldest probe in flight, in HalfOpen
+	probeLast   int64         // admission of the newest probe in flight, in HalfOpen
 	successes   int           // successful probes, in HalfOpen
 	trips       uint64        // trips to Open since New, ForceOpen not included
 }
@@ -241,7 +241,7 @@ func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err e
 	case StateForcedOpen:
 		err = ErrForcedOpen
 	case StateHalfOpen:
-		if b.probes >= b.cfg.HalfOpenProbes && t >= b.probeSince+int64(b.openFor) {
+		if b.probes >= b.cfg.HalfOpenProbes && t >= b.probeLast+int64(b.openFor) {
 			// Every probe has been out for a whole open period without an
 			// outcome (its caller hung, or lost the token): deem them lost
 			// and renew HalfOpen, in a new generation that discards their
@@ -249,13 +249,14 @@ func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err e
 			b.setStateLocked(StateHalfOpen, t)
 		}
 		if b.probes < b.cfg.HalfOpenProbes {
-			if b.probes == 0 {
-				b.probeSince = t
-			}
+			// Every probe has been out an open period once the newest
+			// has: an older probe that reported made room for a newer
+			// one, which must get its whole period too.
+			b.probeLast = t
 			b.probes++
 			tok = Token{w: b.word.Load(), at: t}
 			if b.probes == b.cfg.HalfOpenProbes {
-				b.probesFullUntil.Store(b.probeSince + int64(b.openFor))
+				b.probesFullUntil.Store(b.probeLast + int64(b.openFor))
 			}
 		} else {
 			err = ErrHalfOpenFull
@@ -386,7 +387,7 @@ func (b *Breaker) setStateLocked(s State, t int64) {
 	b.openUntil = 0
 	b.openUntilA.Store(0)
 	b.probes = 0
-	b.probeSince = 0
+	b.probeLast = 0
 	b.probesFullUntil.Store(0)
 	b.successes = 0
 	b.word.Store(b.gen<<stateBits | uint64(s))

@@ -292,6 +292,20 @@ func TestStateMachine(t *testing.T) {
 			},
 		},
 		{
+			name: "with two probes, one that replaced a reported probe gets its whole open period",
+			cfg:  Config{ConsecutiveFailures: 1, OpenDuration: time.Second, HalfOpenProbes: 2},
+			steps: []step{
+				call(0, Failure, 0),
+				admit(time.Second, 1),
+				admit(time.Second+900*ms, 2),
+				record(time.Second+950*ms, 1, Success),
+				admit(time.Second+960*ms, 3), // full again: probes 2 and 3
+				reject(2*time.Second+100*ms, ErrHalfOpenFull, 0),
+				record(2*time.Second+200*ms, 2, Success), // not deemed lost: counts
+				state(2*time.Second+200*ms, StateClosed),
+			},
+		},
+		{
 			name: "a slow probe opens the breaker again when slow calls trip it",
 			cfg:  Config{ConsecutiveFailures: 1, SlowCallDuration: 100 * ms, OpenDuration: time.Second},
 			steps: []step{
