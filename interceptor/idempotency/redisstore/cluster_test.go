@@ -74,8 +74,8 @@ func TestClusterOpenChecksEveryPrimary(t *testing.T) {
 	open := func(refuse bool) (*redisstore.Store, string, error) {
 		var log bytes.Buffer
 		opts := []redisstore.Option{redisstore.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))}
-		if refuse {
-			opts = append(opts, redisstore.WithRefuseEvictingPolicy())
+		if !refuse {
+			opts = append(opts, redisstore.WithAllowEvictingPolicy())
 		}
 		s, err := redisstore.Open(ctx, cluster.Client(t, nil), opts...)
 		return s, log.String(), err
@@ -89,11 +89,11 @@ func TestClusterOpenChecksEveryPrimary(t *testing.T) {
 	}
 	s, _, err := open(true)
 	if !errors.Is(err, redisstore.ErrEvictingPolicy) || s != nil || !strings.Contains(err.Error(), evicting) {
-		t.Fatalf("Open(WithRefuseEvictingPolicy) with node %s on allkeys-lru = %v, %v; want ErrEvictingPolicy naming the node", evicting, s, err)
+		t.Fatalf("Open() with node %s on allkeys-lru = %v, %v; want ErrEvictingPolicy naming the node", evicting, s, err)
 	}
 	s, log, err := open(false)
 	if err != nil || s == nil {
-		t.Fatalf("Open() = %v, %v; want a store and a warning", s, err)
+		t.Fatalf("Open(WithAllowEvictingPolicy()) = %v, %v; want a store and a warning", s, err)
 	}
 	if want := "node=" + evicting; !strings.Contains(log, want) || !strings.Contains(log, "maxmemory-policy=allkeys-lru") ||
 		strings.Count(log, "level=WARN") != 1 {

@@ -109,8 +109,11 @@
 //     key and runs the call while its owner still runs, or runs a completed
 //     call again. Use noeviction: writes then fail with an OOM error, which
 //     the interceptor answers with UNAVAILABLE (fail closed) and the handler
-//     does not run. [Open] reads the policy at startup and warns, or refuses
-//     with WithRefuseEvictingPolicy; it tolerates CONFIG being disabled.
+//     does not run. [Open] reads the policy at startup and refuses any other
+//     (an error naming the policy and the fix) unless WithAllowEvictingPolicy
+//     accepts it, with a warning; it tolerates CONFIG being disabled (a
+//     warning), as managed services often disable it. [New] does not
+//     contact Redis, so it checks nothing: prefer Open.
 //   - Persistence: a Redis restarted without persistence (no AOF, no RDB)
 //     has lost every claim and record. Precisely: a duplicate of a call
 //     that completed before the restart finds the key absent, claims it and

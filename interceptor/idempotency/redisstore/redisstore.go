@@ -42,7 +42,7 @@ type Option interface{ apply(*options) }
 type options struct {
 	prefix         string
 	maxRecordBytes int
-	refuseEvicting bool
+	allowEvicting  bool
 	logger         *slog.Logger
 	minReplicas    int           // WithMinReplicas; 0: no WAIT
 	replicaTimeout time.Duration // WithMinReplicas
@@ -62,19 +62,21 @@ func WithKeyPrefix(p string) Option { return optionFunc(func(o *options) { o.pre
 // sending anything to Redis.
 func WithMaxRecordBytes(n int) Option { return optionFunc(func(o *options) { o.maxRecordBytes = n }) }
 
-// ErrEvictingPolicy is wrapped by the error of [Open] with
-// WithRefuseEvictingPolicy when the server's maxmemory-policy is not
-// noeviction: under memory pressure Redis would drop live claims and
-// records, and a duplicate would run its call again, concurrently.
+// ErrEvictingPolicy is wrapped by the error of [Open] when the server's
+// maxmemory-policy is not noeviction (and WithAllowEvictingPolicy is not
+// given): under memory pressure Redis would drop live claims and records,
+// and a duplicate would run its call again, concurrently.
 var ErrEvictingPolicy = errors.New("redisstore: Redis may evict keys (maxmemory-policy is not noeviction)")
 
 // Open returns a Store on client, as New does, after reading the server's
-// maxmemory-policy (CONFIG GET). When the policy is not noeviction, it logs
-// a warning, or, with WithRefuseEvictingPolicy, returns an error wrapping
-// ErrEvictingPolicy. When CONFIG is disabled or not permitted (managed
-// Redis services often rename it), it logs that the policy could not be
-// checked and goes on. Any other error (Redis unreachable) is returned.
-// Warnings go to the logger of WithLogger, by default slog.Default().
+// maxmemory-policy (CONFIG GET). When the policy is not noeviction, it
+// returns an error wrapping ErrEvictingPolicy that names the policy and the
+// fix (CONFIG SET maxmemory-policy noeviction), unless
+// WithAllowEvictingPolicy accepts it, with a warning. When CONFIG is
+// disabled or not permitted (managed Redis services often rename it), it
+// logs that the policy could not be checked and goes on. Any other error
+// (Redis unreachable) is returned. Warnings go to the logger of WithLogger,
+// by default slog.Default().
 //
 // With a *redis.ClusterClient it reads the policy of every primary
 // (ForEachMaster), and the warnings and errors name the node; one evicting
@@ -122,8 +124,10 @@ func (s *Store) checkPolicy(ctx context.Context, client redis.UniversalClient, n
 	if policy == "noeviction" {
 		return nil
 	}
-	if o.refuseEvicting {
-		return fmt.Errorf("%w: it is %s%s", ErrEvictingPolicy, policy, where)
+	if !o.allowEvicting {
+		return fmt.Errorf("%w: it is %s%s; set it to noeviction (CONFIG SET maxmemory-policy noeviction, "+
+			"or maxmemory-policy noeviction in redis.conf), or accept the risk with WithAllowEvictingPolicy",
+			ErrEvictingPolicy, policy, where)
 	}
 	o.logger.Warn("redisstore: maxmemory-policy is not noeviction: under memory pressure Redis may evict live claims "+
 		"and records, and a duplicate may then run its call again, concurrently; set maxmemory-policy noeviction",
@@ -138,10 +142,15 @@ func isCommandRefused(err error) bool {
 	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "unknown command")
 }
 
-// WithRefuseEvictingPolicy makes [Open] return an error, rather than log a
-// warning, when the server's maxmemory-policy is not noeviction.
-func WithRefuseEvictingPolicy() Option {
-	return optionFunc(func(o *options) { o.refuseEvicting = true })
+// WithAllowEvictingPolicy makes [Open] accept a server whose
+// maxmemory-policy is not noeviction, with a warning, where by default it
+// refuses it. The risk is the one ErrEvictingPolicy names: under memory
+// pressure Redis evicts live claims (volatile-ttl evicts them first: their
+// TTL is the shortest) and records, and a duplicate then runs its call
+// again, concurrently with its owner or after it. Use it only for a Redis
+// that never reaches maxmemory, or for calls that may run twice.
+func WithAllowEvictingPolicy() Option {
+	return optionFunc(func(o *options) { o.allowEvicting = true })
 }
 
 // ErrNotReplicated is wrapped by the error of a Claim or Complete whose
