@@ -292,13 +292,17 @@ func WithIdempotencyTTL(d time.Duration) ServerOption {
 }
 
 // WithIdempotencyLease sets the lease of a running first call (default
-// DefaultIdempotencyLease): if its server crashes, duplicates wait at most
-// this long before one of them runs the call again. The lease follows the
-// handler: it is renewed every lease/3 while the handler runs, and the first
-// one is at least the time left to the call's deadline. A shorter lease
-// frees a crashed owner's keys sooner, at the cost of more renewals (one
-// store call per lease/3 of handler time); it must outlast the store's
-// unavailability, or the lease may end under a running handler (logged).
+// DefaultIdempotencyLease). The key is claimed for the lease, whatever the
+// caller's deadline, and renewed every lease/3 while the handler runs, so a
+// handler keeps its key however long it runs. If its server crashes, the
+// renewals stop and the key is free one lease after the last one: a
+// duplicate on another replica is blocked at most one lease after the owner
+// died (its polls never sleep past the lease's end), whatever deadline the
+// first caller had. A shorter lease frees a crashed owner's keys sooner, at
+// the cost of more renewals (one store call per lease/3 of handler time);
+// it must outlast the store's unavailability (renewals that fail for two
+// thirds of a lease let it end under a running handler: logged, and a
+// detached handler is then cancelled, since a duplicate may run it).
 func WithIdempotencyLease(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
 }

@@ -47,9 +47,6 @@ type srvIdemCall struct {
 	f *srvFlight
 	// backoff is the delay of the next poll of the store (step claim).
 	backoff time.Duration
-	// lease is the lease the call claims and renews: the configured lease,
-	// or the time left to the call's deadline when that is longer.
-	lease time.Duration
 
 	// Set by step run, while the call owns the claim:
 	token   string          // the claim's owner token
@@ -75,11 +72,7 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 		}
 		return handler(ctx, req)
 	}
-	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial, lease: s.lease}
-	if dl, ok := ctx.Deadline(); ok {
-		c.lease = max(c.lease, time.Until(dl))
-	}
-	c.lease = max(c.lease, s.detachMax)
+	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial}
 	if err := c.key(key); err != nil {
 		return nil, err
 	}
@@ -162,7 +155,7 @@ func (c *srvIdemCall) claim() (any, error) {
 	defer c.s.flights.finish(c.f) // after c.f.out is written, or with it unset: waiters compete again
 	for {
 		start := c.s.m.start()
-		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.lease)
+		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
 		c.s.m.storeDone(c.ctx, c.info.FullMethod, srvOpClaim, start, err)
 		if err != nil {
 			return c.claimFailed(err)
@@ -261,7 +254,7 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 		defer cancel()
 	}
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.lease, c.info.FullMethod, cancel)
+	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, cancel)
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
 	c.s.m.execution(c.ctx, c.info.FullMethod)
