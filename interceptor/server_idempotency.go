@@ -48,6 +48,10 @@ const (
 	// lease.
 	DefaultIdempotencyPollInitial = 10 * time.Millisecond
 	DefaultIdempotencyPollMax     = 500 * time.Millisecond
+	// DefaultIdempotencyDetachedMax bounds a keyed call's handler, which
+	// runs detached from its caller's deadline and cancellation (see
+	// WithIdempotencyDetachedHandler).
+	DefaultIdempotencyDetachedMax = 30 * time.Second
 )
 
 // IdempotencyKeyPolicy says what a method does with the idempotency-key
@@ -132,7 +136,7 @@ type srvIdemOptions struct {
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy // by "", service or full method
 	omit        map[string]struct{}             // metadata keys never stored, lower case
-	detachMax   time.Duration                   // > 0: owned handlers run detached, at most this long
+	detachMax   time.Duration                   // > 0: owned handlers run detached, at most this long; 0: on the caller's context
 	errs        []error
 }
 
@@ -144,6 +148,7 @@ func srvIdemDefaults() srvIdemOptions {
 		pollInitial: DefaultIdempotencyPollInitial,
 		pollMax:     DefaultIdempotencyPollMax,
 		retryable:   DefaultIdempotencyUnstored,
+		detachMax:   DefaultIdempotencyDetachedMax,
 	}
 }
 
@@ -215,26 +220,37 @@ func WithIdempotencySharedScope() ServerOption {
 
 func srvSharedScope(context.Context) (string, error) { return "", nil }
 
-// WithIdempotencyDetachedHandler runs the handler of a call that owns its
-// key on a context that the caller's cancellation and deadline do not
-// reach, bounded instead by max, a server-side maximum, and by the key's
-// lease: the lease is at least max, renewed while the handler runs, and if
-// it is lost all the same the handler's context is cancelled, since another
-// call may then run it. Values of the context (metadata, peer, auth) are
-// kept. 0, the default, leaves the handler on the caller's context.
+// WithIdempotencyDetachedHandler sets the bound of a keyed call's handler
+// (default DefaultIdempotencyDetachedMax, 30 s), or, with 0, puts it back
+// on the caller's context.
 //
-// The trade-off, either way. By default a caller that gives up (its
-// deadline passes, it cancels) cancels the handler's context; a handler that
-// then returns CANCELLED or DEADLINE_EXCEEDED has its outcome released, not
-// stored (DefaultIdempotencyUnstored), so the caller's retry runs it again.
-// That is right for a handler whose work is undone with its context (a
-// transaction rolled back), and wrong for one that committed first and
-// noticed the cancellation after (a card charged, then CANCELLED: charged
-// twice). Detached, such a handler finishes what it started and its outcome
-// is stored, so the retry gets it; the cost is that the server keeps
-// working, up to max, for a caller that may not come back, and that the
-// caller's deadline no longer bounds the handler's downstream calls.
-// Duplicates of a detached call wait for it as for any other.
+// By default a keyed call belongs to the server once its handler starts:
+// the call that owns the key runs its handler on a context that the
+// caller's cancellation and deadline do not reach, bounded instead by max
+// from the handler's start, whatever deadline the caller sent, and by the
+// key's lease (renewed while the handler runs; if it is lost all the same,
+// the handler's context is cancelled, since a duplicate may then run the
+// call). Values of the context (metadata, peer, auth) are kept. So a
+// handler that commits its side effect (a card charged) and only then
+// would have seen its caller's deadline finishes, its outcome is stored,
+// and the caller's retry replays it: one charge.
+//
+// The cost: the server keeps working, up to max, for a caller that has
+// gone and may not come back (its concurrency slot and downstream calls
+// included), and the caller's deadline no longer bounds the handler's
+// downstream calls (they get the handler's deadline, max from its start).
+// A handler that needs longer than max gets DEADLINE_EXCEEDED, which is not
+// stored: raise max for it.
+//
+// With 0 the handler runs on the caller's context: a caller that gives up
+// cancels it, and a handler that then returns CANCELLED or
+// DEADLINE_EXCEEDED has its claim released, not stored
+// (DefaultIdempotencyUnstored), so the caller's retry runs it again. That
+// is right only for handlers whose work is undone with their context (a
+// transaction rolled back); one that committed first runs twice. Duplicates
+// wait for a detached call as for any other, each bounded by its own
+// deadline. Calls without a key, and methods whose key policy is
+// IdempotencyKeyIgnored, always run on the caller's context.
 func WithIdempotencyDetachedHandler(max time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) {
 		if max < 0 {

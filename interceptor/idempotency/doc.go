@@ -95,15 +95,22 @@
 // after the caller's deadline is stored, and the caller's retry gets it.
 // That is the point of the key.
 //
-// CANCELLED and DEADLINE_EXCEEDED: by default the handler runs on the
-// caller's context, so the caller's end cancels it, and a handler that
-// returns either code has its claim released: the retry runs it again. That
-// is right when the handler's work is undone with its context, wrong when it
-// committed first (a charge made, then CANCELLED: charged twice). With
-// interceptor.WithIdempotencyDetachedHandler(max) the owner's handler runs
-// on a context the caller's end does not reach, bounded by max and by its
-// lease instead, and its outcome is stored; the server then works, up to
-// max, for a caller that may not come back.
+// A keyed call belongs to the server once its handler starts. By default
+// the owner's handler runs on a context that the caller's deadline and
+// cancellation do not reach, bounded instead by a server-side maximum
+// (interceptor.WithIdempotencyDetachedHandler, default 30 s from the
+// handler's start) and by its lease (if the lease is lost, the handler's
+// context is cancelled). So a handler that commits (a card charged) and
+// finishes after its caller's deadline has passed stores its outcome, and
+// the caller's retry replays it: one charge. What it protects: exactly
+// once for handlers that cannot undo their work when their context ends.
+// The cost: the server works, up to the maximum, for a caller that may not
+// come back, and the handler's downstream calls carry the server's bound,
+// not the caller's deadline. The opt-out,
+// interceptor.WithIdempotencyDetachedHandler(0), runs the handler on the
+// caller's context: the caller's end cancels it, and its CANCELLED or
+// DEADLINE_EXCEEDED is released, not stored, so the retry runs it again
+// (right only for handlers whose work is undone with their context).
 //
 // # The lease
 //
