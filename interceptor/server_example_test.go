@@ -86,6 +86,7 @@ func ExampleNewServer_install() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer srv.Close() // after the grpc.Server has stopped: unregisters its gauges
 	recovery := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		return h(ctx, req) // stands for a panic-recovery interceptor
 	}

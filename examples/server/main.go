@@ -225,6 +225,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer srv.Close() // runs after the grpc.Server has stopped: unregisters its gauges
 	echo, err := newEcho(c.executionLog)
 	if err != nil {
 		return err
