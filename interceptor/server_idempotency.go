@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -178,8 +179,34 @@ func srvIdemOption(f func(*srvIdemOptions)) ServerOption {
 // not the request, not metadata set by interceptors outside this one (they
 // run again for the duplicate), not grpc's own (grpc-status and the like,
 // which the status carries).
+//
+// Health checks and reflection (the services of DefaultExemptServices) run
+// plainly, key or not: a keyed health check is never claimed or replayed,
+// so it always reports the server's current state, unless
+// WithIdempotencyKeyPolicy names the method or its service.
+//
+// A nil store is refused (NewServer returns an error), as is a nil pointer
+// of a store type (such as the *redisstore.Store of an Open whose error was
+// dropped): it would turn idempotency off, or fail every keyed call.
 func WithIdempotencyStore(store idempotency.Store) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.store = store })
+	return srvIdemOption(func(o *srvIdemOptions) {
+		if store == nil || srvNilPointer(store) {
+			arg := "nil"
+			if store != nil {
+				arg = fmt.Sprintf("(%T)(nil)", store)
+			}
+			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyStore(%s): the store must not be nil; "+
+				"pass the store of idempotency.NewMemoryStore or redisstore.Open, after checking their error", arg))
+			return
+		}
+		o.store = store
+	})
+}
+
+// srvNilPointer reports whether v holds a nil pointer.
+func srvNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // WithIdempotencyScope sets the function that names the caller's scope, the
@@ -434,10 +461,13 @@ type srvIdem struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy
-	omit        map[string]struct{}   // metadata keys never stored, lower case; nil when none
-	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
-	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
-	retryHint   *errdetails.RetryInfo // the pushback, the detail of a failed-closed call
+	// exemptServices run plainly unless a key policy names them: a copy of
+	// DefaultExemptServices made by NewServer.
+	exemptServices []string
+	omit           map[string]struct{}   // metadata keys never stored, lower case; nil when none
+	detachMax      time.Duration         // > 0: owned handlers run detached from the caller, at most this long
+	pushbackMD     metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
+	retryHint      *errdetails.RetryInfo // the pushback, the detail of a failed-closed call
 	// renewals holds stopped lease renewals with their timer, for the next
 	// first execution (see srvRenewal). Per server, not global: a timer made
 	// in a testing/synctest bubble must not be reset outside it, and a
@@ -486,24 +516,25 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
 	s := &srvIdem{
-		detach:      !inMemory,
-		store:       o.store,
-		scope:       o.scope,
-		ttl:         o.ttl,
-		lease:       o.lease,
-		pollInitial: o.pollInitial,
-		pollMax:     o.pollMax,
-		noWait:      o.noWait,
-		failOpen:    o.failOpen,
-		retryable:   o.retryable,
-		policies:    o.policies,
-		omit:        o.omit,
-		detachMax:   o.detachMax,
-		pushbackMD:  metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
-		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
-		log:         log,
-		m:           &srvMetrics{},
-		flights:     newSrvFlights(),
+		detach:         !inMemory,
+		store:          o.store,
+		scope:          o.scope,
+		ttl:            o.ttl,
+		lease:          o.lease,
+		pollInitial:    o.pollInitial,
+		pollMax:        o.pollMax,
+		noWait:         o.noWait,
+		failOpen:       o.failOpen,
+		retryable:      o.retryable,
+		policies:       o.policies,
+		omit:           o.omit,
+		exemptServices: slices.Clone(DefaultExemptServices),
+		detachMax:      o.detachMax,
+		pushbackMD:     metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		retryHint:      &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
+		log:            log,
+		m:              &srvMetrics{},
+		flights:        newSrvFlights(),
 		inProgress: srvOutcome{ok: true, pushback: true, err: &srvRejection{code: codes.Aborted,
 			msg:      "idempotency: a call with this idempotency-key is in progress; retry later",
 			sentinel: ErrIdempotencyInProgress}},
@@ -575,20 +606,40 @@ func (s *srvIdem) streamPolicyErr(fullMethod string) error {
 }
 
 // policy returns the key policy of fullMethod: exact method, else service,
-// else the "" entry, else optional.
+// else IdempotencyKeyIgnored for a method of the exempt services (health,
+// reflection), else the "" entry, else optional.
 func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 	if len(s.policies) == 0 {
+		if s.exempt(fullMethod) {
+			return IdempotencyKeyIgnored
+		}
 		return IdempotencyKeyOptional
 	}
 	if p, ok := s.policies[fullMethod]; ok {
 		return p
 	}
-	if svc, ok := serviceOf(fullMethod); ok {
+	svc, ok := serviceOf(fullMethod)
+	if ok {
 		if p, ok := s.policies[svc]; ok {
 			return p
 		}
 	}
+	if s.exempt(fullMethod) {
+		return IdempotencyKeyIgnored
+	}
 	return s.policies[""]
+}
+
+// exempt reports whether fullMethod is of one of the services in
+// s.exemptServices, which run plainly, key or not, unless a key policy
+// names them. Every default one starts with "grpc.", so other methods cost
+// a byte comparison or two.
+func (s *srvIdem) exempt(fullMethod string) bool {
+	if !strings.HasPrefix(fullMethod, "/grpc.") {
+		return false
+	}
+	svc, ok := serviceOf(fullMethod)
+	return ok && slices.Contains(s.exemptServices, svc)
 }
 
 // srvIdemKey returns the call's idempotency key from the values of its
