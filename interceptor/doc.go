@@ -245,7 +245,12 @@
 // while the handler runs, and keeps its records in memory
 // (idempotency.NewMemoryStore, with a stated minimum retention and
 // per-scope quotas) or in Redis (package idempotency/redisstore); see
-// package interceptor/idempotency for the full semantics.
+// package interceptor/idempotency for the full semantics. Every answer the
+// server did not run the handler for (a replay, or a concurrent
+// duplicate's coalesced answer) carries the response header
+// idempotency-replayed: true (IdempotencyReplayedHeader), which
+// IdempotencyReplayed reads from a call's grpc.Header; a client with
+// WithMeterProvider counts such attempts.
 //
 // # Server
 //
@@ -360,6 +365,7 @@
 //	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full, adaptive_throttle)
 //	resilience.client.retry.denials               counter         {retry}       grpc.method, resilience.reason (budget, throttled)
 //	resilience.client.retry.deadline_skips        counter         {retry}       grpc.method: retries and hedges that would not fit the deadline
+//	resilience.client.idempotency.replays         counter         {attempt}     grpc.method: attempts answered by a server's replay (idempotency-replayed)
 //	resilience.client.breaker.transitions         counter         {transition}  grpc.method, resilience.breaker.from, resilience.breaker.to
 //	resilience.client.breaker.state               gauge           {state}       grpc.method: 0 closed, 1 open, 2 half-open, 3 forced open, 4 forced closed
 //	resilience.client.bulkhead.in_flight          gauge           {attempt}     grpc.method

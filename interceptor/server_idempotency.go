@@ -830,10 +830,17 @@ func (s *srvIdem) replyType(name string) (protoreflect.MessageType, error) {
 	return mt, nil
 }
 
-// replay returns a stored outcome: its metadata, and its reply or status.
+// replay returns a stored outcome: its metadata, marked with
+// IdempotencyReplayedHeader, and its reply or status.
 func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, error) {
-	if len(rec.Header) > 0 {
-		_ = grpc.SetHeader(ctx, rec.Header)
+	// Straight to the stream: grpc.SetHeader without one (the interceptor
+	// called outside a grpc server) formats its context into an error.
+	if stream := grpc.ServerTransportStreamFromContext(ctx); stream != nil {
+		hdr := idemReplayedMD
+		if len(rec.Header) > 0 {
+			hdr = metadata.Join(rec.Header, idemReplayedMD)
+		}
+		_ = stream.SetHeader(hdr)
 	}
 	if len(rec.Trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, rec.Trailer)
