@@ -241,6 +241,11 @@ func WithIdempotencyScope(scope func(ctx context.Context) (string, error)) Serve
 // used. Keys must be unguessable (random, 128 bits or more) and never shown
 // to other callers. A later WithIdempotencyScope replaces it, and it
 // replaces an earlier one.
+//
+// All callers then share one scope's quota of the store: by default a
+// quarter of a memory store (idempotency.WithScopeQuota) or of a Redis
+// store (redisstore.WithScopeQuota). Give the store the quota that one
+// scope may use, or turn it off.
 func WithIdempotencySharedScope() ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.scope = srvSharedScope })
 }

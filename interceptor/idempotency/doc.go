@@ -171,9 +171,15 @@
 // Per-scope quotas (WithScopeQuota) bound what one scope holds, so a flood
 // from one caller is refused at its quota and leaves room for the others; a
 // scope over its quota evicts only its own records past the minimum
-// retention. Without a quota one scope can fill the store, and then every
-// scope's new claims are refused until records age past the minimum
-// retention (nobody's record is lost, but new calls wait).
+// retention. By default a scope holds at most a quarter of the store (of
+// its entries and of its bytes: 25,000 entries and 16 MiB with the
+// defaults), so one tenant's flood of unique keys leaves three quarters to
+// the others. A server whose callers all share one scope
+// (interceptor.WithIdempotencySharedScope) sets the quota to what that
+// scope may use, or turns it off with WithScopeQuota(0, 0); without a
+// quota one scope can fill the store, and then every scope's new claims are
+// refused until records age past the minimum retention (nobody's record is
+// lost, but new calls wait).
 //
 // The byte bounds are checked when a key is claimed: an owner's outcome is
 // always stored, even past a bound (refusing it would run the handler
