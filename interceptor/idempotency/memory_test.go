@@ -37,10 +37,17 @@ func newTestMemory(t testing.TB, opts ...idempotency.MemoryOption) (*idempotency
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		s, clk := newTestMemory(t)
+		q, err := idempotency.NewMemoryStore(idempotency.WithNow(clk.Now), idempotency.WithShards(1),
+			idempotency.WithScopeQuota(4, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
 		return storetest.Harness{
 			Store:          s,
 			Advance:        func(_ testing.TB, d time.Duration) { clk.Advance(d) },
 			MaxRecordBytes: testMaxRecord,
+			QuotaStore:     q,
+			QuotaEntries:   4,
 		}
 	})
 }
