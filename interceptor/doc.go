@@ -257,7 +257,10 @@
 // NewServer's UnaryServerInterceptor and StreamServerInterceptor give each
 // handler a context that ends WithServerHeadroom before the caller's
 // deadline, reject calls that arrive with less than the floor left, mark
-// calls whose caller retries, and run idempotency.
+// calls whose caller retries, and run idempotency (whose keyed handlers run
+// detached from the caller by default: WithIdempotencyDetachedHandler).
+// Close a Server once its grpc.Server has stopped, or when a new Server
+// replaces it: Close unregisters its gauges from the meter provider.
 //
 // # Overload protection
 //

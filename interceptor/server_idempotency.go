@@ -172,8 +172,15 @@ func srvIdemOption(f func(*srvIdemOptions)) ServerOption {
 // documentation of interceptor/idempotency for the semantics, and
 // idempotency.NewMemoryStore and redisstore.New for stores.
 //
+// Once a keyed call's handler starts, the call belongs to the server: the
+// handler runs detached from its caller's deadline and cancellation, at
+// most DefaultIdempotencyDetachedMax, and its outcome is stored even when
+// the caller has gone (see WithIdempotencyDetachedHandler for the cost and
+// the opt-out).
+//
 // What a duplicate receives: the stored status (code, message, details) or
-// reply, and the response header and trailer metadata that the handler set
+// reply, marked with the header IdempotencyReplayedHeader, and the response
+// header and trailer metadata that the handler set
 // through its context (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer),
 // less the keys of [WithIdempotencyOmitMetadata]. Nothing else is stored:
 // not the request, not metadata set by interceptors outside this one (they

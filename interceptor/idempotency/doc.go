@@ -45,6 +45,55 @@
 //     Metadata set by interceptors outside the idempotency interceptor is not
 //     stored: they run again for the duplicate.
 //
+// # Defaults
+//
+// What a server gets with no option set, what each default protects, the
+// option that changes it, and the risk of the change:
+//
+//   - Scope: none. interceptor.NewServer refuses a store without
+//     interceptor.WithIdempotencyScope or WithIdempotencySharedScope, so one
+//     caller never receives another's reply. A shared scope gives any caller
+//     who learns or guesses a key its reply.
+//   - Detached handler (interceptor.WithIdempotencyDetachedHandler, 30 s):
+//     a keyed call's handler runs on a context that its caller's deadline
+//     and cancellation do not reach, so a handler that commits and then
+//     sees its caller gone has its outcome stored and replayed (one
+//     charge). 0 puts it back on the caller's context: such a handler runs
+//     twice. Any bound: the server works that long for a caller that left.
+//   - Lease (interceptor.WithIdempotencyLease, 30 s), claimed for the lease
+//     and renewed every lease/3: a crashed owner blocks duplicates on other
+//     replicas at most one lease after its last renewal. Shorter: more
+//     renewals, and a store outage longer than two thirds of it lets the
+//     lease end under a running handler.
+//   - TTL (interceptor.WithIdempotencyTTL, 24 h): duplicates within a day
+//     replay. Shorter: a late retry runs the call again.
+//   - Waiting (interceptor.WithIdempotencyWait, on): a concurrent duplicate
+//     waits for the first call, bounded by its own deadline. Off: ABORTED
+//     with a pushback, and the client's retry comes back.
+//   - Fail closed (interceptor.WithIdempotencyFailOpen, false): a store
+//     failure is UNAVAILABLE with a retry hint, and nothing runs
+//     unrecorded. Open: a duplicate may run the handler again.
+//   - Unstored codes (interceptor.WithIdempotencyUnstoredCodes):
+//     UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, CANCELLED and
+//     DEADLINE_EXCEEDED are released so a retry runs again. Storing more
+//     makes transient failures final for the key's TTL.
+//   - Exempt services: health and reflection run plainly, key or not, so a
+//     health check is never a stale replay; a key policy naming them wins.
+//   - Scope quota: a quarter of the store (WithScopeQuota here,
+//     redisstore.WithScopeQuota for Redis, where it is a quarter of
+//     maxmemory): one tenant's flood is refused at its quota, with
+//     RESOURCE_EXHAUSTED and a RetryInfo, and the other tenants go on.
+//     Off (WithScopeQuota(0, 0)): one scope can fill the store for all.
+//   - Minimum retention (WithMinRetention, 1 minute): a duplicate within it
+//     is replayed whatever others do. 0: a record may be evicted at once
+//     when room is needed, and its duplicate run again.
+//   - Redis eviction policy: redisstore.Open refuses one that may evict;
+//     redisstore.WithAllowEvictingPolicy accepts it, and under memory
+//     pressure a live claim may be evicted and its call run twice.
+//   - Replays are marked: every answer for which the handler did not run
+//     carries the response header idempotency-replayed: true
+//     (interceptor.IdempotencyReplayed reads it); not configurable.
+//
 // Each call is also fingerprinted: SHA-256 of its request, marshalled
 // deterministically. A key reused with a different request is refused with
 // FAILED_PRECONDITION, and nothing of the first request or reply is
@@ -58,10 +107,12 @@
 //	                           (deterministic marshalling), the response header
 //	                           and trailer metadata the handler set
 //	duplicate, completed       replay the stored outcome: same reply bytes,
-//	                           status with details, header and trailer; the
+//	                           status with details, header and trailer, and
+//	                           the header idempotency-replayed: true; the
 //	                           handler does not run
-//	duplicate, in progress     wait for the outcome, bounded by the duplicate's
-//	                           own deadline; or, with waiting off, ABORTED with
+//	duplicate, in progress     wait for the outcome (marked as a replay),
+//	                           bounded by the duplicate's own deadline; or,
+//	                           with waiting off, ABORTED with
 //	                           grpc-retry-pushback-ms
 //	same key, other request    FAILED_PRECONDITION
 //	retryable failure          not stored; the claim is released, so a retry
@@ -70,9 +121,13 @@
 //	                           DEADLINE_EXCEEDED (configurable), and a panic
 //	store or scope full        RESOURCE_EXHAUSTED with RetryInfo; the handler
 //	                           does not run, fail open or not (see below)
+//	caller gives up            the handler goes on, detached (at most 30 s by
+//	                           default), and its outcome is stored
 //	owner crashed              its lease ends (default 30 s; renewed every
 //	                           lease/3 while the handler runs): a duplicate then
 //	                           claims the key and runs the call
+//	health, reflection         run plainly, key or not, unless a key policy
+//	                           names them
 //	reply over the store bound not stored, claim released, reply returned,
 //	                           a warning logged; duplicates run again
 //	no key                     the handler runs, unless the method requires a
