@@ -128,6 +128,7 @@ func TestIdempotencyDetachedHandlerContext(t *testing.T) {
 			time.Sleep(200 * time.Millisecond) // the caller's 100 ms pass
 			s.errAfterLeave = ctx.Err()
 			<-ctx.Done() // the first renewal, at lease/3, finds the lease lost
+			<-child.Done()
 			s.cause, s.child = context.Cause(ctx), child.Err()
 			got <- s
 			return &echov1.EchoResponse{Message: "done"}, nil

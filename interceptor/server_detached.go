@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,8 +25,8 @@ type srvDetached struct {
 	values   context.Context // the caller's, through context.WithoutCancel; immutable
 	deadline time.Time       // immutable
 
+	done  atomic.Value // of chan struct{}: made by Done or end, closed by end; stored under mu, loaded without
 	mu    sync.Mutex
-	done  chan struct{}              // made by Done or end, closed by end; guarded by mu
 	err   error                      // set once, by end; guarded by mu
 	after map[*srvAfterFunc]struct{} // functions to run at the end; guarded by mu
 }
@@ -47,13 +48,20 @@ func newSrvDetached(values context.Context, deadline time.Time) *srvDetached {
 
 func (d *srvDetached) Deadline() (time.Time, bool) { return d.deadline, true }
 
+// Done takes no lock once the channel is made, as context's own contexts
+// do: handlers select on it in loops.
 func (d *srvDetached) Done() <-chan struct{} {
+	if c := d.done.Load(); c != nil {
+		return c.(chan struct{})
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.done == nil {
-		d.done = make(chan struct{})
+	c := d.done.Load()
+	if c == nil {
+		c = make(chan struct{})
+		d.done.Store(c)
 	}
-	return d.done
+	return c.(chan struct{})
 }
 
 func (d *srvDetached) Err() error {
@@ -65,7 +73,10 @@ func (d *srvDetached) Err() error {
 func (d *srvDetached) Value(key any) any { return d.values.Value(key) }
 
 // AfterFunc arranges for f to run in its own goroutine once d ends, as
-// context.AfterFunc does; stop unregisters it and reports whether it did.
+// context.AfterFunc documents for such a method; stop unregisters it and
+// reports whether it did. A context derived from d is ended by such a
+// function, so, as with any context, it ends shortly after d does, not at
+// the same instant.
 func (d *srvDetached) AfterFunc(f func()) (stop func() bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -95,10 +106,10 @@ func (d *srvDetached) end(err error) {
 		return
 	}
 	d.err = err
-	if d.done == nil {
-		d.done = srvClosed
+	if c := d.done.Load(); c == nil {
+		d.done.Store(srvClosed)
 	} else {
-		close(d.done)
+		close(c.(chan struct{}))
 	}
 	for a := range d.after {
 		go a.f()
