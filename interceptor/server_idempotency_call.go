@@ -248,17 +248,19 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 	}
 	hctx := c.ctx
 	var det *srvDetached
+	var now time.Time // read once, only for a detached handler
 	if c.s.detachMax > 0 {
 		// WithIdempotencyDetachedHandler: the caller's end does not reach
 		// the handler; the server's maximum and a lost lease do (the
 		// renewal ends det), and so does the handler's return, as grpc
 		// ends a call's context (deferred after settle, so it runs last).
-		det = newSrvDetached(c.sctx, time.Now().Add(c.s.detachMax))
+		now = time.Now()
+		det = newSrvDetached(c.sctx, now.Add(c.s.detachMax))
 		hctx = det
 		defer det.end(context.Canceled)
 	}
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, det)
+	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, det, now)
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
 	c.s.m.execution(c.ctx, c.info.FullMethod)
@@ -296,9 +298,10 @@ type srvRenewal struct {
 
 // startRenewal returns a running renewal of the claim of rk held with token,
 // its first renewal due after lease/3; its timer fires first at det's
-// deadline when that is sooner.
+// deadline when that is sooner. now is the time det was made (zero
+// without det).
 func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, token string, lease time.Duration,
-	method string, det *srvDetached) *srvRenewal {
+	method string, det *srvDetached, now time.Time) *srvRenewal {
 	r, _ := s.renewals.Get().(*srvRenewal)
 	if r == nil {
 		r = new(srvRenewal)
@@ -307,7 +310,6 @@ func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, to
 	r.s, r.sctx, r.rk, r.token, r.lease, r.method, r.det, r.stopped = s, sctx, rk, token, lease, method, det, false
 	first := lease / 3
 	if det != nil {
-		now := time.Now()
 		r.next = now.Add(first)
 		first = min(first, det.deadline.Sub(now))
 	} else {
