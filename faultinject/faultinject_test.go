@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/faultinject"
 	"github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -111,7 +110,7 @@ func TestPushbackReachesTheRetryPolicy(t *testing.T) {
 				Abort: &faultinject.Abort{Code: codes.Unavailable, Pushback: tt.pushback},
 			}}})
 			client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
-				MaxAttempts: 3, InitialBackoff: time.Millisecond, RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+				MaxAttempts: 3, InitialBackoff: time.Millisecond, RetryableStatusCodes: []codes.Code{codes.Unavailable},
 			}))
 			if err != nil {
 				t.Fatal(err)

@@ -30,7 +30,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -212,7 +211,7 @@ func TestProcessKilledMidLoad(t *testing.T) {
 				Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
 				RetryPolicy: &serviceconfig.RetryPolicy{
 					MaxAttempts: 5, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-					BackoffMultiplier: 2, RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+					BackoffMultiplier: 2, RetryableStatusCodes: []codes.Code{codes.Unavailable},
 				},
 				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5, OpenDuration: openFor, HalfOpenProbes: 1},
 			}},

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
@@ -28,7 +27,7 @@ func Example() {
 	client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
 		MaxAttempts:          4,
 		InitialBackoff:       time.Millisecond,
-		RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+		RetryableStatusCodes: []codes.Code{codes.Unavailable},
 	}))
 	if err != nil {
 		log.Fatal(err)
@@ -68,7 +67,7 @@ func TestRetryPolicyInSynctest(t *testing.T) {
 				InitialBackoff:       10 * time.Second,
 				MaxBackoff:           time.Minute,
 				BackoffMultiplier:    2,
-				RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+				RetryableStatusCodes: []codes.Code{codes.Unavailable},
 				Jitter:               serviceconfig.JitterNone,
 			}),
 		)

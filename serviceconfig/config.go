@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
+	"google.golang.org/grpc/codes"
 )
 
 // DefaultMaxAttemptsCap is the largest MaxAttempts a retry or hedging policy
@@ -237,10 +237,13 @@ type RetryPolicy struct {
 	BackoffMultiplier float64
 
 	// RetryableStatusCodes, when non-empty, is the exact set of codes to
-	// retry. Empty means the defaults of package codes: UNAVAILABLE,
-	// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED of an attempt's own timeout, and
-	// ABORTED for idempotent methods.
-	RetryableStatusCodes rescodes.Set
+	// retry, such as []codes.Code{codes.Unavailable} (grpc's codes; order
+	// and repeats do not matter, and Parse gives them sorted, each once).
+	// Empty means the default rules: UNAVAILABLE, RESOURCE_EXHAUSTED,
+	// DEADLINE_EXCEEDED of an attempt's own timeout, and ABORTED for
+	// idempotent methods. A client turns the list into a bitmask once, when
+	// it resolves the method's policy, so a call never scans it.
+	RetryableStatusCodes []codes.Code
 
 	// PerAttemptRecvTimeout, when positive, bounds each attempt until it
 	// commits (for unary calls, the whole attempt) within the caller's
@@ -272,8 +275,8 @@ type HedgingPolicy struct {
 	// then, further copies go out only after non-fatal failures.
 	HedgingDelay time.Duration
 	// NonFatalStatusCodes are the codes after which hedging goes on; any
-	// other code ends the call.
-	NonFatalStatusCodes rescodes.Set
+	// other code ends the call. A list, as RetryableStatusCodes.
+	NonFatalStatusCodes []codes.Code
 
 	// HedgingDelayQuantile, in (0, 1), makes the delay adaptive (an
 	// extension field): each call waits the method's observed attempt
@@ -376,9 +379,10 @@ type CircuitBreaker struct {
 	// HalfOpenProbes is how many attempts half-open lets through at once;
 	// that many successes close the breaker, one failure opens it. 0 means 1.
 	HalfOpenProbes int
-	// FailureStatusCodes, when non-empty, is the set of codes that count as
-	// failures; empty means codes.DefaultBreakerFailures.
-	FailureStatusCodes rescodes.Set
+	// FailureStatusCodes, when non-empty, lists the codes that count as
+	// failures, as RetryableStatusCodes lists its codes; empty means the
+	// default set, DefaultBreakerFailures of this module's package codes.
+	FailureStatusCodes []codes.Code
 }
 
 // Bulkhead bounds how much of a client one method may occupy. An extension

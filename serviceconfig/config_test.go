@@ -9,7 +9,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -146,7 +145,7 @@ func TestMarshalJSON(t *testing.T) {
 		{name: "zero", config: serviceconfig.Config{}, want: `{}`},
 		{name: "defaults are written out",
 			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
-				RetryPolicy: &serviceconfig.RetryPolicy{RetryableStatusCodes: rescodes.Of(codes.Unavailable)},
+				RetryPolicy: &serviceconfig.RetryPolicy{RetryableStatusCodes: []codes.Code{codes.Unavailable}},
 			}}},
 			want: `{"methodConfig":[{"name":[],"retryPolicy":{"maxAttempts":3,"initialBackoff":"0.1s","maxBackoff":"5s","backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}`},
 		{name: "every block",
@@ -155,9 +154,9 @@ func TestMarshalJSON(t *testing.T) {
 					Name:          []serviceconfig.Name{{Service: "shop.Orders", Method: "Create"}, {}},
 					WaitForReady:  ptr(true),
 					Timeout:       1500 * time.Millisecond,
-					HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Internal)},
+					HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Internal}},
 					CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 3, Window: time.Minute,
-						FailureStatusCodes: rescodes.Of(codes.Unknown, codes.DataLoss)},
+						FailureStatusCodes: []codes.Code{codes.Unknown, codes.DataLoss}},
 					Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 8, MaxQueueWait: 20 * time.Millisecond},
 				}},
 				RetryThrottling:     &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
@@ -177,7 +176,7 @@ func TestMarshalJSON(t *testing.T) {
 			}}},
 			want: `{"methodConfig":[{"name":[],"hedgingPolicy":{"maxAttempts":2,"hedgingDelayQuantile":0.95,"hedgingDelayFloor":"0.001s","hedgingDelayMinSamples":50}}]}`},
 		{name: "one attempt has no document form",
-			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 1, RetryableStatusCodes: 1}}}},
+			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 1, RetryableStatusCodes: []codes.Code{codes.OK}}}}},
 			wantErr: "serviceconfig: methodConfig[0].retryPolicy.maxAttempts: 1 (no retry) has no document form"},
 		{name: "default codes have no document form",
 			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{}}}},

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	rescodes "github.com/grpc-resilience/resilience/codes"
 )
 
@@ -245,13 +247,17 @@ func codeListError(path string, b []byte, err error) error {
 	return &Error{Path: path, Err: describe(err)}
 }
 
-// codeSet returns the set of the codes in list.
-func codeSet(list []code) rescodes.Set {
+// codeList returns the codes of list sorted, each once, or nil when list
+// is empty, so that a parsed Config has one form for one set of codes.
+func codeList(list []code) []codes.Code {
+	if len(list) == 0 {
+		return nil
+	}
 	var s rescodes.Set
 	for _, c := range list {
-		s |= 1 << c
+		s = s.With(codes.Code(c))
 	}
-	return s
+	return s.Codes()
 }
 
 // decimal is a JSON number kept with its text, so that tokenRatio can be cut
@@ -528,7 +534,7 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 			OpenDuration:          optDuration(b.OpenDuration.v),
 			MaxOpenDuration:       optDuration(b.MaxOpenDuration.v),
 			HalfOpenProbes:        b.HalfOpenProbes.v,
-			FailureStatusCodes:    codeSet(b.FailureStatusCodes.v),
+			FailureStatusCodes:    codeList(b.FailureStatusCodes.v),
 		}
 	}
 	if b := m.Bulkhead; b != nil {
@@ -564,7 +570,7 @@ func (r *wireRetry) policy(o parseOptions) (*RetryPolicy, error) {
 		InitialBackoff:        time.Duration(r.InitialBackoff.v),
 		MaxBackoff:            time.Duration(r.MaxBackoff.v),
 		BackoffMultiplier:     r.BackoffMultiplier.v,
-		RetryableStatusCodes:  codeSet(r.RetryableStatusCodes.v),
+		RetryableStatusCodes:  codeList(r.RetryableStatusCodes.v),
 		PerAttemptRecvTimeout: optDuration(r.PerAttemptRecvTimeout.v),
 		Jitter:                Jitter(r.Jitter.v),
 	}, nil
@@ -579,7 +585,7 @@ func (h *wireHedging) policy(o parseOptions) (*HedgingPolicy, error) {
 	p := &HedgingPolicy{
 		MaxAttempts:         min(h.MaxAttempts.v, o.maxAttemptsCap),
 		HedgingDelay:        optDuration(h.HedgingDelay.v),
-		NonFatalStatusCodes: codeSet(h.NonFatalStatusCodes.v),
+		NonFatalStatusCodes: codeList(h.NonFatalStatusCodes.v),
 		HedgingDelayFloor:   optDuration(h.HedgingDelayFloor.v),
 	}
 	switch q := h.HedgingDelayQuantile.v; {

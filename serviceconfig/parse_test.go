@@ -78,7 +78,7 @@ func baseRetry() *serviceconfig.RetryPolicy {
 		InitialBackoff:       100 * time.Millisecond,
 		MaxBackoff:           time.Second,
 		BackoffMultiplier:    2,
-		RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+		RetryableStatusCodes: []codes.Code{codes.Unavailable},
 	}
 }
 
@@ -295,13 +295,13 @@ func parseCases() []parseCase {
 		{name: "retryableStatusCodes not an array", doc: ordersRetry(`"retryableStatusCodes": "UNAVAILABLE"`), wantErr: "retryPolicy.retryableStatusCodes: must be an array of status codes, not a string"},
 		{name: "status codes as numbers", doc: ordersRetry(`"retryableStatusCodes": [14, 4, 0, 16]`),
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) {
-				p.RetryableStatusCodes = rescodes.Of(codes.Unavailable, codes.DeadlineExceeded, codes.OK, codes.Unauthenticated)
+				p.RetryableStatusCodes = []codes.Code{codes.OK, codes.DeadlineExceeded, codes.Unavailable, codes.Unauthenticated}
 			})})},
 		{name: "status codes repeated", doc: ordersRetry(`"retryableStatusCodes": ["UNAVAILABLE", 14, "UNAVAILABLE"]`),
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: baseRetry()})},
 		{name: "status codes in lower case", doc: ordersRetry(`"retryableStatusCodes": ["unavailable", "Resource_Exhausted"]`), grpc: diffCodeCase,
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) {
-				p.RetryableStatusCodes = rescodes.Of(codes.Unavailable, codes.ResourceExhausted)
+				p.RetryableStatusCodes = []codes.Code{codes.ResourceExhausted, codes.Unavailable}
 			})})},
 		{name: "status code 17", doc: ordersRetry(`"retryableStatusCodes": [17]`), wantErr: "retryPolicy.retryableStatusCodes[0]: status code 17 is out of range"},
 		{name: "status code negative", doc: ordersRetry(`"retryableStatusCodes": [14, -1]`), wantErr: "retryPolicy.retryableStatusCodes[1]: must be a status code name"},
@@ -312,7 +312,7 @@ func parseCases() []parseCase {
 		{name: "status code with Kelvin sign", doc: ordersRetry(`"retryableStatusCodes": ["O\u212a"]`), wantErr: "escape"},
 		{name: "status code Kelvin sign unescaped", doc: ordersRetry(`"retryableStatusCodes": ["O` + "\u212a" + `"]`), wantErr: `unknown status code "O` + "\u212a" + `"`},
 		{name: "status code null reads as OK", doc: ordersRetry(`"retryableStatusCodes": [null]`),
-			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.RetryableStatusCodes = rescodes.Of(codes.OK) })})},
+			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.RetryableStatusCodes = []codes.Code{codes.OK} })})},
 		{name: "status code object", doc: ordersRetry(`"retryableStatusCodes": [{}]`), wantErr: "retryableStatusCodes[0]: must be a status code name such as \"UNAVAILABLE\" or a number 0 to 16, not an object"},
 
 		// Our retryPolicy fields.
@@ -330,7 +330,7 @@ func parseCases() []parseCase {
 		// hedgingPolicy.
 		{name: "hedging policy", doc: orders(`"hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.5s", "nonFatalStatusCodes": ["UNAVAILABLE", "internal"]}`),
 			want: svc(serviceconfig.MethodConfig{HedgingPolicy: &serviceconfig.HedgingPolicy{
-				MaxAttempts: 3, HedgingDelay: 500 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable, codes.Internal)}})},
+				MaxAttempts: 3, HedgingDelay: 500 * time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Internal, codes.Unavailable}}})},
 		{name: "hedging policy minimal", doc: orders(`"hedgingPolicy": {"maxAttempts": 2}`),
 			want: svc(serviceconfig.MethodConfig{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2}})},
 		{name: "hedging maxAttempts clamped", doc: orders(`"hedgingPolicy": {"maxAttempts": 9}`),
@@ -456,7 +456,7 @@ func parseCases() []parseCase {
 				CircuitBreaker: &serviceconfig.CircuitBreaker{
 					ConsecutiveFailures: 5, FailureRateThreshold: 0.5, SlowCallDuration: 2 * time.Second, SlowCallRateThreshold: 0.8,
 					MinimumCalls: 20, Window: 10 * time.Second, OpenDuration: 5 * time.Second, MaxOpenDuration: time.Minute,
-					HalfOpenProbes: 2, FailureStatusCodes: rescodes.Of(codes.Unavailable, codes.Internal),
+					HalfOpenProbes: 2, FailureStatusCodes: []codes.Code{codes.Internal, codes.Unavailable},
 				},
 				Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 64, MaxQueue: 128, MaxQueueWait: 100 * time.Millisecond},
 			}),
@@ -663,7 +663,7 @@ func grpcPolicyOf(mc *serviceconfig.MethodConfig) grpcPolicy {
 			initialBackoff:    p.InitialBackoff,
 			maxBackoff:        p.MaxBackoff,
 			backoffMultiplier: p.BackoffMultiplier,
-			codes:             p.RetryableStatusCodes,
+			codes:             rescodes.Of(p.RetryableStatusCodes...),
 		}
 	}
 	return got

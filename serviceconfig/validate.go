@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
+	"google.golang.org/grpc/codes"
 )
 
 // Error is a configuration error: what is wrong (Err) and where (Path, the
@@ -60,9 +60,12 @@ func checkDuration(path string, d time.Duration) error {
 	return nil
 }
 
-func checkSet(path string, s rescodes.Set) error {
-	if s&^rescodes.All != 0 {
-		return newError(path, "holds codes outside 0 to 16")
+// checkCodes reports the first code of list outside 0 to 16.
+func checkCodes(path string, list []codes.Code) error {
+	for i, c := range list {
+		if c > codes.Unauthenticated {
+			return newError(index(path, i), "code "+strconv.FormatUint(uint64(c), 10)+" is not a gRPC status code (0 to 16)")
+		}
 	}
 	return nil
 }
@@ -89,7 +92,7 @@ func (p *RetryPolicy) Validate() error {
 	if err := checkDuration("perAttemptRecvTimeout", p.PerAttemptRecvTimeout); err != nil {
 		return err
 	}
-	return checkSet("retryableStatusCodes", p.RetryableStatusCodes)
+	return checkCodes("retryableStatusCodes", p.RetryableStatusCodes)
 }
 
 // Validate reports the first field of p that is out of range.
@@ -100,7 +103,7 @@ func (p *HedgingPolicy) Validate() error {
 	if err := checkDuration("hedgingDelay", p.HedgingDelay); err != nil {
 		return err
 	}
-	if err := checkSet("nonFatalStatusCodes", p.NonFatalStatusCodes); err != nil {
+	if err := checkCodes("nonFatalStatusCodes", p.NonFatalStatusCodes); err != nil {
 		return err
 	}
 	return p.validateAdaptive()
@@ -191,7 +194,7 @@ func (c *CircuitBreaker) Validate() error {
 			return err
 		}
 	}
-	return checkSet("failureStatusCodes", c.FailureStatusCodes)
+	return checkCodes("failureStatusCodes", c.FailureStatusCodes)
 }
 
 // Validate reports the first field of b that is out of range.
@@ -317,7 +320,7 @@ func (c *CircuitBreaker) validateAdaptive() error {
 		{"openDuration", c.OpenDuration != 0},
 		{"maxOpenDuration", c.MaxOpenDuration != 0},
 		{"halfOpenProbes", c.HalfOpenProbes != 0},
-		{"failureStatusCodes", !c.FailureStatusCodes.IsEmpty()},
+		{"failureStatusCodes", len(c.FailureStatusCodes) > 0},
 	} {
 		if f.set {
 			return newError(f.path, `is not used in mode "adaptive"`)

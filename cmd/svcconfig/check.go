@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -107,8 +108,8 @@ func summary(mc serviceconfig.MethodConfig, a analysis) string {
 				s += fmt.Sprintf(", hedgingDelayMinSamples %d", h.HedgingDelayMinSamples)
 			}
 		}
-		if !h.NonFatalStatusCodes.IsEmpty() {
-			s += ", nonFatalStatusCodes " + codeList(h.NonFatalStatusCodes)
+		if len(h.NonFatalStatusCodes) > 0 {
+			s += ", nonFatalStatusCodes " + codeList(rescodes.Of(h.NonFatalStatusCodes...))
 		}
 		parts = append(parts, s)
 	default:

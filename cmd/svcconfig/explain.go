@@ -196,10 +196,10 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, time
 			t.row("  hedgingDelayMinSamples", fmt.Sprintf("%d (default): attempts observed before the adaptive wait applies", minSamples))
 		}
 	}
-	if h.NonFatalStatusCodes.IsEmpty() {
+	if len(h.NonFatalStatusCodes) == 0 {
 		t.row("  nonFatalStatusCodes", "none (default): any failure ends the call")
 	} else {
-		t.row("  nonFatalStatusCodes", codeList(h.NonFatalStatusCodes)+": hedging goes on after these; any other code ends the call")
+		t.row("  nonFatalStatusCodes", codeList(rescodes.Of(h.NonFatalStatusCodes...))+": hedging goes on after these; any other code ends the call")
 	}
 	t.flush()
 	p.printf("note: the grpc-resilience client hedges unary calls only (a non-fatal failure sends the next copy at once); streams are called once\n")
@@ -353,10 +353,10 @@ func explainBreaker(p *printer, cb *serviceconfig.CircuitBreaker) {
 		probes = breaker.DefaultHalfOpenProbes
 	}
 	t.row("  halfOpenProbes", def(strconv.Itoa(probes), cb.HalfOpenProbes == 0)+": probes let through half-open; that many successes close it")
-	if cb.FailureStatusCodes.IsEmpty() {
+	if len(cb.FailureStatusCodes) == 0 {
 		t.row("  failureStatusCodes", "(default) "+codeList(rescodes.DefaultBreakerFailures))
 	} else {
-		t.row("  failureStatusCodes", codeList(cb.FailureStatusCodes))
+		t.row("  failureStatusCodes", codeList(rescodes.Of(cb.FailureStatusCodes...)))
 	}
 	t.flush()
 	p.printf("the breaker sees every attempt; while it is open, attempts fail fast with UNAVAILABLE and are not retried\n")
