@@ -38,7 +38,19 @@ type Config struct {
 	// maxAttemptsCap is the cap Parse lowered MaxAttempts to; 0 for a
 	// Config built in Go.
 	maxAttemptsCap int
+
+	// warnings are Parse's warnings about the document, in document order.
+	warnings []error
 }
+
+// Warnings returns what Parse found questionable in the document that it
+// still accepted, as *Error values naming JSON paths: unknown keys in gRFC
+// A6's own objects (grpc-go ignores them, and so does Parse; a key that is
+// one of this module's own misspelt or misplaced is an error instead), with
+// the known key each one most likely misspells. It returns nil for a
+// Config built in Go. svcconfig check prints them, and fails on them with
+// -strict.
+func (c *Config) Warnings() []error { return c.warnings }
 
 // MaxAttemptsCap returns the cap on MaxAttempts that Parse applied to c (5
 // unless WithMaxAttemptsCap changed it), or 0 when c was built in Go. A

@@ -19,7 +19,9 @@ import (
 // extension blocks) and returns the validated Config, or an *Error naming
 // the JSON path of the first problem and the rule it breaks. Parse accepts
 // and rejects what grpc-go v1.85 does, except for the gRFC A6 corrections
-// the package documentation lists; it never panics.
+// and our own schema's strictness that the package documentation lists: an
+// unknown key in our blocks is an error naming the closest known key, and
+// one in A6's objects a warning ([Config.Warnings]). It never panics.
 func Parse(data []byte, opts ...ParseOption) (*Config, error) {
 	o := defaultParseOptions()
 	for _, opt := range opts {
@@ -39,7 +41,18 @@ func Parse(data []byte, opts ...ParseOption) (*Config, error) {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return nil, decodeError(data, err)
 	}
-	return w.config(o)
+	// Unknown keys: an error in our blocks, a warning in gRFC A6's objects
+	// (see keys.go).
+	kerr, unknown := checkKeys(data, reflect.TypeFor[wireConfig](), false)
+	if kerr != nil {
+		return nil, kerr
+	}
+	c, err := w.config(o)
+	if err != nil {
+		return nil, hint(err, unknown)
+	}
+	c.warnings = warnings(unknown)
+	return c, nil
 }
 
 // The wire types mirror grpc-go's jsonSC, jsonMC, jsonRetryPolicy, jsonName,
@@ -52,7 +65,7 @@ type wireConfig struct {
 	MethodConfig        *[]wireMethod
 	RetryThrottling     *wireThrottling
 	HealthCheckConfig   *wireHealthCheck
-	RetryBudget         *wireBudget
+	RetryBudget         *wireBudget `sc:"ours"`
 }
 
 type wireMethod struct {
@@ -63,8 +76,8 @@ type wireMethod struct {
 	MaxResponseMessageBytes leaf[*int64]
 	RetryPolicy             *wireRetry
 	HedgingPolicy           *wireHedging
-	CircuitBreaker          *wireBreaker
-	Bulkhead                *wireBulkhead
+	CircuitBreaker          *wireBreaker  `sc:"ours"`
+	Bulkhead                *wireBulkhead `sc:"ours"`
 }
 
 type wireName struct {
@@ -78,8 +91,8 @@ type wireRetry struct {
 	MaxBackoff            leaf[duration]
 	BackoffMultiplier     leaf[float64]
 	RetryableStatusCodes  leaf[[]code]
-	PerAttemptRecvTimeout leaf[*duration]
-	Jitter                leaf[string]
+	PerAttemptRecvTimeout leaf[*duration] `sc:"ours"`
+	Jitter                leaf[string]    `sc:"ours"`
 }
 
 type wireHedging struct {
@@ -88,9 +101,9 @@ type wireHedging struct {
 	NonFatalStatusCodes leaf[[]code]
 	// The adaptive delay: extension fields, ignored by grpc-go; null
 	// means absent.
-	HedgingDelayQuantile   leaf[*float64]
-	HedgingDelayFloor      leaf[*duration]
-	HedgingDelayMinSamples leaf[*int]
+	HedgingDelayQuantile   leaf[*float64]  `sc:"ours"`
+	HedgingDelayFloor      leaf[*duration] `sc:"ours"`
+	HedgingDelayMinSamples leaf[*int]      `sc:"ours"`
 }
 
 type wireThrottling struct {

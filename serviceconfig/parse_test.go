@@ -227,8 +227,10 @@ func parseCases() []parseCase {
 		{name: "timeout zero fails calls at once", doc: orders(`"timeout": "0s"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Nanosecond})},
 		{name: "timeout nanoseconds", doc: orders(`"timeout": "0.000000001s"`), want: svc(serviceconfig.MethodConfig{Timeout: 1})},
 		{name: "timeout with escaped s", doc: orders(`"timeout": "1\u0073"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
-		{name: "timeout without unit", doc: orders(`"timeout": "1"`), wantErr: `serviceconfig: methodConfig[0].timeout: "1" is not a duration: it must end in "s"`},
-		{name: "timeout in milliseconds", doc: orders(`"timeout": "100ms"`), wantErr: `methodConfig[0].timeout: "100ms" is not a duration`},
+		{name: "timeout without unit", doc: orders(`"timeout": "1"`), wantErr: `serviceconfig: methodConfig[0].timeout: "1" is not a duration: it needs its unit: write "1s" for seconds`},
+		{name: "timeout in milliseconds", doc: orders(`"timeout": "100ms"`), wantErr: `methodConfig[0].timeout: "100ms" is not a duration: a service config takes seconds, so write "0.1s"`},
+		{name: "timeout in minutes", doc: orders(`"timeout": "1m30s"`), wantErr: `methodConfig[0].timeout: "1m30s" is not a duration: a service config takes seconds, so write "90s"`},
+		{name: "timeout as a JSON number", doc: orders(`"timeout": 0.25`), wantErr: `methodConfig[0].timeout: must be a duration string such as "0.5s", not a number: write "0.25s"`},
 		{name: "timeout upper-case S", doc: orders(`"timeout": "1S"`), wantErr: `methodConfig[0].timeout: "1S" is not a duration`},
 		{name: "timeout as number", doc: orders(`"timeout": 1`), wantErr: `methodConfig[0].timeout: must be a duration string such as "0.5s", not a number`},
 		{name: "timeout ten fraction digits", doc: orders(`"timeout": "1.0000000001s"`), wantErr: "more than 9 digits after the dot"},
@@ -712,9 +714,26 @@ func checkRoundTrip(t *testing.T, c *serviceconfig.Config, opts ...serviceconfig
 	if err != nil {
 		t.Fatalf("Parse(%s) = %v, want the config it was marshalled from", out, err)
 	}
-	equal(t, again, c, "Parse(%s)", out)
+	// The document written has no unknown keys, so no warnings.
+	if w := again.Warnings(); w != nil {
+		t.Fatalf("Parse(%s).Warnings() = %v, want none", out, w)
+	}
+	equal(t, exported(again), exported(c), "Parse(%s)", out)
+	if again.MaxAttemptsCap() != c.MaxAttemptsCap() {
+		t.Fatalf("Parse(%s).MaxAttemptsCap() = %d, want %d", out, again.MaxAttemptsCap(), c.MaxAttemptsCap())
+	}
 	out2, err := json.Marshal(again)
 	if err != nil || !bytes.Equal(out, out2) {
 		t.Fatalf("json.Marshal(Parse(%s)) = %s, %v, want the same", out, out2, err)
+	}
+}
+
+// exported returns the fields of c that a document carries, without what
+// Parse notes beside them (the cap it applied, its warnings).
+func exported(c *serviceconfig.Config) serviceconfig.Config {
+	return serviceconfig.Config{
+		MethodConfig: c.MethodConfig, RetryThrottling: c.RetryThrottling, RetryBudget: c.RetryBudget,
+		LoadBalancingPolicy: c.LoadBalancingPolicy, LoadBalancingConfig: c.LoadBalancingConfig,
+		HealthCheckConfig: c.HealthCheckConfig,
 	}
 }

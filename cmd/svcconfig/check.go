@@ -41,10 +41,15 @@ func check(w io.Writer, data []byte, opts options) (warnings int, err error) {
 		lines = all
 	}
 
+	docWarnings := d.parseWarnings()
+	warnings += len(docWarnings)
 	if warnings == 0 {
 		p.printf("ok\n")
 	} else {
 		p.printf("ok, with %s\n", plural(warnings, "warning", "warnings"))
+	}
+	for _, wn := range docWarnings {
+		p.printf("WARNING: %s\n", wn)
 	}
 	if len(lines) == 0 {
 		p.printf("no methodConfig entries: no method gets a policy\n")

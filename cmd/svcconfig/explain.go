@@ -34,9 +34,10 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	if !r.found {
 		t.row("entry", "none: no methodConfig entry names the method, its service "+service+", or a default")
 		t.flush()
-		p.warnings([]string{"nothing to explain: no entry applies, so calls to " + fullMethod +
-			" get no timeout and are not retried under this document"})
-		return 1, p.err
+		ws := append([]string{"nothing to explain: no entry applies, so calls to " + fullMethod +
+			" get no timeout and are not retried under this document"}, d.parseWarnings()...)
+		p.warnings(ws)
+		return len(ws), p.err
 	}
 	mc := r.mc
 	switch r.level {
@@ -83,6 +84,7 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	if (mc.CircuitBreaker != nil || mc.Bulkhead != nil) && slices.Contains(interceptor.DefaultExemptServices, service) {
 		p.printf("\nnote: the client exempts %s from breakers and bulkheads unless built with WithExemptMethods\n", service)
 	}
+	a.warnings = append(a.warnings, d.parseWarnings()...)
 	p.warnings(a.warnings)
 	return len(a.warnings), p.err
 }
