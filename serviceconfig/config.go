@@ -68,7 +68,9 @@ type HealthCheckConfig struct {
 // Name selects the methods a MethodConfig applies to. Service and Method are
 // both set for one method; Service alone selects every method of a service;
 // both empty is the default for every method. Method without Service is
-// invalid.
+// invalid, and so is a name that can never match a call (see Validate):
+// grpc's full method "/shop.Orders/Pay" is {Service: "shop.Orders",
+// Method: "Pay"}.
 type Name struct {
 	// Service is the fully qualified service name, such as "shop.Orders".
 	Service string `json:"service,omitempty"`
@@ -123,9 +125,9 @@ type MethodConfig struct {
 // entry applies. A name without the leading slash is accepted.
 //
 // Names match as grpc-go matches them, by the key "/service/method" (or
-// "/service/" for a whole service), so a name whose parts hold a slash
-// matches what grpc-go's would. When c was not validated and two entries
-// hold the same name, the first wins.
+// "/service/" for a whole service). When c was not validated, a name whose
+// parts hold a slash matches what grpc-go's would, and when two entries
+// hold the same name, the first wins; Validate refuses both.
 //
 // Lookup scans the entries and does not allocate; resolve a method once and
 // keep the result rather than calling Lookup on every call.

@@ -3,6 +3,7 @@ package serviceconfig_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -81,11 +82,17 @@ func TestConfigValidate(t *testing.T) {
 		{name: "defaults", config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{Name: ordersName, RetryPolicy: valid}}}},
 		{name: "method without service",
 			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{Name: []serviceconfig.Name{{Method: "M"}}}}},
-			wantErr: "serviceconfig: methodConfig[0].name[0]: method set without service"},
+			wantErr: `serviceconfig: methodConfig[0].name[0]: method "M" set without service`},
 		{name: "names colliding through a slash",
 			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{
 				{Name: []serviceconfig.Name{{Service: "a/b", Method: "c"}}},
 				{Name: []serviceconfig.Name{{Service: "a", Method: "b/c"}}},
+			}},
+			wantErr: `serviceconfig: methodConfig[0].name[0]: service "a/b" holds a slash`},
+		{name: "names colliding by key",
+			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{
+				{Name: []serviceconfig.Name{{Service: "a", Method: "b"}}},
+				{Name: []serviceconfig.Name{{Service: "a", Method: "b"}}},
 			}},
 			wantErr: "serviceconfig: methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
 		{name: "negative timeout", config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{Timeout: -1}}},
@@ -248,5 +255,36 @@ func TestWithMaxAttemptsCapAppliesToHedging(t *testing.T) {
 	}
 	if got := c.MethodConfig[0].HedgingPolicy.MaxAttempts; got != 7 {
 		t.Fatalf("Parse(hedging maxAttempts 9, WithMaxAttemptsCap(7)) MaxAttempts = %d, want 7", got)
+	}
+}
+
+// TestNameValidate pins the names that can never match a call, and that
+// the error quotes the part at fault.
+func TestNameValidate(t *testing.T) {
+	tests := []struct {
+		n       serviceconfig.Name
+		wantErr string
+	}{
+		{serviceconfig.Name{}, ""},
+		{serviceconfig.Name{Service: "shop.Orders"}, ""},
+		{serviceconfig.Name{Service: "shop.Orders", Method: "Pay"}, ""},
+		{serviceconfig.Name{Service: "shop-v2.Orders_X", Method: "pay_now"}, ""},
+		{serviceconfig.Name{Method: "Pay"}, `serviceconfig: method "Pay" set without service`},
+		{serviceconfig.Name{Service: "/shop.Orders/Pay"}, `serviceconfig: service "/shop.Orders/Pay" holds a slash: for one method write {"service": "shop.Orders", "method": "Pay"}`},
+		{serviceconfig.Name{Service: "shop.Orders/Pay"}, `serviceconfig: service "shop.Orders/Pay" holds a slash: for one method write {"service": "shop.Orders", "method": "Pay"}`},
+		{serviceconfig.Name{Service: "/shop.Orders"}, `serviceconfig: service "/shop.Orders" holds a slash: write "shop.Orders"`},
+		{serviceconfig.Name{Service: "shop.Orders/", Method: "Pay"}, `serviceconfig: service "shop.Orders/" holds a slash: write "shop.Orders"`},
+		{serviceconfig.Name{Service: "a/b/c"}, `serviceconfig: service "a/b/c" holds a slash`},
+		{serviceconfig.Name{Service: "shop.Orders", Method: "/Pay"}, `serviceconfig: method "/Pay" holds a slash: a method is its bare name, such as "Pay"`},
+		{serviceconfig.Name{Service: "shop.Orders", Method: "Pay\n"}, `serviceconfig: method "Pay\n" holds a space or control character`},
+		{serviceconfig.Name{Service: " shop.Orders"}, `serviceconfig: service " shop.Orders" holds a space or control character`},
+		{serviceconfig.Name{Service: ".shop.Orders"}, `serviceconfig: service ".shop.Orders" has an empty part: write it as "shop.Orders", package and service`},
+		{serviceconfig.Name{Service: "shop..Orders"}, `serviceconfig: service "shop..Orders" has an empty part: write it as "shop.Orders", package and service`},
+	}
+	for _, tt := range tests {
+		err := tt.n.Validate()
+		if got := fmt.Sprint(err); (err == nil) != (tt.wantErr == "") || err != nil && got != tt.wantErr {
+			t.Errorf("%+v.Validate() = %v, want %q", tt.n, err, tt.wantErr)
+		}
 	}
 }

@@ -70,7 +70,12 @@
 //     empty method) a whole service, {} (or a null element) is the default.
 //     A method without a service is an error. A name given twice anywhere in
 //     the document is an error; names are compared as grpc-go files them,
-//     by the key "/service/method".
+//     by the key "/service/method". A name that can never match a call is
+//     an error too, where grpc-go accepts it and applies it to nothing: a
+//     slash in service or method ({"service": "/shop.Orders/Pay"} is
+//     written {"service": "shop.Orders", "method": "Pay"}), a space or a
+//     control character, an empty dotted part (".shop.Orders"); see
+//     [Name.Validate].
 //   - An entry whose name is absent or null is skipped: it must still decode
 //     (durations, status codes and types as above), but grpc-go does not
 //     check its policies, and neither does Parse; it is left out of Config.

@@ -128,6 +128,7 @@ const (
 	diffThrottle  = "A6: retryThrottling is validated even without methodConfig"
 	diffExtension = "extension block: grpc-go ignores it"
 	diffRegistry  = "grpc-go needs a registered balancer; a pure package cannot see the registry"
+	diffNames     = "a name that can never match a call is refused; grpc-go accepts it and applies it to nothing"
 )
 
 func parseCases() []parseCase {
@@ -182,9 +183,9 @@ func parseCases() []parseCase {
 			doc:  `{"methodConfig": [{"name": [{"service": "shop.Orders"}, {"service": "shop.Carts", "method": "Get"}], "timeout": "1s"}]}`,
 			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "shop.Orders"}, {Service: "shop.Carts", Method: "Get"}}, Timeout: time.Second}},
 		{name: "method without service", doc: `{"methodConfig": [{"name": [{"method": "Create"}]}]}`,
-			wantErr: "serviceconfig: methodConfig[0].name[0]: method set without service"},
+			wantErr: `serviceconfig: methodConfig[0].name[0]: method "Create" set without service`},
 		{name: "method with null service", doc: `{"methodConfig": [{"name": [{"service": null, "method": "Create"}]}]}`,
-			wantErr: "methodConfig[0].name[0]: method set without service"},
+			wantErr: `methodConfig[0].name[0]: method "Create" set without service`},
 		{name: "duplicate name across entries", doc: `{"methodConfig": [{"name": [{"service": "shop.Orders"}]}, {"name": [{"service": "shop.Orders"}]}]}`,
 			wantErr: "serviceconfig: methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
 		{name: "duplicate name in one entry", doc: `{"methodConfig": [{"name": [{"service": "a", "method": "M"}, {"service": "a", "method": "M"}]}]}`,
@@ -193,11 +194,16 @@ func parseCases() []parseCase {
 			wantErr: "methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
 		{name: "duplicate service with empty method", doc: `{"methodConfig": [{"name": [{"service": "a"}, {"service": "a", "method": ""}]}]}`,
 			wantErr: "methodConfig[0].name[1]: duplicates"},
-		{name: "names whose keys collide through a slash", doc: `{"methodConfig": [{"name": [{"service": "a/b", "method": "c"}]}, {"name": [{"service": "a", "method": "b/c"}]}]}`,
-			wantErr: "methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
-		{name: "name with a slash matches as in grpc", meth: "/a/b/c",
-			doc:  `{"methodConfig": [{"name": [{"service": "a", "method": "b/c"}], "timeout": "1s"}]}`,
-			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "a", Method: "b/c"}}, Timeout: time.Second}},
+		{name: "service holding a full method", doc: `{"methodConfig": [{"name": [{"service": "/shop.Orders/Pay"}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service "/shop.Orders/Pay" holds a slash: for one method write {"service": "shop.Orders", "method": "Pay"}`},
+		{name: "service with a slash", doc: `{"methodConfig": [{"name": [{"service": "a/b", "method": "c"}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service "a/b" holds a slash`},
+		{name: "method with a slash", doc: `{"methodConfig": [{"name": [{"service": "a", "method": "b/c"}], "timeout": "1s"}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: method "b/c" holds a slash: a method is its bare name, such as "c"`},
+		{name: "service with a space", doc: `{"methodConfig": [{"name": [{"service": "shop.Orders "}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service "shop.Orders " holds a space or control character`},
+		{name: "service in protoc's dotted form", doc: `{"methodConfig": [{"name": [{"service": ".shop.Orders"}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service ".shop.Orders" has an empty part: write it as "shop.Orders", package and service`},
 		{name: "entry without name is skipped unchecked",
 			doc: `{"methodConfig": [{"retryPolicy": {"maxAttempts": 1}, "timeout": "1s"}]}`},
 		{name: "entry with null name is skipped unchecked",

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
-	"strings"
 	"time"
 )
 
@@ -114,11 +113,11 @@ func (c *ServerConfig) Validate() error {
 		}
 		for j, n := range mc.Name {
 			np := index(join(p, "name"), j)
-			switch {
-			case n.Service == "":
+			if n.Service == "" {
 				return newError(join(np, "service"), "must not be empty: the top-level concurrencyLimit is the default")
-			case strings.Contains(n.Service, "/") || strings.Contains(n.Method, "/"):
-				return newError(np, "must not contain '/'")
+			}
+			if err := n.Validate(); err != nil {
+				return prefix(np, err)
 			}
 			if k, dup := seen[n]; dup {
 				return newError(np, "duplicates methodConfig["+itoa(k)+"]")

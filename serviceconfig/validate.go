@@ -5,7 +5,9 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"google.golang.org/grpc/codes"
 )
@@ -255,14 +257,61 @@ func (n Name) key() string {
 	return "/" + n.Service + "/" + n.Method
 }
 
+// Validate reports a name that can never match a call, quoting the part
+// at fault: a method without a service; a service or method holding a
+// slash (grpc's full method "/package.Service/Method" is written as
+// {Service: "package.Service", Method: "Method"}), a space or a control
+// character; a service with an empty dotted part, such as protoc's
+// ".package.Service". The empty Name, the default, is valid.
+func (n Name) Validate() error {
+	switch {
+	case n.Service == "" && n.Method != "":
+		return &Error{Err: errors.New("method " + strconv.Quote(n.Method) + " set without service")}
+	case strings.Contains(n.Service, "/"):
+		return &Error{Err: errors.New(slashedService(n))}
+	case strings.Contains(n.Method, "/"):
+		return &Error{Err: errors.New("method " + strconv.Quote(n.Method) +
+			` holds a slash: a method is its bare name, such as "` + lastPart(n.Method) + `"`)}
+	}
+	for _, part := range []struct{ what, s string }{{"service", n.Service}, {"method", n.Method}} {
+		if i := strings.IndexFunc(part.s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }); i >= 0 {
+			return &Error{Err: errors.New(part.what + " " + strconv.Quote(part.s) + " holds a space or control character")}
+		}
+	}
+	if s := n.Service; s != "" && (strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") || strings.Contains(s, "..")) {
+		return &Error{Err: errors.New("service " + strconv.Quote(s) + ` has an empty part: write it as "` +
+			strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == '.' }), ".") + `", package and service`)}
+	}
+	return nil
+}
+
+// slashedService explains a Service holding a slash and says what to write.
+func slashedService(n Name) string {
+	msg := "service " + strconv.Quote(n.Service) + " holds a slash"
+	svc, method, ok := strings.Cut(strings.Trim(n.Service, "/"), "/")
+	switch {
+	case svc == "":
+	case ok && n.Method == "" && method != "" && !strings.Contains(method, "/"):
+		msg += `: for one method write {"service": "` + svc + `", "method": "` + method + `"}`
+	case !ok:
+		msg += `: write "` + svc + `"`
+	}
+	return msg
+}
+
+// lastPart returns what follows the last slash of s.
+func lastPart(s string) string {
+	return s[strings.LastIndexByte(s, '/')+1:]
+}
+
 // validate checks mc, entry i of methodConfig; seen maps the key of every
 // name met so far to its path, and gets mc's names. Paths are relative to
 // the entry.
 func (mc *MethodConfig) validate(seen map[string]string, entry int) error {
 	for j, n := range mc.Name {
 		path := index("name", j)
-		if n.Service == "" && n.Method != "" {
-			return newError(path, "method set without service")
+		if err := n.Validate(); err != nil {
+			return prefix(path, err)
 		}
 		k := n.key()
 		if first, dup := seen[k]; dup {
