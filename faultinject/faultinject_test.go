@@ -86,7 +86,10 @@ func TestFaultsApplyToTheirMethodsOnly(t *testing.T) {
 	if _, err := ec.Lookup(t.Context(), &echov1.LookupRequest{}); status.Code(err) != codes.Internal {
 		t.Errorf("Lookup = %v, want INTERNAL", err)
 	}
-	resiliencetest.RequireAttempts(t, srv, resiliencetest.LookupMethod, 0) // the handler did not run
+	resiliencetest.RequireAttempts(t, srv, resiliencetest.LookupMethod, 1) // it arrived...
+	if a := srv.Attempts(resiliencetest.LookupMethod); a[0].Handled {
+		t.Error("the aborted Lookup reached the handler") // ...and the handler did not run
+	}
 	if got := inj.Counts(); got != (faultinject.Counts{Aborts: 1}) {
 		t.Errorf("Counts = %+v, want one abort", got)
 	}
