@@ -84,7 +84,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.metadataFaults, "metadata-faults", false, "honour per-call fault metadata (untrusted: tests only)")
 	fs.StringVar(&c.executionLog, "execution-log", "", "append one line per handler execution of a keyed call")
 	fs.DurationVar(&c.headroom, "headroom", 20*time.Millisecond, "deadline headroom kept for the server's own work")
-	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "calls arriving with less than this left are refused")
+	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "least time a handler gets after the headroom: calls arriving with less than headroom + floor left are refused")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound of the graceful stop")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
