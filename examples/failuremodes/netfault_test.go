@@ -1,4 +1,4 @@
-package interceptor
+package failuremodes_test
 
 // Network faults with a real proxy: Shopify's toxiproxy runs in-process
 // between a real grpc client (this package's interceptors, loopback TCP) and
@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	. "github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
