@@ -136,8 +136,8 @@ func (s *Server) Attempts(fullMethod string) []Attempt {
 	return out
 }
 
-// arrivalKey marks a context whose attempt record already holds: its
-// value is the index of the attempt in Server.attempts.
+// arrivalKey marks the context of an attempt already recorded as it
+// arrived: its value is the attempt's index in Server.attempts.
 type arrivalKey struct{}
 
 // arrive records an attempt as it arrives and returns its index.

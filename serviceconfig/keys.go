@@ -91,8 +91,8 @@ func lowerCamel(s string) string {
 	return strings.ToLower(s[:1]) + s[1:]
 }
 
-// field returns the field key names, matched as encoding/json matches keys
-// to field names: exactly, or else without regard to case.
+// field returns the field of s that key names, matched as encoding/json
+// matches keys to field names: exactly, or else without regard to case.
 func (s *schema) field(key string) (schemaField, bool) {
 	for _, f := range s.fields {
 		if f.name == key {
