@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
-	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -316,5 +315,5 @@ func warnings(unknown []unknownKey) []error {
 	for i, u := range unknown {
 		out[i] = u.warning()
 	}
-	return slices.Clip(out)
+	return out
 }
