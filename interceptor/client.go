@@ -38,6 +38,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	if err := o.err(); err != nil {
 		return nil, err
 	}
+	warnUnregisteredOptions(&o)
 	c := &Client{opts: o}
 	m, err := newInstruments(o.meterProvider, c)
 	if err != nil {
@@ -75,6 +76,7 @@ func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
 	if err := validateGuards(cfg); err != nil {
 		return err
 	}
+	warnUnregistered(cfg)
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
 	st, err := newClientState(cfg, max(c.opts.maxAttemptsCap, parsedCap), &c.opts, &c.metrics, c.state.Load())

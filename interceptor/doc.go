@@ -24,7 +24,10 @@
 // Calls then read it without locks. UpdateServiceConfig swaps the whole
 // configuration atomically; calls in flight finish under the configuration
 // they started with, and a method's breaker, bulkhead and latency estimate
-// carry over when their blocks are unchanged.
+// carry over when their blocks are unchanged. WrapResolver passes the
+// service config a resolver delivers (DNS TXT records, a control plane) to
+// UpdateServiceConfig; the resolver's config then wins over the one given
+// to NewClient, which stays the default (see WrapResolver).
 //
 // # One call, and the order of the policies
 //
@@ -431,8 +434,9 @@
 // hedge.go (hedged unary calls), stream.go, stream_attempt.go and
 // stream_retry.go (retried streams: the caller's methods, one attempt and
 // its release, the transitions of the state machine), keys.go
-// (idempotency keys a client attaches), errors.go, metrics.go and trace.go
-// (metrics and span events). The server side: every file named server*.go
+// (idempotency keys a client attaches), resolver.go (the resolver's
+// service config), names.go (the names options take), errors.go,
+// metrics.go and trace.go (metrics and span events). The server side: every file named server*.go
 // (NewServer, deadline headroom, the idempotency path and its in-flight
 // group, its metrics); the stores are in package interceptor/idempotency.
 //

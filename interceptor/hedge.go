@@ -62,7 +62,7 @@ const noTimedCopies time.Duration = -1
 
 // newHedgePolicy resolves p, capping MaxAttempts at maxCap.
 func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
-	hp := &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
+	hp := &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...)}
 	if p.HedgingDelayQuantile > 0 {
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))

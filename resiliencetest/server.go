@@ -76,6 +76,12 @@ type Attempt struct {
 	Previous int
 	// MD is the incoming metadata.
 	MD metadata.MD
+	// Handled reports whether the attempt reached the Server's handler.
+	// It is false for an attempt that a server interceptor ended first,
+	// such as one faultinject aborted: a Server started by Start or Serve
+	// records every attempt that arrives, before the interceptors given
+	// as server options, so that counts are what the client sent.
+	Handled bool
 }
 
 // Server is the scripted fake echo service. The zero value is not usable:
@@ -96,7 +102,8 @@ func NewServer() *Server {
 }
 
 // Script appends steps to the script of a full method: its next attempts
-// take them in order; once they are used up, attempts echo.
+// that reach the handler take them in order (an attempt a server
+// interceptor ended takes none); once they are used up, attempts echo.
 func (s *Server) Script(fullMethod string, steps ...Step) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -129,8 +136,12 @@ func (s *Server) Attempts(fullMethod string) []Attempt {
 	return out
 }
 
-// begin records an attempt and returns its step.
-func (s *Server) begin(ctx context.Context, method string) Step {
+// arrivalKey marks the context of an attempt already recorded as it
+// arrived: its value is the attempt's index in Server.attempts.
+type arrivalKey struct{}
+
+// arrive records an attempt as it arrives and returns its index.
+func (s *Server) arrive(ctx context.Context, method string) int {
 	md, _ := metadata.FromIncomingContext(ctx)
 	prev := -1
 	if v := md.Get("grpc-previous-rpc-attempts"); len(v) > 0 {
@@ -139,9 +150,41 @@ func (s *Server) begin(ctx context.Context, method string) Step {
 		}
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.counts[method]++
-	a := Attempt{Method: method, N: s.counts[method], Previous: prev, MD: md.Copy()}
-	s.attempts = append(s.attempts, a)
+	s.attempts = append(s.attempts, Attempt{Method: method, N: s.counts[method], Previous: prev, MD: md.Copy()})
+	return len(s.attempts) - 1
+}
+
+// recordUnary and recordStream record every attempt as it arrives, before
+// the server interceptors that may end it; Serve installs them first.
+func (s *Server) recordUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return handler(context.WithValue(ctx, arrivalKey{}, s.arrive(ctx, info.FullMethod)), req)
+}
+
+func (s *Server) recordStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx := context.WithValue(ss.Context(), arrivalKey{}, s.arrive(ss.Context(), info.FullMethod))
+	return handler(srv, &arrivedStream{ServerStream: ss, ctx: ctx})
+}
+
+// arrivedStream is a stream whose context carries its attempt's index.
+type arrivedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (a *arrivedStream) Context() context.Context { return a.ctx }
+
+// begin marks the attempt of ctx handled (recording it first when no
+// recording interceptor did) and returns its step.
+func (s *Server) begin(ctx context.Context, method string) Step {
+	i, ok := ctx.Value(arrivalKey{}).(int)
+	if !ok {
+		i = s.arrive(ctx, method)
+	}
+	s.mu.Lock()
+	s.attempts[i].Handled = true
+	a := s.attempts[i]
 	f := s.onCall
 	var step Step
 	if f == nil {
@@ -265,8 +308,19 @@ func (s *Server) BidiStream(ss grpc.BidiStreamingServer[echov1.BidiStreamRequest
 // interceptors), and returns a connection dialed with dialOpts (such as a
 // Client's DialOptions) and a function that closes the connection and stops
 // the server. Tests use Start; Serve is for Examples and programs.
+//
+// When srv is a *Server, it records every attempt as it arrives, before
+// the interceptors of serverOpts: an attempt that one of them ends (such
+// as faultinject's server interceptors aborting it) is in Attempts, with
+// Handled false, and counts for RequireAttempts.
 func Serve(srv echov1.EchoServiceServer, dialOpts []grpc.DialOption, serverOpts ...grpc.ServerOption) (*grpc.ClientConn, func(), error) {
 	lis := bufconn.Listen(1 << 20)
+	if s, ok := srv.(*Server); ok {
+		serverOpts = append([]grpc.ServerOption{
+			grpc.ChainUnaryInterceptor(s.recordUnary),
+			grpc.ChainStreamInterceptor(s.recordStream),
+		}, serverOpts...)
+	}
 	gs := grpc.NewServer(serverOpts...)
 	echov1.RegisterEchoServiceServer(gs, srv)
 	served := make(chan struct{})

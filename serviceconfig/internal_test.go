@@ -157,3 +157,36 @@ func TestPathAt(t *testing.T) {
 		t.Errorf(`pathAt({"a": [1, {"b": "x) = %q, want "a[1].b"`, got)
 	}
 }
+
+// TestClosestKey pins the rule closest documents: an edit distance of 2
+// at most (1 when either key has 3 letters or fewer), or one key a prefix
+// of the other (4 letters or more each), compared in lower case; the
+// nearest wins.
+func TestClosestKey(t *testing.T) {
+	s := &schema{fields: []schemaField{{name: "k"}, {name: "window"}, {name: "openDuration"},
+		{name: "maxOpenDuration"}, {name: "failureRateThreshold", ours: true}}}
+	tests := []struct{ key, want string }{
+		{"K", "k"},
+		{"kk", "k"},
+		{"kkk", ""}, // distance 2 from a 1-letter key
+		{"", ""},
+		{"windw", "window"},
+		{"WINDOWS", "window"},
+		{"wndw", "window"},                 // distance 2
+		{"wnds", ""},                       // distance 3
+		{"openDurationMs", "openDuration"}, // a prefix, distance 2
+		{"openDurationSeconds", "openDuration"},
+		{"maxOpenDurationMs", "maxOpenDuration"}, // nearer than openDuration
+		{"failureRate", "failureRateThreshold"},
+		{"fail", "failureRateThreshold"},
+		{"fai", ""},
+	}
+	for _, tt := range tests {
+		if got, _ := closest(s, tt.key); got != tt.want {
+			t.Errorf("closest(%q) = %q, want %q", tt.key, got, tt.want)
+		}
+	}
+	if _, ours := closest(s, "failureRate"); !ours {
+		t.Error(`closest("failureRate") is not reported as one of ours`)
+	}
+}

@@ -4,7 +4,10 @@
 // headroom, with fault injection (failure rate, latency, outage windows)
 // for trying clients' retry policies, gRPC
 // server reflection and health, and an OpenTelemetry Prometheus exporter
-// on /metrics.
+// on /metrics: the interceptors' resilience.* series, grpc-go's own server
+// metrics (its OpenTelemetry plugin: grpc.server.call.*) and the fault
+// injector's counts (resilience.faultinject.*). The Grafana dashboard in
+// examples/dashboards reads them.
 //
 //	go run ./examples/server -fail-rate 0.2 -latency 20ms
 //
@@ -29,7 +32,9 @@
 //	-tls-cert, -tls-key  serve TLS with this certificate and key (PEM)
 //	-tls-client-ca    require client certificates signed by this CA (PEM): mTLS
 //	-faults           fault-injection config, JSON (see package faultinject)
+//	-server-config    concurrency limits, a server document (see svcconfig server)
 //	-fail-rate        shorthand: abort this fraction of calls to the echo service
+//	                  (0 to 1, such as 0.3, or a percentage such as 30%)
 //	-fail-code        shorthand: the code of -fail-rate (default UNAVAILABLE)
 //	-latency          shorthand: delay every echo call this long
 //	-outage           shorthand: DURATION/EVERY, e.g. 2s/10s: fail every echo call

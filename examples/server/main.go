@@ -56,6 +56,7 @@ type config struct {
 	tlsCert, tlsKey   string
 	tlsClientCA       string
 	faults            string
+	serverConfig      string
 	failRate          float64
 	failCode          string
 	latency           time.Duration
@@ -81,7 +82,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.tlsKey, "tls-key", "", "the key of -tls-cert (PEM)")
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA (PEM): mTLS")
 	fs.StringVar(&c.faults, "faults", "", "fault-injection config (JSON file, see package faultinject)")
-	fs.Float64Var(&c.failRate, "fail-rate", 0, "abort this fraction of calls (0 to 1)")
+	fs.StringVar(&c.serverConfig, "server-config", "", "concurrency limits: a server document (JSON file, see svcconfig server)")
+	fs.Func("fail-rate", "abort this fraction of calls: 0 to 1, such as 0.3, or a percentage such as 30%", c.setFailRate)
 	fs.StringVar(&c.failCode, "fail-code", "UNAVAILABLE", "status code of -fail-rate")
 	fs.DurationVar(&c.latency, "latency", 0, "delay every call this long")
 	fs.StringVar(&c.outage, "outage", "", "DURATION/EVERY, e.g. 2s/10s: fail every call (-fail-code) for the first 2s of every 10s")
@@ -89,7 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.metadataFaults, "metadata-faults", false, "honour per-call fault metadata (untrusted: tests only)")
 	fs.StringVar(&c.executionLog, "execution-log", "", "append one line per handler execution of a keyed call")
 	fs.DurationVar(&c.headroom, "headroom", 20*time.Millisecond, "deadline headroom kept for the server's own work")
-	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "calls arriving with less than this left are refused")
+	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "least time a handler gets after the headroom: calls arriving with less than headroom + floor left are refused")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound of the graceful stop")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -181,6 +183,9 @@ func parseOutage(s, code string) (*faultinject.Outage, error) {
 	if !ok || err1 != nil || err2 != nil {
 		return nil, fmt.Errorf("-outage %q: want DURATION/EVERY, such as 2s/10s", s)
 	}
+	if o.Duration <= 0 || o.Duration > o.Every {
+		return nil, fmt.Errorf("-outage %q: the outage must be positive and no longer than its period", s)
+	}
 	c, err := failureCode(code)
 	if err != nil {
 		return nil, err
@@ -221,6 +226,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	opts := append(idem, interceptor.WithServerHeadroom(c.headroom, c.floor), interceptor.WithServerLogger(logger))
 	opts = append(opts, serverMetrics(mp)...)
+	limits, err := c.limitOptions()
+	if err != nil {
+		return err
+	}
+	opts = append(opts, limits...)
+	if err := faultMetrics(mp, inj); err != nil {
+		return err
+	}
 	srv, err := interceptor.NewServer(opts...)
 	if err != nil {
 		return err
@@ -232,10 +245,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer echo.close()
 
-	gs := grpc.NewServer(append(creds,
+	gs := grpc.NewServer(append(creds, grpcMetrics(mp),
 		grpc.ChainUnaryInterceptor(recoverUnary(logger), srv.UnaryServerInterceptor(), inj.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(recoverStream(logger), srv.StreamServerInterceptor(), inj.StreamServerInterceptor()))...,
-	)
+		grpc.ChainStreamInterceptor(recoverStream(logger), srv.StreamServerInterceptor(), inj.StreamServerInterceptor()))...)
 	echov1.RegisterEchoServiceServer(gs, echo)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -29,10 +29,12 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"-scope", "everyone"}, `-scope "everyone": want none, mtls, metadata:<key> or shared`},
 		{[]string{"-scope", "metadata:grpc-timeout"}, `-scope "metadata:grpc-timeout": want metadata:<key> with a text header that is not grpc-*`},
 		{[]string{"-store", "disk"}, `-store "disk": want memory or redis`},
-		{[]string{"-fail-rate", "1.5"}, `fault flags: faultinject: faults[0].abort.percentage: must be a fraction from 0 to 1, got 1.5`},
+		{[]string{"-fail-rate", "30"}, `invalid value "30" for flag -fail-rate: want a fraction from 0 to 1, such as 0.3, or a percentage such as 30%`},
+		{[]string{"-fail-rate", "1.5"}, `invalid value "1.5" for flag -fail-rate: want a fraction from 0 to 1, such as 0.3, or a percentage such as 30%`},
+		{[]string{"-fail-rate", "130%"}, `invalid value "130%" for flag -fail-rate: want a fraction from 0 to 1, such as 0.3, or a percentage such as 30%`},
 		{[]string{"-fail-rate", "0.1", "-fail-code", "OK"}, `-fail-code: OK is not a failure`},
 		{[]string{"-outage", "2s"}, `-outage "2s": want DURATION/EVERY, such as 2s/10s`},
-		{[]string{"-outage", "20s/10s"}, `fault flags: faultinject: faults[0].outage.duration: must be in (0, every=10s], got 20s`},
+		{[]string{"-outage", "20s/10s"}, `-outage "20s/10s": the outage must be positive and no longer than its period`},
 		{[]string{"-faults", bad}, `-faults ` + bad + `: faultinject: faults[0].abort.grpcStatus: unknown status code "NOPE"`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	}
@@ -40,6 +42,21 @@ func TestFlagErrors(t *testing.T) {
 		err := run(context.Background(), append([]string{"-addr", "127.0.0.1:0", "-metrics-addr", ""}, tt.args...), io.Discard, io.Discard)
 		if err == nil || err.Error() != tt.want {
 			t.Errorf("run(%q) = %v, want %s", tt.args, err, tt.want)
+		}
+	}
+}
+
+// TestFailRateTakesAFractionOrAPercentage pins -fail-rate's two forms.
+// Before, -fail-rate 30 failed with a JSON path the user never wrote
+// (faults[0].abort.percentage) and 30% was not a number.
+func TestFailRateTakesAFractionOrAPercentage(t *testing.T) {
+	for _, tt := range []struct {
+		arg  string
+		want float64
+	}{{"0.3", 0.3}, {"30%", 0.3}, {"0", 0}, {"1", 1}, {"100%", 1}, {"2.5%", 0.025}} {
+		c, err := parseFlags([]string{"-fail-rate", tt.arg}, io.Discard)
+		if err != nil || c.failRate != tt.want {
+			t.Errorf("-fail-rate %s = %v, %v, want %v", tt.arg, c, err, tt.want)
 		}
 	}
 }
