@@ -7,8 +7,8 @@
 // Each record key (scope, method, idempotency key) is one Redis hash named
 // prefix + "{" + S + ":" + p + "}" + M. S is the unpadded base64url of the
 // first 16 bytes of the SHA-256 of the scope (preceded by its length); p
-// is the scope's partition of the key, a hash of the method and key modulo
-// the partitions (WithScopePartitions); M is the unpadded base64url SHA-256
+// is the scope's partition of the key, a hash of the record key modulo the
+// partitions (WithScopePartitions); M is the unpadded base64url SHA-256
 // of the scope and the method, each preceded by its length, and the key.
 // The braces are a Redis Cluster hash tag: a partition's keys share one
 // slot, and since the client's text is hashed, a client cannot choose the

@@ -85,7 +85,7 @@ func WithScopeQuota(entries int, bytes int64) Option {
 
 // WithScopePartitions sets the number of partitions of each scope (default
 // 1, or DefaultClusterScopePartitions on a *redis.ClusterClient). A scope's
-// keys are spread over its partitions by a hash of the method and key; all
+// keys are spread over its partitions by a hash of the record key; all
 // the keys of one partition, and its quota's accounting, share one Redis
 // Cluster hash tag, hence one slot. More partitions spread one scope's load
 // (the shared scope's, or a big tenant's) over more slots and primaries;
@@ -163,8 +163,8 @@ type recordKeys struct {
 
 // recordKeys names k's keys: prefix + "{" + S + ":" + p + "}" + M, where S
 // is the unpadded base64url of the first 16 bytes of the SHA-256 of the
-// scope (preceded by its length), p the partition (a hash of the method
-// and key, modulo the partitions), and M the unpadded base64url SHA-256 of
+// scope (preceded by its length), p the partition (a hash of the record
+// key, modulo the partitions), and M the unpadded base64url SHA-256 of
 // the scope, the method (each preceded by its length) and the key. The
 // partition's accounting keys end in "#z" and "#s", which no M does. One
 // allocation: the strings are slices of one.

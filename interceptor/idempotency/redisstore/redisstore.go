@@ -241,10 +241,12 @@ type Store struct {
 
 var _ idempotency.Store = (*Store)(nil)
 
-// New returns a Store on client. It does not contact Redis; [Open] also
-// checks the server's eviction policy, and is what a server should call at
-// startup. It returns an
-// error when client is nil or the record bound is not positive.
+// New returns a Store on client. It does not contact Redis, so it checks
+// nothing of the server and each scope's default quota is DefaultScopeBytes;
+// [Open] also refuses an evicting maxmemory-policy and sizes the default
+// quota to maxmemory, and is what a server should call at startup. It
+// returns an error naming the option when client is nil, the record bound
+// is not positive, or a quota option is out of range.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultKeyPrefix, maxRecordBytes: DefaultMaxRecordBytes, logger: slog.Default(),
 		minRetention: DefaultMinRetention}
