@@ -473,13 +473,11 @@ type srvIdem struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy
-	// exemptServices run plainly unless a key policy names them: a copy of
-	// DefaultExemptServices made by NewServer.
-	exemptServices []string
-	omit           map[string]struct{}   // metadata keys never stored, lower case; nil when none
-	detachMax      time.Duration         // > 0: owned handlers run detached from the caller, at most this long
-	pushbackMD     metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
-	retryHint      *errdetails.RetryInfo // the pushback, the detail of a failed-closed call
+	exemptSvc   []string              // run plainly unless a key policy names them: DefaultExemptServices, copied by NewServer
+	omit        map[string]struct{}   // metadata keys never stored, lower case; nil when none
+	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
+	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
+	retryHint   *errdetails.RetryInfo // the pushback, the detail of a failed-closed call
 	// renewals holds stopped lease renewals with their timer, for the next
 	// first execution (see srvRenewal). Per server, not global: a timer made
 	// in a testing/synctest bubble must not be reset outside it, and a
@@ -528,25 +526,25 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
 	s := &srvIdem{
-		detach:         !inMemory,
-		store:          o.store,
-		scope:          o.scope,
-		ttl:            o.ttl,
-		lease:          o.lease,
-		pollInitial:    o.pollInitial,
-		pollMax:        o.pollMax,
-		noWait:         o.noWait,
-		failOpen:       o.failOpen,
-		retryable:      o.retryable,
-		policies:       o.policies,
-		omit:           o.omit,
-		exemptServices: slices.Clone(DefaultExemptServices),
-		detachMax:      o.detachMax,
-		pushbackMD:     metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
-		retryHint:      &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
-		log:            log,
-		m:              &srvMetrics{},
-		flights:        newSrvFlights(),
+		detach:      !inMemory,
+		store:       o.store,
+		scope:       o.scope,
+		ttl:         o.ttl,
+		lease:       o.lease,
+		pollInitial: o.pollInitial,
+		pollMax:     o.pollMax,
+		noWait:      o.noWait,
+		failOpen:    o.failOpen,
+		retryable:   o.retryable,
+		policies:    o.policies,
+		omit:        o.omit,
+		exemptSvc:   slices.Clone(DefaultExemptServices),
+		detachMax:   o.detachMax,
+		pushbackMD:  metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
+		log:         log,
+		m:           &srvMetrics{},
+		flights:     newSrvFlights(),
 		inProgress: srvOutcome{ok: true, pushback: true, err: &srvRejection{code: codes.Aborted,
 			msg:      "idempotency: a call with this idempotency-key is in progress; retry later",
 			sentinel: ErrIdempotencyInProgress}},
@@ -630,8 +628,7 @@ func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 	if p, ok := s.policies[fullMethod]; ok {
 		return p
 	}
-	svc, ok := serviceOf(fullMethod)
-	if ok {
+	if svc, ok := serviceOf(fullMethod); ok {
 		if p, ok := s.policies[svc]; ok {
 			return p
 		}
@@ -643,7 +640,7 @@ func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 }
 
 // exempt reports whether fullMethod is of one of the services in
-// s.exemptServices, which run plainly, key or not, unless a key policy
+// s.exemptSvc, which run plainly, key or not, unless a key policy
 // names them. Every default one starts with "grpc.", so other methods cost
 // a byte comparison or two.
 func (s *srvIdem) exempt(fullMethod string) bool {
@@ -651,7 +648,7 @@ func (s *srvIdem) exempt(fullMethod string) bool {
 		return false
 	}
 	svc, ok := serviceOf(fullMethod)
-	return ok && slices.Contains(s.exemptServices, svc)
+	return ok && slices.Contains(s.exemptSvc, svc)
 }
 
 // srvIdemKey returns the call's idempotency key from the values of its
