@@ -176,6 +176,7 @@ func TestServerAndClientProcesses(t *testing.T) {
 	execLog := filepath.Join(dir, "executions.log")
 	srv := start(t, bins["github.com/grpc-resilience/resilience/examples/server"], append([]string{
 		"-addr", "127.0.0.1:0", "-metrics-addr", "127.0.0.1:0", "-fail-rate", "0.3", "-seed", "1",
+		"-scope", "shared", // the client's keys are random, 128 bits
 		"-execution-log", execLog}, dashboardServerFlags(t, dir)...)...)
 	grpcAddr := srv.addr(t, "grpc")
 	srvMetrics := srv.addr(t, "metrics")

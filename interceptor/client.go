@@ -168,6 +168,8 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		// server's pushback (trailer) and whether the attempt committed
 		// (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
+	} else if u.r.keyed && c.metrics.on {
+		s.opts = append(s.opts, s.withHeader) // for the replays metric
 	}
 	err := u.run()
 	u.r.callEnded(cc, u.s.opts)
@@ -322,6 +324,7 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 	released = true
 	end := mp.g.release(u.ctx, adm, err, true)
 	r.c.metrics.attempt(u.ctx, mp.mm, err)
+	r.c.metrics.replayed(u.ctx, mp.mm, u.s.header)
 	if mp.latency != nil {
 		if end.IsZero() {
 			end = since(now)

@@ -561,6 +561,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
 		j.c.metrics.attempt(ctx, j.mp.mm, res.err)
+		j.c.metrics.replayed(ctx, j.mp.mm, res.header)
 		if end.IsZero() && (j.mp.latency != nil || j.mp.hedgeWindow != nil) {
 			end = since(cp.start)
 		}

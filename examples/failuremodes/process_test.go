@@ -79,7 +79,7 @@ func startChild(t *testing.T, bin, addr, redisAddr, execLog string) (*childServe
 	out := &listenWriter{addr: make(chan string, 1)}
 	c := &childServer{stderr: new(bytes.Buffer), exited: make(chan struct{})}
 	c.cmd = exec.Command(bin, "-addr", addr, "-metrics-addr", "", "-store", "redis",
-		"-redis-addr", redisAddr, "-execution-log", execLog)
+		"-redis-addr", redisAddr, "-scope", "shared", "-execution-log", execLog)
 	c.cmd.Stdout = out
 	c.cmd.Stderr = &lockedBuffer{b: c.stderr}
 	if err := c.cmd.Start(); err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/faultinject"
@@ -28,7 +26,7 @@ func TestFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-scope", "everyone"}, `-scope "everyone": want peer, metadata:<key> or shared`},
+		{[]string{"-scope", "everyone"}, `-scope "everyone": want none, mtls, metadata:<key> or shared`},
 		{[]string{"-scope", "metadata:grpc-timeout"}, `-scope "metadata:grpc-timeout": want metadata:<key> with a text header that is not grpc-*`},
 		{[]string{"-store", "disk"}, `-store "disk": want memory or redis`},
 		{[]string{"-fail-rate", "30"}, `invalid value "30" for flag -fail-rate: want a fraction from 0 to 1, such as 0.3, or a percentage such as 30%`},
@@ -81,22 +79,6 @@ func TestShorthandFaults(t *testing.T) {
 }
 
 func TestScopes(t *testing.T) {
-	at := func(addr string) context.Context {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return peer.NewContext(context.Background(), &peer.Peer{Addr: a})
-	}
-	a, errA := peerIPScope(at("10.0.0.1:4000"))
-	b, errB := peerIPScope(at("10.0.0.1:5000"))
-	c, errC := peerIPScope(at("10.0.0.2:4000"))
-	if errA != nil || errB != nil || errC != nil || a != b || a == c {
-		t.Errorf("peerIPScope = %q %q %q (%v %v %v): want one scope per IP, whatever the port", a, b, c, errA, errB, errC)
-	}
-	if _, err := peerIPScope(context.Background()); status.Code(err) != codes.Unauthenticated {
-		t.Errorf("peerIPScope without a peer = %v, want UNAUTHENTICATED", err)
-	}
 	scope := metadataScope("x-tenant")
 	got, err := scope(metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-tenant", "acme")))
 	if err != nil || got != "md:acme" {
@@ -104,5 +86,8 @@ func TestScopes(t *testing.T) {
 	}
 	if _, err := scope(context.Background()); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("metadataScope without the header = %v, want UNAUTHENTICATED", err)
+	}
+	if _, err := noScope(context.Background()); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "-scope") {
+		t.Errorf("noScope = %v, want FAILED_PRECONDITION naming -scope", err)
 	}
 }
