@@ -345,7 +345,11 @@ func WithIdempotencyFailOpen(open bool) ServerOption {
 // WithIdempotencyKeyPolicy sets the key policy of the methods name selects:
 // a full method "/pkg.Service/Method", a service "pkg.Service" (all its
 // unary methods), or "" (every unary method). The most specific wins; the
-// default for every method is IdempotencyKeyOptional.
+// default for every method is IdempotencyKeyOptional, but for the services
+// of DefaultExemptServices (health checking, reflection), whose calls are
+// IdempotencyKeyIgnored unless a policy names the service or the method:
+// a load balancer's probes carry no key, and a probe that reuses one must
+// see the current status, not a stored one.
 //
 // Idempotency keys apply to unary methods only, so a policy other than
 // IdempotencyKeyIgnored must not name a streaming method. Enforcing one on
@@ -414,6 +418,7 @@ type srvIdem struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy
+	exempt      []string              // services whose calls are IdempotencyKeyIgnored unless a policy names them
 	omit        map[string]struct{}   // metadata keys never stored, lower case; nil when none
 	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
 	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
@@ -477,6 +482,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		failOpen:    o.failOpen,
 		retryable:   o.retryable,
 		policies:    o.policies,
+		exempt:      slices.Clone(DefaultExemptServices),
 		omit:        o.omit,
 		detachMax:   o.detachMax,
 		pushbackMD:  metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
@@ -555,18 +561,19 @@ func (s *srvIdem) streamPolicyErr(fullMethod string) error {
 }
 
 // policy returns the key policy of fullMethod: exact method, else service,
-// else the "" entry, else optional.
+// else Ignored for an exempt service, else the "" entry, else optional.
 func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
-	if len(s.policies) == 0 {
-		return IdempotencyKeyOptional
-	}
-	if p, ok := s.policies[fullMethod]; ok {
-		return p
-	}
-	if svc, ok := serviceOf(fullMethod); ok {
-		if p, ok := s.policies[svc]; ok {
+	svc, hasSvc := serviceOf(fullMethod)
+	if len(s.policies) > 0 {
+		if p, ok := s.policies[fullMethod]; ok {
 			return p
 		}
+		if p, ok := s.policies[svc]; ok && hasSvc {
+			return p
+		}
+	}
+	if hasSvc && slices.Contains(s.exempt, svc) {
+		return IdempotencyKeyIgnored // health checks and reflection, unless named
 	}
 	return s.policies[""]
 }
