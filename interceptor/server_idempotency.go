@@ -356,8 +356,10 @@ func WithIdempotencyTTL(d time.Duration) ServerOption {
 // first caller had. A shorter lease frees a crashed owner's keys sooner, at
 // the cost of more renewals (one store call per lease/3 of handler time);
 // it must outlast the store's unavailability (renewals that fail for two
-// thirds of a lease let it end under a running handler: logged, and a
-// detached handler is then cancelled, since a duplicate may run it).
+// thirds of a lease let it end under a running handler, and a duplicate on
+// another replica may then run it: a detached handler's context is
+// cancelled, and logged, once nine tenths of its lease have passed without
+// a renewal, before the store's lease can end).
 func WithIdempotencyLease(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
 }
