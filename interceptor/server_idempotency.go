@@ -849,7 +849,9 @@ func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, err
 	if stream := grpc.ServerTransportStreamFromContext(ctx); stream != nil {
 		hdr := idemReplayedMD
 		if len(rec.Header) > 0 {
-			hdr = metadata.Join(rec.Header, idemReplayedMD)
+			// The record's header never holds the mark (srvOwned strips
+			// it); one stored by an earlier version may.
+			hdr = metadata.Join(srvWithoutReplayed(rec.Header), idemReplayedMD)
 		}
 		_ = stream.SetHeader(hdr)
 	}
@@ -907,6 +909,7 @@ func (o *srvOwned) SetTrailer(md metadata.MD) error {
 }
 
 func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.ServerTransportStream, metadata.MD) error) error {
+	md = srvWithoutReplayed(md)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
@@ -919,6 +922,28 @@ func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.Serv
 	}
 	*dst = metadata.Join(*dst, md)
 	return nil
+}
+
+// srvWithoutReplayed returns md without IdempotencyReplayedHeader, which
+// only the interceptor sets, on answers for which the handler did not run:
+// a handler that sets it (a gateway passing on a downstream server's
+// header) would mark its fresh answer as a replay, and the stored copy
+// would make the replay's header two values, which IdempotencyReplayed
+// does not take for a replay. md is returned as is when it has no such key
+// (no allocation), else a copy without it.
+func srvWithoutReplayed(md metadata.MD) metadata.MD {
+	for k := range md {
+		if len(k) == len(IdempotencyReplayedHeader) && strings.EqualFold(k, IdempotencyReplayedHeader) {
+			out := make(metadata.MD, len(md)-1)
+			for k, v := range md {
+				if !strings.EqualFold(k, IdempotencyReplayedHeader) {
+					out[k] = v
+				}
+			}
+			return out
+		}
+	}
+	return md
 }
 
 // close ends the capture.
