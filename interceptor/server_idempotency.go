@@ -875,11 +875,14 @@ func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, err
 
 // srvOwned is what the owner of a claim allocates, once: the stream its
 // handler sees, which records the metadata the handler sets (in rec.Header
-// and rec.Trailer) and passes it on to the real stream when there is one;
-// then, with the handler's outcome, the record to store, whose Fingerprint
-// is fp. Once closed, when the handler has returned, it refuses more
-// metadata and lets go of the real stream: the store may keep the record
-// for a long time.
+// and rec.Trailer) and passes it on to the real stream when there is one
+// and its caller is still there; then, with the handler's outcome, the
+// record to store, whose Fingerprint is fp. Once its caller has gone (a
+// detached handler goes on), the metadata is recorded for the replay
+// only, without error: the caller's stream would refuse it. Once closed,
+// when the handler has returned, it refuses more metadata and lets go of
+// the real stream and the call's context: the store may keep the record,
+// and so o, for a long time.
 type srvOwned struct {
 	rec    idempotency.Record // Header and Trailer guarded by mu until closed; then immutable
 	fp     [sha256.Size]byte  // immutable
@@ -888,6 +891,7 @@ type srvOwned struct {
 	mu     sync.Mutex
 	closed bool                       // guarded by mu
 	stream grpc.ServerTransportStream // nil when the interceptor is called without a grpc stream, or closed; guarded by mu
+	caller context.Context            // the call's, which ends when its caller has gone; nil once closed; guarded by mu
 }
 
 // errSrvCaptureClosed is returned to a handler that sets metadata through a
@@ -915,8 +919,11 @@ func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.Serv
 	if o.closed {
 		return errSrvCaptureClosed
 	}
-	if o.stream != nil {
-		if err := pass(o.stream, md); err != nil {
+	// A stream refuses metadata after its caller has gone (the status is
+	// written): that is no error of the handler's, whose outcome the
+	// caller's retry will replay.
+	if o.stream != nil && o.caller.Err() == nil {
+		if err := pass(o.stream, md); err != nil && o.caller.Err() == nil {
 			return err
 		}
 	}
@@ -949,6 +956,6 @@ func srvWithoutReplayed(md metadata.MD) metadata.MD {
 // close ends the capture.
 func (o *srvOwned) close() {
 	o.mu.Lock()
-	o.closed, o.stream = true, nil
+	o.closed, o.stream, o.caller = true, nil, nil
 	o.mu.Unlock()
 }

@@ -262,7 +262,7 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 		hctx = det
 		defer det.end(context.Canceled)
 	}
-	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
+	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
 	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, det, claimed)
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
