@@ -65,7 +65,9 @@
 //     Callers could send it themselves, so use it only behind a proxy that
 //     authenticates callers, sets the header and strips the one a caller
 //     sent. A keyed call without the header is refused with
-//     UNAUTHENTICATED.
+//     UNAUTHENTICATED. The key must be a metadata key, not one that grpc
+//     fills for every call (:authority, user-agent, content-type, te),
+//     which would make one scope of every caller of a host or library.
 //   - shared: one scope for everyone; keys must then be unguessable
 //     (random, 128 bits or more), as examples/client's are.
 //
