@@ -19,7 +19,11 @@
 // (the second line only when -metrics-addr is not empty), so that a script
 // can start it on port 0 and read the addresses. SIGINT or SIGTERM stop it:
 // health turns NOT_SERVING, calls in flight get -shutdown-timeout to end
-// (GracefulStop), and the rest are cut.
+// (GracefulStop), and the rest are cut, except keyed calls whose handler
+// has started: they run detached from their callers, so they run to their
+// end (at most 30 s, interceptor.DefaultIdempotencyDetachedMax) and store
+// their outcome before the store closes (GracefulStop waits for every
+// handler). Give the process that long to stop.
 //
 // # Flags
 //
