@@ -241,3 +241,22 @@ func (ca *testCA) writeLeaf(t *testing.T, dir, name, ip string) {
 	write(name+".key", "EC PRIVATE KEY", kder)
 	write("ca.pem", "CERTIFICATE", ca.der)
 }
+
+// TestMetadataScopeRefusesHeadersThatNameNoCaller pins -scope
+// metadata:<key> against headers that grpc itself fills for every call:
+// metadata::authority (grpc-go puts the :authority pseudo-header in the
+// incoming metadata) was accepted, and then every caller of the server's
+// host name was one scope, reading every other's replies, with none of the
+// explicit choice or quota of -scope shared; user-agent made one scope per
+// client library. Such keys, and any that is not a valid metadata key, are
+// now refused at startup.
+func TestMetadataScopeRefusesHeadersThatNameNoCaller(t *testing.T) {
+	for _, key := range []string{":authority", "user-agent", "content-type", "te", "x principal", "x-tenant\n"} {
+		if _, err := parseScope("metadata:"+key, false); err == nil || !strings.Contains(err.Error(), "-scope") {
+			t.Errorf("-scope metadata:%q = %v, want an error naming -scope", key, err)
+		}
+	}
+	if _, err := parseScope("metadata:X-Tenant", false); err != nil { // case does not matter
+		t.Errorf("-scope metadata:X-Tenant = %v, want it accepted", err)
+	}
+}
