@@ -18,8 +18,9 @@ type maxAttemptsOption struct {
 }
 
 // MaxAttempts sets the number of attempts of this call, the first included,
-// in place of its policy's; it is capped as policies are. 1 turns retries
-// off; a call whose method has no retry policy gets one with default backoff.
+// in place of its policy's; it is capped at the client's cap
+// (WithMaxAttemptsCap, 5 by default). 1 turns retries off; a call whose
+// method has no retry policy gets one with default backoff.
 func MaxAttempts(n int) grpc.CallOption { return maxAttemptsOption{n: n} }
 
 // noRetryOption turns retries off for a call.
@@ -77,7 +78,7 @@ func (co *callOptions) effectiveRetry(rp *retryPolicy, maxCap int) (retryPolicy,
 	case rp != nil:
 		p = *rp
 	case co.maxAttempts > 1:
-		p = *defaultRetryPolicy(maxCap)
+		p = *defaultRetryPolicy()
 	case co.perAttempt > 0:
 		// A per-attempt timeout on a method without a retry policy bounds
 		// its one attempt.

@@ -44,8 +44,11 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 		return nil, fmt.Errorf("interceptor: metrics: %w", err)
 	}
 	c.metrics = m
+	if err := checkCaps(o.config.MethodConfig, o.origins, o.maxAttemptsCap); err != nil {
+		return nil, err
+	}
 	cfg := o.config
-	if err := c.update(&cfg, o.parsedCap); err != nil {
+	if err := c.update(&cfg); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -57,18 +60,24 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 // cfg. A config with errors is refused and the old one stays.
 //
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
-// applied its cap); in a config built in Go, MaxAttempts above the client's
-// cap (WithMaxAttemptsCap) are lowered to it.
+// applied its cap); in a config built in Go, a MaxAttempts above the
+// client's cap (WithMaxAttemptsCap) is an error.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
-	return c.update(cfg, cfg.MaxAttemptsCap())
+	origins := make([]entryOrigin, len(cfg.MethodConfig))
+	for i := range origins {
+		origins[i] = entryOrigin{option: "UpdateServiceConfig", index: i, parsedCap: cfg.MaxAttemptsCap()}
+	}
+	if err := checkCaps(cfg.MethodConfig, origins, c.opts.maxAttemptsCap); err != nil {
+		return err
+	}
+	return c.update(cfg)
 }
 
-// update is UpdateServiceConfig with the cap Parse applied to cfg's
-// entries, 0 when none did.
-func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
+// update makes cfg, whose caps were checked, the client's config.
+func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -77,7 +86,7 @@ func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
 	}
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	st, err := newClientState(cfg, max(c.opts.maxAttemptsCap, parsedCap), &c.opts, &c.metrics, c.state.Load())
+	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
 	if err != nil {
 		return err
 	}

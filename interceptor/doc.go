@@ -79,10 +79,13 @@
 // # What is retried
 //
 // MaxAttempts counts every attempt, the first call included, and is capped
-// once: a config from serviceconfig.Parse at Parse's cap (5 unless
-// serviceconfig.WithMaxAttemptsCap raises it), which the client honours;
-// policies built in Go and call options at the client's (5 unless
-// WithMaxAttemptsCap raises it). Without an explicit
+// once, by where the policy came from: a config from serviceconfig.Parse at
+// Parse's cap (5 unless serviceconfig.WithMaxAttemptsCap raises it), which
+// the client honours; call options at the client's (5 unless
+// WithMaxAttemptsCap raises it). A policy built in Go that asks for more
+// than the client's cap is refused by NewClient (and UpdateServiceConfig)
+// with an error naming WithMaxAttemptsCap, never lowered in silence.
+// Without an explicit
 // RetryableStatusCodes list, UNAVAILABLE and RESOURCE_EXHAUSTED are retried;
 // DEADLINE_EXCEEDED when the attempt's own timeout fired
 // (PerAttemptRecvTimeout), never when the caller's deadline passed; ABORTED,

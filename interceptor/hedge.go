@@ -40,7 +40,7 @@ import (
 
 // hedgePolicy is a serviceconfig.HedgingPolicy with its defaults resolved.
 type hedgePolicy struct {
-	maxAttempts int // ≥ 2, ≤ the client's cap
+	maxAttempts int // ≥ 2, within the cap of where the policy came from (checkCaps)
 	// delay is the wait between copies: 0 sends them all at once, and
 	// noTimedCopies sends further copies only after non-fatal failures.
 	// In a methodPolicy with a quantile it is the delay until minSamples;
@@ -60,9 +60,9 @@ type hedgePolicy struct {
 // it has too few samples.
 const noTimedCopies time.Duration = -1
 
-// newHedgePolicy resolves p, capping MaxAttempts at maxCap.
-func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
-	hp := &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
+// newHedgePolicy resolves p.
+func newHedgePolicy(p *serviceconfig.HedgingPolicy) *hedgePolicy {
+	hp := &hedgePolicy{maxAttempts: p.MaxAttempts, delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
 	if p.HedgingDelayQuantile > 0 {
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))

@@ -18,14 +18,14 @@ import (
 
 // retryPolicy is a serviceconfig.RetryPolicy with every default resolved.
 type retryPolicy struct {
-	maxAttempts int // ≥ 1, ≤ the client's cap
+	maxAttempts int // ≥ 1, within the cap of where the policy came from (checkCaps)
 	backoff     backoff.Config
 	codes       rescodes.Set // the exact retryable codes when explicit
 	explicit    bool         // codes was written out; else the default rules apply
 	perAttempt  time.Duration
 }
 
-func newRetryPolicy(p *serviceconfig.RetryPolicy, maxCap int) *retryPolicy {
+func newRetryPolicy(p *serviceconfig.RetryPolicy) *retryPolicy {
 	rp := &retryPolicy{
 		maxAttempts: p.MaxAttempts,
 		backoff: backoff.Config{
@@ -41,7 +41,6 @@ func newRetryPolicy(p *serviceconfig.RetryPolicy, maxCap int) *retryPolicy {
 	if rp.maxAttempts == 0 {
 		rp.maxAttempts = serviceconfig.DefaultMaxAttempts
 	}
-	rp.maxAttempts = min(rp.maxAttempts, maxCap)
 	if rp.backoff.Initial == 0 {
 		rp.backoff.Initial = serviceconfig.DefaultInitialBackoff
 	}
@@ -94,7 +93,6 @@ type methodPolicy struct {
 // update; calls keep the policy they started with.
 type clientState struct {
 	cfg     *serviceconfig.Config
-	maxCap  int // the cap on cfg's MaxAttempts: the client's, or Parse's when higher
 	opts    *clientOptions
 	metrics *instruments
 	storm   stormControl
@@ -108,12 +106,12 @@ type clientState struct {
 	mu      sync.Mutex
 }
 
-func newClientState(cfg *serviceconfig.Config, maxCap int, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
+func newClientState(cfg *serviceconfig.Config, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
 	storm, err := newStormControl(cfg, opts, prev)
 	if err != nil {
 		return nil, err
 	}
-	s := &clientState{cfg: cfg, maxCap: maxCap, opts: opts, metrics: metrics, storm: storm}
+	s := &clientState{cfg: cfg, opts: opts, metrics: metrics, storm: storm}
 	if prev != nil {
 		s.prev = prev.carried()
 	}
@@ -165,13 +163,13 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 	if mc, ok := s.cfg.Lookup(fullMethod); ok {
 		p.timeout = mc.Timeout
 		p.waitForReady = mc.WaitForReady
-		// A parsed config's MaxAttempts were capped by Parse: they run as
-		// they are (one cap, never a silent second clamp).
+		// MaxAttempts were held to the cap of where each entry came from
+		// (checkCaps): they run as they are, never clamped in silence.
 		if mc.RetryPolicy != nil {
-			p.retry = newRetryPolicy(mc.RetryPolicy, s.maxCap)
+			p.retry = newRetryPolicy(mc.RetryPolicy)
 		}
 		if mc.HedgingPolicy != nil {
-			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.maxCap)
+			p.hedge = newHedgePolicy(mc.HedgingPolicy)
 		}
 		if !matchName(s.opts.exempt, fullMethod) {
 			p.g = s.guards(fullMethod, mc)
@@ -291,8 +289,8 @@ func (s *clientState) isIdempotent(fullMethod string) bool {
 }
 
 // defaultRetryPolicy is the policy of a zero serviceconfig.RetryPolicy.
-func defaultRetryPolicy(maxCap int) *retryPolicy {
-	return newRetryPolicy(&serviceconfig.RetryPolicy{}, maxCap)
+func defaultRetryPolicy() *retryPolicy {
+	return newRetryPolicy(&serviceconfig.RetryPolicy{})
 }
 
 // stateHook returns the breaker state-change hook: the user's and the

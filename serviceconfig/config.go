@@ -222,8 +222,9 @@ type RetryPolicy struct {
 	// MaxAttempts counts every attempt, the first call included: 3 means one
 	// call and up to two retries. Parse lowers values above its cap (5
 	// unless WithMaxAttemptsCap raises it), and a client runs a parsed
-	// value as it is; in a policy built in Go, values above the client's
-	// cap (5 unless raised) are lowered to it. 0 means 3; 1 means no retry.
+	// value as it is; a policy built in Go with a value above the client's
+	// cap (5 unless interceptor.WithMaxAttemptsCap raises it) is refused.
+	// 0 means 3; 1 means no retry.
 	MaxAttempts int
 
 	// InitialBackoff is the delay before the first retry, before jitter.
