@@ -107,7 +107,9 @@
 // does: the same attempts, grpc-previous-rpc-attempts, final codes,
 // responses, headers and trailers, and the same A6 throttle accounting. A
 // differential test in this package runs both against the same scripted
-// servers (TestParityWithGRPCRetry). The differences are intended:
+// servers (TestParityWithGRPCRetry) and compares, call by call, what the
+// server and the caller saw and the A6 throttle's token count. The
+// differences are intended:
 //
 //   - A stream's Context() does not commit its attempt. gRFC A6 commits an
 //     attempt when a response header or message arrives, or when the

@@ -58,6 +58,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, kerr
 	}
 	s.single = s.r.rp.maxAttempts <= 1 && s.r.rp.perAttempt == 0
+	s.measured = s.single && st.storm.throttle != nil
 	panicking := true
 	defer s.endOnPanic(&panicking)
 	err := s.start()
@@ -145,7 +146,11 @@ type retryStream struct {
 	opts       []grpc.CallOption
 	limit      int  // replay buffer bound, bytes
 	single     bool // nothing to retry: the first attempt is committed at once
-	watch      bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
+	// measured is set on a single stream under A6 throttling: its sends
+	// are counted in sent, so that its failure is charged to the throttle
+	// only when grpc-go would not have committed it by its retry buffer.
+	measured bool
+	watch    bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
 
 	// r is used by the driver while the state is idle, and otherwise by
 	// the call that ends the stream (see stopDriving).
@@ -160,6 +165,7 @@ type retryStream struct {
 	last     *streamAttempt
 	buf      []any // messages sent before the commit, for replay
 	bufBytes int   // their size as messageSize counts it
+	sent     int   // the size of the messages sent, when measured
 	// bufOne backs buf until a second message is kept, so that a stream
 	// with one request (server streaming) keeps it without allocating.
 	bufOne [1]any
@@ -250,6 +256,9 @@ func (s *retryStream) enqueue(m any) (a *streamAttempt, kept bool, err error) {
 	case stateDone:
 		return nil, false, io.EOF
 	case stateCommitted:
+		if s.measured {
+			s.sent += messageSize(m, s.limit)
+		}
 		return s.cur, false, nil
 	}
 	s.buf = append(s.buf, m)
