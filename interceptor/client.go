@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -142,6 +143,12 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
+	hedge := c.hedgeAttempts(ctx, mp, &co)
+	if hedge > 1 && !hedgeable(req, reply) {
+		// Copies need a clone of the request and a reply of their own:
+		// other messages run one attempt through the guards.
+		co.maxAttempts, hedge = 1, 1
+	}
 	if mp.early && !co.any {
 		if ok, err := c.rejectEarly(ctx, st, mp, cc, opts); ok {
 			return err
@@ -166,8 +173,8 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	if ctx, u.r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
 		return kerr
 	}
-	if n := c.hedgeAttempts(ctx, mp, &co); n > 1 {
-		return c.hedged(ctx, st, mp, n, method, req, reply, cc, invoker, s.opts)
+	if hedge > 1 {
+		return c.hedged(ctx, st, mp, &co, hedge, method, req.(proto.Message), reply.(proto.Message), cc, invoker, s.opts)
 	}
 	u.ctx = ctx
 	if u.r.rp.maxAttempts > 1 || st.storm.throttle != nil {

@@ -141,7 +141,16 @@
 // header, trailer and peer; the caller's grpc.Header, grpc.Trailer and
 // grpc.Peer options receive those of the copy the call returns. A panic
 // below the interceptor in a copy panics again in the caller's goroutine.
-// Streams with a hedging policy are called once.
+// Every copy goes through the method's breaker and bulkhead; a copy that
+// must wait in the bulkhead's queue waits on its own goroutine, so a
+// sibling's answer ends the call at once. PerAttemptTimeout (and
+// WithDeadlineHeadroom) bound every copy; a copy cut by its own timeout is
+// a non-fatal failure, and the next copy goes out at once. A pushback after
+// which no copy could follow (none left, or its wait past the deadline)
+// ends the call as soon as nothing runs, with the server's status. Only
+// proto messages are hedged (copies clone the request and make their own
+// reply); a call of a hedged method with other messages, and a stream, runs
+// one attempt through the guards.
 //
 // With HedgingDelayQuantile (an extension of hedgingPolicy) the delay is
 // not tuned by hand: each call waits the method's observed attempt latency

@@ -126,9 +126,18 @@ func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 // Every copy after the first is a retry for the budget, A6 throttling and
 // the deadline: a copy starts only while they allow it, and a server
 // pushback delays the next copy, or stops new copies when it says not to
-// retry. Copies go through the method's breaker and bulkhead like attempts,
-// and each copy settles its own accounts, so copies still running when the
+// retry; a pushback after which no copy could follow (none left, or the
+// wait past the deadline) ends the call once nothing runs, with the
+// server's status. Copies go through the method's breaker and bulkhead like
+// attempts; a copy that must wait in the bulkhead's queue waits on its own
+// goroutine, so an answer that arrives meanwhile ends the call at once. Each
+// copy settles its own accounts, so copies still running or queued when the
 // call returns (they are cancelled) leave nothing behind.
+//
+// A per-attempt timeout (the PerAttemptTimeout call option, and
+// WithDeadlineHeadroom) bounds every copy as it bounds every attempt of a
+// retried call. A copy cut by its own timeout is a non-fatal failure,
+// whatever NonFatalStatusCodes holds: the next copy goes out at once.
 //
 // A panic below the interceptor in a copy's goroutine is carried to the
 // caller's goroutine, which panics again with a *copyPanic around it (as
@@ -136,19 +145,19 @@ func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 // copy that panics after the call returned has no caller left to reach: its
 // panic is dropped, its accounts settled.
 //
-// req, reply and opts are borrowed: hedged reads them only until it
-// returns, and copies use their own copies of them.
-func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int, method string, req, reply any,
-	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
-	out, ok := reply.(proto.Message)
-	in, inOK := req.(proto.Message)
-	if !ok || !inOK {
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
-	h := c.newHedgeCall(ctx, st, mp, maxAttempts)
+// Only proto messages are hedged: each copy needs a clone of the request
+// and a reply of its own. A call of a hedged method with other messages
+// runs one attempt through the guards, as a method without a policy does
+// (see hedgeable).
+//
+// in, out and opts are borrowed: hedged reads them only until it returns,
+// and copies use their own copies of them.
+func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, maxAttempts int, method string,
+	in, out proto.Message, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
+	h := c.newHedgeCall(ctx, st, mp, co, maxAttempts)
 	defer h.close() // cancels the copies still running, on every way out
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
-	err := h.run(req, out)
+	err := h.run(in, out)
 	if !h.idleAt.IsZero() { // the call ended with no copy running
 		h.r.waited += time.Since(h.idleAt)
 	}
@@ -192,13 +201,25 @@ type hedgeCall struct {
 	idleAt time.Time
 }
 
+// hedgeable reports whether a call with req and reply can be hedged: both
+// are proto messages, which each copy clones or makes anew.
+func hedgeable(req, reply any) bool {
+	_, in := req.(proto.Message)
+	_, out := reply.(proto.Message)
+	return in && out
+}
+
 // newHedgeCall returns the state of a call of mp hedged with maxAttempts
-// copies, before its job is set and its first copy started.
-func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int) *hedgeCall {
+// copies, each bounded by the per-attempt timeout of the call options co,
+// before its job is set and its first copy started.
+func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, maxAttempts int) *hedgeCall {
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
 	h.hp.delay = mp.hedgeDelay() // one delay for the whole call
 	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
+	if co.setAttempt {
+		h.r.rp.perAttempt = max(co.perAttempt, 0)
+	}
 	h.ctx = h.r.outgoing(ctx)
 	h.copies, h.cancel = context.WithCancel(h.ctx)
 	h.results = make(chan hedgeResult, maxAttempts)
@@ -219,7 +240,12 @@ func (h *hedgeCall) close() {
 // still pending, so a call never waits for nothing. req and out are the
 // caller's, for the fallback and the winner's reply.
 func (h *hedgeCall) run(req any, out proto.Message) error {
-	if err := h.launch(budget.Retry{}); err != nil {
+	now := time.Now()
+	timeout, bounded := h.r.attemptTimeout(h.ctx, now)
+	if bounded && timeout <= 0 {
+		return h.r.outOfTime(nil)
+	}
+	if err := h.launch(budget.Retry{}, now, timeout); err != nil {
 		return h.refused(err, req, out)
 	}
 	h.arm(h.hp.delay)
@@ -316,6 +342,9 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 		panic(res.panicked)
 	case res.goexit:
 		runtime.Goexit()
+	case res.refused:
+		h.onRefused(res.err)
+		return false, nil
 	case res.err == nil:
 		h.r.succeeded()
 		h.caller.hand(&res)
@@ -327,7 +356,7 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 	if cerr := callerErr(h.ctx); cerr != nil {
 		return true, h.fail(stopOfContext(cerr))
 	}
-	if !nonFatal(h.hp.nonFatal, res.err) {
+	if !res.timedOut && !nonFatal(h.hp.nonFatal, res.err) {
 		return true, h.fail(StopNonRetryable)
 	}
 	if res.header != nil { // A6: response headers commit the call to this copy
@@ -353,7 +382,11 @@ func (h *hedgeCall) onNonFatal(res *hedgeResult) {
 			h.stopped = StopPushback
 		}
 	case hinted:
-		h.arm(min(hint, h.c.opts.maxPushback)) // the next copy waits for the hint
+		// The next copy waits for the hint; with none to follow, or none
+		// that would fit in the deadline, there is nothing to wait for.
+		if d := min(hint, h.c.opts.maxPushback); h.mayFollow(d) {
+			h.arm(d)
+		}
 	default:
 		// A non-fatal failure sends the next copy in line at once (A6: its
 		// hedging delay is shortcut); the one after it then waits a whole
@@ -366,6 +399,22 @@ func (h *hedgeCall) onNonFatal(res *hedgeResult) {
 	}
 }
 
+// onRefused takes the result of a copy that the bulkhead refused (or whose
+// wait the call's end cut) while it queued: it was never sent, so it is not
+// counted, and no further copy starts.
+func (h *hedgeCall) onRefused(err error) {
+	h.r.attempts--
+	reason, rejected := isRejection(err)
+	if rejected {
+		h.r.onRejected(h.ctx, reason)
+	} else {
+		reason = stopOfContext(h.ctx.Err())
+	}
+	if h.stopped == StopNone {
+		h.stopped = reason
+	}
+}
+
 // another starts a copy if next allows it and the guards admit it, and
 // reports it, sent delay after the one before. When it cannot, stopped says
 // why.
@@ -374,7 +423,14 @@ func (h *hedgeCall) another(delay time.Duration) {
 	if !ok {
 		return
 	}
-	if err := h.launch(tok); err != nil {
+	now := time.Now()
+	timeout, bounded := h.r.attemptTimeout(h.ctx, now)
+	if bounded && timeout <= 0 {
+		h.job.refund(tok)
+		h.stopped = h.r.skip(StopDeadline).stop
+		return
+	}
+	if err := h.launch(tok, now, timeout); err != nil {
 		if h.stopped, _ = isRejection(err); h.stopped == StopNone {
 			h.stopped = stopOfContext(h.ctx.Err())
 		} else {
@@ -388,11 +444,7 @@ func (h *hedgeCall) another(delay time.Duration) {
 // next says whether another copy may start now, taking a budget token for
 // it; when not, it records why in stopped.
 func (h *hedgeCall) next() (budget.Retry, bool) {
-	switch {
-	case h.stopped != StopNone:
-		return budget.Retry{}, false
-	case h.r.attempts >= h.hp.maxAttempts:
-		h.stopped = StopExhausted
+	if !h.copiesLeft() {
 		return budget.Retry{}, false
 	}
 	if th := h.st.storm.throttle; th != nil && !th.Allow() {
@@ -400,8 +452,7 @@ func (h *hedgeCall) next() (budget.Retry, bool) {
 		return budget.Retry{}, false
 	}
 	now := time.Now()
-	if dl, ok := h.ctx.Deadline(); ok && !deadline.Fit(dl, now, 0, h.r.estimate(), h.c.opts.headroom).OK() {
-		h.stopped = h.r.skip(StopDeadline).stop
+	if !h.fits(now, 0) {
 		return budget.Retry{}, false
 	}
 	if b := h.st.storm.budget; b != nil {
@@ -414,16 +465,57 @@ func (h *hedgeCall) next() (budget.Retry, bool) {
 	return budget.Retry{}, true
 }
 
-// launch starts the next copy, holding tok, the budget's token for it (zero
-// for the first copy). When the guards refuse it, tok is refunded.
-func (h *hedgeCall) launch(tok budget.Retry) error {
-	now := time.Now()
+// copiesLeft reports whether a further copy may still start: none has
+// stopped them and MaxAttempts is not reached (else stopped says so).
+func (h *hedgeCall) copiesLeft() bool {
+	switch {
+	case h.stopped != StopNone:
+		return false
+	case h.r.attempts >= h.hp.maxAttempts:
+		h.stopped = StopExhausted
+		return false
+	}
+	return true
+}
+
+// fits reports whether a copy sent delay after now fits in the call's
+// deadline (with the client's headroom and the method's expected attempt
+// duration); when not, stopped says so and the skip is recorded.
+func (h *hedgeCall) fits(now time.Time, delay time.Duration) bool {
+	if dl, ok := h.ctx.Deadline(); ok && !deadline.Fit(dl, now, delay, h.r.estimate(), h.c.opts.headroom).OK() {
+		h.stopped = h.r.skip(StopDeadline).stop
+		return false
+	}
+	return true
+}
+
+// mayFollow reports whether a further copy could go out delay from now:
+// copiesLeft, and fits.
+func (h *hedgeCall) mayFollow(delay time.Duration) bool {
+	return h.copiesLeft() && h.fits(time.Now(), delay)
+}
+
+// launch starts the next copy at now, bounded by timeout when positive and
+// holding tok, the budget's token for it (zero for the first copy). When
+// the guards refuse it, tok is refunded. The first copy waits here for a
+// bulkhead slot, as an attempt does (nothing else can end the call
+// meanwhile); a later copy that must queue waits on its own goroutine, so
+// that a sibling's answer is taken at once.
+func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duration) error {
 	h.r.begin(now)
-	adm, err := h.job.mp.g.admit(h.copies, now)
+	g := &h.job.mp.g
+	var (
+		adm   admission
+		queue bool
+		err   error
+	)
+	if h.r.attempts == 0 {
+		adm, err = g.admit(h.copies, now)
+	} else {
+		adm, queue, err = g.admitNow(now)
+	}
 	if err != nil {
-		if tok != (budget.Retry{}) {
-			h.job.budget.Refund(tok)
-		}
+		h.job.refund(tok)
 		return err
 	}
 	if h.running == 0 && !h.idleAt.IsZero() {
@@ -432,7 +524,7 @@ func (h *hedgeCall) launch(tok budget.Retry) error {
 	}
 	h.r.attempts++
 	h.running++
-	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, start: now, results: h.results}
+	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, start: now, timeout: timeout, results: h.results}
 	go cp.run(h.copies)
 	return nil
 }
@@ -477,13 +569,26 @@ func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes
 	}
 }
 
+// refund gives tok, a budget token taken for a copy that was never sent,
+// back to the retry budget; the zero token (the first copy's) is no-op.
+func (j *hedgeJob) refund(tok budget.Retry) {
+	if tok != (budget.Retry{}) {
+		j.budget.Refund(tok)
+	}
+}
+
 // hedgeCopy is one copy of a hedged call: what its goroutine needs beyond
 // the job, built before the go statement.
 type hedgeCopy struct {
-	job     *hedgeJob
-	n       int       // 1 for the first copy
-	adm     admission // the copy's breaker token and bulkhead slot
-	start   time.Time // when it was admitted
+	job *hedgeJob
+	n   int       // 1 for the first copy
+	adm admission // the copy's breaker token and bulkhead slot
+	// queued is set when adm holds no slot yet: the copy waits in the
+	// bulkhead's queue (guards.queue) before it is sent.
+	queued  bool
+	tok     budget.Retry  // the budget's token for the copy, refunded if it is never sent
+	start   time.Time     // when it was admitted; once queued, when it got its slot
+	timeout time.Duration // the copy's own timeout from start; 0: none
 	results chan<- hedgeResult
 }
 
@@ -500,6 +605,12 @@ type hedgeResult struct {
 	// when it called runtime.Goexit. err is then errCopyAborted.
 	panicked *copyPanic
 	goexit   bool
+	// refused is set when the copy was never sent: the bulkhead refused it
+	// while it queued, or the call ended; err says which.
+	refused bool
+	// timedOut is set when the copy's own timeout ended it while the
+	// caller's context was live.
+	timedOut bool
 }
 
 // errCopyAborted is the outcome of a copy that panicked or exited: its
@@ -515,11 +626,31 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 	returned := false
 	defer cp.finish(ctx, &res, &returned)
 	j := cp.job
+	if cp.queued {
+		if err := j.mp.g.queue(ctx, &cp.adm, cp.start); err != nil {
+			res.err, res.refused, returned = err, true, true
+			return
+		}
+		cp.start = time.Now()
+	}
 	res.reply = j.replyType.New().Interface()
 	opts := make([]grpc.CallOption, len(j.opts), len(j.opts)+3)
 	copy(opts, j.opts)
 	opts = append(opts, grpc.Header(&res.header), grpc.Trailer(&res.trailer), grpc.Peer(&res.peer))
-	res.err = j.invoker(attemptContext(ctx, cp.n), j.method, j.req, res.reply, j.cc, opts...)
+	actx := attemptContext(ctx, cp.n)
+	if cp.timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithDeadline(actx, cp.start.Add(cp.timeout))
+		defer cancel()
+	}
+	res.err = j.invoker(actx, j.method, j.req, res.reply, j.cc, opts...)
+	if res.err != nil && cp.timeout > 0 {
+		// Its own timeout fired if its deadline has passed (on the clock:
+		// the error may come before the context's timer has run) while
+		// the call's context is live.
+		end := since(cp.start)
+		res.timedOut = !end.Before(cp.start.Add(cp.timeout)) && callerErrAt(ctx, end) == nil
+	}
 	returned = true
 }
 
@@ -557,6 +688,10 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 // takes.
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
+	if res.refused { // never sent: queue gave its breaker token back
+		j.refund(cp.tok)
+		return
+	}
 	aborted := res.panicked != nil || res.goexit
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
@@ -571,7 +706,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 			switch {
 			case res.err == nil:
 				w.Observe(end.Sub(cp.start))
-			case ctx.Err() != nil:
+			case ctx.Err() != nil || res.timedOut:
 				w.ObserveAtLeast(end.Sub(cp.start))
 			}
 		}
