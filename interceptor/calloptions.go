@@ -49,9 +49,13 @@ type callOptions struct {
 	perAttempt  time.Duration
 	setAttempt  bool // perAttempt was given
 	any         bool // any of ours was given
+	// sizer measures messages for the replay buffer with the codec grpc's
+	// call options chose.
+	sizer wireSizer
 }
 
-// scanCallOptions finds this package's options in opts.
+// scanCallOptions finds this package's options in opts, and grpc's options
+// that choose the call's codec.
 func scanCallOptions(opts []grpc.CallOption) callOptions {
 	var co callOptions
 	for _, o := range opts {
@@ -62,6 +66,14 @@ func scanCallOptions(opts []grpc.CallOption) callOptions {
 			co.noRetry, co.any = true, true
 		case perAttemptTimeoutOption:
 			co.perAttempt, co.setAttempt, co.any = o.d, true, true
+		case grpc.ForceCodecV2CallOption:
+			co.sizer.forced = o.CodecV2
+		case grpc.ForceCodecCallOption:
+			co.sizer.forced = o.Codec
+		case grpc.CustomCodecCallOption:
+			co.sizer.forced = o.Codec
+		case grpc.ContentSubtypeCallOption:
+			co.sizer.subtype = o.ContentSubtype
 		}
 	}
 	return co

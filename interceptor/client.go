@@ -167,7 +167,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		s.opts = append(s.opts, grpc.WaitForReady(*mp.waitForReady))
 	}
 
-	u := unaryCall{r: c.newRetrier(ctx, st, mp, &co), method: method, req: req, reply: reply, cc: cc, invoker: invoker, s: s}
+	u := unaryCall{r: c.newRetrier(ctx, st, mp, &co), method: method, req: req, reply: reply, cc: cc, invoker: invoker, s: s, sizer: co.sizer}
 	ctx = u.r.outgoing(ctx)
 	var kerr error
 	if ctx, u.r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
@@ -239,6 +239,7 @@ type unaryCall struct {
 	cc      *grpc.ClientConn
 	invoker grpc.UnaryInvoker
 	s       *unaryScratch
+	sizer   wireSizer // measures req for the replay buffer
 }
 
 // run is the retry loop: attempts until one succeeds, or retrying stops.
@@ -290,10 +291,12 @@ func (u *unaryCall) run() error {
 
 // committed reports whether the attempt that just failed had committed:
 // the server answered with headers before failing, or the request outgrew
-// the replay buffer, which grpc-go counts at the send (gRFC A6). The
-// request is measured only here, once an attempt has failed.
+// the replay buffer, which grpc-go counts at the send (gRFC A6; see
+// wireSizer). The request is measured only here, once an attempt has
+// failed, so the success path pays nothing.
 func (u *unaryCall) committed() bool {
-	return u.s.header != nil || u.r.outgrowsReplay(u.req)
+	limit := u.r.c.opts.replayBuffer
+	return u.s.header != nil || u.sizer.size(u.req, limit) > limit
 }
 
 // attempt runs one attempt started at now, bounded by timeout when it is

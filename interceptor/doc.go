@@ -70,7 +70,13 @@
 // again. A unary request whose message, with gRPC's 5-byte prefix, is larger
 // than the replay buffer (WithStreamReplayBuffer) commits its attempt as it
 // is sent, as grpc-go's per-call retry buffer does: its failure is final
-// (StopCommitted). grpc-go's own statuses for a message it could not send or receive
+// (StopCommitted). Unary calls and streams count one way: each message as
+// the call's codec encodes it (proto.Size for a proto message under the
+// default codec; any other message, or any under a codec a call option
+// chose, encoded by that codec to be measured), plus the prefix; a message
+// no codec can encode counts as past the bound. grpc-go counts compressed
+// messages at their compressed size, the client before compression.
+// grpc-go's own statuses for a message it could not send or receive
 // (larger than a MaxCallSendMsgSize or MaxCallRecvMsgSize, or not
 // marshalled, unmarshalled, compressed or decompressed) are never retried
 // and never count against the breaker: they say nothing of the server's

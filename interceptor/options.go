@@ -220,8 +220,10 @@ func WithMaxServerPushback(d time.Duration) ClientOption {
 
 // WithStreamReplayBuffer sets how many bytes of sent messages a stream keeps
 // so that it can replay them on a new attempt; a stream that sends more
-// commits to its current attempt. Each message counts its encoded size plus
-// grpc's 5-byte message prefix, as in grpc-go. The bound applies to unary
+// commits to its current attempt. Each message counts its size as the
+// call's codec encodes it plus grpc's 5-byte message prefix, as in grpc-go
+// (a message that is not proto is encoded to be measured; see the package
+// documentation, Commit). The bound applies to unary
 // calls too, as grpc-go's per-call retry buffer does: a unary request
 // larger than it is not retried. The default is
 // DefaultStreamReplayBuffer (256 KiB); 0 commits streams at their first

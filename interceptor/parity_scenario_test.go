@@ -36,7 +36,8 @@ type scenario struct {
 
 // scenarioCall is one call of a scenario.
 type scenarioCall struct {
-	// Method is "Echo", "Lookup" or "ServerStream".
+	// Method is "Echo", "Lookup" or "ServerStream", or "EchoRaw": Echo
+	// with messages that are not proto (rawCodec).
 	Method string `json:"method"`
 	// Wire is the request's size on the wire (message plus gRPC's 5-byte
 	// prefix) when it is large; 0 for a small request.
@@ -205,7 +206,8 @@ func (s *scenario) describe(i int) string {
 
 // namedScenarios are the classes of calls where our A6 throttle accounting
 // once differed from grpc-go's (issue 20, item 10), run by every run of
-// the differential test beside the generated scenarios: for each method,
+// the differential test beside the generated scenarios: for each method
+// (Echo also with messages that are not proto, measured by their codec),
 // with and without a retry policy, requests from 5 bytes under to 5 bytes
 // over the replay buffer (grpc-go commits a call whose bytes sent exceed
 // it), failing with a retryable code, with a pushback that says not to
@@ -220,7 +222,7 @@ func namedScenarios() []*scenario {
 		{{Code: "UNAVAILABLE", Header: true, Pushback: []string{"-1"}}},
 	}
 	var out []*scenario
-	for _, method := range []string{"Echo", "Lookup", "ServerStream"} {
+	for _, method := range []string{"Echo", "EchoRaw", "Lookup", "ServerStream"} {
 		for _, noPolicy := range []bool{false, true} {
 			if noPolicy && method != "ServerStream" {
 				continue // Lookup is the unary method without a policy

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
@@ -173,16 +172,6 @@ func (r *retrier) noRetryFailed(ctx context.Context, err error, trailer metadata
 // message on the wire (a compressed flag and a 4-byte length), which
 // grpc-go counts against its per-call retry buffer.
 const grpcMessagePrefix = 5
-
-// outgrowsReplay reports whether req, sent on the wire, is larger than the
-// client's replay buffer (WithStreamReplayBuffer): grpc-go commits such a
-// call at its send, so its failure is final. A message that cannot be
-// measured (not a proto message) never outgrows it. Read only when a retry
-// is about to be decided, so the success path pays nothing.
-func (r *retrier) outgrowsReplay(req any) bool {
-	pm, ok := req.(proto.Message)
-	return ok && proto.Size(pm)+grpcMessagePrefix > r.c.opts.replayBuffer
-}
 
 // estimate returns how long the method's next attempt is expected to take.
 func (r *retrier) estimate() time.Duration {

@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 )
 
 // StreamClientInterceptor returns the interceptor for streaming calls
@@ -38,6 +37,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		streamer: streamer,
 		opts:     opts,
 		limit:    c.opts.replayBuffer,
+		sizer:    co.sizer,
 		watch:    mp.g.any(),
 	}
 	s.ready.L = &s.mu
@@ -144,8 +144,9 @@ type retryStream struct {
 	method     string
 	streamer   grpc.Streamer
 	opts       []grpc.CallOption
-	limit      int  // replay buffer bound, bytes
-	single     bool // nothing to retry: the first attempt is committed at once
+	limit      int       // replay buffer bound, bytes
+	sizer      wireSizer // measures messages toward limit
+	single     bool      // nothing to retry: the first attempt is committed at once
 	// measured is set on a single stream under A6 throttling: its sends
 	// are counted in sent, so that its failure is charged to the throttle
 	// only when grpc-go would not have committed it by its retry buffer.
@@ -164,7 +165,7 @@ type retryStream struct {
 	// last is the latest attempt created; never nil once start succeeded.
 	last     *streamAttempt
 	buf      []any // messages sent before the commit, for replay
-	bufBytes int   // their size as messageSize counts it
+	bufBytes int   // their size as sizer counts it
 	sent     int   // the size of the messages sent, when measured
 	// bufOne backs buf until a second message is kept, so that a stream
 	// with one request (server streaming) keeps it without allocating.
@@ -175,17 +176,6 @@ type retryStream struct {
 	closeSent bool
 	driving   bool  // a driver is at work (state idle)
 	final     error // set when done: io.EOF after success, else the error
-}
-
-// messageSize returns what m counts toward the replay bound: its encoded
-// size plus grpc's 5-byte message prefix, proto.Size(m) + 5, as grpc-go
-// counts it. A message that is not a proto.Message cannot be measured: it
-// counts as limit + 1, past the bound, so the stream commits.
-func messageSize(m any, limit int) int {
-	if pm, ok := m.(proto.Message); ok {
-		return proto.Size(pm) + grpcMessagePrefix
-	}
-	return limit + 1
 }
 
 // endOnPanic, deferred by each call that calls below the interceptor, ends
@@ -257,12 +247,12 @@ func (s *retryStream) enqueue(m any) (a *streamAttempt, kept bool, err error) {
 		return nil, false, io.EOF
 	case stateCommitted:
 		if s.measured {
-			s.sent += messageSize(m, s.limit)
+			s.sent += s.sizer.size(m, s.limit)
 		}
 		return s.cur, false, nil
 	}
 	s.buf = append(s.buf, m)
-	s.bufBytes += messageSize(m, s.limit)
+	s.bufBytes += s.sizer.size(m, s.limit)
 	return s.cur, true, nil
 }
 
