@@ -49,6 +49,7 @@ type callOptions struct {
 	perAttempt  time.Duration
 	setAttempt  bool // perAttempt was given
 	any         bool // any of ours was given
+	static      bool // grpc.StaticMethod: a generated stub's call
 	// sizer measures messages for the replay buffer with the codec grpc's
 	// call options chose.
 	sizer wireSizer
@@ -74,6 +75,8 @@ func scanCallOptions(opts []grpc.CallOption) callOptions {
 			co.sizer.forced = o.Codec
 		case grpc.ContentSubtypeCallOption:
 			co.sizer.subtype = o.ContentSubtype
+		case grpc.StaticMethodCallOption:
+			co.static = true
 		}
 	}
 	return co

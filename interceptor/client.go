@@ -138,8 +138,8 @@ func (s *unaryScratch) put() {
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	st := c.state.Load()
-	mp := st.policy(method)
 	co := scanCallOptions(opts)
+	mp := st.policy(method, co.static)
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
@@ -150,7 +150,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		co.maxAttempts, hedge = 1, 1
 	}
 	if mp.early && !co.any {
-		if ok, err := c.rejectEarly(ctx, st, mp, cc, opts); ok {
+		if ok, err := c.rejectEarly(ctx, st, mp, &co, cc); ok {
 			return err
 		}
 	}
@@ -184,7 +184,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
 	}
 	err := u.run()
-	u.r.callEnded(cc, u.s.opts)
+	u.r.callEnded(cc)
 	return err
 }
 
@@ -199,7 +199,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 // deadline with no time left for an attempt ends it with
 // DEADLINE_EXCEEDED. Only methods with mp.early and calls without call
 // options of ours come here.
-func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPolicy, cc *grpc.ClientConn, opts []grpc.CallOption) (ok bool, err error) {
+func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, cc *grpc.ClientConn) (ok bool, err error) {
 	rej, halfOpenFull, now := mp.g.rejecting()
 	if rej == nil {
 		return false, nil
@@ -207,7 +207,7 @@ func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPol
 	if _, keyed := IdempotencyKeyFromContext(ctx); keyed {
 		return false, nil
 	}
-	r := c.newRetrier(ctx, st, mp, &callOptions{})
+	r := c.newRetrier(ctx, st, mp, co)
 	_, hasDeadline := ctx.Deadline()
 	if now.IsZero() && (hasDeadline || r.rp.maxAttempts > 1 && st.storm.budget != nil) {
 		now = time.Now()
@@ -224,7 +224,7 @@ func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPol
 	reason := rej.stopped.Reason
 	r.onRejected(ctx, reason)
 	err = r.rejected(rej, nil, reason)
-	r.callEnded(cc, opts)
+	r.callEnded(cc)
 	return true, err
 }
 
@@ -338,7 +338,7 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 	}
 	released = true
 	end := mp.g.release(u.ctx, adm, err, true)
-	r.c.metrics.attempt(u.ctx, mp.mm, err)
+	r.c.metrics.attempt(u.ctx, r.mm, err)
 	if mp.latency != nil {
 		if end.IsZero() {
 			end = since(now)

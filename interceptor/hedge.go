@@ -101,7 +101,7 @@ func (mp *methodPolicy) hedgeDelay() time.Duration {
 // use meanwhile (further copies then go out only after non-fatal
 // failures).
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
-	mp := c.state.Load().policy(fullMethod)
+	mp := c.state.Load().peek(fullMethod)
 	if mp.hedge == nil {
 		return 0, false
 	}
@@ -157,11 +157,12 @@ func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, 
 	h := c.newHedgeCall(ctx, st, mp, co, maxAttempts)
 	defer h.close() // cancels the copies still running, on every way out
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
+	h.job.mm = h.r.mm
 	err := h.run(in, out)
 	if !h.idleAt.IsZero() { // the call ended with no copy running
 		h.r.waited += time.Since(h.idleAt)
 	}
-	h.r.callEnded(cc, opts)
+	h.r.callEnded(cc)
 	if h.r.attempts > 0 {
 		h.caller.finish(err)
 	}
@@ -216,7 +217,8 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
 	h.hp.delay = mp.hedgeDelay() // one delay for the whole call
-	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
+	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static),
+		rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
 	if co.setAttempt {
 		h.r.rp.perAttempt = max(co.perAttempt, 0)
 	}
@@ -543,6 +545,7 @@ func (r *retrier) onRetryHedge(ctx context.Context, delay time.Duration) {
 type hedgeJob struct {
 	c        *Client
 	mp       *methodPolicy
+	mm       *methodMetrics // the call's attribute sets (retrier.mm)
 	nonFatal rescodes.Set
 	budget   *budget.Budget // nil: none
 	method   string
@@ -695,7 +698,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	aborted := res.panicked != nil || res.goexit
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
-		j.c.metrics.attempt(ctx, j.mp.mm, res.err)
+		j.c.metrics.attempt(ctx, j.mm, res.err)
 		if end.IsZero() && (j.mp.latency != nil || j.mp.hedgeWindow != nil) {
 			end = since(cp.start)
 		}

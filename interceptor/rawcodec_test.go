@@ -76,11 +76,17 @@ func newRawEcho(t *testing.T, srv *testserver.Server, opts ...ClientOption) (*gr
 // parsedConfig returns WithServiceConfig of doc, which must parse.
 func parsedConfig(t testing.TB, doc string) ClientOption {
 	t.Helper()
+	return WithServiceConfig(mustParse(t, doc))
+}
+
+// mustParse returns doc parsed, failing t if it does not parse.
+func mustParse(t testing.TB, doc string) *serviceconfig.Config {
+	t.Helper()
 	cfg, err := serviceconfig.Parse([]byte(doc))
 	if err != nil {
 		t.Fatalf("Parse(%s): %v", doc, err)
 	}
-	return WithServiceConfig(cfg)
+	return cfg
 }
 
 // Item 4 of issue 20: messages the client could not measure as proto

@@ -32,10 +32,11 @@ type retrier struct {
 	c             *Client
 	st            *clientState
 	mp            *methodPolicy
-	rp            retryPolicy // the method's policy with call options applied
-	wrap          bool        // a retry policy applies: errors are *RetryError
-	attempts      int         // attempts started so far
-	sincePushback int         // retries since the last server pushback
+	mm            *methodMetrics // the call's attribute sets: its method's or "other"; nil when metrics are off
+	rp            retryPolicy    // the method's policy with call options applied
+	wrap          bool           // a retry policy applies: errors are *RetryError
+	attempts      int            // attempts started so far
+	sincePushback int            // retries since the last server pushback
 	prevDelay     time.Duration
 	pending       budget.Retry  // the budget's token for the retry in flight
 	noRetry       StopReason    // StopNoRetry when retrying is off for this call
@@ -348,7 +349,8 @@ func (c *Client) newRetrier(ctx context.Context, st *clientState, mp *methodPoli
 	// Errors are wrapped in a *RetryError when a retry policy applies: the
 	// method's, or one the call options made (not a bare per-attempt
 	// timeout on a method without one).
-	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: rp, wrap: mp.retry != nil || retrying && rp.maxAttempts > 1}
+	r := retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static), rp: rp,
+		wrap: mp.retry != nil || retrying && rp.maxAttempts > 1}
 	if !retrying {
 		r.rp.maxAttempts = 1
 		if mp.retry != nil {

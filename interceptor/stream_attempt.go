@@ -165,7 +165,7 @@ func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
 	} else {
 		s.mp.g.release(s.ctx, a.adm, err, false)
 	}
-	s.c.metrics.attempt(s.ctx, s.mp.mm, err)
+	s.c.metrics.attempt(s.ctx, s.r.mm, err)
 }
 
 // attemptEnded runs when a's grpc stream context ends: grpc has finished

@@ -35,7 +35,7 @@ func (s *retryStream) stopDriving() {
 	default:
 		s.r.settle(false)
 	}
-	s.r.callEnded(s.cc, s.opts)
+	s.r.callEnded(s.cc)
 }
 
 // errStop wraps an error that ends the stream at once, without the retry
@@ -400,7 +400,7 @@ func (s *retryStream) finish(err, outcome error) error {
 		} else {
 			s.r.settle(false)
 		}
-		s.r.callEnded(s.cc, s.opts)
+		s.r.callEnded(s.cc)
 	}
 	s.cancelCall()
 	return final
