@@ -71,10 +71,14 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 
 // streamContext returns the context of a stream, which the stream cancels
 // when it ends: the caller's, bounded by the config timeout as withTimeout
-// bounds it. Attempts run under it, so the end of the stream ends the grpc
-// stream of an attempt still live (a panic below, an attempt opened as the
-// stream ended); an attempt has a context of its own only for a per-attempt
-// timeout, and a failed one has ended its grpc stream before it is retired.
+// bounds it, or the caller's itself (cancel is then noCancel). The first
+// attempt runs under it: it is opened before the stream is shared, so no
+// other call can end the stream while it opens, and an attempt that fails
+// has ended its grpc stream before it is retired. Every later attempt, and
+// an attempt with a per-attempt timeout, has a context of its own, which
+// the stream's end cancels (an attempt opened as the stream ended by
+// another call). A grpc stream below a call that panics is the caller's to
+// end, by its context, as grpc documents for any stream.
 func streamContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	if timeout > 0 {
 		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > timeout {
@@ -84,7 +88,7 @@ func streamContext(ctx context.Context, timeout time.Duration) (context.Context,
 			return context.WithTimeout(ctx, timeout)
 		}
 	}
-	return context.WithCancel(ctx)
+	return ctx, noCancel
 }
 
 // streamState is where a retryStream is in its life:
