@@ -69,6 +69,7 @@ func All() []Scenario {
 		RandomFailures(),
 		Saturation(),
 		SlowTail(DefaultPolicy),
+		SlowTailTriples(),
 		Idempotency(),
 		Overload(),
 	}

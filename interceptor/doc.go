@@ -169,7 +169,26 @@
 // stays adaptive. Until HedgingDelayMinSamples copies were observed (100 by
 // default) the call waits HedgingDelay, or, without one, sends further
 // copies only after non-fatal failures. Client.HedgingDelay reports the
-// delay in force. Reading it costs two atomic loads per call.
+// delay in force. Reading it costs at most five atomic loads per call.
+//
+// Hedges are kept on the calls that are slow. A quantile that falls on the
+// edge of a slow mode (latencies that are fast, or many times slower for
+// about the share 1 − quantile of calls, as a cache miss or a GC pause
+// makes them) would jump into the slow mode and hedge only its tail: the
+// adaptive delay is capped at 1.5× the quantile with twice the tail share
+// (the p90 for a p95), so the delay stays just above the fast mode and the
+// whole slow mode is hedged; at most about twice the share 1 − quantile of
+// calls is. And under the retry budget a fixed HedgingDelay is rationed:
+// when more calls outlast it than the budget pays for (a share above the
+// budget's ratio, a fifth by default: say the latency tripled since the
+// delay was set), it is raised to the method's observed p95 (with the same
+// cap), so that the budget's hedges go to the slowest calls rather than to
+// the first calls of each period that outlast the delay, fast or not. A
+// fixed delay within the budget's means runs as set, and without a retry
+// budget it is never changed. In bench/'s slow tail that triples (the base
+// latency triples halfway, 5% of attempts 20× slower), a 5ms delay set for
+// the first half cost 1.25× the load for no gain (p99 1.12× the
+// unhedged) before rationing.
 //
 // # Deadlines and retry storms
 //
@@ -190,7 +209,7 @@
 // costs about 1.2 attempts per call instead of MaxAttempts. A hedged copy
 // after the first is never refunded once sent, won or cancelled: it was
 // extra load, so the budget bounds hedging too (a hedging delay set too
-// short hedges at most the budget's share of calls). gRFC A6
+// short is rationed: see Hedging). gRFC A6
 // retryThrottling runs exactly as A6 specifies when the config has it, and
 // counts what grpc-go counts: every successful call on the client, and every
 // uncommitted attempt that fails with a code its method's retry policy lists

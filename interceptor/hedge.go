@@ -18,6 +18,7 @@ import (
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
 	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -53,6 +54,10 @@ type hedgePolicy struct {
 	quantile   float64
 	floor      time.Duration
 	minSamples uint64
+	// ration, when > 0, rations a fixed delay under the retry budget: the
+	// quantile 1 − the budget's ratio, below which the fixed delay would
+	// hedge more calls than the budget pays for (see hedgeDelay).
+	ration float64
 }
 
 // noTimedCopies is the delay of a call that sends further copies only
@@ -60,17 +65,54 @@ type hedgePolicy struct {
 // it has too few samples.
 const noTimedCopies time.Duration = -1
 
-// newHedgePolicy resolves p.
-func newHedgePolicy(p *serviceconfig.HedgingPolicy) *hedgePolicy {
+// Hedging that buys the tail: how a delay is kept on the calls that are
+// slow (see hedgeDelay and the package documentation, Hedging).
+const (
+	// cliffFactor caps an adaptive delay at this many times the quantile
+	// with twice the tail share (the p90 for a p95): where the quantile
+	// falls past a cliff in the latencies, into a slow mode that holds
+	// about the share 1 − quantile, the delay stays just above the fast
+	// mode and the slow mode is hedged, rather than only its own tail.
+	cliffFactor = 1.5
+	// rationQuantile is the quantile a rationed fixed delay is raised to
+	// (with the same cap): hedges go to the slowest calls, about one in
+	// twenty.
+	rationQuantile = 0.95
+)
+
+// newHedgePolicy resolves p; budgetRatio is the ratio of the client's retry
+// budget, 0 when it has none (a fixed delay is then never rationed).
+func newHedgePolicy(p *serviceconfig.HedgingPolicy, budgetRatio float64) *hedgePolicy {
 	hp := &hedgePolicy{maxAttempts: p.MaxAttempts, delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
-	if p.HedgingDelayQuantile > 0 {
+	switch {
+	case p.HedgingDelayQuantile > 0:
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))
 		if hp.delay == 0 {
 			hp.delay = noTimedCopies
 		}
+	case hp.delay > 0 && budgetRatio > 0 && budgetRatio < 1:
+		hp.ration = 1 - budgetRatio
+		hp.minSamples = serviceconfig.DefaultHedgingDelayMinSamples
 	}
 	return hp
+}
+
+// windowQuantiles returns the quantiles the method's window reads for hp,
+// the primary first, or nil when its delay is fixed and not rationed. An
+// adaptive delay reads its quantile q and, for q ≥ 0.75, 2q − 1 (the
+// cliff's cap); a rationed one rationQuantile, its cap's quantile, and
+// ration.
+func (hp *hedgePolicy) windowQuantiles() []float64 {
+	switch {
+	case hp.quantile > 0 && hp.quantile >= 0.75:
+		return []float64{hp.quantile, 2*hp.quantile - 1}
+	case hp.quantile > 0:
+		return []float64{hp.quantile}
+	case hp.ration > 0:
+		return []float64{rationQuantile, 2*rationQuantile - 1, hp.ration}
+	}
+	return nil
 }
 
 // orDefault returns v, or def when v is zero.
@@ -82,15 +124,40 @@ func orDefault(v, def int) int {
 }
 
 // hedgeDelay returns the delay between the copies of a call of mp starting
-// now: the policy's HedgingDelay, or, when it is adaptive and the method's
-// window holds enough samples, the window's quantile, at least the floor.
-// Two atomic loads; no lock.
+// now, once the method's window holds enough samples (before, the policy's
+// HedgingDelay):
+//   - adaptive: the window's quantile, capped at cliffFactor × the quantile
+//     with twice its tail share, at least the floor;
+//   - fixed and rationed: the HedgingDelay, unless it would hedge more
+//     calls than the retry budget pays for (it is below the window's
+//     quantile 1 − ratio): then at least the window's rationQuantile, with
+//     the same cap. Without rationing, the budget would spend its hedges on
+//     the first calls of each period that outlast the delay, fast or not,
+//     and leave the slow ones unhedged.
+//
+// At most five atomic loads; no lock.
 func (mp *methodPolicy) hedgeDelay() time.Duration {
 	hp, w := mp.hedge, mp.hedgeWindow
 	if w == nil || w.Samples() < hp.minSamples {
 		return hp.delay
 	}
-	return max(w.Quantile(), hp.floor)
+	if hp.quantile > 0 {
+		return max(capped(w, hp.quantile >= 0.75), hp.floor)
+	}
+	if hp.delay < w.QuantileAt(2) {
+		return max(hp.delay, capped(w, true))
+	}
+	return hp.delay
+}
+
+// capped returns w's primary quantile, capped, when cliff is set, at
+// cliffFactor × its second (see cliffFactor).
+func capped(w *latency.Window, cliff bool) time.Duration {
+	d := w.Quantile()
+	if cliff {
+		d = min(d, time.Duration(cliffFactor*float64(w.QuantileAt(1))))
+	}
+	return d
 }
 
 // HedgingDelay returns the delay between the copies of a hedged call of

@@ -138,14 +138,16 @@ func TestAdaptiveHedgingMeetsTheTailTarget(t *testing.T) {
 	}
 }
 
-// TestAdaptiveHedgingFollowsDrift pins what a fixed delay cannot do: when
-// the base latency doubles midway (2ms to 4ms from the 1051st attempt, at
-// about the 1000th call), a delay tuned for 2ms (3ms, which hedges the 5%
-// tail) would hedge every call, while the adaptive delay keeps hedging
-// about the tail. The retry budget (the default: 20% of calls plus 10 per
-// second) is what stops the fixed delay: a sent copy keeps its token
-// spent, so the fixed delay hedges about a third of the calls and, its
-// budget spent, leaves the tail unhedged again (p99 back at 40ms).
+// TestAdaptiveHedgingFollowsDrift pins how both kinds of delay follow a
+// drift: when the base latency doubles midway (2ms to 4ms from the 1051st
+// attempt, at about the 1000th call), the adaptive delay keeps hedging
+// about the tail, and a fixed delay tuned for 2ms (3ms, which hedges the 5%
+// tail), now below every call, is rationed under the retry budget (the
+// default: 20% of calls plus 10 per second): it would hedge more calls than
+// the budget pays for, so it is raised to the observed p95 (capped at 1.5×
+// the p90), and hedges the slow calls. Unrationed (issue 20), it hedged
+// about a third of the calls until the budget was spent, and left the tail
+// unhedged (p99 back at 40ms, 1.75× the load for no gain in real time).
 func TestAdaptiveHedgingFollowsDrift(t *testing.T) {
 	const calls, switchAt = 2000, 1051
 	drift := func(n int) time.Duration {
@@ -168,8 +170,8 @@ func TestAdaptiveHedgingFollowsDrift(t *testing.T) {
 		t.Errorf("adaptive: %.2f%% extra attempts before the drift and %.2f%% after, p99 %v after; want at most 6%%, 7%% and 10ms",
 			100*aBefore, 100*aAfter, aP99)
 	}
-	if fBefore > 0.06 || fAfter < 0.25 || fAfter > 0.4 || fP99 <= 2*aP99 {
-		t.Errorf("fixed 3ms: %.2f%% extra attempts before the drift and %.2f%% after, p99 %v after; want at most 6%%, between 25%% and 40%% (the budget's cap), and a p99 over twice the adaptive's %v",
+	if fBefore > 0.06 || fAfter > 0.07 || fP99 > aP99*3/2 {
+		t.Errorf("fixed 3ms: %.2f%% extra attempts before the drift and %.2f%% after, p99 %v after; want at most 6%% and 7%% (rationed), and a p99 within 1.5× the adaptive's %v",
 			100*fBefore, 100*fAfter, fP99, aP99)
 	}
 }

@@ -207,7 +207,7 @@ func (s *clientState) sharedPolicy(label string, mc serviceconfig.MethodConfig, 
 		sh.retry = newRetryPolicy(mc.RetryPolicy)
 	}
 	if mc.HedgingPolicy != nil {
-		sh.hedge = newHedgePolicy(mc.HedgingPolicy)
+		sh.hedge = newHedgePolicy(mc.HedgingPolicy, s.storm.budgetRatio())
 	}
 	sh.g = s.guards(label, mc, old)
 	s.giveState(sh, old)

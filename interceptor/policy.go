@@ -160,7 +160,7 @@ func (s *clientState) shape(fullMethod string) (*methodPolicy, serviceconfig.Met
 			p.retry = newRetryPolicy(mc.RetryPolicy)
 		}
 		if mc.HedgingPolicy != nil {
-			p.hedge = newHedgePolicy(mc.HedgingPolicy)
+			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.storm.budgetRatio())
 		}
 	}
 	for _, fb := range s.opts.fallbacks {
@@ -179,8 +179,10 @@ func (s *clientState) giveState(p, old *methodPolicy) {
 	} else if p.retry != nil || p.hedge != nil {
 		p.latency = newEstimator(s.opts.estimateFloor)
 	}
-	if p.hedge != nil && p.hedge.quantile > 0 {
-		p.hedgeWindow = hedgeWindowOf(old, p.hedge.quantile)
+	if p.hedge != nil {
+		if qs := p.hedge.windowQuantiles(); qs != nil {
+			p.hedgeWindow = hedgeWindowOf(old, qs)
+		}
 	}
 }
 
@@ -196,17 +198,17 @@ func (s *clientState) settle(p *methodPolicy) {
 }
 
 // hedgeWindowOf returns the window of a method's hedged copies read at
-// quantile: that of old, its policy under the config before, whose
+// quantiles: that of old, its policy under the config before, whose
 // observations carry over (a method's latency does not change with its
 // config), or a new one.
-func hedgeWindowOf(old *methodPolicy, quantile float64) *latency.Window {
+func hedgeWindowOf(old *methodPolicy, quantiles []float64) *latency.Window {
 	if old != nil && old.hedgeWindow != nil {
-		if w, err := old.hedgeWindow.WithQuantile(quantile); err == nil {
+		if w, err := old.hedgeWindow.WithQuantiles(quantiles...); err == nil {
 			return w
 		}
 	}
-	// quantile was validated with the config, so this cannot fail.
-	w, _ := latency.NewWindow(quantile, latency.DefaultWindowSize)
+	// The quantiles were validated with the config, so this cannot fail.
+	w, _ := latency.NewWindow(latency.DefaultWindowSize, quantiles...)
 	return w
 }
 
