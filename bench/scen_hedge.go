@@ -99,7 +99,7 @@ func SlowTailTriples() Scenario {
 		Name: "slow tail that triples (hedging)",
 		Workload: fmt.Sprintf("Each Echo attempt takes the base latency, or %d× it with probability %.2f drawn deterministically "+
 			"from (seed, call, attempt); the base is %v for the first half of the calls and %v for the second. %d closed-loop "+
-			"callers, 2×Size.Calls calls per peer, each with a %v deadline. Hedging peers send at most one hedge: after a fixed %v "+
+			"callers, 4×Size.Calls calls per peer (the p99 rests on 1%% of them), each with a %v deadline. Hedging peers send at most one hedge: after a fixed %v "+
 			"(set for the first half: below the second half's base), or after the observed p%.0f of attempt durations "+
 			"(failsafe-go NewBuilderWithDelayQuantile(%.2f, %d, %d), ours hedgingDelayQuantile %.2f after %d samples); the losing "+
 			"attempt is cancelled. Ours runs within the default retry budget. Latency quantiles are ratios to the bare (unhedged) "+
@@ -111,7 +111,7 @@ func SlowTailTriples() Scenario {
 }
 
 func runSlowTailTriples(ctx context.Context, sz Size) ([]Table, error) {
-	total := 2 * sz.Calls
+	total := 4 * sz.Calls
 	b := constant(func(_, msg string, attempt int) (time.Duration, error) {
 		base := shiftBase
 		if i, err := strconv.Atoi(strings.TrimPrefix(msg, "c")); err == nil && i >= total/2 {

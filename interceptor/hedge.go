@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -73,7 +74,7 @@ const (
 	// falls past a cliff in the latencies, into a slow mode that holds
 	// about the share 1 − quantile, the delay stays just above the fast
 	// mode and the slow mode is hedged, rather than only its own tail.
-	cliffFactor = 1.5
+	cliffFactor = 1.25
 	// rationQuantile is the quantile a rationed fixed delay is raised to
 	// (with the same cap): hedges go to the slowest calls, about one in
 	// twenty.
@@ -105,7 +106,7 @@ func newHedgePolicy(p *serviceconfig.HedgingPolicy, budgetRatio float64) *hedgeP
 // ration.
 func (hp *hedgePolicy) windowQuantiles() []float64 {
 	switch {
-	case hp.quantile > 0 && hp.quantile >= 0.75:
+	case hp.quantile >= 0.75:
 		return []float64{hp.quantile, 2*hp.quantile - 1}
 	case hp.quantile > 0:
 		return []float64{hp.quantile}
@@ -136,19 +137,70 @@ func orDefault(v, def int) int {
 //     and leave the slow ones unhedged.
 //
 // At most five atomic loads; no lock.
-func (mp *methodPolicy) hedgeDelay() time.Duration {
+func (mp *methodPolicy) hedgeDelay() (d time.Duration, rationed bool) {
 	hp, w := mp.hedge, mp.hedgeWindow
 	if w == nil || w.Samples() < hp.minSamples {
-		return hp.delay
+		return hp.delay, false
 	}
 	if hp.quantile > 0 {
-		return max(capped(w, hp.quantile >= 0.75), hp.floor)
+		return max(capped(w, hp.quantile >= 0.75), hp.floor), true
 	}
 	if hp.delay < w.QuantileAt(2) {
-		return max(hp.delay, capped(w, true))
+		return max(hp.delay, capped(w, true)), true
 	}
-	return hp.delay
+	return hp.delay, false
 }
+
+// The hedge allowance of a method whose delay comes from its window: tail
+// copies (sent by the hedging delay, not after a failure) go out for at
+// most twice the share 1 − quantile of its calls (rationQuantile's for a
+// rationed fixed delay), with a burst of allowanceBurst. While the window
+// lags a change (the latency rose, and for a while every call outlasts the
+// delay), the hedges it would send to every call are rationed; in a steady
+// state hedging about the share 1 − quantile, it is never short.
+const allowanceBurst = 4
+
+// hedgeAllowance is a token bucket in thousandths of a copy, filled by the
+// calls and emptied by their tail copies. Lock-free; made full by
+// newHedgeAllowance.
+type hedgeAllowance struct {
+	milli atomic.Int64 // tokens × 1000, in [0, allowanceBurst × 1000]
+	per   int64        // added per call: the share × 1000
+}
+
+// newHedgeAllowance returns a full allowance of share per call.
+func newHedgeAllowance(share float64) *hedgeAllowance {
+	a := &hedgeAllowance{per: int64(share * 1000)}
+	a.milli.Store(allowanceBurst * 1000)
+	return a
+}
+
+// call adds a call's share.
+func (a *hedgeAllowance) call() {
+	for {
+		old := a.milli.Load()
+		n := min(old+a.per, allowanceBurst*1000)
+		if n == old || a.milli.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// take takes a token for a tail copy, and reports whether there was one.
+func (a *hedgeAllowance) take() bool {
+	for {
+		old := a.milli.Load()
+		if old < 1000 {
+			return false
+		}
+		if a.milli.CompareAndSwap(old, old-1000) {
+			return true
+		}
+	}
+}
+
+// giveBack returns a token taken for a copy that was not sent.
+func (a *hedgeAllowance) giveBack() { a.milli.Add(1000) }
 
 // capped returns w's primary quantile, capped, when cliff is set, at
 // cliffFactor × its second (see cliffFactor).
@@ -172,7 +224,7 @@ func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 	if mp.hedge == nil {
 		return 0, false
 	}
-	if d = mp.hedgeDelay(); d == noTimedCopies {
+	if d, _ = mp.hedgeDelay(); d == noTimedCopies {
 		return 0, false
 	}
 	return d, true
@@ -267,6 +319,12 @@ type hedgeCall struct {
 	// idleAt is when the last running copy failed while the call went on;
 	// zero while a copy runs or none has failed.
 	idleAt time.Time
+	// rationed is set when the call's delay came from the method's window:
+	// copies its timer sends take a token of the method's allowance.
+	rationed bool
+	// tail is set while the timer is armed for the hedging delay (not a
+	// server's pushback): the copy it sends is for the tail.
+	tail bool
 }
 
 // hedgeable reports whether a call with req and reply can be hedged: both
@@ -283,7 +341,10 @@ func hedgeable(req, reply any) bool {
 func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, maxAttempts int) *hedgeCall {
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
-	h.hp.delay = mp.hedgeDelay() // one delay for the whole call
+	h.hp.delay, h.rationed = mp.hedgeDelay() // one delay for the whole call
+	if h.rationed {
+		mp.hedgeAllowance.call()
+	}
 	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static),
 		rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
 	if co.setAttempt {
@@ -317,7 +378,7 @@ func (h *hedgeCall) run(req any, out proto.Message) error {
 	if err := h.launch(budget.Retry{}, now, timeout); err != nil {
 		return h.refused(err, req, out)
 	}
-	h.arm(h.hp.delay)
+	h.arm(h.hp.delay, true)
 	for {
 		select {
 		case <-h.timerC:
@@ -373,9 +434,11 @@ func (h *hedgeCall) fail(reason StopReason) error {
 	return h.r.stopped(h.last.err, h.last.err, reason)
 }
 
-// arm makes the timer send the next copy after d; with noTimedCopies, it
+// arm makes the timer send the next copy after d, for the tail (the
+// hedging delay) or not (a server's pushback); with noTimedCopies, it
 // disarms it.
-func (h *hedgeCall) arm(d time.Duration) {
+func (h *hedgeCall) arm(d time.Duration, tail bool) {
+	h.tail = tail
 	if d == noTimedCopies {
 		if h.timer != nil {
 			h.timer.Stop()
@@ -395,9 +458,9 @@ func (h *hedgeCall) arm(d time.Duration) {
 // before, and arms the timer for the one after while copies may follow.
 func (h *hedgeCall) onTimer() {
 	h.timerC = nil
-	h.another(h.hp.delay)
+	h.another(h.hp.delay, h.tail)
 	if h.running > 0 && h.stopped == StopNone && h.r.attempts < h.hp.maxAttempts {
-		h.arm(h.hp.delay)
+		h.arm(h.hp.delay, true)
 	}
 }
 
@@ -454,16 +517,16 @@ func (h *hedgeCall) onNonFatal(res *hedgeResult) {
 		// The next copy waits for the hint; with none to follow, or none
 		// that would fit in the deadline, there is nothing to wait for.
 		if d := min(hint, h.c.opts.maxPushback); h.mayFollow(d) {
-			h.arm(d)
+			h.arm(d, false)
 		}
 	default:
 		// A non-fatal failure sends the next copy in line at once (A6: its
 		// hedging delay is shortcut); the one after it then waits a whole
 		// HedgingDelay from now, so no more copies are out than A6 allows.
 		before := h.r.attempts
-		h.another(0)
+		h.another(0, false)
 		if h.r.attempts > before && h.timerC != nil {
-			h.arm(h.hp.delay)
+			h.arm(h.hp.delay, true)
 		}
 	}
 }
@@ -485,10 +548,10 @@ func (h *hedgeCall) onRefused(err error) {
 }
 
 // another starts a copy if next allows it and the guards admit it, and
-// reports it, sent delay after the one before. When it cannot, stopped says
-// why.
-func (h *hedgeCall) another(delay time.Duration) {
-	tok, ok := h.next()
+// reports it, sent delay after the one before, for the tail (tail) or after
+// a failure. When it cannot, stopped says why.
+func (h *hedgeCall) another(delay time.Duration, tail bool) {
+	tok, ok := h.next(tail)
 	if !ok {
 		return
 	}
@@ -511,8 +574,9 @@ func (h *hedgeCall) another(delay time.Duration) {
 }
 
 // next says whether another copy may start now, taking a budget token for
-// it; when not, it records why in stopped.
-func (h *hedgeCall) next() (budget.Retry, bool) {
+// it (and, for a tail copy of a rationed call, a token of the method's
+// allowance); when not, it records why in stopped.
+func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
 	if !h.copiesLeft() {
 		return budget.Retry{}, false
 	}
@@ -524,9 +588,17 @@ func (h *hedgeCall) next() (budget.Retry, bool) {
 	if !h.fits(now, 0) {
 		return budget.Retry{}, false
 	}
+	allowance := h.r.mp.hedgeAllowance
+	if tail && h.rationed && !allowance.take() {
+		h.stopped = h.r.skip(StopBudget).stop // the method's allowance, a budget of its own
+		return budget.Retry{}, false
+	}
 	if b := h.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
+			if tail && h.rationed {
+				allowance.giveBack()
+			}
 			h.stopped = h.r.skip(StopBudget).stop
 		}
 		return tok, ok

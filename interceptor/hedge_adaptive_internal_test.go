@@ -36,10 +36,10 @@ func TestAdaptiveHedgeDelayCostsNoAllocation(t *testing.T) {
 	if mp.hedgeWindow == nil || mp.hedgeWindow.Samples() < serviceconfig.DefaultHedgingDelayMinSamples {
 		t.Fatalf("the adaptive policy has no window, or too few samples in it")
 	}
-	if d := mp.hedgeDelay(); d != time.Hour {
+	if d, _ := mp.hedgeDelay(); d != time.Hour {
 		t.Errorf("hedgeDelay() = %v, want the floor, 1h", d)
 	}
-	if n := testing.AllocsPerRun(1000, func() { _ = mp.hedgeDelay() }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { _, _ = mp.hedgeDelay() }); n != 0 {
 		t.Errorf("hedgeDelay allocates %v times, want 0", n)
 	}
 	t.Logf("a hedged call allocates %v times with a fixed delay, %v with an adaptive one", fixed, adaptive)
@@ -50,10 +50,10 @@ func TestAdaptiveHedgeDelayCostsNoAllocation(t *testing.T) {
 
 // TestHedgeDelayKeepsHedgesOnTheSlowCalls pins hedgeDelay's rules (issue
 // 20, hedging that buys the tail) on windows fed known latencies: the
-// adaptive delay is its quantile capped at cliffFactor × the quantile with
-// twice the tail share; a fixed delay is rationed under a retry budget of
-// ratio 0.2 (raised to the capped p95) only when more than a fifth of the
-// calls outlast it, and never without a budget.
+// adaptive delay is its quantile capped at cliffFactor (1.25) × the
+// quantile with twice the tail share; a fixed delay is rationed under a
+// retry budget of ratio 0.2 (raised to the capped p95) only when more than
+// a fifth of the calls outlast it, and never without a budget.
 func TestHedgeDelayKeepsHedgesOnTheSlowCalls(t *testing.T) {
 	// feed returns latencies that are fast, or slow for a share of them
 	// (every 100/share-th), 1000 of them.
@@ -79,8 +79,8 @@ func TestHedgeDelayKeepsHedgesOnTheSlowCalls(t *testing.T) {
 	}{
 		{"adaptive p95, 4% slow: the quantile", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
 			0.2, feed(2*ms, 40*ms, 4), edge2},
-		{"adaptive p95, 7% slow: past the cliff, capped at 1.5 × p90", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
-			0.2, feed(2*ms, 40*ms, 7), edge2 * 3 / 2},
+		{"adaptive p95, 7% slow: past the cliff, capped at 1.25 × p90", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
+			0.2, feed(2*ms, 40*ms, 7), edge2 * 5 / 4},
 		{"adaptive p95, 20% slow: p90 in the slow mode too", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
 			0.2, feed(2*ms, 40*ms, 20), 41943040},
 		{"adaptive p50: no cap", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.5},
@@ -88,7 +88,7 @@ func TestHedgeDelayKeepsHedgesOnTheSlowCalls(t *testing.T) {
 		{"fixed 5ms above the calls: as set", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
 			0.2, feed(2*ms, 40*ms, 5), 5 * ms},
 		{"fixed 5ms below every call: rationed to the capped p95", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
-			0.2, feed(6*ms, 120*ms, 7), edge6 * 3 / 2},
+			0.2, feed(6*ms, 120*ms, 7), edge6 * 5 / 4},
 		{"fixed 5ms below every call, no budget: as set", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
 			0, feed(6*ms, 120*ms, 7), 5 * ms},
 	}
@@ -101,9 +101,48 @@ func TestHedgeDelayKeepsHedgesOnTheSlowCalls(t *testing.T) {
 					mp.hedgeWindow.Observe(d)
 				}
 			}
-			if got := mp.hedgeDelay(); got != tt.want {
+			if got, _ := mp.hedgeDelay(); got != tt.want {
 				t.Errorf("hedgeDelay() = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestHedgeAllowanceRationsTailCopies pins the allowance: full at first
+// (allowanceBurst copies), then a call adds its share, and a copy not sent
+// is given back.
+func TestHedgeAllowanceRationsTailCopies(t *testing.T) {
+	a := newHedgeAllowance(0.1)
+	for i := range allowanceBurst {
+		if !a.take() {
+			t.Fatalf("take %d of a full allowance of %d = false", i+1, allowanceBurst)
+		}
+	}
+	if a.take() {
+		t.Fatal("take of an empty allowance = true")
+	}
+	for range 9 {
+		a.call()
+	}
+	if a.take() {
+		t.Fatal("take after 9 calls of share 0.1 = true, want false (0.9 of a copy)")
+	}
+	a.call()
+	if !a.take() {
+		t.Fatal("take after 10 calls of share 0.1 = false, want true")
+	}
+	a.giveBack()
+	if !a.take() {
+		t.Fatal("take after a copy was given back = false")
+	}
+	for range 1000 {
+		a.call()
+	}
+	n := 0
+	for a.take() {
+		n++
+	}
+	if n != allowanceBurst {
+		t.Errorf("a full allowance held %d copies, want the burst, %d", n, allowanceBurst)
 	}
 }

@@ -91,7 +91,7 @@ func (s *clientState) spill(fullMethod string) *methodPolicy {
 		if !matchName(s.opts.exempt, fullMethod) {
 			p.g = sh.g
 		}
-		p.latency, p.hedgeWindow = sh.latency, sh.hedgeWindow
+		p.latency, p.hedgeWindow, p.hedgeAllowance = sh.latency, sh.hedgeWindow, sh.hedgeAllowance
 	} else {
 		s.giveState(p, nil)
 	}

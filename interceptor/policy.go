@@ -91,8 +91,11 @@ type methodPolicy struct {
 	// config timeout, an idempotency key made here, one-layer retry).
 	early bool
 	// hedgeWindow holds the recent durations of hedged copies, read at
-	// hedge.quantile; nil unless the hedging delay is adaptive.
-	hedgeWindow *latency.Window
+	// hedge.windowQuantiles; nil unless the hedging delay is adaptive or
+	// rationed. hedgeAllowance rations the tail copies of calls whose
+	// delay comes from it; set with it.
+	hedgeWindow    *latency.Window
+	hedgeAllowance *hedgeAllowance
 	// used is set on a shared policy (clientState.shared) once a method
 	// past the bound ran under it, so that Statuses shows it.
 	used atomic.Bool
@@ -182,6 +185,11 @@ func (s *clientState) giveState(p, old *methodPolicy) {
 	if p.hedge != nil {
 		if qs := p.hedge.windowQuantiles(); qs != nil {
 			p.hedgeWindow = hedgeWindowOf(old, qs)
+			if old != nil && old.hedgeAllowance != nil {
+				p.hedgeAllowance = old.hedgeAllowance
+			} else {
+				p.hedgeAllowance = newHedgeAllowance(2 * (1 - qs[0]))
+			}
 		}
 	}
 }

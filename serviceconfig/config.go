@@ -285,7 +285,7 @@ type HedgingPolicy struct {
 	// latency is the lower quantile over the method's last few hundred
 	// attempts, rounded up by at most 12.5 %; a copy cut off by a sibling's
 	// answer counts as at least as long as it ran. From 0.75, the delay is
-	// capped at 1.5× the quantile with twice the tail share, so a slow mode
+	// capped at 1.25× the quantile with twice the tail share, so a slow mode
 	// is hedged whole. 0 keeps HedgingDelay fixed.
 	HedgingDelayQuantile float64
 	// HedgingDelayFloor is the least adaptive delay, ≥ 0 (an extension
