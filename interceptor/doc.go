@@ -169,7 +169,7 @@
 // stays adaptive. Until HedgingDelayMinSamples copies were observed (100 by
 // default) the call waits HedgingDelay, or, without one, sends further
 // copies only after non-fatal failures. Client.HedgingDelay reports the
-// delay in force. Reading it costs at most five atomic loads per call.
+// delay in force. Reading it costs at most four atomic loads per call.
 //
 // Hedges are kept on the calls that are slow. A quantile that falls on the
 // edge of a slow mode (latencies that are fast, or many times slower for

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -136,7 +135,7 @@ func orDefault(v, def int) int {
 //     the first calls of each period that outlast the delay, fast or not,
 //     and leave the slow ones unhedged.
 //
-// At most five atomic loads; no lock.
+// At most four atomic loads; no lock.
 func (mp *methodPolicy) hedgeDelay() (d time.Duration, rationed bool) {
 	hp, w := mp.hedge, mp.hedgeWindow
 	if w == nil || w.Samples() < hp.minSamples {
@@ -151,56 +150,15 @@ func (mp *methodPolicy) hedgeDelay() (d time.Duration, rationed bool) {
 	return hp.delay, false
 }
 
-// The hedge allowance of a method whose delay comes from its window: tail
-// copies (sent by the hedging delay, not after a failure) go out for at
-// most twice the share 1 − quantile of its calls (rationQuantile's for a
-// rationed fixed delay), with a burst of allowanceBurst. While the window
-// lags a change (the latency rose, and for a while every call outlasts the
-// delay), the hedges it would send to every call are rationed; in a steady
-// state hedging about the share 1 − quantile, it is never short.
+// allowanceBurst is the burst of the hedge allowance of a method whose
+// delay comes from its window (a budget.Allowance): tail copies (sent by
+// the hedging delay, not after a failure) go out for at most twice the
+// share 1 − quantile of its calls (rationQuantile's for a rationed fixed
+// delay), at most 4 in a row. While the window lags a change (the latency
+// rose, and for a while every call outlasts the delay), the hedges it would
+// send to every call are rationed; in a steady state hedging about the
+// share 1 − quantile, it is never short.
 const allowanceBurst = 4
-
-// hedgeAllowance is a token bucket in thousandths of a copy, filled by the
-// calls and emptied by their tail copies. Lock-free; made full by
-// newHedgeAllowance.
-type hedgeAllowance struct {
-	milli atomic.Int64 // tokens × 1000, in [0, allowanceBurst × 1000]
-	per   int64        // added per call: the share × 1000
-}
-
-// newHedgeAllowance returns a full allowance of share per call.
-func newHedgeAllowance(share float64) *hedgeAllowance {
-	a := &hedgeAllowance{per: int64(share * 1000)}
-	a.milli.Store(allowanceBurst * 1000)
-	return a
-}
-
-// call adds a call's share.
-func (a *hedgeAllowance) call() {
-	for {
-		old := a.milli.Load()
-		n := min(old+a.per, allowanceBurst*1000)
-		if n == old || a.milli.CompareAndSwap(old, n) {
-			return
-		}
-	}
-}
-
-// take takes a token for a tail copy, and reports whether there was one.
-func (a *hedgeAllowance) take() bool {
-	for {
-		old := a.milli.Load()
-		if old < 1000 {
-			return false
-		}
-		if a.milli.CompareAndSwap(old, old-1000) {
-			return true
-		}
-	}
-}
-
-// giveBack returns a token taken for a copy that was not sent.
-func (a *hedgeAllowance) giveBack() { a.milli.Add(1000) }
 
 // capped returns w's primary quantile, capped, when cliff is set, at
 // cliffFactor × its second (see cliffFactor).
@@ -343,7 +301,7 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 	h.hp.maxAttempts = maxAttempts
 	h.hp.delay, h.rationed = mp.hedgeDelay() // one delay for the whole call
 	if h.rationed {
-		mp.hedgeAllowance.call()
+		mp.hedgeAllowance.Credit()
 	}
 	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static),
 		rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
@@ -589,7 +547,7 @@ func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
 		return budget.Retry{}, false
 	}
 	allowance := h.r.mp.hedgeAllowance
-	if tail && h.rationed && !allowance.take() {
+	if tail && h.rationed && !allowance.Take() {
 		h.stopped = h.r.skip(StopBudget).stop // the method's allowance, a budget of its own
 		return budget.Retry{}, false
 	}
@@ -597,7 +555,7 @@ func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
 		tok, ok := b.TryRetry(now)
 		if !ok {
 			if tail && h.rationed {
-				allowance.giveBack()
+				allowance.Return()
 			}
 			h.stopped = h.r.skip(StopBudget).stop
 		}

@@ -12,6 +12,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/internal/backoff"
+	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -95,7 +96,7 @@ type methodPolicy struct {
 	// rationed. hedgeAllowance rations the tail copies of calls whose
 	// delay comes from it; set with it.
 	hedgeWindow    *latency.Window
-	hedgeAllowance *hedgeAllowance
+	hedgeAllowance *budget.Allowance
 	// used is set on a shared policy (clientState.shared) once a method
 	// past the bound ran under it, so that Statuses shows it.
 	used atomic.Bool
@@ -188,7 +189,7 @@ func (s *clientState) giveState(p, old *methodPolicy) {
 			if old != nil && old.hedgeAllowance != nil {
 				p.hedgeAllowance = old.hedgeAllowance
 			} else {
-				p.hedgeAllowance = newHedgeAllowance(2 * (1 - qs[0]))
+				p.hedgeAllowance = budget.NewAllowance(2*(1-qs[0]), allowanceBurst)
 			}
 		}
 	}
