@@ -235,9 +235,10 @@ func registerGauges(m metric.Meter, c *Client) error {
 			return nil
 		}
 		var other guardGauges
+		now := time.Now()
 		st.each(func(p *methodPolicy) {
 			var g guardGauges
-			g.read(&p.g, time.Now())
+			g.read(&p.g, now)
 			if mm := p.mm.Load(); mm != nil {
 				g.observe(o, metric.WithAttributeSet(mm.set), state, inFlight, queued, rejectP)
 			} else {
