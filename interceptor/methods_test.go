@@ -293,3 +293,38 @@ func TestGaugesKeepEveryGuardAcrossAnUpdate(t *testing.T) {
 		echoMethodAttr: float64(BreakerClosed), "grpc.method=other": float64(BreakerForcedOpen)})
 	got.expect(t, metricInFlight, "{attempt}", map[string]float64{echoMethodAttr: 0, "grpc.method=other": 0})
 }
+
+// Item 2, the operator's calls: Status and HedgingDelay with names from
+// elsewhere (an admin page's request) kept each name's state for ever;
+// they now keep nothing for a method no call resolved, and ForceOpen keeps
+// at most maxMethods.
+func TestStatusAndHedgingDelayKeepNothingForUncalledMethods(t *testing.T) {
+	c := newTestClient(t, parsedConfig(t, guardedDefault))
+	for i := range 3000 {
+		if st := c.Status(callerNamed(i)); st.Breaker == nil || st.Breaker.State != BreakerClosed {
+			t.Fatalf("Status(%s) = %+v, want a closed breaker", callerNamed(i), st)
+		}
+		if _, ok := c.HedgingDelay(callerNamed(i)); ok {
+			t.Fatalf("HedgingDelay(%s): ok, want not hedged", callerNamed(i))
+		}
+	}
+	if n := len(c.Statuses()); n != 1 { // Echo, named by the config
+		t.Errorf("Statuses() has %d methods after Status and HedgingDelay of 3000 names, want 1", n)
+	}
+	for i := range 3000 {
+		if err := c.ForceOpen(callerNamed(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(c.Statuses()); n > maxMethods+2 {
+		t.Errorf("Statuses() has %d methods after ForceOpen of 3000 names, want at most %d", n, maxMethods+2)
+	}
+	for _, st := range c.Statuses() { // every breaker a ForceOpen reached, the shared one included
+		if st.FullMethod != echoMethod && st.Breaker.State != BreakerForcedOpen {
+			t.Errorf("%s: %v after ForceOpen, want forced open", st.FullMethod, st.Breaker.State)
+		}
+	}
+	for i := range 3000 {
+		_ = c.ResetBreaker(callerNamed(i))
+	}
+}
