@@ -68,7 +68,7 @@ type HealthCheckConfig struct {
 // Name selects the methods a MethodConfig applies to. Service and Method are
 // both set for one method; Service alone selects every method of a service;
 // both empty is the default for every method. Method without Service is
-// invalid, and so is a name that can never match a call (see Validate):
+// invalid, and so is a name that no well-formed call carries (see Validate):
 // grpc's full method "/shop.Orders/Pay" is {Service: "shop.Orders",
 // Method: "Pay"}.
 type Name struct {
