@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -99,9 +101,19 @@ func metadataScope(key string) func(context.Context) (string, error) {
 		if len(vs) != 1 || vs[0] == "" {
 			return "", missing
 		}
+		if len(vs[0]) > maxScopeLen {
+			sum := sha256.Sum256([]byte(vs[0]))
+			return "md#" + hex.EncodeToString(sum[:]), nil
+		}
 		return "md:" + vs[0], nil
 	}
 }
+
+// maxScopeLen bounds the scope that a header names as it is stored with
+// every record: a longer value (an XFCC header with a whole certificate,
+// or a caller padding its header to fill the store) is stored as its
+// SHA-256, 67 bytes, which still names one caller.
+const maxScopeLen = 128
 
 // transportCreds returns the server's TLS credentials from -tls-cert,
 // -tls-key and -tls-client-ca (which makes it require and verify client
