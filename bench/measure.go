@@ -241,7 +241,12 @@ func (l *load) successes() int {
 }
 
 // Cell formats.
-func ratio(x float64) string { return fmt.Sprintf("%.2f×", x) }
+func ratio(x float64) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) { // nothing to compare with
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", x)
+}
 func pct(x float64) string {
 	if math.IsNaN(x) {
 		return "n/a"

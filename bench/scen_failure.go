@@ -6,7 +6,9 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -48,6 +50,9 @@ func runPeer(ctx context.Context, p peer, pol Policy, n need, b func(start time.
 		return nil, "", err
 	}
 	defer cc.Close()
+	if err := waitReady(ctx, cc); err != nil {
+		return nil, "", err
+	}
 	c := echov1.NewEchoServiceClient(cc)
 	call := func(ctx context.Context, i int) error {
 		ctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -60,6 +65,20 @@ func runPeer(ctx context.Context, p peer, pol Policy, n need, b func(start time.
 	w(ctx, &r.load, r.start, call)
 	r.attempts, r.failed = ts.Attempts(), ts.Failed()
 	return r, "", nil
+}
+
+// waitReady waits for cc's connection, so that a phase measured from the
+// run's start is not spent connecting (a loaded machine took longer than
+// the tiny size's 100 ms phase, and no call started in the healthy one).
+func waitReady(ctx context.Context, cc *grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for s := cc.GetState(); s != connectivity.Ready; s = cc.GetState() {
+		if !cc.WaitForStateChange(ctx, s) {
+			return fmt.Errorf("bench: the connection is %s after 10s, not READY", s)
+		}
+	}
+	return nil
 }
 
 // failureTable runs w through every retry peer and builds a table whose
