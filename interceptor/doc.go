@@ -411,7 +411,10 @@
 // "github.com/grpc-resilience/resilience/interceptor". Without them nothing
 // is recorded, at no cost; with the no-op provider, or the SDK's, a call
 // allocates no more than without (attribute sets are built once per method,
-// and per target for grpc.target).
+// and per target for grpc.target). The gauges are read by a callback that
+// the provider holds until Client.Close (Server.Close): close a Client or
+// Server that another replaces (per tenant, per configuration reload), or
+// the provider keeps it, and reads it, for as long as the provider lives.
 //
 // The grpc.client.call.* instruments are gRFC A96's, with its names, units
 // and attributes, recorded once per call that ran the retry or hedging loop
