@@ -466,7 +466,10 @@ func (in *instruments) callEnded(ctx context.Context, mm *methodMetrics, cc *grp
 	in.delayHist.Record(ctx, delay.Seconds(), set...)
 }
 
-// attempt records an attempt that ended with err.
+// attempt records an attempt that ended with err. A code outside the 17
+// that a server wrote in grpc-status (grpc-go passes any number on) is
+// recorded as UNKNOWN, as grpc-java reads it: grpc.status stays within 17
+// values whatever a server sends.
 func (in *instruments) attempt(ctx context.Context, mm *methodMetrics, err error) {
 	if !in.on {
 		return
@@ -475,11 +478,10 @@ func (in *instruments) attempt(ctx context.Context, mm *methodMetrics, err error
 	if err != nil {
 		code = rescodes.Classify(err)
 	}
-	if int(code) < len(mm.byCode) {
-		in.attempts.Add(ctx, 1, mm.byCode[code]...)
-		return
+	if int(code) >= len(mm.byCode) {
+		code = codes.Unknown
 	}
-	in.attempts.Add(ctx, 1, metric.WithAttributes(attrMethod.String(mm.method), attrStatus.String(codeName(code))))
+	in.attempts.Add(ctx, 1, mm.byCode[code]...)
 }
 
 // replayed records an attempt whose response header marks a replay.
