@@ -333,7 +333,7 @@ func (h *hedgeCall) run(req any, out proto.Message) error {
 	if bounded && timeout <= 0 {
 		return h.r.outOfTime(nil)
 	}
-	if err := h.launch(budget.Retry{}, now, timeout); err != nil {
+	if err := h.launch(budget.Retry{}, false, now, timeout); err != nil {
 		return h.refused(err, req, out)
 	}
 	h.arm(h.hp.delay, true)
@@ -513,14 +513,15 @@ func (h *hedgeCall) another(delay time.Duration, tail bool) {
 	if !ok {
 		return
 	}
+	allowed := tail && h.rationed // next took a token of the allowance
 	now := time.Now()
 	timeout, bounded := h.r.attemptTimeout(h.ctx, now)
 	if bounded && timeout <= 0 {
-		h.job.refund(tok)
+		h.job.refund(tok, allowed)
 		h.stopped = h.r.skip(StopDeadline).stop
 		return
 	}
-	if err := h.launch(tok, now, timeout); err != nil {
+	if err := h.launch(tok, allowed, now, timeout); err != nil {
 		if h.stopped, _ = isRejection(err); h.stopped == StopNone {
 			h.stopped = stopOfContext(h.ctx.Err())
 		} else {
@@ -554,9 +555,7 @@ func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
 	if b := h.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
-			if tail && h.rationed {
-				allowance.Return()
-			}
+			h.job.refund(budget.Retry{}, tail && h.rationed)
 			h.stopped = h.r.skip(StopBudget).stop
 		}
 		return tok, ok
@@ -595,12 +594,13 @@ func (h *hedgeCall) mayFollow(delay time.Duration) bool {
 }
 
 // launch starts the next copy at now, bounded by timeout when positive and
-// holding tok, the budget's token for it (zero for the first copy). When
-// the guards refuse it, tok is refunded. The first copy waits here for a
+// holding tok, the budget's token for it (zero for the first copy), and
+// when allowed a token of the method's allowance. When the guards refuse
+// it, both are refunded (so does the copy, when refused in the queue). The first copy waits here for a
 // bulkhead slot, as an attempt does (nothing else can end the call
 // meanwhile); a later copy that must queue waits on its own goroutine, so
 // that a sibling's answer is taken at once.
-func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duration) error {
+func (h *hedgeCall) launch(tok budget.Retry, allowed bool, now time.Time, timeout time.Duration) error {
 	h.r.begin(now)
 	g := &h.job.mp.g
 	var (
@@ -614,7 +614,7 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 		adm, queue, err = g.admitNow(now)
 	}
 	if err != nil {
-		h.job.refund(tok)
+		h.job.refund(tok, allowed)
 		return err
 	}
 	if h.running == 0 && !h.idleAt.IsZero() {
@@ -623,7 +623,7 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 	}
 	h.r.attempts++
 	h.running++
-	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, start: now, timeout: timeout, results: h.results}
+	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, allowed: allowed, start: now, timeout: timeout, results: h.results}
 	go cp.run(h.copies)
 	return nil
 }
@@ -669,11 +669,15 @@ func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes
 	}
 }
 
-// refund gives tok, a budget token taken for a copy that was never sent,
-// back to the retry budget; the zero token (the first copy's) is no-op.
-func (j *hedgeJob) refund(tok budget.Retry) {
+// refund gives back what was taken for a copy that was never sent: tok to
+// the retry budget (the zero token, the first copy's, is a no-op), and,
+// when allowed, a token to the method's allowance.
+func (j *hedgeJob) refund(tok budget.Retry, allowed bool) {
 	if tok != (budget.Retry{}) {
 		j.budget.Refund(tok)
+	}
+	if allowed {
+		j.mp.hedgeAllowance.Return()
 	}
 }
 
@@ -687,6 +691,7 @@ type hedgeCopy struct {
 	// bulkhead's queue (guards.queue) before it is sent.
 	queued  bool
 	tok     budget.Retry  // the budget's token for the copy, refunded if it is never sent
+	allowed bool          // it holds a token of the allowance, given back if it is never sent
 	start   time.Time     // when it was admitted; once queued, when it got its slot
 	timeout time.Duration // the copy's own timeout from start; 0: none
 	results chan<- hedgeResult
@@ -789,7 +794,7 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
 	if res.refused { // never sent: queue gave its breaker token back
-		j.refund(cp.tok)
+		j.refund(cp.tok, cp.allowed)
 		return
 	}
 	aborted := res.panicked != nil || res.goexit
