@@ -171,14 +171,21 @@ func capped(w *latency.Window, cliff bool) time.Duration {
 }
 
 // HedgingDelay returns the delay between the copies of a hedged call of
-// fullMethod that started now, resolving its policy if no call has yet:
-// the fixed hedgingDelay, or the adaptive one (hedgingDelayQuantile) as
-// observed so far. ok is false when the method is not hedged, or when its
-// adaptive policy is still gathering samples and has no hedgingDelay to
-// use meanwhile (further copies then go out only after non-fatal
-// failures).
+// fullMethod ("/pkg.Service/Method"; the leading slash may be left out)
+// that started now, resolving its policy if no call has yet: the fixed
+// hedgingDelay, or the adaptive one (hedgingDelayQuantile) as observed so
+// far. ok is false when the method is not hedged, or when its adaptive
+// policy is still gathering samples and has no hedgingDelay to use
+// meanwhile (further copies then go out only after non-fatal failures). A
+// name that is not a full method has no delay (ok is false), and why is
+// logged to grpclog, as Status does.
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
-	mp := c.state.Load().peek(fullMethod)
+	full, err := fullMethodOf("HedgingDelay", fullMethod)
+	if err != nil {
+		clientLog.Warning(err)
+		return 0, false
+	}
+	mp := c.state.Load().peek(full)
 	if mp.hedge == nil {
 		return 0, false
 	}

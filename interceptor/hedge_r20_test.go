@@ -71,3 +71,33 @@ func TestRefusedHedgeGivesBackItsAllowance(t *testing.T) {
 		}
 	})
 }
+
+// HedgingDelay took its name as it came, where Status and the breaker
+// controls accept a name without its leading slash (and refuse one that is
+// not a full method): for "pkg.Service/Method" it resolved a policy of its
+// own, with an empty window, and reported the configured warm-up delay
+// (or nothing) instead of the delay the calls run with.
+func TestHedgingDelayReadsTheCallsDelayWithoutTheLeadingSlash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: 10 * time.Millisecond} })
+		stub, c := newEcho(t, srv, WithRetryBudget(nil), parsedConfig(t, hedgeDoc(
+			`{"maxAttempts": 2, "hedgingDelayQuantile": 0.9, "hedgingDelay": "5s", "hedgingDelayMinSamples": 5,
+			  "nonFatalStatusCodes": ["UNAVAILABLE"]}`, "")))
+		for range 10 {
+			if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, ok := c.HedgingDelay(echoMethod)
+		if !ok || want > 20*time.Millisecond {
+			t.Fatalf("HedgingDelay(%s) = %v, %v, want ~10ms", echoMethod, want, ok)
+		}
+		if got, ok := c.HedgingDelay(echoMethod[1:]); !ok || got != want {
+			t.Errorf("HedgingDelay(%s) = %v, %v, want %v, true (the calls' delay)", echoMethod[1:], got, ok, want)
+		}
+		if got, ok := c.HedgingDelay("resilience.echo.v1.EchoService"); ok {
+			t.Errorf("HedgingDelay of a service = %v, true, want false: not a full method", got)
+		}
+	})
+}
