@@ -80,3 +80,40 @@ func TestBreakerStateSurvivesAnUpdateOfItsBlock(t *testing.T) {
 		})
 	}
 }
+
+// A lowered bulkhead cap applies to new calls only: an update that changes
+// the block builds a new, empty bulkhead, while the calls in flight hold
+// slots of the old one, so an operator who lowers maxConcurrent from 4 to
+// 1 to shed load mid-incident gets 5 calls in flight at once until the
+// old ones drain (and Statuses shows the new bulkhead's 1, not 5).
+func TestLoweredBulkheadCapCountsTheCallsInFlight(t *testing.T) {
+	t.Skip("known gap (r20): a new bulkhead does not count the old one's calls in flight; " +
+		"a fix needs the old bulkhead's releases forwarded to the new one (internal/bulkhead resize or hand-over), " +
+		"too large for the review: see the r20 report")
+	synctest.Test(t, func(t *testing.T) {
+		bulkhead := func(n int) *serviceconfig.Config {
+			return &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+				Name:     []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+				Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: n},
+			}}}
+		}
+		srv := &testserver.Server{}
+		srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: time.Second} })
+		stub, c := newEcho(t, srv, WithServiceConfig(bulkhead(4)))
+		done := make(chan error, 4)
+		for range 4 {
+			go func() { _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); done <- err }()
+		}
+		synctest.Wait()
+		if err := c.UpdateServiceConfig(bulkhead(1)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+		if !errors.Is(err, ErrBulkheadFull) {
+			t.Errorf("Echo with 4 calls in flight after the cap was lowered to 1 = %v, want ErrBulkheadFull", err)
+		}
+		for range 4 {
+			<-done
+		}
+	})
+}
