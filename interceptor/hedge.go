@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -439,6 +440,9 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 		panic(res.panicked)
 	case res.goexit:
 		runtime.Goexit()
+	case res.halted: // never sent; the sibling's outcome decides
+		h.r.attempts--
+		return false, nil
 	case res.refused:
 		h.onRefused(res.err)
 		return false, nil
@@ -516,6 +520,9 @@ func (h *hedgeCall) onRefused(err error) {
 // reports it, sent delay after the one before, for the tail (tail) or after
 // a failure. When it cannot, stopped says why.
 func (h *hedgeCall) another(delay time.Duration, tail bool) {
+	if h.job.halt.Load() {
+		return // a copy's outcome, not yet taken, ends the copies
+	}
 	tok, ok := h.next(tail)
 	if !ok {
 		return
@@ -662,6 +669,25 @@ type hedgeJob struct {
 	// opts are the caller's call options, copied, without the Header,
 	// Trailer and Peer options (they are in the call's callerDest).
 	opts []grpc.CallOption
+	// halt is set, by the copy whose outcome ends the sending of copies
+	// (see ends), before that copy gives back its bulkhead slot: a copy
+	// that was waiting in the queue, and gets the slot, is then not sent.
+	// The one field written after the first copy starts.
+	halt atomic.Bool
+}
+
+// ends reports whether a copy's outcome ends the sending of copies, as the
+// call's loop will decide on it (onResult, onNonFatal): a success, a fatal
+// status, a committed copy, or a server's pushback that says to stop.
+func (j *hedgeJob) ends(res *hedgeResult) bool {
+	switch {
+	case res.err == nil, res.header != nil:
+		return true
+	case !res.timedOut && !nonFatal(j.nonFatal, res.err):
+		return true
+	}
+	_, _, refuse := serverHint(res.err, res.trailer)
+	return refuse
 }
 
 // newHedgeJob copies what the copies of a call need: the request, the
@@ -718,8 +744,10 @@ type hedgeResult struct {
 	panicked *copyPanic
 	goexit   bool
 	// refused is set when the copy was never sent: the bulkhead refused it
-	// while it queued, or the call ended; err says which.
-	refused bool
+	// while it queued, or the call ended; err says which. halted is set
+	// with it when the copy got its slot after a sibling's outcome ended
+	// the copies (hedgeJob.halt): that outcome says why.
+	refused, halted bool
 	// timedOut is set when the copy's own timeout ended it while the
 	// caller's context was live.
 	timedOut bool
@@ -729,6 +757,10 @@ type hedgeResult struct {
 // guards record it as the caller's cancellation, which says nothing of the
 // method's health.
 var errCopyAborted = status.Error(codes.Canceled, "resilience: hedged copy aborted by a panic or runtime.Goexit")
+
+// errCopyHalted is the outcome of a queued copy that was not sent because
+// a sibling's outcome ended the copies; the caller never sees it.
+var errCopyHalted = status.Error(codes.Canceled, "resilience: queued hedged copy not sent: a sibling's outcome ended the copies")
 
 // run is a copy's goroutine: it invokes the rest of the chain and, deferred
 // in finish, settles the copy's accounts and sends its one result, however
@@ -741,6 +773,11 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 	if cp.queued {
 		if err := j.mp.g.queue(ctx, &cp.adm, cp.start); err != nil {
 			res.err, res.refused, returned = err, true, true
+			return
+		}
+		if j.halt.Load() { // a sibling's outcome ended the copies while this one queued
+			j.mp.g.unused(cp.adm)
+			res.err, res.refused, res.halted, returned = errCopyHalted, true, true, true
 			return
 		}
 		cp.start = time.Now()
@@ -762,6 +799,9 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 		// the call's context is live.
 		end := since(cp.start)
 		res.timedOut = !end.Before(cp.start.Add(cp.timeout)) && callerErrAt(ctx, end) == nil
+	}
+	if j.ends(&res) {
+		j.halt.Store(true) // before finish gives the slot to a queued copy
 	}
 	returned = true
 }

@@ -2,10 +2,15 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -100,4 +105,60 @@ func TestHedgingDelayReadsTheCallsDelayWithoutTheLeadingSlash(t *testing.T) {
 			t.Errorf("HedgingDelay of a service = %v, true, want false: not a full method", got)
 		}
 	})
+}
+
+// A copy waiting in the bulkhead's queue had not been sent, yet a sibling's
+// outcome that ended the copies did not stop it: the sibling's slot went
+// to the queued copy as the sibling finished, before the call took its
+// outcome, and the copy was sent: after a server's pushback that said to
+// stop (and the call then returned that copy's success), or after the
+// winner's answer (a copy of pure waste). Such a copy is now not sent.
+func TestQueuedCopyIsNotSentAfterASiblingEndedTheCopies(t *testing.T) {
+	tests := []struct {
+		name   string
+		first  testserver.Outcome // the hedged call's first copy, at 100ms
+		code   codes.Code
+		reason StopReason
+	}{
+		{"a pushback that says stop", testserver.Outcome{Err: status.Error(codes.Unavailable, "busy"),
+			Trailer: metadata.Pairs(pushbackKey, "-1")}, codes.Unavailable, StopPushback},
+		{"the winner's answer", testserver.Outcome{}, codes.OK, StopNone},
+		{"a fatal status", testserver.Outcome{Err: status.Error(codes.InvalidArgument, "bad")}, codes.InvalidArgument, StopNonRetryable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+					if a.Messages[0] == "blocker" {
+						return testserver.Outcome{Delay: 2 * time.Second}
+					}
+					if a.Previous < 0 { // the hedged call's first copy
+						o := tt.first
+						o.Delay = 100 * time.Millisecond
+						return o
+					}
+					return testserver.Outcome{}
+				})
+				stub, _ := newEcho(t, srv, WithRetryBudget(nil), parsedConfig(t, hedgeDoc(
+					`{"maxAttempts": 2, "hedgingDelay": "0.01s", "nonFatalStatusCodes": ["UNAVAILABLE"]}`,
+					`, "bulkhead": {"maxConcurrent": 2, "maxQueue": 1}`)))
+				var wg sync.WaitGroup
+				wg.Go(func() { _, _ = stub.Echo(t.Context(), &echov1.EchoRequest{Message: "blocker"}, NoRetry()) })
+				synctest.Wait()
+				start := time.Now()
+				_, err := stub.Echo(t.Context(), &echov1.EchoRequest{Message: "hedged"})
+				elapsed := time.Since(start)
+				var re *RetryError
+				if status.Code(err) != tt.code || elapsed != 100*time.Millisecond ||
+					tt.reason != StopNone && (!errors.As(err, &re) || re.Reason != tt.reason) {
+					t.Errorf("Echo() = %v after %v, want %v (stopped by %v) at 100ms", err, elapsed, tt.code, tt.reason)
+				}
+				wg.Wait()
+				if n := srv.Count("Echo"); n != 2 {
+					t.Errorf("server saw %d attempts, want 2 (the blocker and the first copy): the queued copy was sent", n)
+				}
+			})
+		})
+	}
 }
