@@ -610,10 +610,10 @@ func (h *hedgeCall) mayFollow(delay time.Duration) bool {
 // launch starts the next copy at now, bounded by timeout when positive and
 // holding tok, the budget's token for it (zero for the first copy), and
 // when allowed a token of the method's allowance. When the guards refuse
-// it, both are refunded (so does the copy, when refused in the queue). The first copy waits here for a
-// bulkhead slot, as an attempt does (nothing else can end the call
-// meanwhile); a later copy that must queue waits on its own goroutine, so
-// that a sibling's answer is taken at once.
+// it, both are refunded (by the copy, when it is refused in the queue).
+// The first copy waits here for a bulkhead slot, as an attempt does
+// (nothing else can end the call meanwhile); a later copy that must queue
+// waits on its own goroutine, so that a sibling's answer is taken at once.
 func (h *hedgeCall) launch(tok budget.Retry, allowed bool, now time.Time, timeout time.Duration) error {
 	h.r.begin(now)
 	g := &h.job.mp.g

@@ -235,8 +235,8 @@ func sameBreaker(a, b serviceconfig.CircuitBreaker) bool {
 // guards builds the breaker and bulkhead of fullMethod from mc, or carries
 // them over from old, its policy under the config before, when their blocks
 // are unchanged; a breaker built for a changed block adopts the state of
-// old's (breaker.Adopt). The blocks were validated with the config, so construction
-// cannot fail.
+// old's (breaker.Adopt). The blocks were validated with the config, so
+// construction cannot fail.
 func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, old *methodPolicy) guards {
 	var g guards
 	if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
