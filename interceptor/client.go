@@ -18,12 +18,16 @@ import (
 // Client holds the client side of grpc-resilience: the per-method policies
 // and state that its unary and stream interceptors share. Create it with
 // NewClient; it is safe for concurrent use, and its interceptors may be
-// installed on any number of connections.
+// installed on any number of connections. Close it when it is replaced
+// (per tenant, per configuration reload) and its connections are closed.
 type Client struct {
 	opts     clientOptions
 	metrics  instruments
 	state    atomic.Pointer[clientState]
 	updateMu sync.Mutex // serializes UpdateServiceConfig
+
+	closeOnce sync.Once
+	closeErr  error // of the first Close; written once, inside closeOnce
 }
 
 // NewClient returns a Client configured by opts. It validates the
@@ -54,6 +58,29 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Close releases what c holds beyond its calls: it unregisters the
+// callback of its gauges (WithMeterProvider: breaker state, bulkhead
+// occupancy, adaptive throttling, the retry budget), so that the meter
+// provider no longer reads c nor keeps it reachable, and a Client built to
+// replace c (for another tenant, after a configuration reload) is the only
+// one reporting under their labels. c starts no goroutine and owns no
+// connection (close those yourself), so there is nothing else to stop.
+// Close it once the connections that use it are closed: calls that still
+// come run as before (policies, breakers, bulkheads, the counters and
+// histograms), with no gauges, and Statuses, UpdateServiceConfig and the
+// breaker controls work as before. Close is safe to call more than once
+// and concurrently; every call returns the first one's error.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		if g := c.metrics.gauges; g != nil {
+			if err := g.Unregister(); err != nil {
+				c.closeErr = fmt.Errorf("interceptor: Client.Close: unregistering the gauges: %w", err)
+			}
+		}
+	})
+	return c.closeErr
 }
 
 // UpdateServiceConfig replaces the client's service config with cfg, as a

@@ -46,7 +46,8 @@ func TestGoPolicyTakesGRPCCodes(t *testing.T) {
 
 // TestConfigUpdateKeepsBreakerWhenFailureCodesReordered pins that a
 // breaker block whose failure codes are the same set in another order is
-// the same block: the breaker and its forced state carry over.
+// the same block: the breaker and its forced state carry over (a changed
+// block's new breaker keeps the forced state too: breaker.Adopt).
 func TestConfigUpdateKeepsBreakerWhenFailureCodesReordered(t *testing.T) {
 	block := func(cs ...codes.Code) *serviceconfig.Config {
 		return &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
@@ -67,8 +68,8 @@ func TestConfigUpdateKeepsBreakerWhenFailureCodesReordered(t *testing.T) {
 	if err := c.UpdateServiceConfig(block(codes.Internal)); err != nil {
 		t.Fatal(err)
 	}
-	if st := c.Status(echoMethod).Breaker; st.State != BreakerClosed {
-		t.Errorf("breaker after an update with other codes = %v, want a fresh closed breaker", st.State)
+	if st := c.Status(echoMethod).Breaker; st.State != BreakerForcedOpen {
+		t.Errorf("breaker after an update with other codes = %v, want a new breaker that kept the forced state", st.State)
 	}
 }
 

@@ -24,10 +24,13 @@
 // Calls then read it without locks. UpdateServiceConfig swaps the whole
 // configuration atomically; calls in flight finish under the configuration
 // they started with, and a method's breaker, bulkhead and latency estimate
-// carry over when their blocks are unchanged. WrapResolver passes the
-// service config a resolver delivers (DNS TXT records, a control plane) to
-// UpdateServiceConfig; the resolver's config then wins over the one given
-// to NewClient, which stays the default (see WrapResolver).
+// carry over when their blocks are unchanged. A breaker whose block changed
+// is new but keeps what the old one was doing: a forced state stays, an
+// open period ends when the old one's would, at most the new block's
+// maxOpenDuration after the update; its counts start afresh. WrapResolver
+// passes the service config a resolver delivers (DNS TXT records, a control
+// plane) to UpdateServiceConfig; the resolver's config then wins over the
+// one given to NewClient, which stays the default (see WrapResolver).
 //
 // # One call, and the order of the policies
 //
@@ -396,7 +399,7 @@
 // invented names keep about 2 MiB (TestPerMethodMemoryUnder100kCallerNames).
 // A config update resolves every kept method under the new config at once,
 // so Statuses and the gauges never lose a breaker (a forced-open one
-// included) while its block is unchanged.
+// included) while the method's config has one.
 //
 // # Concurrency and cost
 //
@@ -411,7 +414,10 @@
 // "github.com/grpc-resilience/resilience/interceptor". Without them nothing
 // is recorded, at no cost; with the no-op provider, or the SDK's, a call
 // allocates no more than without (attribute sets are built once per method,
-// and per target for grpc.target).
+// and per target for grpc.target). The gauges are read by a callback that
+// the provider holds until Client.Close (Server.Close): close a Client or
+// Server that another replaces (per tenant, per configuration reload), or
+// the provider keeps it, and reads it, for as long as the provider lives.
 //
 // The grpc.client.call.* instruments are gRFC A96's, with its names, units
 // and attributes, recorded once per call that ran the retry or hedging loop

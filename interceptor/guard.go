@@ -149,6 +149,16 @@ func (g *guards) queue(ctx context.Context, a *admission, now time.Time) error {
 	return nil
 }
 
+// unused releases a, an admission that holds its slot but whose attempt
+// was never sent: the slot goes back, the breaker token is recorded as
+// Ignored, and adaptive throttling counts nothing.
+func (g *guards) unused(a admission) {
+	if a.slot {
+		g.bulkhead.Release()
+	}
+	g.ignore(a)
+}
+
 // ignore gives back the breaker token of a, an attempt refused before it
 // started, recording no verdict.
 func (g *guards) ignore(a admission) {

@@ -314,8 +314,8 @@ func TestConfigUpdateKeepsUnchangedBreakers(t *testing.T) {
 	if err := c.UpdateServiceConfig(changed); err != nil {
 		t.Fatal(err)
 	}
-	if st := c.Status(echoMethod).Breaker; st.State != BreakerClosed {
-		t.Errorf("breaker after an update with a new block = %v, want a fresh closed breaker", st.State)
+	if st := c.Status(echoMethod).Breaker; st.State != BreakerForcedOpen {
+		t.Errorf("breaker after an update with a new block = %v, want a new breaker that kept the forced state", st.State)
 	}
 }
 
@@ -427,15 +427,16 @@ func TestConfigUpdatesCarryStateWithoutCallsInBetween(t *testing.T) {
 			t.Errorf("bulkhead in flight %d after the call ended, want its slot back in the carried bulkhead", st.InFlight)
 		}
 
-		// A change and a change back, with no call in between: afresh.
+		// A change and a change back, with no call in between: new
+		// breakers, which keep the forced state (breaker.Adopt).
 		if err := c.UpdateServiceConfig(block(4)); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.UpdateServiceConfig(block(3)); err != nil {
 			t.Fatal(err)
 		}
-		if st := c.Status(echoMethod).Breaker; st.State != BreakerClosed {
-			t.Errorf("breaker after a change and a change back = %v, want a fresh closed breaker", st.State)
+		if st := c.Status(echoMethod).Breaker; st.State != BreakerForcedOpen {
+			t.Errorf("breaker after a change and a change back = %v, want forced-open kept", st.State)
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -171,14 +172,21 @@ func capped(w *latency.Window, cliff bool) time.Duration {
 }
 
 // HedgingDelay returns the delay between the copies of a hedged call of
-// fullMethod that started now, resolving its policy if no call has yet:
-// the fixed hedgingDelay, or the adaptive one (hedgingDelayQuantile) as
-// observed so far. ok is false when the method is not hedged, or when its
-// adaptive policy is still gathering samples and has no hedgingDelay to
-// use meanwhile (further copies then go out only after non-fatal
-// failures).
+// fullMethod ("/pkg.Service/Method"; the leading slash may be left out)
+// that started now, resolving its policy if no call has yet: the fixed
+// hedgingDelay, or the adaptive one (hedgingDelayQuantile) as observed so
+// far. ok is false when the method is not hedged, or when its adaptive
+// policy is still gathering samples and has no hedgingDelay to use
+// meanwhile (further copies then go out only after non-fatal failures). A
+// name that is not a full method has no delay (ok is false), and why is
+// logged to grpclog, as Status does.
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
-	mp := c.state.Load().peek(fullMethod)
+	full, err := fullMethodOf("HedgingDelay", fullMethod)
+	if err != nil {
+		clientLog.Warning(err)
+		return 0, false
+	}
+	mp := c.state.Load().peek(full)
 	if mp.hedge == nil {
 		return 0, false
 	}
@@ -333,7 +341,7 @@ func (h *hedgeCall) run(req any, out proto.Message) error {
 	if bounded && timeout <= 0 {
 		return h.r.outOfTime(nil)
 	}
-	if err := h.launch(budget.Retry{}, now, timeout); err != nil {
+	if err := h.launch(budget.Retry{}, false, now, timeout); err != nil {
 		return h.refused(err, req, out)
 	}
 	h.arm(h.hp.delay, true)
@@ -432,6 +440,9 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 		panic(res.panicked)
 	case res.goexit:
 		runtime.Goexit()
+	case res.halted: // never sent; the sibling's outcome decides
+		h.r.attempts--
+		return false, nil
 	case res.refused:
 		h.onRefused(res.err)
 		return false, nil
@@ -509,18 +520,22 @@ func (h *hedgeCall) onRefused(err error) {
 // reports it, sent delay after the one before, for the tail (tail) or after
 // a failure. When it cannot, stopped says why.
 func (h *hedgeCall) another(delay time.Duration, tail bool) {
+	if h.job.halt.Load() {
+		return // a copy's outcome, not yet taken, ends the copies
+	}
 	tok, ok := h.next(tail)
 	if !ok {
 		return
 	}
+	allowed := tail && h.rationed // next took a token of the allowance
 	now := time.Now()
 	timeout, bounded := h.r.attemptTimeout(h.ctx, now)
 	if bounded && timeout <= 0 {
-		h.job.refund(tok)
+		h.job.refund(tok, allowed)
 		h.stopped = h.r.skip(StopDeadline).stop
 		return
 	}
-	if err := h.launch(tok, now, timeout); err != nil {
+	if err := h.launch(tok, allowed, now, timeout); err != nil {
 		if h.stopped, _ = isRejection(err); h.stopped == StopNone {
 			h.stopped = stopOfContext(h.ctx.Err())
 		} else {
@@ -554,9 +569,7 @@ func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
 	if b := h.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
-			if tail && h.rationed {
-				allowance.Return()
-			}
+			h.job.refund(budget.Retry{}, tail && h.rationed)
 			h.stopped = h.r.skip(StopBudget).stop
 		}
 		return tok, ok
@@ -595,12 +608,13 @@ func (h *hedgeCall) mayFollow(delay time.Duration) bool {
 }
 
 // launch starts the next copy at now, bounded by timeout when positive and
-// holding tok, the budget's token for it (zero for the first copy). When
-// the guards refuse it, tok is refunded. The first copy waits here for a
-// bulkhead slot, as an attempt does (nothing else can end the call
-// meanwhile); a later copy that must queue waits on its own goroutine, so
-// that a sibling's answer is taken at once.
-func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duration) error {
+// holding tok, the budget's token for it (zero for the first copy), and
+// when allowed a token of the method's allowance. When the guards refuse
+// it, both are refunded (by the copy, when it is refused in the queue).
+// The first copy waits here for a bulkhead slot, as an attempt does
+// (nothing else can end the call meanwhile); a later copy that must queue
+// waits on its own goroutine, so that a sibling's answer is taken at once.
+func (h *hedgeCall) launch(tok budget.Retry, allowed bool, now time.Time, timeout time.Duration) error {
 	h.r.begin(now)
 	g := &h.job.mp.g
 	var (
@@ -614,7 +628,7 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 		adm, queue, err = g.admitNow(now)
 	}
 	if err != nil {
-		h.job.refund(tok)
+		h.job.refund(tok, allowed)
 		return err
 	}
 	if h.running == 0 && !h.idleAt.IsZero() {
@@ -623,7 +637,7 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 	}
 	h.r.attempts++
 	h.running++
-	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, start: now, timeout: timeout, results: h.results}
+	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, allowed: allowed, start: now, timeout: timeout, results: h.results}
 	go cp.run(h.copies)
 	return nil
 }
@@ -655,6 +669,25 @@ type hedgeJob struct {
 	// opts are the caller's call options, copied, without the Header,
 	// Trailer and Peer options (they are in the call's callerDest).
 	opts []grpc.CallOption
+	// halt is set, by the copy whose outcome ends the sending of copies
+	// (see ends), before that copy gives back its bulkhead slot: a copy
+	// that was waiting in the queue, and gets the slot, is then not sent.
+	// The one field written after the first copy starts.
+	halt atomic.Bool
+}
+
+// ends reports whether a copy's outcome ends the sending of copies, as the
+// call's loop will decide on it (onResult, onNonFatal): a success, a fatal
+// status, a committed copy, or a server's pushback that says to stop.
+func (j *hedgeJob) ends(res *hedgeResult) bool {
+	switch {
+	case res.err == nil, res.header != nil:
+		return true
+	case !res.timedOut && !nonFatal(j.nonFatal, res.err):
+		return true
+	}
+	_, _, refuse := serverHint(res.err, res.trailer)
+	return refuse
 }
 
 // newHedgeJob copies what the copies of a call need: the request, the
@@ -669,11 +702,15 @@ func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes
 	}
 }
 
-// refund gives tok, a budget token taken for a copy that was never sent,
-// back to the retry budget; the zero token (the first copy's) is no-op.
-func (j *hedgeJob) refund(tok budget.Retry) {
+// refund gives back what was taken for a copy that was never sent: tok to
+// the retry budget (the zero token, the first copy's, is a no-op), and,
+// when allowed, a token to the method's allowance.
+func (j *hedgeJob) refund(tok budget.Retry, allowed bool) {
 	if tok != (budget.Retry{}) {
 		j.budget.Refund(tok)
+	}
+	if allowed {
+		j.mp.hedgeAllowance.Return()
 	}
 }
 
@@ -687,6 +724,7 @@ type hedgeCopy struct {
 	// bulkhead's queue (guards.queue) before it is sent.
 	queued  bool
 	tok     budget.Retry  // the budget's token for the copy, refunded if it is never sent
+	allowed bool          // it holds a token of the allowance, given back if it is never sent
 	start   time.Time     // when it was admitted; once queued, when it got its slot
 	timeout time.Duration // the copy's own timeout from start; 0: none
 	results chan<- hedgeResult
@@ -706,8 +744,10 @@ type hedgeResult struct {
 	panicked *copyPanic
 	goexit   bool
 	// refused is set when the copy was never sent: the bulkhead refused it
-	// while it queued, or the call ended; err says which.
-	refused bool
+	// while it queued, or the call ended; err says which. halted is set
+	// with it when the copy got its slot after a sibling's outcome ended
+	// the copies (hedgeJob.halt): that outcome says why.
+	refused, halted bool
 	// timedOut is set when the copy's own timeout ended it while the
 	// caller's context was live.
 	timedOut bool
@@ -717,6 +757,10 @@ type hedgeResult struct {
 // guards record it as the caller's cancellation, which says nothing of the
 // method's health.
 var errCopyAborted = status.Error(codes.Canceled, "resilience: hedged copy aborted by a panic or runtime.Goexit")
+
+// errCopyHalted is the outcome of a queued copy that was not sent because
+// a sibling's outcome ended the copies; the caller never sees it.
+var errCopyHalted = status.Error(codes.Canceled, "resilience: queued hedged copy not sent: a sibling's outcome ended the copies")
 
 // run is a copy's goroutine: it invokes the rest of the chain and, deferred
 // in finish, settles the copy's accounts and sends its one result, however
@@ -729,6 +773,11 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 	if cp.queued {
 		if err := j.mp.g.queue(ctx, &cp.adm, cp.start); err != nil {
 			res.err, res.refused, returned = err, true, true
+			return
+		}
+		if j.halt.Load() { // a sibling's outcome ended the copies while this one queued
+			j.mp.g.unused(cp.adm)
+			res.err, res.refused, res.halted, returned = errCopyHalted, true, true, true
 			return
 		}
 		cp.start = time.Now()
@@ -750,6 +799,9 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 		// the call's context is live.
 		end := since(cp.start)
 		res.timedOut = !end.Before(cp.start.Add(cp.timeout)) && callerErrAt(ctx, end) == nil
+	}
+	if j.ends(&res) {
+		j.halt.Store(true) // before finish gives the slot to a queued copy
 	}
 	returned = true
 }
@@ -789,7 +841,7 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
 	if res.refused { // never sent: queue gave its breaker token back
-		j.refund(cp.tok)
+		j.refund(cp.tok, cp.allowed)
 		return
 	}
 	aborted := res.panicked != nil || res.goexit

@@ -149,6 +149,7 @@ type instruments struct {
 	skips       metric.Int64Counter
 	transitions metric.Int64Counter
 	replays     metric.Int64Counter
+	gauges      metric.Registration // the gauges' callback; Client.Close unregisters it
 }
 
 // newInstruments builds the client's instruments on mp; nil mp gives the
@@ -194,54 +195,55 @@ func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
 		return instruments{}, err
 	}
 	in.names, in.other = new(sync.Map), newMethodMetrics("other")
-	if err := registerGauges(m, c); err != nil {
+	if in.gauges, err = registerGauges(m, c); err != nil {
 		return instruments{}, err
 	}
 	in.on = true
 	return in, nil
 }
 
-// registerGauges registers the observable gauges of c: breaker state,
-// bulkhead occupancy and the retry budget's balance.
-func registerGauges(m metric.Meter, c *Client) error {
-	_, err := m.Float64ObservableGauge(metricBudget, metric.WithUnit("{retry}"),
-		metric.WithDescription("Retries the client's retry budget would grant now."),
-		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
-			if b := c.state.Load().storm.budget; b != nil {
-				o.Observe(b.Available(time.Now()))
-			}
-			return nil
-		}))
+// registerGauges registers the observable gauges of c (breaker state,
+// bulkhead occupancy, adaptive throttling and the retry budget's balance)
+// with one callback, and returns its registration: Client.Close
+// unregisters it, so the provider no longer reads c. No gauge takes a
+// callback of its own (metric.WithFloat64Callback), which could never be
+// unregistered.
+func registerGauges(m metric.Meter, c *Client) (metric.Registration, error) {
+	budget, err := m.Float64ObservableGauge(metricBudget, metric.WithUnit("{retry}"),
+		metric.WithDescription("Retries the client's retry budget would grant now."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	state, err := m.Int64ObservableGauge(metricBreakerState, metric.WithUnit("{state}"),
 		metric.WithDescription("State of each method's circuit breaker: 0 closed, 1 open, 2 half-open, 3 forced open, 4 forced closed."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	inFlight, err := m.Int64ObservableGauge(metricInFlight, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts holding a slot of each method's bulkhead."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	queued, err := m.Int64ObservableGauge(metricQueued, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts waiting for a slot of each method's bulkhead."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rejectP, err := m.Float64ObservableGauge(metricRejectProbability, metric.WithUnit("1"),
 		metric.WithDescription("Probability with which each method's adaptive throttling rejects an attempt now."))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := c.state.Load()
 		if st == nil { // NewClient has not yet set the config
 			return nil
 		}
 		var other guardGauges
 		now := time.Now()
+		if b := st.storm.budget; b != nil {
+			o.ObserveFloat64(budget, b.Available(now))
+		}
 		st.each(func(p *methodPolicy) {
 			var g guardGauges
 			g.read(&p.g, now)
@@ -253,8 +255,7 @@ func registerGauges(m metric.Meter, c *Client) error {
 		})
 		other.observe(o, metric.WithAttributeSet(st.metrics.other.set), state, inFlight, queued, rejectP)
 		return nil
-	}, state, inFlight, queued, rejectP)
-	return err
+	}, budget, state, inFlight, queued, rejectP)
 }
 
 // guardGauges are the gauge values of one method's guards, or of the
@@ -465,7 +466,10 @@ func (in *instruments) callEnded(ctx context.Context, mm *methodMetrics, cc *grp
 	in.delayHist.Record(ctx, delay.Seconds(), set...)
 }
 
-// attempt records an attempt that ended with err.
+// attempt records an attempt that ended with err. A code outside the 17
+// that a server wrote in grpc-status (grpc-go passes any number on) is
+// recorded as UNKNOWN, as grpc-java reads it: grpc.status stays within 17
+// values whatever a server sends.
 func (in *instruments) attempt(ctx context.Context, mm *methodMetrics, err error) {
 	if !in.on {
 		return
@@ -474,11 +478,10 @@ func (in *instruments) attempt(ctx context.Context, mm *methodMetrics, err error
 	if err != nil {
 		code = rescodes.Classify(err)
 	}
-	if int(code) < len(mm.byCode) {
-		in.attempts.Add(ctx, 1, mm.byCode[code]...)
-		return
+	if int(code) >= len(mm.byCode) {
+		code = codes.Unknown
 	}
-	in.attempts.Add(ctx, 1, metric.WithAttributes(attrMethod.String(mm.method), attrStatus.String(codeName(code))))
+	in.attempts.Add(ctx, 1, mm.byCode[code]...)
 }
 
 // replayed records an attempt whose response header marks a replay.

@@ -62,6 +62,7 @@ func ExampleWithMeterProvider() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer c.Close() // after conn.Close: unregisters its gauges from the provider
 	conn := connect(c, dial)
 	defer conn.Close()
 	if _, err := echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{Message: "hi"}); err != nil {

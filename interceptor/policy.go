@@ -234,8 +234,9 @@ func sameBreaker(a, b serviceconfig.CircuitBreaker) bool {
 
 // guards builds the breaker and bulkhead of fullMethod from mc, or carries
 // them over from old, its policy under the config before, when their blocks
-// are unchanged. The blocks were validated with the config, so construction
-// cannot fail.
+// are unchanged; a breaker built for a changed block adopts the state of
+// old's (breaker.Adopt). The blocks were validated with the config, so
+// construction cannot fail.
 func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, old *methodPolicy) guards {
 	var g guards
 	if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
@@ -254,6 +255,11 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, o
 		if old != nil && old.g.breakerCfg != nil && sameBreaker(*old.g.breakerCfg, *cb) {
 			g.breaker = old.g.breaker
 		} else if b, err := newBreaker(fullMethod, cb, s.stateHook()); err == nil {
+			if old != nil && old.g.breaker != nil {
+				// A changed block keeps what the breaker was doing: an
+				// operator's forced state, an outage's open period.
+				b.Adopt(old.g.breaker, time.Now())
+			}
 			g.breaker = b
 		}
 	}

@@ -113,6 +113,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer client.Close() // after conn.Close: unregisters its gauges from mp
 	conn, err := grpc.NewClient(c.addr, append(client.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err

@@ -452,6 +452,39 @@ func (b *Breaker) Snapshot(now time.Time) Snapshot {
 	return s
 }
 
+// Adopt puts b, new and not yet shared, in the state of old at now, for a
+// breaker that replaces old after a change of its configuration, so that
+// the change does not undo what old was doing: a forced state stays
+// forced; an Open breaker stays open until old's open time ends, but at
+// most b's MaxOpenDuration from now (the new configuration bounds the wait
+// from the change on), with its open period clamped to b's range; one
+// whose open time has passed, or HalfOpen, is HalfOpen with no probe out
+// (old's probes report to old). Counts start afresh, as they were counted
+// against old's thresholds; Trips carries over. OnStateChange is not
+// called on either breaker: to an observer, the state did not change. old
+// is only read, under its lock.
+func (b *Breaker) Adopt(old *Breaker, now time.Time) {
+	t := now.UnixNano()
+	old.mu.Lock()
+	s, until, openFor, trips := old.state, old.openUntil, old.openFor, old.trips
+	old.mu.Unlock()
+	if s == StateOpen && t >= until {
+		s = StateHalfOpen
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.trips = trips
+	if s == StateClosed {
+		return
+	}
+	b.setStateLocked(s, t)
+	if s == StateOpen {
+		b.openFor = min(max(openFor, b.cfg.OpenDuration), b.cfg.MaxOpenDuration)
+		b.openUntil = min(until, t+int64(b.cfg.MaxOpenDuration))
+		b.openUntilA.Store(b.openUntil)
+	}
+}
+
 // ForceOpen holds the breaker open from now until Reset or ForceClosed:
 // Allow rejects every attempt with ErrForcedOpen. Outcomes of attempts
 // admitted before are discarded.

@@ -680,3 +680,57 @@ func TestRejectsPeeksWithoutChanging(t *testing.T) {
 	b.ForceClosed(t0.Add(2 * time.Second))
 	check("forced closed", t0.Add(2*time.Second), true, nil, 0)
 }
+
+// TestAdoptKeepsTheStateOfTheBreakerItReplaces: old runs its steps, a new
+// breaker of another config adopts it at adoptAt, and the new one then
+// runs its steps. Forced states stay; an open period ends when old's
+// would, at most the new MaxOpenDuration after the adoption; counts start
+// afresh; no hook is called.
+func TestAdoptKeepsTheStateOfTheBreakerItReplaces(t *testing.T) {
+	oldCfg := Config{ConsecutiveFailures: 2, OpenDuration: 100 * ms, MaxOpenDuration: 400 * ms}
+	newCfg := Config{ConsecutiveFailures: 3, OpenDuration: 50 * ms, MaxOpenDuration: 60 * ms}
+	trip := []step{call(0, Failure, 0), call(1*ms, Failure, 0)} // open t0+1ms .. t0+101ms
+	tests := []struct {
+		name    string
+		cfg     Config
+		old     []step
+		adoptAt time.Duration
+		steps   []step
+	}{
+		{"closed stays closed with counts afresh", newCfg, []step{call(0, Failure, 0)}, 2 * ms,
+			[]step{state(2*ms, StateClosed), counts(2*ms, 0, 0, 0), call(3*ms, Failure, 0), call(4*ms, Failure, 0), state(4*ms, StateClosed)}},
+		{"forced open stays forced open", oldCfg, []step{{kind: kForceOpen}}, 2 * ms,
+			[]step{reject(3*ms, ErrForcedOpen, 0), state(time.Hour, StateForcedOpen)}},
+		{"forced closed stays forced closed", oldCfg, []step{{kind: kForceClosed}}, 2 * ms,
+			[]step{call(3*ms, Failure, 0), call(4*ms, Failure, 0), call(5*ms, Failure, 0), state(5*ms, StateForcedClosed)}},
+		{"open ends when old's would", Config{ConsecutiveFailures: 3, OpenDuration: 50 * ms, MaxOpenDuration: time.Second}, trip, 20 * ms,
+			[]step{openFor(20*ms, 100*ms, 101*ms), reject(100*ms, ErrOpen, 1*ms), call(101*ms, Success, 0), state(101*ms, StateClosed)}},
+		{"open at most the new max from the adoption", newCfg, trip, 20 * ms,
+			[]step{openFor(20*ms, 60*ms, 80*ms), reject(79*ms, ErrOpen, 1*ms), state(80*ms, StateHalfOpen)}},
+		{"open past its time is half-open", newCfg, trip, 200 * ms,
+			[]step{state(200*ms, StateHalfOpen), call(201*ms, Success, 0), state(201*ms, StateClosed)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old, err := New(oldCfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSteps(t, old, tt.old)
+			cfg, adopting := tt.cfg, true
+			cfg.OnStateChange = func(from, to State) {
+				if adopting {
+					t.Errorf("OnStateChange(%v, %v) on adoption", from, to)
+				}
+			}
+			b, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old.cfg.OnStateChange, old.hook = cfg.OnStateChange, cfg.OnStateChange
+			b.Adopt(old, t0.Add(tt.adoptAt))
+			adopting = false
+			runSteps(t, b, tt.steps)
+		})
+	}
+}
