@@ -316,3 +316,7 @@ func (e *Endpoint) State(now time.Time) State {
 	return State{EjectedUntil: e.EjectedUntil(now), Ejections: e.count, Multiplier: e.multiplier,
 		ConsecutiveFailures: e.consecutive, Calls: e.win.calls, Failures: e.win.failures}
 }
+
+// MaybeEjected reports whether e has been ejected and not yet counted an
+// outcome since: Ejected needs the time only then. One atomic load.
+func (e *Endpoint) MaybeEjected() bool { return e.until.Load() != 0 }
