@@ -133,15 +133,22 @@ func TestStreamRetryGoesToAnEndpointTheCallHasNotUsed(t *testing.T) {
 		cl := startCluster(t, 3, c, noEjection)
 		cl.Backends[0].OnCall(failAlways(codes.Unavailable))
 		client := cl.EchoClient()
-		for i := range 60 {
-			st, err := client.ServerStream(t.Context(), &echov1.ServerStreamRequest{Message: "x", Count: 1})
-			if err == nil {
-				_, err = st.Recv()
-			}
-			if err != nil {
-				t.Fatalf("stream %d: %v", i, err)
-			}
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for i := range 10 {
+					st, err := client.ServerStream(t.Context(), &echov1.ServerStreamRequest{Message: "x", Count: 1})
+					if err == nil {
+						_, err = st.Recv()
+					}
+					if err != nil {
+						t.Errorf("stream %d: %v", i, err)
+						return
+					}
+				}
+			})
 		}
+		wg.Wait()
 		for _, a := range cl.Backends[0].Attempts(resiliencetest.ServerStreamMethod) {
 			if a.Previous > 0 {
 				t.Fatalf("the failing backend got a retried stream (grpc-previous-rpc-attempts %d)", a.Previous)
@@ -164,16 +171,24 @@ func TestHedgeGoesToAnotherEndpoint(t *testing.T) {
 		cl := startCluster(t, 3, c, noEjection)
 		cl.Backends[1].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: time.Second} })
 		client := cl.EchoClient()
-		for i := range 60 {
-			ctx := metadata.AppendToOutgoingContext(t.Context(), "call-id", strconv.Itoa(i))
-			start := time.Now()
-			if _, err := client.Echo(ctx, &echov1.EchoRequest{Message: "x"}); err != nil {
-				t.Fatalf("call %d: %v", i, err)
-			}
-			if d := time.Since(start); d >= time.Second {
-				t.Fatalf("call %d took %v: it waited for the slow backend", i, d)
-			}
+		var wg sync.WaitGroup
+		for g := range 16 {
+			wg.Go(func() {
+				for i := range 8 {
+					id := strconv.Itoa(g*100 + i)
+					ctx := metadata.AppendToOutgoingContext(t.Context(), "call-id", id)
+					start := time.Now()
+					if _, err := client.Echo(ctx, &echov1.EchoRequest{Message: "x"}); err != nil {
+						t.Errorf("call %s: %v", id, err)
+						return
+					}
+					if d := time.Since(start); d >= time.Second {
+						t.Errorf("call %s took %v: it waited for the slow backend", id, d)
+					}
+				}
+			})
 		}
+		wg.Wait()
 		synctest.Wait()
 		time.Sleep(2 * time.Second) // the slow backend's losers end
 		seen := map[string]map[int]bool{}
@@ -191,8 +206,8 @@ func TestHedgeGoesToAnotherEndpoint(t *testing.T) {
 				copies++
 			}
 		}
-		if copies <= 60 {
-			t.Fatalf("%d copies for 60 calls: no hedging happened", copies)
+		if copies <= 128 {
+			t.Fatalf("%d copies for 128 calls: no hedging happened", copies)
 		}
 	})
 }
