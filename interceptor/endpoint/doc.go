@@ -54,6 +54,13 @@
 // allows a first ejection past the percentage; this policy does not). An
 // ejected endpoint is still used when no other is READY.
 //
+// DEADLINE_EXCEEDED never counts, since the policy cannot tell an
+// attempt's own timeout from its caller's deadline: an endpoint that
+// accepts calls and never answers (a black hole) is not ejected. Retries
+// and hedged copies still avoid it (a per-attempt timeout, or hedging, ends
+// the wait); pair the policy with a health check (healthCheckConfig) for
+// that case.
+//
 // The configuration keeps gRFC A50's names (see
 // serviceconfig.EndpointPolicy); A50's interval is accepted and ignored,
 // as nothing sweeps.
