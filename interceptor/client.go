@@ -133,6 +133,9 @@ type unaryScratch struct {
 
 var unaryScratchPool = sync.Pool{New: func() any {
 	s := new(unaryScratch)
+	// Room for a few caller options and ours (wait for ready, header,
+	// trailer, peer): a scratch the pool makes anew grows no slice.
+	s.opts = make([]grpc.CallOption, 0, 8)
 	s.withHeader, s.withTrailer, s.withPeer = grpc.Header(&s.header), grpc.Trailer(&s.trailer), grpc.Peer(&s.peer)
 	return s
 }}
