@@ -386,8 +386,9 @@ func EndpointHedge() Scenario {
 	return Scenario{
 		Name: "endpoint-hedge",
 		Workload: "Three backends on loopback TCP; backends 0 and 2 answer in 5 ms, backend 1 in 50 ms (10× slower). 16 " +
-			"closed-loop callers for 4 phases. Ours with hedgingPolicy {maxAttempts 2, hedgingDelayQuantile 0.7 (6 ms until " +
-			"it has samples)} and a retry budget of ratio 1 (a third of the calls need a hedge), under resilience_endpoint " +
+			"closed-loop callers for 4 phases. Ours with hedgingPolicy {maxAttempts 2, hedgingDelay 7 ms} and a retry budget " +
+			"of ratio 1 (a third of the calls need a hedge; under 1, a fixed delay is rationed to the slowest 5%, and an " +
+			"adaptive one's allowance leaves about 1% of calls unhedged in bursts), under resilience_endpoint " +
 			"or round_robin; and ours unhedged under round_robin for the baseline p99. 'hedges elsewhere' is the share of " +
 			"calls with two copies whose copies reached two different backends (told apart by a call-id header).",
 		Run: runEndpointHedge,
@@ -395,7 +396,7 @@ func EndpointHedge() Scenario {
 }
 
 func runEndpointHedge(ctx context.Context, sz Size) ([]Table, error) {
-	const hedge = `"hedgingPolicy":{"maxAttempts":2,"hedgingDelay":"0.006s","hedgingDelayQuantile":0.7,"nonFatalStatusCodes":["UNAVAILABLE"]}`
+	const hedge = `"hedgingPolicy":{"maxAttempts":2,"hedgingDelay":"0.007s","nonFatalStatusCodes":["UNAVAILABLE"]}`
 	const budget = `,"retryBudget":{"ratio":1,"minRetriesPerSecond":10,"ttl":"10s"}`
 	rows := []struct {
 		p       epPeer
@@ -445,7 +446,7 @@ func runEndpointHedge(ctx context.Context, sz Size) ([]Table, error) {
 		c.stop()
 	}
 	t.Notes = append(t.Notes, "targets (issue 22): ≥ 99% of hedges to a different endpoint; p99 ≤ 0.2× the unhedged p99.",
-		"a hedged slow call ends at the hedging delay + the fast latency at best; with the delay just above the fast mode (≈ 5 ms), p99/unhedged ≥ (5 + 5)/50 = 0.2: the target is the bound itself, met only on a quiet machine.")
+		"a hedged slow call ends at the hedging delay + the fast latency at best; with the delay just above the fast mode (7 ms against 5 ms), p99/unhedged ≥ (7 + 5)/50 ≈ 0.24: the 0.2 target is below what a delay above the fast latency allows.")
 	return []Table{t}, nil
 }
 
