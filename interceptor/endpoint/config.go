@@ -15,9 +15,9 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// DefaultFailureStatusCodes are the codes that count as an endpoint's
-// failure when the policy lists none.
-var DefaultFailureStatusCodes = rescodes.Of(codes.Unavailable, codes.Unknown, codes.Internal, codes.DataLoss)
+// defaultFailures are the codes that count as an endpoint's failure when
+// the policy lists none (see serviceconfig.EndpointPolicy).
+const defaultFailures = rescodes.Set(1<<codes.Unavailable | 1<<codes.Unknown | 1<<codes.Internal | 1<<codes.DataLoss)
 
 // lbConfig is the policy's parsed configuration, as grpc hands it back.
 type lbConfig struct {
@@ -29,7 +29,7 @@ type lbConfig struct {
 
 // newConfig normalizes p, which is valid.
 func newConfig(p *serviceconfig.EndpointPolicy) *lbConfig {
-	c := &lbConfig{ordered: p.ChildPolicy == "pick_first", failures: DefaultFailureStatusCodes}
+	c := &lbConfig{ordered: p.ChildPolicy == "pick_first", failures: defaultFailures}
 	if len(p.FailureStatusCodes) > 0 {
 		c.failures = rescodes.Of(p.FailureStatusCodes...)
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/internal/outlier"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -128,7 +129,10 @@ func TestPickSkipsEjectedEndpointsAndTheyReturn(t *testing.T) {
 }
 
 func TestOutcomeBusyIsNotBroken(t *testing.T) {
-	fail := DefaultFailureStatusCodes
+	fail := defaultFailures
+	if want := rescodes.Of(codes.Unavailable, codes.Unknown, codes.Internal, codes.DataLoss); fail != want {
+		t.Fatalf("defaultFailures = %v, want %v", fail, want)
+	}
 	tests := []struct {
 		name    string
 		err     error
