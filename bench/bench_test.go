@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // cellPattern is what a cell may hold: a peer or path name in the first
 // column; elsewhere a ratio, a signed count, a share, a plain number, a
 // duration in ms, or a parenthesised reason a peer cannot run.
-var cellPattern = regexp.MustCompile(`^(-?\d+\.\d\d×|[+-]\d+\.\d|\d+\.\d%|n/a|\d+\.\d\d|\d+|\d+ ms|not within the phase|yes|no|—|\(.+\))$`)
+var cellPattern = regexp.MustCompile(`^(-?\d+\.\d\d×|[+-]\d+\.\d|\d+\.\d\d?%|n/a|\d+\.\d\d|\d+|\d+ ms|not within the phase|never|yes|no|—|\(.+\))$`)
 
 // TestSmoke runs every scenario at the tiny size and checks the report's
 // structure, and the facts that do not depend on the machine's speed:
@@ -52,6 +52,10 @@ func TestSmoke(t *testing.T) {
 	want := []struct {
 		scenario, row, column, cell string
 	}{
+		{"endpoint-failing", epOursRR, "retries to the bad backend", "0"},
+		{"endpoint-failing", epOursPF, "retries to the bad backend", "0"},
+		{"endpoint-failing", "grpc-go retry, pick_first", "success", "0.00%"},
+		{"endpoint-hedge", epOursHedged, "hedges elsewhere", "100.00%"},
 		{"transient failures", peerBare, "success", "0.0%"},
 		{"transient failures", peerBare, "attempts/call", "1.00"},
 		{"transient failures", peerGRPC, "attempts/call", "3.00"},
@@ -89,7 +93,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("target %q: its cell is missing from the results", row[0])
 		}
 	}
-	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "### Targets (issues 10 and 20)", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
+	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "### Targets (issues 10, 20 and 22)", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
 		if !strings.Contains(buf.String(), s) {
 			t.Errorf("report lacks %q", s)
 		}

@@ -73,6 +73,10 @@ func All() []Scenario {
 		SlowTailTriples(),
 		Idempotency(),
 		Overload(),
+		EndpointFailing(),
+		EndpointRecovery(),
+		EndpointHedge(),
+		EndpointOutage(),
 	}
 }
 

@@ -77,6 +77,9 @@ func spread(xs []float64, sample string) string {
 		case strings.HasSuffix(sample, "×"):
 			return fmt.Sprintf("%.2f×", x)
 		case strings.HasSuffix(sample, "%"):
+			if i := strings.LastIndexByte(sample, '.'); i >= 0 && len(sample)-i-2 == 2 {
+				return fmt.Sprintf("%.2f%%", x) // as precise as the cells: 99.95%
+			}
 			return fmt.Sprintf("%.1f%%", x)
 		case strings.HasPrefix(sample, "+") || strings.HasPrefix(sample, "-"):
 			return signed(x)

@@ -201,6 +201,17 @@
 // attempts (0.18× for 6.0% before), and a fixed 5ms delay set for the first
 // half at 0.13× for 7.5% (1.00× for 23%, no gain, before rationing).
 //
+// # Another endpoint for each retry and hedge
+//
+// Every retry and hedged copy carries in its context the trail of the
+// endpoints its call has used (the first attempt carries none and costs
+// nothing). grpc's built-in policies ignore it; the load-balancing policy
+// of package interceptor/endpoint (resilience_endpoint, selected in the
+// service config's loadBalancingConfig) reads it to send the attempt to an
+// endpoint the call has not used, and ejects failing endpoints. A unary
+// retry's trail starts with the first attempt's peer address, which grpc
+// reports when asked (grpc.Peer): that copy adds no allocation.
+//
 // # Deadlines and retry storms
 //
 // A call never waits past its deadline, and never starts an attempt it
@@ -512,7 +523,8 @@
 // their rejections), storm.go (budget, A6 throttling, one-layer retry),
 // hedge.go (hedged unary calls), stream.go, stream_attempt.go and
 // stream_retry.go (retried streams: the caller's methods, one attempt and
-// its release, the transitions of the state machine), keys.go
+// its release, the transitions of the state machine; the attempts' trail
+// of endpoints, attemptBase, in client.go and stream_attempt.go), keys.go
 // (idempotency keys a client attaches), resolver.go (the resolver's
 // service config), names.go (the names options take), errors.go,
 // metrics.go and trace.go (metrics and span events). The server side: every file named server*.go

@@ -18,6 +18,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
+	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -318,6 +319,10 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 	}
 	h.ctx = h.r.outgoing(ctx)
 	h.copies, h.cancel = context.WithCancel(h.ctx)
+	// Every copy carries the call's trail of endpoints, to which the
+	// endpoint load-balancing policy adds each pick: a copy goes to an
+	// endpoint no earlier copy of the call went to.
+	h.copies = trail.NewContext(h.copies, "")
 	h.results = make(chan hedgeResult, maxAttempts)
 	return h
 }

@@ -157,6 +157,10 @@ type retryStream struct {
 	measured bool
 	watch    bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
 
+	// trailed is ctx with the call's trail of endpoints, made by the
+	// driver for the first retry (attemptBase); nil before.
+	trailed context.Context
+
 	// r is used by the driver while the state is idle, and otherwise by
 	// the call that ends the stream (see stopDriving).
 	r retrier

@@ -7,7 +7,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 )
 
 // streamAttempt is one attempt of a stream: the grpc stream below the
@@ -57,6 +60,27 @@ var (
 	errPanicked = status.Error(codes.Canceled, "resilience: stream ended by a panic below the interceptor")
 )
 
+// attemptBase returns the context the attempt being created derives from:
+// the call's for the first attempt, and for retries the call's with its
+// trail of endpoints (package trail), made at the first retry, which starts
+// with the address of the server the first attempt reached; see
+// unaryCall.attemptBase.
+func (s *retryStream) attemptBase() context.Context {
+	if s.r.attempts <= 1 {
+		return s.ctx
+	}
+	if s.trailed == nil {
+		addr := ""
+		if cs := s.first.cs; cs != nil {
+			if p, ok := peer.FromContext(cs.Context()); ok && p.Addr != nil {
+				addr = p.Addr.String()
+			}
+		}
+		s.trailed = trail.NewContext(s.ctx, addr)
+	}
+	return s.trailed
+}
+
 // newAttempt is the driver's step that admits and creates attempt number
 // s.r.attempts+1, once the deadline, the breaker and the bulkhead allow it.
 // A refusal comes back as an errStop holding the call's final error. The new
@@ -78,7 +102,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, stopOfContext(s.ctx.Err()))}
 	}
 	s.r.attempts++
-	actx, cancel := attemptContext(s.ctx, s.r.attempts), context.CancelFunc(noCancel)
+	actx, cancel := attemptContext(s.attemptBase(), s.r.attempts), context.CancelFunc(noCancel)
 	timed := s.r.rp.perAttempt > 0 && !s.single
 	if timed || s.r.attempts > 1 {
 		actx, cancel = context.WithCancel(actx)

@@ -31,6 +31,21 @@
 // injector fails attempts that never reach the server, and the Server
 // cannot see them: count those with the injector's Counts.
 //
+// # A cluster of backends
+//
+// [StartCluster] serves N Servers behind one target (grpc's manual
+// resolver lists each as an endpoint), over bufconn by default (inside
+// testing/synctest too; each backend's connection reports its address,
+// "backend-0", ..., as the client's peer) or over loopback TCP
+// ([WithLoopbackTCP]), so a test sees where a load-balancing policy sends
+// each attempt: script each backend on its own and read [Cluster.Counts].
+//
+//	cl := resiliencetest.StartCluster(t, 3, append(client.DialOptions(),
+//		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`)))
+//	cl.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
+//		return resiliencetest.Step{Code: codes.Unavailable}
+//	})
+//
 // A Server is safe for concurrent use. Scripts are consumed in the order
 // attempts reach the handler, per method.
 package resiliencetest

@@ -128,8 +128,11 @@
 //   - loadBalancingConfig: grpc-go accepts a policy only if the running
 //     program registered it, and checks its config with that policy's
 //     parser. Parse sees no registry: a list whose policies are all
-//     unknown to it (neither pick_first nor round_robin) is accepted, and
-//     their configs are not checked. loadBalancingPolicy is not checked
+//     unknown to it (neither pick_first, round_robin nor this module's
+//     resilience_endpoint, see EndpointPolicy) is accepted, and their
+//     configs are not checked. resilience_endpoint's block is checked by
+//     ParseEndpointPolicy, with errors at paths such as
+//     loadBalancingConfig[0].resilience_endpoint.maxEjectionPercent. loadBalancingPolicy is not checked
 //     either; grpc-go falls back to pick_first for an unknown name.
 //
 //   - Our extension blocks, which grpc-go ignores, are validated (below).

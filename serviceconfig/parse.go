@@ -670,6 +670,11 @@ func checkLoadBalancingConfig(raw json.RawMessage) error {
 				return nil
 			case "round_robin":
 				return nil
+			case EndpointPolicyName:
+				if _, err := ParseEndpointPolicy(cfg); err != nil {
+					return prefix(join(index(path, i), name), err)
+				}
+				return nil
 			}
 		}
 	}

@@ -41,6 +41,11 @@ func check(w io.Writer, data []byte, opts options) (warnings int, err error) {
 		lines = all
 	}
 
+	var epLines, epWarnings []string
+	if ep, interval := endpointPolicy(d.cfg); ep != nil {
+		epLines, epWarnings = endpointLines(ep, interval)
+		warnings += len(epWarnings)
+	}
 	docWarnings := d.parseWarnings()
 	warnings += len(docWarnings)
 	if warnings == 0 {
@@ -69,6 +74,12 @@ func check(w io.Writer, data []byte, opts options) (warnings int, err error) {
 	} else {
 		p.printf("retryBudget: none in the document; the client's default applies (ratio %s, minRetriesPerSecond %s, ttl %v)\n",
 			num(budget.DefaultRatio), num(budget.DefaultMinRetriesPerSecond), budget.DefaultTTL)
+	}
+	for _, l := range epLines {
+		p.printf("%s\n", l)
+	}
+	for _, wn := range epWarnings {
+		p.printf("  WARNING: %s\n", wn)
 	}
 	return warnings, p.err
 }

@@ -27,6 +27,13 @@
 //
 // Warnings (below) are printed under the entry they concern.
 //
+// When loadBalancingConfig selects the endpoint policy (resilience_endpoint,
+// package interceptor/endpoint), check and explain describe it too: the
+// order of picks, the ejection conditions and times with their defaults,
+// and the strict maxEjectionPercent bound with 3 endpoints; A50's interval
+// (ignored by the passive policy) and a percentage that ejects nothing with
+// fewer than a few endpoints are warnings.
+//
 // # explain
 //
 // explain resolves one method as the client does, exact method before

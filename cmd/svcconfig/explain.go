@@ -84,6 +84,14 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	if (mc.CircuitBreaker != nil || mc.Bulkhead != nil) && slices.Contains(interceptor.DefaultExemptServices, service) {
 		p.printf("\nnote: the client exempts %s from breakers and bulkheads unless built with WithExemptMethods\n", service)
 	}
+	if ep, interval := endpointPolicy(d.cfg); ep != nil {
+		lines, ws := endpointLines(ep, interval)
+		p.printf("\n")
+		for _, l := range lines {
+			p.printf("%s\n", l)
+		}
+		a.warnings = append(a.warnings, ws...)
+	}
 	a.warnings = append(a.warnings, d.parseWarnings()...)
 	p.warnings(a.warnings)
 	return len(a.warnings), p.err

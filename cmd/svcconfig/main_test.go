@@ -48,6 +48,14 @@ func TestRun(t *testing.T) {
 			stdin: `{"methodConfig": [{"name": [{"service": "a.B"}], "timeout": "100ms"}]}`},
 		{name: "explain_unknown_keys_strict", args: []string{"explain", "-strict", "testdata/unknown.json", "/shop.Orders/Pay"}},
 
+		// the endpoint load-balancing policy
+		{name: "check_endpoint", args: []string{"check", "testdata/endpoint.json"}},
+		{name: "explain_endpoint", args: []string{"explain", "testdata/endpoint.json", "/shop.Orders/Get"}},
+		{name: "check_endpoint_defaults", args: []string{"check", "-"},
+			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"maxEjectionPercent": 10}}]}`},
+		{name: "check_endpoint_invalid", args: []string{"check", "-"},
+			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"failurePercentageEjection": {"threshold": 0}}}]}`},
+
 		// adaptive throttling and the server document
 		{name: "check_breaker_adaptive", args: []string{"check", "testdata/breaker_adaptive.json"}},
 		{name: "explain_breaker_adaptive", args: []string{"explain", "testdata/breaker_adaptive.json", "/shop.Orders/Pay"}},

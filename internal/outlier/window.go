@@ -1,0 +1,48 @@
+package outlier
+
+// window counts outcomes over a rolling window of numBuckets buckets of
+// width ns each, indexed by epoch = floor(t / width): the newest bucket and
+// the numBuckets−1 before it. An outcome at an earlier epoch than the newest
+// (time never runs backwards here) is counted in the newest bucket.
+type window struct {
+	width int64 // ns per bucket, > 0
+	head  int64 // epoch of the newest bucket
+	b     [numBuckets]struct{ calls, failures int }
+	// Sums over b.
+	calls, failures int
+}
+
+func (w *window) add(t int64, failed bool) {
+	i := w.advance(t)
+	w.b[i].calls++
+	w.calls++
+	if failed {
+		w.b[i].failures++
+		w.failures++
+	}
+}
+
+// advance drops the buckets older than the window at t and returns the
+// index of the newest.
+func (w *window) advance(t int64) int {
+	e := t / w.width
+	if e > w.head {
+		if e-w.head >= numBuckets {
+			w.clear()
+		} else {
+			for i := w.head + 1; i <= e; i++ {
+				bk := &w.b[i%numBuckets]
+				w.calls -= bk.calls
+				w.failures -= bk.failures
+				bk.calls, bk.failures = 0, 0
+			}
+		}
+		w.head = e
+	}
+	return int(w.head % numBuckets)
+}
+
+func (w *window) clear() {
+	w.b = [numBuckets]struct{ calls, failures int }{}
+	w.calls, w.failures = 0, 0
+}

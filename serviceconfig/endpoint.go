@@ -1,0 +1,253 @@
+package serviceconfig
+
+import (
+	"encoding/json"
+	"reflect"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// EndpointPolicyName is the name of the endpoint load-balancing policy in a
+// service config's loadBalancingConfig, registered with grpc by importing
+// the module's package interceptor/endpoint:
+//
+//	{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"round_robin": {}}]}}]}
+const EndpointPolicyName = "resilience_endpoint"
+
+// The defaults of a zero EndpointPolicy field.
+const (
+	DefaultEndpointConsecutiveFailures = 5
+	DefaultEndpointBaseEjectionTime    = 30 * time.Second
+	DefaultEndpointMaxEjectionTime     = 300 * time.Second
+	DefaultEndpointMaxEjectionPercent  = 50
+	DefaultFailurePercentageVolume     = 20
+	DefaultFailurePercentageWindow     = 10 * time.Second
+)
+
+// EndpointPolicy configures the endpoint load-balancing policy: the object
+// under EndpointPolicyName in loadBalancingConfig. Its JSON keeps gRFC A50's
+// names and shape where they fit (baseEjectionTime, maxEjectionTime,
+// maxEjectionPercent, failurePercentageEjection, childPolicy); the policy is
+// passive, so A50's interval has no use and is accepted and ignored, and
+// successRateEjection is not supported (an error).
+//
+// A zero field means its default. Ejection needs at least one condition:
+// with neither ConsecutiveFailures nor FailurePercentage set, consecutive
+// failures eject after DefaultEndpointConsecutiveFailures (5), as in the
+// circuit breaker's block; set ConsecutiveFailures to −1 to eject only by
+// the failure percentage.
+type EndpointPolicy struct {
+	// ChildPolicy chooses the order of picks among the endpoints:
+	// "round_robin" (the default, "") rotates, "pick_first" sends every
+	// call to the first usable endpoint in the resolver's order. Either
+	// way every endpoint gets its own connection (see the package
+	// interceptor/endpoint's documentation).
+	ChildPolicy string
+	// ConsecutiveFailures ejects an endpoint after that many failures in a
+	// row; 0 means 5 unless FailurePercentage is set; −1 is off.
+	ConsecutiveFailures int
+	// FailurePercentage ejects an endpoint by its failure percentage over
+	// a rolling window; nil is off.
+	FailurePercentage *FailurePercentageEjection
+	// FailureStatusCodes lists the codes that count as an endpoint's
+	// failure; empty means UNAVAILABLE, UNKNOWN, INTERNAL and DATA_LOSS.
+	// RESOURCE_EXHAUSTED, and any status with a server pushback, is
+	// "busy" and never a failure; DEADLINE_EXCEEDED and CANCELLED are the
+	// caller's and are not allowed here.
+	FailureStatusCodes []codes.Code
+	// BaseEjectionTime is the first ejection's length; the k-th in a row
+	// lasts k times it. 0 means 30s.
+	BaseEjectionTime time.Duration
+	// MaxEjectionTime caps an ejection. 0 means 300s; below
+	// BaseEjectionTime it means BaseEjectionTime.
+	MaxEjectionTime time.Duration
+	// MaxEjectionPercent bounds the share of endpoints out of rotation at
+	// once, strictly: an ejection that would pass it is refused. In
+	// [1, 100]; 0 means 50.
+	MaxEjectionPercent int
+}
+
+// FailurePercentageEjection is gRFC A50's failure-percentage detection,
+// computed over a rolling window instead of a timer's interval.
+type FailurePercentageEjection struct {
+	// Threshold ejects an endpoint whose failures reach that percentage
+	// of its outcomes in Window; in [1, 100].
+	Threshold int
+	// RequestVolume is the number of outcomes Window must hold first. 0
+	// means 20.
+	RequestVolume int
+	// Window is the rolling window. 0 means 10s. An extension of A50.
+	Window time.Duration
+}
+
+// callerCodes are the codes a caller's own context produces, which say
+// nothing of an endpoint's health.
+var callerCodes = []codes.Code{codes.Canceled, codes.DeadlineExceeded}
+
+// Validate reports the first field out of range, with its JSON path.
+func (p *EndpointPolicy) Validate() error {
+	switch p.ChildPolicy {
+	case "", "round_robin", "pick_first":
+	default:
+		return newError("childPolicy", `"`+p.ChildPolicy+`" is not supported: use round_robin or pick_first`)
+	}
+	switch {
+	case p.ConsecutiveFailures < -1:
+		return newError("consecutiveFailures", "must be −1 (off), 0 (the default) or positive")
+	case p.BaseEjectionTime < 0:
+		return newError("baseEjectionTime", "must not be negative")
+	case p.MaxEjectionTime < 0:
+		return newError("maxEjectionTime", "must not be negative")
+	case p.MaxEjectionPercent < 0 || p.MaxEjectionPercent > 100:
+		return newError("maxEjectionPercent", "must be in [1, 100] (0: the default, 50)")
+	case p.ConsecutiveFailures == -1 && p.FailurePercentage == nil:
+		return newError("consecutiveFailures", "−1 turns off the only ejection condition: set failurePercentageEjection too")
+	}
+	for i, c := range p.FailureStatusCodes {
+		if c == codes.OK || c > codes.Unauthenticated {
+			return newError(index("failureStatusCodes", i), "must be a failure status code")
+		}
+		for _, cc := range callerCodes {
+			if c == cc {
+				return newError(index("failureStatusCodes", i), "is the caller's own end (its cancellation or deadline), not the endpoint's failure")
+			}
+		}
+		if c == codes.ResourceExhausted {
+			return newError(index("failureStatusCodes", i), "RESOURCE_EXHAUSTED is busy, not broken: it never ejects")
+		}
+	}
+	if f := p.FailurePercentage; f != nil {
+		switch {
+		case f.Threshold < 1 || f.Threshold > 100:
+			return newError("failurePercentageEjection.threshold", "must be in [1, 100]")
+		case f.RequestVolume < 0:
+			return newError("failurePercentageEjection.requestVolume", "must not be negative")
+		case f.Window < 0:
+			return newError("failurePercentageEjection.window", "must not be negative")
+		}
+	}
+	return nil
+}
+
+type wireEndpoint struct {
+	ChildPolicy               leaf[[]map[string]json.RawMessage]
+	ConsecutiveFailures       leaf[int]
+	FailurePercentageEjection *wireFailurePercentage
+	FailureStatusCodes        leaf[[]code]
+	BaseEjectionTime          leaf[*duration]
+	MaxEjectionTime           leaf[*duration]
+	MaxEjectionPercent        leaf[int]
+	Interval                  leaf[*duration] // gRFC A50's sweep: accepted, ignored
+	SuccessRateEjection       leaf[json.RawMessage]
+}
+
+type wireFailurePercentage struct {
+	Threshold     leaf[int]
+	RequestVolume leaf[int]
+	Window        leaf[*duration]
+	// gRFC A50's: accepted when 100 and 0 (what this policy does), else
+	// an error.
+	EnforcementPercentage leaf[*int]
+	MinimumHosts          leaf[*int]
+}
+
+// ParseEndpointPolicy reads the JSON object under EndpointPolicyName in a
+// loadBalancingConfig and returns the validated policy, or an *Error whose
+// path is relative to that object. An unknown key is an error naming the
+// closest known one.
+func ParseEndpointPolicy(data []byte) (*EndpointPolicy, error) {
+	var w wireEndpoint
+	if err := json.Unmarshal(data, &w); err != nil {
+		return nil, decodeError(data, err)
+	}
+	if kerr, _ := checkKeys(data, reflect.TypeFor[wireEndpoint](), true); kerr != nil {
+		return nil, kerr
+	}
+	if err := checkAll("",
+		field{"childPolicy", &w.ChildPolicy},
+		field{"consecutiveFailures", &w.ConsecutiveFailures},
+		field{"failureStatusCodes", &w.FailureStatusCodes},
+		field{"baseEjectionTime", &w.BaseEjectionTime},
+		field{"maxEjectionTime", &w.MaxEjectionTime},
+		field{"maxEjectionPercent", &w.MaxEjectionPercent},
+		field{"interval", &w.Interval},
+	); err != nil {
+		return nil, err
+	}
+	if w.SuccessRateEjection.set {
+		return nil, newError("successRateEjection", "is not supported: use failurePercentageEjection or consecutiveFailures")
+	}
+	p := &EndpointPolicy{
+		ConsecutiveFailures: w.ConsecutiveFailures.v,
+		FailureStatusCodes:  codeList(w.FailureStatusCodes.v),
+		BaseEjectionTime:    optDuration(w.BaseEjectionTime.v),
+		MaxEjectionTime:     optDuration(w.MaxEjectionTime.v),
+		MaxEjectionPercent:  w.MaxEjectionPercent.v,
+	}
+	child, err := childPolicy(w.ChildPolicy.v, w.ChildPolicy.set)
+	if err != nil {
+		return nil, err
+	}
+	p.ChildPolicy = child
+	if f := w.FailurePercentageEjection; f != nil {
+		if p.FailurePercentage, err = f.policy(); err != nil {
+			return nil, err
+		}
+	}
+	// The codes are checked as the document lists them, so that the path
+	// names the element at fault.
+	raw := &EndpointPolicy{ConsecutiveFailures: 1}
+	for _, c := range w.FailureStatusCodes.v {
+		raw.FailureStatusCodes = append(raw.FailureStatusCodes, codes.Code(c))
+	}
+	if err := raw.Validate(); err != nil {
+		return nil, err
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (f *wireFailurePercentage) policy() (*FailurePercentageEjection, error) {
+	const path = "failurePercentageEjection"
+	if err := checkAll(path,
+		field{"threshold", &f.Threshold},
+		field{"requestVolume", &f.RequestVolume},
+		field{"window", &f.Window},
+		field{"enforcementPercentage", &f.EnforcementPercentage},
+		field{"minimumHosts", &f.MinimumHosts},
+	); err != nil {
+		return nil, err
+	}
+	if v := f.EnforcementPercentage.v; v != nil && *v != 100 {
+		return nil, newError(join(path, "enforcementPercentage"), "only 100 is supported: every detection is enforced")
+	}
+	if v := f.MinimumHosts.v; v != nil && *v != 0 {
+		return nil, newError(join(path, "minimumHosts"), "is not supported (maxEjectionPercent bounds ejections)")
+	}
+	return &FailurePercentageEjection{Threshold: f.Threshold.v, RequestVolume: f.RequestVolume.v, Window: optDuration(f.Window.v)}, nil
+}
+
+// childPolicy returns the first policy of list this policy supports, as
+// grpc takes the first registered one of a loadBalancingConfig.
+func childPolicy(list []map[string]json.RawMessage, set bool) (string, error) {
+	if !set {
+		return "", nil
+	}
+	if len(list) == 0 {
+		return "", newError("childPolicy", `must name a policy such as {"round_robin": {}}`)
+	}
+	for i, e := range list {
+		if len(e) != 1 {
+			return "", newError(index("childPolicy", i), "must hold exactly one policy, not "+itoa(len(e)))
+		}
+		for name := range e {
+			if name == "round_robin" || name == "pick_first" {
+				return name, nil
+			}
+		}
+	}
+	return "", newError("childPolicy", "names no supported policy: use round_robin or pick_first")
+}

@@ -1,0 +1,83 @@
+package serviceconfig
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+func TestParseEndpointPolicy(t *testing.T) {
+	p, err := ParseEndpointPolicy([]byte(`{
+		"childPolicy": [{"weighted_round_robin": {}}, {"pick_first": {}}],
+		"consecutiveFailures": 3,
+		"failurePercentageEjection": {"threshold": 60, "requestVolume": 10, "window": "5s", "enforcementPercentage": 100},
+		"failureStatusCodes": ["unavailable", "INTERNAL"],
+		"baseEjectionTime": "1s", "maxEjectionTime": "10s", "maxEjectionPercent": 34,
+		"interval": "10s"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := EndpointPolicy{ChildPolicy: "pick_first", ConsecutiveFailures: 3,
+		FailurePercentage:  &FailurePercentageEjection{Threshold: 60, RequestVolume: 10, Window: 5 * time.Second},
+		FailureStatusCodes: []codes.Code{codes.Unavailable, codes.Internal},
+		BaseEjectionTime:   time.Second, MaxEjectionTime: 10 * time.Second, MaxEjectionPercent: 34}
+	if p.ChildPolicy != want.ChildPolicy || p.ConsecutiveFailures != want.ConsecutiveFailures || *p.FailurePercentage != *want.FailurePercentage ||
+		len(p.FailureStatusCodes) != 2 || p.BaseEjectionTime != want.BaseEjectionTime || p.MaxEjectionTime != want.MaxEjectionTime ||
+		p.MaxEjectionPercent != want.MaxEjectionPercent {
+		t.Errorf("ParseEndpointPolicy = %+v, want %+v", p, want)
+	}
+	if p, err := ParseEndpointPolicy([]byte(`{}`)); err != nil || p.ChildPolicy != "" {
+		t.Errorf("ParseEndpointPolicy({}) = %+v, %v; want the defaults", p, err)
+	}
+}
+
+func TestParseEndpointPolicyErrorsNameThePath(t *testing.T) {
+	tests := []struct{ doc, want string }{
+		{`{"maxEjectionPercent": 101}`, "maxEjectionPercent: must be in [1, 100]"},
+		{`{"maxEjectionPercent": "x"}`, "maxEjectionPercent:"},
+		{`{"baseEjectionTime": "1m"}`, "baseEjectionTime:"},
+		{`{"childPolicy": [{"least_request_experimental": {}}]}`, "childPolicy: names no supported policy"},
+		{`{"childPolicy": []}`, "childPolicy: must name a policy"},
+		{`{"failurePercentageEjection": {"threshold": 0}}`, "failurePercentageEjection.threshold: must be in [1, 100]"},
+		{`{"failurePercentageEjection": {"threshold": 50, "enforcementPercentage": 50}}`, "failurePercentageEjection.enforcementPercentage: only 100"},
+		{`{"failureStatusCodes": ["DEADLINE_EXCEEDED"]}`, "failureStatusCodes[0]: is the caller's own end"},
+		{`{"failureStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]}`, "failureStatusCodes[1]: RESOURCE_EXHAUSTED is busy"},
+		{`{"failureStatusCodes": ["NOPE"]}`, "failureStatusCodes[0]"},
+		{`{"consecutiveFailures": -1}`, "consecutiveFailures: −1 turns off the only ejection condition"},
+		{`{"successRateEjection": {}}`, "successRateEjection: is not supported"},
+		{`{"maxEjectionPercnt": 10}`, "maxEjectionPercnt"},
+		{`[1]`, ""},
+	}
+	for _, tt := range tests {
+		_, err := ParseEndpointPolicy([]byte(tt.doc))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseEndpointPolicy(%s) = %v, want an error containing %q", tt.doc, err, tt.want)
+		}
+	}
+}
+
+func TestParseChecksTheEndpointPolicyInLoadBalancingConfig(t *testing.T) {
+	_, err := Parse([]byte(`{"loadBalancingConfig": [{"resilience_endpoint": {"maxEjectionPercent": 200}}]}`))
+	const want = "loadBalancingConfig[0].resilience_endpoint.maxEjectionPercent: must be in [1, 100]"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Parse = %v, want %q", err, want)
+	}
+	if _, err := Parse([]byte(`{"loadBalancingConfig": [{"resilience_endpoint": {}}]}`)); err != nil {
+		t.Fatalf("Parse(a valid policy) = %v", err)
+	}
+}
+
+func FuzzParseEndpointPolicy(f *testing.F) {
+	f.Add([]byte(`{"childPolicy": [{"round_robin": {}}], "failurePercentageEjection": {"threshold": 50}}`))
+	f.Add([]byte(`{"baseEjectionTime": "1.5s", "failureStatusCodes": [14]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := ParseEndpointPolicy(data)
+		if err == nil {
+			if verr := p.Validate(); verr != nil {
+				t.Fatalf("ParseEndpointPolicy accepted a policy Validate refuses: %v", verr)
+			}
+		}
+	})
+}
