@@ -47,6 +47,8 @@ type serverOptions struct {
 	methodLimits    []methodLimit
 	streamLimits    []string        // full methods and services whose streams are limited
 	criticality     CriticalityFunc // nil: trust the sent criticality
+	limitRand       func() float64  // the limits' probe jitter; nil: the runtime's (WithServerRandSource)
+	fairness        *srvFairness    // nil: one tenant (WithTenantFairness)
 	errs            []error         // option errors found while applying, reported by NewServer
 }
 

@@ -2,7 +2,6 @@ package limit
 
 import (
 	"math"
-	"slices"
 	"testing"
 	"time"
 )
@@ -52,13 +51,15 @@ func TestValidate(t *testing.T) {
 // 18, CriticalPlus at 20.
 func TestSharesShedLowestFirst(t *testing.T) {
 	l := mustNew(t, Config{InitialLimit: 20})
+	var slots []Slot
 	fill := func(c Criticality) int {
 		n := 0
 		for {
-			v, _ := l.Acquire(c, NoDeadline)
+			s, v, _ := l.Acquire(t0, Request{Crit: c, Left: NoDeadline})
 			if v != Admitted {
 				return n
 			}
+			slots = append(slots, s)
 			n++
 		}
 	}
@@ -67,11 +68,11 @@ func TestSharesShedLowestFirst(t *testing.T) {
 		want int // in flight after filling
 	}{{Sheddable, 10}, {SheddablePlus, 15}, {Critical, 18}, {CriticalPlus, 20}} {
 		fill(tt.c)
-		if got := l.Snapshot().InFlight; got != tt.want {
+		if got := l.Snapshot(t0).InFlight; got != tt.want {
 			t.Errorf("after filling criticality %d: in flight %d, want %d", tt.c, got, tt.want)
 		}
 	}
-	s := l.Snapshot()
+	s := l.Snapshot(t0)
 	for c := range NumCriticalities {
 		if s.Count[ShedLimit][c] != 1 {
 			t.Errorf("Count[ShedLimit][%d] = %d, want 1", c, s.Count[ShedLimit][c])
@@ -80,10 +81,10 @@ func TestSharesShedLowestFirst(t *testing.T) {
 	if n := s.Count[Admitted][Sheddable] + s.Count[Admitted][SheddablePlus] + s.Count[Admitted][Critical] + s.Count[Admitted][CriticalPlus]; n != 20 {
 		t.Errorf("admitted = %d, want 20", n)
 	}
-	for range 20 {
-		l.Abandon()
+	for _, sl := range slots {
+		l.Abandon(t0, sl)
 	}
-	if got := l.Snapshot().InFlight; got != 0 {
+	if got := l.Snapshot(t0).InFlight; got != 0 {
 		t.Errorf("in flight after releases = %d, want 0", got)
 	}
 }
@@ -92,15 +93,30 @@ func TestSharesShedLowestFirst(t *testing.T) {
 // second after the window of the first has ended, reporting the limit
 // after that one update.
 func releaseAt(l *Limiter, inflight int, rtt time.Duration, dropped bool) int {
-	for range inflight {
-		l.Acquire(CriticalPlus, NoDeadline)
+	slots := make([]Slot, inflight)
+	for i := range slots {
+		slots[i], _, _ = l.Acquire(t0, Request{Crit: CriticalPlus, Left: NoDeadline})
 	}
-	l.Release(t0, rtt, dropped)
-	l.Release(t0.Add(time.Hour), rtt, dropped)
-	for range inflight - 2 {
-		l.Abandon()
+	o := Completed
+	if dropped {
+		o = DeadlineEnded
 	}
-	return l.Snapshot().Limit
+	l.Release(t0, slots[0], rtt, o)
+	l.Release(t0.Add(time.Hour), slots[1], rtt, o)
+	for _, s := range slots[2:] {
+		l.Abandon(t0, s)
+	}
+	return l.Snapshot(t0).Limit
+}
+
+// pinBase makes l's base RTT b for the whole of a test: a long window
+// holding b alone.
+func pinBase(l *Limiter, b time.Duration) {
+	l.cfg.BaseWindow = 1000 * time.Hour
+	l.base.reset(t0, l.cfg.BaseWindow, [2]span{})
+	l.base.add(t0, l.cfg.BaseWindow, b)
+	l.srtt = float64(time.Microsecond) // the window of an update ends at once
+	l.cfg.ProbeMultiplier, l.probeAt = 1000, 1000
 }
 
 // TestVegasSteps pins the four cases of the Vegas update at L = 100
@@ -124,8 +140,7 @@ func TestVegasSteps(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := mustNew(t, Config{InitialLimit: 100})
-			l.base[1] = 100 * time.Millisecond
-			l.baseEnd = t0.Add(1000 * time.Hour)
+			pinBase(l, 100*time.Millisecond)
 			if got := releaseAt(l, tt.inflight, tt.rtt, tt.dropped); got != tt.want {
 				t.Errorf("limit after rtt %v with %d in flight = %d, want %d", tt.rtt, tt.inflight, got, tt.want)
 			}
@@ -149,8 +164,7 @@ func TestAIMDSteps(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := mustNew(t, Config{Algorithm: AIMD, InitialLimit: 100})
-			l.base[1] = 100 * time.Millisecond
-			l.baseEnd = t0.Add(1000 * time.Hour)
+			pinBase(l, 100*time.Millisecond)
 			if got := releaseAt(l, tt.inflight, tt.rtt, tt.dropped); got != tt.want {
 				t.Errorf("limit = %d, want %d", got, tt.want)
 			}
@@ -163,64 +177,146 @@ func TestLimitBounds(t *testing.T) {
 	for range 10 {
 		releaseAt(l, 5, time.Millisecond, false)
 	}
-	if got := l.Snapshot().Limit; got != 6 {
+	if got := l.Snapshot(t0).Limit; got != 6 {
 		t.Errorf("limit after growth = %d, want MaxLimit 6", got)
 	}
 	for range 10 {
 		releaseAt(l, 5, time.Millisecond, true)
 	}
-	if got := l.Snapshot().Limit; got != 4 {
+	if got := l.Snapshot(t0).Limit; got != 4 {
 		t.Errorf("limit after drops = %d, want MinLimit 4", got)
 	}
 }
 
-// TestBaseRTTWindows pins the base RTT as the minimum of the last two
-// windows.
-func TestBaseRTTWindows(t *testing.T) {
-	l := mustNew(t, Config{BaseWindow: 10 * time.Second})
-	obs := func(at time.Duration, rtt time.Duration) time.Duration {
-		l.Acquire(CriticalPlus, NoDeadline)
-		l.Release(t0.Add(at), rtt, false)
-		return l.BaseRTT()
+// complete admits one request at now and releases it completed after rtt.
+func complete(l *Limiter, now time.Time, rtt time.Duration) {
+	s, v, _ := l.Acquire(now, Request{Crit: CriticalPlus, Left: NoDeadline})
+	if v != Admitted {
+		panic("complete: not admitted")
 	}
+	l.Release(now, s, rtt, Completed)
+}
+
+// TestBaseRTTWindows pins the base RTT as the minimum of the last two
+// windows (while they hold fewer than 16 samples), aging with time: a whole
+// window without a sample forgets the previous one, two forget both.
+func TestBaseRTTWindows(t *testing.T) {
+	l := mustNew(t, Config{BaseWindow: 10 * time.Second, ProbeMultiplier: 1000})
 	steps := []struct {
-		at, rtt, want time.Duration
+		at, rtt, want time.Duration // rtt 0: no sample, only a read
 	}{
 		{0, 50 * time.Millisecond, 50 * time.Millisecond},
 		{time.Second, 80 * time.Millisecond, 50 * time.Millisecond},
 		{10 * time.Second, 90 * time.Millisecond, 50 * time.Millisecond},   // second window: min of both
 		{20 * time.Second, 100 * time.Millisecond, 90 * time.Millisecond},  // first window forgotten
 		{45 * time.Second, 120 * time.Millisecond, 120 * time.Millisecond}, // a whole empty window
+		{55*time.Second - 1, 0, 120 * time.Millisecond},                    // still the current window
+		{55 * time.Second, 0, 120 * time.Millisecond},                      // the previous window now
+		{65*time.Second - 1, 0, 120 * time.Millisecond},                    //
+		{65 * time.Second, 0, 0},                                           // aged out with no sample
 	}
 	for _, s := range steps {
-		if got := obs(s.at, s.rtt); got != s.want {
+		now := t0.Add(s.at)
+		if s.rtt > 0 {
+			complete(l, now, s.rtt)
+		}
+		if got := l.BaseRTT(now); got != s.want {
 			t.Errorf("at %v after %v: BaseRTT = %v, want %v", s.at, s.rtt, got, s.want)
 		}
 	}
 }
 
-// TestPushbackFormula pins pushback = s·(1 + x/(1−x)), rounded up to the
-// millisecond, at least 1ms, and NoRetry from x = 1/2.
+// TestBaseRTTRobust pins the estimate of the base RTT: the r-th smallest
+// of the n samples of the last two windows, r = 1 + min(4, n/8).
+func TestBaseRTTRobust(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		name       string
+		fast, slow int // samples of 1ms, then of 100ms
+		want       time.Duration
+	}{
+		{"one sample", 0, 1, 100 * ms},
+		{"7 samples: the minimum", 1, 6, 1 * ms},
+		{"8 samples: the 2nd smallest", 1, 7, 100 * ms},
+		{"3 outliers in 32", 3, 29, 100 * ms},
+		{"4 outliers in 32", 4, 28, 100 * ms},
+		{"5 outliers in 32", 5, 27, 1 * ms},
+		{"4 outliers in 1000", 4, 996, 100 * ms},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := mustNew(t, Config{ProbeMultiplier: 1000, MaxLimit: 1000, InitialLimit: 1000})
+			for range tt.fast {
+				complete(l, t0, ms)
+			}
+			for range tt.slow {
+				complete(l, t0, 100*ms)
+			}
+			if got := l.BaseRTT(t0); got != tt.want {
+				t.Errorf("BaseRTT = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestPushbackFormula pins pushback = s·(1 + x/(1−x)), s being
+// InitialServiceTime before the first sample, rounded up to the grid (the
+// millisecond up to 10ms, then the E12 series), and NoRetry from x = 1/2.
 func TestPushbackFormula(t *testing.T) {
+	ms := float64(time.Millisecond)
 	tests := []struct {
 		srtt float64
 		x    float64
 		want time.Duration
 	}{
-		{0, 0, time.Millisecond},
-		{float64(100 * time.Millisecond), 0, 100 * time.Millisecond},
-		{float64(100 * time.Millisecond), 1.0 / 3, 150 * time.Millisecond},
-		{float64(100 * time.Millisecond), 0.2, 125 * time.Millisecond},
-		{float64(100 * time.Millisecond), 0.4999, 200 * time.Millisecond}, // 199.98ms rounded up
-		{float64(100 * time.Millisecond), 0.5, NoRetry},
-		{float64(100 * time.Millisecond), 0.9, NoRetry},
-		{float64(1500 * time.Microsecond), 0, 2 * time.Millisecond},
+		{0, 0, 100 * time.Millisecond}, // no sample yet: InitialServiceTime
+		{100 * ms, 0, 100 * time.Millisecond},
+		{100 * ms, 1.0 / 3, 150 * time.Millisecond},
+		{100 * ms, 0.2, 150 * time.Millisecond},    // 125ms, up to the step of 150
+		{100 * ms, 0.4999, 220 * time.Millisecond}, // 199.98ms, up to 220
+		{100 * ms, 0.5, NoRetry},
+		{100 * ms, 0.9, NoRetry},
+		{1.5 * ms, 0, 2 * time.Millisecond},
+		{0.001 * ms, 0, time.Millisecond}, // at least 1ms
+		{9.5 * ms, 0, 10 * time.Millisecond},
+		{10.5 * ms, 0, 12 * time.Millisecond},
+		{47 * ms, 0, 47 * time.Millisecond},
+		{47.001 * ms, 0, 56 * time.Millisecond},
+		{float64(59 * time.Minute), 0, 3900 * time.Second},     // 3.54e6ms: up to 3.9e6
+		{float64(10000 * time.Second), 0, 10000 * time.Second}, // the last step
+		{float64(3 * time.Hour), 0, 3 * time.Hour},             // beyond the grid: the millisecond
 	}
 	for _, tt := range tests {
 		l := mustNew(t, Config{})
 		l.srtt, l.shedEW = tt.srtt, tt.x
-		if got := l.pushbackLocked(); got != tt.want {
+		got := l.pushbackLocked()
+		if got != tt.want {
 			t.Errorf("pushback(s=%v, x=%v) = %v, want %v", time.Duration(tt.srtt), tt.x, got, tt.want)
+		}
+		if step := PushbackStep(got); (step >= 0) != (got > 0 && got <= 10000*time.Second) {
+			t.Errorf("PushbackStep(%v) = %d", got, step)
+		}
+	}
+}
+
+// TestPushbackGrid pins the grid: steps at most 25% apart, PushbackStep
+// the index of each.
+func TestPushbackGrid(t *testing.T) {
+	for i, v := range grid {
+		d := time.Duration(v) * time.Millisecond
+		if got := PushbackStep(d); got != i {
+			t.Errorf("PushbackStep(%v) = %d, want %d", d, got, i)
+		}
+		if i > 0 && float64(v) > 1.25*float64(grid[i-1]) && v > 10 {
+			t.Errorf("step %v is more than 25%% above %v", v, grid[i-1])
+		}
+	}
+	if PushbackSteps != 82 || grid[PushbackSteps-1] != 10_000_000 {
+		t.Errorf("grid has %d steps up to %dms, want 82 up to 10,000s", PushbackSteps, grid[PushbackSteps-1])
+	}
+	for _, d := range []time.Duration{NoRetry, 0, 11 * time.Millisecond, 1500 * time.Microsecond, 3 * time.Hour} {
+		if got := PushbackStep(d); got != -1 {
+			t.Errorf("PushbackStep(%v) = %d, want -1", d, got)
 		}
 	}
 }
@@ -242,7 +338,10 @@ func convergeOnFixedCapacity(t *testing.T, secs int) {
 	const n, svc = 20, 100 * time.Millisecond
 	l := mustNew(t, Config{Rand: func() float64 { return 0.25 }})
 	from := 3 * n * 10 * (secs - 3) // the first arrival of the last 3s
-	type req struct{ start, done time.Time }
+	type req struct {
+		start, done time.Time
+		slot        Slot
+	}
 	var running []req // admitted, in order of completion
 	var slotsFree []time.Time
 	for range n {
@@ -256,12 +355,13 @@ func convergeOnFixedCapacity(t *testing.T, secs int) {
 		for len(running) > 0 && !running[0].done.After(now) {
 			r := running[0]
 			running = running[1:]
-			l.Release(r.done, r.done.Sub(r.start), false)
+			l.Release(r.done, r.slot, r.done.Sub(r.start), Completed)
 			if i > from {
 				maxLat = max(maxLat, r.done.Sub(r.start))
 			}
 		}
-		if v, _ := l.Acquire(Critical, NoDeadline); v != Admitted {
+		slot, v, _ := l.Acquire(now, Request{Left: NoDeadline})
+		if v != Admitted {
 			continue
 		}
 		// the earliest free slot serves it
@@ -280,7 +380,7 @@ func convergeOnFixedCapacity(t *testing.T, secs int) {
 		if i > from {
 			busy += svc
 		}
-		r := req{now, done}
+		r := req{now, done, slot}
 		j := len(running)
 		for j > 0 && running[j-1].done.After(done) {
 			j--
@@ -291,145 +391,87 @@ func convergeOnFixedCapacity(t *testing.T, secs int) {
 	}
 	total = time.Duration(3*n*30) * gap * n
 	if util := float64(busy) / float64(total); util < 0.95 {
-		t.Errorf("utilization of the last 3s = %.3f, want ≥ 0.95 (limit %d)", util, l.Snapshot().Limit)
+		t.Errorf("utilization of the last 3s = %.3f, want ≥ 0.95 (limit %d)", util, l.Snapshot(t0).Limit)
 	}
 	if maxLat > 2*svc {
-		t.Errorf("max latency of admitted requests = %v, want ≤ %v (limit %d)", maxLat, 2*svc, l.Snapshot().Limit)
+		t.Errorf("max latency of admitted requests = %v, want ≤ %v (limit %d)", maxLat, 2*svc, l.Snapshot(t0).Limit)
 	}
-	t.Logf("limit %d, max latency %v, snapshot %+v", l.Snapshot().Limit, maxLat, l.Snapshot())
+	t.Logf("limit %d, max latency %v, snapshot %+v", l.Snapshot(t0).Limit, maxLat, l.Snapshot(t0))
 }
 
 func TestAcquireReleaseAllocs(t *testing.T) {
 	l := mustNew(t, Config{})
+	now := t0
 	allocs := testing.AllocsPerRun(1000, func() {
-		if v, _ := l.Acquire(Critical, time.Second); v == Admitted {
-			l.Release(t0, time.Millisecond, false)
+		now = now.Add(time.Millisecond)
+		if s, v, _ := l.Acquire(now, Request{Left: time.Second}); v == Admitted {
+			l.Release(now, s, time.Millisecond, Completed)
 		}
 	})
 	if allocs != 0 {
 		t.Errorf("Acquire+Release allocs = %v, want 0", allocs)
 	}
-}
-
-// TestShedDeadline pins the door: a request with less left than the base
-// RTT is shed without pushback; one with exactly the base RTT runs.
-func TestShedDeadline(t *testing.T) {
-	l := mustNew(t, Config{})
-	if v, _ := l.Acquire(Critical, 0); v != Admitted {
-		t.Fatalf("before any sample, Acquire(left 0) = %v, want Admitted", v)
-	}
-	l.Release(t0, 100*time.Millisecond, false)
-	tests := []struct {
-		left time.Duration
-		want Verdict
-	}{
-		{99 * time.Millisecond, ShedDeadline},
-		{100 * time.Millisecond, Admitted},
-		{NoDeadline, Admitted},
-	}
-	for _, tt := range tests {
-		v, pb := l.Acquire(Sheddable, tt.left)
-		if v != tt.want || pb != 0 {
-			t.Errorf("Acquire(left %v) = %v, %v, want %v, 0", tt.left, v, pb, tt.want)
+	// With tenants: a named tenant seen again allocates nothing either.
+	allocs = testing.AllocsPerRun(1000, func() {
+		now = now.Add(time.Millisecond)
+		if s, v, _ := l.Acquire(now, Request{Left: time.Second, Tenant: "a"}); v == Admitted {
+			l.Release(now, s, time.Millisecond, Completed)
 		}
-		if v == Admitted {
-			l.Abandon()
-		}
-	}
-	if got := l.Snapshot().Count[ShedDeadline][Sheddable]; got != 1 {
-		t.Errorf("Count[ShedDeadline][Sheddable] = %d, want 1", got)
+	})
+	if allocs != 0 {
+		t.Errorf("Acquire+Release allocs with a tenant = %v, want 0", allocs)
 	}
 }
 
-// TestReleasedWakes: the channel of Released closes at the next Release or
-// Abandon, and a new one is made for the next waiter.
-func TestReleasedWakes(t *testing.T) {
-	l := mustNew(t, Config{})
-	l.Acquire(Critical, NoDeadline)
-	l.Acquire(Critical, NoDeadline)
-	c := l.Released()
-	if c != l.Released() {
-		t.Fatalf("two waiters got different channels")
-	}
-	select {
-	case <-c:
-		t.Fatalf("closed before a release")
-	default:
-	}
-	l.Release(t0, time.Millisecond, false)
-	select {
-	case <-c:
-	default:
-		t.Fatalf("not closed by Release")
-	}
-	c2 := l.Released()
-	l.Abandon()
-	select {
-	case <-c2:
-	default:
-		t.Fatalf("not closed by Abandon")
-	}
-}
-
-func TestTryAcquireCountsOnlyAdmissions(t *testing.T) {
-	l := mustNew(t, Config{InitialLimit: 1, MinLimit: 1, MaxLimit: 1})
-	if !l.TryAcquire(Critical) {
-		t.Fatalf("TryAcquire on an empty limiter failed")
-	}
-	if l.TryAcquire(Critical) {
-		t.Fatalf("TryAcquire over the limit succeeded")
-	}
-	s := l.Snapshot()
-	if s.Count[Admitted][Critical] != 1 || s.Count[ShedLimit][Critical] != 0 || s.InFlight != 1 {
-		t.Errorf("snapshot %+v, want 1 admitted, no shed", s)
-	}
-}
-
-// TestVegasProbe pins the probe on a table of instants at a pinned limit of
-// 10 and ProbeMultiplier 2: with a jitter draw of r the probe comes every
-// 2·(½ + ½r)·10 samples, and its sample becomes the base RTT even when it
-// is slower; the samples after it fold in as the minimum again.
+// TestVegasProbe pins the probe at a pinned limit of 10 and
+// ProbeMultiplier 2: with a jitter draw of r the probe comes every
+// 2·(½ + ½r)·10 samples, and makes the base RTT the estimate of the last
+// 32 to 64 samples (two blocks of 32), so that a lasting slowdown becomes
+// the base within 64 samples and a probe, while one slow sample (or a few)
+// does not.
 func TestVegasProbe(t *testing.T) {
 	ms := time.Millisecond
-	type step struct {
-		rtt, base time.Duration // the sample; the base RTT after it
-		probes    uint64        // probes after it
+	type check struct {
+		after  int           // samples
+		base   time.Duration // the base RTT then
+		probes uint64
 	}
 	tests := []struct {
-		name  string
-		draw  float64
-		steps []step
+		name   string
+		draw   float64
+		slowAt int // the first sample of 200ms; the ones before take 100ms
+		checks []check
 	}{
-		{"every 10 samples", 0, []step{
-			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
-			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
-			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
-			{200 * ms, 200 * ms, 1},                          // the 10th: the probe takes the slower sample
-			{250 * ms, 200 * ms, 1}, {150 * ms, 150 * ms, 1}, // the minimum again
-			{210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1},
-			{210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1}, {210 * ms, 150 * ms, 1},
-			{210 * ms, 150 * ms, 1}, {210 * ms, 210 * ms, 2}, // 10 samples later
+		{"a lasting slowdown", 0, 41, []check{
+			{40, 100 * ms, 4},
+			{60, 100 * ms, 6},   // the probe at 60: the last blocks still hold 100ms samples
+			{90, 100 * ms, 9},   // at 90: samples 33 to 90, eight of 100ms
+			{100, 200 * ms, 10}, // at 100: samples 65 to 100, all 200ms
 		}},
-		{"jitter stretches to 15", 0.5, []step{
-			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
-			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
-			{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
-			{200 * ms, 100 * ms, 0}, {200 * ms, 100 * ms, 0}, {200 * ms, 100 * ms, 0},
-			{200 * ms, 100 * ms, 0}, {200 * ms, 100 * ms, 0},
-			{200 * ms, 200 * ms, 1}, // the 15th
+		{"jitter stretches to 15", 0.5, 41, []check{
+			{44, 100 * ms, 2},
+			{105, 200 * ms, 7}, // the probe at 105: samples 65 to 105
 		}},
-		{"jitter near 1 stretches to 20", 0.999, append(slices.Repeat([]step{{100 * ms, 100 * ms, 0}}, 19),
-			step{200 * ms, 200 * ms, 1})}, // the 20th: 2·(½ + ½·0.999)·10 = 19.99
+		{"one slow sample at a probe", 0, 1000, []check{
+			{39, 100 * ms, 3},
+			{40, 100 * ms, 4}, // the 40th is slow (below) and a probe: the base holds
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := mustNew(t, Config{InitialLimit: 10, MinLimit: 10, MaxLimit: 10, ProbeMultiplier: 2,
 				Rand: func() float64 { return tt.draw }})
-			for i, s := range tt.steps {
-				l.Acquire(CriticalPlus, NoDeadline)
-				l.Release(t0.Add(time.Duration(i)*ms), s.rtt, false)
-				if got := l.Snapshot(); got.BaseRTT != s.base || got.Probes != s.probes {
-					t.Fatalf("sample %d (%v): base %v, probes %d; want %v, %d", i+1, s.rtt, got.BaseRTT, got.Probes, s.base, s.probes)
+			n := 0
+			for _, c := range tt.checks {
+				for ; n < c.after; n++ {
+					rtt := 100 * ms
+					if n+1 >= tt.slowAt || tt.slowAt == 1000 && n+1 == 40 {
+						rtt = 200 * ms
+					}
+					complete(l, t0.Add(time.Duration(n)*ms), rtt)
+				}
+				if got := l.Snapshot(t0.Add(time.Duration(n) * ms)); got.BaseRTT != c.base || got.Probes != c.probes {
+					t.Fatalf("after %d samples: base %v, probes %d; want %v, %d", n, got.BaseRTT, got.Probes, c.base, c.probes)
 				}
 			}
 		})
@@ -437,16 +479,15 @@ func TestVegasProbe(t *testing.T) {
 }
 
 // TestAIMDDoesNotProbe: the probe is Vegas's; AIMD keeps the windowed
-// minimum.
+// estimate (of 10 samples, the 2nd smallest).
 func TestAIMDDoesNotProbe(t *testing.T) {
 	l := mustNew(t, Config{Algorithm: AIMD, InitialLimit: 1, MinLimit: 1, MaxLimit: 1, ProbeMultiplier: 1,
 		Rand: func() float64 { return 0 }})
 	for i := range 10 {
-		l.Acquire(CriticalPlus, NoDeadline)
-		l.Release(t0.Add(time.Duration(i)*time.Millisecond), time.Duration(10+i)*time.Millisecond, false)
+		complete(l, t0.Add(time.Duration(i)*time.Millisecond), time.Duration(10+i)*time.Millisecond)
 	}
-	if s := l.Snapshot(); s.BaseRTT != 10*time.Millisecond || s.Probes != 0 {
-		t.Errorf("AIMD: base %v, probes %d; want 10ms, 0", s.BaseRTT, s.Probes)
+	if s := l.Snapshot(t0); s.BaseRTT != 11*time.Millisecond || s.Probes != 0 {
+		t.Errorf("AIMD: base %v, probes %d; want 11ms, 0", s.BaseRTT, s.Probes)
 	}
 }
 
@@ -463,18 +504,19 @@ func TestVegasLearnsSlowdown(t *testing.T) {
 		const gap, slow, end = 12500 * time.Microsecond, 10 * time.Second, 20 * time.Second
 		var done []time.Time // completion times of the running requests, ascending
 		var starts []time.Time
+		var slots []Slot
 		var after, afterShed int
 		for at := time.Duration(0); at < end; at += gap {
 			now := t0.Add(at)
 			for len(done) > 0 && !done[0].After(now) {
-				l.Release(done[0], done[0].Sub(starts[0]), false)
-				done, starts = done[1:], starts[1:]
+				l.Release(done[0], slots[0], done[0].Sub(starts[0]), Completed)
+				done, starts, slots = done[1:], starts[1:], slots[1:]
 			}
 			if at == slow {
-				pre = l.Snapshot().Limit
+				pre = l.Snapshot(now).Limit
 			}
-			v, _ := l.Acquire(Critical, NoDeadline)
-			lim := l.Snapshot().Limit
+			slot, v, _ := l.Acquire(now, Request{Left: NoDeadline})
+			lim := l.Snapshot(now).Limit
 			if at >= slow {
 				after++
 				if v != Admitted {
@@ -489,10 +531,10 @@ func TestVegasLearnsSlowdown(t *testing.T) {
 				if at >= slow {
 					svc *= 2
 				}
-				done, starts = append(done, now.Add(svc)), append(starts, now)
+				done, starts, slots = append(done, now.Add(svc)), append(starts, now), append(slots, slot)
 			}
 		}
-		return pre, l.Snapshot().Limit, recovered, float64(afterShed) / float64(after)
+		return pre, l.Snapshot(t0.Add(end)).Limit, recovered, float64(afterShed) / float64(after)
 	}
 	pre, last, rec, shed := run(1000) // a probe every 10,000 samples: none in this run
 	t.Logf("without the probe: limit %d before, %d at the end, below 80%% until %v after the slowdown, shed %.3f", pre, last, rec, shed)
