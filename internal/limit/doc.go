@@ -54,14 +54,17 @@
 //
 // # Base RTT
 //
-// The base RTT is a low estimate of the latencies of the last one or two
-// BaseWindow periods (30s by default): with n of them, the r-th smallest,
-// r = 1 + min(4, ⌊n/8⌋), so the minimum while there are fewer than 8, and
-// from 32 on the 5th smallest: up to four requests that were fast for a
-// reason of their own do not become the base. The windows rotate with
-// time, on every Acquire and Release, so an estimate that no latency
-// confirms ages out: after two windows without a sample the base RTT is 0
-// (unknown) until the next.
+// The base RTT is the least latency of the last one or two BaseWindow
+// periods (30s by default), less outliers: a latency under half the 5th
+// smallest (with 5 or more) is ignored, so up to four requests that were
+// much faster than the service for a reason of their own do not become
+// the base, while under overload, where every latency is a queued one, the
+// base is the least of them, the one that saw the shortest queue. The
+// windows rotate with time, on every Acquire and Release, so an estimate
+// that no latency confirms ages out: after two windows without a sample
+// the base RTT is 0 (unknown) until the next.
+//
+// # Probe
 //
 // Vegas's weakness: when the service time itself rises for good (a
 // deploy, a slower dependency), the old base RTT makes every request look
@@ -69,21 +72,33 @@
 // Netflix's VegasLimit does: after about ProbeMultiplier × L samples
 // (default 10; the count is drawn anew after each probe from [½, 1) of
 // that with Config.Rand, so servers started together do not probe in
-// step), the base RTT starts anew from the last 32 to 64 samples (the
-// same estimate over them): after a lasting slowdown those are the new
-// service time, nothing looks queued any more and the limit grows back;
-// one slow sample at a probe does not move it. With 16 requests in flight
-// at 200ms, within about 2s of fake time in the tests
-// (TestVegasLearnsSlowdown, interceptor.TestSlowdownLimitRecovers).
+// step), the base RTT starts anew from the next sample, and the samples
+// after it fold in as the minimum again. After a lasting slowdown that
+// sample is the new service time: nothing looks queued any more and the
+// limit grows back, with 16 requests in flight at 200ms within about 2s of
+// fake time in the tests (TestVegasLearnsSlowdown,
+// interceptor.TestSlowdownLimitRecovers).
 //
-// Under overload the recent samples are queued ones, and the limit grows
-// by up to β before the queue it adds shows against that base; but the
-// limit moves around its settling point, the samples at its low points see
-// a shorter queue, and the estimate comes back down, so the probes do not
-// ratchet: after 60s of a simulated 3× overload the limit is where it
-// settled after 5s (TestConvergesOnFixedCapacity). Gradient2's long-term
-// average learns a slowdown without probing but drifts up with a long
-// overload, which is what the limit exists to prevent.
+// Under overload that sample is a queued one. When the overload is heavy
+// the limit swings around its settling point, the samples at its low points
+// see a short queue, and the minimum comes back down; but at a mild
+// overload (1.2 times the capacity) the queue never drains, each probe
+// raised the base RTT, and the limit grew without bound: 124 for 8 slots,
+// and latencies 14 times the service time (TestNoRatchetUnderMildOverload,
+// interceptor.TestOverloadMildDoesNotRatchet). So there is no probe while
+// the limit sheds (one shed request in the last 30 or so admitted): there
+// a queue cannot be told from a slowdown by one latency.
+//
+// A slowdown that makes the limit shed is learned by the slowdown
+// detector instead: under overload, when the limit falls the queue
+// shortens and the latency falls with it; when the service itself became
+// slower, it does not. When the limit has fallen to 3/4 of what it was when
+// it last grew (or when the latency last fell by 10%), while the average
+// latency of the windows stayed within 10% of what it was then, the base
+// RTT starts anew from the door's service time, the least of the latest
+// latencies (TestSlowdownDetector). AIMD does not probe: its latency test
+// is a Tolerance multiple of the base RTT, and a slowdown within Tolerance
+// does not move it.
 //
 // # The door
 //

@@ -253,9 +253,10 @@ type Limiter struct {
 	caps     [NumCriticalities]int // in-flight at which each criticality is shed; follows limit
 	inflight int                   // admitted and not yet released
 	base     windowed              // the base RTT: BaseWindow windows, restarted by each probe
-	recent   recent                // the last 32 to 64 samples, which a probe makes the base RTT
 	door     door                  // the door's service time
 	doorPass time.Time             // the last request let past the door, or the first sample
+	anchorL  float64               // the limit and the average latency of the update when the limit last grew,
+	anchorR  time.Duration         // or the latency last fell: a slowdown shows as the limit falling from there while the latency does not
 	probeN   float64               // samples since the last probe
 	probeAt  float64               // probe when probeN reaches probeAt × limit
 	probes   uint64                // restarts of the base RTT by a probe
@@ -341,10 +342,16 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 // mayAdmitLocked reports whether a request of criticality c from t may
 // take a slot now. With one tenant: while the requests in flight are fewer
 // than c's share of the limit. With several, each has a fair share, c's
-// share divided by the active tenants; a tenant under its fair share may
-// fill c's share, and one at or over it only what is left once each other
-// tenant under its fair share has a slot kept free (at most a tenth of the
-// limit in all): so a tenant over its share is shed before any under it.
+// share divided by the active tenants. A tenant at or over its fair share
+// is admitted only while the requests in flight are fewer than c's share
+// less a slot kept free for each other tenant under its fair share (at most
+// a tenth of the limit in all), so it is shed before any tenant under its
+// share. A tenant under its fair share (of at least one slot) is admitted
+// whatever the others hold, as a partition under its share is in
+// Netflix's partitioned limiter: the others' excess drains as their
+// requests end (they are not admitted meanwhile), and the requests in
+// flight stay under twice c's share. With more tenants than slots, a
+// tenant under its share waits for c's share to have room.
 func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 	limit := l.caps[c]
 	n := 1
@@ -355,11 +362,14 @@ func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 		return l.inflight < limit
 	}
 	fair := float64(limit) / float64(n)
-	if float64(t.inflight) < fair {
-		return l.inflight < limit
+	switch {
+	case float64(t.inflight) >= fair:
+		most := max(1, int(math.Ceil(l.limit/10)))
+		return l.inflight < limit-l.ten.under(now, t, fair, most)
+	case fair >= 1:
+		return l.inflight < 2*limit
 	}
-	most := max(1, int(math.Ceil(l.limit/10)))
-	return l.inflight < limit-l.ten.under(now, t, fair, most)
+	return l.inflight < limit
 }
 
 // admitLocked admits a request of criticality c from t with left of its
@@ -491,24 +501,51 @@ func (l *Limiter) updateLocked(now time.Time) {
 		l.aimd(w.inflight, avg, base, w.dropped)
 	default:
 		l.vegas(w.inflight, avg, base, w.dropped)
+		l.slowdownLocked(now, avg)
 	}
 	*w = window{}
 }
 
 // observeBase folds rtt into the base RTT, or, at a Vegas probe, starts
-// the base RTT anew from the recent samples, rtt the last of them.
+// the base RTT anew from it. There is no probe while the limit sheds: the
+// latest latency may then be a queued one, and taking it for the base
+// ratcheted the limit up under a mild overload (see the package doc).
 func (l *Limiter) observeBase(now time.Time, rtt time.Duration) {
-	l.recent.add(rtt)
 	if l.cfg.Algorithm == Vegas {
 		l.probeN++
-		if l.probeN >= l.probeAt*l.limit {
+		if l.probeN >= l.probeAt*l.limit && l.shedEW < probeShedMax {
 			l.nextProbe()
 			l.probes++
-			l.base.reset(now, l.cfg.BaseWindow, l.recent)
+			l.base.reset(now, l.cfg.BaseWindow, rtt)
 			return
 		}
 	}
 	l.base.add(now, l.cfg.BaseWindow, rtt)
+}
+
+// probeShedMax is the shed share (Limiter.shedEW) from which there is no
+// probe: about one shed request in the last 30 admitted.
+const probeShedMax = 0.01
+
+// slowdownLocked learns, from the update of a window whose samples averaged
+// rtt, a slowdown that made the limit shed (so that no probe comes): the
+// limit fell to 3/4 of what it was when it last grew, or when the latency
+// last fell, while the latency stayed within 10% of what it was then.
+// Under overload the latency falls with the limit, as the queue shortens;
+// a slower service does not. The base RTT then starts anew from the door's
+// service time, the least of the latest latencies.
+func (l *Limiter) slowdownLocked(now time.Time, rtt time.Duration) {
+	switch {
+	case rtt == 0:
+	case l.anchorR == 0 || l.limit > l.anchorL || 10*rtt < 9*l.anchorR:
+		l.anchorL, l.anchorR = l.limit, rtt
+	case 4*l.limit <= 3*l.anchorL:
+		if d := l.door.value(now, l.doorStale()); d > 0 {
+			l.probes++
+			l.base.reset(now, l.cfg.BaseWindow, d)
+		}
+		l.anchorL, l.anchorR = l.limit, rtt
+	}
 }
 
 // growCeiling is the most a growth may take the limit to: MaxLimit when

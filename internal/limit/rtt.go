@@ -32,13 +32,15 @@ func (s *span) add(rtt time.Duration) {
 }
 
 // windowed is a low estimate of the latencies of the last one or two
-// windows of a width: with n latencies over both, the r-th smallest, where
-// r = 1 + min(keep−1, ⌊n/8⌋). It is the minimum while there are fewer than
-// 8, and from 32 on the 5th smallest, so that up to 4 outliers (calls that
-// were fast for a reason of their own) do not become the estimate.
-// The windows rotate with time, on every read and write, so an estimate
-// that no latency confirms ages out: after a whole window without one,
-// the previous window is forgotten, and after two, the estimate is 0.
+// windows of a width: their minimum, less outliers. A latency is an outlier
+// when it is under half the 5th smallest (with 5 latencies or more), so up
+// to 4 calls that were much faster than the service for a reason of their
+// own do not become the estimate, while under overload, where every
+// latency is a queued one, the estimate is the least of them, the one that
+// saw the shortest queue. The windows rotate with time, on every read and
+// write, so an estimate that no latency confirms ages out: after a whole
+// window without one, the previous window is forgotten, and after two, the
+// estimate is 0.
 type windowed struct {
 	w   [2]span   // the previous window, the current one
 	end time.Time // end of the current window; zero before the first latency
@@ -67,48 +69,39 @@ func (e *windowed) add(now time.Time, width, rtt time.Duration) {
 	e.w[1].add(rtt)
 }
 
-// reset replaces both windows with w and starts a new one at now.
-func (e *windowed) reset(now time.Time, width time.Duration, w [2]span) {
-	e.w = w
+// reset forgets both windows and starts a new one at now with rtt.
+func (e *windowed) reset(now time.Time, width, rtt time.Duration) {
+	e.w = [2]span{}
 	e.end = now.Add(width)
-}
-
-// block is the number of latencies in a block of recent.
-const block = 32
-
-// recent holds the last block to 2·block latencies, in two blocks: the
-// previous and the current, which becomes the previous when full.
-type recent [2]span
-
-func (r *recent) add(rtt time.Duration) {
-	r[1].add(rtt)
-	if r[1].n == block {
-		r[0], r[1] = r[1], span{}
-	}
+	e.w[1].add(rtt)
 }
 
 // value is the estimate (see windowed); 0 when both windows are empty.
 func (e *windowed) value() time.Duration {
 	a, b := &e.w[0], &e.w[1]
-	n := a.n + b.n
-	if n == 0 {
-		return 0
-	}
-	r := min(keep-1, n/8) // 0-based; r < min(a.n, keep) + min(b.n, keep)
 	ka, kb := min(a.n, keep), min(b.n, keep)
-	i, j := 0, 0
-	for k := 0; ; k++ {
-		var v time.Duration
+	var low [keep]time.Duration // the smallest of both, ascending
+	k := 0
+	for i, j := 0, 0; k < keep && (i < ka || j < kb); k++ {
 		if j >= kb || i < ka && a.low[i] <= b.low[j] {
-			v, i = a.low[i], i+1
+			low[k], i = a.low[i], i+1
 		} else {
-			v, j = b.low[j], j+1
+			low[k], j = b.low[j], j+1
 		}
-		if k == r {
+	}
+	if k < keep {
+		return low[0] // fewer than 5: the minimum (0 when none)
+	}
+	for _, v := range low {
+		if 2*v >= low[keep-1] {
 			return v
 		}
 	}
+	return low[keep-1]
 }
+
+// block is the number of latencies in a block of the door.
+const block = 32
 
 // door is the door's service time: the smallest of the last block to
 // 2·block latencies, while the newest of them is fresh. A fast latency

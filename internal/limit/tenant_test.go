@@ -8,17 +8,22 @@ import (
 
 // TestTenantOverShareShedFirst: a limit of 10 (9 for CRITICAL); tenant B
 // sent a request, then tenant A floods. A may fill all but the slot kept for
-// B, who is under its fair share; B takes it at once, and each slot A frees
-// goes to B until B holds 4 of its fair share of 4.5: A, over its share,
-// is shed first. The calls in flight never exceed 9.
+// B, who is under its fair share (4.5 of 9). B is then admitted up to its
+// fair share whatever A holds (5 slots: 13 in flight, under twice 9), and A,
+// over its share, is shed until its requests drain below its fair share:
+// then each holds 5, its share rounded up.
 func TestTenantOverShareShedFirst(t *testing.T) {
 	l := fixed(t, 10, 0)
 	b := admit(t, l, Request{Tenant: "b", Left: NoDeadline})
 	l.Release(t0, b, time.Millisecond, Ignored)
-	var as, bs []Slot
+	acquire := func(tenant string) (Slot, bool) {
+		s, v, _ := l.Acquire(t0, Request{Tenant: tenant, Left: NoDeadline})
+		return s, v == Admitted
+	}
+	var as []Slot
 	for {
-		s, v, _ := l.Acquire(t0, Request{Tenant: "a", Left: NoDeadline})
-		if v != Admitted {
+		s, ok := acquire("a")
+		if !ok {
 			break
 		}
 		as = append(as, s)
@@ -26,21 +31,25 @@ func TestTenantOverShareShedFirst(t *testing.T) {
 	if len(as) != 8 {
 		t.Fatalf("A took %d slots, want 8 (one kept for B)", len(as))
 	}
-	for i := range 20 {
-		if s, v, _ := l.Acquire(t0, Request{Tenant: "b", Left: NoDeadline}); v == Admitted {
-			bs = append(bs, s)
+	bs := 0
+	for {
+		if _, ok := acquire("b"); !ok {
+			break
 		}
-		if in := l.Snapshot(t0).InFlight; in > 9 {
-			t.Fatalf("step %d: %d in flight, want at most 9", i, in)
-		}
+		bs++
+	}
+	if in := l.Snapshot(t0).InFlight; bs != 5 || in != 13 {
+		t.Fatalf("B took %d slots, %d in flight; want 5 (over its fair share of 4.5) and 13", bs, in)
+	}
+	for range 20 { // A's requests end one by one, and A asks again
 		l.Release(t0, as[0], time.Millisecond, Ignored)
 		as = as[1:]
-		if s, v, _ := l.Acquire(t0, Request{Tenant: "a", Left: NoDeadline}); v == Admitted {
+		if s, ok := acquire("a"); ok {
 			as = append(as, s)
 		}
 	}
-	if len(bs) != 4 || len(as) != 5 {
-		t.Errorf("B holds %d, A %d; want B at 4 of its share of 4.5, and A with the rest (5)", len(bs), len(as))
+	if in := l.Snapshot(t0).InFlight; len(as) != 5 || in != 10 {
+		t.Errorf("A holds %d, %d in flight; want 5 and 10", len(as), in)
 	}
 }
 
