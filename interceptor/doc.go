@@ -210,8 +210,13 @@
 // client-side adaptive throttling instead (see serviceconfig.CircuitBreaker):
 // no states, but each attempt is rejected locally (ErrCircuitOpen, without
 // a hint) with probability max(0, (requests − K·accepts)/(requests + 1))
-// over the method's last window, where the backend's RESOURCE_EXHAUSTED and
-// UNAVAILABLE are not accepts. Such a rejection stops the call as
+// over the method's last window, at most 0.9, where the backend's
+// RESOURCE_EXHAUSTED and UNAVAILABLE are not accepts. An attempt counts once
+// its outcome is known; attempts the method's other guards refused (a full
+// bulkhead) never count; once the backend refused nothing for 250ms, the
+// formula over the last second applies when it is lower, so traffic
+// follows a recovery within seconds (see package internal/adaptive for the
+// trade-off). Such a rejection stops the call as
 // StopAdaptiveThrottle and counts in resilience.client.rejections with
 // reason adaptive_throttle; MethodStatus.Adaptive shows its counts, and
 // resilience.client.adaptive.reject_probability the probability.

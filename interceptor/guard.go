@@ -162,9 +162,7 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	}
 	if g.adaptive != nil {
 		now := since(a.start)
-		if backendAccepted(ctx, err) {
-			g.adaptive.Accepted(now)
-		}
+		g.adaptive.Done(now, backendAccepted(ctx, err))
 		return now
 	}
 	if g.breaker == nil {
@@ -218,7 +216,7 @@ func (g *guards) abandon(a admission) {
 		g.bulkhead.Release()
 	}
 	if g.adaptive != nil {
-		g.adaptive.Accepted(since(a.start))
+		g.adaptive.Done(since(a.start), true)
 		return
 	}
 	if g.breaker != nil {
