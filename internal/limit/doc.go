@@ -93,8 +93,8 @@
 // detector instead: under overload, when the limit falls the queue
 // shortens and the latency falls with it; when the service itself became
 // slower, it does not. When the limit has fallen to 3/4 of what it was when
-// it last grew (or when the latency last fell by 10%), while the average
-// latency of the windows stayed within 10% of what it was then, the base
+// it last grew (or when the latency last moved by more than 10%), while the
+// average latency of the windows stayed within 10% of what it was then, the base
 // RTT starts anew from the door's service time, the least of the latest
 // latencies (TestSlowdownDetector). AIMD does not probe: its latency test
 // is a Tolerance multiple of the base RTT, and a slowdown within Tolerance

@@ -256,7 +256,7 @@ type Limiter struct {
 	door     door                  // the door's service time
 	doorPass time.Time             // the last request let past the door, or the first sample
 	anchorL  float64               // the limit and the average latency of the update when the limit last grew,
-	anchorR  time.Duration         // or the latency last fell: a slowdown shows as the limit falling from there while the latency does not
+	anchorR  time.Duration         // or the latency last moved by 10%: a slowdown shows as the limit falling from there while the latency does not
 	probeN   float64               // samples since the last probe
 	probeAt  float64               // probe when probeN reaches probeAt × limit
 	probes   uint64                // restarts of the base RTT by a probe
@@ -529,15 +529,15 @@ const probeShedMax = 0.01
 
 // slowdownLocked learns, from the update of a window whose samples averaged
 // rtt, a slowdown that made the limit shed (so that no probe comes): the
-// limit fell to 3/4 of what it was when it last grew, or when the latency
-// last fell, while the latency stayed within 10% of what it was then.
-// Under overload the latency falls with the limit, as the queue shortens;
-// a slower service does not. The base RTT then starts anew from the door's
-// service time, the least of the latest latencies.
+// limit fell to 3/4 of what it was when it last grew or the latency last
+// moved by more than 10%, while the latency stayed within 10% of what it
+// was then. Under overload the latency falls with the limit, as the queue
+// shortens; a slower service does not. The base RTT then starts anew from
+// the door's service time, the least of the latest latencies.
 func (l *Limiter) slowdownLocked(now time.Time, rtt time.Duration) {
 	switch {
 	case rtt == 0:
-	case l.anchorR == 0 || l.limit > l.anchorL || 10*rtt < 9*l.anchorR:
+	case l.anchorR == 0 || l.limit > l.anchorL || 10*rtt < 9*l.anchorR || 10*rtt > 11*l.anchorR:
 		l.anchorL, l.anchorR = l.limit, rtt
 	case 4*l.limit <= 3*l.anchorL:
 		if d := l.door.value(now, l.doorStale()); d > 0 {

@@ -655,3 +655,27 @@ func TestSlowdownDetector(t *testing.T) {
 		})
 	}
 }
+
+// TestSlowdownDetectorAnchorsOnRise replays the onset of an overload as
+// bench/overload saw it (limit and window latency per update): the limit
+// grew while nothing queued, then the latency doubled with the queue and
+// the limit fell. Anchored before the rise, the detector took the queued
+// latency for a slowdown and made it the base RTT (86ms for a 50ms
+// service); the anchor now moves with a latency that moves by more than
+// 10%, so the base RTT holds.
+func TestSlowdownDetectorAnchorsOnRise(t *testing.T) {
+	ms := time.Millisecond
+	l := mustNew(t, Config{})
+	pinBase(l, 50*ms)
+	l.door.add(t0, 86*ms) // the least of the queued latencies
+	for _, w := range []struct {
+		limit float64
+		rtt   time.Duration
+	}{{20, 51 * ms}, {27.8, 51 * ms}, {29.25, 53 * ms}, {26, 117 * ms}, {23, 122 * ms}, {22, 111 * ms}, {20.8, 110 * ms}} {
+		l.setLimit(w.limit)
+		l.slowdownLocked(t0, w.rtt)
+	}
+	if got := l.BaseRTT(t0); got != 50*ms {
+		t.Errorf("base RTT = %v, want it held at 50ms", got)
+	}
+}
