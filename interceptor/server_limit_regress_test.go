@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/internal/clock"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -511,3 +512,103 @@ func (nopStream) Method() string                  { return "/pkg.S/M" }
 func (nopStream) SetHeader(metadata.MD) error     { return nil }
 func (nopStream) SendHeader(metadata.MD) error    { return nil }
 func (nopStream) SetTrailer(md metadata.MD) error { return nil }
+
+// TestLimitReproducibleWithSeededSourceAndClock (issue 19, defect 6): the
+// server's limits read the time through the Server's clock and draw the
+// probes' jitter from WithServerRandSource, so the same calls on the same
+// clock with the same seed give the same limit, base RTT and probes: a
+// limit test can pin exact numbers. (Before, the jitter came from the
+// global random source and the time from time.Now.)
+func TestLimitReproducibleWithSeededSourceAndClock(t *testing.T) {
+	run := func(seed uint64) LimitStatus {
+		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}),
+			WithServerRandSource(rand.NewPCG(seed, 7)))
+		fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		srv.limits.clk = fake
+		icpt := srv.UnaryServerInterceptor()
+		info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
+		for i := range 500 {
+			d := time.Duration(10+i%7) * time.Millisecond
+			if i%50 == 49 {
+				d = 40 * time.Millisecond // a slower call now and then
+			}
+			_, err := icpt(context.Background(), nil, info, func(context.Context, any) (any, error) {
+				fake.Advance(d)
+				return "ok", nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return srv.LimitStatuses()[0]
+	}
+	a, b := run(1), run(1)
+	if a != b {
+		t.Errorf("two runs with seed 1: %+v and %+v, want the same", a, b)
+	}
+	if probes := srvProbes(t, 1); probes == 0 {
+		t.Errorf("no probe in 500 calls: the test shows nothing")
+	}
+	t.Logf("%+v", a)
+}
+
+// srvProbes is the number of probes of run(seed)'s limit, read from the
+// engine.
+func srvProbes(t *testing.T, seed uint64) uint64 {
+	srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}),
+		WithServerRandSource(rand.NewPCG(seed, 7)))
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	srv.limits.clk = fake
+	icpt := srv.UnaryServerInterceptor()
+	for range 200 {
+		_, _ = icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}, func(context.Context, any) (any, error) {
+			fake.Advance(10 * time.Millisecond)
+			return "ok", nil
+		})
+	}
+	return srv.limits.server.Snapshot(fake.Now()).Probes
+}
+
+// TestOverloadSheddableFloodKeepsCritical (issue 19, defect 5): a server
+// of 10 tokens × 50ms (200 calls/s), CRITICAL callers at 0.7 times its
+// capacity beside a flood of SHEDDABLE calls at 3 times it, for 4s of fake
+// time. The flood's share (half the limit) slowed every call in the
+// server, the CRITICAL calls in flight grew and filled the rest of the
+// limit, and CRITICAL calls were shed; now a CRITICAL shed makes the less
+// critical calls yield for a smoothed latency, and 99% of the CRITICAL
+// calls or more succeed.
+func TestOverloadSheddableFloodKeepsCritical(t *testing.T) {
+	const tokens, service = 10, 50 * time.Millisecond
+	every := 37 // of 37 arrivals (at 3.7×), 7 are CRITICAL
+	ld := load{
+		gap: service * 10 / (tokens * 37), dur: 4 * time.Second, deadline: 500 * time.Millisecond,
+		measureFrom: time.Second,
+		ctx: func(ctx context.Context, i int) context.Context {
+			if i%every < 30 {
+				return ContextWithCriticality(ctx, Sheddable)
+			}
+			return ctx
+		},
+		class: func(i int) int {
+			if i%every < 30 {
+				return 1
+			}
+			return 0
+		},
+	}
+	var res *loadResult
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		ce := newCapacityEcho(tokens, service)
+		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		res = ld.run(serveEcho(t, ce, srv))
+		synctest.Wait()
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	crit := float64(res.good[0]) / float64(res.calls[0])
+	t.Logf("CRITICAL: %d/%d (%.1f%%); SHEDDABLE: %d/%d; %+v", res.good[0], res.calls[0], 100*crit, res.good[1], res.calls[1], st)
+	if crit < 0.99 {
+		t.Errorf("CRITICAL success = %.3f, want ≥ 0.99", crit)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
@@ -50,6 +51,9 @@ type HostileResult struct {
 	Limit, Alone, AllHonest float64
 	// HostileCalls counts the hostile caller's calls.
 	HostileCalls int
+	// Failed counts the honest calls that failed, by code (a call that
+	// came back after its deadline with OK counts as DEADLINE_EXCEEDED).
+	Failed map[codes.Code]int
 }
 
 // Drift is Limit/Alone − 1.
@@ -67,14 +71,14 @@ func RunHostile(cfg Config, kind string) (HostileResult, error) {
 	honest, hostile := hostileLoad(kind)
 	r := HostileResult{Kind: kind}
 	var err error
-	if r.HonestSuccess, r.Limit, r.HostileCalls, err = runHostile(cfg, kind, honest, hostile); err != nil {
+	if r.HonestSuccess, r.Limit, r.HostileCalls, r.Failed, err = runHostile(cfg, kind, honest, hostile); err != nil {
 		return r, err
 	}
-	if _, r.Alone, _, err = runHostile(cfg, kind, honest, 0); err != nil {
+	if _, r.Alone, _, _, err = runHostile(cfg, kind, honest, 0); err != nil {
 		return r, err
 	}
 	if kind != FastFailures {
-		if _, r.AllHonest, _, err = runHostile(cfg, "", honest, hostile); err != nil {
+		if _, r.AllHonest, _, _, err = runHostile(cfg, "", honest, hostile); err != nil {
 			return r, err
 		}
 	}
@@ -84,19 +88,19 @@ func RunHostile(cfg Config, kind string) (HostileResult, error) {
 // runHostile runs honest callers at honest× the capacity and hostile
 // callers of kind ("" for honest ones) at hostile×, and returns the honest
 // callers' success and the median limit after 2s.
-func runHostile(cfg Config, kind string, honest, hostile float64) (ok, limit float64, hostileCalls int, err error) {
+func runHostile(cfg Config, kind string, honest, hostile float64) (ok, limit float64, hostileCalls int, failed map[codes.Code]int, err error) {
 	s, err := interceptor.NewServer(interceptor.WithConcurrencyLimit(ourLimit()))
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, nil, err
 	}
 	srv, err := serve(newCapacityServer(cfg.Tokens, cfg.Service), grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()))
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, nil, err
 	}
 	defer srv.stop()
 	cc, err := srv.dial()
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, nil, err
 	}
 	defer cc.Close()
 	client := echov1.NewEchoServiceClient(cc)
@@ -127,7 +131,18 @@ func runHostile(cfg Config, kind string, honest, hostile float64) (ok, limit flo
 	})
 	hostileCalls = <-done
 	lim.end()
-	return success(pick(rec.all(), -1, time.Second, hostileFor)), lim.median(2*time.Second, hostileFor), hostileCalls, nil
+	measured := pick(rec.all(), -1, time.Second, hostileFor)
+	failed = map[codes.Code]int{}
+	for _, o := range measured {
+		switch {
+		case o.ok:
+		case o.code == codes.OK:
+			failed[codes.DeadlineExceeded]++
+		default:
+			failed[o.code]++
+		}
+	}
+	return success(measured), lim.median(2*time.Second, hostileFor), hostileCalls, failed, nil
 }
 
 // hostileCall makes one call of a hostile caller of kind ("": an honest
@@ -154,6 +169,6 @@ func hostileCall(cfg Config, kind string, client echov1.EchoServiceClient, raw *
 
 // Row renders r for a report.
 func (r HostileResult) String() string {
-	return fmt.Sprintf("%s: honest success %.2f%%, limit %.0f (alone %.0f, drift %+.0f%%; all honest %.0f)",
-		r.Kind, 100*r.HonestSuccess, r.Limit, r.Alone, 100*r.Drift(), r.AllHonest)
+	return fmt.Sprintf("%s: honest success %.2f%% (failed: %v), limit %.0f (alone %.0f, drift %+.0f%%; all honest %.0f)",
+		r.Kind, 100*r.HonestSuccess, r.Failed, r.Limit, r.Alone, 100*r.Drift(), r.AllHonest)
 }

@@ -121,7 +121,12 @@
 // share of L (CriticalPlus 100%, Critical 90%, SheddablePlus 75%,
 // Sheddable 50%), so under pressure the server sheds Sheddable first, then
 // SheddablePlus, and Critical only when the in-flight requests of the upper
-// classes fill its whole share.
+// classes fill its whole share. When a request is shed over the limit, the
+// less critical ones yield for a smoothed latency: they are shed even where
+// their share has room, so the slots freed go to the more critical ones.
+// Shares alone do not do it: a flood of Sheddable requests filling its half
+// slows every request in the server, the Critical ones in flight grow (more
+// of them wait) and fill the rest.
 //
 // # Queue
 //

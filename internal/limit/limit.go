@@ -264,6 +264,7 @@ type Limiter struct {
 	win      window                // samples and drops since the last update
 	shedEW   float64               // EWMA of the shed share of decisions
 	count    [NumVerdicts][NumCriticalities]uint64
+	yield    [NumCriticalities]time.Time // a request of this criticality is shed until then: a more critical one was shed
 	ten      tenants
 	q        queue
 }
@@ -334,6 +335,7 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 	if l.mayAdmitLocked(now, c, t) {
 		return l.admitLocked(c, t, r.Left), Admitted, 0
 	}
+	l.yieldLocked(now, c)
 	l.count[ShedLimit][c]++
 	l.shedEW += (1 - l.shedEW) / 64
 	return Slot{}, ShedLimit, l.pushbackLocked()
@@ -353,6 +355,9 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 // flight stay under twice c's share. With more tenants than slots, a
 // tenant under its share waits for c's share to have room.
 func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
+	if now.Before(l.yield[c]) {
+		return false
+	}
 	limit := l.caps[c]
 	n := 1
 	if l.ten.named != nil || l.ten.overflow.busy() || t != &l.ten.def {
@@ -370,6 +375,22 @@ func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 		return l.inflight < 2*limit
 	}
 	return l.inflight < limit
+}
+
+// yieldLocked makes the requests less critical than c, one of which was
+// just shed over the limit, yield to it for a smoothed latency (at least a
+// millisecond): they are shed, so that the slots they would take go to the
+// more critical requests as the ones in flight end. Shares alone do not do
+// it: a flood of Sheddable requests filling its half of the limit slows
+// every request in the server, so the Critical ones in flight grow (more of
+// them wait) and fill the rest of it.
+func (l *Limiter) yieldLocked(now time.Time, c Criticality) {
+	until := now.Add(max(time.Duration(l.srtt), time.Millisecond))
+	for lower := range NumCriticalities {
+		if rank[lower] < rank[c] && l.yield[lower].Before(until) {
+			l.yield[lower] = until
+		}
+	}
 }
 
 // admitLocked admits a request of criticality c from t with left of its
@@ -501,7 +522,7 @@ func (l *Limiter) updateLocked(now time.Time) {
 		l.aimd(w.inflight, avg, base, w.dropped)
 	default:
 		l.vegas(w.inflight, avg, base, w.dropped)
-		l.slowdownLocked(now, avg)
+		l.slowdownLocked(now, avg, w.inflight)
 	}
 	*w = window{}
 }
@@ -528,16 +549,20 @@ func (l *Limiter) observeBase(now time.Time, rtt time.Duration) {
 const probeShedMax = 0.01
 
 // slowdownLocked learns, from the update of a window whose samples averaged
-// rtt, a slowdown that made the limit shed (so that no probe comes): the
-// limit fell to 3/4 of what it was when it last grew or the latency last
-// moved by more than 10%, while the latency stayed within 10% of what it
-// was then. Under overload the latency falls with the limit, as the queue
-// shortens; a slower service does not. The base RTT then starts anew from
-// the door's service time, the least of the latest latencies.
-func (l *Limiter) slowdownLocked(now time.Time, rtt time.Duration) {
+// rtt with at most inflight in flight, a slowdown that made the limit shed
+// (so that no probe comes): while in use (the calls in flight at least 9/10
+// of it), the limit fell to 3/4 of what it was when it last grew, the
+// latency last moved by more than 10% or it was last not in use, while the
+// latency stayed within 10% of what it was then. Under overload the
+// latency falls with the limit, as the queue shortens; a slower service
+// does not. (A limit not in use, above the calls in flight, is no evidence:
+// lowering it changes no latency.) The base RTT then starts anew from the
+// door's service time, the least of the latest latencies.
+func (l *Limiter) slowdownLocked(now time.Time, rtt time.Duration, inflight int) {
+	inUse := 10*float64(inflight) >= 9*l.limit
 	switch {
 	case rtt == 0:
-	case l.anchorR == 0 || l.limit > l.anchorL || 10*rtt < 9*l.anchorR || 10*rtt > 11*l.anchorR:
+	case !inUse || l.anchorR == 0 || l.limit > l.anchorL || 10*rtt < 9*l.anchorR || 10*rtt > 11*l.anchorR:
 		l.anchorL, l.anchorR = l.limit, rtt
 	case 4*l.limit <= 3*l.anchorL:
 		if d := l.door.value(now, l.doorStale()); d > 0 {

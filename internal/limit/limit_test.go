@@ -645,9 +645,15 @@ func TestSlowdownDetector(t *testing.T) {
 			now := t0
 			for _, rtt := range tt.rtts {
 				now = now.Add(time.Second)
-				l.srtt = 0 // each release is a window
-				s := admit(t, l, Request{Left: NoDeadline})
-				l.Release(now, s, rtt, Completed)
+				l.srtt = 0                          // each release is a window
+				slots := make([]Slot, int(l.limit)) // the limit in use
+				for i := range slots {
+					slots[i] = admit(t, l, Request{Crit: CriticalPlus, Left: NoDeadline})
+				}
+				l.Release(now, slots[0], rtt, Completed)
+				for _, s := range slots[1:] {
+					l.Abandon(now, s)
+				}
 			}
 			if sn := l.Snapshot(now); sn.BaseRTT != tt.wantBase {
 				t.Errorf("after the windows: %+v, want base %v", sn, tt.wantBase)
@@ -673,7 +679,7 @@ func TestSlowdownDetectorAnchorsOnRise(t *testing.T) {
 		rtt   time.Duration
 	}{{20, 51 * ms}, {27.8, 51 * ms}, {29.25, 53 * ms}, {26, 117 * ms}, {23, 122 * ms}, {22, 111 * ms}, {20.8, 110 * ms}} {
 		l.setLimit(w.limit)
-		l.slowdownLocked(t0, w.rtt)
+		l.slowdownLocked(t0, w.rtt, int(w.limit))
 	}
 	if got := l.BaseRTT(t0); got != 50*ms {
 		t.Errorf("base RTT = %v, want it held at 50ms", got)

@@ -306,3 +306,43 @@ func TestQueueNoneConfigured(t *testing.T) {
 		t.Errorf("Enqueue without a queue: ok")
 	}
 }
+
+// TestLessCriticalYield: once a CRITICAL request is shed over the limit,
+// a SHEDDABLE one is shed for a smoothed latency even where its share has
+// room, so that the slots freed go to the CRITICAL requests; after that it
+// is admitted again (issue 19, defect 5: a SHEDDABLE flood held the slots
+// a CRITICAL load needed).
+func TestLessCriticalYield(t *testing.T) {
+	l := fixed(t, 10, 0)
+	ms := time.Millisecond
+	s := admit(t, l, Request{Left: NoDeadline})
+	l.Release(t0, s, 10*ms, Completed) // srtt 10ms
+	var slots []Slot
+	for range 9 { // CRITICAL's share: 9
+		slots = append(slots, admit(t, l, Request{Left: NoDeadline}))
+	}
+	if _, v, _ := l.Acquire(t0, Request{Left: NoDeadline}); v != ShedLimit {
+		t.Fatalf("a 10th CRITICAL request: %v, want shed", v)
+	}
+	for _, s := range slots[:6] { // 3 in flight: SHEDDABLE's share (5) has room
+		l.Abandon(t0, s)
+	}
+	tests := []struct {
+		at   time.Duration
+		want Verdict
+	}{
+		{0, ShedLimit},
+		{9 * ms, ShedLimit},
+		{10 * ms, Admitted},
+	}
+	for _, tt := range tests {
+		s, v, _ := l.Acquire(t0.Add(tt.at), Request{Crit: Sheddable, Left: NoDeadline})
+		if v != tt.want {
+			t.Errorf("SHEDDABLE at %v after the CRITICAL shed: %v, want %v", tt.at, v, tt.want)
+		}
+		l.Abandon(t0, s)
+	}
+	if _, v, _ := l.Acquire(t0, Request{Crit: CriticalPlus, Left: NoDeadline}); v != Admitted {
+		t.Errorf("CRITICAL_PLUS after a CRITICAL shed: %v, want admitted (more critical ones never yield)", v)
+	}
+}
