@@ -28,10 +28,13 @@ import (
 // queue when it has one (MaxQueue, at most MaxQueueWait) and is otherwise
 // rejected at once with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and the
 // grpc-retry-pushback-ms trailer that say when to come back; a call whose
-// remaining deadline is shorter than the base RTT (the service time without
-// queueing) is rejected with DEADLINE_EXCEEDED before its handler runs.
-// Methods that WithMethodConcurrencyLimit names have limits of their own.
-// Streams are not limited unless WithStreamConcurrencyLimit names them.
+// remaining deadline is shorter than the door's service time (the least
+// latency of the last 32 to 64 calls, while one of them is recent) is
+// rejected with DEADLINE_EXCEEDED before its handler runs. Only a call the
+// handler answered OK is a latency sample (see the package doc, "Overload
+// protection"). Methods that WithMethodConcurrencyLimit names have limits
+// of their own. Streams are not limited unless WithStreamConcurrencyLimit
+// names them.
 func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if err := cfg.Validate(); err != nil {

@@ -520,7 +520,11 @@ func (nopStream) SetTrailer(md metadata.MD) error { return nil }
 // limit test can pin exact numbers. (Before, the jitter came from the
 // global random source and the time from time.Now.)
 func TestLimitReproducibleWithSeededSourceAndClock(t *testing.T) {
-	run := func(seed uint64) LimitStatus {
+	type result struct {
+		st     LimitStatus
+		probes uint64
+	}
+	run := func(seed uint64) result {
 		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}),
 			WithServerRandSource(rand.NewPCG(seed, 7)))
 		fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -540,33 +544,16 @@ func TestLimitReproducibleWithSeededSourceAndClock(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		return srv.LimitStatuses()[0]
+		return result{srv.LimitStatuses()[0], srv.limits.server.Snapshot(fake.Now()).Probes}
 	}
 	a, b := run(1), run(1)
+	t.Logf("%+v", a)
 	if a != b {
 		t.Errorf("two runs with seed 1: %+v and %+v, want the same", a, b)
 	}
-	if probes := srvProbes(t, 1); probes == 0 {
+	if a.probes == 0 {
 		t.Errorf("no probe in 500 calls: the test shows nothing")
 	}
-	t.Logf("%+v", a)
-}
-
-// srvProbes is the number of probes of run(seed)'s limit, read from the
-// engine.
-func srvProbes(t *testing.T, seed uint64) uint64 {
-	srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}),
-		WithServerRandSource(rand.NewPCG(seed, 7)))
-	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	srv.limits.clk = fake
-	icpt := srv.UnaryServerInterceptor()
-	for range 200 {
-		_, _ = icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}, func(context.Context, any) (any, error) {
-			fake.Advance(10 * time.Millisecond)
-			return "ok", nil
-		})
-	}
-	return srv.limits.server.Snapshot(fake.Now()).Probes
 }
 
 // TestOverloadSheddableFloodKeepsCritical (issue 19, defect 5): a server

@@ -146,7 +146,7 @@ func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	t.row("  initialLimit", def(strconv.Itoa(initial), l.InitialLimit == 0))
 	t.row("  minLimit", def(strconv.Itoa(lo), l.MinLimit == 0))
 	t.row("  maxLimit", def(strconv.Itoa(hi), l.MaxLimit == 0))
-	t.row("  baseWindow", def(window.String(), l.BaseWindow == 0)+": the base RTT is the least latency of the last two windows (up to 4 under half the 5th least ignored); it ages out after two windows without a call")
+	t.row("  baseWindow", def(window.String(), l.BaseWindow == 0)+": the base RTT is the least latency of the last two windows (up to 4 under a tenth of the 5th least ignored); it ages out after two windows without a call")
 	if l.MaxQueue > 0 {
 		t.row("  maxQueue", strconv.Itoa(l.MaxQueue)+": calls over the limit that may wait for a slot; the most critical first, and a full queue gives a less critical call's place to a more critical one")
 		t.row("  maxQueueWait", l.MaxQueueWait.String()+": the longest wait (less when the deadline is nearer); it adds to their latency")

@@ -55,8 +55,9 @@
 // # Base RTT
 //
 // The base RTT is the least latency of the last one or two BaseWindow
-// periods (30s by default), less outliers: a latency under half the 5th
-// smallest (with 5 or more) is ignored, so up to four requests that were
+// periods (30s by default), less outliers: a latency under a tenth of the
+// 5th smallest (the largest, with fewer than 5) is ignored, so up to four
+// requests that were
 // much faster than the service for a reason of their own do not become
 // the base, while under overload, where every latency is a queued one, the
 // base is the least of them, the one that saw the shortest queue. The

@@ -344,16 +344,20 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 // mayAdmitLocked reports whether a request of criticality c from t may
 // take a slot now. With one tenant: while the requests in flight are fewer
 // than c's share of the limit. With several, each has a fair share, c's
-// share divided by the active tenants. A tenant at or over its fair share
-// is admitted only while the requests in flight are fewer than c's share
-// less a slot kept free for each other tenant under its fair share (at most
-// a tenth of the limit in all), so it is shed before any tenant under its
+// share divided by the active tenants, against which what a tenant holds
+// is its requests in flight smoothed over its last admissions and ends
+// (so that a latency spike does not make a quiet tenant look greedy), and
+// at most twice the fair share at any moment (so that a burst does not
+// slip under the smoothing). A tenant at or over its fair share is
+// admitted only while the requests in flight are fewer than c's share less
+// a slot kept free for each other tenant under its fair share (at most a
+// tenth of the limit in all), so it is shed before any tenant under its
 // share. A tenant under its fair share (of at least one slot) is admitted
-// whatever the others hold, as a partition under its share is in
-// Netflix's partitioned limiter: the others' excess drains as their
-// requests end (they are not admitted meanwhile), and the requests in
-// flight stay under twice c's share. With more tenants than slots, a
-// tenant under its share waits for c's share to have room.
+// beyond c's share, by up to a fair share, whatever the others hold, as a
+// partition under its share is in Netflix's partitioned limiter: the
+// others' excess drains as their requests end (they are not admitted
+// meanwhile). With more tenants than slots, a tenant under its share waits
+// for c's share to have room.
 func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 	if now.Before(l.yield[c]) {
 		return false
@@ -368,24 +372,28 @@ func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 	}
 	fair := float64(limit) / float64(n)
 	switch {
-	case float64(t.inflight) >= fair:
+	case t.held >= fair || float64(t.inflight) >= 2*fair:
 		most := max(1, int(math.Ceil(l.limit/10)))
 		return l.inflight < limit-l.ten.under(now, t, fair, most)
 	case fair >= 1:
-		return l.inflight < 2*limit
+		return l.inflight < limit+int(math.Ceil(fair))
 	}
 	return l.inflight < limit
 }
 
+// yieldFor is how many smoothed latencies the less critical requests yield
+// for after a more critical one was shed.
+const yieldFor = 4
+
 // yieldLocked makes the requests less critical than c, one of which was
-// just shed over the limit, yield to it for a smoothed latency (at least a
-// millisecond): they are shed, so that the slots they would take go to the
-// more critical requests as the ones in flight end. Shares alone do not do
+// just shed over the limit, yield to it for 4 smoothed latencies (at least
+// a millisecond): they are shed, so that the slots they would take go to
+// the more critical requests as the ones in flight end. Shares alone do not do
 // it: a flood of Sheddable requests filling its half of the limit slows
 // every request in the server, so the Critical ones in flight grow (more of
 // them wait) and fill the rest of it.
 func (l *Limiter) yieldLocked(now time.Time, c Criticality) {
-	until := now.Add(max(time.Duration(l.srtt), time.Millisecond))
+	until := now.Add(max(yieldFor*time.Duration(l.srtt), time.Millisecond))
 	for lower := range NumCriticalities {
 		if rank[lower] < rank[c] && l.yield[lower].Before(until) {
 			l.yield[lower] = until
@@ -397,7 +405,7 @@ func (l *Limiter) yieldLocked(now time.Time, c Criticality) {
 // deadline.
 func (l *Limiter) admitLocked(c Criticality, t *tenant, left time.Duration) Slot {
 	l.inflight++
-	t.inflight++
+	t.add(1)
 	l.count[Admitted][c]++
 	l.shedEW -= l.shedEW / 64
 	return Slot{t: t, left: left}
@@ -434,7 +442,7 @@ func (l *Limiter) Release(now time.Time, s Slot, rtt time.Duration, o Outcome) {
 	defer l.mu.Unlock()
 	inflight := l.inflight
 	l.inflight--
-	s.t.inflight--
+	s.t.add(-1)
 	l.rotateLocked(now)
 	switch o {
 	case Completed:
@@ -457,7 +465,7 @@ func (l *Limiter) Abandon(now time.Time, s Slot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inflight--
-	s.t.inflight--
+	s.t.add(-1)
 	l.handoffLocked(now)
 }
 

@@ -227,8 +227,8 @@ func TestBaseRTTWindows(t *testing.T) {
 }
 
 // TestBaseRTTRobust pins the estimate of the base RTT: the least latency
-// of the last two windows that is at least half their 5th smallest (with
-// fewer than 5, the least).
+// of the last two windows that is at least a tenth of their 5th smallest
+// (with fewer than 5, their largest).
 func TestBaseRTTRobust(t *testing.T) {
 	ms := time.Millisecond
 	tests := []struct {
@@ -237,13 +237,15 @@ func TestBaseRTTRobust(t *testing.T) {
 		want time.Duration
 	}{
 		{"one sample", []time.Duration{100 * ms}, 100 * ms},
-		{"4 samples: the least", []time.Duration{1 * ms, 100 * ms, 100 * ms, 100 * ms}, 1 * ms},
+		{"4 samples: against the largest", []time.Duration{1 * ms, 100 * ms, 100 * ms, 100 * ms}, 100 * ms},
+		{"3 samples within a tenth of the largest: the least", []time.Duration{60 * ms, 100 * ms, 80 * ms}, 60 * ms},
 		{"1 outlier in 5", []time.Duration{1 * ms, 100 * ms, 100 * ms, 100 * ms, 100 * ms}, 100 * ms},
 		{"4 outliers in 1000", append(slices.Repeat([]time.Duration{ms}, 4), slices.Repeat([]time.Duration{100 * ms}, 996)...), 100 * ms},
 		{"5 fast ones are no outliers", append(slices.Repeat([]time.Duration{ms}, 5), slices.Repeat([]time.Duration{100 * ms}, 995)...), 1 * ms},
 		{"queued latencies: the least", []time.Duration{80 * ms, 60 * ms, 70 * ms, 90 * ms, 65 * ms, 75 * ms}, 60 * ms},
-		{"half the 5th is no outlier", []time.Duration{50 * ms, 100 * ms, 100 * ms, 100 * ms, 100 * ms}, 50 * ms},
-		{"under half is", []time.Duration{49 * ms, 100 * ms, 100 * ms, 100 * ms, 100 * ms}, 100 * ms},
+		{"a tenth of the 5th is no outlier", []time.Duration{10 * ms, 100 * ms, 100 * ms, 100 * ms, 100 * ms}, 10 * ms},
+		{"under a tenth is", []time.Duration{9 * ms, 100 * ms, 100 * ms, 100 * ms, 100 * ms}, 100 * ms},
+		{"queued latencies after an unqueued one", []time.Duration{100 * ms, 201 * ms, 201 * ms}, 100 * ms},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

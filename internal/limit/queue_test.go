@@ -178,7 +178,7 @@ func TestOutcomes(t *testing.T) {
 		wantLimit int
 		wantBase  time.Duration
 	}{
-		{"completed fast: a sample", NoDeadline, Completed, 100, time.Millisecond},
+		{"completed faster: a sample", NoDeadline, Completed, 100, 60 * ms},
 		{"ignored: no sample", NoDeadline, Ignored, 100, 100 * ms},
 		{"deadline of 2 base RTTs ended: a drop", 200 * ms, DeadlineEnded, 98, 100 * ms},
 		{"deadline under 2 base RTTs ended: the caller's", 199 * ms, DeadlineEnded, 100, 100 * ms},
@@ -189,7 +189,7 @@ func TestOutcomes(t *testing.T) {
 			pinBase(l, 100*ms)
 			l.srtt = 0 // the window of an update ends at its first release
 			s := admit(t, l, Request{Left: tt.left})
-			l.Release(t0.Add(time.Hour), s, ms, tt.o)
+			l.Release(t0.Add(time.Hour), s, 60*ms, tt.o)
 			if sn := l.Snapshot(t0.Add(time.Hour)); sn.Limit != tt.wantLimit || sn.BaseRTT != tt.wantBase || sn.InFlight != 0 {
 				t.Errorf("after %v: %+v, want limit %d, base %v, none in flight", tt.o, sn, tt.wantLimit, tt.wantBase)
 			}
@@ -308,7 +308,7 @@ func TestQueueNoneConfigured(t *testing.T) {
 }
 
 // TestLessCriticalYield: once a CRITICAL request is shed over the limit,
-// a SHEDDABLE one is shed for a smoothed latency even where its share has
+// a SHEDDABLE one is shed for 4 smoothed latencies even where its share has
 // room, so that the slots freed go to the CRITICAL requests; after that it
 // is admitted again (issue 19, defect 5: a SHEDDABLE flood held the slots
 // a CRITICAL load needed).
@@ -332,8 +332,8 @@ func TestLessCriticalYield(t *testing.T) {
 		want Verdict
 	}{
 		{0, ShedLimit},
-		{9 * ms, ShedLimit},
-		{10 * ms, Admitted},
+		{39 * ms, ShedLimit},
+		{40 * ms, Admitted},
 	}
 	for _, tt := range tests {
 		s, v, _ := l.Acquire(t0.Add(tt.at), Request{Crit: Sheddable, Left: NoDeadline})

@@ -33,9 +33,11 @@ func (s *span) add(rtt time.Duration) {
 
 // windowed is a low estimate of the latencies of the last one or two
 // windows of a width: their minimum, less outliers. A latency is an outlier
-// when it is under half the 5th smallest (with 5 latencies or more), so up
-// to 4 calls that were much faster than the service for a reason of their
-// own do not become the estimate, while under overload, where every
+// when it is under a tenth of the 5th smallest (the largest, with fewer
+// than 5), so up to 4 calls that were much faster than the service for a
+// reason of their own (a cached answer in microseconds) do not become the
+// estimate, even right after a probe restarted it, while latencies a queue
+// spreads over a few times the service time all count, while under overload, where every
 // latency is a queued one, the estimate is the least of them, the one that
 // saw the shortest queue. The windows rotate with time, on every read and
 // write, so an estimate that no latency confirms ages out: after a whole
@@ -89,15 +91,16 @@ func (e *windowed) value() time.Duration {
 			low[k], j = b.low[j], j+1
 		}
 	}
-	if k < keep {
-		return low[0] // fewer than 5: the minimum (0 when none)
+	if k == 0 {
+		return 0
 	}
-	for _, v := range low {
-		if 2*v >= low[keep-1] {
+	ref := low[k-1] // the 5th smallest, or the largest of fewer
+	for _, v := range low[:k] {
+		if 10*v >= ref {
 			return v
 		}
 	}
-	return low[keep-1]
+	return ref
 }
 
 // block is the number of latencies in a block of the door.

@@ -6,6 +6,7 @@ import "time"
 type tenant struct {
 	key      string    // "" for the default and overflow tenants
 	inflight int       // admitted and not yet released
+	held     float64   // the EWMA (weight 1/16) of inflight, at each admission and end: the share it holds over time
 	queued   int       // waiting in the queue
 	seen     time.Time // last request
 	// prev and next link the named tenants from the most recently seen
@@ -16,6 +17,12 @@ type tenant struct {
 
 // busy reports whether t holds a slot or waits for one.
 func (t *tenant) busy() bool { return t.inflight > 0 || t.queued > 0 }
+
+// add changes t's requests in flight by d and follows them in held.
+func (t *tenant) add(d int) {
+	t.inflight += d
+	t.held += (float64(t.inflight) - t.held) / 16
+}
 
 // tenants are the senders a Limiter tells apart. A request that names
 // none belongs to the default tenant; a named tenant is remembered while it
@@ -127,18 +134,18 @@ func (ts *tenants) active(now time.Time) int {
 	return n
 }
 
-// under counts the active tenants other than t with fewer than fair
-// requests in flight, stopping at most: the tenants under their fair share
-// of the limit.
+// under counts the active tenants other than t that held fewer than fair
+// requests in flight (held), stopping at most: the tenants under their
+// fair share of the limit.
 func (ts *tenants) under(now time.Time, t *tenant, fair float64, most int) int {
 	n := 0
 	for _, o := range [2]*tenant{&ts.def, &ts.overflow} {
-		if o != t && float64(o.inflight) < fair && (o.busy() || !o.seen.IsZero() && now.Sub(o.seen) < ts.idle) {
+		if o != t && o.held < fair && (o.busy() || !o.seen.IsZero() && now.Sub(o.seen) < ts.idle) {
 			n++
 		}
 	}
 	for o := ts.head; o != nil && n < most; o = o.next {
-		if o != t && float64(o.inflight) < fair {
+		if o != t && o.held < fair {
 			n++
 		}
 	}
