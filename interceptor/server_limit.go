@@ -168,10 +168,10 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 	if len(o.streamLimits) > 0 && o.limit == nil && len(o.methodLimits) == 0 {
 		return nil, errorf("WithStreamConcurrencyLimit: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to put streams under")
 	}
+	if o.fairness != nil && o.limit == nil && len(o.methodLimits) == 0 {
+		return nil, errorf("WithTenantFairness: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to share")
+	}
 	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
-		if o.fairness != nil {
-			return nil, errorf("WithTenantFairness: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to share")
-		}
 		return nil, nil
 	}
 	if o.limit != nil && o.cpu != nil {

@@ -173,6 +173,8 @@ func TestTenantFairnessOptions(t *testing.T) {
 		{"bad key", []ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
 			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: "X"}, nil)}, "WithTenantFairness: serviceconfig: metadataKey: must be a lower-case"},
 		{"no limit", []ServerOption{WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: "x"}, nil)}, "WithTenantFairness: no concurrency limit"},
+		{"only CPU shedding", []ServerOption{WithCPUShedding(CPUShedding{}), WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: "x"}, nil)},
+			"WithTenantFairness: no concurrency limit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
