@@ -13,7 +13,7 @@
 #                 resiliencetest, proto/... (generated code), examples/... and cmd/...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mod=$(go list -m)
+mod=$(GOWORK=off go list -m) # the library's path (go.work lists the examples and bench modules too)
 fail=0
 
 # std lists standard-library import paths.
@@ -60,7 +60,7 @@ while read -r pkg imports; do
 			esac
 		fi
 	done
-done < <(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./...)
+done < <(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./... ./examples/...)
 
 if [[ $fail -ne 0 ]]; then
 	exit 1

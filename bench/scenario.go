@@ -67,6 +67,7 @@ func All() []Scenario {
 		Outage(),
 		OutageRecovery(),
 		RandomFailures(),
+		Budget(),
 		Saturation(),
 		SlowTail(DefaultPolicy),
 		Idempotency(),

@@ -165,8 +165,8 @@ func scrape(t *testing.T, addr, series string) float64 {
 
 // TestServerAndClientProcesses builds examples/server and examples/client,
 // runs them on loopback, drives keyed load through injected failures,
-// checks both /metrics, health, and that no idempotency key ran its
-// handler twice.
+// checks both /metrics (every metric the Grafana dashboard reads among
+// them), health, and that no idempotency key ran its handler twice.
 func TestServerAndClientProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs two processes")
@@ -174,9 +174,10 @@ func TestServerAndClientProcesses(t *testing.T) {
 	bins := build(t, "github.com/grpc-resilience/resilience/examples/server", "github.com/grpc-resilience/resilience/examples/client")
 	dir := t.TempDir()
 	execLog := filepath.Join(dir, "executions.log")
-	srv := start(t, bins["github.com/grpc-resilience/resilience/examples/server"],
+	srv := start(t, bins["github.com/grpc-resilience/resilience/examples/server"], append([]string{
 		"-addr", "127.0.0.1:0", "-metrics-addr", "127.0.0.1:0", "-fail-rate", "0.3", "-seed", "1",
-		"-execution-log", execLog)
+		"-scope", "shared", // the client's keys are random, 128 bits
+		"-execution-log", execLog}, dashboardServerFlags(t, dir)...)...)
 	grpcAddr := srv.addr(t, "grpc")
 	srvMetrics := srv.addr(t, "metrics")
 
@@ -196,7 +197,9 @@ func TestServerAndClientProcesses(t *testing.T) {
 	if err := os.WriteFile(config, []byte(`{"methodConfig": [{
 		"name": [{"service": "resilience.echo.v1.EchoService"}],
 		"retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.001s", "maxBackoff": "0.01s",
-		                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`), 0o644); err != nil {
+		                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+		"circuitBreaker": {"failureRateThreshold": 0.9, "minimumCalls": 50},
+		"bulkhead": {"maxConcurrent": 64}}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// The client runs until stopped; the test stops it once both /metrics
@@ -209,6 +212,8 @@ func TestServerAndClientProcesses(t *testing.T) {
 	scrape(t, cliMetrics, "resilience_client_retries_total")
 	scrape(t, cliMetrics, "grpc_client_call_retries_count")
 	scrape(t, srvMetrics, "resilience_server_idempotency_executions_total")
+	driveDashboardSeries(t, conn)
+	requireDashboardMetrics(t, cliMetrics, srvMetrics)
 	rest := cli.stop(t)
 	if len(rest) == 0 || !strings.HasPrefix(rest[len(rest)-1], "total calls=") {
 		t.Errorf("client's last lines = %q, want a total summary", rest)

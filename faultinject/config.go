@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // Config is a fault-injection configuration: the faults, and the seed of
@@ -98,7 +101,12 @@ type Error struct {
 	Err  error
 }
 
-func (e *Error) Error() string { return "faultinject: " + e.Path + ": " + e.Err.Error() }
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return "faultinject: " + e.Err.Error()
+	}
+	return "faultinject: " + e.Path + ": " + e.Err.Error()
+}
 
 func (e *Error) Unwrap() error { return e.Err }
 
@@ -172,15 +180,19 @@ func checkRate(r float64) error {
 }
 
 // splitName splits a method name of a fault into service and method (empty
-// for a whole service).
+// for a whole service), or says what is wrong with it, quoting it.
 func splitName(name string) (service, method string, err error) {
 	n := strings.TrimPrefix(name, "/")
 	if n == "" {
-		return "", "", errors.New("empty method name")
+		return "", "", errors.New(`empty method name: want "/pkg.Service/Method" or "pkg.Service"`)
 	}
 	service, method, found := strings.Cut(n, "/")
-	if service == "" || (found && (method == "" || strings.Contains(method, "/"))) {
-		return "", "", fmt.Errorf("%q is neither \"/pkg.Service/Method\" nor \"pkg.Service\"", name)
+	if found && method == "" {
+		return "", "", fmt.Errorf("%q ends in a slash: want \"/pkg.Service/Method\" or \"pkg.Service\"", name)
+	}
+	var e *serviceconfig.Error
+	if err := (serviceconfig.Name{Service: service, Method: method}).Validate(); errors.As(err, &e) {
+		return "", "", fmt.Errorf("%q: %w", name, e.Err)
 	}
 	return service, method, nil
 }
@@ -229,23 +241,17 @@ type jsonPercentage struct {
 	Denominator string `json:"denominator"` // HUNDRED (default), TEN_THOUSAND, MILLION
 }
 
-// Parse decodes and validates a JSON configuration. Unknown fields are
-// errors (a misspelt field would otherwise silently inject nothing); every
-// error is an *Error naming the JSON path, such as
+// Parse decodes and validates a JSON configuration. Unknown keys are
+// errors (a misspelt key would otherwise silently inject nothing); every
+// error is an *Error naming the JSON path of the value at fault, such as
 // "faultinject: faults[0].abort.percentage.denominator: ...".
 func Parse(data []byte) (Config, error) {
-	var j jsonConfig
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return Config{}, errAt(te.Field, "cannot be a JSON %s", te.Value)
-		}
-		return Config{}, &Error{Path: "$", Err: err}
+	if err := checkJSON(data, reflect.TypeFor[jsonConfig](), ""); err != nil {
+		return Config{}, err
 	}
-	if dec.More() {
-		return Config{}, errAt("$", "trailing data after the configuration")
+	var j jsonConfig
+	if err := json.Unmarshal(data, &j); err != nil { // cannot fail after checkJSON
+		return Config{}, &Error{Err: err}
 	}
 	c := Config{Seed: j.Seed}
 	for i, jf := range j.Faults {
@@ -259,6 +265,107 @@ func Parse(data []byte) (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// checkJSON checks that data is one JSON value that decodes into a value
+// of type t, with no key that t does not know, and returns an *Error at
+// the path of the first value that does not: its keys matched to t's json
+// tags as encoding/json matches them (exactly, else without regard to
+// case).
+func checkJSON(data []byte, t reflect.Type, path string) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return &Error{Path: path, Err: fmt.Errorf("invalid JSON at byte %d: %v", se.Offset, se)}
+		}
+		return &Error{Path: path, Err: err}
+	}
+	if path == "" && dec.More() {
+		return &Error{Err: fmt.Errorf("trailing data after the configuration, at byte %d", dec.InputOffset())}
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case string(raw) == "null":
+		return nil
+	case t.Kind() == reflect.Struct:
+		return checkObject(raw, t, path)
+	case t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Uint8:
+		var elems []json.RawMessage
+		if json.Unmarshal(raw, &elems) != nil {
+			return &Error{Path: path, Err: fmt.Errorf("must be an array, not %s", jsonKind(raw))}
+		}
+		for i, e := range elems {
+			if err := checkJSON(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
+		if k := jsonKind(raw); k != "a number" || t.Kind() == reflect.String {
+			return &Error{Path: path, Err: fmt.Errorf("cannot be %s", k)}
+		}
+		return &Error{Path: path, Err: fmt.Errorf("must be a whole number that fits %s, not %s", t, raw)}
+	}
+	return nil
+}
+
+// checkObject checks the members of the JSON object raw against the
+// struct type t, in document order.
+func checkObject(raw []byte, t reflect.Type, path string) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return &Error{Path: path, Err: fmt.Errorf("must be an object, not %s", jsonKind(raw))}
+	}
+	var known []string
+	for i := range t.NumField() {
+		known = append(known, strings.Split(t.Field(i).Tag.Get("json"), ",")[0])
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		k, _ := tok.(string)
+		var v json.RawMessage
+		if err != nil || dec.Decode(&v) != nil {
+			return &Error{Path: path, Err: errors.New("invalid JSON")} // cannot happen: raw decoded
+		}
+		i := slices.Index(known, k)
+		if i < 0 {
+			i = slices.IndexFunc(known, func(n string) bool { return strings.EqualFold(n, k) })
+		}
+		p := k
+		if path != "" {
+			p = path + "." + k
+		}
+		if i < 0 {
+			return &Error{Path: p, Err: fmt.Errorf("unknown key; the keys here are %s", strings.Join(known, ", "))}
+		}
+		if err := checkJSON(v, t.Field(i).Type, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jsonKind names the kind of the JSON value b, for errors.
+func jsonKind(b []byte) string {
+	switch b[0] {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "true or false"
+	case 'n':
+		return "null"
+	}
+	return "a number"
 }
 
 func (jf *jsonFault) fault(p string) (Fault, error) {

@@ -34,7 +34,10 @@
 //	}
 //
 // A method is "/pkg.Service/Method" (the leading slash optional) or a whole
-// service "pkg.Service"; a fault without methods matches every method. A
+// service "pkg.Service"; a fault without methods matches every method but
+// those of health checking (grpc.health.v1.Health) and reflection
+// (grpc.reflection.v1 and v1alpha ServerReflection), which a fault reaches
+// only by naming them. A
 // matching call is first delayed (with the delay's probability), then
 // aborted, during an outage window or else with the abort's probability,
 // before the handler runs; a
@@ -49,7 +52,17 @@
 // [MetadataDelayMs] and the others), which then replaces the configured
 // fault for that call. Callers' metadata is untrusted, so it is honoured
 // only when the injector is built with [WithMetadataFaults]; otherwise it
-// is ignored.
+// is ignored. It never applies to health checking or reflection: a tool
+// such as grpcurl sends its -H headers on its reflection calls too, and
+// `grpcurl -H 'x-fault-abort: UNAVAILABLE' ... Echo` must reach Echo.
+//
+// # With resiliencetest
+//
+// Give the server interceptors to resiliencetest.Start (or Serve) as
+// server options: its Server records every attempt that arrives, those the
+// injector aborts included (Attempt.Handled tells them apart), so
+// RequireAttempts counts what the client sent. See resiliencetest's
+// Example_faultinject.
 //
 // # Concurrency and cost
 //

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/faultinject"
 	"github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -48,7 +47,7 @@ func ExampleNew() {
 	client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
 		MaxAttempts:          4,
 		InitialBackoff:       time.Millisecond,
-		RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+		RetryableStatusCodes: []codes.Code{codes.Unavailable},
 	}))
 	if err != nil {
 		log.Fatal(err)

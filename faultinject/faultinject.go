@@ -70,7 +70,7 @@ type compiled struct {
 
 func (c *compiled) matches(fullMethod string) bool {
 	if c.all {
-		return true
+		return !exempt(fullMethod)
 	}
 	if _, ok := c.methods[fullMethod]; ok {
 		return true
@@ -78,6 +78,27 @@ func (c *compiled) matches(fullMethod string) bool {
 	svc, _, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	_, ok := c.services[svc]
 	return ok
+}
+
+// exemptServices are the services no fault reaches unless a fault names
+// them: health checks and reflection, which tools such as grpcurl call
+// with the same metadata as the call under test, and which load balancers
+// must see answer. The same list as interceptor.DefaultExemptServices.
+var exemptServices = []string{
+	"grpc.health.v1.Health",
+	"grpc.reflection.v1.ServerReflection",
+	"grpc.reflection.v1alpha.ServerReflection",
+}
+
+// exempt reports whether fullMethod is a method of an exempt service.
+func exempt(fullMethod string) bool {
+	svc, _, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	for _, e := range exemptServices {
+		if svc == e {
+			return true
+		}
+	}
+	return false
 }
 
 // New returns an Injector of cfg, or the error of cfg.Validate.
@@ -169,7 +190,7 @@ type plan struct {
 // INVALID_ARGUMENT error. The metadata is read only when enabled, so a call
 // without a fault allocates nothing.
 func (inj *Injector) planFor(ctx context.Context, fullMethod string, outgoing bool) (plan, error) {
-	if inj.metadataFaults {
+	if inj.metadataFaults && !exempt(fullMethod) {
 		var md metadata.MD
 		if outgoing {
 			md, _ = metadata.FromOutgoingContext(ctx)

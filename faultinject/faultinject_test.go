@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/faultinject"
 	"github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -87,7 +86,10 @@ func TestFaultsApplyToTheirMethodsOnly(t *testing.T) {
 	if _, err := ec.Lookup(t.Context(), &echov1.LookupRequest{}); status.Code(err) != codes.Internal {
 		t.Errorf("Lookup = %v, want INTERNAL", err)
 	}
-	resiliencetest.RequireAttempts(t, srv, resiliencetest.LookupMethod, 0) // the handler did not run
+	resiliencetest.RequireAttempts(t, srv, resiliencetest.LookupMethod, 1) // it arrived...
+	if a := srv.Attempts(resiliencetest.LookupMethod); a[0].Handled {
+		t.Error("the aborted Lookup reached the handler") // ...and the handler did not run
+	}
 	if got := inj.Counts(); got != (faultinject.Counts{Aborts: 1}) {
 		t.Errorf("Counts = %+v, want one abort", got)
 	}
@@ -111,7 +113,7 @@ func TestPushbackReachesTheRetryPolicy(t *testing.T) {
 				Abort: &faultinject.Abort{Code: codes.Unavailable, Pushback: tt.pushback},
 			}}})
 			client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
-				MaxAttempts: 3, InitialBackoff: time.Millisecond, RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+				MaxAttempts: 3, InitialBackoff: time.Millisecond, RetryableStatusCodes: []codes.Code{codes.Unavailable},
 			}))
 			if err != nil {
 				t.Fatal(err)

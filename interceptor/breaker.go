@@ -64,9 +64,16 @@ type MethodStatus struct {
 }
 
 // Status returns a snapshot of the breaker and bulkhead of fullMethod
-// ("/pkg.Service/Method"), resolving its policy if no call has yet.
+// ("/pkg.Service/Method"; the leading slash may be left out), resolving its
+// policy if no call has yet. A name that is not a full method has no
+// guards: its status is empty, and why is logged to grpclog.
 func (c *Client) Status(fullMethod string) MethodStatus {
-	p := c.state.Load().policy(fullMethod)
+	full, err := fullMethodOf("Status", fullMethod)
+	if err != nil {
+		clientLog.Warning(err)
+		return MethodStatus{FullMethod: fullMethod}
+	}
+	p := c.state.Load().policy(full)
 	return p.status(time.Now())
 }
 
@@ -113,25 +120,31 @@ func (p *methodPolicy) status(now time.Time) MethodStatus {
 }
 
 // ForceOpen holds the breaker of fullMethod open, rejecting every call,
-// until ResetBreaker. It is an error when the method has no breaker.
+// until ResetBreaker. It is an error when the method has no breaker, or
+// when fullMethod is not a full method "/pkg.Service/Method" (the leading
+// slash may be left out): the error quotes it and says what is wrong.
 func (c *Client) ForceOpen(fullMethod string) error {
-	return c.control(fullMethod, (*breaker.Breaker).ForceOpen)
+	return c.control("ForceOpen", fullMethod, (*breaker.Breaker).ForceOpen)
 }
 
 // ForceClosed holds the breaker of fullMethod closed, admitting every call,
 // until ResetBreaker. It is an error when the method has no breaker.
 func (c *Client) ForceClosed(fullMethod string) error {
-	return c.control(fullMethod, (*breaker.Breaker).ForceClosed)
+	return c.control("ForceClosed", fullMethod, (*breaker.Breaker).ForceClosed)
 }
 
 // ResetBreaker returns the breaker of fullMethod to closed with empty
 // counts, ending a forced state. It is an error when the method has no
 // breaker.
 func (c *Client) ResetBreaker(fullMethod string) error {
-	return c.control(fullMethod, (*breaker.Breaker).Reset)
+	return c.control("ResetBreaker", fullMethod, (*breaker.Breaker).Reset)
 }
 
-func (c *Client) control(fullMethod string, f func(*breaker.Breaker, time.Time)) error {
+func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Time)) error {
+	fullMethod, err := fullMethodOf(op, fullMethod)
+	if err != nil {
+		return err
+	}
 	p := c.state.Load().policy(fullMethod)
 	if p.g.breaker == nil {
 		return fmt.Errorf("interceptor: %s has no circuit breaker", fullMethod)

@@ -38,6 +38,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	if err := o.err(); err != nil {
 		return nil, err
 	}
+	warnUnregisteredOptions(&o)
 	c := &Client{opts: o}
 	m, err := newInstruments(o.meterProvider, c)
 	if err != nil {
@@ -75,6 +76,7 @@ func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
 	if err := validateGuards(cfg); err != nil {
 		return err
 	}
+	warnUnregistered(cfg)
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
 	st, err := newClientState(cfg, max(c.opts.maxAttemptsCap, parsedCap), &c.opts, &c.metrics, c.state.Load())
@@ -166,6 +168,8 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		// server's pushback (trailer) and whether the attempt committed
 		// (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
+	} else if u.r.keyed && c.metrics.on {
+		s.opts = append(s.opts, s.withHeader) // for the replays metric
 	}
 	err := u.run()
 	u.r.callEnded(cc, u.s.opts)
@@ -320,6 +324,7 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 	released = true
 	end := mp.g.release(u.ctx, adm, err, true)
 	r.c.metrics.attempt(u.ctx, mp.mm, err)
+	r.c.metrics.replayed(u.ctx, mp.mm, u.s.header)
 	if mp.latency != nil {
 		if end.IsZero() {
 			end = since(now)

@@ -24,7 +24,10 @@
 // Calls then read it without locks. UpdateServiceConfig swaps the whole
 // configuration atomically; calls in flight finish under the configuration
 // they started with, and a method's breaker, bulkhead and latency estimate
-// carry over when their blocks are unchanged.
+// carry over when their blocks are unchanged. WrapResolver passes the
+// service config a resolver delivers (DNS TXT records, a control plane) to
+// UpdateServiceConfig; the resolver's config then wins over the one given
+// to NewClient, which stays the default (see WrapResolver).
 //
 // # One call, and the order of the policies
 //
@@ -250,14 +253,22 @@
 // while the handler runs, and keeps its records in memory
 // (idempotency.NewMemoryStore, with a stated minimum retention and
 // per-scope quotas) or in Redis (package idempotency/redisstore); see
-// package interceptor/idempotency for the full semantics.
+// package interceptor/idempotency for the full semantics. Every answer the
+// server did not run the handler for (a replay, or a concurrent
+// duplicate's coalesced answer) carries the response header
+// idempotency-replayed: true (IdempotencyReplayedHeader), which
+// IdempotencyReplayed reads from a call's grpc.Header; a client with
+// WithMeterProvider counts such attempts.
 //
 // # Server
 //
 // NewServer's UnaryServerInterceptor and StreamServerInterceptor give each
 // handler a context that ends WithServerHeadroom before the caller's
 // deadline, reject calls that arrive with less than the floor left, mark
-// calls whose caller retries, and run idempotency.
+// calls whose caller retries, and run idempotency (whose keyed handlers run
+// detached from the caller by default: WithIdempotencyDetachedHandler).
+// Close a Server once its grpc.Server has stopped, or when a new Server
+// replaces it: Close unregisters its gauges from the meter provider.
 //
 // # Overload protection
 //
@@ -400,6 +411,7 @@
 //	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full, adaptive_throttle)
 //	resilience.client.retry.denials               counter         {retry}       grpc.method, resilience.reason (budget, throttled)
 //	resilience.client.retry.deadline_skips        counter         {retry}       grpc.method: retries and hedges that would not fit the deadline
+//	resilience.client.idempotency.replays         counter         {attempt}     grpc.method: attempts answered by a server's replay (idempotency-replayed)
 //	resilience.client.breaker.transitions         counter         {transition}  grpc.method, resilience.breaker.from, resilience.breaker.to
 //	resilience.client.breaker.state               gauge           {state}       grpc.method: 0 closed, 1 open, 2 half-open, 3 forced open, 4 forced closed
 //	resilience.client.bulkhead.in_flight          gauge           {attempt}     grpc.method
@@ -462,8 +474,9 @@
 // hedge.go (hedged unary calls), stream.go, stream_attempt.go and
 // stream_retry.go (retried streams: the caller's methods, one attempt and
 // its release, the transitions of the state machine), keys.go
-// (idempotency keys a client attaches), errors.go, metrics.go and trace.go
-// (metrics and span events). The server side: every file named server*.go
+// (idempotency keys a client attaches), resolver.go (the resolver's
+// service config), names.go (the names options take), errors.go,
+// metrics.go and trace.go (metrics and span events). The server side: every file named server*.go
 // (NewServer, deadline headroom, the idempotency path and its in-flight
 // group, its metrics); the stores are in package interceptor/idempotency.
 //

@@ -62,7 +62,7 @@ const noTimedCopies time.Duration = -1
 
 // newHedgePolicy resolves p, capping MaxAttempts at maxCap.
 func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
-	hp := &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: p.NonFatalStatusCodes}
+	hp := &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...)}
 	if p.HedgingDelayQuantile > 0 {
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))
@@ -561,6 +561,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
 		j.c.metrics.attempt(ctx, j.mp.mm, res.err)
+		j.c.metrics.replayed(ctx, j.mp.mm, res.header)
 		if end.IsZero() && (j.mp.latency != nil || j.mp.hedgeWindow != nil) {
 			end = since(cp.start)
 		}

@@ -178,7 +178,7 @@ func (s *a6Scenario) run(t *testing.T) a6Result {
 		c, err := interceptor.NewClient(interceptor.WithRetryBudget(nil), interceptor.WithMethodConfig(serviceconfig.MethodConfig{
 			Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
 			HedgingPolicy: &serviceconfig.HedgingPolicy{
-				MaxAttempts: s.maxAttempts, HedgingDelay: a6Unit, NonFatalStatusCodes: s.nonFatal,
+				MaxAttempts: s.maxAttempts, HedgingDelay: a6Unit, NonFatalStatusCodes: s.nonFatal.Codes(),
 			},
 		}))
 		if err != nil {

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -125,7 +124,7 @@ func TestHedgingEndsWhenNothingRunsAndTheNextCopyIsRefused(t *testing.T) {
 					return testserver.Outcome{Err: status.Error(codes.Unavailable, "down"), Trailer: metadata.Pairs(pushbackKey, "10")}
 				})
 				stub, _ := newEcho(t, srv, guardedHedging(
-					serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: time.Second, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+					serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: time.Second, NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
 					&serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute}, nil))
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
@@ -220,7 +219,7 @@ func TestHedgingPanicInACopyReachesTheCallerAndReleasesItsGuards(t *testing.T) {
 					return invoker(ctx, method, req, reply, cc, opts...)
 				}
 				stub, c := newEchoBelow(t, srv, []grpc.UnaryClientInterceptor{boom}, guardedHedging(
-					serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 10 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+					serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 10 * time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
 					&serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute, HalfOpenProbes: 1},
 					&serviceconfig.Bulkhead{MaxConcurrent: 3}))
 				start := time.Now()
@@ -298,7 +297,7 @@ func TestHedgingLosingCopiesAreCancelledAndSettleTheirAccounts(t *testing.T) {
 		stub, c := newEcho(t, srv, WithServiceConfig(&serviceconfig.Config{
 			MethodConfig: []serviceconfig.MethodConfig{{
 				Name:           []serviceconfig.Name{{Service: echoService}},
-				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 10 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 10 * time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
 				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1},
 				Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 3},
 			}},
@@ -363,7 +362,7 @@ func TestHedgingPanicInAProbeCopyFreesTheProbe(t *testing.T) {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
 		stub, c := newEchoBelow(t, srv, []grpc.UnaryClientInterceptor{boom}, guardedHedging(
-			serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+			serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour, NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
 			&serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 10 * time.Millisecond, HalfOpenProbes: 1}, nil))
 		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); status.Code(err) != codes.Unavailable {
 			t.Fatalf("first Echo() = %v, want UNAVAILABLE, tripping the breaker", err)

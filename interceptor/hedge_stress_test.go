@@ -169,11 +169,11 @@ func TestHedgingStress(t *testing.T) {
 		MethodConfig: []serviceconfig.MethodConfig{{
 			Name: []serviceconfig.Name{{Service: echoService}},
 			HedgingPolicy: &serviceconfig.HedgingPolicy{
-				MaxAttempts: copies, HedgingDelay: time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable),
+				MaxAttempts: copies, HedgingDelay: time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Unavailable},
 			},
 			CircuitBreaker: &serviceconfig.CircuitBreaker{
 				ConsecutiveFailures: 3, OpenDuration: time.Millisecond, MaxOpenDuration: 4 * time.Millisecond, HalfOpenProbes: 2,
-				FailureStatusCodes: rescodes.Of(codes.DataLoss),
+				FailureStatusCodes: []codes.Code{codes.DataLoss},
 			},
 			Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 32, MaxQueue: 16, MaxQueueWait: 2 * time.Millisecond},
 		}},

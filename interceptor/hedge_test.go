@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -21,7 +20,7 @@ func hedging(maxAttempts int, delay time.Duration, nonFatal ...codes.Code) Clien
 	return WithMethodConfig(serviceconfig.MethodConfig{
 		Name: []serviceconfig.Name{{Service: echoService}},
 		HedgingPolicy: &serviceconfig.HedgingPolicy{
-			MaxAttempts: maxAttempts, HedgingDelay: delay, NonFatalStatusCodes: rescodes.Of(nonFatal...),
+			MaxAttempts: maxAttempts, HedgingDelay: delay, NonFatalStatusCodes: nonFatal,
 		},
 	})
 }

@@ -250,6 +250,13 @@ func idemTenantScope(ctx context.Context) (string, error) {
 // shared (these callers are not authenticated) unless opts set one.
 func idemStart(t testing.TB, impl echov1.EchoServiceServer, opts ...ServerOption) *grpc.ClientConn {
 	t.Helper()
+	return idemStartDial(t, impl, nil, opts...)
+}
+
+// idemStartDial is idemStart with the client connection's extra options,
+// such as a Client's DialOptions.
+func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.DialOption, opts ...ServerOption) *grpc.ClientConn {
+	t.Helper()
 	s, err := NewServer(append([]ServerOption{WithIdempotencySharedScope()}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewServer() error = %v", err)
@@ -262,9 +269,9 @@ func idemStart(t testing.TB, impl echov1.EchoServiceServer, opts ...ServerOption
 		defer close(served)
 		_ = gs.Serve(lis)
 	}()
-	cc, err := grpc.NewClient("passthrough:///bufnet",
+	cc, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

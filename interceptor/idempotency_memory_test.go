@@ -10,7 +10,9 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -188,4 +190,55 @@ func TestMemoryStoreBytesCountWhatTheHeapHolds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdempotencyOneTenantCannotFillTheMemoryStore pins item 3 of issue 21
+// for the memory store, over real gRPC with default options but a small
+// store (64 entries): the store had no per-scope bound unless one was set,
+// so one tenant's unique keys filled it and every other tenant's keyed
+// calls were refused for the minimum retention. Now a scope holds at most a
+// quarter of the store by default: the flooding tenant is refused with
+// RESOURCE_EXHAUSTED and a RetryInfo, and the others go on.
+func TestIdempotencyOneTenantCannotFillTheMemoryStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store, err := idempotency.NewMemoryStore(idempotency.WithMaxEntries(64), idempotency.WithShards(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := &idemEcho{}
+		cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyScope(idemTenantScope))
+		ctx := idemCtx(t)
+		var ok, refused int
+		for i := range 64 {
+			r := idemDo(ctx, cc, "flood-"+strconv.Itoa(i), "m", "x-tenant", "flooder")
+			switch {
+			case r.err == nil:
+				ok++
+			case status.Code(r.err) == codes.ResourceExhausted && idemRetryDelay(r.err) > 0:
+				refused++
+			default:
+				t.Fatalf("flooder's call %d = %v, want success or RESOURCE_EXHAUSTED with RetryInfo", i, r.err)
+			}
+		}
+		t.Logf("the flooding tenant got %d keys of 64, %d refused", ok, refused)
+		if ok != 16 {
+			t.Errorf("flooding tenant got %d keys, want a quarter of the store, 16", ok)
+		}
+		for i := range 40 {
+			if r := idemDo(ctx, cc, "other-"+strconv.Itoa(i), "m", "x-tenant", "other-"+strconv.Itoa(i%4)); r.err != nil {
+				t.Fatalf("another tenant's call %d = %v, want success", i, r.err)
+			}
+		}
+	})
+}
+
+// idemRetryDelay returns the google.rpc.RetryInfo delay of err's status; 0
+// when it has none.
+func idemRetryDelay(err error) time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
 }

@@ -77,7 +77,9 @@ func TestIdempotencyWaiterTakesOverWhenFirstCallerCancels(t *testing.T) {
 			}
 			return &echov1.EchoResponse{Message: req.Message}, nil
 		}
-		cc := idemStart(t, e, WithIdempotencyStore(mem))
+		// On the caller's context (the opt-out of detached handlers), the
+		// first caller's cancellation ends its handler.
+		cc := idemStart(t, e, WithIdempotencyStore(mem), WithIdempotencyDetachedHandler(0))
 		ctx := idemCtx(t)
 		first, cancel := context.WithCancel(ctx)
 		firstDone := make(chan idemCall)

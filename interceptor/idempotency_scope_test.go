@@ -237,6 +237,29 @@ func TestNewServerRequiresAnIdempotencyScope(t *testing.T) {
 	}
 }
 
+// TestNewServerRefusesANilStore pins WithIdempotencyStore(nil) (item 4 of
+// issue 24): a nil store silently turned idempotency off, and a nil
+// *MemoryStore (a constructor's error dropped) panicked on the first keyed
+// call. NewServer now refuses both, saying what is wrong.
+func TestNewServerRefusesANilStore(t *testing.T) {
+	tests := []struct {
+		name  string
+		store idempotency.Store
+		want  string
+	}{
+		{"nil", nil, "WithIdempotencyStore(nil): the store must not be nil"},
+		{"nil pointer", (*idempotency.MemoryStore)(nil), "WithIdempotencyStore((*idempotency.MemoryStore)(nil)): the store must not be nil"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := NewServer(WithIdempotencyStore(tt.store), WithIdempotencySharedScope())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("NewServer(WithIdempotencyStore(%#v)) = %v, %v; want an error containing %q", tt.store, s, err, tt.want)
+			}
+		})
+	}
+}
+
 // TestIdempotencyOmitMetadataNeverReplayed: the metadata keys the server
 // names are neither stored nor replayed; the first caller still gets them,
 // and the rest of the metadata is replayed.

@@ -251,6 +251,9 @@ var idemRetryableCases = []struct {
 	{"RESOURCE_EXHAUSTED", func(context.Context) (*echov1.EchoResponse, error) {
 		return nil, status.Error(codes.ResourceExhausted, "quota")
 	}, 0, codes.ResourceExhausted},
+	// On the caller's context (the opt-out of detached handlers): the
+	// caller's deadline ends the handler, whose DEADLINE_EXCEEDED is not
+	// stored.
 	{"handler timed out", func(ctx context.Context) (*echov1.EchoResponse, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -272,7 +275,11 @@ func testIdemRetryable(i int) func(t *testing.T, env *idemEnv) {
 			}
 			return &echov1.EchoResponse{Message: req.Message}, nil
 		}
-		cc := idemStart(t, e, WithIdempotencyStore(env.store))
+		opts := []ServerOption{WithIdempotencyStore(env.store)}
+		if tc.timeout > 0 {
+			opts = append(opts, WithIdempotencyDetachedHandler(0))
+		}
+		cc := idemStart(t, e, opts...)
 		ctx := idemCtx(t)
 		first := ctx
 		if tc.timeout > 0 {
@@ -303,7 +310,9 @@ func testIdemCancelled(t *testing.T, env *idemEnv) {
 		}
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	// On the caller's context (the opt-out of detached handlers), the
+	// caller's cancellation ends the handler: CANCELLED is not stored.
+	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithIdempotencyDetachedHandler(0))
 	ctx := idemCtx(t)
 	first, cancel := context.WithCancel(ctx)
 	go func() { <-entered; cancel() }()

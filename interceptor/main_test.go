@@ -7,14 +7,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// toxiproxy (the network-fault tests' proxy) may leave a link's
-		// goroutines behind after the proxy stopped: toxics blocked on a
-		// channel send once the link's writer ended, and now and then a
-		// reader of a connection it failed to close. Its own leaks, on
-		// connections the tests have finished with, not ours.
-		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"),
-		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).read"),
-		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).write"),
-	)
+	goleak.VerifyTestMain(m)
 }

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 )
@@ -53,6 +54,9 @@ const (
 	// metricDeadlineSkips counts retries and hedges not sent because they
 	// would not fit in the call's deadline.
 	metricDeadlineSkips = "resilience.client.retry.deadline_skips"
+	// metricReplays counts attempts whose answer the server marked as an
+	// idempotency replay (IdempotencyReplayedHeader).
+	metricReplays = "resilience.client.idempotency.replays"
 	// metricTransitions counts breaker state changes by
 	// resilience.breaker.from and resilience.breaker.to.
 	metricTransitions = "resilience.client.breaker.transitions"
@@ -132,6 +136,7 @@ type instruments struct {
 	denials     metric.Int64Counter
 	skips       metric.Int64Counter
 	transitions metric.Int64Counter
+	replays     metric.Int64Counter
 }
 
 // newInstruments builds the client's instruments on mp; nil mp gives the
@@ -172,6 +177,7 @@ func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
 	in.denials = counter(metricDenials, "{retry}", "Retries and hedges the retry budget or A6 throttling denied.")
 	in.skips = counter(metricDeadlineSkips, "{retry}", "Retries and hedges not sent because they would not fit in the call's deadline.")
 	in.transitions = counter(metricTransitions, "{transition}", "Circuit breaker state changes.")
+	in.replays = counter(metricReplays, "{attempt}", "Attempts answered by a server's idempotency replay (idempotency-replayed header).")
 	if err != nil {
 		return instruments{}, err
 	}
@@ -378,6 +384,13 @@ func (in *instruments) attempt(ctx context.Context, mm *methodMetrics, err error
 		return
 	}
 	in.attempts.Add(ctx, 1, metric.WithAttributes(attrMethod.String(mm.method), attrStatus.String(codeName(code))))
+}
+
+// replayed records an attempt whose response header marks a replay.
+func (in *instruments) replayed(ctx context.Context, mm *methodMetrics, header metadata.MD) {
+	if in.on && IdempotencyReplayed(header) {
+		in.replays.Add(ctx, 1, mm.plain...)
+	}
 }
 
 // retry records a retry or hedged copy sent.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -123,21 +122,6 @@ func WithRetryPolicy(p *serviceconfig.RetryPolicy, names ...string) ClientOption
 		}
 		o.config.MethodConfig = append(o.config.MethodConfig, mc)
 	})
-}
-
-// parseName turns "/pkg.S/M" into {pkg.S, M} and "pkg.S" into {pkg.S}.
-func parseName(n string) (serviceconfig.Name, error) {
-	if strings.HasPrefix(n, "/") {
-		s, m := serviceconfig.SplitMethod(n)
-		if s == "" || m == "" {
-			return serviceconfig.Name{}, fmt.Errorf("method %q: want /package.Service/Method", n)
-		}
-		return serviceconfig.Name{Service: s, Method: m}, nil
-	}
-	if n == "" || strings.Contains(n, "/") {
-		return serviceconfig.Name{}, fmt.Errorf("service %q: want package.Service", n)
-	}
-	return serviceconfig.Name{Service: n}, nil
 }
 
 // WithMaxAttemptsCap raises (or lowers) the cap on MaxAttempts, 5 by default

@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,8 +35,8 @@ func newRetryPolicy(p *serviceconfig.RetryPolicy, maxCap int) *retryPolicy {
 			Multiplier: p.BackoffMultiplier,
 			Jitter:     jitterOf(p.Jitter),
 		},
-		codes:      p.RetryableStatusCodes,
-		explicit:   !p.RetryableStatusCodes.IsEmpty(),
+		codes:      rescodes.Of(p.RetryableStatusCodes...),
+		explicit:   len(p.RetryableStatusCodes) > 0,
 		perAttempt: p.PerAttemptRecvTimeout,
 	}
 	if rp.maxAttempts == 0 {
@@ -214,6 +215,16 @@ func (s *clientState) hedgeWindow(fullMethod string, quantile float64) *latency.
 	return w
 }
 
+// sameBreaker reports whether two breaker blocks ask for the same breaker:
+// equal fields, and the same set of failure codes in any order.
+func sameBreaker(a, b serviceconfig.CircuitBreaker) bool {
+	if rescodes.Of(a.FailureStatusCodes...) != rescodes.Of(b.FailureStatusCodes...) {
+		return false
+	}
+	a.FailureStatusCodes, b.FailureStatusCodes = nil, nil
+	return reflect.DeepEqual(a, b)
+}
+
 // guards builds the breaker and bulkhead of fullMethod from mc, or carries
 // them over from the config before when their blocks are unchanged. The
 // blocks were validated with the config, so construction cannot fail.
@@ -222,18 +233,18 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) g
 	old := s.prev[fullMethod]
 	if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
 		g.breakerCfg = cb
-		if old != nil && old.g.breakerCfg != nil && *old.g.breakerCfg == *cb && old.g.adaptive != nil {
+		if old != nil && old.g.breakerCfg != nil && sameBreaker(*old.g.breakerCfg, *cb) && old.g.adaptive != nil {
 			g.adaptive = old.g.adaptive
 		} else if a, err := newAdaptive(cb, uint64(s.opts.rand()*(1<<53))); err == nil {
 			g.adaptive = a
 		}
 	} else if cb != nil {
 		g.breakerCfg = cb
-		g.failures = cb.FailureStatusCodes
-		if g.failures.IsEmpty() {
+		g.failures = rescodes.Of(cb.FailureStatusCodes...)
+		if len(cb.FailureStatusCodes) == 0 {
 			g.failures = rescodes.DefaultBreakerFailures
 		}
-		if old != nil && old.g.breakerCfg != nil && *old.g.breakerCfg == *cb {
+		if old != nil && old.g.breakerCfg != nil && sameBreaker(*old.g.breakerCfg, *cb) {
 			g.breaker = old.g.breaker
 		} else if b, err := newBreaker(fullMethod, cb, s.stateHook()); err == nil {
 			g.breaker = b

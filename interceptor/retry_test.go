@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	"github.com/grpc-resilience/resilience/internal/backoff"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -302,7 +301,7 @@ func TestExplicitRetryableCodesAreHonouredAsWritten(t *testing.T) {
 				srv := &testserver.Server{}
 				srv.SetScript(failFirst(100, tt.code))
 				p := fastPolicy(3)
-				p.RetryableStatusCodes = rescodes.Of(codes.Internal, codes.NotFound)
+				p.RetryableStatusCodes = []codes.Code{codes.Internal, codes.NotFound}
 				stub, _ := newEcho(t, srv, WithRetryPolicy(p))
 				_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
 				if got := srv.Count("Echo"); got != tt.wantN || status.Code(err) != tt.code {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -25,12 +26,16 @@ import (
 // contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
-// in-process coalescing state are shared by all calls.
+// in-process coalescing state are shared by all calls. Close it when it is
+// replaced or the grpc.Server stops.
 type Server struct {
 	idem     *srvIdem   // nil when idempotency is off; immutable
 	limits   *srvLimits // nil when no concurrency limit is set; immutable
 	headroom time.Duration
 	floor    time.Duration
+
+	closeOnce sync.Once
+	closeErr  error // of the first Close; written once, inside closeOnce
 }
 
 // ServerOption configures [NewServer].
@@ -92,6 +97,27 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// Close releases what s holds beyond its calls: it unregisters the
+// callbacks of its gauges (WithServerMeterProvider), so that the meter
+// provider no longer reads s, and a Server built to replace s (after a
+// configuration reload, say) is the only one reporting under their
+// labels. s starts no goroutine and owns no store (close a store's client
+// yourself), so there is nothing else to stop. Close it once the
+// grpc.Server that uses it has stopped (GracefulStop or Stop): calls that
+// still come are served as before, with no gauges. Close is safe to call
+// more than once and concurrently; every call returns the first one's
+// error.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if s.limits != nil && s.limits.m.gauges != nil {
+			if err := s.limits.m.gauges.Unregister(); err != nil {
+				s.closeErr = errorf("Close: unregistering the gauges: %v", err)
+			}
+		}
+	})
+	return s.closeErr
 }
 
 // UnaryServerInterceptor returns the unary interceptor of s. With an

@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"google.golang.org/grpc"
@@ -15,10 +16,13 @@ import (
 // WithServerHeadroom reserves headroom of every incoming deadline for the
 // server's own work: a handler's context ends headroom before the caller's
 // deadline, so the calls it makes downstream inherit a deadline that leaves
-// the server time to answer. A call that arrives with less than floor left
-// (or with no more than headroom) is rejected at once with
-// DEADLINE_EXCEEDED instead of being started. Calls without a deadline are
-// left alone.
+// the server time to answer. floor is the least time a handler gets: a call
+// that arrives with less than headroom + floor left (or with no more than
+// headroom, when floor is 0) is rejected at once with DEADLINE_EXCEEDED
+// instead of being started. With WithServerHeadroom(20*time.Millisecond,
+// 5*time.Millisecond), a call needs 25ms left to start, and its handler
+// gets all but the last 20ms. Calls without a deadline are left alone.
+// Negative durations are refused.
 func WithServerHeadroom(headroom, floor time.Duration) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if headroom < 0 || floor < 0 {
@@ -43,11 +47,17 @@ func (s *Server) srvDeadline(ctx context.Context) (_ context.Context, cancel con
 		return ctx, nil, nil
 	}
 	now := time.Now()
-	handler, reject := deadline.HandlerDeadline(incoming, now, s.headroom, s.floor)
+	// The floor is the handler's least time, so a call needs headroom +
+	// floor left (saturating: both are at most math.MaxInt64).
+	need := s.headroom + s.floor
+	if need < s.headroom {
+		need = math.MaxInt64
+	}
+	handler, reject := deadline.HandlerDeadline(incoming, now, s.headroom, need)
 	if reject {
 		left, _ := deadline.Remaining(incoming, now)
 		return ctx, nil, status.Errorf(codes.DeadlineExceeded,
-			"resilience: %v left of the caller's deadline, too little to start (floor %v, headroom %v)",
+			"resilience: %v left of the caller's deadline, too little to start (the handler's floor %v after the headroom %v)",
 			left.Round(time.Microsecond), s.floor, s.headroom)
 	}
 	if s.headroom == 0 {

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
 	"testing"
 	"testing/synctest"
@@ -95,7 +96,8 @@ func TestServerHeadroomShortensTheHandlersDeadline(t *testing.T) {
 			wantCode codes.Code
 		}{
 			{"headroom taken", 200 * time.Millisecond, 170 * time.Millisecond, codes.OK},
-			{"below the floor", 19 * time.Millisecond, 0, codes.DeadlineExceeded},
+			{"the handler's floor exactly", 50 * time.Millisecond, 20 * time.Millisecond, codes.OK},
+			{"below the handler's floor", 49 * time.Millisecond, 0, codes.DeadlineExceeded},
 			{"no more than the headroom", 30 * time.Millisecond, 0, codes.DeadlineExceeded},
 		}
 		for _, tt := range tests {
@@ -128,6 +130,44 @@ func TestServerHeadroomShortensTheHandlersDeadline(t *testing.T) {
 			t.Errorf("stream handler had %v left, want 170ms", left)
 		}
 		<-impl.retries
+	})
+}
+
+// TestServerHeadroomFloorIsTheHandlersLeastTime pins the floor as the
+// least time a handler gets after the headroom, so that neither argument
+// is ever dead. Before, a call was refused only below max(floor, headroom):
+// with (20ms, 5ms), as README has it, the floor never mattered and a call
+// arriving with 22ms left started with 2ms for its handler; with (10ms,
+// 20ms) a call with 25ms left started with 15ms, under the 20ms floor.
+func TestServerHeadroomFloorIsTheHandlersLeastTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tests := []struct {
+			headroom, floor, deadline time.Duration
+			wantCode                  codes.Code
+		}{
+			{20 * time.Millisecond, 5 * time.Millisecond, 22 * time.Millisecond, codes.DeadlineExceeded},
+			{20 * time.Millisecond, 5 * time.Millisecond, 25 * time.Millisecond, codes.OK},
+			{10 * time.Millisecond, 20 * time.Millisecond, 25 * time.Millisecond, codes.DeadlineExceeded},
+			{10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond, codes.OK},
+			{0, 20 * time.Millisecond, 19 * time.Millisecond, codes.DeadlineExceeded},
+			{20 * time.Millisecond, 0, 20 * time.Millisecond, codes.DeadlineExceeded},
+			{20 * time.Millisecond, 0, 21 * time.Millisecond, codes.OK},
+			{time.Duration(math.MaxInt64), time.Hour, time.Hour, codes.DeadlineExceeded}, // no overflow
+		}
+		for _, tt := range tests {
+			impl := &deadlineEcho{left: make(chan time.Duration, 1), retries: make(chan bool, 1)}
+			srv, err := NewServer(WithServerHeadroom(tt.headroom, tt.floor))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stub := echov1.NewEchoServiceClient(serveEcho(t, impl, srv))
+			ctx, cancel := context.WithTimeout(t.Context(), tt.deadline)
+			_, err = stub.Echo(ctx, &echov1.EchoRequest{})
+			cancel()
+			if status.Code(err) != tt.wantCode {
+				t.Errorf("WithServerHeadroom(%v, %v), a call with %v left: %v, want %v", tt.headroom, tt.floor, tt.deadline, err, tt.wantCode)
+			}
+		}
 	})
 }
 

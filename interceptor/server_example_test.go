@@ -86,6 +86,7 @@ func ExampleNewServer_install() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer srv.Close() // after the grpc.Server has stopped: unregisters its gauges
 	recovery := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		return h(ctx, req) // stands for a panic-recovery interceptor
 	}
@@ -147,9 +148,10 @@ func ExampleWithIdempotencyOmitMetadata() {
 	// replay [42] [] <nil>
 }
 
-// A handler that commits before it could notice the caller's deadline runs
-// detached from it, so that a retry finds its outcome instead of running it
-// again.
+// A keyed handler runs detached from its caller's deadline by default, so
+// that one that commits before it could notice the caller's deadline has
+// its outcome stored, and a retry finds it instead of running it again.
+// WithIdempotencyDetachedHandler sets the server's bound instead.
 func ExampleWithIdempotencyDetachedHandler() {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
@@ -158,7 +160,7 @@ func ExampleWithIdempotencyDetachedHandler() {
 	srv, err := interceptor.NewServer(
 		interceptor.WithIdempotencyStore(store),
 		interceptor.WithIdempotencyScope(principalScope),
-		interceptor.WithIdempotencyDetachedHandler(30*time.Second), // the server's bound instead of the caller's
+		interceptor.WithIdempotencyDetachedHandler(time.Minute), // the server's bound instead of the caller's (default 30 s)
 	)
 	if err != nil {
 		log.Fatal(err)

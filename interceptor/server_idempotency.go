@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,10 @@ const (
 	// lease.
 	DefaultIdempotencyPollInitial = 10 * time.Millisecond
 	DefaultIdempotencyPollMax     = 500 * time.Millisecond
+	// DefaultIdempotencyDetachedMax bounds a keyed call's handler, which
+	// runs detached from its caller's deadline and cancellation (see
+	// WithIdempotencyDetachedHandler).
+	DefaultIdempotencyDetachedMax = 30 * time.Second
 )
 
 // IdempotencyKeyPolicy says what a method does with the idempotency-key
@@ -132,7 +137,7 @@ type srvIdemOptions struct {
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy // by "", service or full method
 	omit        map[string]struct{}             // metadata keys never stored, lower case
-	detachMax   time.Duration                   // > 0: owned handlers run detached, at most this long
+	detachMax   time.Duration                   // > 0: owned handlers run detached, at most this long; 0: on the caller's context
 	errs        []error
 }
 
@@ -144,6 +149,7 @@ func srvIdemDefaults() srvIdemOptions {
 		pollInitial: DefaultIdempotencyPollInitial,
 		pollMax:     DefaultIdempotencyPollMax,
 		retryable:   DefaultIdempotencyUnstored,
+		detachMax:   DefaultIdempotencyDetachedMax,
 	}
 }
 
@@ -166,15 +172,48 @@ func srvIdemOption(f func(*srvIdemOptions)) ServerOption {
 // documentation of interceptor/idempotency for the semantics, and
 // idempotency.NewMemoryStore and redisstore.New for stores.
 //
+// Once a keyed call's handler starts, the call belongs to the server: the
+// handler runs detached from its caller's deadline and cancellation, at
+// most DefaultIdempotencyDetachedMax, and its outcome is stored even when
+// the caller has gone (see WithIdempotencyDetachedHandler for the cost and
+// the opt-out).
+//
 // What a duplicate receives: the stored status (code, message, details) or
-// reply, and the response header and trailer metadata that the handler set
+// reply, marked with the header IdempotencyReplayedHeader, and the response
+// header and trailer metadata that the handler set
 // through its context (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer),
 // less the keys of [WithIdempotencyOmitMetadata]. Nothing else is stored:
 // not the request, not metadata set by interceptors outside this one (they
 // run again for the duplicate), not grpc's own (grpc-status and the like,
 // which the status carries).
+//
+// Health checks and reflection (the services of DefaultExemptServices) run
+// plainly, key or not: a keyed health check is never claimed or replayed,
+// so it always reports the server's current state, unless
+// WithIdempotencyKeyPolicy names the method or its service.
+//
+// A nil store is refused (NewServer returns an error), as is a nil pointer
+// of a store type (such as the *redisstore.Store of an Open whose error was
+// dropped): it would turn idempotency off, or fail every keyed call.
 func WithIdempotencyStore(store idempotency.Store) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.store = store })
+	return srvIdemOption(func(o *srvIdemOptions) {
+		if store == nil || srvNilPointer(store) {
+			arg := "nil"
+			if store != nil {
+				arg = fmt.Sprintf("(%T)(nil)", store)
+			}
+			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyStore(%s): the store must not be nil; "+
+				"pass the store of idempotency.NewMemoryStore or redisstore.Open, after checking their error", arg))
+			return
+		}
+		o.store = store
+	})
+}
+
+// srvNilPointer reports whether v holds a nil pointer.
+func srvNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // WithIdempotencyScope sets the function that names the caller's scope, the
@@ -209,32 +248,48 @@ func WithIdempotencyScope(scope func(ctx context.Context) (string, error)) Serve
 // used. Keys must be unguessable (random, 128 bits or more) and never shown
 // to other callers. A later WithIdempotencyScope replaces it, and it
 // replaces an earlier one.
+//
+// All callers then share one scope's quota of the store: by default a
+// quarter of a memory store (idempotency.WithScopeQuota) or of a Redis
+// store (redisstore.WithScopeQuota). Give the store the quota that one
+// scope may use, or turn it off.
 func WithIdempotencySharedScope() ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.scope = srvSharedScope })
 }
 
 func srvSharedScope(context.Context) (string, error) { return "", nil }
 
-// WithIdempotencyDetachedHandler runs the handler of a call that owns its
-// key on a context that the caller's cancellation and deadline do not
-// reach, bounded instead by max, a server-side maximum, and by the key's
-// lease: the lease is at least max, renewed while the handler runs, and if
-// it is lost all the same the handler's context is cancelled, since another
-// call may then run it. Values of the context (metadata, peer, auth) are
-// kept. 0, the default, leaves the handler on the caller's context.
+// WithIdempotencyDetachedHandler sets the bound of a keyed call's handler
+// (default DefaultIdempotencyDetachedMax, 30 s), or, with 0, puts it back
+// on the caller's context.
 //
-// The trade-off, either way. By default a caller that gives up (its
-// deadline passes, it cancels) cancels the handler's context; a handler that
-// then returns CANCELLED or DEADLINE_EXCEEDED has its outcome released, not
-// stored (DefaultIdempotencyUnstored), so the caller's retry runs it again.
-// That is right for a handler whose work is undone with its context (a
-// transaction rolled back), and wrong for one that committed first and
-// noticed the cancellation after (a card charged, then CANCELLED: charged
-// twice). Detached, such a handler finishes what it started and its outcome
-// is stored, so the retry gets it; the cost is that the server keeps
-// working, up to max, for a caller that may not come back, and that the
-// caller's deadline no longer bounds the handler's downstream calls.
-// Duplicates of a detached call wait for it as for any other.
+// By default a keyed call belongs to the server once its handler starts:
+// the call that owns the key runs its handler on a context that the
+// caller's cancellation and deadline do not reach, bounded instead by max
+// from the handler's start, whatever deadline the caller sent, and by the
+// key's lease (renewed while the handler runs; if it is lost all the same,
+// the handler's context is cancelled, since a duplicate may then run the
+// call). Values of the context (metadata, peer, auth) are kept. So a
+// handler that commits its side effect (a card charged) and only then
+// would have seen its caller's deadline finishes, its outcome is stored,
+// and the caller's retry replays it: one charge.
+//
+// The cost: the server keeps working, up to max, for a caller that has
+// gone and may not come back (its concurrency slot and downstream calls
+// included), and the caller's deadline no longer bounds the handler's
+// downstream calls (they get the handler's deadline, max from its start).
+// A handler that needs longer than max gets DEADLINE_EXCEEDED, which is not
+// stored: raise max for it.
+//
+// With 0 the handler runs on the caller's context: a caller that gives up
+// cancels it, and a handler that then returns CANCELLED or
+// DEADLINE_EXCEEDED has its claim released, not stored
+// (DefaultIdempotencyUnstored), so the caller's retry runs it again. That
+// is right only for handlers whose work is undone with their context (a
+// transaction rolled back); one that committed first runs twice. Duplicates
+// wait for a detached call as for any other, each bounded by its own
+// deadline. Calls without a key, and methods whose key policy is
+// IdempotencyKeyIgnored, always run on the caller's context.
 func WithIdempotencyDetachedHandler(max time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) {
 		if max < 0 {
@@ -292,13 +347,19 @@ func WithIdempotencyTTL(d time.Duration) ServerOption {
 }
 
 // WithIdempotencyLease sets the lease of a running first call (default
-// DefaultIdempotencyLease): if its server crashes, duplicates wait at most
-// this long before one of them runs the call again. The lease follows the
-// handler: it is renewed every lease/3 while the handler runs, and the first
-// one is at least the time left to the call's deadline. A shorter lease
-// frees a crashed owner's keys sooner, at the cost of more renewals (one
-// store call per lease/3 of handler time); it must outlast the store's
-// unavailability, or the lease may end under a running handler (logged).
+// DefaultIdempotencyLease). The key is claimed for the lease, whatever the
+// caller's deadline, and renewed every lease/3 while the handler runs, so a
+// handler keeps its key however long it runs. If its server crashes, the
+// renewals stop and the key is free one lease after the last one: a
+// duplicate on another replica is blocked at most one lease after the owner
+// died (its polls never sleep past the lease's end), whatever deadline the
+// first caller had. A shorter lease frees a crashed owner's keys sooner, at
+// the cost of more renewals (one store call per lease/3 of handler time);
+// it must outlast the store's unavailability (renewals that fail for two
+// thirds of a lease let it end under a running handler, and a duplicate on
+// another replica may then run it: a detached handler's context is
+// cancelled, and logged, once nine tenths of its lease have passed without
+// a renewal, before the store's lease can end).
 func WithIdempotencyLease(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
 }
@@ -414,6 +475,7 @@ type srvIdem struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]IdempotencyKeyPolicy
+	exemptSvc   []string              // run plainly unless a key policy names them: DefaultExemptServices, copied by NewServer
 	omit        map[string]struct{}   // metadata keys never stored, lower case; nil when none
 	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
 	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
@@ -478,6 +540,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		retryable:   o.retryable,
 		policies:    o.policies,
 		omit:        o.omit,
+		exemptSvc:   slices.Clone(DefaultExemptServices),
 		detachMax:   o.detachMax,
 		pushbackMD:  metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
@@ -555,9 +618,13 @@ func (s *srvIdem) streamPolicyErr(fullMethod string) error {
 }
 
 // policy returns the key policy of fullMethod: exact method, else service,
-// else the "" entry, else optional.
+// else IdempotencyKeyIgnored for a method of the exempt services (health,
+// reflection), else the "" entry, else optional.
 func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 	if len(s.policies) == 0 {
+		if s.exempt(fullMethod) {
+			return IdempotencyKeyIgnored
+		}
 		return IdempotencyKeyOptional
 	}
 	if p, ok := s.policies[fullMethod]; ok {
@@ -568,7 +635,22 @@ func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 			return p
 		}
 	}
+	if s.exempt(fullMethod) {
+		return IdempotencyKeyIgnored
+	}
 	return s.policies[""]
+}
+
+// exempt reports whether fullMethod is of one of the services in
+// s.exemptSvc, which run plainly, key or not, unless a key policy
+// names them. Every default one starts with "grpc.", so other methods cost
+// a byte comparison or two.
+func (s *srvIdem) exempt(fullMethod string) bool {
+	if !strings.HasPrefix(fullMethod, "/grpc.") {
+		return false
+	}
+	svc, ok := serviceOf(fullMethod)
+	return ok && slices.Contains(s.exemptSvc, svc)
 }
 
 // srvIdemKey returns the call's idempotency key from the values of its
@@ -759,10 +841,19 @@ func (s *srvIdem) replyType(name string) (protoreflect.MessageType, error) {
 	return mt, nil
 }
 
-// replay returns a stored outcome: its metadata, and its reply or status.
+// replay returns a stored outcome: its metadata, marked with
+// IdempotencyReplayedHeader, and its reply or status.
 func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, error) {
-	if len(rec.Header) > 0 {
-		_ = grpc.SetHeader(ctx, rec.Header)
+	// Straight to the stream: grpc.SetHeader without one (the interceptor
+	// called outside a grpc server) formats its context into an error.
+	if stream := grpc.ServerTransportStreamFromContext(ctx); stream != nil {
+		hdr := idemReplayedMD
+		if len(rec.Header) > 0 {
+			// The record's header never holds the mark (srvOwned strips
+			// it); one stored by an earlier version may.
+			hdr = metadata.Join(srvWithoutReplayed(rec.Header), idemReplayedMD)
+		}
+		_ = stream.SetHeader(hdr)
 	}
 	if len(rec.Trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, rec.Trailer)
@@ -784,11 +875,14 @@ func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, err
 
 // srvOwned is what the owner of a claim allocates, once: the stream its
 // handler sees, which records the metadata the handler sets (in rec.Header
-// and rec.Trailer) and passes it on to the real stream when there is one;
-// then, with the handler's outcome, the record to store, whose Fingerprint
-// is fp. Once closed, when the handler has returned, it refuses more
-// metadata and lets go of the real stream: the store may keep the record
-// for a long time.
+// and rec.Trailer) and passes it on to the real stream when there is one
+// and its caller is still there; then, with the handler's outcome, the
+// record to store, whose Fingerprint is fp. Once its caller has gone (a
+// detached handler goes on), the metadata is recorded for the replay
+// only, without error: the caller's stream would refuse it. Once closed,
+// when the handler has returned, it refuses more metadata and lets go of
+// the real stream and the call's context: the store may keep the record,
+// and so o, for a long time.
 type srvOwned struct {
 	rec    idempotency.Record // Header and Trailer guarded by mu until closed; then immutable
 	fp     [sha256.Size]byte  // immutable
@@ -797,6 +891,7 @@ type srvOwned struct {
 	mu     sync.Mutex
 	closed bool                       // guarded by mu
 	stream grpc.ServerTransportStream // nil when the interceptor is called without a grpc stream, or closed; guarded by mu
+	caller context.Context            // the call's, which ends when its caller has gone; nil once closed; guarded by mu
 }
 
 // errSrvCaptureClosed is returned to a handler that sets metadata through a
@@ -818,13 +913,17 @@ func (o *srvOwned) SetTrailer(md metadata.MD) error {
 }
 
 func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.ServerTransportStream, metadata.MD) error) error {
+	md = srvWithoutReplayed(md)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return errSrvCaptureClosed
 	}
-	if o.stream != nil {
-		if err := pass(o.stream, md); err != nil {
+	// A stream refuses metadata after its caller has gone (the status is
+	// written): that is no error of the handler's, whose outcome the
+	// caller's retry will replay.
+	if o.stream != nil && o.caller.Err() == nil {
+		if err := pass(o.stream, md); err != nil && o.caller.Err() == nil {
 			return err
 		}
 	}
@@ -832,9 +931,31 @@ func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.Serv
 	return nil
 }
 
+// srvWithoutReplayed returns md without IdempotencyReplayedHeader, which
+// only the interceptor sets, on answers for which the handler did not run:
+// a handler that sets it (a gateway passing on a downstream server's
+// header) would mark its fresh answer as a replay, and the stored copy
+// would make the replay's header two values, which IdempotencyReplayed
+// does not take for a replay. md is returned as is when it has no such key
+// (no allocation), else a copy without it.
+func srvWithoutReplayed(md metadata.MD) metadata.MD {
+	for k := range md {
+		if len(k) == len(IdempotencyReplayedHeader) && strings.EqualFold(k, IdempotencyReplayedHeader) {
+			out := make(metadata.MD, len(md)-1)
+			for k, v := range md {
+				if !strings.EqualFold(k, IdempotencyReplayedHeader) {
+					out[k] = v
+				}
+			}
+			return out
+		}
+	}
+	return md
+}
+
 // close ends the capture.
 func (o *srvOwned) close() {
 	o.mu.Lock()
-	o.closed, o.stream = true, nil
+	o.closed, o.stream, o.caller = true, nil, nil
 	o.mu.Unlock()
 }

@@ -47,9 +47,6 @@ type srvIdemCall struct {
 	f *srvFlight
 	// backoff is the delay of the next poll of the store (step claim).
 	backoff time.Duration
-	// lease is the lease the call claims and renews: the configured lease,
-	// or the time left to the call's deadline when that is longer.
-	lease time.Duration
 
 	// Set by step run, while the call owns the claim:
 	token   string          // the claim's owner token
@@ -75,11 +72,7 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 		}
 		return handler(ctx, req)
 	}
-	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial, lease: s.lease}
-	if dl, ok := ctx.Deadline(); ok {
-		c.lease = max(c.lease, time.Until(dl))
-	}
-	c.lease = max(c.lease, s.detachMax)
+	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial}
 	if err := c.key(key); err != nil {
 		return nil, err
 	}
@@ -161,8 +154,11 @@ func (c *srvIdemCall) await(running *srvFlight, done <-chan struct{}) (*srvOutco
 func (c *srvIdemCall) claim() (any, error) {
 	defer c.s.flights.finish(c.f) // after c.f.out is written, or with it unset: waiters compete again
 	for {
-		start := c.s.m.start()
-		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.lease)
+		start := c.s.m.start() // zero without metrics
+		if start.IsZero() && c.s.detachMax > 0 {
+			start = time.Now() // a detached handler's lease runs from here at the latest
+		}
+		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
 		c.s.m.storeDone(c.ctx, c.info.FullMethod, srvOpClaim, start, err)
 		if err != nil {
 			return c.claimFailed(err)
@@ -189,7 +185,7 @@ func (c *srvIdemCall) claim() (any, error) {
 				return nil, err
 			}
 		case idempotency.Owned:
-			return c.run(cl.Token)
+			return c.run(cl.Token, start)
 		default:
 			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", cl.State)
 		}
@@ -246,22 +242,28 @@ func (c *srvIdemCall) poll(retryAfter time.Duration) error {
 // run is step run: the call owns the claim (token) and runs the handler,
 // whose metadata it captures, renewing the lease every lease/3 while the
 // handler runs; then it settles the claim: deferred, so that a panic
-// settles it too before it goes on.
-func (c *srvIdemCall) run(token string) (resp any, err error) {
+// settles it too before it goes on. By default the handler runs detached
+// from the caller (srvDetached), until the server's maximum, counted, as
+// its lease is, from claimed: a time before the Claim was sent (zero when
+// the handler is not detached).
+func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error) {
 	c.token, c.sctx = token, c.ctx
-	if c.s.detach {
+	if c.s.detach || c.s.detachMax > 0 {
 		c.sctx = context.WithoutCancel(c.ctx)
 	}
 	hctx := c.ctx
-	var cancel context.CancelFunc
+	var det *srvDetached
 	if c.s.detachMax > 0 {
 		// WithIdempotencyDetachedHandler: the caller's end does not reach
-		// the handler; the server's maximum and a lost lease do.
-		hctx, cancel = context.WithTimeout(context.WithoutCancel(c.ctx), c.s.detachMax)
-		defer cancel()
+		// the handler; the server's maximum and a lost lease do (the
+		// renewal ends det), and so does the handler's return, as grpc
+		// ends a call's context (deferred after settle, so it runs last).
+		det = newSrvDetached(c.sctx, claimed.Add(c.s.detachMax))
+		hctx = det
+		defer det.end(context.Canceled)
 	}
-	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.lease, c.info.FullMethod, cancel)
+	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
+	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, det, claimed)
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
 	c.s.m.execution(c.ctx, c.info.FullMethod)
@@ -272,12 +274,17 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 
 // srvRenewal renews an owned claim's lease every lease/3 while the handler
 // runs (finding 4 of issue 14: a handler that outlived its lease ran again,
-// concurrently, on another server). It is the timer's, not the record's:
-// nothing stored points to it.
+// concurrently, on another server), and ends a detached handler's context
+// at its deadline, when the lease is lost, and when the lease may end
+// before a renewal can reach the store: a tenth of the lease before the end
+// of the last lease the store granted (srvLeaseMargin), so that a
+// duplicate on another replica, which can claim the key only once the
+// lease has ended, never starts while the handler's context is live. It
+// is the timer's, not the record's: nothing stored points to it.
 //
 // Renewals are pooled with their timer (srvIdem.renewals), so that a first
 // execution does not allocate a timer and its state: a renewal goes back to
-// the pool only when stop removed its pending timer, so no run of renew is
+// the pool only when stop removed its pending timer, so no run of fire is
 // under way or to come that could see the next call's fields.
 type srvRenewal struct {
 	// The fields up to t are set by startRenewal, under mu, before the
@@ -288,67 +295,122 @@ type srvRenewal struct {
 	token  string
 	lease  time.Duration
 	method string
-	cancel context.CancelFunc // cancels a detached handler when the lease is lost; nil otherwise
-	t      *time.Timer        // made once per pooled renewal; Reset and Stop under mu
+	det    *srvDetached // a detached handler's context, ended at its deadline or when the lease is lost; nil otherwise
+	t      *time.Timer  // made once per pooled renewal; Reset and Stop under mu
 
 	mu      sync.Mutex
-	stopped bool // guarded by mu; no renewal starts once set
+	next    time.Time // when the next renewal is due; guarded by mu
+	cutoff  time.Time // with det: when det ends unless a renewal succeeds first; guarded by mu
+	stopped bool      // guarded by mu; no renewal starts once set
 }
 
+// srvLeaseMargin is what is left of a lease when a detached handler whose
+// renewals have all failed is cancelled: the lease's tenth, for the
+// lateness of timers and the time the cancellation takes to reach the
+// handler.
+func srvLeaseMargin(lease time.Duration) time.Duration { return lease / 10 }
+
 // startRenewal returns a running renewal of the claim of rk held with token,
-// its first renewal due after lease/3.
+// its first renewal due after lease/3; its timer fires first at det's
+// deadline when that is sooner. claimed is a time before the claim was
+// sent (zero without det): the store's lease ends after claimed+lease.
 func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, token string, lease time.Duration,
-	method string, cancel context.CancelFunc) *srvRenewal {
+	method string, det *srvDetached, claimed time.Time) *srvRenewal {
 	r, _ := s.renewals.Get().(*srvRenewal)
 	if r == nil {
 		r = new(srvRenewal)
 	}
-	r.mu.Lock() // renew waits for the fields and t
-	r.s, r.sctx, r.rk, r.token, r.lease, r.method, r.cancel, r.stopped = s, sctx, rk, token, lease, method, cancel, false
-	if r.t == nil {
-		r.t = time.AfterFunc(lease/3, r.renew)
+	r.mu.Lock() // fire waits for the fields and t
+	r.s, r.sctx, r.rk, r.token, r.lease, r.method, r.det, r.stopped = s, sctx, rk, token, lease, method, det, false
+	first := lease / 3
+	if det != nil {
+		r.next = claimed.Add(first)
+		r.cutoff = claimed.Add(lease - srvLeaseMargin(lease))
+		first = min(first, det.deadline.Sub(claimed))
 	} else {
-		r.t.Reset(lease / 3)
+		r.next = time.Time{} // due at the first firing
+	}
+	if r.t == nil {
+		r.t = time.AfterFunc(first, r.fire)
+	} else {
+		r.t.Reset(first)
 	}
 	r.mu.Unlock()
 	return r
 }
 
-// renew is the timer's function: it renews the lease and sets the timer
-// again, until stop or the lease is no longer the call's.
-func (r *srvRenewal) renew() {
+// fire is the timer's function: it ends a detached handler's context at
+// its deadline or its lease's cutoff, renews the lease when a renewal is
+// due, and sets the timer again, until stop or the lease is no longer the
+// call's.
+func (r *srvRenewal) fire() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
 		return
 	}
+	now := time.Now()
+	if r.det != nil && !now.Before(r.det.deadline) {
+		r.det.end(context.DeadlineExceeded) // the server's maximum
+	}
+	if !now.Before(r.next) {
+		if !r.renew(now) {
+			return
+		}
+		now = time.Now()
+		r.next = now.Add(r.lease / 3)
+	}
+	d := r.next.Sub(now)
+	if r.det != nil && !r.det.ended() {
+		if !now.Before(r.cutoff) {
+			r.s.log.warn("idempotency: the lease may end before a renewal reaches the store; "+
+				"cancelling the detached handler, since a duplicate may then run it", "method", r.method)
+			r.det.end(context.Canceled)
+		} else {
+			d = min(d, r.det.deadline.Sub(now), r.cutoff.Sub(now))
+		}
+	}
+	r.t.Reset(d)
+}
+
+// renew renews the lease, under mu, and reports whether it is still the
+// call's. now is when it starts: a successful renewal's lease ends after
+// now+lease.
+func (r *srvRenewal) renew(now time.Time) bool {
 	// A renewal that takes longer than the time to the next one is of no
 	// use, and stop (the call's settle) waits for it under mu: bound it, so
-	// a stalled store cannot hold up the end of the call.
-	ctx, cancel := context.WithTimeout(r.sctx, r.lease/3)
+	// a stalled store cannot hold up the end of the call; with a detached
+	// handler, bound it by the cutoff too, so that a stalled renewal does
+	// not hold up the handler's cancellation.
+	timeout := r.lease / 3
+	if r.det != nil && !r.det.ended() {
+		timeout = min(timeout, max(r.cutoff.Sub(now), time.Millisecond))
+	}
+	ctx, cancel := context.WithTimeout(r.sctx, timeout)
 	start := r.s.m.start()
 	err := r.s.store.Renew(ctx, r.rk, r.token, r.lease)
 	cancel()
 	r.s.m.storeDone(r.sctx, r.method, srvOpRenew, start, err)
 	switch {
 	case err == nil:
+		r.cutoff = now.Add(r.lease - srvLeaseMargin(r.lease))
 	case errors.Is(err, idempotency.ErrNotOwner):
 		r.s.log.warn("idempotency: the lease ended while the handler ran; a duplicate may run it too",
 			"method", r.method, "error", err)
-		if r.cancel != nil {
-			r.cancel() // a detached handler is bounded by its lease
+		if r.det != nil {
+			r.det.end(context.Canceled) // a detached handler is bounded by its lease
 		}
-		return
+		return false
 	default:
 		r.s.log.warn("idempotency: renewing the lease failed; trying again", "method", r.method, "error", err)
 	}
-	r.t.Reset(r.lease / 3)
+	return true
 }
 
 // stop ends the renewals: one running finishes first (mu), none starts
 // after. The caller must not use r afterwards: when its timer was still
 // pending (the usual case: the handler ran for less than lease/3), no run
-// of renew can come, and r goes back to the pool.
+// of fire can come, and r goes back to the pool.
 func (r *srvRenewal) stop() {
 	r.mu.Lock()
 	r.stopped = true
@@ -356,7 +418,7 @@ func (r *srvRenewal) stop() {
 	s := r.s
 	if pending {
 		// Drop what the next call must not keep alive.
-		r.s, r.sctx, r.rk, r.token, r.cancel = nil, nil, idempotency.RecordKey{}, "", nil
+		r.s, r.sctx, r.rk, r.token, r.det = nil, nil, idempotency.RecordKey{}, "", nil
 	}
 	r.mu.Unlock()
 	if pending {

@@ -78,6 +78,7 @@ func limiterMetricName(name string) string {
 // value records nothing.
 type srvLimitMetrics struct {
 	on        bool
+	gauges    metric.Registration // the gauges' callback; nil when off. Server.Close unregisters it
 	admitted  metric.Int64Counter
 	shed      metric.Int64Counter
 	queueWait metric.Float64Histogram
@@ -93,8 +94,8 @@ type srvLimitSets struct {
 }
 
 // newSrvLimitMetrics builds the instruments of ls with mp (nil: off) and
-// registers the gauges, which read ls at each collection. The registration
-// lasts as long as mp: a Server has no Close.
+// registers the gauges, which read ls at each collection, until
+// Server.Close unregisters them.
 func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetrics, error) {
 	m := &srvLimitMetrics{}
 	if mp == nil {
@@ -104,7 +105,8 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 	m.admitted = mk.counter(metricSrvLimitAdmitted, "{call}", "Calls admitted by the server's concurrency limit or CPU shedder.")
 	m.shed = mk.counter(metricSrvLimitShed, "{call}", "Calls shed by the server's overload protection, by reason and criticality.")
 	m.queueWait = mk.seconds(metricSrvLimitQueueWait, "Time calls waited in a concurrency limit's queue, admitted or not.")
-	if err := registerLimitGauges(&mk, ls); err != nil {
+	var err error
+	if m.gauges, err = registerLimitGauges(&mk, ls); err != nil {
 		return nil, err
 	}
 	m.methods.build = newSrvLimitSets
@@ -114,13 +116,13 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 
 // registerLimitGauges registers the gauges of the current limit, the calls
 // in flight and the calls queued of each limiter of ls, with attribute
-// sets built here, once.
-func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) error {
+// sets built here, once, and returns the callback's registration.
+func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) (metric.Registration, error) {
 	current := mk.gauge(metricSrvLimitCurrent, "{call}", "Current concurrency limit of each limiter; the CPU shedder's bandwidth-delay product.")
 	inFlight := mk.gauge(metricSrvLimitInFlight, "{call}", "Calls admitted and running under each limiter.")
 	queued := mk.gauge(metricSrvLimitQueued, "{call}", "Calls waiting in each limiter's queue.")
 	if mk.err != nil {
-		return mk.err
+		return nil, mk.err
 	}
 	// sets follows ls.statuses: the CPU shedder's first, when there is one.
 	sets := make([]metric.ObserveOption, 0, len(ls.all)+1)
@@ -130,7 +132,7 @@ func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) error {
 	for _, nl := range ls.all {
 		sets = append(sets, metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name)))))
 	}
-	_, err := mk.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	return mk.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for i, st := range ls.statuses(ls.clk.Now()) {
 			o.ObserveInt64(current, int64(st.Limit), sets[i])
 			o.ObserveInt64(inFlight, int64(st.InFlight), sets[i])
@@ -140,7 +142,6 @@ func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) error {
 		}
 		return nil
 	}, current, inFlight, queued)
-	return err
 }
 
 // sets returns the attribute sets of fullMethod, building them on its first

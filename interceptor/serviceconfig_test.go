@@ -125,7 +125,7 @@ func TestNewClientReportsBadOptions(t *testing.T) {
 		opt  ClientOption
 		want string
 	}{
-		{"bad method name", WithRetryPolicy(fastPolicy(2), "/onlyservice"), `interceptor: WithRetryPolicy: method "/onlyservice": want /package.Service/Method`},
+		{"bad method name", WithRetryPolicy(fastPolicy(2), "/onlyservice"), `interceptor: WithRetryPolicy: "/onlyservice" is not a full method: want "/package.Service/Method"`},
 		{"negative pushback", WithMaxServerPushback(-time.Second), "interceptor: WithMaxServerPushback(-1s): must not be negative"},
 		{"nil config", WithServiceConfig(nil), "interceptor: WithServiceConfig: nil config"},
 		{"duplicate names", WithMethodConfig(

@@ -218,7 +218,7 @@ func soakConfigs() [2]*serviceconfig.Config {
 	mk := func(attempts, slots int, failures int) *serviceconfig.Config {
 		retry := &serviceconfig.RetryPolicy{
 			MaxAttempts: attempts, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
-			BackoffMultiplier: 2, RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+			BackoffMultiplier: 2, RetryableStatusCodes: []codes.Code{codes.Unavailable},
 		}
 		guard := func() (*serviceconfig.CircuitBreaker, *serviceconfig.Bulkhead) {
 			return &serviceconfig.CircuitBreaker{ConsecutiveFailures: failures, OpenDuration: 20 * time.Millisecond, HalfOpenProbes: 2},
@@ -230,7 +230,7 @@ func soakConfigs() [2]*serviceconfig.Config {
 			{Name: []serviceconfig.Name{{Service: svc}}, RetryPolicy: retry, CircuitBreaker: cb1, Bulkhead: bh1},
 			{
 				Name:           []serviceconfig.Name{{Service: svc, Method: "Lookup"}},
-				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: attempts, HedgingDelay: 2 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable)},
+				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: attempts, HedgingDelay: 2 * time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
 				CircuitBreaker: cb2, Bulkhead: bh2,
 			},
 		}}

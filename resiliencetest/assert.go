@@ -6,7 +6,9 @@ import (
 )
 
 // RequireAttempts fails the test now unless the server saw exactly want
-// attempts of fullMethod.
+// attempts of fullMethod: every attempt that arrived, those a server
+// interceptor such as faultinject's ended before the handler included
+// (when the Server was started by Start or Serve).
 func RequireAttempts(t testing.TB, s *Server, fullMethod string, want int) {
 	t.Helper()
 	if got := len(s.Attempts(fullMethod)); got != want {

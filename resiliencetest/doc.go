@@ -15,6 +15,22 @@
 //	// ... call, then:
 //	resiliencetest.RequireAttempts(t, srv, resiliencetest.EchoMethod, 3)
 //
+// # With faultinject
+//
+// Give faultinject's server interceptors to Start as server options. The
+// Server records each attempt as it arrives, before them, so the attempts
+// the injector aborts count in Attempts and RequireAttempts (with
+// Attempt.Handled false), and the scripts apply to the attempts that reach
+// the handler:
+//
+//	conn := resiliencetest.Start(t, srv, client.DialOptions(),
+//		grpc.ChainUnaryInterceptor(inj.UnaryServerInterceptor()),
+//		grpc.ChainStreamInterceptor(inj.StreamServerInterceptor()))
+//
+// Installed on the client instead (inside the client's interceptors), the
+// injector fails attempts that never reach the server, and the Server
+// cannot see them: count those with the injector's Counts.
+//
 // A Server is safe for concurrent use. Scripts are consumed in the order
-// attempts arrive, per method.
+// attempts reach the handler, per method.
 package resiliencetest

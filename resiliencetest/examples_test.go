@@ -8,10 +8,11 @@ import (
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/faultinject"
 	"github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
@@ -28,7 +29,7 @@ func Example() {
 	client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
 		MaxAttempts:          4,
 		InitialBackoff:       time.Millisecond,
-		RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+		RetryableStatusCodes: []codes.Code{codes.Unavailable},
 	}))
 	if err != nil {
 		log.Fatal(err)
@@ -68,7 +69,7 @@ func TestRetryPolicyInSynctest(t *testing.T) {
 				InitialBackoff:       10 * time.Second,
 				MaxBackoff:           time.Minute,
 				BackoffMultiplier:    2,
-				RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+				RetryableStatusCodes: []codes.Code{codes.Unavailable},
 				Jitter:               serviceconfig.JitterNone,
 			}),
 		)
@@ -111,4 +112,48 @@ func ExampleServer_OnCall() {
 	// Output:
 	// ResourceExhausted
 	// OK
+}
+
+// With faultinject on the server: the Server records every attempt as it
+// arrives, before the injector's interceptors, so the attempts the
+// injector aborted count too (Handled false) and RequireAttempts counts
+// what the client sent.
+func Example_faultinject() {
+	srv := resiliencetest.NewServer()
+	inj, err := faultinject.New(faultinject.Config{Seed: 8, Faults: []faultinject.Fault{{
+		Methods: []string{resiliencetest.EchoMethod},
+		Abort:   &faultinject.Abort{Code: codes.Unavailable, Rate: 0.5},
+	}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
+		MaxAttempts:          4,
+		InitialBackoff:       time.Millisecond,
+		RetryableStatusCodes: []codes.Code{codes.Unavailable},
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// In a test: conn := resiliencetest.Start(t, srv, client.DialOptions(), <the same server options>)
+	conn, stop, err := resiliencetest.Serve(srv, client.DialOptions(),
+		grpc.ChainUnaryInterceptor(inj.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(inj.StreamServerInterceptor()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
+
+	_, err = echov1.NewEchoServiceClient(conn).Echo(context.Background(), &echov1.EchoRequest{Message: "hi"})
+	fmt.Println("call:", status.Code(err))
+	for _, a := range srv.Attempts(resiliencetest.EchoMethod) {
+		fmt.Println("attempt", a.N, "reached the handler:", a.Handled)
+	}
+	fmt.Println("aborts injected:", inj.Counts().Aborts)
+	// Output:
+	// call: OK
+	// attempt 1 reached the handler: false
+	// attempt 2 reached the handler: false
+	// attempt 3 reached the handler: true
+	// aborts injected: 2
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -76,6 +77,12 @@ type Attempt struct {
 	Previous int
 	// MD is the incoming metadata.
 	MD metadata.MD
+	// Handled reports whether the attempt reached the Server's handler.
+	// It is false for an attempt that a server interceptor ended first,
+	// such as one faultinject aborted: a Server started by Start or Serve
+	// records every attempt that arrives, before the interceptors given
+	// as server options, so that counts are what the client sent.
+	Handled bool
 }
 
 // Server is the scripted fake echo service. The zero value is not usable:
@@ -96,7 +103,8 @@ func NewServer() *Server {
 }
 
 // Script appends steps to the script of a full method: its next attempts
-// take them in order; once they are used up, attempts echo.
+// that reach the handler take them in order (an attempt a server
+// interceptor ended takes none); once they are used up, attempts echo.
 func (s *Server) Script(fullMethod string, steps ...Step) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -129,8 +137,12 @@ func (s *Server) Attempts(fullMethod string) []Attempt {
 	return out
 }
 
-// begin records an attempt and returns its step.
-func (s *Server) begin(ctx context.Context, method string) Step {
+// arrivalKey marks the context of an attempt already recorded as it
+// arrived: its value is the attempt's index in Server.attempts.
+type arrivalKey struct{}
+
+// arrive records an attempt as it arrives and returns its index.
+func (s *Server) arrive(ctx context.Context, method string) int {
 	md, _ := metadata.FromIncomingContext(ctx)
 	prev := -1
 	if v := md.Get("grpc-previous-rpc-attempts"); len(v) > 0 {
@@ -139,9 +151,36 @@ func (s *Server) begin(ctx context.Context, method string) Step {
 		}
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.counts[method]++
-	a := Attempt{Method: method, N: s.counts[method], Previous: prev, MD: md.Copy()}
-	s.attempts = append(s.attempts, a)
+	s.attempts = append(s.attempts, Attempt{Method: method, N: s.counts[method], Previous: prev, MD: md.Copy()})
+	return len(s.attempts) - 1
+}
+
+// recorder is the stats handler by which a Server records every attempt
+// as it arrives: grpc tags an RPC before any server interceptor runs,
+// whether grpc.UnaryInterceptor or a chain installed it, and the context
+// it returns is the one the interceptors and the handler get.
+type recorder struct{ s *Server }
+
+func (r recorder) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, arrivalKey{}, r.s.arrive(ctx, info.FullMethodName))
+}
+
+func (recorder) HandleRPC(context.Context, stats.RPCStats)                         {}
+func (recorder) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (recorder) HandleConn(context.Context, stats.ConnStats)                       {}
+
+// begin marks the attempt of ctx handled (recording it first when no
+// recording interceptor did) and returns its step.
+func (s *Server) begin(ctx context.Context, method string) Step {
+	i, ok := ctx.Value(arrivalKey{}).(int)
+	if !ok {
+		i = s.arrive(ctx, method)
+	}
+	s.mu.Lock()
+	s.attempts[i].Handled = true
+	a := s.attempts[i]
 	f := s.onCall
 	var step Step
 	if f == nil {
@@ -265,8 +304,17 @@ func (s *Server) BidiStream(ss grpc.BidiStreamingServer[echov1.BidiStreamRequest
 // interceptors), and returns a connection dialed with dialOpts (such as a
 // Client's DialOptions) and a function that closes the connection and stops
 // the server. Tests use Start; Serve is for Examples and programs.
+//
+// When srv is a *Server, it records every attempt as it arrives (in a
+// stats handler), before the interceptors of serverOpts, whichever option
+// installs them: an attempt that one of them ends (such
+// as faultinject's server interceptors aborting it) is in Attempts, with
+// Handled false, and counts for RequireAttempts.
 func Serve(srv echov1.EchoServiceServer, dialOpts []grpc.DialOption, serverOpts ...grpc.ServerOption) (*grpc.ClientConn, func(), error) {
 	lis := bufconn.Listen(1 << 20)
+	if s, ok := srv.(*Server); ok {
+		serverOpts = append([]grpc.ServerOption{grpc.StatsHandler(recorder{s})}, serverOpts...)
+	}
 	gs := grpc.NewServer(serverOpts...)
 	echov1.RegisterEchoServiceServer(gs, srv)
 	served := make(chan struct{})

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
+	"google.golang.org/grpc/codes"
 )
 
 // DefaultMaxAttemptsCap is the largest MaxAttempts a retry or hedging policy
@@ -38,7 +38,19 @@ type Config struct {
 	// maxAttemptsCap is the cap Parse lowered MaxAttempts to; 0 for a
 	// Config built in Go.
 	maxAttemptsCap int
+
+	// warnings are Parse's warnings about the document, in document order.
+	warnings []error
 }
+
+// Warnings returns what Parse found questionable in the document that it
+// still accepted, as *Error values naming JSON paths: unknown keys in gRFC
+// A6's own objects (grpc-go ignores them, and so does Parse; a key that is
+// one of this module's own misspelt or misplaced is an error instead), with
+// the known key each one most likely misspells. It returns nil for a
+// Config built in Go. svcconfig check prints them, and fails on them with
+// -strict.
+func (c *Config) Warnings() []error { return c.warnings }
 
 // MaxAttemptsCap returns the cap on MaxAttempts that Parse applied to c (5
 // unless WithMaxAttemptsCap changed it), or 0 when c was built in Go. A
@@ -56,7 +68,9 @@ type HealthCheckConfig struct {
 // Name selects the methods a MethodConfig applies to. Service and Method are
 // both set for one method; Service alone selects every method of a service;
 // both empty is the default for every method. Method without Service is
-// invalid.
+// invalid, and so is a name that can never match a call (see Validate):
+// grpc's full method "/shop.Orders/Pay" is {Service: "shop.Orders",
+// Method: "Pay"}.
 type Name struct {
 	// Service is the fully qualified service name, such as "shop.Orders".
 	Service string `json:"service,omitempty"`
@@ -111,9 +125,9 @@ type MethodConfig struct {
 // entry applies. A name without the leading slash is accepted.
 //
 // Names match as grpc-go matches them, by the key "/service/method" (or
-// "/service/" for a whole service), so a name whose parts hold a slash
-// matches what grpc-go's would. When c was not validated and two entries
-// hold the same name, the first wins.
+// "/service/" for a whole service). When c was not validated, a name whose
+// parts hold a slash matches what grpc-go's would, and when two entries
+// hold the same name, the first wins; Validate refuses both.
 //
 // Lookup scans the entries and does not allocate; resolve a method once and
 // keep the result rather than calling Lookup on every call.
@@ -237,10 +251,13 @@ type RetryPolicy struct {
 	BackoffMultiplier float64
 
 	// RetryableStatusCodes, when non-empty, is the exact set of codes to
-	// retry. Empty means the defaults of package codes: UNAVAILABLE,
-	// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED of an attempt's own timeout, and
-	// ABORTED for idempotent methods.
-	RetryableStatusCodes rescodes.Set
+	// retry, such as []codes.Code{codes.Unavailable} (grpc's codes; order
+	// and repeats do not matter, and Parse gives them sorted, each once).
+	// Empty means the default rules: UNAVAILABLE, RESOURCE_EXHAUSTED,
+	// DEADLINE_EXCEEDED of an attempt's own timeout, and ABORTED for
+	// idempotent methods. A client turns the list into a bitmask once, when
+	// it resolves the method's policy, so a call never scans it.
+	RetryableStatusCodes []codes.Code
 
 	// PerAttemptRecvTimeout, when positive, bounds each attempt until it
 	// commits (for unary calls, the whole attempt) within the caller's
@@ -272,8 +289,8 @@ type HedgingPolicy struct {
 	// then, further copies go out only after non-fatal failures.
 	HedgingDelay time.Duration
 	// NonFatalStatusCodes are the codes after which hedging goes on; any
-	// other code ends the call.
-	NonFatalStatusCodes rescodes.Set
+	// other code ends the call. A list, as RetryableStatusCodes.
+	NonFatalStatusCodes []codes.Code
 
 	// HedgingDelayQuantile, in (0, 1), makes the delay adaptive (an
 	// extension field): each call waits the method's observed attempt
@@ -383,9 +400,10 @@ type CircuitBreaker struct {
 	// HalfOpenProbes is how many attempts half-open lets through at once;
 	// that many successes close the breaker, one failure opens it. 0 means 1.
 	HalfOpenProbes int
-	// FailureStatusCodes, when non-empty, is the set of codes that count as
-	// failures; empty means codes.DefaultBreakerFailures.
-	FailureStatusCodes rescodes.Set
+	// FailureStatusCodes, when non-empty, lists the codes that count as
+	// failures, as RetryableStatusCodes lists its codes; empty means the
+	// default set, DefaultBreakerFailures of this module's package codes.
+	FailureStatusCodes []codes.Code
 }
 
 // Bulkhead bounds how much of a client one method may occupy. An extension

@@ -3,13 +3,13 @@ package serviceconfig_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -82,11 +82,17 @@ func TestConfigValidate(t *testing.T) {
 		{name: "defaults", config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{Name: ordersName, RetryPolicy: valid}}}},
 		{name: "method without service",
 			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{Name: []serviceconfig.Name{{Method: "M"}}}}},
-			wantErr: "serviceconfig: methodConfig[0].name[0]: method set without service"},
+			wantErr: `serviceconfig: methodConfig[0].name[0]: method "M" set without service`},
 		{name: "names colliding through a slash",
 			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{
 				{Name: []serviceconfig.Name{{Service: "a/b", Method: "c"}}},
 				{Name: []serviceconfig.Name{{Service: "a", Method: "b/c"}}},
+			}},
+			wantErr: `serviceconfig: methodConfig[0].name[0]: service "a/b" holds a slash`},
+		{name: "names colliding by key",
+			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{
+				{Name: []serviceconfig.Name{{Service: "a", Method: "b"}}},
+				{Name: []serviceconfig.Name{{Service: "a", Method: "b"}}},
 			}},
 			wantErr: "serviceconfig: methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
 		{name: "negative timeout", config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{Timeout: -1}}},
@@ -146,7 +152,7 @@ func TestMarshalJSON(t *testing.T) {
 		{name: "zero", config: serviceconfig.Config{}, want: `{}`},
 		{name: "defaults are written out",
 			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
-				RetryPolicy: &serviceconfig.RetryPolicy{RetryableStatusCodes: rescodes.Of(codes.Unavailable)},
+				RetryPolicy: &serviceconfig.RetryPolicy{RetryableStatusCodes: []codes.Code{codes.Unavailable}},
 			}}},
 			want: `{"methodConfig":[{"name":[],"retryPolicy":{"maxAttempts":3,"initialBackoff":"0.1s","maxBackoff":"5s","backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}`},
 		{name: "every block",
@@ -155,9 +161,9 @@ func TestMarshalJSON(t *testing.T) {
 					Name:          []serviceconfig.Name{{Service: "shop.Orders", Method: "Create"}, {}},
 					WaitForReady:  ptr(true),
 					Timeout:       1500 * time.Millisecond,
-					HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Internal)},
+					HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Internal}},
 					CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 3, Window: time.Minute,
-						FailureStatusCodes: rescodes.Of(codes.Unknown, codes.DataLoss)},
+						FailureStatusCodes: []codes.Code{codes.Unknown, codes.DataLoss}},
 					Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 8, MaxQueueWait: 20 * time.Millisecond},
 				}},
 				RetryThrottling:     &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
@@ -177,7 +183,7 @@ func TestMarshalJSON(t *testing.T) {
 			}}},
 			want: `{"methodConfig":[{"name":[],"hedgingPolicy":{"maxAttempts":2,"hedgingDelayQuantile":0.95,"hedgingDelayFloor":"0.001s","hedgingDelayMinSamples":50}}]}`},
 		{name: "one attempt has no document form",
-			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 1, RetryableStatusCodes: 1}}}},
+			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 1, RetryableStatusCodes: []codes.Code{codes.OK}}}}},
 			wantErr: "serviceconfig: methodConfig[0].retryPolicy.maxAttempts: 1 (no retry) has no document form"},
 		{name: "default codes have no document form",
 			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{}}}},
@@ -249,5 +255,36 @@ func TestWithMaxAttemptsCapAppliesToHedging(t *testing.T) {
 	}
 	if got := c.MethodConfig[0].HedgingPolicy.MaxAttempts; got != 7 {
 		t.Fatalf("Parse(hedging maxAttempts 9, WithMaxAttemptsCap(7)) MaxAttempts = %d, want 7", got)
+	}
+}
+
+// TestNameValidate pins the names that can never match a call, and that
+// the error quotes the part at fault.
+func TestNameValidate(t *testing.T) {
+	tests := []struct {
+		n       serviceconfig.Name
+		wantErr string
+	}{
+		{serviceconfig.Name{}, ""},
+		{serviceconfig.Name{Service: "shop.Orders"}, ""},
+		{serviceconfig.Name{Service: "shop.Orders", Method: "Pay"}, ""},
+		{serviceconfig.Name{Service: "shop-v2.Orders_X", Method: "pay_now"}, ""},
+		{serviceconfig.Name{Method: "Pay"}, `serviceconfig: method "Pay" set without service`},
+		{serviceconfig.Name{Service: "/shop.Orders/Pay"}, `serviceconfig: service "/shop.Orders/Pay" holds a slash: for one method write {"service": "shop.Orders", "method": "Pay"}`},
+		{serviceconfig.Name{Service: "shop.Orders/Pay"}, `serviceconfig: service "shop.Orders/Pay" holds a slash: for one method write {"service": "shop.Orders", "method": "Pay"}`},
+		{serviceconfig.Name{Service: "/shop.Orders"}, `serviceconfig: service "/shop.Orders" holds a slash: write "shop.Orders"`},
+		{serviceconfig.Name{Service: "shop.Orders/", Method: "Pay"}, `serviceconfig: service "shop.Orders/" holds a slash: write "shop.Orders"`},
+		{serviceconfig.Name{Service: "a/b/c"}, `serviceconfig: service "a/b/c" holds a slash`},
+		{serviceconfig.Name{Service: "shop.Orders", Method: "/Pay"}, `serviceconfig: method "/Pay" holds a slash: a method is its bare name, such as "Pay"`},
+		{serviceconfig.Name{Service: "shop.Orders", Method: "Pay\n"}, `serviceconfig: method "Pay\n" holds a space or control character`},
+		{serviceconfig.Name{Service: " shop.Orders"}, `serviceconfig: service " shop.Orders" holds a space or control character`},
+		{serviceconfig.Name{Service: ".shop.Orders"}, `serviceconfig: service ".shop.Orders" has an empty part: write it as "shop.Orders", package and service`},
+		{serviceconfig.Name{Service: "shop..Orders"}, `serviceconfig: service "shop..Orders" has an empty part: write it as "shop.Orders", package and service`},
+	}
+	for _, tt := range tests {
+		err := tt.n.Validate()
+		if got := fmt.Sprint(err); (err == nil) != (tt.wantErr == "") || err != nil && got != tt.wantErr {
+			t.Errorf("%+v.Validate() = %v, want %q", tt.n, err, tt.wantErr)
+		}
 	}
 }

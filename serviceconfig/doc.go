@@ -27,7 +27,7 @@
 // and the rule it breaks, and Parse never panics:
 //
 //	serviceconfig: methodConfig[1].retryPolicy.maxAttempts: must be greater than 1
-//	serviceconfig: methodConfig[0].timeout: "100ms" is not a duration: it must end in "s", such as "0.5s"
+//	serviceconfig: methodConfig[0].timeout: "100ms" is not a duration: a service config takes seconds, so write "0.1s"
 //	serviceconfig: methodConfig[0]: invalid JSON at line 3, column 18: invalid character '}' ...
 //
 // # What Parse accepts
@@ -36,7 +36,11 @@
 //   - The document is a JSON object, or null (an empty config); empty input,
 //     other JSON values and trailing data are errors.
 //   - Keys match field names case-insensitively, as encoding/json matches
-//     them; unknown keys are ignored, whatever they hold. A key given twice
+//     them. In gRFC A6's own objects an unknown key is ignored, whatever it
+//     holds, and reported by [Config.Warnings] with the known key it most
+//     likely misspells (svcconfig check prints these warnings and fails on
+//     them with -strict); see "Unknown keys" below for the keys that are
+//     errors. A key given twice
 //     decodes twice, as in encoding/json: the last value wins, objects and
 //     arrays merge into the earlier ones, and a value that failed to decode
 //     fails the document even if a later one is good.
@@ -66,7 +70,12 @@
 //     empty method) a whole service, {} (or a null element) is the default.
 //     A method without a service is an error. A name given twice anywhere in
 //     the document is an error; names are compared as grpc-go files them,
-//     by the key "/service/method".
+//     by the key "/service/method". A name that can never match a call is
+//     an error too, where grpc-go accepts it and applies it to nothing: a
+//     slash in service or method ({"service": "/shop.Orders/Pay"} is
+//     written {"service": "shop.Orders", "method": "Pay"}), a space or a
+//     control character, an empty dotted part (".shop.Orders"); see
+//     [Name.Validate].
 //   - An entry whose name is absent or null is skipped: it must still decode
 //     (durations, status codes and types as above), but grpc-go does not
 //     check its policies, and neither does Parse; it is left out of Config.
@@ -93,15 +102,19 @@
 //
 // Only where grpc-go departs from gRFC A6, and where a pure package cannot
 // know what grpc-go knows:
+//
 //   - Status code names are case-insensitive (A6): "unavailable" is
 //     UNAVAILABLE. grpc-go accepts upper case only.
+//
 //   - hedgingPolicy is parsed and validated (A6): maxAttempts is required,
 //     greater than 1 and capped like retryPolicy's; hedgingDelay is an
 //     optional duration, not negative; nonFatalStatusCodes an optional
 //     list. grpc-go ignores the block.
+//
 //   - An entry with both retryPolicy and hedgingPolicy is an error (A6:
 //     "only one of retryPolicy or hedgingPolicy may be set"). grpc-go
 //     ignores hedgingPolicy and accepts it.
+//
 //   - retryThrottling is validated even when methodConfig is absent or null;
 //     grpc-go checks it only when methodConfig is present. maxTokens must be
 //     in (0, 1000]; digits of tokenRatio past the third decimal are dropped,
@@ -111,13 +124,19 @@
 //     where grpc-go uses it whole, so a success adds 0.0001 more tokens than
 //     in grpc-go. The cut is made on the decimal digits as written: 1.0059
 //     gives 1.005.
+//
 //   - loadBalancingConfig: grpc-go accepts a policy only if the running
 //     program registered it, and checks its config with that policy's
 //     parser. Parse sees no registry: a list whose policies are all
 //     unknown to it (neither pick_first nor round_robin) is accepted, and
 //     their configs are not checked. loadBalancingPolicy is not checked
 //     either; grpc-go falls back to pick_first for an unknown name.
+//
 //   - Our extension blocks, which grpc-go ignores, are validated (below).
+//
+//   - Unknown keys in our blocks are errors (below), and so is, in A6's
+//     objects, a key that is one of ours misspelt or put in the wrong
+//     place; grpc-go ignores both.
 //
 // One reading differs without changing a verdict: a timeout of "0s" is no
 // timeout here (the zero value of MethodConfig.Timeout), where grpc-go fails
@@ -171,6 +190,29 @@
 // (JSON has no comments; they are here for the reader.) Integers must be
 // JSON integers, numbers JSON numbers; a field left out is zero, which
 // means the default each field documents.
+//
+// # Unknown keys
+//
+// A misspelt key would otherwise leave its field at the default without a
+// word: "circuitBreaker": {"failureRate": 0.5, "openDurationMs": 100}
+// would run a breaker with the 5s default. Where the schema is ours, an
+// unknown key is an error that names its path and the closest known key:
+//
+//	serviceconfig: methodConfig[0].circuitBreaker.failureRate: unknown key: did you mean "failureRateThreshold"?
+//	serviceconfig: methodConfig[0].retryBudget: unknown key here: it belongs in the top level
+//
+// That holds in circuitBreaker, bulkhead and retryBudget, in every block of
+// the server document ([ParseServer]), and for our extension fields in
+// A6's objects (perAttemptRecvTimeout and jitter in retryPolicy, the
+// adaptive delay's fields in hedgingPolicy): in an A6 object, a key that is
+// close to one of ours (an edit distance of 2, or one a prefix of the
+// other, compared without regard to case) or that is one of ours in the
+// wrong object is an error. Any other unknown key in an A6 object stays a
+// warning ([Config.Warnings]), so that a document grpc-go accepts is not
+// refused for a field a newer gRFC adds. A required A6 field reported
+// missing names the unknown key that likely misspells it:
+//
+//	serviceconfig: methodConfig[0].retryPolicy.maxAttempts: is required and must be greater than 1 (the document has "maxAttemps": a misspelling?)
 //
 // # Writing a document
 //

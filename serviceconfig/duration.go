@@ -39,14 +39,47 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return errors.New(`must be a duration string such as "0.5s", not ` + jsonKind(b))
+		msg := `must be a duration string such as "0.5s", not ` + jsonKind(b)
+		var secs float64
+		if json.Unmarshal(b, &secs) == nil && math.Abs(secs) < maxProtoSeconds {
+			msg += `: write "` + formatDuration(time.Duration(secs*float64(time.Second))) + `"`
+		}
+		return errors.New(msg)
 	}
 	v, err := parseDuration(s)
 	if err != nil {
-		return err
+		return goForm(s, err)
 	}
 	*d = duration(v)
 	return nil
+}
+
+// goForm returns the error for s, which parseDuration refused with err,
+// with the form to write when s is a Go duration such as "100ms" or
+// "1m30s" (a service config takes seconds only), or a bare number.
+func goForm(s string, err error) error {
+	q := strconv.Quote(s)
+	if n := strings.TrimPrefix(s, "-"); n != "" && strings.Trim(n, "0123456789") == "" {
+		return errors.New(q + ` is not a duration: it needs its unit: write "` + s + `s" for seconds`)
+	}
+	if protoShaped(s) {
+		return err
+	}
+	d, perr := time.ParseDuration(s)
+	if perr != nil {
+		return err
+	}
+	return errors.New(q + ` is not a duration: a service config takes seconds, so write "` + formatDuration(d) + `"`)
+}
+
+// protoShaped reports whether s has the shape of a protobuf duration
+// (digits, one dot at most, a trailing "s"), right or wrong in its detail.
+func protoShaped(s string) bool {
+	s, ok := strings.CutSuffix(strings.TrimPrefix(s, "-"), "s")
+	if !ok || strings.Count(s, ".") > 1 {
+		return false
+	}
+	return strings.Trim(s, "0123456789.") == ""
 }
 
 // parseDuration parses s, the content of a protobuf JSON duration string, as

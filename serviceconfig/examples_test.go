@@ -45,7 +45,7 @@ func Example() {
 	}
 	fmt.Printf("throttling: %+v\n", *c.RetryThrottling)
 	// Output:
-	// /shop.Orders/Create: timeout 2s, 4 attempts, backoff 50ms to 1s ×2, jitter full, retry on RESOURCE_EXHAUSTED|UNAVAILABLE
+	// /shop.Orders/Create: timeout 2s, 4 attempts, backoff 50ms to 1s ×2, jitter full, retry on [ResourceExhausted Unavailable]
 	// /shop.Orders/Pay: no retry, breaker opens after 5 failures for 5s
 	// /shop.Carts/Get: no policy
 	// throttling: {MaxTokens:10 TokenRatio:0.1}

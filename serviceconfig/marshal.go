@@ -81,7 +81,7 @@ func newJSONMethod(mc *MethodConfig) (jsonMethod, error) {
 		switch {
 		case p.MaxAttempts == 1:
 			return m, newError("retryPolicy.maxAttempts", "1 (no retry) has no document form: drop the retryPolicy")
-		case p.RetryableStatusCodes.IsEmpty():
+		case len(p.RetryableStatusCodes) == 0:
 			return m, newError("retryPolicy.retryableStatusCodes", "empty (the default rules) has no document form: list the codes")
 		}
 		m.RetryPolicy = &jsonRetry{
@@ -89,7 +89,7 @@ func newJSONMethod(mc *MethodConfig) (jsonMethod, error) {
 			InitialBackoff:        jsonDuration(orDefault(p.InitialBackoff, DefaultInitialBackoff)),
 			MaxBackoff:            jsonDuration(orDefault(p.MaxBackoff, DefaultMaxBackoff)),
 			BackoffMultiplier:     orDefault(p.BackoffMultiplier, DefaultBackoffMultiplier),
-			RetryableStatusCodes:  p.RetryableStatusCodes,
+			RetryableStatusCodes:  rescodes.Of(p.RetryableStatusCodes...),
 			PerAttemptRecvTimeout: jsonDuration(p.PerAttemptRecvTimeout),
 			Jitter:                p.Jitter,
 		}
@@ -98,7 +98,7 @@ func newJSONMethod(mc *MethodConfig) (jsonMethod, error) {
 		m.HedgingPolicy = &jsonHedging{
 			MaxAttempts:         p.MaxAttempts,
 			HedgingDelay:        jsonDuration(p.HedgingDelay),
-			NonFatalStatusCodes: p.NonFatalStatusCodes,
+			NonFatalStatusCodes: rescodes.Of(p.NonFatalStatusCodes...),
 
 			HedgingDelayQuantile:   p.HedgingDelayQuantile,
 			HedgingDelayFloor:      jsonDuration(p.HedgingDelayFloor),
@@ -118,7 +118,7 @@ func newJSONMethod(mc *MethodConfig) (jsonMethod, error) {
 			OpenDuration:          jsonDuration(b.OpenDuration),
 			MaxOpenDuration:       jsonDuration(b.MaxOpenDuration),
 			HalfOpenProbes:        b.HalfOpenProbes,
-			FailureStatusCodes:    b.FailureStatusCodes,
+			FailureStatusCodes:    rescodes.Of(b.FailureStatusCodes...),
 		}
 	}
 	if b := mc.Bulkhead; b != nil {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	rescodes "github.com/grpc-resilience/resilience/codes"
 )
 
@@ -17,7 +19,9 @@ import (
 // extension blocks) and returns the validated Config, or an *Error naming
 // the JSON path of the first problem and the rule it breaks. Parse accepts
 // and rejects what grpc-go v1.85 does, except for the gRFC A6 corrections
-// the package documentation lists; it never panics.
+// and our own schema's strictness that the package documentation lists: an
+// unknown key in our blocks is an error naming the closest known key, and
+// one in A6's objects a warning ([Config.Warnings]). It never panics.
 func Parse(data []byte, opts ...ParseOption) (*Config, error) {
 	o := defaultParseOptions()
 	for _, opt := range opts {
@@ -37,7 +41,18 @@ func Parse(data []byte, opts ...ParseOption) (*Config, error) {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return nil, decodeError(data, err)
 	}
-	return w.config(o)
+	// Unknown keys: an error in our blocks, a warning in gRFC A6's objects
+	// (see keys.go).
+	kerr, unknown := checkKeys(data, reflect.TypeFor[wireConfig](), false)
+	if kerr != nil {
+		return nil, kerr
+	}
+	c, err := w.config(o)
+	if err != nil {
+		return nil, hint(err, unknown)
+	}
+	c.warnings = warnings(unknown)
+	return c, nil
 }
 
 // The wire types mirror grpc-go's jsonSC, jsonMC, jsonRetryPolicy, jsonName,
@@ -50,7 +65,7 @@ type wireConfig struct {
 	MethodConfig        *[]wireMethod
 	RetryThrottling     *wireThrottling
 	HealthCheckConfig   *wireHealthCheck
-	RetryBudget         *wireBudget
+	RetryBudget         *wireBudget `sc:"ours"`
 }
 
 type wireMethod struct {
@@ -61,8 +76,8 @@ type wireMethod struct {
 	MaxResponseMessageBytes leaf[*int64]
 	RetryPolicy             *wireRetry
 	HedgingPolicy           *wireHedging
-	CircuitBreaker          *wireBreaker
-	Bulkhead                *wireBulkhead
+	CircuitBreaker          *wireBreaker  `sc:"ours"`
+	Bulkhead                *wireBulkhead `sc:"ours"`
 }
 
 type wireName struct {
@@ -76,8 +91,8 @@ type wireRetry struct {
 	MaxBackoff            leaf[duration]
 	BackoffMultiplier     leaf[float64]
 	RetryableStatusCodes  leaf[[]code]
-	PerAttemptRecvTimeout leaf[*duration]
-	Jitter                leaf[string]
+	PerAttemptRecvTimeout leaf[*duration] `sc:"ours"`
+	Jitter                leaf[string]    `sc:"ours"`
 }
 
 type wireHedging struct {
@@ -86,9 +101,9 @@ type wireHedging struct {
 	NonFatalStatusCodes leaf[[]code]
 	// The adaptive delay: extension fields, ignored by grpc-go; null
 	// means absent.
-	HedgingDelayQuantile   leaf[*float64]
-	HedgingDelayFloor      leaf[*duration]
-	HedgingDelayMinSamples leaf[*int]
+	HedgingDelayQuantile   leaf[*float64]  `sc:"ours"`
+	HedgingDelayFloor      leaf[*duration] `sc:"ours"`
+	HedgingDelayMinSamples leaf[*int]      `sc:"ours"`
 }
 
 type wireThrottling struct {
@@ -245,13 +260,17 @@ func codeListError(path string, b []byte, err error) error {
 	return &Error{Path: path, Err: describe(err)}
 }
 
-// codeSet returns the set of the codes in list.
-func codeSet(list []code) rescodes.Set {
+// codeList returns the codes of list sorted, each once, or nil when list
+// is empty, so that a parsed Config has one form for one set of codes.
+func codeList(list []code) []codes.Code {
+	if len(list) == 0 {
+		return nil
+	}
 	var s rescodes.Set
 	for _, c := range list {
-		s |= 1 << c
+		s = s.With(codes.Code(c))
 	}
-	return s
+	return s.Codes()
 }
 
 // decimal is a JSON number kept with its text, so that tokenRatio can be cut
@@ -528,7 +547,7 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 			OpenDuration:          optDuration(b.OpenDuration.v),
 			MaxOpenDuration:       optDuration(b.MaxOpenDuration.v),
 			HalfOpenProbes:        b.HalfOpenProbes.v,
-			FailureStatusCodes:    codeSet(b.FailureStatusCodes.v),
+			FailureStatusCodes:    codeList(b.FailureStatusCodes.v),
 		}
 	}
 	if b := m.Bulkhead; b != nil {
@@ -564,7 +583,7 @@ func (r *wireRetry) policy(o parseOptions) (*RetryPolicy, error) {
 		InitialBackoff:        time.Duration(r.InitialBackoff.v),
 		MaxBackoff:            time.Duration(r.MaxBackoff.v),
 		BackoffMultiplier:     r.BackoffMultiplier.v,
-		RetryableStatusCodes:  codeSet(r.RetryableStatusCodes.v),
+		RetryableStatusCodes:  codeList(r.RetryableStatusCodes.v),
 		PerAttemptRecvTimeout: optDuration(r.PerAttemptRecvTimeout.v),
 		Jitter:                Jitter(r.Jitter.v),
 	}, nil
@@ -579,7 +598,7 @@ func (h *wireHedging) policy(o parseOptions) (*HedgingPolicy, error) {
 	p := &HedgingPolicy{
 		MaxAttempts:         min(h.MaxAttempts.v, o.maxAttemptsCap),
 		HedgingDelay:        optDuration(h.HedgingDelay.v),
-		NonFatalStatusCodes: codeSet(h.NonFatalStatusCodes.v),
+		NonFatalStatusCodes: codeList(h.NonFatalStatusCodes.v),
 		HedgingDelayFloor:   optDuration(h.HedgingDelayFloor.v),
 	}
 	switch q := h.HedgingDelayQuantile.v; {

@@ -78,7 +78,7 @@ func baseRetry() *serviceconfig.RetryPolicy {
 		InitialBackoff:       100 * time.Millisecond,
 		MaxBackoff:           time.Second,
 		BackoffMultiplier:    2,
-		RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+		RetryableStatusCodes: []codes.Code{codes.Unavailable},
 	}
 }
 
@@ -128,6 +128,7 @@ const (
 	diffThrottle  = "A6: retryThrottling is validated even without methodConfig"
 	diffExtension = "extension block: grpc-go ignores it"
 	diffRegistry  = "grpc-go needs a registered balancer; a pure package cannot see the registry"
+	diffNames     = "a name that can never match a call is refused; grpc-go accepts it and applies it to nothing"
 )
 
 func parseCases() []parseCase {
@@ -182,9 +183,9 @@ func parseCases() []parseCase {
 			doc:  `{"methodConfig": [{"name": [{"service": "shop.Orders"}, {"service": "shop.Carts", "method": "Get"}], "timeout": "1s"}]}`,
 			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "shop.Orders"}, {Service: "shop.Carts", Method: "Get"}}, Timeout: time.Second}},
 		{name: "method without service", doc: `{"methodConfig": [{"name": [{"method": "Create"}]}]}`,
-			wantErr: "serviceconfig: methodConfig[0].name[0]: method set without service"},
+			wantErr: `serviceconfig: methodConfig[0].name[0]: method "Create" set without service`},
 		{name: "method with null service", doc: `{"methodConfig": [{"name": [{"service": null, "method": "Create"}]}]}`,
-			wantErr: "methodConfig[0].name[0]: method set without service"},
+			wantErr: `methodConfig[0].name[0]: method "Create" set without service`},
 		{name: "duplicate name across entries", doc: `{"methodConfig": [{"name": [{"service": "shop.Orders"}]}, {"name": [{"service": "shop.Orders"}]}]}`,
 			wantErr: "serviceconfig: methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
 		{name: "duplicate name in one entry", doc: `{"methodConfig": [{"name": [{"service": "a", "method": "M"}, {"service": "a", "method": "M"}]}]}`,
@@ -193,11 +194,16 @@ func parseCases() []parseCase {
 			wantErr: "methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
 		{name: "duplicate service with empty method", doc: `{"methodConfig": [{"name": [{"service": "a"}, {"service": "a", "method": ""}]}]}`,
 			wantErr: "methodConfig[0].name[1]: duplicates"},
-		{name: "names whose keys collide through a slash", doc: `{"methodConfig": [{"name": [{"service": "a/b", "method": "c"}]}, {"name": [{"service": "a", "method": "b/c"}]}]}`,
-			wantErr: "methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
-		{name: "name with a slash matches as in grpc", meth: "/a/b/c",
-			doc:  `{"methodConfig": [{"name": [{"service": "a", "method": "b/c"}], "timeout": "1s"}]}`,
-			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "a", Method: "b/c"}}, Timeout: time.Second}},
+		{name: "service holding a full method", doc: `{"methodConfig": [{"name": [{"service": "/shop.Orders/Pay"}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service "/shop.Orders/Pay" holds a slash: for one method write {"service": "shop.Orders", "method": "Pay"}`},
+		{name: "service with a slash", doc: `{"methodConfig": [{"name": [{"service": "a/b", "method": "c"}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service "a/b" holds a slash`},
+		{name: "method with a slash", doc: `{"methodConfig": [{"name": [{"service": "a", "method": "b/c"}], "timeout": "1s"}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: method "b/c" holds a slash: a method is its bare name, such as "c"`},
+		{name: "service with a space", doc: `{"methodConfig": [{"name": [{"service": "shop.Orders "}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service "shop.Orders " holds a space or control character`},
+		{name: "service in protoc's dotted form", doc: `{"methodConfig": [{"name": [{"service": ".shop.Orders"}]}]}`, grpc: diffNames,
+			wantErr: `methodConfig[0].name[0]: service ".shop.Orders" has an empty part: write it as "shop.Orders", package and service`},
 		{name: "entry without name is skipped unchecked",
 			doc: `{"methodConfig": [{"retryPolicy": {"maxAttempts": 1}, "timeout": "1s"}]}`},
 		{name: "entry with null name is skipped unchecked",
@@ -227,8 +233,10 @@ func parseCases() []parseCase {
 		{name: "timeout zero fails calls at once", doc: orders(`"timeout": "0s"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Nanosecond})},
 		{name: "timeout nanoseconds", doc: orders(`"timeout": "0.000000001s"`), want: svc(serviceconfig.MethodConfig{Timeout: 1})},
 		{name: "timeout with escaped s", doc: orders(`"timeout": "1\u0073"`), want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
-		{name: "timeout without unit", doc: orders(`"timeout": "1"`), wantErr: `serviceconfig: methodConfig[0].timeout: "1" is not a duration: it must end in "s"`},
-		{name: "timeout in milliseconds", doc: orders(`"timeout": "100ms"`), wantErr: `methodConfig[0].timeout: "100ms" is not a duration`},
+		{name: "timeout without unit", doc: orders(`"timeout": "1"`), wantErr: `serviceconfig: methodConfig[0].timeout: "1" is not a duration: it needs its unit: write "1s" for seconds`},
+		{name: "timeout in milliseconds", doc: orders(`"timeout": "100ms"`), wantErr: `methodConfig[0].timeout: "100ms" is not a duration: a service config takes seconds, so write "0.1s"`},
+		{name: "timeout in minutes", doc: orders(`"timeout": "1m30s"`), wantErr: `methodConfig[0].timeout: "1m30s" is not a duration: a service config takes seconds, so write "90s"`},
+		{name: "timeout as a JSON number", doc: orders(`"timeout": 0.25`), wantErr: `methodConfig[0].timeout: must be a duration string such as "0.5s", not a number: write "0.25s"`},
 		{name: "timeout upper-case S", doc: orders(`"timeout": "1S"`), wantErr: `methodConfig[0].timeout: "1S" is not a duration`},
 		{name: "timeout as number", doc: orders(`"timeout": 1`), wantErr: `methodConfig[0].timeout: must be a duration string such as "0.5s", not a number`},
 		{name: "timeout ten fraction digits", doc: orders(`"timeout": "1.0000000001s"`), wantErr: "more than 9 digits after the dot"},
@@ -295,13 +303,13 @@ func parseCases() []parseCase {
 		{name: "retryableStatusCodes not an array", doc: ordersRetry(`"retryableStatusCodes": "UNAVAILABLE"`), wantErr: "retryPolicy.retryableStatusCodes: must be an array of status codes, not a string"},
 		{name: "status codes as numbers", doc: ordersRetry(`"retryableStatusCodes": [14, 4, 0, 16]`),
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) {
-				p.RetryableStatusCodes = rescodes.Of(codes.Unavailable, codes.DeadlineExceeded, codes.OK, codes.Unauthenticated)
+				p.RetryableStatusCodes = []codes.Code{codes.OK, codes.DeadlineExceeded, codes.Unavailable, codes.Unauthenticated}
 			})})},
 		{name: "status codes repeated", doc: ordersRetry(`"retryableStatusCodes": ["UNAVAILABLE", 14, "UNAVAILABLE"]`),
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: baseRetry()})},
 		{name: "status codes in lower case", doc: ordersRetry(`"retryableStatusCodes": ["unavailable", "Resource_Exhausted"]`), grpc: diffCodeCase,
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) {
-				p.RetryableStatusCodes = rescodes.Of(codes.Unavailable, codes.ResourceExhausted)
+				p.RetryableStatusCodes = []codes.Code{codes.ResourceExhausted, codes.Unavailable}
 			})})},
 		{name: "status code 17", doc: ordersRetry(`"retryableStatusCodes": [17]`), wantErr: "retryPolicy.retryableStatusCodes[0]: status code 17 is out of range"},
 		{name: "status code negative", doc: ordersRetry(`"retryableStatusCodes": [14, -1]`), wantErr: "retryPolicy.retryableStatusCodes[1]: must be a status code name"},
@@ -312,7 +320,7 @@ func parseCases() []parseCase {
 		{name: "status code with Kelvin sign", doc: ordersRetry(`"retryableStatusCodes": ["O\u212a"]`), wantErr: "escape"},
 		{name: "status code Kelvin sign unescaped", doc: ordersRetry(`"retryableStatusCodes": ["O` + "\u212a" + `"]`), wantErr: `unknown status code "O` + "\u212a" + `"`},
 		{name: "status code null reads as OK", doc: ordersRetry(`"retryableStatusCodes": [null]`),
-			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.RetryableStatusCodes = rescodes.Of(codes.OK) })})},
+			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.RetryableStatusCodes = []codes.Code{codes.OK} })})},
 		{name: "status code object", doc: ordersRetry(`"retryableStatusCodes": [{}]`), wantErr: "retryableStatusCodes[0]: must be a status code name such as \"UNAVAILABLE\" or a number 0 to 16, not an object"},
 
 		// Our retryPolicy fields.
@@ -330,7 +338,7 @@ func parseCases() []parseCase {
 		// hedgingPolicy.
 		{name: "hedging policy", doc: orders(`"hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.5s", "nonFatalStatusCodes": ["UNAVAILABLE", "internal"]}`),
 			want: svc(serviceconfig.MethodConfig{HedgingPolicy: &serviceconfig.HedgingPolicy{
-				MaxAttempts: 3, HedgingDelay: 500 * time.Millisecond, NonFatalStatusCodes: rescodes.Of(codes.Unavailable, codes.Internal)}})},
+				MaxAttempts: 3, HedgingDelay: 500 * time.Millisecond, NonFatalStatusCodes: []codes.Code{codes.Internal, codes.Unavailable}}})},
 		{name: "hedging policy minimal", doc: orders(`"hedgingPolicy": {"maxAttempts": 2}`),
 			want: svc(serviceconfig.MethodConfig{HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2}})},
 		{name: "hedging maxAttempts clamped", doc: orders(`"hedgingPolicy": {"maxAttempts": 9}`),
@@ -456,7 +464,7 @@ func parseCases() []parseCase {
 				CircuitBreaker: &serviceconfig.CircuitBreaker{
 					ConsecutiveFailures: 5, FailureRateThreshold: 0.5, SlowCallDuration: 2 * time.Second, SlowCallRateThreshold: 0.8,
 					MinimumCalls: 20, Window: 10 * time.Second, OpenDuration: 5 * time.Second, MaxOpenDuration: time.Minute,
-					HalfOpenProbes: 2, FailureStatusCodes: rescodes.Of(codes.Unavailable, codes.Internal),
+					HalfOpenProbes: 2, FailureStatusCodes: []codes.Code{codes.Internal, codes.Unavailable},
 				},
 				Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 64, MaxQueue: 128, MaxQueueWait: 100 * time.Millisecond},
 			}),
@@ -663,7 +671,7 @@ func grpcPolicyOf(mc *serviceconfig.MethodConfig) grpcPolicy {
 			initialBackoff:    p.InitialBackoff,
 			maxBackoff:        p.MaxBackoff,
 			backoffMultiplier: p.BackoffMultiplier,
-			codes:             p.RetryableStatusCodes,
+			codes:             rescodes.Of(p.RetryableStatusCodes...),
 		}
 	}
 	return got
@@ -712,9 +720,26 @@ func checkRoundTrip(t *testing.T, c *serviceconfig.Config, opts ...serviceconfig
 	if err != nil {
 		t.Fatalf("Parse(%s) = %v, want the config it was marshalled from", out, err)
 	}
-	equal(t, again, c, "Parse(%s)", out)
+	// The document written has no unknown keys, so no warnings.
+	if w := again.Warnings(); w != nil {
+		t.Fatalf("Parse(%s).Warnings() = %v, want none", out, w)
+	}
+	equal(t, exported(again), exported(c), "Parse(%s)", out)
+	if again.MaxAttemptsCap() != c.MaxAttemptsCap() {
+		t.Fatalf("Parse(%s).MaxAttemptsCap() = %d, want %d", out, again.MaxAttemptsCap(), c.MaxAttemptsCap())
+	}
 	out2, err := json.Marshal(again)
 	if err != nil || !bytes.Equal(out, out2) {
 		t.Fatalf("json.Marshal(Parse(%s)) = %s, %v, want the same", out, out2, err)
+	}
+}
+
+// exported returns the fields of c that a document carries, without what
+// Parse notes beside them (the cap it applied, its warnings).
+func exported(c *serviceconfig.Config) serviceconfig.Config {
+	return serviceconfig.Config{
+		MethodConfig: c.MethodConfig, RetryThrottling: c.RetryThrottling, RetryBudget: c.RetryBudget,
+		LoadBalancingPolicy: c.LoadBalancingPolicy, LoadBalancingConfig: c.LoadBalancingConfig,
+		HealthCheckConfig: c.HealthCheckConfig,
 	}
 }

@@ -3,6 +3,7 @@ package serviceconfig
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -173,11 +174,11 @@ func (c *ServerConfig) Validate() error {
 		}
 		for j, n := range mc.Name {
 			np := index(join(p, "name"), j)
-			switch {
-			case n.Service == "":
+			if n.Service == "" {
 				return newError(join(np, "service"), "must not be empty: the top-level concurrencyLimit is the default")
-			case strings.Contains(n.Service, "/") || strings.Contains(n.Method, "/"):
-				return newError(np, "must not contain '/'")
+			}
+			if err := n.Validate(); err != nil {
+				return prefix(np, err)
 			}
 			if k, dup := seen[n]; dup {
 				return newError(np, "duplicates methodConfig["+itoa(k)+"]")
@@ -255,7 +256,8 @@ func (w *wireLimit) limit(path string) (*ConcurrencyLimit, error) {
 
 // ParseServer reads a ServerConfig document and returns it validated, or an
 // *Error naming the JSON path of the first problem. Keys match without
-// regard to case and unknown keys are ignored, as in Parse.
+// regard to case, as in Parse; the whole document is this module's schema,
+// so an unknown key is an error that names the closest known key.
 func ParseServer(data []byte) (*ServerConfig, error) {
 	if len(data) == 0 {
 		return nil, &Error{Err: errors.New("no JSON server config provided")}
@@ -263,6 +265,10 @@ func ParseServer(data []byte) (*ServerConfig, error) {
 	var w wireServer
 	if err := json.Unmarshal(data, &w); err != nil {
 		return nil, decodeError(data, err)
+	}
+	// The whole document is ours: an unknown key anywhere is an error.
+	if kerr, _ := checkKeys(data, reflect.TypeFor[wireServer](), true); kerr != nil {
+		return nil, kerr
 	}
 	c := &ServerConfig{}
 	if w.ConcurrencyLimit != nil {

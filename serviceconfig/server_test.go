@@ -71,14 +71,14 @@ func TestParseServerErrors(t *testing.T) {
 		{"algorithm type", `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {"algorithm": 1}}]}`,
 			"serviceconfig: methodConfig[0].concurrencyLimit.algorithm: must be a string, not a number"},
 		{"method type", `{"methodConfig": [{"name": [{"service": "a.B", "method": true}]}]}`, "serviceconfig: methodConfig[0].name[0].method: must be a string, not true or false"},
-		{"method slash", `{"methodConfig": [{"name": [{"service": "a.B", "method": "C/D"}], "concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name[0]: must not contain '/'"},
+		{"method slash", `{"methodConfig": [{"name": [{"service": "a.B", "method": "C/D"}], "concurrencyLimit": {}}]}`, `serviceconfig: methodConfig[0].name[0]: method "C/D" holds a slash: a method is its bare name, such as "D"`},
 		{"no name", `{"methodConfig": [{"concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name: must name at least one service"},
 		{"empty service", `{"methodConfig": [{"name": [{}], "concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name[0].service: must not be empty"},
 		{"duplicate", `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {}}, {"name": [{"service": "a.B"}], "concurrencyLimit": {}}]}`,
 			"serviceconfig: methodConfig[1].name[0]: duplicates methodConfig[0]"},
 		{"no limit", `{"methodConfig": [{"name": [{"service": "a.B"}]}]}`, "serviceconfig: methodConfig[0].concurrencyLimit: is required"},
 		{"name type", `{"methodConfig": [{"name": [{"service": 1}]}]}`, "serviceconfig: methodConfig[0].name[0].service: must be a string, not a number"},
-		{"slash", `{"methodConfig": [{"name": [{"service": "a/B"}], "concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name[0]: must not contain '/'"},
+		{"slash", `{"methodConfig": [{"name": [{"service": "a/B"}], "concurrencyLimit": {}}]}`, `serviceconfig: methodConfig[0].name[0]: service "a/B" holds a slash: for one method write {"service": "a", "method": "B"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

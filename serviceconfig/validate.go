@@ -5,9 +5,11 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
+	"google.golang.org/grpc/codes"
 )
 
 // Error is a configuration error: what is wrong (Err) and where (Path, the
@@ -60,9 +62,12 @@ func checkDuration(path string, d time.Duration) error {
 	return nil
 }
 
-func checkSet(path string, s rescodes.Set) error {
-	if s&^rescodes.All != 0 {
-		return newError(path, "holds codes outside 0 to 16")
+// checkCodes reports the first code of list outside 0 to 16.
+func checkCodes(path string, list []codes.Code) error {
+	for i, c := range list {
+		if c > codes.Unauthenticated {
+			return newError(index(path, i), "code "+strconv.FormatUint(uint64(c), 10)+" is not a gRPC status code (0 to 16)")
+		}
 	}
 	return nil
 }
@@ -89,7 +94,7 @@ func (p *RetryPolicy) Validate() error {
 	if err := checkDuration("perAttemptRecvTimeout", p.PerAttemptRecvTimeout); err != nil {
 		return err
 	}
-	return checkSet("retryableStatusCodes", p.RetryableStatusCodes)
+	return checkCodes("retryableStatusCodes", p.RetryableStatusCodes)
 }
 
 // Validate reports the first field of p that is out of range.
@@ -100,7 +105,7 @@ func (p *HedgingPolicy) Validate() error {
 	if err := checkDuration("hedgingDelay", p.HedgingDelay); err != nil {
 		return err
 	}
-	if err := checkSet("nonFatalStatusCodes", p.NonFatalStatusCodes); err != nil {
+	if err := checkCodes("nonFatalStatusCodes", p.NonFatalStatusCodes); err != nil {
 		return err
 	}
 	return p.validateAdaptive()
@@ -191,7 +196,7 @@ func (c *CircuitBreaker) Validate() error {
 			return err
 		}
 	}
-	return checkSet("failureStatusCodes", c.FailureStatusCodes)
+	return checkCodes("failureStatusCodes", c.FailureStatusCodes)
 }
 
 // Validate reports the first field of b that is out of range.
@@ -252,14 +257,61 @@ func (n Name) key() string {
 	return "/" + n.Service + "/" + n.Method
 }
 
+// Validate reports a name that can never match a call, quoting the part
+// at fault: a method without a service; a service or method holding a
+// slash (grpc's full method "/package.Service/Method" is written as
+// {Service: "package.Service", Method: "Method"}), a space or a control
+// character; a service with an empty dotted part, such as protoc's
+// ".package.Service". The empty Name, the default, is valid.
+func (n Name) Validate() error {
+	switch {
+	case n.Service == "" && n.Method != "":
+		return &Error{Err: errors.New("method " + strconv.Quote(n.Method) + " set without service")}
+	case strings.Contains(n.Service, "/"):
+		return &Error{Err: errors.New(slashedService(n))}
+	case strings.Contains(n.Method, "/"):
+		return &Error{Err: errors.New("method " + strconv.Quote(n.Method) +
+			` holds a slash: a method is its bare name, such as "` + lastPart(n.Method) + `"`)}
+	}
+	for _, part := range []struct{ what, s string }{{"service", n.Service}, {"method", n.Method}} {
+		if i := strings.IndexFunc(part.s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }); i >= 0 {
+			return &Error{Err: errors.New(part.what + " " + strconv.Quote(part.s) + " holds a space or control character")}
+		}
+	}
+	if s := n.Service; s != "" && (strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") || strings.Contains(s, "..")) {
+		return &Error{Err: errors.New("service " + strconv.Quote(s) + ` has an empty part: write it as "` +
+			strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == '.' }), ".") + `", package and service`)}
+	}
+	return nil
+}
+
+// slashedService explains a Service holding a slash and says what to write.
+func slashedService(n Name) string {
+	msg := "service " + strconv.Quote(n.Service) + " holds a slash"
+	svc, method, ok := strings.Cut(strings.Trim(n.Service, "/"), "/")
+	switch {
+	case svc == "":
+	case ok && n.Method == "" && method != "" && !strings.Contains(method, "/"):
+		msg += `: for one method write {"service": "` + svc + `", "method": "` + method + `"}`
+	case !ok:
+		msg += `: write "` + svc + `"`
+	}
+	return msg
+}
+
+// lastPart returns what follows the last slash of s.
+func lastPart(s string) string {
+	return s[strings.LastIndexByte(s, '/')+1:]
+}
+
 // validate checks mc, entry i of methodConfig; seen maps the key of every
 // name met so far to its path, and gets mc's names. Paths are relative to
 // the entry.
 func (mc *MethodConfig) validate(seen map[string]string, entry int) error {
 	for j, n := range mc.Name {
 		path := index("name", j)
-		if n.Service == "" && n.Method != "" {
-			return newError(path, "method set without service")
+		if err := n.Validate(); err != nil {
+			return prefix(path, err)
 		}
 		k := n.key()
 		if first, dup := seen[k]; dup {
@@ -317,7 +369,7 @@ func (c *CircuitBreaker) validateAdaptive() error {
 		{"openDuration", c.OpenDuration != 0},
 		{"maxOpenDuration", c.MaxOpenDuration != 0},
 		{"halfOpenProbes", c.HalfOpenProbes != 0},
-		{"failureStatusCodes", !c.FailureStatusCodes.IsEmpty()},
+		{"failureStatusCodes", len(c.FailureStatusCodes) > 0},
 	} {
 		if f.set {
 			return newError(f.path, `is not used in mode "adaptive"`)

@@ -37,8 +37,8 @@ func newRetryView(p, raw *serviceconfig.RetryPolicy, maxAttemptsCap int) retryVi
 			Multiplier: p.BackoffMultiplier,
 		},
 		jitter:     p.Jitter,
-		codes:      p.RetryableStatusCodes,
-		explicit:   !p.RetryableStatusCodes.IsEmpty(),
+		codes:      rescodes.Of(p.RetryableStatusCodes...),
+		explicit:   len(p.RetryableStatusCodes) > 0,
 		perAttempt: p.PerAttemptRecvTimeout,
 	}
 	if v.maxAttempts == 0 {

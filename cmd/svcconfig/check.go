@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -40,10 +41,15 @@ func check(w io.Writer, data []byte, opts options) (warnings int, err error) {
 		lines = all
 	}
 
+	docWarnings := d.parseWarnings()
+	warnings += len(docWarnings)
 	if warnings == 0 {
 		p.printf("ok\n")
 	} else {
 		p.printf("ok, with %s\n", plural(warnings, "warning", "warnings"))
+	}
+	for _, wn := range docWarnings {
+		p.printf("WARNING: %s\n", wn)
 	}
 	if len(lines) == 0 {
 		p.printf("no methodConfig entries: no method gets a policy\n")
@@ -107,8 +113,8 @@ func summary(mc serviceconfig.MethodConfig, a analysis) string {
 				s += fmt.Sprintf(", hedgingDelayMinSamples %d", h.HedgingDelayMinSamples)
 			}
 		}
-		if !h.NonFatalStatusCodes.IsEmpty() {
-			s += ", nonFatalStatusCodes " + codeList(h.NonFatalStatusCodes)
+		if len(h.NonFatalStatusCodes) > 0 {
+			s += ", nonFatalStatusCodes " + codeList(rescodes.Of(h.NonFatalStatusCodes...))
 		}
 		parts = append(parts, s)
 	default:

@@ -95,6 +95,9 @@
 //     on (UNKNOWN, INTERNAL, DATA_LOSS);
 //   - a hedged copy that would be sent after the timeout;
 //   - an entry whose name list is empty, which selects nothing;
+//   - an unknown key in gRFC A6's own objects, which grpc-go and the client
+//     ignore, with the known key it most likely misspells (serviceconfig's
+//     Config.Warnings); an unknown key in our own blocks is an error;
 //
 // and explain also about a method with neither retryPolicy nor
 // hedgingPolicy, or that no entry applies to: there is nothing to explain.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -63,6 +64,21 @@ func positions(data []byte, kept int) (pos []int, entries int) {
 		return nil, kept
 	}
 	return pos, len(*raw.MethodConfig)
+}
+
+// parseWarnings returns Parse's warnings about the document (unknown keys
+// in gRFC A6's objects), each as "path: what", in document order.
+func (d *document) parseWarnings() []string {
+	var out []string
+	for _, w := range d.cfg.Warnings() {
+		var e *serviceconfig.Error
+		if errors.As(w, &e) {
+			out = append(out, e.Path+": "+e.Err.Error())
+		} else {
+			out = append(out, w.Error())
+		}
+	}
+	return out
 }
 
 // label names entry i of cfg.MethodConfig for a reader: its path in the

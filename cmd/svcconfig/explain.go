@@ -34,9 +34,10 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	if !r.found {
 		t.row("entry", "none: no methodConfig entry names the method, its service "+service+", or a default")
 		t.flush()
-		p.warnings([]string{"nothing to explain: no entry applies, so calls to " + fullMethod +
-			" get no timeout and are not retried under this document"})
-		return 1, p.err
+		ws := append([]string{"nothing to explain: no entry applies, so calls to " + fullMethod +
+			" get no timeout and are not retried under this document"}, d.parseWarnings()...)
+		p.warnings(ws)
+		return len(ws), p.err
 	}
 	mc := r.mc
 	switch r.level {
@@ -83,6 +84,7 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	if (mc.CircuitBreaker != nil || mc.Bulkhead != nil) && slices.Contains(interceptor.DefaultExemptServices, service) {
 		p.printf("\nnote: the client exempts %s from breakers and bulkheads unless built with WithExemptMethods\n", service)
 	}
+	a.warnings = append(a.warnings, d.parseWarnings()...)
 	p.warnings(a.warnings)
 	return len(a.warnings), p.err
 }
@@ -196,10 +198,10 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, time
 			t.row("  hedgingDelayMinSamples", fmt.Sprintf("%d (default): attempts observed before the adaptive wait applies", minSamples))
 		}
 	}
-	if h.NonFatalStatusCodes.IsEmpty() {
+	if len(h.NonFatalStatusCodes) == 0 {
 		t.row("  nonFatalStatusCodes", "none (default): any failure ends the call")
 	} else {
-		t.row("  nonFatalStatusCodes", codeList(h.NonFatalStatusCodes)+": hedging goes on after these; any other code ends the call")
+		t.row("  nonFatalStatusCodes", codeList(rescodes.Of(h.NonFatalStatusCodes...))+": hedging goes on after these; any other code ends the call")
 	}
 	t.flush()
 	p.printf("note: the grpc-resilience client hedges unary calls only (a non-fatal failure sends the next copy at once); streams are called once\n")
@@ -353,10 +355,10 @@ func explainBreaker(p *printer, cb *serviceconfig.CircuitBreaker) {
 		probes = breaker.DefaultHalfOpenProbes
 	}
 	t.row("  halfOpenProbes", def(strconv.Itoa(probes), cb.HalfOpenProbes == 0)+": probes let through half-open; that many successes close it")
-	if cb.FailureStatusCodes.IsEmpty() {
+	if len(cb.FailureStatusCodes) == 0 {
 		t.row("  failureStatusCodes", "(default) "+codeList(rescodes.DefaultBreakerFailures))
 	} else {
-		t.row("  failureStatusCodes", codeList(cb.FailureStatusCodes))
+		t.row("  failureStatusCodes", codeList(rescodes.Of(cb.FailureStatusCodes...)))
 	}
 	t.flush()
 	p.printf("the breaker sees every attempt; while it is open, attempts fail fast with UNAVAILABLE and are not retried\n")

@@ -40,6 +40,13 @@ func TestRun(t *testing.T) {
 		{name: "check_no_entries", args: []string{"check", "-"}, stdin: `{"retryBudget": {"ttl": "5s"}}`},
 		{name: "check_missing_file", args: []string{"check", "testdata/missing.json"}},
 		{name: "check_strict_clean", args: []string{"check", "-strict", "testdata/nodefault.json"}},
+		{name: "check_unknown_keys", args: []string{"check", "testdata/unknown.json"}},
+		{name: "check_unknown_keys_strict", args: []string{"check", "-strict", "testdata/unknown.json"}},
+		{name: "check_unknown_key_in_block", args: []string{"check", "-"},
+			stdin: `{"methodConfig": [{"name": [{"service": "a.B"}], "circuitBreaker": {"failureRate": 0.5, "openDurationMs": 100}}]}`},
+		{name: "check_duration_go_form", args: []string{"check", "-"},
+			stdin: `{"methodConfig": [{"name": [{"service": "a.B"}], "timeout": "100ms"}]}`},
+		{name: "explain_unknown_keys_strict", args: []string{"explain", "-strict", "testdata/unknown.json", "/shop.Orders/Pay"}},
 
 		// adaptive throttling and the server document
 		{name: "check_breaker_adaptive", args: []string{"check", "testdata/breaker_adaptive.json"}},
@@ -155,5 +162,39 @@ func TestRunDeterministic(t *testing.T) {
 				t.Errorf("explain %s: run %d differs from run 0", m, i)
 			}
 		}
+	}
+}
+
+// TestREADMEServiceConfigsPassStrict runs check -strict on every JSON
+// service config of the repository's README (its ```json blocks): the
+// documents a newcomer copies first must carry no warning.
+func TestREADMEServiceConfigsPassStrict(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := jsonBlocks(string(readme))
+	if len(blocks) == 0 {
+		t.Fatal("README.md has no ```json block")
+	}
+	for i, doc := range blocks {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"check", "-strict", "-"}, strings.NewReader(doc), &stdout, &stderr); code != exitOK {
+			t.Errorf("README.md json block %d: svcconfig check -strict exits %d:\n%s%s", i+1, code, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// jsonBlocks returns the contents of the ```json blocks of markdown.
+func jsonBlocks(markdown string) []string {
+	var out []string
+	for rest := markdown; ; {
+		_, after, ok := strings.Cut(rest, "\n```json\n")
+		if !ok {
+			return out
+		}
+		block, tail, _ := strings.Cut(after, "\n```")
+		out = append(out, block)
+		rest = tail
 	}
 }

@@ -150,6 +150,7 @@ func idempotencyDemo(out *os.File) error {
 	if err != nil {
 		return err
 	}
+	defer srv.Close()
 	policy := &serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond,
 		PerAttemptRecvTimeout: 100 * time.Millisecond}
 	client, err := interceptor.NewClient(interceptor.WithRetryPolicy(policy),

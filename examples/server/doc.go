@@ -4,7 +4,10 @@
 // headroom, with fault injection (failure rate, latency, outage windows)
 // for trying clients' retry policies, gRPC
 // server reflection and health, and an OpenTelemetry Prometheus exporter
-// on /metrics.
+// on /metrics: the interceptors' resilience.* series, grpc-go's own server
+// metrics (its OpenTelemetry plugin: grpc.server.call.*) and the fault
+// injector's counts (resilience.faultinject.*). The Grafana dashboard in
+// examples/dashboards reads them.
 //
 //	go run ./examples/server -fail-rate 0.2 -latency 20ms
 //
@@ -16,7 +19,11 @@
 // (the second line only when -metrics-addr is not empty), so that a script
 // can start it on port 0 and read the addresses. SIGINT or SIGTERM stop it:
 // health turns NOT_SERVING, calls in flight get -shutdown-timeout to end
-// (GracefulStop), and the rest are cut.
+// (GracefulStop), and the rest are cut, except keyed calls whose handler
+// has started: they run detached from their callers, so they run to their
+// end (at most 30 s, interceptor.DefaultIdempotencyDetachedMax) and store
+// their outcome before the store closes (GracefulStop waits for every
+// handler). Give the process that long to stop.
 //
 // # Flags
 //
@@ -24,9 +31,14 @@
 //	-metrics-addr     Prometheus /metrics address (default 127.0.0.1:9464; empty disables)
 //	-store            memory | redis (default memory)
 //	-redis-addr       Redis address for -store redis (default 127.0.0.1:6379)
-//	-scope            idempotency scope: peer | metadata:<key> | shared (default peer)
+//	-scope            idempotency scope: none | mtls | metadata:<key> | shared
+//	                  (default none: keyed calls are refused)
+//	-tls-cert, -tls-key  serve TLS with this certificate and key (PEM)
+//	-tls-client-ca    require client certificates signed by this CA (PEM): mTLS
 //	-faults           fault-injection config, JSON (see package faultinject)
+//	-server-config    concurrency limits, a server document (see svcconfig server)
 //	-fail-rate        shorthand: abort this fraction of calls to the echo service
+//	                  (0 to 1, such as 0.3, or a percentage such as 30%)
 //	-fail-code        shorthand: the code of -fail-rate (default UNAVAILABLE)
 //	-latency          shorthand: delay every echo call this long
 //	-outage           shorthand: DURATION/EVERY, e.g. 2s/10s: fail every echo call
@@ -42,22 +54,44 @@
 //
 // A record is found by (scope, method, key): callers of one scope share
 // records, so a caller who learns or guesses another's key receives that
-// caller's reply. The server has no authentication, so the scope is a
-// choice, never a silent default shared by everyone:
+// caller's reply. The scope must say who the caller is, which only
+// authentication knows, so it is a choice the operator makes, never a
+// default; the server prints it at startup (on stderr: level=INFO
+// msg=idempotency scope=... quota=...):
 //
-//   - peer (the default): the caller's IP address. Keys of different hosts
-//     never meet; processes on one host (or behind one NAT) share a scope.
-//     The port is left out on purpose, so that a retry on a new connection
-//     (after a reconnect or a server restart) still finds its record.
+//   - none (the default): keyed calls are refused with FAILED_PRECONDITION
+//     naming this flag; calls without a key are served.
+//   - mtls: the verified client certificate's identity (issuer, subject and
+//     SANs: interceptor.IdempotencyPeerScope), with -tls-cert, -tls-key and
+//     -tls-client-ca. Each workload's keys are its own.
 //   - metadata:<key>: the value of that request header, e.g.
-//     metadata:x-tenant. Callers choose it, so use it only behind a proxy
-//     that authenticates callers and sets the header (stripping theirs).
-//     A keyed call without the header is refused with UNAUTHENTICATED.
+//     metadata:x-tenant, as a principal that an authenticating proxy sets.
+//     Callers could send it themselves, so use it only behind a proxy that
+//     authenticates callers, sets the header and strips the one a caller
+//     sent. A keyed call without the header is refused with
+//     UNAUTHENTICATED. The key must be a metadata key, not one that grpc
+//     fills for every call (:authority, user-agent, content-type, te),
+//     which would make one scope of every caller of a host or library.
 //   - shared: one scope for everyone; keys must then be unguessable
-//     (random, 128 bits or more).
+//     (random, 128 bits or more), as examples/client's are.
 //
-// A real service scopes by its authenticated principal, or by the client
-// certificate (interceptor.IdempotencyPeerScope) under mTLS.
+// There is no scope by the caller's address. Behind a NAT, a load
+// balancer, an ingress or a sidecar mesh (Envoy, Istio, Linkerd), every
+// caller reaches the server from the proxy's address: one scope for all,
+// where every caller reads every other's replies; and a client whose
+// address changes (a new pod, a reconnect through another proxy) loses its
+// records. Under a mesh that terminates mTLS in the sidecar, the server
+// sees plaintext from the sidecar, so -scope mtls sees no client
+// certificate: scope by the identity the sidecar forwards instead, e.g.
+// -scope metadata:x-forwarded-client-cert with Envoy's
+// forward_client_cert_details set to SANITIZE_SET (it sets the header to
+// the client certificate's identity and drops any a caller sent), or by
+// the principal your authentication proxy sets.
+//
+// Quotas are on: each scope may hold a quarter of the store (the memory
+// store's entries and bytes, or a quarter of Redis's maxmemory), so one
+// caller cannot fill it for the others. With -scope shared every caller is
+// one scope, so the store's own bounds are that scope's.
 //
 // # Interceptor order
 //

@@ -53,7 +53,10 @@ type config struct {
 	addr, metricsAddr string
 	store, redisAddr  string
 	scope             string
+	tlsCert, tlsKey   string
+	tlsClientCA       string
 	faults            string
+	serverConfig      string
 	failRate          float64
 	failCode          string
 	latency           time.Duration
@@ -74,9 +77,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9464", "Prometheus /metrics listen address; empty disables")
 	fs.StringVar(&c.store, "store", "memory", "idempotency store: memory or redis")
 	fs.StringVar(&c.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address for -store redis")
-	fs.StringVar(&c.scope, "scope", "peer", "idempotency scope: peer, metadata:<key> or shared")
+	fs.StringVar(&c.scope, "scope", "none", "idempotency scope: none (keyed calls refused), mtls, metadata:<key> or shared")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "serve TLS with this certificate (PEM; with -tls-key)")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "the key of -tls-cert (PEM)")
+	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA (PEM): mTLS")
 	fs.StringVar(&c.faults, "faults", "", "fault-injection config (JSON file, see package faultinject)")
-	fs.Float64Var(&c.failRate, "fail-rate", 0, "abort this fraction of calls (0 to 1)")
+	fs.StringVar(&c.serverConfig, "server-config", "", "concurrency limits: a server document (JSON file, see svcconfig server)")
+	fs.Func("fail-rate", "abort this fraction of calls: 0 to 1, such as 0.3, or a percentage such as 30%", c.setFailRate)
 	fs.StringVar(&c.failCode, "fail-code", "UNAVAILABLE", "status code of -fail-rate")
 	fs.DurationVar(&c.latency, "latency", 0, "delay every call this long")
 	fs.StringVar(&c.outage, "outage", "", "DURATION/EVERY, e.g. 2s/10s: fail every call (-fail-code) for the first 2s of every 10s")
@@ -84,7 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.metadataFaults, "metadata-faults", false, "honour per-call fault metadata (untrusted: tests only)")
 	fs.StringVar(&c.executionLog, "execution-log", "", "append one line per handler execution of a keyed call")
 	fs.DurationVar(&c.headroom, "headroom", 20*time.Millisecond, "deadline headroom kept for the server's own work")
-	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "calls arriving with less than this left are refused")
+	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "least time a handler gets after the headroom: calls arriving with less than headroom + floor left are refused")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound of the graceful stop")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -176,6 +183,9 @@ func parseOutage(s, code string) (*faultinject.Outage, error) {
 	if !ok || err1 != nil || err2 != nil {
 		return nil, fmt.Errorf("-outage %q: want DURATION/EVERY, such as 2s/10s", s)
 	}
+	if o.Duration <= 0 || o.Duration > o.Every {
+		return nil, fmt.Errorf("-outage %q: the outage must be positive and no longer than its period", s)
+	}
 	c, err := failureCode(code)
 	if err != nil {
 		return nil, err
@@ -191,7 +201,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	scope, err := parseScope(c.scope)
+	creds, err := c.transportCreds()
 	if err != nil {
 		return err
 	}
@@ -199,7 +209,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	store, closeStore, err := openStore(ctx, c, logger)
+	idem, closeStore, err := c.idempotency(ctx, logger)
 	if err != nil {
 		return err
 	}
@@ -214,27 +224,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "resilience-example-server"))))
 	defer mp.Shutdown(context.Background())
 
-	opts := []interceptor.ServerOption{
-		interceptor.WithIdempotencyStore(store),
-		scope,
-		interceptor.WithServerHeadroom(c.headroom, c.floor),
-		interceptor.WithServerLogger(logger),
-	}
+	opts := append(idem, interceptor.WithServerHeadroom(c.headroom, c.floor), interceptor.WithServerLogger(logger))
 	opts = append(opts, serverMetrics(mp)...)
+	limits, err := c.limitOptions()
+	if err != nil {
+		return err
+	}
+	opts = append(opts, limits...)
+	if err := faultMetrics(mp, inj); err != nil {
+		return err
+	}
 	srv, err := interceptor.NewServer(opts...)
 	if err != nil {
 		return err
 	}
+	defer srv.Close() // runs after the grpc.Server has stopped: unregisters its gauges
 	echo, err := newEcho(c.executionLog)
 	if err != nil {
 		return err
 	}
 	defer echo.close()
 
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(creds, grpcMetrics(mp),
 		grpc.ChainUnaryInterceptor(recoverUnary(logger), srv.UnaryServerInterceptor(), inj.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(recoverStream(logger), srv.StreamServerInterceptor(), inj.StreamServerInterceptor()),
-	)
+		grpc.ChainStreamInterceptor(recoverStream(logger), srv.StreamServerInterceptor(), inj.StreamServerInterceptor()))...)
 	echov1.RegisterEchoServiceServer(gs, echo)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -313,17 +326,29 @@ func stopGracefully(gs *grpc.Server, timeout time.Duration, logger *slog.Logger)
 	}
 }
 
-// openStore opens the idempotency store named by -store.
-func openStore(ctx context.Context, c *config, logger *slog.Logger) (idempotency.Store, func(), error) {
+// openStore opens the idempotency store named by -store. Each scope gets
+// the store's default quota (a quarter of the memory store; a quarter of
+// Redis's maxmemory), so one caller cannot fill it for the others; with
+// one scope shared by every caller, that scope is everyone, and the store's
+// own bounds are its quota.
+func openStore(ctx context.Context, c *config, logger *slog.Logger, shared bool) (idempotency.Store, func(), error) {
 	switch c.store {
 	case "memory":
-		s, err := idempotency.NewMemoryStore()
+		var opts []idempotency.MemoryOption
+		if shared {
+			opts = append(opts, idempotency.WithScopeQuota(0, 0))
+		}
+		s, err := idempotency.NewMemoryStore(opts...)
 		return s, func() {}, err
 	case "redis":
 		rc := redis.NewClient(&redis.Options{Addr: c.redisAddr})
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		s, err := redisstore.Open(octx, rc, redisstore.WithLogger(logger))
+		opts := []redisstore.Option{redisstore.WithLogger(logger)}
+		if shared {
+			opts = append(opts, redisstore.WithScopeQuota(0, 0))
+		}
+		s, err := redisstore.Open(octx, rc, opts...)
 		if err != nil {
 			rc.Close()
 			return nil, nil, fmt.Errorf("-store redis at %s: %w", c.redisAddr, err)
@@ -334,20 +359,22 @@ func openStore(ctx context.Context, c *config, logger *slog.Logger) (idempotency
 	}
 }
 
-// parseScope returns the idempotency scope option named by -scope.
-func parseScope(s string) (interceptor.ServerOption, error) {
-	switch {
-	case s == "peer":
-		return interceptor.WithIdempotencyScope(peerIPScope), nil
-	case s == "shared":
-		return interceptor.WithIdempotencySharedScope(), nil
-	case strings.HasPrefix(s, "metadata:"):
-		key := strings.ToLower(strings.TrimPrefix(s, "metadata:"))
-		if key == "" || strings.HasPrefix(key, "grpc-") || strings.HasSuffix(key, "-bin") {
-			return nil, fmt.Errorf("-scope %q: want metadata:<key> with a text header that is not grpc-*", s)
-		}
-		return interceptor.WithIdempotencyScope(metadataScope(key)), nil
-	default:
-		return nil, fmt.Errorf("-scope %q: want peer, metadata:<key> or shared", s)
+// idempotency returns the server's idempotency options (-scope, -store,
+// with the store's quotas) and the store's close, and says at startup
+// which scope and quota apply.
+func (c *config) idempotency(ctx context.Context, logger *slog.Logger) ([]interceptor.ServerOption, func(), error) {
+	scope, err := parseScope(c.scope, c.tlsClientCA != "")
+	if err != nil {
+		return nil, nil, err
 	}
+	store, closeStore, err := openStore(ctx, c, logger, scope.shared)
+	if err != nil {
+		return nil, nil, err
+	}
+	quota := "per scope, a quarter of the store (memory: of its entries and bytes; redis: of maxmemory)"
+	if scope.shared {
+		quota = "the store's own bounds (one scope for every caller)"
+	}
+	logger.Info("idempotency", "scope", scope.desc, "store", c.store, "quota", quota)
+	return []interceptor.ServerOption{interceptor.WithIdempotencyStore(store), scope.opt}, closeStore, nil
 }

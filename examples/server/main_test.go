@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/faultinject"
@@ -28,13 +26,15 @@ func TestFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-scope", "everyone"}, `-scope "everyone": want peer, metadata:<key> or shared`},
+		{[]string{"-scope", "everyone"}, `-scope "everyone": want none, mtls, metadata:<key> or shared`},
 		{[]string{"-scope", "metadata:grpc-timeout"}, `-scope "metadata:grpc-timeout": want metadata:<key> with a text header that is not grpc-*`},
 		{[]string{"-store", "disk"}, `-store "disk": want memory or redis`},
-		{[]string{"-fail-rate", "1.5"}, `fault flags: faultinject: faults[0].abort.percentage: must be a fraction from 0 to 1, got 1.5`},
+		{[]string{"-fail-rate", "30"}, `invalid value "30" for flag -fail-rate: want a fraction from 0 to 1, such as 0.3, or a percentage such as 30%`},
+		{[]string{"-fail-rate", "1.5"}, `invalid value "1.5" for flag -fail-rate: want a fraction from 0 to 1, such as 0.3, or a percentage such as 30%`},
+		{[]string{"-fail-rate", "130%"}, `invalid value "130%" for flag -fail-rate: want a fraction from 0 to 1, such as 0.3, or a percentage such as 30%`},
 		{[]string{"-fail-rate", "0.1", "-fail-code", "OK"}, `-fail-code: OK is not a failure`},
 		{[]string{"-outage", "2s"}, `-outage "2s": want DURATION/EVERY, such as 2s/10s`},
-		{[]string{"-outage", "20s/10s"}, `fault flags: faultinject: faults[0].outage.duration: must be in (0, every=10s], got 20s`},
+		{[]string{"-outage", "20s/10s"}, `-outage "20s/10s": the outage must be positive and no longer than its period`},
 		{[]string{"-faults", bad}, `-faults ` + bad + `: faultinject: faults[0].abort.grpcStatus: unknown status code "NOPE"`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	}
@@ -42,6 +42,21 @@ func TestFlagErrors(t *testing.T) {
 		err := run(context.Background(), append([]string{"-addr", "127.0.0.1:0", "-metrics-addr", ""}, tt.args...), io.Discard, io.Discard)
 		if err == nil || err.Error() != tt.want {
 			t.Errorf("run(%q) = %v, want %s", tt.args, err, tt.want)
+		}
+	}
+}
+
+// TestFailRateTakesAFractionOrAPercentage pins -fail-rate's two forms.
+// Before, -fail-rate 30 failed with a JSON path the user never wrote
+// (faults[0].abort.percentage) and 30% was not a number.
+func TestFailRateTakesAFractionOrAPercentage(t *testing.T) {
+	for _, tt := range []struct {
+		arg  string
+		want float64
+	}{{"0.3", 0.3}, {"30%", 0.3}, {"0", 0}, {"1", 1}, {"100%", 1}, {"2.5%", 0.025}} {
+		c, err := parseFlags([]string{"-fail-rate", tt.arg}, io.Discard)
+		if err != nil || c.failRate != tt.want {
+			t.Errorf("-fail-rate %s = %v, %v, want %v", tt.arg, c, err, tt.want)
 		}
 	}
 }
@@ -64,22 +79,6 @@ func TestShorthandFaults(t *testing.T) {
 }
 
 func TestScopes(t *testing.T) {
-	at := func(addr string) context.Context {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return peer.NewContext(context.Background(), &peer.Peer{Addr: a})
-	}
-	a, errA := peerIPScope(at("10.0.0.1:4000"))
-	b, errB := peerIPScope(at("10.0.0.1:5000"))
-	c, errC := peerIPScope(at("10.0.0.2:4000"))
-	if errA != nil || errB != nil || errC != nil || a != b || a == c {
-		t.Errorf("peerIPScope = %q %q %q (%v %v %v): want one scope per IP, whatever the port", a, b, c, errA, errB, errC)
-	}
-	if _, err := peerIPScope(context.Background()); status.Code(err) != codes.Unauthenticated {
-		t.Errorf("peerIPScope without a peer = %v, want UNAUTHENTICATED", err)
-	}
 	scope := metadataScope("x-tenant")
 	got, err := scope(metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-tenant", "acme")))
 	if err != nil || got != "md:acme" {
@@ -87,5 +86,8 @@ func TestScopes(t *testing.T) {
 	}
 	if _, err := scope(context.Background()); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("metadataScope without the header = %v, want UNAUTHENTICATED", err)
+	}
+	if _, err := noScope(context.Background()); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "-scope") {
+		t.Errorf("noScope = %v, want FAILED_PRECONDITION naming -scope", err)
 	}
 }

@@ -45,6 +45,56 @@
 //     Metadata set by interceptors outside the idempotency interceptor is not
 //     stored: they run again for the duplicate.
 //
+// # Defaults
+//
+// What a server gets with no option set, what each default protects, the
+// option that changes it, and the risk of the change:
+//
+//   - Scope: none. interceptor.NewServer refuses a store without
+//     interceptor.WithIdempotencyScope or WithIdempotencySharedScope, so one
+//     caller never receives another's reply. A shared scope gives any caller
+//     who learns or guesses a key its reply.
+//   - Detached handler (interceptor.WithIdempotencyDetachedHandler, 30 s):
+//     a keyed call's handler runs on a context that its caller's deadline
+//     and cancellation do not reach, so a handler that commits and then
+//     sees its caller gone has its outcome stored and replayed (one
+//     charge). 0 puts it back on the caller's context: such a handler runs
+//     twice. Any bound: the server works that long for a caller that left.
+//   - Lease (interceptor.WithIdempotencyLease, 30 s), claimed for the lease
+//     and renewed every lease/3: a crashed owner blocks duplicates on other
+//     replicas at most one lease after its last renewal. Shorter: more
+//     renewals, and a store outage longer than two thirds of it lets the
+//     lease end under a running handler (a detached handler is cancelled
+//     first, at nine tenths of the lease without a renewal).
+//   - TTL (interceptor.WithIdempotencyTTL, 24 h): duplicates within a day
+//     replay. Shorter: a late retry runs the call again.
+//   - Waiting (interceptor.WithIdempotencyWait, on): a concurrent duplicate
+//     waits for the first call, bounded by its own deadline. Off: ABORTED
+//     with a pushback, and the client's retry comes back.
+//   - Fail closed (interceptor.WithIdempotencyFailOpen, false): a store
+//     failure is UNAVAILABLE with a retry hint, and nothing runs
+//     unrecorded. Open: a duplicate may run the handler again.
+//   - Unstored codes (interceptor.WithIdempotencyUnstoredCodes):
+//     UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, CANCELLED and
+//     DEADLINE_EXCEEDED are released so a retry runs again. Storing more
+//     makes transient failures final for the key's TTL.
+//   - Exempt services: health and reflection run plainly, key or not, so a
+//     health check is never a stale replay; a key policy naming them wins.
+//   - Scope quota: a quarter of the store (WithScopeQuota here,
+//     redisstore.WithScopeQuota for Redis, where it is a quarter of
+//     maxmemory): one tenant's flood is refused at its quota, with
+//     RESOURCE_EXHAUSTED and a RetryInfo, and the other tenants go on.
+//     Off (WithScopeQuota(0, 0)): one scope can fill the store for all.
+//   - Minimum retention (WithMinRetention, 1 minute): a duplicate within it
+//     is replayed whatever others do. 0: a record may be evicted at once
+//     when room is needed, and its duplicate run again.
+//   - Redis eviction policy: redisstore.Open refuses one that may evict;
+//     redisstore.WithAllowEvictingPolicy accepts it, and under memory
+//     pressure a live claim may be evicted and its call run twice.
+//   - Replays are marked: every answer for which the handler did not run
+//     carries the response header idempotency-replayed: true
+//     (interceptor.IdempotencyReplayed reads it); not configurable.
+//
 // Each call is also fingerprinted: SHA-256 of its request, marshalled
 // deterministically. A key reused with a different request is refused with
 // FAILED_PRECONDITION, and nothing of the first request or reply is
@@ -58,10 +108,12 @@
 //	                           (deterministic marshalling), the response header
 //	                           and trailer metadata the handler set
 //	duplicate, completed       replay the stored outcome: same reply bytes,
-//	                           status with details, header and trailer; the
+//	                           status with details, header and trailer, and
+//	                           the header idempotency-replayed: true; the
 //	                           handler does not run
-//	duplicate, in progress     wait for the outcome, bounded by the duplicate's
-//	                           own deadline; or, with waiting off, ABORTED with
+//	duplicate, in progress     wait for the outcome (marked as a replay),
+//	                           bounded by the duplicate's own deadline; or,
+//	                           with waiting off, ABORTED with
 //	                           grpc-retry-pushback-ms
 //	same key, other request    FAILED_PRECONDITION
 //	retryable failure          not stored; the claim is released, so a retry
@@ -70,9 +122,13 @@
 //	                           DEADLINE_EXCEEDED (configurable), and a panic
 //	store or scope full        RESOURCE_EXHAUSTED with RetryInfo; the handler
 //	                           does not run, fail open or not (see below)
+//	caller gives up            the handler goes on, detached (at most 30 s by
+//	                           default), and its outcome is stored
 //	owner crashed              its lease ends (default 30 s; renewed every
 //	                           lease/3 while the handler runs): a duplicate then
 //	                           claims the key and runs the call
+//	health, reflection         run plainly, key or not, unless a key policy
+//	                           names them
 //	reply over the store bound not stored, claim released, reply returned,
 //	                           a warning logged; duplicates run again
 //	no key                     the handler runs, unless the method requires a
@@ -95,23 +151,35 @@
 // after the caller's deadline is stored, and the caller's retry gets it.
 // That is the point of the key.
 //
-// CANCELLED and DEADLINE_EXCEEDED: by default the handler runs on the
-// caller's context, so the caller's end cancels it, and a handler that
-// returns either code has its claim released: the retry runs it again. That
-// is right when the handler's work is undone with its context, wrong when it
-// committed first (a charge made, then CANCELLED: charged twice). With
-// interceptor.WithIdempotencyDetachedHandler(max) the owner's handler runs
-// on a context the caller's end does not reach, bounded by max and by its
-// lease instead, and its outcome is stored; the server then works, up to
-// max, for a caller that may not come back.
+// A keyed call belongs to the server once its handler starts. By default
+// the owner's handler runs on a context that the caller's deadline and
+// cancellation do not reach, bounded instead by a server-side maximum
+// (interceptor.WithIdempotencyDetachedHandler, default 30 s from the
+// handler's start) and by its lease (if the lease is lost, the handler's
+// context is cancelled). So a handler that commits (a card charged) and
+// finishes after its caller's deadline has passed stores its outcome, and
+// the caller's retry replays it: one charge. What it protects: exactly
+// once for handlers that cannot undo their work when their context ends.
+// The cost: the server works, up to the maximum, for a caller that may not
+// come back, and the handler's downstream calls carry the server's bound,
+// not the caller's deadline. The opt-out,
+// interceptor.WithIdempotencyDetachedHandler(0), runs the handler on the
+// caller's context: the caller's end cancels it, and its CANCELLED or
+// DEADLINE_EXCEEDED is released, not stored, so the retry runs it again
+// (right only for handlers whose work is undone with their context).
 //
 // # The lease
 //
 // A claim is held under a lease. If the owner's process dies, the lease ends
-// and the key is free again (default 30 s). While the handler runs, the
-// interceptor renews the lease every lease/3 ([Store.Renew]), so a slow
-// handler keeps its key however long it runs; and the first lease is at
-// least the time left to the call's deadline. A lease can still end under a
+// and the key is free again (default 30 s). The key is claimed for the
+// lease, never for the caller's deadline (which the caller chooses), and
+// while the handler runs the interceptor renews the lease every lease/3
+// ([Store.Renew]), so a slow handler keeps its key however long it runs.
+// The bound an operator gets: when an owner dies, a duplicate on another
+// replica runs the call at most one lease after the owner's last renewal,
+// so at most one lease after the owner died (a test measures 1.0 s with a
+// 1 s lease, where a first caller with an hour left used to hold the key
+// for that hour). A lease can still end under a
 // running handler when renewals fail (the store is unreachable for longer
 // than two thirds of the lease) or the store loses it (see the Redis
 // store's documentation on eviction and failover); then:
@@ -122,7 +190,14 @@
 //     case, stored or not;
 //   - a duplicate in another process may have claimed the key and run the
 //     call too: that is the one case where a call runs twice, and it is
-//     logged.
+//     logged. A detached handler (the default) is cancelled before that can
+//     happen: when nine tenths of its lease have passed since the last
+//     renewal the store granted (or its claim), its context ends, since the
+//     interceptor cannot know whether the store still holds the key; a
+//     duplicate elsewhere claims the key only once the lease has ended, so
+//     it never starts while the handler's context is live. A handler that
+//     ignores its context, or one on the caller's context
+//     (WithIdempotencyDetachedHandler(0)), may still run concurrently with it.
 //
 // # Store outages: fail closed or open
 //
@@ -159,9 +234,15 @@
 // Per-scope quotas (WithScopeQuota) bound what one scope holds, so a flood
 // from one caller is refused at its quota and leaves room for the others; a
 // scope over its quota evicts only its own records past the minimum
-// retention. Without a quota one scope can fill the store, and then every
-// scope's new claims are refused until records age past the minimum
-// retention (nobody's record is lost, but new calls wait).
+// retention. By default a scope holds at most a quarter of the store (of
+// its entries and of its bytes: 25,000 entries and 16 MiB with the
+// defaults), so one tenant's flood of unique keys leaves three quarters to
+// the others. A server whose callers all share one scope
+// (interceptor.WithIdempotencySharedScope) sets the quota to what that
+// scope may use, or turns it off with WithScopeQuota(0, 0); without a
+// quota one scope can fill the store, and then every scope's new claims are
+// refused until records age past the minimum retention (nobody's record is
+// lost, but new calls wait).
 //
 // The byte bounds are checked when a key is claimed: an owner's outcome is
 // always stored, even past a bound (refusing it would run the handler

@@ -86,8 +86,19 @@ func WithMinRetention(d time.Duration) MemoryOption {
 // WithScopeQuota bounds what one scope ([RecordKey.Scope], one caller or
 // tenant) holds: at most entries keys, in progress or completed, and
 // about bytes bytes, counted as [WithMaxBytes] counts them. 0 leaves that
-// bound off. By default there is no per-scope bound: the store's bounds
-// apply to all scopes together.
+// bound off; WithScopeQuota(0, 0) turns the quota off, so that the store's
+// bounds apply to all scopes together.
+//
+// By default a scope holds at most a quarter of the store: a quarter of
+// its entries and of its bytes (with the defaults, 25,000 entries and
+// 16 MiB). What it protects: one caller's flood of unique keys (or a bug
+// that makes a key per attempt) fills at most a quarter of the store, and
+// every other scope keeps claiming keys. The cost: one scope can never use
+// more than that quarter. A server with one scope for every caller
+// (interceptor.WithIdempotencySharedScope), or with one heavy tenant, sets
+// the quota it wants, or WithScopeQuota(0, 0) to let a scope use the whole
+// store (the risk: one scope can then fill it, and every scope's new
+// claims are refused until records age past the minimum retention).
 //
 // A claim that would pass its scope's quota first drops the scope's ended
 // entries and evicts its own oldest completed records past the minimum
@@ -151,6 +162,12 @@ func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 	}
 	if err := o.checkQuota(); err != nil {
 		return nil, err
+	}
+	if !o.quotaSet && o.shards > 0 {
+		// A quarter of the store, and never below what checkQuota asks of
+		// an explicit quota.
+		o.scopeEntries = max(o.maxEntries/4, o.shards)
+		o.scopeBytes = max(o.maxBytes/4, int64(o.shards)*int64(4*entryOverhead))
 	}
 	switch {
 	case o.shards < 1:
@@ -440,11 +457,15 @@ func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, r
 	// retention): the handler has run, and refusing its outcome would run it
 	// again. Claims are refused while the shard or the scope is over its
 	// bound, so the excess is at most the records of the calls in flight.
+	// The scope evicts its own records first, as a claim does, so that the
+	// shard's bound evicts another scope's only when that was not enough.
 	sh.unlink(&sh.leases, i)
-	sh.makeRoom(now, 0, int64(recSize))
 	e := &sh.slots[i]
 	if sc := e.scope; sc != nil {
 		sh.scopeEvict(now, sc, 0, int64(recSize))
+	}
+	sh.makeRoom(now, 0, int64(recSize)) // removes entries only: e stays valid
+	if sc := e.scope; sc != nil {
 		sc.bytes += int64(recSize)
 		sh.scopePush(sc, i)
 	}

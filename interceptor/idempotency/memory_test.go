@@ -19,6 +19,10 @@ import (
 
 const testMaxRecord = 4096
 
+// oneScope turns the scope quota off, for the tests of the store's own
+// bounds, whose keys are all of one scope.
+var oneScope = idempotency.WithScopeQuota(0, 0)
+
 func newTestMemory(t testing.TB, opts ...idempotency.MemoryOption) (*idempotency.MemoryStore, *clock.Fake) {
 	t.Helper()
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
@@ -33,10 +37,17 @@ func newTestMemory(t testing.TB, opts ...idempotency.MemoryOption) (*idempotency
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		s, clk := newTestMemory(t)
+		q, err := idempotency.NewMemoryStore(idempotency.WithNow(clk.Now), idempotency.WithShards(1),
+			idempotency.WithScopeQuota(4, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
 		return storetest.Harness{
 			Store:          s,
 			Advance:        func(_ testing.TB, d time.Duration) { clk.Advance(d) },
 			MaxRecordBytes: testMaxRecord,
+			QuotaStore:     q,
+			QuotaEntries:   4,
 		}
 	})
 }
@@ -94,7 +105,7 @@ func stateOf(t *testing.T, s idempotency.Store, k idempotency.RecordKey) idempot
 }
 
 func TestMemoryStoreEvictsOldestRecordWhenEntriesFull(t *testing.T) {
-	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3), idempotency.WithMinRetention(0))
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3), idempotency.WithMinRetention(0), oneScope)
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	complete(t, s, k("1"), nil, time.Hour)
 	complete(t, s, k("2"), nil, time.Hour)
@@ -116,7 +127,7 @@ func TestMemoryStoreEvictsOldestRecordWhenEntriesFull(t *testing.T) {
 func TestMemoryStoreEvictsByBytes(t *testing.T) {
 	// One shard of 3 × (4 KiB + overhead): two 3 KiB records fit, a third
 	// evicts the first.
-	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7000), idempotency.WithMinRetention(0))
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7000), idempotency.WithMinRetention(0), oneScope)
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	complete(t, s, k("1"), make([]byte, 3000), time.Hour)
 	complete(t, s, k("2"), make([]byte, 3000), time.Hour)
@@ -133,7 +144,7 @@ func TestMemoryStoreEvictsByBytes(t *testing.T) {
 }
 
 func TestMemoryStoreNeverEvictsLiveLeases(t *testing.T) {
-	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(2))
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(2), oneScope)
 	ctx := context.Background()
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	for _, i := range []string{"1", "2"} {
@@ -206,7 +217,7 @@ func TestMemoryStoreKeepsKeysApartOnHashCollisions(t *testing.T) {
 	// Every key hashes alike: one shard, one chain. Keys must still be told
 	// apart by their full value, and removing any link (head, middle, tail)
 	// must keep the others reachable.
-	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(4), idempotency.WithMinRetention(0))
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(4), idempotency.WithMinRetention(0), oneScope)
 	idempotency.SetHash(s, func(idempotency.RecordKey) uint64 { return 42 })
 	ctx := context.Background()
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
@@ -303,7 +314,7 @@ func TestMemoryStoreFirstExecutionDoesNotAllocate(t *testing.T) {
 	// Full, so that every claim evicts the oldest record: the steady state.
 	// Owner tokens come from chunks of 256, so 100 runs stay under one
 	// allocation each.
-	s, _ := newTestMemory(t, idempotency.WithMaxEntries(64), idempotency.WithShards(4), idempotency.WithMinRetention(0))
+	s, _ := newTestMemory(t, idempotency.WithMaxEntries(64), idempotency.WithShards(4), idempotency.WithMinRetention(0), oneScope)
 	ctx := context.Background()
 	keys := make([]idempotency.RecordKey, 1000)
 	for i := range keys {
@@ -335,7 +346,7 @@ func TestMemoryStoreFirstExecutionDoesNotAllocate(t *testing.T) {
 // minimum retention refuses the claim, with a hint, instead of evicting one;
 // once the oldest passes it, a claim evicts it and counts the eviction.
 func TestMemoryStoreMinRetentionRefusesInsteadOfEvicting(t *testing.T) {
-	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3), idempotency.WithMinRetention(time.Minute))
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxEntries(3), idempotency.WithMinRetention(time.Minute), oneScope)
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	complete(t, s, k("1"), nil, time.Hour)
 	clk.Advance(10 * time.Second)
@@ -416,7 +427,7 @@ func TestMemoryStoreScopeQuotaTouchesOnlyItsScope(t *testing.T) {
 func TestMemoryStoreCompleteStoresPastTheBoundRatherThanRunAgain(t *testing.T) {
 	// Two records of 3000 bytes (about 3,550 counted) fit in 7,500; a third
 	// claim fits, its record does not.
-	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7500), idempotency.WithMinRetention(time.Minute))
+	s, _ := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(7500), idempotency.WithMinRetention(time.Minute), oneScope)
 	k := func(i string) idempotency.RecordKey { return idempotency.RecordKey{FullMethod: "/s/m", Key: i} }
 	complete(t, s, k("1"), make([]byte, 3000), time.Hour)
 	complete(t, s, k("2"), make([]byte, 3000), time.Hour)
@@ -455,5 +466,40 @@ func TestMemoryStoreCompleteAfterLeaseEndedKeepsTheScopeQuota(t *testing.T) {
 	}
 	if st := s.Stats(); st.Entries != 2 {
 		t.Errorf("Stats().Entries = %d, want 2: the scope's quota", st.Entries)
+	}
+}
+
+// TestMemoryStoreCompleteEvictsItsOwnScopeFirst: a scope over its quota
+// that completes a record makes room by evicting its own records past
+// the minimum retention before the store's bound evicts anyone's. Complete
+// made room in the store first (its oldest record past the minimum
+// retention, whoever's), then in the scope: a flooding tenant's record
+// evicted another tenant's, older, record although evicting its own made
+// room for both bounds; a claim (scope first, then the store) did not.
+func TestMemoryStoreCompleteEvictsItsOwnScopeFirst(t *testing.T) {
+	// Records of 3000 bytes (about 3,550 counted): the store holds three,
+	// a scope two.
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(11000),
+		idempotency.WithScopeQuota(0, 7500), idempotency.WithMinRetention(time.Minute))
+	k := func(scope, i string) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: scope, FullMethod: "/s/m", Key: i}
+	}
+	complete(t, s, k("victim", "1"), make([]byte, 3000), time.Hour)
+	clk.Advance(time.Second)
+	complete(t, s, k("flooder", "1"), make([]byte, 3000), time.Hour)
+	complete(t, s, k("flooder", "2"), make([]byte, 3000), time.Hour)
+	clk.Advance(2 * time.Minute) // every record is past the minimum retention
+	complete(t, s, k("flooder", "3"), make([]byte, 3000), time.Hour)
+	// In this order: stateOf claims a key it finds absent.
+	for _, w := range []struct {
+		key   idempotency.RecordKey
+		state idempotency.State
+	}{
+		{k("victim", "1"), idempotency.Completed}, {k("flooder", "2"), idempotency.Completed},
+		{k("flooder", "3"), idempotency.Completed}, {k("flooder", "1"), idempotency.Owned},
+	} {
+		if got := stateOf(t, s, w.key); got != w.state {
+			t.Errorf("%s/%s = %v, want %v", w.key.Scope, w.key.Key, got, w.state)
+		}
 	}
 }

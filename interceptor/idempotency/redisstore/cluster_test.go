@@ -23,9 +23,10 @@ func TestClusterConformance(t *testing.T) {
 	storetest.Run(t, conformanceHarness(cluster.Client(t, nil)))
 }
 
-// TestClusterRecordsSpreadOverPrimaries checks that the hash tag, a hash of
-// the record key, spreads records over the cluster (it does not pin them
-// to one slot), and that each record is one key: n records make n keys.
+// TestClusterRecordsSpreadOverPrimaries checks that the records of one
+// scope spread over the cluster (its 16 partitions, each a slot of its
+// own, by default on a cluster client), and that each record is one key:
+// n records make n keys, besides their partitions' accounting keys.
 func TestClusterRecordsSpreadOverPrimaries(t *testing.T) {
 	const n = 90
 	cluster := redistest.StartCluster(t, 3)
@@ -53,6 +54,7 @@ func TestClusterRecordsSpreadOverPrimaries(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		keys = recordKeys(keys)
 		t.Logf("node %d holds %d records", i, len(keys))
 		if len(keys) == 0 {
 			t.Errorf("node %d holds no record of %d", i, n)
@@ -74,8 +76,8 @@ func TestClusterOpenChecksEveryPrimary(t *testing.T) {
 	open := func(refuse bool) (*redisstore.Store, string, error) {
 		var log bytes.Buffer
 		opts := []redisstore.Option{redisstore.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))}
-		if refuse {
-			opts = append(opts, redisstore.WithRefuseEvictingPolicy())
+		if !refuse {
+			opts = append(opts, redisstore.WithAllowEvictingPolicy())
 		}
 		s, err := redisstore.Open(ctx, cluster.Client(t, nil), opts...)
 		return s, log.String(), err
@@ -89,11 +91,11 @@ func TestClusterOpenChecksEveryPrimary(t *testing.T) {
 	}
 	s, _, err := open(true)
 	if !errors.Is(err, redisstore.ErrEvictingPolicy) || s != nil || !strings.Contains(err.Error(), evicting) {
-		t.Fatalf("Open(WithRefuseEvictingPolicy) with node %s on allkeys-lru = %v, %v; want ErrEvictingPolicy naming the node", evicting, s, err)
+		t.Fatalf("Open() with node %s on allkeys-lru = %v, %v; want ErrEvictingPolicy naming the node", evicting, s, err)
 	}
 	s, log, err := open(false)
 	if err != nil || s == nil {
-		t.Fatalf("Open() = %v, %v; want a store and a warning", s, err)
+		t.Fatalf("Open(WithAllowEvictingPolicy()) = %v, %v; want a store and a warning", s, err)
 	}
 	if want := "node=" + evicting; !strings.Contains(log, want) || !strings.Contains(log, "maxmemory-policy=allkeys-lru") ||
 		strings.Count(log, "level=WARN") != 1 {

@@ -5,35 +5,115 @@
 // # Data model
 //
 // Each record key (scope, method, idempotency key) is one Redis hash named
-// prefix + "{" + H + "}", where H is the unpadded base64url SHA-256 of the
-// scope and the method, each preceded by its length, and the key. The braces
-// are a Redis Cluster hash tag: one record is one key in one slot, and since
-// the client's text is hashed, a client cannot choose the slot (a "{t}" in
-// its key is just bytes) nor grow the key name. The prefix must not contain
-// braces. The hash has fields
-// f (request fingerprint), o (owner token, while in progress) and r (the
-// record, a resilience.idempotency.v1.Record with its format version, once
-// completed). Its time to live is the lease while in progress and the record
-// TTL once completed, so a crashed owner's claim ends by itself.
+// prefix + "{" + S + ":" + p + "}" + M. S is the unpadded base64url of the
+// first 16 bytes of the SHA-256 of the scope (preceded by its length); p
+// is the scope's partition of the key, a hash of the record key modulo the
+// partitions (WithScopePartitions); M is the unpadded base64url SHA-256
+// of the scope and the method, each preceded by its length, and the key.
+// The braces are a Redis Cluster hash tag: a partition's keys share one
+// slot, and since the client's text is hashed, a client cannot choose the
+// slot (a "{t}" in its key is just bytes) nor grow the key name; its keys
+// fall in its own scope's partitions, which the server chose. The prefix
+// must not contain braces. The hash has fields f (request fingerprint), o
+// (owner token, while in progress) and r (the record, a
+// resilience.idempotency.v1.Record with its format version, once
+// completed). Its time to live is the lease while in progress and the
+// record TTL once completed, so a crashed owner's claim ends by itself.
+//
+// Each partition also has two accounting keys in its hash tag, ending in
+// "#z" (a sorted set: each entry's member M and the time, on Redis's
+// clock, when it may go: its lease's end, or its record's minimum
+// retention) and "#s" (a hash: each entry's bytes, and their sum); they
+// live as long as the partition's longest-lived entry. This layout came
+// with the scope quota (issue 21): records written under the earlier one
+// (prefix + "{" + M + "}") are not found by this version, so duplicates of
+// calls made before an upgrade run again; upgrade between bursts of
+// retries, or give the new version its own prefix and let the old records
+// age out.
+//
+// # Per-scope quota
+//
+// One tenant must not fill Redis for everyone: on a noeviction Redis
+// (which Open requires), a full Redis refuses every write, so every
+// tenant's keyed calls would fail. Each scope has a quota of entries and
+// bytes (WithScopeQuota): by default a quarter of maxmemory in bytes (the
+// smallest primary's on a Cluster; DefaultScopeBytes when Open cannot read
+// it, it is not set, or the store comes from New) and no entry bound. The
+// bytes counted are each entry's key names, fields and Redis's own
+// structures for them (entryOverhead): within 25% of what used_memory
+// grows by (a test holds leases, records of 100 bytes and records of 2 KB
+// to it; measured 2% to 5% under). The claim's script checks and updates
+// the quota in the same atomic step as it takes the key, on the primary
+// that holds the partition: concurrent claims from any number of replicas
+// never pass it together. A claim over it first drops the partition's
+// ended entries and evicts its oldest completed records past the minimum
+// retention (WithMinRetention, default 1 minute); then it is refused with
+// an error wrapping an idempotency.FullError (Scope true) whose RetryAfter
+// is when the oldest entry may go: the interceptor answers
+// RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, and the handler does not
+// run. Nothing of another scope is read or evicted. An owner's outcome is
+// always stored, even past the quota (refusing it would run the handler
+// again), so calls in flight together, which all passed their claims, can
+// take a scope past its quota by their records (at most
+// WithMaxRecordBytes each): Complete first evicts the scope's own records
+// past the minimum retention, and a record that still does not fit is
+// stored and replayed, but kept for the minimum retention only, not its
+// TTL. So a burst's excess goes by itself: a test's 64 concurrent calls of
+// 250 KB under a 4 MB quota on a 16 MB noeviction Redis ran it out of
+// memory, and other tenants were refused (RESOURCE_EXHAUSTED) until the
+// minimum retention had passed, where before they were refused for the
+// records' TTL, a day. Bound a tenant's calls in flight (a concurrency
+// limit) or the record size where that minute matters.
+//
+// When Redis itself refuses a claim for memory (an OOM error: other data
+// filled it, or the quotas add up past maxmemory), the error wraps a
+// FullError of the store (Scope false, RetryAfter 1 s): RESOURCE_EXHAUSTED
+// with a RetryInfo rather than UNAVAILABLE, and a warning in the log, at
+// most every 10 s, says to lower the quotas or raise maxmemory. Size the
+// quotas so that the tenants that may flood at once fit: at a quarter each,
+// four flooding tenants can still fill Redis. Tests flood one tenant
+// through the interceptor on a noeviction server of 8 MB and on 3 Cluster
+// primaries of 4 MB each, with default options: the flooder is refused at
+// its quota and no other tenant's keyed call fails (without the quota,
+// Redis ran out of memory after about 1,100 calls of 4 KB and every tenant
+// got UNAVAILABLE).
+//
+// Across slots, exactly: a scope's quota is split evenly over its
+// partitions (entries/partitions and bytes/partitions each), and each
+// partition is one hash tag, one slot, counted atomically on its own; no
+// script reads two slots, so the quota is exact per partition, and a
+// scope's total passes it only by the records of its calls in flight, for
+// their minimum retention (above). A scope whose keys hash unevenly is
+// refused in its fullest partition before its total reaches the quota,
+// while its keys of the other partitions are still taken: with 16
+// partitions, a scope of random keys is first refused at about 80% of a
+// quota worth 1,000 entries, 93% of one worth 10,000 and 98% of one worth
+// 100,000 (medians of simulations), and in every partition at 100%. With
+// one partition (the default on a single server, or
+// WithScopePartitions(1)) the quota is exact. On a Cluster a scope has 16
+// partitions by default, so one scope's load (the shared scope's, a big
+// tenant's) spreads over 16 slots and the primaries serving them, and it
+// holds at most its quota on any one primary.
 //
 // # Redis Cluster
 //
 // The store works on Redis Cluster through a *redis.ClusterClient (any
-// redis.UniversalClient will do): each record is a single key, and each
-// script names that key as its only KEYS entry and touches no other, so
-// every operation runs on the one primary that serves the key's slot. The
-// hash tag is a hash of the record key, so records spread over all slots
-// and primaries. During a slot migration the scripts follow the cluster's
-// ASK and MOVED redirections like any command (go-redis does; keep
-// MaxRedirects at its default or above), and a script runs on whichever
-// node holds the key at that moment, atomically. [Open] reads the
-// maxmemory-policy of every primary. A primary that is down makes the
-// calls of its slots fail (UNAVAILABLE when the server fails closed) until
-// it is back or a replica took over; see Failover for what a promoted
-// replica may have missed. Tests run the conformance suite on a local
-// cluster of 3 primaries, and keyed calls through the server interceptor
-// during a slot migration and a primary's SIGKILL and restart: no
-// completed record was executed twice.
+// redis.UniversalClient will do): each script names a record's key and its
+// partition's two accounting keys, all three in one hash tag, hence one
+// slot, and touches no key outside that slot (an evicted record is of the
+// same partition), so every operation runs on the one primary that serves
+// the slot. A scope's partitions spread its records over up to 16 slots,
+// and scopes spread over all of them. During a slot migration the scripts
+// follow the cluster's ASK and MOVED redirections like any command
+// (go-redis does; keep MaxRedirects at its default or above), and a script
+// runs on whichever node holds the slot's keys at that moment, atomically.
+// [Open] reads the maxmemory-policy and maxmemory of every primary. A
+// primary that is down makes the calls of its slots fail (UNAVAILABLE when
+// the server fails closed) until it is back or a replica took over; see
+// Failover for what a promoted replica may have missed. Tests run the
+// conformance suite on a local cluster of 3 primaries, and keyed calls
+// through the server interceptor during a slot migration and a primary's
+// SIGKILL and restart: no completed record was executed twice.
 //
 // # Operations and round trips
 //
@@ -41,19 +121,21 @@
 // (EVALSHA; the first use of each script on a server whose script cache does
 // not hold it yet costs one more round trip, for the EVAL fallback):
 //
-//   - Claim creates the hash with the fingerprint and a fresh random owner
-//     token and sets the lease, when the key is absent; otherwise it returns
-//     mismatch, the stored record, or the lease's remaining time, in that
-//     order of checks. A replay therefore costs one round trip. A claim by
-//     the token that already holds the key owns it again, with a new lease
-//     (see Failures).
+//   - Claim, when the key is absent, makes room within the scope's quota
+//     (or refuses), creates the hash with the fingerprint and a fresh
+//     random owner token, sets the lease and accounts for the entry;
+//     otherwise it returns mismatch, the stored record, or the lease's
+//     remaining time, in that order of checks. A replay therefore costs one
+//     round trip, and reads no accounting. A claim by the token that
+//     already holds the key owns it again, with a new lease (see Failures).
 //   - Complete checks the owner token (or that the key is absent: the lease
-//     ended and no one claimed it since), stores the record, drops the token
-//     and sets the TTL, in one step. The first execution of a call costs two round
-//     trips: Claim and Complete.
+//     ended and no one claimed it since), stores the record, drops the
+//     token, sets the TTL and accounts for the record's bytes, in one step.
+//     The first execution of a call costs two round trips: Claim and
+//     Complete.
 //   - Renew checks the owner token and sets a new lease; the interceptor
 //     renews every lease/3 while the handler runs.
-//   - Release checks the owner token and deletes the key.
+//   - Release checks the owner token, deletes the key and its accounting.
 //
 // Records larger than the bound (WithMaxRecordBytes, default 1 MiB) are
 // refused before anything is sent.
@@ -108,9 +190,13 @@
 //     policies drop claims and records alike; a duplicate then claims the
 //     key and runs the call while its owner still runs, or runs a completed
 //     call again. Use noeviction: writes then fail with an OOM error, which
-//     the interceptor answers with UNAVAILABLE (fail closed) and the handler
-//     does not run. [Open] reads the policy at startup and warns, or refuses
-//     with WithRefuseEvictingPolicy; it tolerates CONFIG being disabled.
+//     the store turns into a FullError (the interceptor answers
+//     RESOURCE_EXHAUSTED with a retry hint) and the handler does not run;
+//     the per-scope quota keeps one tenant from taking Redis there. [Open] reads the policy at startup and refuses any other
+//     (an error naming the policy and the fix) unless WithAllowEvictingPolicy
+//     accepts it, with a warning; it tolerates CONFIG being disabled (a
+//     warning), as managed services often disable it. [New] does not
+//     contact Redis, so it checks nothing: prefer Open.
 //   - Persistence: a Redis restarted without persistence (no AOF, no RDB)
 //     has lost every claim and record. Precisely: a duplicate of a call
 //     that completed before the restart finds the key absent, claims it and

@@ -17,8 +17,7 @@ func ExampleOpen() {
 	defer client.Close()
 	// Open refuses a Redis that may evict live claims (maxmemory-policy
 	// other than noeviction).
-	store, err := redisstore.Open(context.Background(), client,
-		redisstore.WithKeyPrefix("orders:idem:"), redisstore.WithRefuseEvictingPolicy())
+	store, err := redisstore.Open(context.Background(), client, redisstore.WithKeyPrefix("orders:idem:"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,7 +42,7 @@ func ExampleOpen_cluster() {
 		MaxRetries: 1, DialerRetries: 1,
 	})
 	defer client.Close()
-	store, err := redisstore.Open(context.Background(), client, redisstore.WithRefuseEvictingPolicy())
+	store, err := redisstore.Open(context.Background(), client)
 	if err != nil {
 		log.Fatal(err)
 	}

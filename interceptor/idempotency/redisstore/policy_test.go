@@ -17,23 +17,43 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
 )
 
-// TestOpenChecksTheEvictionPolicy pins finding 3 of issue 14 at startup:
-// Redis servers whose maxmemory-policy may evict keys are reported (a
-// warning, or an error with WithRefuseEvictingPolicy); a server whose
-// CONFIG command is disabled is tolerated, with a warning.
+// TestOpenRefusesAnEvictingPolicyByDefault pins item 1 of issue 21: Open
+// with default options logged a warning for a server on volatile-ttl, and
+// a live claim was then evicted under memory pressure (see
+// TestEvictingRedisDropsLiveClaims): the same key ran twice. Now Open
+// refuses such a server, naming the policy and the fix, and only
+// WithAllowEvictingPolicy accepts it (with the warning).
+func TestOpenRefusesAnEvictingPolicyByDefault(t *testing.T) {
+	srv := redistest.StartWith(t, "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl")
+	client := redistest.Client(t, srv.Addr)
+	s, err := redisstore.Open(context.Background(), client, redisstore.WithLogger(slog.New(slog.DiscardHandler)))
+	if !errors.Is(err, redisstore.ErrEvictingPolicy) || s != nil {
+		t.Fatalf("Open() on volatile-ttl = %v, %v; want ErrEvictingPolicy", s, err)
+	}
+	for _, want := range []string{"volatile-ttl", "CONFIG SET maxmemory-policy noeviction", "WithAllowEvictingPolicy"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Open() error = %q, want it to name %q", err, want)
+		}
+	}
+}
+
+// TestOpenChecksTheEvictionPolicy: Open refuses a Redis whose
+// maxmemory-policy may evict keys (WithAllowEvictingPolicy accepts it, with
+// a warning); a server whose CONFIG command is disabled is tolerated, with
+// a warning.
 func TestOpenChecksTheEvictionPolicy(t *testing.T) {
 	tests := []struct {
 		name     string
 		args     []string
-		refuse   bool
+		allow    bool
 		wantErr  bool
 		wantWarn string
 	}{
-		{"noeviction", nil, true, false, ""},
-		{"volatile-ttl, warn", []string{"--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl"}, false, false, "maxmemory-policy=volatile-ttl"},
-		{"volatile-ttl, refuse", []string{"--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl"}, true, true, ""},
-		{"allkeys-lru, refuse", []string{"--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru"}, true, true, ""},
-		{"CONFIG disabled", []string{"--rename-command", "CONFIG", `""`}, true, false, "cannot read maxmemory-policy"},
+		{"noeviction", nil, false, false, ""},
+		{"volatile-ttl, allowed", []string{"--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl"}, true, false, "maxmemory-policy=volatile-ttl"},
+		{"volatile-ttl", []string{"--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl"}, false, true, ""},
+		{"allkeys-lru", []string{"--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru"}, false, true, ""},
+		{"CONFIG disabled", []string{"--rename-command", "CONFIG", `""`}, false, false, "cannot read maxmemory-policy"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -41,8 +61,8 @@ func TestOpenChecksTheEvictionPolicy(t *testing.T) {
 			client := redistest.Client(t, srv.Addr)
 			var log bytes.Buffer
 			opts := []redisstore.Option{redisstore.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))}
-			if tt.refuse {
-				opts = append(opts, redisstore.WithRefuseEvictingPolicy())
+			if tt.allow {
+				opts = append(opts, redisstore.WithAllowEvictingPolicy())
 			}
 			s, err := redisstore.Open(context.Background(), client, opts...)
 			if tt.wantErr {
@@ -68,7 +88,7 @@ func TestOpenChecksTheEvictionPolicy(t *testing.T) {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
 		t.Cleanup(func() { _ = c.Close() })
 		var log bytes.Buffer
-		if _, err := redisstore.Open(ctx, c, redisstore.WithRefuseEvictingPolicy(), redisstore.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))); err != nil {
+		if _, err := redisstore.Open(ctx, c, redisstore.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))); err != nil {
 			t.Fatalf("Open() as a user without CONFIG error = %v, want a warning only", err)
 		}
 		if !strings.Contains(log.String(), "cannot read maxmemory-policy") {
@@ -88,7 +108,7 @@ func TestOpenChecksTheEvictionPolicy(t *testing.T) {
 // with maxmemory 8 MB and volatile-ttl, what finding 3 of issue 14 is: under
 // memory pressure Redis evicts a live claim (it has the shortest TTL), and a
 // duplicate claims the key while its owner still runs. Open refuses such a
-// server with WithRefuseEvictingPolicy, and warns otherwise.
+// server unless WithAllowEvictingPolicy accepts it.
 func TestEvictingRedisDropsLiveClaims(t *testing.T) {
 	srv := redistest.StartWith(t, "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl")
 	client := redistest.Client(t, srv.Addr)
@@ -116,8 +136,8 @@ func TestEvictingRedisDropsLiveClaims(t *testing.T) {
 		t.Fatalf("duplicate's Claim = %v: the live claim survived, want it evicted (what Open warns about)", dup.State)
 	}
 	t.Logf("under volatile-ttl with maxmemory 8mb, a duplicate's Claim found the live claim evicted: %v", dup.State)
-	if _, err := redisstore.Open(ctx, client, redisstore.WithRefuseEvictingPolicy()); !errors.Is(err, redisstore.ErrEvictingPolicy) {
-		t.Errorf("Open(WithRefuseEvictingPolicy()) error = %v, want ErrEvictingPolicy", err)
+	if _, err := redisstore.Open(ctx, client); !errors.Is(err, redisstore.ErrEvictingPolicy) {
+		t.Errorf("Open() error = %v, want ErrEvictingPolicy", err)
 	}
 }
 

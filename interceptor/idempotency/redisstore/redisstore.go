@@ -5,10 +5,10 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,10 +42,15 @@ type Option interface{ apply(*options) }
 type options struct {
 	prefix         string
 	maxRecordBytes int
-	refuseEvicting bool
+	allowEvicting  bool
 	logger         *slog.Logger
 	minReplicas    int           // WithMinReplicas; 0: no WAIT
 	replicaTimeout time.Duration // WithMinReplicas
+	scopeEntries   int           // WithScopeQuota; 0: no bound
+	scopeBytes     int64         // WithScopeQuota, or the default; 0: no bound
+	quotaSet       bool          // WithScopeQuota was given
+	partitions     int           // WithScopePartitions; 0 until New sets the default
+	minRetention   time.Duration // WithMinRetention
 }
 
 type optionFunc func(*options)
@@ -62,19 +67,21 @@ func WithKeyPrefix(p string) Option { return optionFunc(func(o *options) { o.pre
 // sending anything to Redis.
 func WithMaxRecordBytes(n int) Option { return optionFunc(func(o *options) { o.maxRecordBytes = n }) }
 
-// ErrEvictingPolicy is wrapped by the error of [Open] with
-// WithRefuseEvictingPolicy when the server's maxmemory-policy is not
-// noeviction: under memory pressure Redis would drop live claims and
-// records, and a duplicate would run its call again, concurrently.
+// ErrEvictingPolicy is wrapped by the error of [Open] when the server's
+// maxmemory-policy is not noeviction (and WithAllowEvictingPolicy is not
+// given): under memory pressure Redis would drop live claims and records,
+// and a duplicate would run its call again, concurrently.
 var ErrEvictingPolicy = errors.New("redisstore: Redis may evict keys (maxmemory-policy is not noeviction)")
 
 // Open returns a Store on client, as New does, after reading the server's
-// maxmemory-policy (CONFIG GET). When the policy is not noeviction, it logs
-// a warning, or, with WithRefuseEvictingPolicy, returns an error wrapping
-// ErrEvictingPolicy. When CONFIG is disabled or not permitted (managed
-// Redis services often rename it), it logs that the policy could not be
-// checked and goes on. Any other error (Redis unreachable) is returned.
-// Warnings go to the logger of WithLogger, by default slog.Default().
+// maxmemory-policy (CONFIG GET). When the policy is not noeviction, it
+// returns an error wrapping ErrEvictingPolicy that names the policy and the
+// fix (CONFIG SET maxmemory-policy noeviction), unless
+// WithAllowEvictingPolicy accepts it, with a warning. When CONFIG is
+// disabled or not permitted (managed Redis services often rename it), it
+// logs that the policy could not be checked and goes on. Any other error
+// (Redis unreachable) is returned. Warnings go to the logger of WithLogger,
+// by default slog.Default().
 //
 // With a *redis.ClusterClient it reads the policy of every primary
 // (ForEachMaster), and the warnings and errors name the node; one evicting
@@ -84,36 +91,72 @@ func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (*S
 	if err != nil {
 		return nil, err
 	}
+	var mem maxmemory
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return s.checkPolicy(ctx, node, node.Options().Addr)
+			return s.checkPolicy(ctx, node, node.Options().Addr, &mem)
 		})
 	} else {
-		err = s.checkPolicy(ctx, client, "")
+		err = s.checkPolicy(ctx, client, "", &mem)
 	}
 	if err != nil {
 		return nil, err
 	}
+	if !s.opts.quotaSet {
+		if least, ok := mem.least(); ok {
+			s.opts.scopeBytes = s.opts.defaultScopeBytes(least)
+			s.quota = s.opts.share()
+		}
+	}
 	return s, nil
 }
 
+// maxmemory collects the maxmemory of the servers Open checks: the least
+// one set, and whether any server's could not be read or was not set.
+type maxmemory struct {
+	mu      sync.Mutex
+	min     int64 // the least positive maxmemory read; 0: none
+	unknown bool  // a server's maxmemory could not be read, or is 0 (unbounded)
+}
+
+func (m *maxmemory) add(v int64, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !ok || v <= 0 {
+		m.unknown = true
+		return
+	}
+	if m.min == 0 || v < m.min {
+		m.min = v
+	}
+}
+
+// least returns the least maxmemory when every server's was read and set.
+func (m *maxmemory) least() (int64, bool) {
+	return m.min, !m.unknown && m.min > 0
+}
+
 // checkPolicy is Open's check of one server, named node in messages when
-// node is not empty (a cluster's primary). It is safe for concurrent use.
-func (s *Store) checkPolicy(ctx context.Context, client redis.UniversalClient, node string) error {
+// node is not empty (a cluster's primary); it adds the server's maxmemory
+// to mem. It is safe for concurrent use.
+func (s *Store) checkPolicy(ctx context.Context, client redis.UniversalClient, node string, mem *maxmemory) error {
 	o := s.opts
 	where, attrs := "", []any{}
 	if node != "" {
 		where, attrs = " on node "+node, []any{"node", node}
 	}
-	res, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
+	res, err := client.ConfigGet(ctx, "maxmemory*").Result()
 	if err != nil {
 		if isCommandRefused(err) {
 			o.logger.Warn("redisstore: cannot read maxmemory-policy (CONFIG is disabled); make sure it is noeviction, "+
 				"or Redis may drop live claims and records under memory pressure", append(attrs, "error", err)...)
+			mem.add(0, false)
 			return nil
 		}
 		return fmt.Errorf("redisstore: reading maxmemory-policy%s: %w", where, err)
 	}
+	limit, perr := strconv.ParseInt(res["maxmemory"], 10, 64)
+	mem.add(limit, perr == nil)
 	policy, ok := res["maxmemory-policy"]
 	if !ok {
 		o.logger.Warn("redisstore: the server did not report maxmemory-policy; make sure it is noeviction", attrs...)
@@ -122,8 +165,10 @@ func (s *Store) checkPolicy(ctx context.Context, client redis.UniversalClient, n
 	if policy == "noeviction" {
 		return nil
 	}
-	if o.refuseEvicting {
-		return fmt.Errorf("%w: it is %s%s", ErrEvictingPolicy, policy, where)
+	if !o.allowEvicting {
+		return fmt.Errorf("%w: it is %s%s; set it to noeviction (CONFIG SET maxmemory-policy noeviction, "+
+			"or maxmemory-policy noeviction in redis.conf), or accept the risk with WithAllowEvictingPolicy",
+			ErrEvictingPolicy, policy, where)
 	}
 	o.logger.Warn("redisstore: maxmemory-policy is not noeviction: under memory pressure Redis may evict live claims "+
 		"and records, and a duplicate may then run its call again, concurrently; set maxmemory-policy noeviction",
@@ -138,10 +183,15 @@ func isCommandRefused(err error) bool {
 	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "unknown command")
 }
 
-// WithRefuseEvictingPolicy makes [Open] return an error, rather than log a
-// warning, when the server's maxmemory-policy is not noeviction.
-func WithRefuseEvictingPolicy() Option {
-	return optionFunc(func(o *options) { o.refuseEvicting = true })
+// WithAllowEvictingPolicy makes [Open] accept a server whose
+// maxmemory-policy is not noeviction, with a warning, where by default it
+// refuses it. The risk is the one ErrEvictingPolicy names: under memory
+// pressure Redis evicts live claims (volatile-ttl evicts them first: their
+// TTL is the shortest) and records, and a duplicate then runs its call
+// again, concurrently with its owner or after it. Use it only for a Redis
+// that never reaches maxmemory, or for calls that may run twice.
+func WithAllowEvictingPolicy() Option {
+	return optionFunc(func(o *options) { o.allowEvicting = true })
 }
 
 // ErrNotReplicated is wrapped by the error of a Claim or Complete whose
@@ -175,25 +225,31 @@ func WithMinReplicas(n int, timeout time.Duration) Option {
 	return optionFunc(func(o *options) { o.minReplicas, o.replicaTimeout = n, timeout })
 }
 
-// WithLogger sets the logger of [Open]'s warnings (default slog.Default()).
+// WithLogger sets the logger of [Open]'s warnings and of the store's own
+// (Redis out of memory) (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(o *options) { o.logger = l }) }
 
 // Store is an idempotency.Store in Redis. Its methods are safe for
 // concurrent use by many goroutines and many processes.
 type Store struct {
-	opts    options               // immutable
+	opts    options               // immutable once New or Open returns
+	quota   quota                 // each scope partition's share; immutable once New or Open returns
 	client  redis.UniversalClient // immutable
 	orphans orphans
+	oomLog  atomic.Int64 // unix nanoseconds of the last warning of an OOM refusal
 }
 
 var _ idempotency.Store = (*Store)(nil)
 
-// New returns a Store on client. It does not contact Redis; [Open] also
-// checks the server's eviction policy, and is what a server should call at
-// startup. It returns an
-// error when client is nil or the record bound is not positive.
+// New returns a Store on client. It does not contact Redis, so it checks
+// nothing of the server and each scope's default quota is DefaultScopeBytes;
+// [Open] also refuses an evicting maxmemory-policy and sizes the default
+// quota to maxmemory, and is what a server should call at startup. It
+// returns an error naming the option when client is nil, the record bound
+// is not positive, or a quota option is out of range.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
-	o := options{prefix: DefaultKeyPrefix, maxRecordBytes: DefaultMaxRecordBytes, logger: slog.Default()}
+	o := options{prefix: DefaultKeyPrefix, maxRecordBytes: DefaultMaxRecordBytes, logger: slog.Default(),
+		minRetention: DefaultMinRetention}
 	for _, opt := range opts {
 		opt.apply(&o)
 	}
@@ -219,95 +275,92 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("redisstore: WithMinReplicas(%d, %v): need n >= 1 and timeout >= 1ms", o.minReplicas, o.replicaTimeout)
 		}
 	}
-	return &Store{opts: o, client: client}, nil
+	if err := o.checkQuota(client); err != nil {
+		return nil, err
+	}
+	return &Store{opts: o, quota: o.share(), client: client}, nil
 }
 
 // Each record key is one Redis hash with a TTL: field f holds the
 // fingerprint, o the owner token while in progress, r the marshalled record
-// once completed. The scripts make every transition one atomic step.
+// once completed. The scripts make every transition one atomic step, with
+// the accounting of the scope's partition (luaQuota): KEYS are the record's
+// key and the partition's two accounting keys, one hash tag for all three.
 var (
-	// claimScript: KEYS[1]; ARGV fingerprint, token, lease ms.
-	// Returns {1} owned, {2, record} completed, {3, pttl} in progress,
-	// {4} mismatch.
+	// claimScript: ARGV fingerprint, token, lease ms, member, entry bytes,
+	// quota entries, quota bytes, base. Returns {1} owned, {2, record}
+	// completed, {3, pttl} in progress, {4} mismatch, {5, ms} refused for
+	// the scope's quota, room in ms at the earliest.
 	// A claim by the token that holds the key is owned again, with a new
 	// lease: a Claim retried with the token of one whose reply was lost.
-	claimScript = redis.NewScript(`
+	claimScript = redis.NewScript(luaQuota + `
 local v = redis.call('HMGET', KEYS[1], 'f', 'r', 'o')
-if not v[1] then
-  redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local lease = tonumber(ARGV[3])
+if v[1] then
+  if v[1] ~= ARGV[1] then return {4} end
+  if v[2] then return {2, v[2]} end
+  if v[3] ~= ARGV[2] then return {3, redis.call('PTTL', KEYS[1])} end
+  redis.call('PEXPIRE', KEYS[1], lease)
+  account(ARGV[4], now_ms() + lease, tonumber(ARGV[5]), lease)
   return {1}
 end
-if v[1] ~= ARGV[1] then return {4} end
-if v[2] then return {2, v[2]} end
-if v[3] == ARGV[2] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1}
-end
-return {3, redis.call('PTTL', KEYS[1])}
+local now = now_ms()
+local wait = room(now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8])
+if wait > 0 then return {5, wait} end
+redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], lease)
+account(ARGV[4], now + lease, tonumber(ARGV[5]), lease)
+return {1}
 `)
 
-	// completeScript: KEYS[1]; ARGV token, record, ttl ms, fingerprint.
-	// Returns 1 when stored, 0 when the token does not own the key. An
-	// absent key (the owner's lease ended, no one claimed it since) takes
-	// the record with the fingerprint.
-	completeScript = redis.NewScript(`
+	// completeScript: ARGV token, record, ttl ms, fingerprint, member,
+	// entry bytes, retention ms (the minimum retention, at most the TTL),
+	// quota bytes, base. Returns 1 when stored, 0 when the token does not
+	// own the key. An absent key (the owner's lease ended, no one claimed it
+	// since) takes the record with the fingerprint. An owner's outcome is
+	// always stored, even past the scope's byte quota: the scope first
+	// evicts its own records past their minimum retention, as a claim
+	// does, and a record that still does not fit is kept for its minimum
+	// retention only (at least 1 ms), not its TTL, so that the excess of a
+	// burst of calls in flight goes by itself. The first write is the HDEL,
+	// which Redis allows out of memory: a script that has written may go
+	// on, so the outcome is stored on a Redis at maxmemory too.
+	completeScript = redis.NewScript(luaQuota + `
 local o = redis.call('HGET', KEYS[1], 'o')
-if o ~= ARGV[1] then
-  if o or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-  redis.call('HSET', KEYS[1], 'f', ARGV[4])
-end
+if o ~= ARGV[1] and (o or redis.call('EXISTS', KEYS[1]) == 1) then return 0 end
 redis.call('HDEL', KEYS[1], 'o')
-redis.call('HSET', KEYS[1], 'r', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local now = now_ms()
+local size = tonumber(ARGV[6])
+local ttl = tonumber(ARGV[3])
+local old = tonumber(redis.call('HGET', KEYS[3], ARGV[5]) or '0')
+if room(now, size - old, 0, tonumber(ARGV[8]), ARGV[9]) > 0 then
+  ttl = math.max(math.min(ttl, tonumber(ARGV[7])), 1)
+end
+redis.call('HSET', KEYS[1], 'f', ARGV[4], 'r', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl)
+account(ARGV[5], now + tonumber(ARGV[7]), size, ttl)
 return 1
 `)
 
-	// renewScript: KEYS[1]; ARGV token, lease ms. Returns 1 when renewed,
-	// 0 when the token does not own the key.
-	renewScript = redis.NewScript(`
+	// renewScript: ARGV token, lease ms, member, entry bytes. Returns 1
+	// when renewed, 0 when the token does not own the key.
+	renewScript = redis.NewScript(luaQuota + `
 if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local lease = tonumber(ARGV[2])
+redis.call('PEXPIRE', KEYS[1], lease)
+account(ARGV[3], now_ms() + lease, tonumber(ARGV[4]), lease)
 return 1
 `)
 
-	// releaseScript: KEYS[1]; ARGV token. Returns 1 when released, 0 when
+	// releaseScript: ARGV token, member. Returns 1 when released, 0 when
 	// the token does not own the key.
-	releaseScript = redis.NewScript(`
+	releaseScript = redis.NewScript(luaQuota + `
 if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+unaccount(ARGV[2])
 return 1
 `)
 )
-
-// redisKey returns the Redis key of k: the prefix, then, inside a Redis
-// Cluster hash tag, the unpadded base64url SHA-256 of the scope and the
-// method, each preceded by its length, and the key. One record is one key,
-// hence one slot; the client's text is not in it, so a client cannot choose
-// the slot (a "{t}" in its key is hashed like any other byte), and the key's
-// length does not grow with the client's key.
-func (s *Store) redisKey(k idempotency.RecordKey) string {
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(k.Scope)))
-	h.Write(n[:])
-	h.Write([]byte(k.Scope))
-	binary.BigEndian.PutUint64(n[:], uint64(len(k.FullMethod)))
-	h.Write(n[:])
-	h.Write([]byte(k.FullMethod))
-	h.Write([]byte(k.Key))
-	var sum [sha256.Size]byte
-	var tag [43]byte // base64.RawURLEncoding.EncodedLen(sha256.Size)
-	base64.RawURLEncoding.Encode(tag[:], h.Sum(sum[:0]))
-	// One allocation: the key itself.
-	var b strings.Builder
-	b.Grow(len(s.opts.prefix) + 2 + len(tag))
-	b.WriteString(s.opts.prefix)
-	b.WriteByte('{')
-	b.Write(tag[:])
-	b.WriteByte('}')
-	return b.String()
-}
 
 func millis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
@@ -321,6 +374,11 @@ func newToken() string {
 // Claim implements idempotency.Store in one round trip (once Redis has
 // cached the script; the first use of a script on a server costs one more;
 // with WithMinReplicas, a Claim that takes the key costs one more, WAIT).
+// The scope's quota is checked in the same script (see WithScopeQuota): a
+// claim over it fails with an error wrapping an [*idempotency.FullError]
+// (Scope true), and so, with Scope false, does a claim that Redis refuses
+// for memory (an OOM error: maxmemory reached with noeviction), which is
+// also logged, at most every 10 s.
 //
 // A Claim that fails may have taken the key all the same: the script ran,
 // and the reply was lost (the caller's deadline passed first, the connection
@@ -334,19 +392,23 @@ func newToken() string {
 // token that holds the key, hands it over at once with a new lease. The
 // token is used by that one Claim only, so it never makes two owners.
 func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprint []byte, lease time.Duration) (idempotency.Claim, error) {
-	rkey := s.redisKey(key)
-	token, ok := s.orphans.take(rkey, fingerprint)
+	rk := s.recordKeys(key)
+	token, ok := s.orphans.take(rk.keys[0], fingerprint)
 	if !ok {
 		token = newToken()
 	}
 	sent := time.Now()
-	cmd, err := s.run(ctx, claimScript, rkey, claimWrote, fingerprint, token, millis(lease))
+	cmd, err := s.run(ctx, claimScript, rk.keys[:], claimWrote, fingerprint, token, millis(lease),
+		rk.member, s.leaseBytes(&rk), s.quota.entries, s.quota.bytes, rk.base)
 	var res []any
 	if err == nil {
 		res, err = cmd.Slice()
 	}
 	if err != nil {
-		s.abandon(ctx, rkey, fingerprint, token, sent.Add(lease))
+		if isOOM(err) { // refused at its first write: nothing was claimed
+			return idempotency.Claim{}, s.outOfMemory(err)
+		}
+		s.abandon(ctx, &rk, fingerprint, token, sent.Add(lease))
 		return idempotency.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	state, _ := res[0].(int64)
@@ -365,23 +427,59 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 		return idempotency.Claim{State: idempotency.InProgress, RetryAfter: time.Duration(max(pttl, 0)) * time.Millisecond}, nil
 	case 4:
 		return idempotency.Claim{State: idempotency.Mismatch}, nil
+	case 5:
+		wait, _ := res[1].(int64)
+		return idempotency.Claim{}, fmt.Errorf("redisstore: claim: %w",
+			&idempotency.FullError{Scope: true, RetryAfter: time.Duration(max(wait, 1)) * time.Millisecond})
 	}
 	return idempotency.Claim{}, fmt.Errorf("redisstore: claim: unexpected reply %v", res)
 }
 
-// abandon undoes a Claim of rkey with token whose outcome is unknown: it
+// leaseBytes is what a claimed key counts against its scope's quota: its
+// key names, a SHA-256 fingerprint, the owner token and entryOverhead.
+func (s *Store) leaseBytes(rk *recordKeys) int64 {
+	return s.entryBytes(rk, sha256.Size+leasePayload)
+}
+
+// entryBytes is what an entry of rk with payload bytes of fields counts
+// against its scope's quota: its key in the keyspace, its member in the
+// partition's sorted set and sizes hash, and entryOverhead.
+func (s *Store) entryBytes(rk *recordKeys, payload int) int64 {
+	return int64(entryOverhead + len(rk.keys[0]) + 2*len(rk.member) + payload)
+}
+
+// isOOM reports whether err is Redis's refusal of a write for memory:
+// maxmemory reached, with nothing it may evict.
+func isOOM(err error) bool { return strings.HasPrefix(err.Error(), "OOM ") }
+
+// outOfMemory returns the error of a Claim that Redis refused for memory:
+// a FullError of the store, not of a scope, so the interceptor answers
+// RESOURCE_EXHAUSTED with a retry hint rather than UNAVAILABLE, and logs
+// the refusal for the operator, at most every 10 s.
+func (s *Store) outOfMemory(err error) error {
+	now := time.Now().UnixNano()
+	if last := s.oomLog.Load(); now-last >= int64(10*time.Second) && s.oomLog.CompareAndSwap(last, now) {
+		s.opts.logger.Warn("redisstore: Redis is out of memory (maxmemory reached, noeviction): keyed calls are refused "+
+			"with RESOURCE_EXHAUSTED until room comes; lower the scope quotas (WithScopeQuota), shorten the TTL, or raise maxmemory",
+			"error", err)
+	}
+	return fmt.Errorf("redisstore: claim: Redis is out of memory (%v): %w", err,
+		&idempotency.FullError{RetryAfter: oomRetryAfter})
+}
+
+// abandon undoes a Claim of rk with token whose outcome is unknown: it
 // releases the key, if token holds it, on a context that ctx's cancellation
 // does not reach, bounded by releaseTimeout. Unless Redis confirms the
 // release, the claim may outlive the call (the release failed, or ran before
 // a delayed claim), so the token is remembered until until, the latest end
-// of the claim's lease, for the next Claim of rkey for fingerprint.
-func (s *Store) abandon(ctx context.Context, rkey string, fingerprint []byte, token string, until time.Time) {
+// of the claim's lease, for the next Claim of rk for fingerprint.
+func (s *Store) abandon(ctx context.Context, rk *recordKeys, fingerprint []byte, token string, until time.Time) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if n, err := releaseScript.Run(rctx, s.client, []string{rkey}, token).Int(); err == nil && n == 1 {
+	if n, err := releaseScript.Run(rctx, s.client, rk.keys[:], token, rk.member).Int(); err == nil && n == 1 {
 		return
 	}
-	s.orphans.put(rkey, fingerprint, token, until)
+	s.orphans.put(rk.keys[0], fingerprint, token, until)
 }
 
 // orphans are the tokens of claims that failed and may hold their key: by
@@ -453,21 +551,22 @@ func completeWrote(cmd *redis.Cmd) bool {
 	return n == 1
 }
 
-// run runs script on rkey. With WithMinReplicas, it runs it on one
-// connection to rkey's primary and then, when wrote reports that the script
-// wrote, WAITs on that connection (WAIT counts the acknowledgements of the
-// connection's own last write); the error is then that of the wait, or
-// wraps ErrNotReplicated, and cmd holds the script's reply. Without, it is
+// run runs script on keys, which share one hash tag (keys[0] is the
+// record's). With WithMinReplicas, it runs it on one connection to the
+// keys' primary and then, when wrote reports that the script wrote, WAITs
+// on that connection (WAIT counts the acknowledgements of the connection's
+// own last write); the error is then that of the wait, or wraps
+// ErrNotReplicated, and cmd holds the script's reply. Without, it is
 // script.Run on the client.
-func (s *Store) run(ctx context.Context, script *redis.Script, rkey string, wrote func(*redis.Cmd) bool, args ...any) (*redis.Cmd, error) {
+func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, wrote func(*redis.Cmd) bool, args ...any) (*redis.Cmd, error) {
 	if s.opts.minReplicas == 0 {
-		return script.Run(ctx, s.client, []string{rkey}, args...), nil
+		return script.Run(ctx, s.client, keys, args...), nil
 	}
 	var node *redis.Client
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
 		var err error
-		if node, err = c.MasterForKey(ctx, rkey); err != nil {
+		if node, err = c.MasterForKey(ctx, keys[0]); err != nil {
 			return nil, err
 		}
 	case *redis.Client:
@@ -475,7 +574,7 @@ func (s *Store) run(ctx context.Context, script *redis.Script, rkey string, wrot
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	cmd := script.Run(ctx, conn, []string{rkey}, args...)
+	cmd := script.Run(ctx, conn, keys, args...)
 	if cmd.Err() != nil || !wrote(cmd) {
 		return cmd, nil
 	}
@@ -499,7 +598,10 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	cmd, err := s.run(ctx, completeScript, s.redisKey(key), completeWrote, token, data, millis(ttl), rec.Fingerprint)
+	rk := s.recordKeys(key)
+	cmd, err := s.run(ctx, completeScript, rk.keys[:], completeWrote, token, data, millis(ttl), rec.Fingerprint,
+		rk.member, s.entryBytes(&rk, len(data)+len(rec.Fingerprint)), min(s.opts.minRetention, ttl).Milliseconds(),
+		s.quota.bytes, rk.base)
 	var ok int
 	if err == nil {
 		ok, err = cmd.Int()
@@ -515,7 +617,8 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 
 // Renew implements idempotency.Store in one round trip.
 func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token string, lease time.Duration) error {
-	ok, err := renewScript.Run(ctx, s.client, []string{s.redisKey(key)}, token, millis(lease)).Int()
+	rk := s.recordKeys(key)
+	ok, err := renewScript.Run(ctx, s.client, rk.keys[:], token, millis(lease), rk.member, s.leaseBytes(&rk)).Int()
 	if err != nil {
 		return fmt.Errorf("redisstore: renew: %w", err)
 	}
@@ -527,7 +630,8 @@ func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token stri
 
 // Release implements idempotency.Store in one round trip.
 func (s *Store) Release(ctx context.Context, key idempotency.RecordKey, token string) error {
-	ok, err := releaseScript.Run(ctx, s.client, []string{s.redisKey(key)}, token).Int()
+	rk := s.recordKeys(key)
+	ok, err := releaseScript.Run(ctx, s.client, rk.keys[:], token, rk.member).Int()
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}

@@ -36,8 +36,15 @@ func conformanceHarness(client redis.UniversalClient) func(t *testing.T) storete
 		if err != nil {
 			t.Fatalf("New() error = %v", err)
 		}
+		q, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix), redisstore.WithScopeQuota(4, 0),
+			redisstore.WithScopePartitions(1))
+		if err != nil {
+			t.Fatalf("New() error = %v", err)
+		}
 		return storetest.Harness{
-			Store: s,
+			QuotaStore:   q,
+			QuotaEntries: 4,
+			Store:        s,
 			Advance: func(t testing.TB, d time.Duration) {
 				if err := redistest.Advance(context.Background(), client, prefix, d); err != nil {
 					t.Fatalf("Advance(%v) error = %v", d, err)

@@ -28,6 +28,12 @@ type Harness struct {
 	// MaxRecordBytes is the store's bound on a record's size, as
 	// idempotency.Record.Size estimates it.
 	MaxRecordBytes int
+	// QuotaStore, for a store that bounds what each scope holds, is
+	// another fresh store on the same time (Advance moves it too) whose
+	// every scope holds at most QuotaEntries keys, exactly; nil skips the
+	// quota tests.
+	QuotaStore   idempotency.Store
+	QuotaEntries int
 }
 
 // Run runs the conformance suite, a testify suite ([Suite]), each test on
@@ -362,6 +368,55 @@ func (s *Suite) TestTokensAreNeverReused() {
 		s.Require().NoError(s.store().Release(ctx, key("k"), c.Token), "Release()")
 		prev = c.Token
 	}
+}
+
+// TestScopeQuotaIsolatesScopes checks, on QuotaStore, that a scope at its
+// quota is refused with an error wrapping a *idempotency.FullError (Scope
+// true, ErrScopeFull, a RetryAfter within the lease) while another scope
+// still claims keys, and that a released key and an ended lease give the
+// scope room again.
+func (s *Suite) TestScopeQuotaIsolatesScopes() {
+	if s.h.QuotaStore == nil {
+		s.T().Skip("the store has no per-scope quota")
+	}
+	ctx := context.Background()
+	st, n := s.h.QuotaStore, s.h.QuotaEntries
+	in := func(scope string, i int) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: scope, FullMethod: "/resilience.echo.v1.EchoService/Echo", Key: fmt.Sprint("q-", i)}
+	}
+	claim := func(k idempotency.RecordKey, lease time.Duration) (idempotency.Claim, error) {
+		return st.Claim(ctx, k, fpA, lease)
+	}
+	tokens := make([]string, n)
+	for i := range n {
+		c, err := claim(in("a", i), time.Minute)
+		s.Require().NoError(err, "Claim %d of scope a, within its quota", i)
+		s.Require().Equal(idempotency.Owned, c.State)
+		tokens[i] = c.Token
+	}
+	_, err := claim(in("a", n), time.Minute)
+	s.Require().ErrorIs(err, idempotency.ErrScopeFull, "Claim past scope a's quota")
+	s.Require().ErrorIs(err, idempotency.ErrStoreFull, "Claim past scope a's quota")
+	var full *idempotency.FullError
+	s.Require().ErrorAs(err, &full)
+	s.True(full.Scope, "FullError.Scope")
+	s.Greater(full.RetryAfter, time.Duration(0), "FullError.RetryAfter")
+	s.LessOrEqual(full.RetryAfter, time.Minute, "FullError.RetryAfter: the oldest lease ends within a minute")
+
+	c, err := claim(in("b", 0), time.Minute)
+	s.Require().NoError(err, "Claim of scope b while scope a is at its quota")
+	s.Require().Equal(idempotency.Owned, c.State)
+
+	s.Require().NoError(st.Release(ctx, in("a", 0), tokens[0]), "Release()")
+	c, err = claim(in("a", n), time.Second)
+	s.Require().NoError(err, "Claim of scope a after a release")
+	s.Require().Equal(idempotency.Owned, c.State)
+	_, err = claim(in("a", n+1), time.Minute)
+	s.Require().ErrorIs(err, idempotency.ErrScopeFull, "Claim past scope a's quota again")
+	s.advance(time.Second) // the 1 s lease ends
+	c, err = claim(in("a", n+1), time.Minute)
+	s.Require().NoError(err, "Claim of scope a once a lease has ended")
+	s.Require().Equal(idempotency.Owned, c.State)
 }
 
 func equalRecords(got, want *idempotency.Record) error {

@@ -1,4 +1,4 @@
-package interceptor
+package failuremodes_test
 
 // A server process killed mid-load: examples/server runs as a child process
 // on a loopback port with its idempotency records in Redis, a keyed and
@@ -30,7 +30,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
+	. "github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -79,7 +79,7 @@ func startChild(t *testing.T, bin, addr, redisAddr, execLog string) (*childServe
 	out := &listenWriter{addr: make(chan string, 1)}
 	c := &childServer{stderr: new(bytes.Buffer), exited: make(chan struct{})}
 	c.cmd = exec.Command(bin, "-addr", addr, "-metrics-addr", "", "-store", "redis",
-		"-redis-addr", redisAddr, "-execution-log", execLog)
+		"-redis-addr", redisAddr, "-scope", "shared", "-execution-log", execLog)
 	c.cmd.Stdout = out
 	c.cmd.Stderr = &lockedBuffer{b: c.stderr}
 	if err := c.cmd.Start(); err != nil {
@@ -136,13 +136,8 @@ func (w *lockedBuffer) Write(p []byte) (int, error) {
 // The program is part of this module, so a failed build fails t.
 func buildExampleServer(t *testing.T) string {
 	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	bin := filepath.Join(t.TempDir(), "server")
-	cmd := exec.Command("go", "build", "-o", bin, "./examples/server")
-	cmd.Dir = root
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/grpc-resilience/resilience/examples/server")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./examples/server: %v\n%s", err, out)
 	}
@@ -212,7 +207,7 @@ func TestProcessKilledMidLoad(t *testing.T) {
 				Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
 				RetryPolicy: &serviceconfig.RetryPolicy{
 					MaxAttempts: 5, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-					BackoffMultiplier: 2, RetryableStatusCodes: rescodes.Of(codes.Unavailable),
+					BackoffMultiplier: 2, RetryableStatusCodes: []codes.Code{codes.Unavailable},
 				},
 				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5, OpenDuration: openFor, HalfOpenProbes: 1},
 			}},

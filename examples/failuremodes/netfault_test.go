@@ -1,4 +1,4 @@
-package interceptor
+package failuremodes_test
 
 // Network faults with a real proxy: Shopify's toxiproxy runs in-process
 // between a real grpc client (this package's interceptors, loopback TCP) and
@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	rescodes "github.com/grpc-resilience/resilience/codes"
+	. "github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -283,7 +283,7 @@ func netRetry(perAttempt time.Duration) *serviceconfig.RetryPolicy {
 		InitialBackoff:        10 * time.Millisecond,
 		MaxBackoff:            50 * time.Millisecond,
 		BackoffMultiplier:     2,
-		RetryableStatusCodes:  rescodes.Of(codes.Unavailable),
+		RetryableStatusCodes:  []codes.Code{codes.Unavailable},
 		PerAttemptRecvTimeout: perAttempt,
 	}
 }
@@ -517,7 +517,7 @@ func TestNetFaultBlackhole(t *testing.T) {
 			MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond, BackoffMultiplier: 1,
 			// An explicit list is honoured as written: DEADLINE_EXCEEDED
 			// must be in it for the per-attempt timeout to be retried.
-			RetryableStatusCodes: rescodes.Of(codes.Unavailable, codes.DeadlineExceeded), PerAttemptRecvTimeout: perAttempt,
+			RetryableStatusCodes: []codes.Code{codes.Unavailable, codes.DeadlineExceeded}, PerAttemptRecvTimeout: perAttempt,
 		}, "/resilience.echo.v1.EchoService/Echo"),
 		WithOnRetry(func(_ context.Context, ev RetryEvent) {
 			if status.Code(ev.Err) == codes.DeadlineExceeded {
@@ -674,7 +674,7 @@ func TestNetFaultProxyDownAndBackBreaker(t *testing.T) {
 			e := newNetEnv(t, netEnvConfig{client: []ClientOption{
 				WithMethodConfig(serviceconfig.MethodConfig{
 					Name:           []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
-					RetryPolicy:    &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond, BackoffMultiplier: 1, RetryableStatusCodes: rescodes.Of(codes.Unavailable)},
+					RetryPolicy:    &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond, BackoffMultiplier: 1, RetryableStatusCodes: []codes.Code{codes.Unavailable}},
 					CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 3, OpenDuration: openFor, HalfOpenProbes: 1},
 				}),
 				WithOnStateChange(func(_ string, from, to BreakerState) {

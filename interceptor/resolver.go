@@ -1,0 +1,202 @@
+package interceptor
+
+import (
+	"sync"
+
+	"google.golang.org/grpc/resolver"
+	grpcsc "google.golang.org/grpc/serviceconfig"
+
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// WrapResolver returns a resolver builder for grpc.WithResolvers that
+// builds b's resolvers and passes every service config they deliver to
+// the client, so that a config shipped by the platform (DNS TXT records,
+// a control plane's resolver) drives the client's retries, hedging,
+// breakers and bulkheads. b nil means grpc's dns resolver, grpc.NewClient's
+// default. Install it beside the client's dial options:
+//
+//	conn, err := grpc.NewClient("dns:///orders.internal:443",
+//		append(c.DialOptions(), grpc.WithResolvers(c.WrapResolver(nil)))...)
+//
+// Without it the client never sees the resolver's config: DialOptions
+// turns grpc's own retry off, and with it the retryPolicy the resolver
+// delivered.
+//
+// Which config wins: the resolver's, when it delivers one, replaces the
+// client's config as a whole, as UpdateServiceConfig does, and as grpc-go
+// lets a resolver's config replace WithDefaultServiceConfig. The config
+// given to NewClient (WithServiceConfig, WithMethodConfig,
+// WithRetryPolicy) is the default: it applies until the resolver delivers
+// a config, and again when the resolver delivers none, or one with none
+// of methodConfig, retryThrottling and retryBudget (only a load-balancing
+// config, say). Per-call options (MaxAttempts, NoRetry) apply on top of
+// either. A config grpc-go refuses is kept out as grpc-go keeps it out (the
+// previous one stays); one that grpc-go accepts but serviceconfig.Parse
+// refuses (a bad extension block) leaves the client's config as it was, as
+// does an update that refuses it, and the reason is logged to grpclog's
+// "resilience" component, with the document's warnings. A config equal to
+// the one in force is not applied again, so breakers keep their state
+// across the resolver's periodic re-resolutions, and across the resolvers
+// grpc builds anew when the connection leaves idle: the builder WrapResolver
+// returns remembers the config in force, so give each connection its own.
+// A config delivered after the resolver was closed, or with
+// grpc.WithDisableServiceConfig, is ignored, as grpc ignores it.
+//
+// The config belongs to the Client, not to a connection: a Client
+// installed on connections to several targets takes the config of the
+// last resolver to deliver one. Use one Client per target whose resolver
+// delivers configs.
+//
+// xDS: grpc-go's xds resolver delivers a service config whose only content
+// is loadBalancingConfig (the cluster manager); a route's retry policy and
+// max stream duration reach grpc through its config selector, per call,
+// not through that document. The client sees neither, and DialOptions'
+// grpc.WithDisableRetry turns the route's retry policy off: with xDS, give
+// the client its policies in code or in a document of your own, or leave
+// this client's retries out and let xDS drive grpc's.
+func (c *Client) WrapResolver(b resolver.Builder) resolver.Builder {
+	if b == nil {
+		b = resolver.Get("dns")
+	}
+	return &configResolver{Builder: b, c: c}
+}
+
+// configResolver builds its builder's resolvers with a configConn between
+// each resolver and grpc. It keeps what the resolvers delivered, not the
+// resolver: grpc closes a channel's resolver when the channel goes idle and
+// builds another when it leaves idle, and the config in force from the
+// resolver, and the configs parsed for it, carry over.
+type configResolver struct {
+	resolver.Builder
+	c *Client
+
+	mu      sync.Mutex // serializes the resolvers' calls into the client
+	parsed  [4]parsed  // the latest parses, newest at next-1; guarded by mu
+	next    int        // guarded by mu
+	applied string     // the JSON in force from the resolver, "" for none; guarded by mu
+}
+
+// Build builds the wrapped builder's resolver. With
+// grpc.WithDisableServiceConfig grpc ignores the configs a resolver
+// delivers, and so does the client: the resolver is not wrapped.
+func (r *configResolver) Build(target resolver.Target, cc resolver.ClientConn, opts resolver.BuildOptions) (resolver.Resolver, error) {
+	if opts.DisableServiceConfig {
+		return r.Builder.Build(target, cc, opts)
+	}
+	conn := &configConn{ClientConn: cc, r: r}
+	res, err := r.Builder.Build(target, conn, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &closingResolver{Resolver: res, conn: conn}, nil
+}
+
+// closingResolver is a built resolver that, on Close, stops its configConn
+// from applying what the resolver still delivers: grpc ignores a closed
+// resolver's updates, and so does the client.
+type closingResolver struct {
+	resolver.Resolver
+	conn *configConn
+}
+
+func (r *closingResolver) Close() {
+	r.conn.r.mu.Lock()
+	r.conn.closed = true
+	r.conn.r.mu.Unlock()
+	r.Resolver.Close() // outside mu: a resolver may deliver while it closes
+}
+
+// configConn is what a resolver sees as its grpc.ClientConn: it parses each
+// service config the resolver parses, and when the resolver delivers one in
+// UpdateState, applies it to the Client before grpc sees the update.
+type configConn struct {
+	resolver.ClientConn
+	r      *configResolver
+	closed bool // the resolver was closed; guarded by r.mu
+}
+
+// parsed is one service config the resolver parsed: grpc's result, which
+// it hands back in UpdateState, and ours.
+type parsed struct {
+	grpc *grpcsc.ParseResult
+	json string
+	cfg  *serviceconfig.Config
+	err  error
+}
+
+// ParseServiceConfig parses js for grpc, as the connection would, and for
+// the client, and remembers both.
+func (cc *configConn) ParseServiceConfig(js string) *grpcsc.ParseResult {
+	pr := cc.ClientConn.ParseServiceConfig(js)
+	r := cc.r
+	cfg, err := serviceconfig.Parse([]byte(js), serviceconfig.WithMaxAttemptsCap(r.c.opts.maxAttemptsCap))
+	r.mu.Lock()
+	r.parsed[r.next%len(r.parsed)] = parsed{grpc: pr, json: js, cfg: cfg, err: err}
+	r.next++
+	r.mu.Unlock()
+	return pr
+}
+
+// UpdateState applies the state's service config to the client, unless
+// the resolver was closed, then hands the state to grpc.
+func (cc *configConn) UpdateState(s resolver.State) error {
+	cc.r.mu.Lock()
+	if !cc.closed {
+		cc.r.apply(s.ServiceConfig)
+	}
+	cc.r.mu.Unlock()
+	return cc.ClientConn.UpdateState(s)
+}
+
+// apply makes the client's config follow sc, the resolver's latest; see
+// WrapResolver for the rules. Called with mu held.
+func (r *configResolver) apply(sc *grpcsc.ParseResult) {
+	if sc != nil && sc.Err != nil {
+		return // grpc keeps its previous config, and so do we
+	}
+	var p *parsed
+	for i := range r.parsed {
+		if sc != nil && r.parsed[i].grpc == sc {
+			p = &r.parsed[i]
+		}
+	}
+	switch {
+	case sc != nil && p == nil:
+		clientLog.Warning("interceptor: the resolver delivered a service config it did not parse through this builder; the client's config is left as it is")
+		return
+	case p != nil && p.err != nil:
+		clientLog.Warningf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", p.err)
+		return
+	case p == nil || !forClient(p.cfg):
+		if r.applied != "" {
+			if err := r.c.restore(); err != nil {
+				clientLog.Warningf("interceptor: restoring the client's own config: %v", err)
+				return
+			}
+			r.applied = ""
+		}
+		return
+	case p.json == r.applied:
+		return
+	}
+	for _, w := range p.cfg.Warnings() {
+		clientLog.Warningf("interceptor: the resolver's service config: %v", w)
+	}
+	if err := r.c.UpdateServiceConfig(p.cfg); err != nil {
+		clientLog.Warningf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", err)
+		return
+	}
+	r.applied = p.json
+}
+
+// forClient reports whether cfg holds anything the client runs.
+func forClient(cfg *serviceconfig.Config) bool {
+	return len(cfg.MethodConfig) > 0 || cfg.RetryThrottling != nil || cfg.RetryBudget != nil
+}
+
+// restore makes the config given to NewClient the client's config again.
+func (c *Client) restore() error {
+	cfg := c.opts.config
+	return c.update(&cfg, c.opts.parsedCap)
+}
