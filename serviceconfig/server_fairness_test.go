@@ -37,6 +37,7 @@ func TestParseServerTenantFairnessErrors(t *testing.T) {
 		{"bad idle", `{"tenantFairness": {"metadataKey": "t", "idleTimeout": "5"}}`, `serviceconfig: tenantFairness.idleTimeout: "5" is not a duration`},
 		{"negative idle", `{"tenantFairness": {"metadataKey": "t", "idleTimeout": "-1s"}}`, "serviceconfig: tenantFairness.idleTimeout: must not be negative"},
 		{"type", `{"tenantFairness": {"metadataKey": 7}}`, "serviceconfig: tenantFairness.metadataKey: must be a string"},
+		{"unknown key", `{"tenantFairness": {"metadataKy": "x"}}`, `serviceconfig: tenantFairness.metadataKy: unknown key: did you mean "metadataKey"?`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
