@@ -198,5 +198,5 @@ func forClient(cfg *serviceconfig.Config) bool {
 // restore makes the config given to NewClient the client's config again.
 func (c *Client) restore() error {
 	cfg := c.opts.config
-	return c.update(&cfg, c.opts.parsedCap)
+	return c.update(&cfg)
 }
