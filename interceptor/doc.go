@@ -346,7 +346,11 @@
 // whether its cancellation or the server's timer ends the call. The door
 // refuses a call whose deadline is shorter than the least latency of the
 // last 32 to 64 calls; it opens once none has completed for 8 smoothed
-// latencies, so it never rests on a stale service time.
+// latencies, so it never rests on a stale service time. Health checks and
+// reflection (DefaultExemptServices) are outside every limit and the CPU
+// shedding unless WithMethodConcurrencyLimit names them: a health check
+// shed under overload has Kubernetes restart a pod that is only busy, and
+// its load moves onto the others.
 //
 // A shed call costs a lock and a status: RESOURCE_EXHAUSTED with a
 // google.rpc.RetryInfo detail and the grpc-retry-pushback-ms trailer, both

@@ -20,7 +20,9 @@ import (
 
 // DefaultExemptServices are never broken or limited unless WithExemptMethods
 // says otherwise: health checks and reflection must answer when all else
-// fails.
+// fails. On the server, the same services are out of the concurrency
+// limits and CPU shedding unless WithMethodConcurrencyLimit names them, and
+// out of idempotency unless a key policy names them.
 var DefaultExemptServices = []string{
 	"grpc.health.v1.Health",
 	"grpc.reflection.v1.ServerReflection",

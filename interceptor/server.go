@@ -139,7 +139,7 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.limits != nil {
+	if s.limits != nil && !s.limits.exempt(info.FullMethod) {
 		if l := s.limits.lookup(info.FullMethod); l != nil {
 			return s.limited(ctx, l, req, info, handler)
 		}

@@ -41,7 +41,8 @@ type CPUShedding struct {
 // (RESOURCE_EXHAUSTED with RetryInfo and pushback, or do-not-retry), and
 // criticalities the same shares. It is an alternative to
 // WithConcurrencyLimit for the methods without a limit of their own
-// (WithMethodConcurrencyLimit); NewServer refuses both at once.
+// (WithMethodConcurrencyLimit); NewServer refuses both at once. Health
+// checks and reflection (DefaultExemptServices) are never shed.
 func WithCPUShedding(cfg CPUShedding) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if err := (limit.BBRConfig{CPUThreshold: cfg.CPUThreshold, Window: cfg.Window, CoolOff: cfg.CoolOff}).Validate(); err != nil {

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,7 +35,10 @@ import (
 // handler answered OK is a latency sample (see the package doc, "Overload
 // protection"). Methods that WithMethodConcurrencyLimit names have limits
 // of their own. Streams are not limited unless WithStreamConcurrencyLimit
-// names them.
+// names them. Health checks and reflection (DefaultExemptServices) are
+// never limited unless WithMethodConcurrencyLimit names them: a probe shed
+// under overload would have the orchestrator restart a server that is
+// only busy.
 func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if err := cfg.Validate(); err != nil {
@@ -150,6 +154,10 @@ type srvLimits struct {
 	streams map[string]bool
 	// clk tells the limiters' time and times their queue waits.
 	clk clock.Clock
+	// exemptSvc are the services whose unary calls no limit and no CPU
+	// shedding reaches unless WithMethodConcurrencyLimit names them:
+	// DefaultExemptServices, copied by NewServer.
+	exemptSvc []string
 }
 
 type namedLimiter struct {
@@ -178,7 +186,7 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
 	}
 	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}, crit: o.criticality,
-		streams: map[string]bool{}, clk: clock.Real}
+		streams: map[string]bool{}, clk: clock.Real, exemptSvc: slices.Clone(DefaultExemptServices)}
 	for c := range ls.shed {
 		ls.shed[c] = make([]atomic.Pointer[shedEntry], limit.PushbackSteps+1)
 	}
@@ -288,6 +296,29 @@ func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 		}
 	}
 	return ls.server
+}
+
+// exempt reports whether a unary call of fullMethod is out of every limit
+// and of the CPU shedding: a method of the exempt services (health checks
+// and reflection, DefaultExemptServices) that no WithMethodConcurrencyLimit
+// names, by method or by service. A health check shed under overload tells
+// the orchestrator that the server is dead, and a restart of an overloaded
+// replica moves its load onto the others: the outage grows. Every default
+// service starts with "grpc.", so other methods cost a byte comparison or
+// two. It allocates nothing.
+func (ls *srvLimits) exempt(fullMethod string) bool {
+	if !strings.HasPrefix(fullMethod, "/grpc.") {
+		return false
+	}
+	svc, ok := serviceOf(fullMethod)
+	if !ok || !slices.Contains(ls.exemptSvc, svc) {
+		return false
+	}
+	_, named := ls.methods[fullMethod]
+	if _, ok := ls.services[svc]; ok {
+		named = true
+	}
+	return !named
 }
 
 // nameKey is how the server's per-method tables file a parsed name: its
