@@ -369,7 +369,12 @@
 // sets): under pressure a tenant over its fair share is shed before any
 // tenant under it, and a tenant under its share is admitted whatever the
 // others hold. Tenants are bounded (MaxTenants per limit) and forgotten
-// when idle.
+// when idle. Fairness shares the slots, not the wait: a quiet tenant's
+// admitted calls still queue, as everyone's do, behind the calls the limit
+// admits beyond the service's own concurrency, so in bench/overload (one
+// tenant at half its share beside one at 10 times its share; 5 runs on a
+// busy machine) the quiet tenant kept 100% (98.7–100%) of its calls, 20%
+// without fairness, at 2.12× (1.04–2.77×) its idle p99.
 //
 // In real time (bench/overload: loopback TCP, open loop, 3 times the
 // capacity of a server of 10 tokens × 50ms, 500ms deadlines; go run
