@@ -20,7 +20,9 @@ import (
 
 // DefaultExemptServices are never broken or limited unless WithExemptMethods
 // says otherwise: health checks and reflection must answer when all else
-// fails.
+// fails. On the server, the same services are out of the concurrency
+// limits and CPU shedding unless WithMethodConcurrencyLimit names them, and
+// out of idempotency unless a key policy names them.
 var DefaultExemptServices = []string{
 	"grpc.health.v1.Health",
 	"grpc.reflection.v1.ServerReflection",
@@ -205,9 +207,7 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	}
 	if g.adaptive != nil {
 		now := since(a.start)
-		if backendAccepted(ctx, err) {
-			g.adaptive.Accepted(now)
-		}
+		g.adaptive.Done(now, backendAccepted(ctx, err))
 		return now
 	}
 	if g.breaker == nil {
@@ -261,7 +261,7 @@ func (g *guards) abandon(a admission) {
 		g.bulkhead.Release()
 	}
 	if g.adaptive != nil {
-		g.adaptive.Accepted(since(a.start))
+		g.adaptive.Done(since(a.start), true)
 		return
 	}
 	if g.breaker != nil {

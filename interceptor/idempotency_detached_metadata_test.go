@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,9 +30,11 @@ func TestIdempotencyDetachedHandlerMetadataIsReplayed(t *testing.T) {
 }
 
 func testIdemDetachedMetadata(t *testing.T, env *idemEnv) {
-	gone := make(chan struct{})     // the first caller's server-side context has ended
-	returned := make(chan error, 1) // the first handler's grpc.SetHeader error, once it returned
+	started := make(chan struct{}, 1) // the first handler runs
+	gone := make(chan struct{})       // the first caller's server-side context has ended
+	returned := make(chan error, 1)   // the first handler's grpc.SetHeader error, once it returned
 	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		started <- struct{}{}
 		<-gone
 		err := grpc.SetHeader(ctx, metadata.Pairs("x-h", "receipt-7"))
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-t", "done"))
@@ -65,9 +66,20 @@ func testIdemDetachedMetadata(t *testing.T, env *idemEnv) {
 	}
 	defer func() { _ = cc.Close(); gs.Stop(); <-served }()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	// The caller leaves once the handler runs: a 50ms deadline could end
+	// before the call reached the server on a busy machine, and then no
+	// handler ever ran and the test hung on returned.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	wantCode(t, "first attempt", idemDo(ctx, cc, "charge-7", "10 EUR").err, codes.DeadlineExceeded, "")
+	firstErr := make(chan error, 1)
+	go func() { firstErr <- idemDo(ctx, cc, "charge-7", "10 EUR").err }()
+	select {
+	case <-started:
+	case err := <-firstErr:
+		t.Fatalf("first attempt = %v before its handler ran", err)
+	}
+	cancel()
+	wantCode(t, "first attempt", <-firstErr, codes.Canceled, "")
 	if err := <-returned; err != nil {
 		t.Errorf("grpc.SetHeader in the handler after its caller left = %v, want nil (recorded for the replay)", err)
 	}

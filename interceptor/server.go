@@ -52,6 +52,8 @@ type serverOptions struct {
 	methodLimits    []methodLimit
 	streamLimits    []string        // full methods and services whose streams are limited
 	criticality     CriticalityFunc // nil: trust the sent criticality
+	limitRand       func() float64  // the limits' probe jitter; nil: the runtime's (WithServerRandSource)
+	fairness        *srvFairness    // nil: one tenant (WithTenantFairness)
 	errs            []error         // option errors found while applying, reported by NewServer
 }
 
@@ -137,7 +139,7 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.limits != nil {
+	if s.limits != nil && !s.limits.exempt(info.FullMethod) {
 		if l := s.limits.lookup(info.FullMethod); l != nil {
 			return s.limited(ctx, l, req, info, handler)
 		}

@@ -2,9 +2,11 @@ package interceptor
 
 import (
 	"context"
-	"errors"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/grpc-resilience/resilience/internal/clock"
 	"github.com/grpc-resilience/resilience/internal/limit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -26,10 +29,16 @@ import (
 // queue when it has one (MaxQueue, at most MaxQueueWait) and is otherwise
 // rejected at once with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and the
 // grpc-retry-pushback-ms trailer that say when to come back; a call whose
-// remaining deadline is shorter than the base RTT (the service time without
-// queueing) is rejected with DEADLINE_EXCEEDED before its handler runs.
-// Methods that WithMethodConcurrencyLimit names have limits of their own.
-// Streams are not limited unless WithStreamConcurrencyLimit names them.
+// remaining deadline is shorter than the door's service time (the least
+// latency of the last 32 to 64 calls, while one of them is recent) is
+// rejected with DEADLINE_EXCEEDED before its handler runs. Only a call the
+// handler answered OK is a latency sample (see the package doc, "Overload
+// protection"). Methods that WithMethodConcurrencyLimit names have limits
+// of their own. Streams are not limited unless WithStreamConcurrencyLimit
+// names them. Health checks and reflection (DefaultExemptServices) are
+// never limited unless WithMethodConcurrencyLimit names them: a probe shed
+// under overload would have the orchestrator restart a server that is
+// only busy.
 func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if err := cfg.Validate(); err != nil {
@@ -61,9 +70,10 @@ func WithMethodConcurrencyLimit(name string, cfg serviceconfig.ConcurrencyLimit)
 }
 
 // WithServerConfig applies a server document (serviceconfig.ParseServer):
-// its top-level concurrencyLimit as WithConcurrencyLimit, and each name of
-// each methodConfig entry as WithMethodConcurrencyLimit. Options given
-// after it override it.
+// its top-level concurrencyLimit as WithConcurrencyLimit, each name of
+// each methodConfig entry as WithMethodConcurrencyLimit, and its
+// tenantFairness as WithTenantFairness with TenantFromMetadata. Options
+// given after it override it.
 func WithServerConfig(cfg *serviceconfig.ServerConfig) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if cfg == nil {
@@ -77,6 +87,9 @@ func WithServerConfig(cfg *serviceconfig.ServerConfig) ServerOption {
 		if l := cfg.ConcurrencyLimit; l != nil {
 			c := *l
 			o.limit = &c
+		}
+		if f := cfg.TenantFairness; f != nil {
+			o.fairness = &srvFairness{cfg: *f, tenant: TenantFromMetadata(f.MetadataKey)}
 		}
 		for _, mc := range cfg.MethodConfig {
 			for _, n := range mc.Name {
@@ -94,6 +107,26 @@ type methodLimit struct {
 	cfg  serviceconfig.ConcurrencyLimit
 }
 
+// WithServerRandSource makes the concurrency limits draw the jitter of
+// their Vegas probes from src instead of the runtime's random generator,
+// so that a seeded source gives a repeatable run. The Server serializes
+// its use of src.
+func WithServerRandSource(src rand.Source) ServerOption {
+	return srvOptionFunc(func(o *serverOptions) {
+		if src == nil {
+			o.errs = append(o.errs, errorf("WithServerRandSource: nil source"))
+			return
+		}
+		var mu sync.Mutex
+		r := rand.New(src)
+		o.limitRand = func() float64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return r.Float64()
+		}
+	})
+}
+
 // srvLimits holds the server's limiters, built once by NewServer; the maps
 // are read-only after.
 type srvLimits struct {
@@ -104,16 +137,27 @@ type srvLimits struct {
 	all []namedLimiter
 	// cpu sheds the methods without a limiter; nil: off.
 	cpu *srvCPU
-	// shed caches the last shed status per criticality.
-	shed [4]atomic.Pointer[shedEntry]
+	// shed caches the shed statuses by criticality and pushback step
+	// (limit.PushbackStep; the last entry is do-not-retry), each built
+	// once, when first needed.
+	shed [4][]atomic.Pointer[shedEntry]
 	// m records admissions, sheds and queue waits; never nil.
 	m *srvLimitMetrics
 	// crit resolves a call's criticality from what it sent; nil: as sent
 	// (WithCriticality).
 	crit CriticalityFunc
+	// tenant names a call's tenant; nil: every call is the default tenant
+	// (WithTenantFairness).
+	tenant TenantFunc
 	// streams holds the full methods and services whose streams are
 	// limited (WithStreamConcurrencyLimit); empty: none.
 	streams map[string]bool
+	// clk tells the limiters' time and times their queue waits.
+	clk clock.Clock
+	// exemptSvc are the services whose unary calls no limit and no CPU
+	// shedding reaches unless WithMethodConcurrencyLimit names them:
+	// DefaultExemptServices, copied by NewServer.
+	exemptSvc []string
 }
 
 type namedLimiter struct {
@@ -124,15 +168,16 @@ type namedLimiter struct {
 // srvLimiter is one limit with its queue.
 type srvLimiter struct {
 	*limit.Limiter
-	maxQueue int32         // 0: no queue; immutable
-	maxWait  time.Duration // immutable
-	queued   atomic.Int32  // calls waiting
+	maxWait time.Duration // of the queue; immutable
 }
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
 func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 	if len(o.streamLimits) > 0 && o.limit == nil && len(o.methodLimits) == 0 {
 		return nil, errorf("WithStreamConcurrencyLimit: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to put streams under")
+	}
+	if o.fairness != nil && o.limit == nil && len(o.methodLimits) == 0 {
+		return nil, errorf("WithTenantFairness: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to share")
 	}
 	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
 		return nil, nil
@@ -141,16 +186,23 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
 	}
 	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}, crit: o.criticality,
-		streams: map[string]bool{}}
+		streams: map[string]bool{}, clk: clock.Real, exemptSvc: slices.Clone(DefaultExemptServices)}
+	for c := range ls.shed {
+		ls.shed[c] = make([]atomic.Pointer[shedEntry], limit.PushbackSteps+1)
+	}
 	for _, n := range o.streamLimits {
 		ls.streams[n] = true
+	}
+	var fair serviceconfig.TenantFairness
+	if o.fairness != nil {
+		fair, ls.tenant = o.fairness.cfg, o.fairness.tenant
 	}
 	var err error
 	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
 		return nil, err
 	}
 	if o.limit != nil {
-		l, err := newLimiter(*o.limit)
+		l, err := newLimiter(*o.limit, fair, o.limitRand)
 		if err != nil {
 			return nil, errorf("WithConcurrencyLimit: %v", err)
 		}
@@ -159,7 +211,7 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 	}
 	seen := map[string]int{} // index in all by name
 	for _, m := range o.methodLimits {
-		l, err := newLimiter(m.cfg)
+		l, err := newLimiter(m.cfg, fair, o.limitRand)
 		if err != nil {
 			return nil, errorf("WithMethodConcurrencyLimit(%q): %v", m.raw, err)
 		}
@@ -182,60 +234,54 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 	return ls, nil
 }
 
-// newLimiter normalizes cfg (validated) for the engine.
-func newLimiter(cfg serviceconfig.ConcurrencyLimit) (*srvLimiter, error) {
+// newLimiter normalizes cfg (validated) and the tenant fairness for the
+// engine; rnd nil: the runtime's random generator.
+func newLimiter(cfg serviceconfig.ConcurrencyLimit, fair serviceconfig.TenantFairness, rnd func() float64) (*srvLimiter, error) {
 	alg := limit.Vegas
 	if cfg.Algorithm == "aimd" {
 		alg = limit.AIMD
 	}
 	l, err := limit.New(limit.Config{
 		Algorithm: alg, InitialLimit: cfg.InitialLimit, MinLimit: cfg.MinLimit,
-		MaxLimit: cfg.MaxLimit, BaseWindow: cfg.BaseWindow,
+		MaxLimit: cfg.MaxLimit, BaseWindow: cfg.BaseWindow, Rand: rnd,
+		MaxQueue: min(cfg.MaxQueue, 1<<30), MaxTenants: fair.MaxTenants, TenantIdle: fair.IdleTimeout,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &srvLimiter{Limiter: l, maxQueue: int32(min(cfg.MaxQueue, 1<<30)), maxWait: cfg.MaxQueueWait}, nil
+	return &srvLimiter{Limiter: l, maxWait: cfg.MaxQueueWait}, nil
 }
 
-// wait queues a call of criticality crit that the limit shed, when the
-// queue has room: until a slot frees for it (admitted), MaxQueueWait
-// passes, its deadline comes within the base RTT, or its context ends.
-// It returns whether the call was admitted, and whether it entered the
-// queue (false: the queue is full, or there is none). A queued call is
-// woken by every release and tries again; the queue is short, so the herd
-// is small.
-func (l *srvLimiter) wait(ctx context.Context, crit Criticality) (admitted, queued bool) {
-	if l.maxQueue == 0 {
-		return false, false
-	}
-	if l.queued.Add(1) > l.maxQueue {
-		l.queued.Add(-1)
-		return false, false
-	}
-	defer l.queued.Add(-1)
+// wait queues r, a call that arrived at now and that the limit shed, when
+// the queue takes it: until a slot is handed to it (admitted), MaxQueueWait
+// passes, its deadline comes within the door's service time, a more
+// critical call takes its place, or its context ends. It returns the slot
+// of an admitted call, and whether the call entered the queue (false: the
+// queue is full of calls it does not displace, or there is none).
+func (l *srvLimiter) wait(ctx context.Context, clk clock.Clock, now time.Time, r limit.Request) (s limit.Slot, admitted, queued bool) {
 	d := l.maxWait
-	if dl, ok := ctx.Deadline(); ok {
-		d = min(d, time.Until(dl)-l.BaseRTT())
+	if d == 0 {
+		return s, false, false
+	}
+	if r.Left != limit.NoDeadline {
+		d = min(d, r.Left-l.DoorRTT(now))
 	}
 	if d <= 0 {
-		return false, true
+		return s, false, false
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for {
-		released := l.Released() // before trying, so no release is missed
-		if l.TryAcquire(limit.Criticality(crit)) {
-			return true, true
-		}
-		select {
-		case <-released:
-		case <-t.C:
-			return false, true
-		case <-ctx.Done():
-			return false, true
-		}
+	w, ok := l.Enqueue(now, r)
+	if !ok {
+		return s, false, false
 	}
+	t := clk.NewTimer(d)
+	select {
+	case <-w.Ready():
+	case <-t.C():
+	case <-ctx.Done():
+	}
+	t.Stop()
+	s, admitted = l.Leave(w)
+	return s, admitted, true
 }
 
 // lookup returns the limiter of fullMethod: its own, its service's, or the
@@ -250,6 +296,29 @@ func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 		}
 	}
 	return ls.server
+}
+
+// exempt reports whether a unary call of fullMethod is out of every limit
+// and of the CPU shedding: a method of the exempt services (health checks
+// and reflection, DefaultExemptServices) that no WithMethodConcurrencyLimit
+// names, by method or by service. A health check shed under overload tells
+// the orchestrator that the server is dead, and a restart of an overloaded
+// replica moves its load onto the others: the outage grows. Every default
+// service starts with "grpc.", so other methods cost a byte comparison or
+// two. It allocates nothing.
+func (ls *srvLimits) exempt(fullMethod string) bool {
+	if !strings.HasPrefix(fullMethod, "/grpc.") {
+		return false
+	}
+	svc, ok := serviceOf(fullMethod)
+	if !ok || !slices.Contains(ls.exemptSvc, svc) {
+		return false
+	}
+	_, named := ls.methods[fullMethod]
+	if _, ok := ls.services[svc]; ok {
+		named = true
+	}
+	return !named
 }
 
 // nameKey is how the server's per-method tables file a parsed name: its
@@ -275,51 +344,107 @@ func serviceOf(fullMethod string) (service string, ok bool) {
 // limited runs a unary call under its limiter l: admitted, it runs the rest
 // of the interceptor and the handler and is released when they return or
 // panic; shed, they do not run.
+//
+// A call with an idempotency key, on a Server with idempotency, is limited
+// around its handler only (limitedKeyed): a duplicate that waits for the
+// running execution or gets its stored outcome never runs the handler, so
+// it is no load on it, holds no slot and gives no latency sample (issue
+// 19, defect 4).
 func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	now := time.Now()
+	if s.idem != nil && len(metadata.ValueFromIncomingContext(ctx, IdempotencyKeyHeader)) > 0 {
+		return s.limitedKeyed(ctx, l, req, info, handler)
+	}
+	return s.runLimited(ctx, l, req, info, handler, true)
+}
+
+// limitedKeyed runs a keyed call on a Server with idempotency: headroom and
+// idempotency first, then, for the call that runs the handler, the limit
+// around the handler, on the handler's context. It costs the keyed call one
+// allocation, the closure.
+func (s *Server) limitedKeyed(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return s.srvUnaryInner(ctx, req, info, func(hctx context.Context, req any) (any, error) {
+		return s.runLimited(hctx, l, req, info, handler, false)
+	})
+}
+
+// runLimited admits a call under l and runs it: with inner, the rest of the
+// unary interceptor and then handler; without, handler alone. The slot is
+// released when they return or panic (the panic goes on up), with what
+// the call's end says of the server's load (callOutcome).
+func (s *Server) runLimited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, inner bool) (resp any, err error) {
+	now := s.limits.clk.Now()
 	left := limit.NoDeadline
 	if dl, ok := ctx.Deadline(); ok {
 		left = dl.Sub(now)
 	}
-	start, err := s.admit(ctx, l, info.FullMethod, now, left)
+	slot, start, err := s.admit(ctx, l, info.FullMethod, now, left)
 	if err != nil {
 		return nil, err
 	}
-	// Released on every way the handler ends: a return, or a panic, which
-	// goes on up after the release.
+	panicked := true
 	defer func() {
-		end := time.Now()
-		switch err := ctx.Err(); {
-		case errors.Is(err, context.Canceled):
-			l.Abandon() // the caller went away: no sample of the server's load
-		default:
-			l.Release(end, end.Sub(start), err != nil)
-		}
+		end := s.limits.clk.Now()
+		l.Release(end, slot, end.Sub(start), callOutcome(ctx, err, panicked))
 	}()
-	return s.srvUnaryInner(ctx, req, info, handler)
+	if inner {
+		resp, err = s.srvUnaryInner(ctx, req, info, handler)
+	} else {
+		resp, err = handler(ctx, req)
+	}
+	panicked = false
+	return resp, err
+}
+
+// callOutcome says what a call that ended with err on ctx teaches a limit:
+// a latency sample only when the handler answered OK; when its deadline
+// ended first, a possible drop (limit.DeadlineEnded: a drop only when the
+// deadline left room for the service time); nothing when the caller went
+// away, the handler failed (a failure's latency says nothing reliable of
+// the load: a validation error returns in microseconds) or panicked.
+func callOutcome(ctx context.Context, err error, panicked bool) limit.Outcome {
+	switch {
+	case panicked:
+		return limit.Ignored
+	case ctx.Err() == context.DeadlineExceeded:
+		return limit.DeadlineEnded
+	case ctx.Err() != nil, err != nil:
+		return limit.Ignored
+	}
+	return limit.Completed
+}
+
+// tenantOf names the tenant of a call; "" without WithTenantFairness.
+func (ls *srvLimits) tenantOf(ctx context.Context) string {
+	if ls.tenant == nil {
+		return ""
+	}
+	return ls.tenant(ctx)
 }
 
 // admit takes a slot of l for a call of fullMethod that arrived at now with
 // left of its deadline (limit.NoDeadline: none, and then it is never shed
-// for its deadline): at once, or from the queue. Admitted, it returns when
-// the call's service time starts (after its time in the queue, which is not
-// the service's latency), and the caller must give the slot back once
-// (Release or Abandon); shed, it returns the status, and holds nothing.
-func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, now time.Time, left time.Duration) (start time.Time, err error) {
+// for its deadline): at once, or from the queue. Admitted, it returns the
+// slot and when the call's service time starts (after its time in the
+// queue, which is not the service's latency), and the caller must give the
+// slot back once (Release or Abandon); shed, it returns the status, and
+// holds nothing.
+func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, now time.Time, left time.Duration) (slot limit.Slot, start time.Time, err error) {
 	ls := s.limits
 	crit := ls.criticality(ctx)
-	v, pushback := l.Acquire(limit.Criticality(crit), left)
+	r := limit.Request{Crit: limit.Criticality(crit), Left: left, Tenant: ls.tenantOf(ctx)}
+	slot, v, pushback := l.Acquire(now, r)
 	switch v {
 	case limit.ShedDeadline:
 		ls.m.shedCall(ctx, fullMethod, crit, shedDeadline)
-		return now, status.Errorf(codes.DeadlineExceeded,
+		return slot, now, status.Errorf(codes.DeadlineExceeded,
 			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
-			left.Round(time.Microsecond), l.BaseRTT())
+			left.Round(time.Microsecond), l.DoorRTT(now))
 	case limit.ShedLimit:
-		admitted, queued := l.wait(ctx, crit)
+		var admitted, queued bool
+		slot, admitted, queued = l.wait(ctx, ls.clk, now, r)
 		if queued {
 			arrived := now
-			now = time.Now()
+			now = ls.clk.Now()
 			ls.m.waited(ctx, fullMethod, now.Sub(arrived))
 		}
 		if !admitted {
@@ -328,25 +453,34 @@ func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, no
 				reason = shedQueueTimeout
 			}
 			ls.m.shedCall(ctx, fullMethod, crit, reason)
-			return now, ls.shedError(ctx, crit, pushback)
+			return slot, now, ls.shedError(ctx, crit, pushback)
 		}
 	}
 	ls.m.admit(ctx, fullMethod, crit)
-	return now, nil
+	return slot, now, nil
 }
 
 // shedError is the status of a call the limit shed, with the pushback as
 // a RetryInfo detail and as the A6 trailer; when the pushback is
 // limit.NoRetry, the trailer says not to retry (-1) and there is no
-// RetryInfo. The status and trailer are built once per (criticality,
-// pushback) and reused while the pushback stays the same, so that shedding
-// under a steady overload allocates nothing but what grpc does.
+// RetryInfo. The status and trailer are built once per criticality and step
+// of the pushback's grid (limit.PushbackStep: at most 25% apart), so that
+// shedding under overload allocates nothing but what grpc does however the
+// pushback moves.
 func (ls *srvLimits) shedError(ctx context.Context, crit Criticality, pushback time.Duration) error {
-	c := &ls.shed[crit&3]
-	e := c.Load()
-	if e == nil || e.pushback != pushback {
+	i := limit.PushbackSteps // do not retry
+	if pushback != limit.NoRetry {
+		i = limit.PushbackStep(pushback)
+	}
+	var e *shedEntry
+	if i < 0 { // beyond the grid (over 10,000s): not cached
 		e = newShedEntry(crit, pushback)
-		c.Store(e)
+	} else {
+		c := &ls.shed[crit&3][i]
+		if e = c.Load(); e == nil {
+			e = newShedEntry(crit, pushback)
+			c.Store(e)
+		}
 	}
 	_ = grpc.SetTrailer(ctx, e.trailer)
 	return e.err
@@ -354,13 +488,12 @@ func (ls *srvLimits) shedError(ctx context.Context, crit Criticality, pushback t
 
 // shedEntry is a shed status and trailer, built once; read-only.
 type shedEntry struct {
-	pushback time.Duration
-	err      error
-	trailer  metadata.MD
+	err     error
+	trailer metadata.MD
 }
 
 func newShedEntry(crit Criticality, pushback time.Duration) *shedEntry {
-	e := &shedEntry{pushback: pushback}
+	e := &shedEntry{}
 	if pushback == limit.NoRetry {
 		e.trailer = noRetryTrailer
 		e.err = status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
@@ -397,6 +530,10 @@ type LimitStatus struct {
 	// limit that then waited in the queue counts in ShedLimit on arrival,
 	// and in Admitted too when a slot freed for it.
 	ShedLimit, ShedDeadline [4]uint64
+	// Tenants is the number of tenants sharing the limit now
+	// (WithTenantFairness): those with calls in flight or queued, or seen
+	// within the idle timeout; 1 or 0 without tenants.
+	Tenants int
 }
 
 // CPUSheddingName is the LimitStatus.Name of the CPU-aware shedder
@@ -411,7 +548,7 @@ func (s *Server) LimitStatuses() []LimitStatus {
 	if s.limits == nil {
 		return nil
 	}
-	return s.limits.statuses(time.Now())
+	return s.limits.statuses(s.limits.clk.Now())
 }
 
 // statuses is LimitStatuses at now: the CPU shedder's first, when there is
@@ -426,12 +563,12 @@ func (ls *srvLimits) statuses(now time.Time) []LimitStatus {
 		})
 	}
 	for _, nl := range ls.all {
-		sn := nl.l.Snapshot()
+		sn := nl.l.Snapshot(now)
 		out = append(out, LimitStatus{
-			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight, Queued: int(nl.l.queued.Load()),
+			Name: nl.name, Limit: sn.Limit, InFlight: sn.InFlight, Queued: sn.Queued,
 			BaseRTT: sn.BaseRTT, SmoothedRTT: sn.SmoothedRTT,
 			Admitted: sn.Count[limit.Admitted], ShedLimit: sn.Count[limit.ShedLimit],
-			ShedDeadline: sn.Count[limit.ShedDeadline],
+			ShedDeadline: sn.Count[limit.ShedDeadline], Tenants: sn.Tenants,
 		})
 	}
 	return out

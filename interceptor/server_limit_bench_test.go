@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -35,7 +36,7 @@ func BenchmarkServerLimit(b *testing.B) {
 			b.Fatal(err)
 		}
 		if strings.HasPrefix(name, "shed") {
-			s.limits.server.Acquire(limit.CriticalPlus, limit.NoDeadline) // holds the only slot
+			s.limits.server.Acquire(time.Now(), limit.Request{Crit: limit.CriticalPlus, Left: limit.NoDeadline}) // holds the only slot
 		}
 		icpt := s.UnaryServerInterceptor()
 		b.Run(name, func(b *testing.B) {

@@ -133,7 +133,7 @@ func registerLimitGauges(mk *instrumentMaker, ls *srvLimits) (metric.Registratio
 		sets = append(sets, metric.WithAttributeSet(attribute.NewSet(attrLimiter.String(limiterMetricName(nl.name)))))
 	}
 	return mk.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		for i, st := range ls.statuses(time.Now()) {
+		for i, st := range ls.statuses(ls.clk.Now()) {
 			o.ObserveInt64(current, int64(st.Limit), sets[i])
 			o.ObserveInt64(inFlight, int64(st.InFlight), sets[i])
 			if st.Name != CPUSheddingName { // the CPU shedder has no queue

@@ -70,7 +70,7 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 		mid.expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 2})
 		mid.expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 0})
 		mid.expect(t, metricSrvLimitQueued, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 0})
-		run(t.Context(), m, "CRITICAL_PLUS", time.Millisecond) // the queue is full: shed
+		run(t.Context(), m, "SHEDDABLE_PLUS", time.Millisecond) // the queue is full of as critical a call: shed
 		wantCodes(codes.ResourceExhausted, codes.OK, codes.OK)
 
 		run(t.Context(), m, "", 200*time.Millisecond)      // admitted
@@ -93,7 +93,7 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 			gother + ",resilience.criticality=CRITICAL":   1,
 		})
 		got.expect(t, metricSrvLimitShed, "{call}", map[string]float64{
-			gm + ",resilience.criticality=CRITICAL_PLUS,resilience.reason=limit":     1,
+			gm + ",resilience.criticality=SHEDDABLE_PLUS,resilience.reason=limit":    1,
 			gm + ",resilience.criticality=SHEDDABLE,resilience.reason=queue_timeout": 1,
 			gm + ",resilience.criticality=CRITICAL,resilience.reason=deadline":       1,
 		})

@@ -1,8 +1,6 @@
 package interceptor
 
 import (
-	"time"
-
 	"google.golang.org/grpc"
 
 	"github.com/grpc-resilience/resilience/internal/limit"
@@ -53,9 +51,10 @@ func (ls *srvLimits) streamLimiter(fullMethod string) *srvLimiter {
 // limitedStream runs a stream under l: admitted, the handler runs and the
 // slot is released when it returns or panics; shed, it does not run.
 func (s *Server) limitedStream(l *srvLimiter, srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if _, err := s.admit(ss.Context(), l, info.FullMethod, time.Now(), limit.NoDeadline); err != nil {
+	slot, _, err := s.admit(ss.Context(), l, info.FullMethod, s.limits.clk.Now(), limit.NoDeadline)
+	if err != nil {
 		return err
 	}
-	defer l.Abandon() // no sample: a stream's life is not a service time
+	defer func() { l.Abandon(s.limits.clk.Now(), slot) }() // no sample: a stream's life is not a service time
 	return s.srvStreamInner(srv, ss, info, handler)
 }

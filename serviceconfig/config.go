@@ -361,9 +361,16 @@ type RetryBudget struct {
 //	max(0, (requests − K·accepts) / (requests + 1))
 //
 // over the last Window (0 means 60s in this mode), where requests counts
-// the attempts the client tried (rejected ones included) and accepts those
-// the backend accepted: every outcome but RESOURCE_EXHAUSTED and
-// UNAVAILABLE from the backend. Only K and Window apply in this mode.
+// the attempts the backend answered and those the throttle rejected, and
+// accepts those the backend accepted: every outcome but RESOURCE_EXHAUSTED
+// and UNAVAILABLE from the backend. An attempt counts once its outcome is
+// known (attempts in flight do not look refused), and attempts that never
+// reached the backend (the method's bulkhead full, its deadline spent) do
+// not count. Once the backend refused nothing for 250ms, the formula over
+// the last second applies when it is lower, so that the client follows a
+// recovery within seconds, and the probability is at most 0.9: a backend
+// that refuses everything still receives a tenth of the attempts (see
+// package interceptor's doc). Only K and Window apply in this mode.
 type CircuitBreaker struct {
 	// Mode is "" for the breaker with states, or "adaptive".
 	Mode string

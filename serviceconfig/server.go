@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"time"
 )
 
@@ -67,6 +68,52 @@ func (c *ConcurrencyLimit) Validate() error {
 	return checkDuration("baseWindow", c.BaseWindow)
 }
 
+// TenantFairness gives each tenant of a server a fair share of its
+// concurrency limits (see interceptor.WithTenantFairness): under pressure
+// each active tenant may use its share of a limit (and of its queue), and
+// a tenant over its share is shed before any tenant under it.
+type TenantFairness struct {
+	// MetadataKey names the incoming metadata key whose first value names
+	// a call's tenant; a call without it belongs to the default tenant. A
+	// caller can send any value: use a key that an authenticating proxy
+	// sets, or give interceptor.WithTenantFairness a function of the
+	// verified identity. Required in a document.
+	MetadataKey string
+	// MaxTenants bounds the tenants each limit remembers at once; the names
+	// beyond share one tenant. 0 means 1024.
+	MaxTenants int
+	// IdleTimeout is how long a tenant with no call in flight keeps its
+	// share after its last call; then it is forgotten. 0 means 5s.
+	IdleTimeout time.Duration
+}
+
+// Validate reports the first field of f out of range, with its JSON path.
+func (f *TenantFairness) Validate() error {
+	switch {
+	case f.MetadataKey != "" && !validMetadataKey(f.MetadataKey):
+		return newError("metadataKey", "must be a lower-case metadata key (a-z, 0-9, '-', '_', '.'), not a binary one (-bin)")
+	case f.MaxTenants < 0:
+		return newError("maxTenants", "must not be negative")
+	}
+	return checkDuration("idleTimeout", f.IdleTimeout)
+}
+
+// validMetadataKey reports whether k is a non-binary metadata key as gRPC
+// defines them: lower-case letters, digits, '-', '_' and '.', not ending
+// in "-bin" and not starting with "grpc-".
+func validMetadataKey(k string) bool {
+	if strings.HasSuffix(k, "-bin") || strings.HasPrefix(k, "grpc-") {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
 // ServerConfig is the server side's document: the concurrency limits of
 // interceptor.NewServer (see interceptor.WithServerConfig). Its JSON form:
 //
@@ -77,19 +124,25 @@ func (c *ConcurrencyLimit) Validate() error {
 //	  "methodConfig": [{
 //	    "name": [{"service": "shop.Orders", "method": "Report"}],
 //	    "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}
-//	  }]
+//	  }],
+//	  "tenantFairness": {"metadataKey": "x-tenant-id", "maxTenants": 1024,
+//	                     "idleTimeout": "5s"}
 //	}
 //
 // The top-level limit covers every method no entry names; each name of an
 // entry (a full method, or a service when the method is left out) gets a
 // limit of its own with the entry's settings. Names follow the service
 // config's rules, except that the empty name (the default entry) is not
-// allowed: the top-level block is the default.
+// allowed: the top-level block is the default. tenantFairness applies to
+// every limit; without it, all callers are one tenant.
 type ServerConfig struct {
 	// ConcurrencyLimit is the server's limit; nil: none.
 	ConcurrencyLimit *ConcurrencyLimit
 	// MethodConfig gives methods and services limits of their own.
 	MethodConfig []ServerMethodConfig
+	// TenantFairness shares each limit fairly among tenants; nil: one
+	// tenant.
+	TenantFairness *TenantFairness
 }
 
 // ServerMethodConfig is one entry of ServerConfig.MethodConfig.
@@ -103,6 +156,14 @@ func (c *ServerConfig) Validate() error {
 	if l := c.ConcurrencyLimit; l != nil {
 		if err := l.Validate(); err != nil {
 			return prefix("concurrencyLimit", err)
+		}
+	}
+	if f := c.TenantFairness; f != nil {
+		if f.MetadataKey == "" {
+			return newError("tenantFairness.metadataKey", "is required")
+		}
+		if err := f.Validate(); err != nil {
+			return prefix("tenantFairness", err)
 		}
 	}
 	seen := map[Name]int{}
@@ -137,6 +198,25 @@ func (c *ServerConfig) Validate() error {
 type wireServer struct {
 	ConcurrencyLimit *wireLimit
 	MethodConfig     *[]wireServerMethod
+	TenantFairness   *wireFairness
+}
+
+type wireFairness struct {
+	MetadataKey leaf[string]
+	MaxTenants  leaf[int]
+	IdleTimeout leaf[*duration]
+}
+
+// fairness checks the leaves of w under path and returns its value.
+func (w *wireFairness) fairness(path string) (*TenantFairness, error) {
+	if err := checkAll(path,
+		field{"metadataKey", &w.MetadataKey},
+		field{"maxTenants", &w.MaxTenants},
+		field{"idleTimeout", &w.IdleTimeout},
+	); err != nil {
+		return nil, err
+	}
+	return &TenantFairness{MetadataKey: w.MetadataKey.v, MaxTenants: w.MaxTenants.v, IdleTimeout: optDuration(w.IdleTimeout.v)}, nil
 }
 
 type wireServerMethod struct {
@@ -197,6 +277,13 @@ func ParseServer(data []byte) (*ServerConfig, error) {
 			return nil, err
 		}
 		c.ConcurrencyLimit = l
+	}
+	if w.TenantFairness != nil {
+		f, err := w.TenantFairness.fairness("tenantFairness")
+		if err != nil {
+			return nil, err
+		}
+		c.TenantFairness = f
 	}
 	if w.MethodConfig != nil {
 		for i, m := range *w.MethodConfig {

@@ -389,9 +389,11 @@ func explainAdaptive(p *printer, cb *serviceconfig.CircuitBreaker) {
 	t.flush()
 	p.printf("each attempt is rejected locally (UNAVAILABLE, not retried) with probability\n")
 	p.printf("  max(0, (requests - k*accepts) / (requests + 1))\n")
-	p.printf("where requests counts every attempt tried and accepts every one the backend\n")
+	p.printf("at most 0.9, where requests counts every attempt the backend answered or the throttle rejected\n")
+	p.printf("(once its outcome is known; not those another guard refused) and accepts every one the backend\n")
 	p.printf("did not answer with RESOURCE_EXHAUSTED or UNAVAILABLE; with a backend that\n")
-	p.printf("accepts a share a < 1/k of the offered load, about k*a of it is sent\n")
+	p.printf("accepts a share a < 1/k of the offered load, about k*a of it is sent; once the backend refused\n")
+	p.printf("nothing for 250ms, the formula over the last second applies when lower, so traffic follows a recovery within seconds\n")
 }
 
 // explainBulkhead writes a bulkhead block with its defaults.

@@ -65,6 +65,8 @@ func TestRun(t *testing.T) {
 		{name: "server_service", args: []string{"server", "testdata/server.json", "/shop.Admin/Ban"}},
 		{name: "server_default", args: []string{"server", "testdata/server.json", "shop.Orders/Get"}},
 		{name: "server_none", args: []string{"server", "-"}, stdin: `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {}}]}`},
+		{name: "server_fair_check", args: []string{"server", "testdata/server_fair.json"}},
+		{name: "server_fair_method", args: []string{"server", "testdata/server_fair.json", "/shop.Orders/Get"}},
 		{name: "server_invalid", args: []string{"server", "-"}, stdin: `{"concurrencyLimit": {"algorithm": "gradient2"}}`},
 		{name: "usage_server_args", args: []string{"server"}},
 

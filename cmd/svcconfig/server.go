@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/grpc-resilience/resilience/internal/limit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -40,6 +41,9 @@ func server(w io.Writer, data []byte, fullMethod string) error {
 			}
 			p.printf("  methodConfig[%d] %s: %s\n", i, strings.Join(names, ", "), limitSummary(mc.ConcurrencyLimit))
 		}
+		if f := cfg.TenantFairness; f != nil {
+			p.printf("  tenantFairness: %s\n", fairnessSummary(f))
+		}
 		return p.err
 	}
 	l, name, ok := cfg.Lookup(fullMethod)
@@ -56,7 +60,42 @@ func server(w io.Writer, data []byte, fullMethod string) error {
 		p.printf("%s: the limit of service %s, shared by its methods\n", fullMethod, name)
 	}
 	explainLimit(p, l)
+	explainFairness(p, cfg.TenantFairness)
 	return p.err
+}
+
+// fairnessValues fills the defaults of f.
+func fairnessValues(f *serviceconfig.TenantFairness) (maxTenants int, idle time.Duration) {
+	maxTenants, idle = f.MaxTenants, f.IdleTimeout
+	if maxTenants == 0 {
+		maxTenants = limit.DefaultMaxTenants
+	}
+	if idle == 0 {
+		idle = limit.DefaultTenantIdle
+	}
+	return maxTenants, idle
+}
+
+func fairnessSummary(f *serviceconfig.TenantFairness) string {
+	n, idle := fairnessValues(f)
+	return fmt.Sprintf("tenant from metadata %s, at most %d tenants per limit, forgotten %v after their last call", f.MetadataKey, n, idle)
+}
+
+// explainFairness writes the tenant fairness, or that there is none.
+func explainFairness(p *printer, f *serviceconfig.TenantFairness) {
+	if f == nil {
+		p.printf("\nno tenantFairness: every caller is one tenant, and a noisy caller makes everyone shed at its rate\n")
+		return
+	}
+	n, idle := fairnessValues(f)
+	p.printf("\ntenantFairness (every limit of the server)\n")
+	t := p.table()
+	t.row("  metadataKey", f.MetadataKey+": names the tenant (a caller can send any value: let an authenticating proxy set it)")
+	t.row("  maxTenants", def(strconv.Itoa(n), f.MaxTenants == 0)+": tenants remembered per limit; the names beyond share one")
+	t.row("  idleTimeout", def(idle.String(), f.IdleTimeout == 0)+": a tenant with nothing in flight keeps its share this long")
+	t.flush()
+	p.printf("under pressure each active tenant has a fair share of its criticality's share; a tenant under it is admitted\n")
+	p.printf("whatever the others hold, one over it is shed first (a slot is kept free for each tenant under its share)\n")
 }
 
 // limitName writes a name as a full method or a service.
@@ -102,14 +141,14 @@ func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	case "aimd":
 		t.row("  algorithm", "aimd: +1 per call while the latency stays within 2x the base RTT, x0.9 on a slower or dropped call")
 	default:
-		t.row("  algorithm", def("vegas", l.Algorithm == "")+": queue = limit x (1 - baseRTT/RTT) per RTT window; grows below 3 log10(limit), shrinks above 6 log10(limit); every ~10 x limit calls a probe takes the latest RTT for the base RTT, so a lasting slowdown is learned in seconds")
+		t.row("  algorithm", def("vegas", l.Algorithm == "")+": queue = limit x (1 - baseRTT/RTT) per RTT window; grows below 3 log10(limit), shrinks above 6 log10(limit); every ~10 x limit calls, unless it sheds, a probe takes the latest RTT for the base RTT, and a limit that falls while the RTT does not takes the new RTT too, so a lasting slowdown is learned in seconds")
 	}
 	t.row("  initialLimit", def(strconv.Itoa(initial), l.InitialLimit == 0))
 	t.row("  minLimit", def(strconv.Itoa(lo), l.MinLimit == 0))
 	t.row("  maxLimit", def(strconv.Itoa(hi), l.MaxLimit == 0))
-	t.row("  baseWindow", def(window.String(), l.BaseWindow == 0)+": the base RTT is the least latency of the last two windows")
+	t.row("  baseWindow", def(window.String(), l.BaseWindow == 0)+": the base RTT is the least latency of the last two windows (up to 4 under a tenth of the 5th least ignored); it ages out after two windows without a call")
 	if l.MaxQueue > 0 {
-		t.row("  maxQueue", strconv.Itoa(l.MaxQueue)+": calls over the limit that may wait for a slot")
+		t.row("  maxQueue", strconv.Itoa(l.MaxQueue)+": calls over the limit that may wait for a slot; the most critical first, and a full queue gives a less critical call's place to a more critical one")
 		t.row("  maxQueueWait", l.MaxQueueWait.String()+": the longest wait (less when the deadline is nearer); it adds to their latency")
 	} else {
 		t.row("  maxQueue", "0 (default): calls over the limit are shed at once")
@@ -124,9 +163,12 @@ func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 		t.row("  "+s.name, strconv.Itoa(int(s.share*100))+"%", fmt.Sprintf("%d of the initial limit", ceilShare(initial, s.share)))
 	}
 	t.flush()
-	p.printf("\na call whose deadline has less left than the base RTT fails with DEADLINE_EXCEEDED, not started;\n")
+	p.printf("\nonly a call answered OK is a latency sample; one whose deadline ended is a drop (the limit falls) only\n")
+	p.printf("when it had twice the base RTT left when admitted; a failure, a cancellation or an idempotent replay teach nothing;\n")
+	p.printf("a call whose deadline has less left than the door's service time (the least latency of the last 32 to 64 calls;\n")
+	p.printf("open once none completed for 8 smoothed latencies) fails with DEADLINE_EXCEEDED, not started;\n")
 	p.printf("a call over its share fails at once with RESOURCE_EXHAUSTED, RetryInfo and grpc-retry-pushback-ms\n")
-	p.printf("(smoothed latency x (1 + shed/admitted)), or pushback -1 (do not retry) once half or more are shed\n")
+	p.printf("(smoothed latency x (1 + shed/admitted), in steps of at most 25%%), or pushback -1 (do not retry) once half or more are shed\n")
 }
 
 // ceilShare is the in-flight count at which a share of limit sheds.

@@ -37,7 +37,8 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// TestFormula pins p = max(0, (requests − K·accepts)/(requests + 1)).
+// TestFormula pins p = max(0, (requests − K·accepts)/(requests + 1)), at
+// most MaxRejectProbability, over a window of one second (no short window).
 func TestFormula(t *testing.T) {
 	tests := []struct {
 		k                 float64
@@ -48,14 +49,14 @@ func TestFormula(t *testing.T) {
 		{2, 10, 10, 0},
 		{2, 10, 5, 0},
 		{2, 10, 4, 2.0 / 11},
-		{2, 99, 0, 99.0 / 100},
+		{2, 99, 0, 99.0 / 100}, // capped at MaxRejectProbability
 		{1, 10, 5, 5.0 / 11},
 		{3, 100, 30, 10.0 / 101},
 	}
 	for _, tt := range tests {
-		th := mustNew(t, Config{K: tt.k})
-		th.sum = bucket{float64(tt.requests), float64(tt.accepts)}
-		if got := th.probLocked(); math.Abs(got-tt.want) > 1e-12 {
+		th := mustNew(t, Config{K: tt.k, Window: time.Second})
+		th.long.sum = bucket{float64(tt.requests), float64(tt.accepts)}
+		if got := th.probLocked(t0); math.Abs(got-min(tt.want, MaxRejectProbability)) > 1e-12 {
 			t.Errorf("p(K=%v, requests %d, accepts %d) = %v, want %v", tt.k, tt.requests, tt.accepts, got, tt.want)
 		}
 	}
@@ -66,7 +67,7 @@ func TestFormula(t *testing.T) {
 func TestWindowForgets(t *testing.T) {
 	th := mustNew(t, Config{Window: 16 * time.Second})
 	for range 10 {
-		th.Allow(t0)
+		th.Done(t0, false)
 	}
 	tests := []struct {
 		at   time.Duration
@@ -83,7 +84,7 @@ func TestWindowForgets(t *testing.T) {
 		}
 	}
 	// A long silence clears everything at once.
-	th.Allow(t0.Add(20 * time.Second))
+	th.Done(t0.Add(20*time.Second), true)
 	if got := th.Snapshot(t0.Add(time.Hour)).Requests; got != 0 {
 		t.Errorf("requests an hour later = %v, want 0", got)
 	}
@@ -104,10 +105,11 @@ func simulate(th *Throttle, start time.Time, d time.Duration, rate, capacity flo
 			continue
 		}
 		out++
-		if tokens >= 1 {
+		accepted := tokens >= 1
+		if accepted {
 			tokens--
-			th.Accepted(now)
 		}
+		th.Done(now, accepted)
 	}
 	return float64(out) / float64(n), now
 }
@@ -141,9 +143,85 @@ func TestAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() {
 		now = now.Add(time.Millisecond)
 		if th.Allow(now) {
-			th.Accepted(now)
+			th.Done(now, true)
 		}
 	}); n != 0 {
 		t.Errorf("allocs = %v, want 0", n)
+	}
+}
+
+// TestInFlightRequestsDoNotCount: requests let out but not yet answered
+// are not counted, so a fresh client sends all of them (issue 19, defect
+// 7: before, 64 concurrent requests to a slow method looked refused and
+// most were rejected before any answer came).
+func TestInFlightRequestsDoNotCount(t *testing.T) {
+	th := mustNew(t, Config{Seed: 1})
+	for i := range 64 {
+		if !th.Allow(t0) {
+			t.Fatalf("request %d rejected with nothing answered", i)
+		}
+	}
+	if s := th.Snapshot(t0); s.Requests != 0 || s.RejectProbability != 0 {
+		t.Errorf("with 64 in flight: %+v, want nothing counted", s)
+	}
+	for range 64 {
+		th.Done(t0.Add(500*time.Millisecond), true)
+	}
+	if s := th.Snapshot(t0.Add(500 * time.Millisecond)); s.Requests != 64 || s.Accepts != 64 {
+		t.Errorf("after the answers: %+v, want 64 requests and accepts", s)
+	}
+}
+
+// sendShare is the share of the requests offered at rate per second over
+// [from, from+d) that a backend accepts, accepting all of them when up.
+func sendShare(th *Throttle, from time.Time, d time.Duration, rate float64, up bool) float64 {
+	gap := time.Duration(float64(time.Second) / rate)
+	n, ok := 0, 0
+	for now := from; now.Before(from.Add(d)); now = now.Add(gap) {
+		n++
+		if th.Allow(now) {
+			th.Done(now, up)
+			if up {
+				ok++
+			}
+		}
+	}
+	return float64(ok) / float64(n)
+}
+
+// TestRecoversWithinSeconds: a fresh client (default window, 60s), 200
+// requests a second, a backend down for 1.5s then up: a tenth of the
+// requests still go out while it is down (MaxRejectProbability), and from
+// 3s after it is back, every 250ms has 90% of its requests accepted (issue
+// 19, defect 7: before, the minute-long window remembered the outage and
+// the client kept rejecting most requests for most of a minute).
+func TestRecoversWithinSeconds(t *testing.T) {
+	th := mustNew(t, Config{Seed: 1})
+	const rate, step = 200.0, 250 * time.Millisecond
+	now := t0
+	var down []float64
+	for range 6 {
+		down = append(down, sendShare(th, now, step, rate, false))
+		now = now.Add(step)
+	}
+	if s := 1 - th.Snapshot(now).RejectProbability; s < 0.1-1e-9 {
+		t.Errorf("after 1.5s down, %.3f of the requests go out, want at least 0.1", s)
+	}
+	recovered := time.Duration(-1)
+	var shares []float64
+	for i := range 24 {
+		share := sendShare(th, now, step, rate, true)
+		shares = append(shares, share)
+		now = now.Add(step)
+		switch {
+		case share < 0.9:
+			recovered = -1
+		case recovered < 0:
+			recovered = time.Duration(i) * step
+		}
+	}
+	t.Logf("down: %.2f; after recovery, accepted per 250ms: %.2f; back for good after %v", down, shares, recovered)
+	if recovered < 0 || recovered > 3*time.Second {
+		t.Errorf("back to 90%% for good after %v, want within 3s", recovered)
 	}
 }

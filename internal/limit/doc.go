@@ -1,76 +1,120 @@
 // Package limit is the engine of the server's adaptive concurrency limit: it
 // decides whether one more request may run now, learns how many may run at
-// once from the latencies of those that ran, and says how long a shed
-// request should wait before it comes back. It knows nothing of grpc.
+// once from the latencies of those that ran, says how long a shed request
+// should wait before it comes back, queues requests over the limit by
+// criticality, and shares the limit fairly among tenants. It knows nothing
+// of grpc; every method takes the time as a parameter.
 //
 // # Algorithm
 //
 // The default is TCP Vegas applied to requests, as in Netflix's
 // concurrency-limits. The limit L is the number of requests allowed in
-// flight. The base RTT b is the smallest latency seen (the service time
-// with no queueing). A request that took r while L were allowed says that
-// about
+// flight. The base RTT b is the service time with no queueing, estimated
+// from the latencies of completed requests (see "Base RTT"). A window of
+// requests (one smoothed latency long) whose latencies averaged r while L
+// were allowed says that about
 //
 //	queue = ceil(L · (1 − b/r))
 //
 // of the L were waiting rather than being served. With α = 3·log10(L) and
-// β = 6·log10(L) (and at least 1 and 2), each completed request moves L:
+// β = 6·log10(L) (and at least 1 and 2), each window moves L:
 //
 //	queue ≤ log10(L):       L ← L + β       (nothing waits: grow fast)
 //	queue < α:              L ← L + log10(L)
 //	queue > β:              L ← L − log10(L)
-//	a dropped request:      L ← L − log10(L)  (its deadline ended while it ran)
+//	a drop in the window:   L ← L − log10(L)  (a deadline ended while a request ran: see "Outcomes")
 //
 // and L stays within [MinLimit, MaxLimit]. L grows only while at least half
-// of it is in use, so an idle server does not learn an unbounded limit. The
-// limit therefore settles where α to β requests wait behind the capacity of
-// the server: it keeps the server busy (goodput near capacity) and bounds the
-// queueing delay to about β/L of a service time.
+// of it is in use, so an idle server does not learn an unbounded limit; but
+// below InitialLimit it grows back to InitialLimit whenever nothing queues,
+// so that once an overload is over the limit returns to where it was
+// before it. The limit therefore settles where α to β requests wait
+// behind the capacity of the server: it keeps the server busy (goodput
+// near capacity) and bounds the queueing delay to about β/L of a service
+// time.
 //
-// Why Vegas and not Gradient2: Gradient2 compares a short against a long
-// moving average of the latency; under sustained overload the long average
-// drifts up with the short one and the limit follows it, so the queue it
-// allows grows with the length of the overload. Vegas measures against the
-// base RTT, which queueing cannot raise. Its weakness is the other way round:
-// when the service time itself rises for good (a deploy, a slower
-// dependency), the old base RTT makes every request look queued and the
-// limit falls towards MinLimit, shedding traffic a server that is not
-// overloaded could serve. The base RTT is the minimum of the latencies of
-// the last two BaseWindow periods (30s by default), which alone would take
-// up to a minute to forget the old service time.
+// AIMD is the simple alternative: L ← L + 1 per window while at least half
+// of L is in use (or L is below InitialLimit) and the latency is at most
+// Tolerance·b, and L ← L · Backoff (0.9) on a drop or a slower window.
+//
+// # Outcomes
+//
+// Release takes what a request's end says of the load. Only a request the
+// server completed (its handler answered OK) is a latency sample. A failure
+// says nothing reliable: a validation error or an idempotent replay returns
+// in microseconds, and three of them used to become the base RTT and make
+// every honest request look queued. A request whose caller went away, or
+// that panicked, says nothing either. A request whose deadline ended while
+// it ran is a drop only when its deadline left it at least twice the base
+// RTT when it was admitted: then the server was too slow for a reasonable
+// deadline, which is overload; a shorter deadline is the caller's choice
+// (a caller that never cancels, ending every request on the server's own
+// timer, used to take the limit to its minimum in seconds), and teaches
+// nothing.
+//
+// # Base RTT
+//
+// The base RTT is the least latency of the last one or two BaseWindow
+// periods (30s by default), less outliers: a latency under a tenth of the
+// 5th smallest (the largest, with fewer than 5) is ignored, so up to four
+// requests that were
+// much faster than the service for a reason of their own do not become
+// the base, while under overload, where every latency is a queued one, the
+// base is the least of them, the one that saw the shortest queue. The
+// windows rotate with time, on every Acquire and Release, so an estimate
+// that no latency confirms ages out: after two windows without a sample
+// the base RTT is 0 (unknown) until the next.
 //
 // # Probe
 //
-// Vegas therefore probes, as Netflix's VegasLimit does: after about
-// ProbeMultiplier × L samples (default 10; the count is drawn anew after
-// each probe from [½, 1) of that with Config.Rand, so servers started
-// together do not probe in step), the next sample becomes the base RTT
-// outright, whatever the windowed minimum was, and later samples fold in as
-// the minimum again. After a lasting slowdown that sample is the new
-// service time: nothing looks queued any more and the limit grows back.
-// The count is in samples, not seconds, so a probe comes after about
-// ProbeMultiplier round trips of a server that uses its limit, and sooner
-// as the limit falls: with 16 requests in flight at 200ms, within about 2s
-// of fake time in the tests (TestVegasLearnsSlowdown,
-// interceptor.TestSlowdownLimitRecovers), against 30 to 60s without it.
+// Vegas's weakness: when the service time itself rises for good (a
+// deploy, a slower dependency), the old base RTT makes every request look
+// queued and the limit falls towards MinLimit. So Vegas probes, as
+// Netflix's VegasLimit does: after about ProbeMultiplier × L samples
+// (default 10; the count is drawn anew after each probe from [½, 1) of
+// that with Config.Rand, so servers started together do not probe in
+// step), the base RTT starts anew from the next sample, and the samples
+// after it fold in as the minimum again. After a lasting slowdown that
+// sample is the new service time: nothing looks queued any more and the
+// limit grows back, with 16 requests in flight at 200ms within about 2s of
+// fake time in the tests (TestVegasLearnsSlowdown,
+// interceptor.TestSlowdownLimitRecovers).
 //
-// Under overload the probe's sample is a queued one, and the limit grows by
-// up to β before the queue it adds shows against that base; but the limit
-// moves around its settling point, the samples taken at its low points see
-// a shorter queue, and the minimum comes back down, so the probes do not
-// ratchet: after 30 or 60s of a simulated 3× overload the limit is where it
-// settled after 3s (about 1.5 times the server's concurrency), the base RTT
-// between probes within 20% of the service time and the admitted p99 under
-// twice it (TestConvergesOnFixedCapacity, interceptor.TestOverloadSustained).
-// Gradient2's long-term average learns a slowdown without probing but has
-// the drift above, which is what the limit exists to prevent; BBR's
-// ProbeRTT (drain the queue to measure) would cost goodput at every probe.
-// AIMD does not probe: its latency test is a Tolerance multiple of the base
-// RTT, and a slowdown within Tolerance does not move it.
+// Under overload that sample is a queued one. When the overload is heavy
+// the limit swings around its settling point, the samples at its low points
+// see a short queue, and the minimum comes back down; but at a mild
+// overload (1.2 times the capacity) the queue never drains, each probe
+// raised the base RTT, and the limit grew without bound: 124 for 8 slots,
+// and latencies 14 times the service time (TestNoRatchetUnderMildOverload,
+// interceptor.TestOverloadMildDoesNotRatchet). So there is no probe while
+// the limit sheds (one shed request in the last 30 or so admitted): there
+// a queue cannot be told from a slowdown by one latency.
 //
-// AIMD is the simple alternative: L ← L + 1 per completed request while at
-// least half of L is in use and the latency is at most Tolerance·b, and
-// L ← L · Backoff (0.9) when a request is dropped or slower than that.
+// A slowdown that makes the limit shed is learned by the slowdown
+// detector instead: under overload, when the limit falls the queue
+// shortens and the latency falls with it; when the service itself became
+// slower, it does not. When the limit has fallen to 3/4 of what it was when
+// it last grew (or when the latency last moved by more than 10%), while the
+// average latency of the windows stayed within 10% of what it was then, the base
+// RTT starts anew from the door's service time, the least of the latest
+// latencies (TestSlowdownDetector). AIMD does not probe: its latency test
+// is a Tolerance multiple of the base RTT, and a slowdown within Tolerance
+// does not move it.
+//
+// # The door
+//
+// A request whose remaining deadline is shorter than the door's service
+// time cannot finish in time even without queueing, and is shed at once
+// (ShedDeadline). The door's service time is the least latency of the last
+// 32 to 64 samples, not the base RTT: a fast latency lowers it at once and
+// a probe does not move it, so the door errs towards letting requests in.
+// It must never rest on a stale estimate, since it refuses the very
+// requests whose completion would correct it: once no request completed
+// for 8 smoothed latencies the door is open to every deadline until one
+// does (after a slow phase, callers with short deadlines run again within
+// that time), and every 8 such periods (counted from the first sample) it
+// lets one request it would refuse through, so that requests faster than
+// those that completed can show it.
 //
 // # Criticality
 //
@@ -78,7 +122,39 @@
 // share of L (CriticalPlus 100%, Critical 90%, SheddablePlus 75%,
 // Sheddable 50%), so under pressure the server sheds Sheddable first, then
 // SheddablePlus, and Critical only when the in-flight requests of the upper
-// classes fill its whole share.
+// classes fill its whole share. When a request is shed over the limit, the
+// less critical ones yield for a smoothed latency: they are shed even where
+// their share has room, so the slots freed go to the more critical ones.
+// Shares alone do not do it: a flood of Sheddable requests filling its half
+// slows every request in the server, the Critical ones in flight grow (more
+// of them wait) and fill the rest.
+//
+// # Queue
+//
+// With MaxQueue, a request shed over the limit may wait for a slot
+// (Enqueue, then Leave). The queue serves the most critical waiter first,
+// then the one whose tenant has fewest requests in flight, then the oldest;
+// a freed slot goes to it at the Release, before any new request can take
+// it. A full queue gives the place of its least critical waiter (of the
+// tenant holding the most, the newest) to a more critical request, or to
+// an as critical one of a tenant that would still hold less; the displaced
+// waiter is told at once. A waiter whose share of the limit has no room is
+// passed over, and the slot stays for the requests that may take it.
+//
+// # Tenants
+//
+// A request may name its tenant. Under pressure each active tenant (with
+// requests in flight or queued, or seen within TenantIdle, 5s by default)
+// has a fair share: its criticality's share of L divided by the active
+// tenants. A tenant under its fair share may fill the criticality's share
+// of L; one at or over it only what is left once each other tenant under
+// its fair share has a slot kept free (at most a tenth of L in all): a
+// tenant over its share is shed before any tenant under it, and a lone
+// tenant may use the whole limit. Requests in flight are never preempted.
+// At most MaxTenants (1024 by default) named tenants are remembered at once
+// and the names beyond share one; a tenant idle for TenantIdle is
+// forgotten, lazily (two at a time on each request naming one, all at once
+// on a Snapshot). With one tenant, the limit behaves as without tenants.
 //
 // # Pushback
 //
@@ -86,12 +162,15 @@
 //
 //	pushback = s · (1 + x/(1 − x))
 //
-// where s is the smoothed latency of admitted requests (EWMA, weight 1/16)
-// and x the smoothed share of requests shed (EWMA, weight 1/64): when a
-// third of the requests are shed, x/(1 − x) = 0.5 and a client waits one and
-// a half service times, the time in which the requests admitted before it
-// drain and the excess spreads out. The result is rounded up to the
-// millisecond and is at least 1ms. Once x reaches 1/2, the server sheds at
+// where s is the smoothed latency of the samples (EWMA, weight 1/16;
+// InitialServiceTime, 100ms, before the first) and x the smoothed share of
+// requests shed (EWMA, weight 1/64): when a third of the requests are
+// shed, x/(1 − x) = 0.5 and a client waits one and a half service times,
+// the time in which the requests admitted before it drain and the excess
+// spreads out. The result is rounded up to the millisecond up to 10ms and
+// then to the E12 series (12, 15, 18, 22, 27, 33, 39, 47, 56, 68, 82, 100,
+// ... ms), so it moves in steps of at most 25% and a server keeps one
+// status per step (PushbackStep). Once x reaches 1/2, the server sheds at
 // least as many requests as it serves, and a retry could only add to the
 // excess: the pushback is then [NoRetry], gRFC A6's "do not retry", as the
 // SRE book's "overloaded; don't retry" answer. This is what keeps a
@@ -110,6 +189,9 @@
 //
 // # Concurrency
 //
-// A [Limiter] is safe for concurrent use; every method takes one mutex for
-// a few arithmetic operations and allocates nothing.
+// A [Limiter] is safe for concurrent use; every method takes one mutex.
+// Acquire and Release allocate nothing and do a few arithmetic operations,
+// plus, with tenants under pressure, a scan of the tenants under their
+// share (stopped at a tenth of L) and, with a queue, a scan of the waiters
+// at each release.
 package limit

@@ -37,6 +37,14 @@ const (
 	NumCriticalities
 )
 
+// valid is c, or Critical for a value out of range.
+func (c Criticality) valid() Criticality {
+	if c >= NumCriticalities {
+		return Critical
+	}
+	return c
+}
+
 // share is the fraction of the limit a criticality may fill.
 var share = [NumCriticalities]float64{
 	Critical:      0.9,
@@ -45,31 +53,50 @@ var share = [NumCriticalities]float64{
 	Sheddable:     0.5,
 }
 
+// Defaults of Config.
+const (
+	DefaultMaxTenants = 1024
+	DefaultTenantIdle = 5 * time.Second
+)
+
 // Config is the normalized configuration of a [Limiter]. The zero value of
 // a field means its default.
 type Config struct {
 	// Algorithm is Vegas (the default) or AIMD.
 	Algorithm Algorithm
-	// InitialLimit is the limit before any request completed; default 20.
+	// InitialLimit is the limit before any request completed, and the
+	// limit that a server using less than half of it returns to after an
+	// overload lowered it; default 20.
 	InitialLimit int
 	// MinLimit and MaxLimit bound the limit; defaults 1 and 1000.
 	MinLimit, MaxLimit int
-	// BaseWindow is the period of the base RTT's minimum (it is the minimum
-	// over the last two periods, reset by each Vegas probe); default 30s.
+	// BaseWindow is the period of the base RTT's estimate (it is over the
+	// last two periods, reset by each Vegas probe); default 30s.
 	BaseWindow time.Duration
 	// ProbeMultiplier (Vegas): about every ProbeMultiplier × limit
-	// samples (jittered into [½, 1) of that), the base RTT is reset to the
-	// next sample, so a lasting rise of the service time becomes the new
-	// base within that many samples (see the package doc); default 10.
+	// samples (jittered into [½, 1) of that), the base RTT starts anew
+	// from the next sample, so a lasting rise of the service time becomes
+	// the new base within that many samples (see the package doc); default
+	// 10.
 	ProbeMultiplier float64
 	// Rand draws the probe's jitter in [0, 1); nil: math/rand/v2's
-	// Float64. Tests inject a seeded source for repeatable runs.
+	// Float64. Servers inject a seeded source for repeatable runs. It is
+	// called with the Limiter's mutex held.
 	Rand func() float64
 	// Tolerance (AIMD): a latency above Tolerance times the base RTT counts
 	// as overload; default 2.
 	Tolerance float64
 	// Backoff (AIMD): the factor of a decrease, in (0, 1); default 0.9.
 	Backoff float64
+	// MaxQueue is how many requests over the limit may wait for a slot
+	// (Enqueue); 0: none.
+	MaxQueue int
+	// MaxTenants bounds the named tenants remembered at once; the names
+	// beyond share one tenant. Default DefaultMaxTenants.
+	MaxTenants int
+	// TenantIdle is how long a tenant with nothing in flight or queued
+	// keeps its share after its last request; default DefaultTenantIdle.
+	TenantIdle time.Duration
 }
 
 // Validate reports the first field of c out of range.
@@ -87,6 +114,12 @@ func (c Config) Validate() error {
 		return errors.New("limit: backoff must be in (0, 1)")
 	case c.ProbeMultiplier != 0 && !(c.ProbeMultiplier >= 1 && c.ProbeMultiplier <= 1000):
 		return errors.New("limit: probeMultiplier must be in [1, 1000]")
+	case c.MaxQueue < 0:
+		return errors.New("limit: maxQueue must not be negative")
+	case c.MaxTenants < 0:
+		return errors.New("limit: maxTenants must not be negative")
+	case c.TenantIdle < 0:
+		return errors.New("limit: tenantIdle must not be negative")
 	}
 	n := c.normalize()
 	if n.MinLimit > n.MaxLimit {
@@ -124,6 +157,12 @@ func (c Config) normalize() Config {
 	if c.Rand == nil {
 		c.Rand = rand.Float64
 	}
+	if c.MaxTenants == 0 {
+		c.MaxTenants = DefaultMaxTenants
+	}
+	if c.TenantIdle == 0 {
+		c.TenantIdle = DefaultTenantIdle
+	}
 	return c
 }
 
@@ -133,14 +172,33 @@ type Verdict uint8
 const (
 	// Admitted: the request may run; end it with one Release or Abandon.
 	Admitted Verdict = iota
-	// ShedLimit: the in-flight requests fill the criticality's share of
-	// the limit.
+	// ShedLimit: the requests in flight fill the criticality's share of
+	// the limit (or the tenant's, see the package doc).
 	ShedLimit
 	// ShedDeadline: the request's remaining deadline is shorter than the
-	// base RTT, so it cannot finish in time even without queueing.
+	// door's service time, so it cannot finish in time even without
+	// queueing.
 	ShedDeadline
 	// NumVerdicts is the number of verdicts.
 	NumVerdicts
+)
+
+// Outcome is how an admitted request ended, for Release: what, if
+// anything, it says of the server's load.
+type Outcome uint8
+
+const (
+	// Completed: the request completed (the server answered it with OK);
+	// its latency is a sample.
+	Completed Outcome = iota
+	// Ignored: it ended for a reason that says nothing reliable of the
+	// server's load (it failed, or its caller went away): no sample.
+	Ignored
+	// DeadlineEnded: its deadline ended while it ran. It is a drop (a sign
+	// of overload) when the deadline left it at least twice the base RTT
+	// when it was admitted; otherwise the caller's deadline was too short
+	// for the service, and it is Ignored.
+	DeadlineEnded
 )
 
 // NoRetry is the pushback that tells a shed request not to come back: the
@@ -151,16 +209,38 @@ const NoRetry = time.Duration(-1)
 // NoDeadline is the remaining time of a request without a deadline.
 const NoDeadline = time.Duration(math.MaxInt64)
 
+// Request is what Acquire and Enqueue decide on.
+type Request struct {
+	// Crit is its criticality; a value out of range counts as Critical.
+	Crit Criticality
+	// Left is what remains of its deadline; NoDeadline when it has none.
+	Left time.Duration
+	// Tenant names who sent it; "" is the default tenant, the only one of
+	// a server that names none.
+	Tenant string
+}
+
+// Slot is an admitted request's hold on the Limiter, ended by one Release
+// or Abandon. The zero Slot holds nothing.
+type Slot struct {
+	t    *tenant
+	left time.Duration // of the deadline when admitted
+}
+
 // Snapshot is a Limiter's state and counters.
 type Snapshot struct {
 	Limit    int
 	InFlight int
-	// BaseRTT is the base RTT; SmoothedRTT the EWMA of admitted latencies.
-	BaseRTT, SmoothedRTT time.Duration
+	Queued   int
+	// BaseRTT is the base RTT of the Vegas update; DoorRTT the service
+	// time of the door; SmoothedRTT the EWMA of the samples.
+	BaseRTT, DoorRTT, SmoothedRTT time.Duration
 	// Count counts the verdicts by criticality.
 	Count [NumVerdicts][NumCriticalities]uint64
-	// Probes counts the Vegas probes: resets of the base RTT.
+	// Probes counts the Vegas probes: restarts of the base RTT.
 	Probes uint64
+	// Tenants is the number of tenants sharing the limit.
+	Tenants int
 }
 
 // A Limiter is one adaptive concurrency limit. Use [New]; the zero value is
@@ -169,19 +249,24 @@ type Limiter struct {
 	cfg Config // normalized; immutable
 
 	mu       sync.Mutex
-	limit    float64                               // in [MinLimit, MaxLimit]
-	caps     [NumCriticalities]int                 // in-flight at which each criticality is shed; follows limit
-	inflight int                                   // admitted and not yet released
-	base     [2]time.Duration                      // minimum latency of the previous and current window; 0: none
-	baseEnd  time.Time                             // end of the current window; zero before the first sample
-	probeN   float64                               // samples since the last probe
-	probeAt  float64                               // probe when probeN reaches probeAt × limit
-	probes   uint64                                // base RTT resets by a probe
-	srtt     float64                               // EWMA of admitted latencies, nanoseconds
-	win      window                                // samples since the last update
-	shedEW   float64                               // EWMA of the shed share of decisions
-	count    [NumVerdicts][NumCriticalities]uint64 // verdicts by criticality
-	released chan struct{}                         // closed at the next release; nil: nobody waits
+	limit    float64               // in [MinLimit, MaxLimit]
+	caps     [NumCriticalities]int // in-flight at which each criticality is shed; follows limit
+	inflight int                   // admitted and not yet released
+	base     windowed              // the base RTT: BaseWindow windows, restarted by each probe
+	door     door                  // the door's service time
+	doorPass time.Time             // the last request let past the door, or the first sample
+	anchorL  float64               // the limit and the average latency of the update when the limit last grew,
+	anchorR  time.Duration         // or the latency last moved by 10%: a slowdown shows as the limit falling from there while the latency does not
+	probeN   float64               // samples since the last probe
+	probeAt  float64               // probe when probeN reaches probeAt × limit
+	probes   uint64                // restarts of the base RTT by a probe
+	srtt     float64               // EWMA of the samples, nanoseconds; 0 before the first
+	win      window                // samples and drops since the last update
+	shedEW   float64               // EWMA of the shed share of decisions
+	count    [NumVerdicts][NumCriticalities]uint64
+	yield    [NumCriticalities]time.Time // a request of this criticality is shed until then: a more critical one was shed
+	ten      tenants
+	q        queue
 }
 
 // New returns a Limiter for cfg, or cfg's first error.
@@ -190,6 +275,8 @@ func New(cfg Config) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{cfg: cfg.normalize()}
+	l.ten.max, l.ten.idle = l.cfg.MaxTenants, l.cfg.TenantIdle
+	l.q.max = l.cfg.MaxQueue
 	l.setLimit(float64(l.cfg.InitialLimit))
 	l.nextProbe()
 	return l, nil
@@ -209,232 +296,356 @@ func (l *Limiter) setLimit(v float64) {
 	}
 }
 
-// Acquire decides on a request of criticality c with left of its deadline
-// remaining (NoDeadline when it has none). It sheds the request when left
-// is shorter than the base RTT, or when the requests in flight fill c's
-// share of the limit; then pushback is how long it should wait before
-// coming back, or NoRetry (0 for ShedDeadline: it has no time to come
-// back). An
-// admitted request must be ended by exactly one Release or Abandon.
-func (l *Limiter) Acquire(c Criticality, left time.Duration) (v Verdict, pushback time.Duration) {
-	if c >= NumCriticalities {
-		c = Critical
-	}
+// doorStale is how long the door keeps its service time without a new
+// latency: 8 smoothed latencies, within [1ms, BaseWindow]. Then it is
+// open to every deadline until a request completes.
+func (l *Limiter) doorStale() time.Duration {
+	return min(max(8*time.Duration(l.srtt), time.Millisecond), l.cfg.BaseWindow)
+}
+
+// doorPassEvery is how many doorStale periods pass between two requests
+// the door lets through although it would refuse them.
+const doorPassEvery = 8
+
+// doorLocked is the door's service time at now.
+func (l *Limiter) doorLocked(now time.Time) time.Duration { return l.door.value(now, l.doorStale()) }
+
+// rotateLocked moves the windows of the base RTT to now.
+func (l *Limiter) rotateLocked(now time.Time) { l.base.rotate(now, l.cfg.BaseWindow) }
+
+// Acquire decides at now on a request r. It sheds r when its deadline has
+// less left than the door's service time (ShedDeadline, pushback 0: it has
+// no time to come back), or when the requests in flight fill r's share of
+// the limit (ShedLimit; pushback is how long it should wait before coming
+// back, or NoRetry). An admitted request holds s until its one Release or
+// Abandon.
+func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback time.Duration) {
+	c := r.Crit.valid()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if base := l.baseLocked(); left < base {
-		l.count[ShedDeadline][c]++
-		return ShedDeadline, 0
+	l.rotateLocked(now)
+	if r.Left < l.doorLocked(now) {
+		if now.Sub(l.doorPass) < doorPassEvery*l.doorStale() {
+			l.count[ShedDeadline][c]++
+			return Slot{}, ShedDeadline, 0
+		}
+		l.doorPass = now // one through, to test the door
 	}
-	if l.inflight < l.caps[c] {
-		l.inflight++
-		l.count[Admitted][c]++
-		l.shedEW -= l.shedEW / 64
-		return Admitted, 0
+	t := l.ten.get(now, r.Tenant)
+	if l.mayAdmitLocked(now, c, t) {
+		return l.admitLocked(c, t, r.Left), Admitted, 0
 	}
+	l.yieldLocked(now, c)
 	l.count[ShedLimit][c]++
 	l.shedEW += (1 - l.shedEW) / 64
-	return ShedLimit, l.pushbackLocked()
+	return Slot{}, ShedLimit, l.pushbackLocked()
+}
+
+// mayAdmitLocked reports whether a request of criticality c from t may
+// take a slot now. With one tenant: while the requests in flight are fewer
+// than c's share of the limit. With several, each has a fair share, c's
+// share divided by the active tenants, against which what a tenant holds
+// is its requests in flight smoothed over its last admissions and ends
+// (so that a latency spike does not make a quiet tenant look greedy), and
+// at most twice the fair share at any moment (so that a burst does not
+// slip under the smoothing). A tenant at or over its fair share is
+// admitted only while the requests in flight are fewer than c's share less
+// a slot kept free for each other tenant under its fair share (at most a
+// tenth of the limit in all), so it is shed before any tenant under its
+// share. A tenant under its fair share (of at least one slot) is admitted
+// beyond c's share, by up to a fair share, whatever the others hold, as a
+// partition under its share is in Netflix's partitioned limiter: the
+// others' excess drains as their requests end (they are not admitted
+// meanwhile). With more tenants than slots, a tenant under its share waits
+// for c's share to have room.
+func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
+	if now.Before(l.yield[c]) {
+		return false
+	}
+	limit := l.caps[c]
+	n := 1
+	if l.ten.named != nil || l.ten.overflow.busy() || t != &l.ten.def {
+		n = l.ten.active(now)
+	}
+	if n <= 1 {
+		return l.inflight < limit
+	}
+	fair := float64(limit) / float64(n)
+	switch {
+	case t.held >= fair || float64(t.inflight) >= 2*fair:
+		most := max(1, int(math.Ceil(l.limit/10)))
+		return l.inflight < limit-l.ten.under(now, t, fair, most)
+	case fair >= 1:
+		return l.inflight < limit+int(math.Ceil(fair))
+	}
+	return l.inflight < limit
+}
+
+// yieldFor is how many smoothed latencies the less critical requests yield
+// for after a more critical one was shed.
+const yieldFor = 4
+
+// yieldLocked makes the requests less critical than c, one of which was
+// just shed over the limit, yield to it for 4 smoothed latencies (at least
+// a millisecond): they are shed, so that the slots they would take go to
+// the more critical requests as the ones in flight end. Shares alone do not do
+// it: a flood of Sheddable requests filling its half of the limit slows
+// every request in the server, so the Critical ones in flight grow (more of
+// them wait) and fill the rest of it.
+func (l *Limiter) yieldLocked(now time.Time, c Criticality) {
+	until := now.Add(max(yieldFor*time.Duration(l.srtt), time.Millisecond))
+	for lower := range NumCriticalities {
+		if rank[lower] < rank[c] && l.yield[lower].Before(until) {
+			l.yield[lower] = until
+		}
+	}
+}
+
+// admitLocked admits a request of criticality c from t with left of its
+// deadline.
+func (l *Limiter) admitLocked(c Criticality, t *tenant, left time.Duration) Slot {
+	l.inflight++
+	t.add(1)
+	l.count[Admitted][c]++
+	l.shedEW -= l.shedEW / 64
+	return Slot{t: t, left: left}
 }
 
 // pushbackLocked is the wait of the package doc, or NoRetry.
 func (l *Limiter) pushbackLocked() time.Duration { return pushback(l.srtt, l.shedEW) }
 
-// pushback is s·(1 + x/(1 − x)) rounded up to the millisecond, at least
-// 1ms, or NoRetry from x = 1/2 (see the package doc).
-func pushback(srtt, x float64) time.Duration {
-	if x >= 0.5 {
-		return NoRetry
-	}
-	d := time.Duration(srtt * (1 + x/(1-x)))
-	const ms = time.Millisecond
-	return max(ms, (d+ms-1)/ms*ms)
-}
-
-// BaseRTT returns the base RTT, 0 before the first sample.
-func (l *Limiter) BaseRTT() time.Duration {
+// BaseRTT returns the base RTT at now: 0 before the first sample, and
+// again once two BaseWindows passed without one.
+func (l *Limiter) BaseRTT(now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.baseLocked()
+	l.rotateLocked(now)
+	return l.base.value()
 }
 
-func (l *Limiter) baseLocked() time.Duration {
-	b0, b1 := l.base[0], l.base[1]
-	switch {
-	case b0 == 0:
-		return b1
-	case b1 == 0:
-		return b0
-	}
-	return min(b0, b1)
-}
-
-// TryAcquire is Acquire for a request that was shed and waits in a queue
-// for a slot: it admits the request (counted as Admitted) when c's share
-// has room, and otherwise counts nothing, as the shed was counted on
-// arrival.
-func (l *Limiter) TryAcquire(c Criticality) bool {
-	if c >= NumCriticalities {
-		c = Critical
-	}
+// DoorRTT returns the door's service time at now (see the package doc,
+// "The door"); 0 when the door is open to every deadline.
+func (l *Limiter) DoorRTT(now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.inflight >= l.caps[c] {
-		return false
-	}
-	l.inflight++
-	l.count[Admitted][c]++
-	l.shedEW -= l.shedEW / 64
-	return true
+	return l.doorLocked(now)
 }
 
-// Released returns a channel closed at the next Release or Abandon: a
-// request that was shed may wait on it (with a bound of its own) and try
-// Acquire again. It allocates only when nobody waits yet.
-func (l *Limiter) Released() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.released == nil {
-		l.released = make(chan struct{})
+// Release ends at now the request that held s (the zero Slot: nothing), admitted rtt before (not
+// counting its time in the queue), with outcome o (see Outcome), and hands
+// the freed slot to a waiter when one may take it.
+func (l *Limiter) Release(now time.Time, s Slot, rtt time.Duration, o Outcome) {
+	if s.t == nil {
+		return // the zero Slot
 	}
-	return l.released
-}
-
-// wakeLocked closes the channel of Released, if any.
-func (l *Limiter) wakeLocked() {
-	if l.released != nil {
-		close(l.released)
-		l.released = nil
-	}
-}
-
-// Release ends an admitted request that completed at now after latency
-// rtt; dropped reports that its deadline ended before it did (overload).
-func (l *Limiter) Release(now time.Time, rtt time.Duration, dropped bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	inflight := l.inflight
 	l.inflight--
-	l.wakeLocked()
-	if rtt <= 0 {
-		rtt = 1
+	s.t.add(-1)
+	l.rotateLocked(now)
+	switch o {
+	case Completed:
+		l.sampleLocked(now, max(rtt, 1), inflight)
+	case DeadlineEnded:
+		if base := l.base.value(); base > 0 && s.left >= 2*base {
+			l.dropLocked(now, inflight)
+		}
 	}
-	l.observeBase(now, rtt)
+	l.handoffLocked(now)
+}
+
+// Abandon ends the request that held s (the zero Slot: nothing) without a sample or a drop: it
+// ended for a reason that says nothing of the server's load. It hands the
+// freed slot to a waiter when one may take it.
+func (l *Limiter) Abandon(now time.Time, s Slot) {
+	if s.t == nil {
+		return // the zero Slot
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inflight--
+	s.t.add(-1)
+	l.handoffLocked(now)
+}
+
+// window gathers the samples and drops of one update.
+type window struct {
+	end      time.Time     // the update happens at the first release at or after end; zero: not started
+	n        int           // samples
+	sum      time.Duration // of their latencies
+	inflight int           // the most in flight at a release
+	dropped  bool          // any drop
+}
+
+// startLocked starts the window at now when it has not started, and
+// notes inflight.
+func (l *Limiter) startLocked(now time.Time, inflight int) *window {
+	w := &l.win
+	if w.end.IsZero() {
+		w.end = now.Add(time.Duration(l.srtt))
+	}
+	w.inflight = max(w.inflight, inflight)
+	return w
+}
+
+// sampleLocked takes the latency rtt of a request completed at now, which
+// ran with inflight others (itself included).
+func (l *Limiter) sampleLocked(now time.Time, rtt time.Duration, inflight int) {
 	if l.srtt == 0 {
 		l.srtt = float64(rtt)
 	} else {
 		l.srtt += (float64(rtt) - l.srtt) / 16
 	}
-	w := &l.win
-	if w.n == 0 {
-		w.end = now.Add(time.Duration(l.srtt))
+	l.observeBase(now, rtt)
+	if l.doorPass.IsZero() {
+		l.doorPass = now
 	}
+	l.door.add(now, rtt)
+	w := l.startLocked(now, inflight)
 	w.n++
 	w.sum += rtt
-	w.inflight = max(w.inflight, inflight)
-	w.dropped = w.dropped || dropped
+	l.updateLocked(now)
+}
+
+// dropLocked takes a drop at now, with inflight in flight.
+func (l *Limiter) dropLocked(now time.Time, inflight int) {
+	l.startLocked(now, inflight).dropped = true
+	l.updateLocked(now)
+}
+
+// updateLocked moves the limit once the window has ended.
+func (l *Limiter) updateLocked(now time.Time) {
+	w := &l.win
 	if now.Before(w.end) {
 		return
 	}
-	avg := w.sum / time.Duration(w.n)
-	base := l.baseLocked()
+	var avg time.Duration
+	if w.n > 0 {
+		avg = w.sum / time.Duration(w.n)
+	}
+	base := l.base.value()
 	switch l.cfg.Algorithm {
 	case AIMD:
 		l.aimd(w.inflight, avg, base, w.dropped)
 	default:
 		l.vegas(w.inflight, avg, base, w.dropped)
+		l.slowdownLocked(now, avg, w.inflight)
 	}
 	*w = window{}
 }
 
-// window gathers the samples of one update.
-type window struct {
-	end      time.Time     // the update happens at the first sample at or after end
-	n        int           // samples
-	sum      time.Duration // of their latencies
-	inflight int           // the most in flight at a release
-	dropped  bool          // any dropped
-}
-
-// Abandon ends an admitted request without a sample: it ended for a reason
-// that says nothing of the server's load (the caller went away).
-func (l *Limiter) Abandon() {
-	l.mu.Lock()
-	l.inflight--
-	l.wakeLocked()
-	l.mu.Unlock()
-}
-
-// observeBase folds rtt into the windowed minimum, or, at a Vegas probe,
-// makes it the base RTT.
+// observeBase folds rtt into the base RTT, or, at a Vegas probe, starts
+// the base RTT anew from it. There is no probe while the limit sheds: the
+// latest latency may then be a queued one, and taking it for the base
+// ratcheted the limit up under a mild overload (see the package doc).
 func (l *Limiter) observeBase(now time.Time, rtt time.Duration) {
 	if l.cfg.Algorithm == Vegas {
 		l.probeN++
-		if l.probeN >= l.probeAt*l.limit {
+		if l.probeN >= l.probeAt*l.limit && l.shedEW < probeShedMax {
 			l.nextProbe()
 			l.probes++
-			l.base = [2]time.Duration{0, rtt}
-			l.baseEnd = now.Add(l.cfg.BaseWindow)
+			l.base.reset(now, l.cfg.BaseWindow, rtt)
 			return
 		}
 	}
-	if l.baseEnd.IsZero() {
-		l.baseEnd = now.Add(l.cfg.BaseWindow)
-	}
-	if !now.Before(l.baseEnd) {
-		l.base[0], l.base[1] = l.base[1], 0
-		if now.Sub(l.baseEnd) >= l.cfg.BaseWindow {
-			l.base[0] = 0 // a whole window passed without a sample
+	l.base.add(now, l.cfg.BaseWindow, rtt)
+}
+
+// probeShedMax is the shed share (Limiter.shedEW) from which there is no
+// probe: about one shed request in the last 30 admitted.
+const probeShedMax = 0.01
+
+// slowdownLocked learns, from the update of a window whose samples averaged
+// rtt with at most inflight in flight, a slowdown that made the limit shed
+// (so that no probe comes): while in use (the calls in flight at least 9/10
+// of it), the limit fell to 3/4 of what it was when it last grew, the
+// latency last moved by more than 10% or it was last not in use, while the
+// latency stayed within 10% of what it was then. Under overload the
+// latency falls with the limit, as the queue shortens; a slower service
+// does not. (A limit not in use, above the calls in flight, is no evidence:
+// lowering it changes no latency.) The base RTT then starts anew from the
+// door's service time, the least of the latest latencies.
+func (l *Limiter) slowdownLocked(now time.Time, rtt time.Duration, inflight int) {
+	inUse := 10*float64(inflight) >= 9*l.limit
+	switch {
+	case rtt == 0:
+	case !inUse || l.anchorR == 0 || l.limit > l.anchorL || 10*rtt < 9*l.anchorR || 10*rtt > 11*l.anchorR:
+		l.anchorL, l.anchorR = l.limit, rtt
+	case 4*l.limit <= 3*l.anchorL:
+		if d := l.door.value(now, l.doorStale()); d > 0 {
+			l.probes++
+			l.base.reset(now, l.cfg.BaseWindow, d)
 		}
-		l.baseEnd = now.Add(l.cfg.BaseWindow)
-	}
-	if l.base[1] == 0 || rtt < l.base[1] {
-		l.base[1] = rtt
+		l.anchorL, l.anchorR = l.limit, rtt
 	}
 }
 
-// vegas is the Vegas update for a request that ran with inflight others
-// (itself included).
+// growCeiling is the most a growth may take the limit to: MaxLimit when
+// at least half of the limit was in use, else InitialLimit (an
+// application-limited server returns to where it started after an
+// overload lowered the limit, and grows no further: an idle server does
+// not learn an unbounded limit); 0 when it may not grow.
+func (l *Limiter) growCeiling(inflight int) float64 {
+	switch {
+	case 2*inflight >= int(l.limit):
+		return float64(l.cfg.MaxLimit)
+	case l.limit < float64(l.cfg.InitialLimit):
+		return float64(l.cfg.InitialLimit)
+	}
+	return 0
+}
+
+// grow raises the limit by d, up to ceiling.
+func (l *Limiter) grow(d, ceiling float64) {
+	if ceiling > l.limit {
+		l.setLimit(min(l.limit+d, ceiling))
+	}
+}
+
+// vegas is the Vegas update for a window whose samples averaged rtt, the
+// most in flight at its releases being inflight.
 func (l *Limiter) vegas(inflight int, rtt, base time.Duration, dropped bool) {
 	lg := max(1, math.Log10(l.limit))
 	if dropped {
 		l.setLimit(l.limit - lg)
 		return
 	}
+	if base == 0 || rtt == 0 {
+		return
+	}
 	alpha, beta := max(1, 3*lg), max(2, 6*lg)
 	queue := math.Ceil(l.limit * (1 - float64(base)/float64(rtt)))
-	// An application-limited sample (under half the limit in use) may
-	// lower the limit but not raise it.
-	grow := 2*inflight >= int(l.limit)
-	switch {
+	switch ceiling := l.growCeiling(inflight); {
 	case queue > beta:
 		l.setLimit(l.limit - lg)
-	case !grow:
 	case queue <= lg:
-		l.setLimit(l.limit + beta)
+		l.grow(beta, ceiling)
 	case queue < alpha:
-		l.setLimit(l.limit + lg)
+		l.grow(lg, ceiling)
 	}
 }
 
 // aimd is the AIMD update.
 func (l *Limiter) aimd(inflight int, rtt, base time.Duration, dropped bool) {
-	if dropped || float64(rtt) > l.cfg.Tolerance*float64(base) {
+	if dropped || base > 0 && float64(rtt) > l.cfg.Tolerance*float64(base) {
 		l.setLimit(l.limit * l.cfg.Backoff)
 		return
 	}
-	if 2*inflight >= int(l.limit) {
-		l.setLimit(l.limit + 1)
+	if rtt > 0 {
+		l.grow(1, l.growCeiling(inflight))
 	}
 }
 
-// Snapshot returns l's state and counters.
-func (l *Limiter) Snapshot() Snapshot {
+// Snapshot returns l's state and counters at now.
+func (l *Limiter) Snapshot(now time.Time) Snapshot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.rotateLocked(now)
+	l.ten.sweep(now, len(l.ten.named))
 	return Snapshot{
-		Limit: int(l.limit), InFlight: l.inflight,
-		BaseRTT: l.baseLocked(), SmoothedRTT: time.Duration(l.srtt),
-		Count: l.count, Probes: l.probes,
+		Limit: int(l.limit), InFlight: l.inflight, Queued: len(l.q.w),
+		BaseRTT: l.base.value(), DoorRTT: l.doorLocked(now), SmoothedRTT: time.Duration(l.srtt),
+		Count: l.count, Probes: l.probes, Tenants: l.ten.active(now),
 	}
 }

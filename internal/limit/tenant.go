@@ -1,0 +1,153 @@
+package limit
+
+import "time"
+
+// tenant is one sender's share of a Limiter.
+type tenant struct {
+	key      string    // "" for the default and overflow tenants
+	inflight int       // admitted and not yet released
+	held     float64   // the EWMA (weight 1/16) of inflight, at each admission and end: the share it holds over time
+	queued   int       // waiting in the queue
+	seen     time.Time // last request
+	// prev and next link the named tenants from the most recently seen
+	// (tenants.head) to the least (tenants.tail); next also links the free
+	// list.
+	prev, next *tenant
+}
+
+// busy reports whether t holds a slot or waits for one.
+func (t *tenant) busy() bool { return t.inflight > 0 || t.queued > 0 }
+
+// add changes t's requests in flight by d and follows them in held.
+func (t *tenant) add(d int) {
+	t.inflight += d
+	t.held += (float64(t.inflight) - t.held) / 16
+}
+
+// tenants are the senders a Limiter tells apart. A request that names
+// none belongs to the default tenant; a named tenant is remembered while it
+// has requests in flight or queued, or sent one within the idle time, and
+// forgotten after (lazily: two at a time on each request that names a
+// tenant, all at once on a Snapshot); at most max named
+// tenants are remembered at once, and the names beyond share the overflow
+// tenant. All of it is guarded by the Limiter's mutex.
+type tenants struct {
+	max  int           // immutable
+	idle time.Duration // immutable
+
+	def, overflow tenant
+	named         map[string]*tenant // nil until the first named tenant
+	head, tail    *tenant            // the named tenants, most recently seen first
+	free          *tenant            // forgotten tenants, for reuse
+}
+
+// get returns the tenant of key, seen at now, remembering it when it is
+// new (or the overflow tenant when max are remembered already).
+func (ts *tenants) get(now time.Time, key string) *tenant {
+	if key == "" {
+		ts.def.seen = now
+		return &ts.def
+	}
+	ts.sweep(now, 2)
+	if t, ok := ts.named[key]; ok {
+		t.seen = now
+		ts.unlink(t)
+		ts.pushFront(t)
+		return t
+	}
+	if len(ts.named) >= ts.max {
+		ts.overflow.seen = now
+		return &ts.overflow
+	}
+	t := ts.free
+	if t != nil {
+		ts.free = t.next
+		*t = tenant{}
+	} else {
+		t = new(tenant)
+	}
+	t.key, t.seen = key, now
+	if ts.named == nil {
+		ts.named = make(map[string]*tenant)
+	}
+	ts.named[key] = t
+	ts.pushFront(t)
+	return t
+}
+
+// sweep looks at up to n named tenants from the least recently seen, and
+// forgets those that have been idle for the idle time: neither busy nor
+// seen within it. A busy tenant at the tail is seen anew and moves to the
+// front.
+func (ts *tenants) sweep(now time.Time, n int) {
+	for range n {
+		t := ts.tail
+		if t == nil || now.Sub(t.seen) < ts.idle {
+			return
+		}
+		ts.unlink(t)
+		if t.busy() {
+			t.seen = now
+			ts.pushFront(t)
+			continue
+		}
+		delete(ts.named, t.key)
+		t.key = ""
+		t.next, ts.free = ts.free, t
+	}
+}
+
+func (ts *tenants) pushFront(t *tenant) {
+	t.prev, t.next = nil, ts.head
+	if ts.head != nil {
+		ts.head.prev = t
+	} else {
+		ts.tail = t
+	}
+	ts.head = t
+}
+
+func (ts *tenants) unlink(t *tenant) {
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		ts.head = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	} else {
+		ts.tail = t.prev
+	}
+	t.prev, t.next = nil, nil
+}
+
+// active counts the tenants that share the limit at now: every named one
+// remembered, and the default and overflow tenants when busy or seen
+// within the idle time.
+func (ts *tenants) active(now time.Time) int {
+	n := len(ts.named)
+	for _, t := range [2]*tenant{&ts.def, &ts.overflow} {
+		if t.busy() || !t.seen.IsZero() && now.Sub(t.seen) < ts.idle {
+			n++
+		}
+	}
+	return n
+}
+
+// under counts the active tenants other than t that held fewer than fair
+// requests in flight (held), stopping at most: the tenants under their
+// fair share of the limit.
+func (ts *tenants) under(now time.Time, t *tenant, fair float64, most int) int {
+	n := 0
+	for _, o := range [2]*tenant{&ts.def, &ts.overflow} {
+		if o != t && o.held < fair && (o.busy() || !o.seen.IsZero() && now.Sub(o.seen) < ts.idle) {
+			n++
+		}
+	}
+	for o := ts.head; o != nil && n < most; o = o.next {
+		if o != t && o.held < fair {
+			n++
+		}
+	}
+	return min(n, most)
+}

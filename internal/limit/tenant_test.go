@@ -1,0 +1,145 @@
+package limit
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestTenantOverShareShedFirst: a limit of 10 (9 for CRITICAL, a fair
+// share of 4.5 each for two tenants). Tenant A floods: for each of its
+// requests that ends it asks twice; tenant B asks once every 4 of A's ends
+// and holds each request for 8 of them, so it needs about 2 slots. Over 400
+// steps no request of B is refused, the requests in flight never exceed
+// 9 + 5 (a tenant under its share may go past the limit by a fair share),
+// and A, over its share, is shed to what B leaves.
+func TestTenantOverShareShedFirst(t *testing.T) {
+	l := fixed(t, 10, 0)
+	acquire := func(tenant string) (Slot, bool) {
+		s, v, _ := l.Acquire(t0, Request{Tenant: tenant, Left: NoDeadline})
+		return s, v == Admitted
+	}
+	var as []Slot
+	type held struct {
+		s    Slot
+		ends int
+	}
+	var bs []held
+	refusedB, most := 0, 0
+	for step := range 400 {
+		for range 2 {
+			if s, ok := acquire("a"); ok {
+				as = append(as, s)
+			}
+		}
+		if step%4 == 0 {
+			if s, ok := acquire("b"); ok {
+				bs = append(bs, held{s, step + 8})
+			} else {
+				refusedB++
+			}
+		}
+		most = max(most, l.Snapshot(t0).InFlight)
+		if len(as) > 0 {
+			l.Release(t0, as[0], time.Millisecond, Ignored)
+			as = as[1:]
+		}
+		for len(bs) > 0 && bs[0].ends <= step {
+			l.Release(t0, bs[0].s, time.Millisecond, Ignored)
+			bs = bs[1:]
+		}
+	}
+	t.Logf("B refused %d times; at most %d in flight; at the end A holds %d, B %d", refusedB, most, len(as), len(bs))
+	if refusedB > 0 {
+		t.Errorf("B, under its share, was refused %d times", refusedB)
+	}
+	if most > 14 {
+		t.Errorf("%d in flight at most, want ≤ 14", most)
+	}
+	if len(as)+len(bs) > 9 {
+		t.Errorf("at the end A holds %d and B %d: more than CRITICAL's 9", len(as), len(bs))
+	}
+}
+
+// TestOneTenantKeepsShares: with a single named tenant the limit behaves
+// as without tenants.
+func TestOneTenantKeepsShares(t *testing.T) {
+	l := fixed(t, 10, 0)
+	n := 0
+	for {
+		if _, v, _ := l.Acquire(t0, Request{Tenant: "only", Left: NoDeadline}); v != Admitted {
+			break
+		}
+		n++
+	}
+	if n != 9 {
+		t.Errorf("one tenant took %d slots, want CRITICAL's 9", n)
+	}
+}
+
+// TestTenantsBoundedAndForgotten: 10,000 tenants, one request each; at most
+// MaxTenants are remembered at once (the others share the overflow
+// tenant), and once idle for TenantIdle they are all forgotten.
+func TestTenantsBoundedAndForgotten(t *testing.T) {
+	l := mustNew(t, Config{MaxTenants: 100, TenantIdle: time.Second})
+	now := t0
+	for i := range 10000 {
+		now = now.Add(50 * time.Microsecond)
+		s, v, _ := l.Acquire(now, Request{Tenant: "t" + strconv.Itoa(i), Left: NoDeadline})
+		if v != Admitted {
+			t.Fatalf("request %d: %v", i, v)
+		}
+		l.Release(now, s, time.Millisecond, Completed)
+		if n := len(l.ten.named); n > 100 {
+			t.Fatalf("after %d tenants: %d remembered, want at most 100", i+1, n)
+		}
+	}
+	if got := l.Snapshot(now).Tenants; got < 100 {
+		t.Errorf("Tenants = %d right after, want the 100 remembered and the overflow", got)
+	}
+	later := now.Add(time.Second)
+	if sn := l.Snapshot(later); sn.Tenants != 0 || len(l.ten.named) != 0 {
+		t.Errorf("a second later: %d tenants, %d remembered; want none", sn.Tenants, len(l.ten.named))
+	}
+	// A busy tenant is not forgotten, however long its request runs.
+	s, _, _ := l.Acquire(later, Request{Tenant: "long", Left: NoDeadline})
+	if sn := l.Snapshot(later.Add(time.Hour)); sn.Tenants != 1 {
+		t.Errorf("an hour into a request: %d tenants, want 1", sn.Tenants)
+	}
+	l.Release(later.Add(time.Hour), s, time.Millisecond, Ignored)
+	if sn := l.Snapshot(later.Add(time.Hour + time.Second)); sn.Tenants != 0 {
+		t.Errorf("idle after it: %d tenants, want 0", sn.Tenants)
+	}
+}
+
+// TestQueueFairAmongTenants: a full queue holds three waiters of tenant A,
+// which holds the whole limit; a request of B, as critical, takes the place
+// of one of A's, and is served at once: B is under its fair share.
+func TestQueueFairAmongTenants(t *testing.T) {
+	l := fixed(t, 2, 3)
+	a1 := admit(t, l, Request{Tenant: "a", Crit: CriticalPlus, Left: NoDeadline})
+	admit(t, l, Request{Tenant: "a", Crit: CriticalPlus, Left: NoDeadline})
+	var as []*Waiter
+	for range 3 {
+		w, ok := l.Enqueue(t0, Request{Tenant: "a", Crit: CriticalPlus, Left: NoDeadline})
+		if !ok {
+			t.Fatal("A's waiter refused")
+		}
+		as = append(as, w)
+	}
+	b, ok := l.Enqueue(t0, Request{Tenant: "b", Crit: CriticalPlus, Left: NoDeadline})
+	if !ok || !isReady(as[2]) {
+		t.Fatalf("B refused (%v) or A's newest not displaced (%v)", !ok, isReady(as[2]))
+	}
+	// B, under its fair share of the limit (1 of 2), takes a slot past the
+	// limit at once; A's waiters wait for theirs.
+	if !isReady(b) || isReady(as[0]) || isReady(as[1]) {
+		t.Errorf("B ready %v, A's ready %v %v; want B served, A waiting", isReady(b), isReady(as[0]), isReady(as[1]))
+	}
+	l.Abandon(t0, a1)
+	for _, w := range append(as, b) {
+		if s, ok := l.Leave(w); ok {
+			l.Abandon(t0, s)
+		}
+	}
+}
