@@ -339,3 +339,14 @@ func Schema(t testing.TB, pool *pgxpool.Pool) string {
 
 // Ident quotes name as an SQL identifier.
 func Ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// ClosedDSN returns the connection string of a loopback port nothing
+// listens on, for tests of a database outage.
+func ClosedDSN(t testing.TB) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=1", port)
+}
