@@ -129,7 +129,7 @@ func newStatements(schema string) statements {
 		complete: "SELECT " + s + "resilience_idem_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
 		renew: "UPDATE " + s + "resilience_idempotency SET lease_until = statement_timestamp() + $3 * interval '1 millisecond', " +
 			"expires_at = greatest(expires_at, statement_timestamp() + $3 * interval '1 millisecond') " +
-			"WHERE id = $1 AND token = $2 AND record IS NULL AND lease_until > statement_timestamp()",
+			"WHERE id = $1 AND token = $2 AND record IS NULL",
 		release: "SELECT " + s + "resilience_idem_release($1, $2)",
 		reap:    "SELECT " + s + "resilience_idem_reap($1)",
 		lookup: "SELECT fingerprint, record, " +

@@ -456,7 +456,10 @@ func (s *Store) marshal(rec *idempotency.Record) ([]byte, error) {
 	return data, nil
 }
 
-// Renew implements idempotency.Store in one round trip.
+// Renew implements idempotency.Store in one round trip. A lease that has
+// ended is renewed too while no other claim has taken the key (the row
+// still holds the token): a late renewal keeps the key rather than lose it
+// to no one.
 func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token string, lease time.Duration) error {
 	k := s.recordKey(key)
 	tag, err := s.pool.Exec(ctx, s.sql.renew, k.id, token, millis(lease))
