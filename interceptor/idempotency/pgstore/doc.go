@@ -162,9 +162,9 @@
 // resilience_idempotency_version; and the functions the store calls, each
 // transition one statement. Times are the database's clock. [SQL] returns
 // the migration for teams that apply their own; [Check] (which [Open]
-// runs) reports a schema that is missing or at another version, and
-// `go run ./cmd/pgstore check -dsn ... -schema ...` does the same from a
-// shell.
+// runs) reports a schema that is missing or at another version, and the
+// command github.com/grpc-resilience/resilience/cmd/pgstore checks
+// (check), applies (migrate) or prints (sql) it from a shell.
 //
 // Rows past their end are deleted by the reaper [Open] starts
 // ([WithReaper]: every minute, in batches of 1,000, one replica at a time);

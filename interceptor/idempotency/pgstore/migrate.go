@@ -88,7 +88,8 @@ SELECT
 	if err := pool.QueryRow(ctx, q, schema, tables, storeFunctions).Scan(&missingTables, &missingFuncs); err != nil {
 		return fmt.Errorf("pgstore: checking schema %q: %w", schema, err)
 	}
-	fix := fmt.Sprintf("run pgstore.Migrate(ctx, pool, %q), or apply the SQL of `go run ./cmd/pgstore sql -schema %s`", schema, schema)
+	fix := fmt.Sprintf("run pgstore.Migrate(ctx, pool, %q) or `go run %s migrate -schema %s`, "+
+		"or apply the SQL of `go run %[2]s sql -schema %[3]s` with your migration tool", schema, checkCommand, schema)
 	switch {
 	case len(missingTables) > 0:
 		return fmt.Errorf("%w: schema %q lacks the tables %s; %s", ErrNotMigrated, schema, strings.Join(missingTables, ", "), fix)
@@ -109,6 +110,9 @@ SELECT
 	}
 	return nil
 }
+
+// checkCommand is the command that checks, migrates and prints the schema.
+const checkCommand = "github.com/grpc-resilience/resilience/cmd/pgstore"
 
 // statements are the store's SQL, schema-qualified, made once per store.
 type statements struct {
