@@ -6,7 +6,8 @@
 // test binary, started at its first use (initdb and start take about a
 // second) and stopped by [StopShared], which the package's TestMain calls
 // after m.Run. [Start] starts a cluster of the caller's own, stopped by a
-// cleanup of the test, for tests that kill or restart it.
+// cleanup of the test, for tests that kill or restart it; [Launch] one for a
+// benchmark command, which stops it itself.
 //
 // The binaries (initdb, postgres) are found with pg_config --bindir, then
 // in /usr/lib/postgresql/*/bin (Debian's postgresql package), then on PATH.

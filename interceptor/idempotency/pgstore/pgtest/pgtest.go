@@ -180,7 +180,19 @@ func owner() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-func start(bin string) (*Server, error) {
+// Launch starts a cluster outside a test, for a benchmark command: as
+// Start, with extra postgres arguments after the test defaults, which they
+// override (such as "-c", "fsync=on" for commits that reach the disk). The
+// caller stops it with Stop.
+func Launch(args ...string) (*Server, error) {
+	bin, ok := findBinDir()
+	if !ok {
+		return nil, errors.New("pgtest: PostgreSQL's initdb and postgres not found (pg_config --bindir, /usr/lib/postgresql/*/bin, PATH)")
+	}
+	return start(bin, args...)
+}
+
+func start(bin string, args ...string) (*Server, error) {
 	cred, err := owner()
 	if err != nil {
 		return nil, err
@@ -207,7 +219,7 @@ func start(bin string) (*Server, error) {
 	}
 	var lastErr error
 	for range 3 { // a free port may be taken between choosing and binding
-		s, err := startOn(bin, dir, data, cred)
+		s, err := startOn(bin, dir, data, cred, args)
 		if err == nil {
 			return s, nil
 		}
@@ -226,14 +238,14 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func startOn(bin, dir, data string, cred *syscall.Credential) (*Server, error) {
+func startOn(bin, dir, data string, cred *syscall.Credential, extra []string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port), "-k", dir,
+	cmd := exec.Command(filepath.Join(bin, "postgres"), append([]string{"-D", data, "-p", strconv.Itoa(port), "-k", dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=200", "-c", "log_min_messages=warning")
+		"-c", "max_connections=200", "-c", "log_min_messages=warning"}, extra...)...)
 	// Pdeathsig: a test binary that dies (a timeout's panic, a kill) takes
 	// its cluster with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
