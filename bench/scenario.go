@@ -71,6 +71,7 @@ func All() []Scenario {
 		Saturation(),
 		SlowTail(DefaultPolicy),
 		Idempotency(),
+		IdempotencyStores(),
 		Overload(),
 	}
 }
