@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,7 +89,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("target %q: its cell is missing from the results", row[0])
 		}
 	}
-	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "### Targets (issue 10)", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
+	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "### Targets (issues 10 and 20)", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
 		if !strings.Contains(buf.String(), s) {
 			t.Errorf("report lacks %q", s)
 		}
@@ -162,5 +163,25 @@ func TestSlowTailPassedConfig(t *testing.T) {
 	}
 	if got := cell(results, "slow tail (hedging)", peerOursHedgeQuant, "p99 vs bare"); !isNumber(got) {
 		t.Errorf("passed-config row: p99 vs bare = %q, want a ratio", got)
+	}
+}
+
+// TestSummarizeReportsMinMedianMax pins cmd/compare -repeat's cells: each
+// number of several runs as min / median / max in the cell's own style,
+// and a spread read back by its median for the targets.
+func TestSummarizeReportsMinMedianMax(t *testing.T) {
+	run := func(cells ...string) []Result {
+		return []Result{{Scenario: Scenario{Name: "s"}, Tables: []Table{{
+			Header: []string{"peer", "a", "b", "c", "d"},
+			Rows:   [][]string{append([]string{"ours"}, cells...)},
+		}}}}
+	}
+	got := Summarize([][]Result{run("0.20×", "5.0%", "+4.0", "x"), run("0.10×", "6.5%", "+2.0", "y"), run("0.15×", "4.0%", "+3.0", "z")})
+	want := []string{"ours", "0.10× / 0.15× / 0.20×", "4.0% / 5.0% / 6.5%", "+2.0 / +3.0 / +4.0", "x"}
+	if row := got[0].Tables[0].Rows[0]; !slices.Equal(row, want) {
+		t.Errorf("Summarize row = %q, want %q", row, want)
+	}
+	if n := number("0.10× / 0.15× / 0.20×"); n != 0.15 {
+		t.Errorf("number of a spread = %v, want its median 0.15", n)
 	}
 }

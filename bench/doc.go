@@ -34,6 +34,10 @@
 // # Measuring on a noisy machine
 //
 // Cells are ratios against the bare call or counts, never absolute times.
+// Every call carries a deadline, as real calls do: a deadline changes what
+// grpc and the peers allocate and do (a context with a timer, the
+// grpc-timeout header), so a benchmark without one measures a call nobody
+// makes.
 // Success-path time is measured in alternating blocks of 20 calls (bare,
 // peer, then peer, bare, ...) and the cell is the median of the blocks'
 // ratios, so a burst of load elsewhere spoils a few blocks, not the

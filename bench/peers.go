@@ -82,17 +82,19 @@ type peer struct {
 
 // Peer names, as rows show them.
 const (
-	peerBare           = "bare (no interceptor)"
-	peerGRPC           = "grpc-go retry"
-	peerGRPCThrottle   = "grpc-go retry + retryThrottling"
-	peerGGM            = "go-grpc-middleware v2 retry"
-	peerFailsafe       = "failsafe-go retry"
-	peerFailsafeCBBH   = "failsafe-go retry + breaker + bulkhead"
-	peerFailsafeHedge  = "failsafe-go hedge (fixed delay)"
-	peerGobreakerGGM   = "sony/gobreaker v2 around ggm retry"
-	peerOurs           = "ours (retry, budget, breaker, bulkhead)"
-	peerOursHedge      = "ours hedging (fixed hedgingDelay)"
-	peerOursHedgeQuant = "ours hedging (config passed in: hedgingDelayQuantile)"
+	peerBare          = "bare (no interceptor)"
+	peerGRPC          = "grpc-go retry"
+	peerGRPCThrottle  = "grpc-go retry + retryThrottling"
+	peerGGM           = "go-grpc-middleware v2 retry"
+	peerFailsafe      = "failsafe-go retry"
+	peerFailsafeCBBH  = "failsafe-go retry + breaker + bulkhead"
+	peerFailsafeHedge = "failsafe-go hedge (fixed delay)"
+	// peerFailsafeHedgeQuant is failsafe-go hedging at an observed quantile.
+	peerFailsafeHedgeQuant = "failsafe-go hedge (delay quantile)"
+	peerGobreakerGGM       = "sony/gobreaker v2 around ggm retry"
+	peerOurs               = "ours (retry, budget, breaker, bulkhead)"
+	peerOursHedge          = "ours hedging (fixed hedgingDelay)"
+	peerOursHedgeQuant     = "ours hedging (config passed in: hedgingDelayQuantile)"
 )
 
 func bare() peer {
@@ -113,8 +115,9 @@ func retryPeers() []peer {
 
 // allPeers are every row of every scenario, for the report's notes.
 func allPeers() []peer {
-	return append(retryPeers(), failsafeHedge(), oursHedge(peerOursHedge, ""),
-		oursHedge(peerOursHedgeQuant, "bench.AdaptiveHedgeConfig: "+AdaptiveHedgeConfig))
+	return append(retryPeers(), failsafeHedge(), failsafeHedgeQuantile(shiftQuant, shiftAge, shiftSamples),
+		oursHedge(peerOursHedge, ""),
+		oursHedge(peerOursHedgeQuant, "bench.AdaptiveHedgeConfig: "+AdaptiveHedgeConfig+"; in the slow tail that triples, bench.ShiftHedgeConfig: "+ShiftHedgeConfig))
 }
 
 // hedgePeers are the rows of the hedging scenario, bare first.
@@ -220,6 +223,27 @@ func failsafeHedge() peer {
 				return nil, "skipped under the race detector: its hedges share one reply message, a data race", nil
 			}
 			h := hedgepolicy.NewBuilderWithDelay[any](p.HedgeDelay).WithMaxHedges(1).Build()
+			return []grpc.DialOption{grpc.WithDisableRetry(),
+				grpc.WithChainUnaryInterceptor(failsafegrpc.NewUnaryClientInterceptor(h))}, "", nil
+		},
+	}
+}
+
+// failsafeHedgeQuantile is failsafe-go's hedging at the observed quantile
+// of execution times (NewBuilderWithDelayQuantile), one hedge at most.
+func failsafeHedgeQuantile(q float64, age, threshold uint) peer {
+	return peer{
+		name: peerFailsafeHedgeQuant,
+		note: fmt.Sprintf("hedgepolicy.NewBuilderWithDelayQuantile(%.2f, %d, %d), one hedge at most, through "+
+			"failsafegrpc.NewUnaryClientInterceptor; skipped under the race detector as the fixed-delay row is.", q, age, threshold),
+		setup: func(_ Policy, n need) ([]grpc.DialOption, string, error) {
+			if n != needHedge {
+				return nil, "hedging only", nil
+			}
+			if raceEnabled {
+				return nil, "skipped under the race detector: its hedges share one reply message, a data race", nil
+			}
+			h := hedgepolicy.NewBuilderWithDelayQuantile[any](q, age, threshold).WithMaxHedges(1).Build()
 			return []grpc.DialOption{grpc.WithDisableRetry(),
 				grpc.WithChainUnaryInterceptor(failsafegrpc.NewUnaryClientInterceptor(h))}, "", nil
 		},

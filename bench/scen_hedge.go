@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -56,6 +58,82 @@ func runSlowTail(ctx context.Context, sz Size, pol Policy) ([]Table, error) {
 			n = needUnary
 		}
 		r, cannot, err := runPeer(ctx, p, pol, n, b, closedCalls(tailCallers, 2*sz.Calls))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
+		if cannot != "" {
+			t.Rows = append(t.Rows, []string{p.name, "(" + cannot + ")", "—", "—", "—"})
+			continue
+		}
+		ds := r.latencies()
+		p50, p99 := quantile(ds, 0.5), quantile(ds, 0.99)
+		if p.name == peerBare {
+			bare50, bare99 = p50, p99
+		}
+		t.Rows = append(t.Rows, []string{p.name, ratio(float64(p50) / float64(bare50)), ratio(float64(p99) / float64(bare99)),
+			pct(r.attemptsPerCall() - 1), pct(r.success())})
+	}
+	return []Table{t}, nil
+}
+
+// The slow tail that triples: the slow-tail workload whose base latency
+// (and tail) triple halfway through the run.
+const (
+	shiftFactor  = 3                    // the base latency's growth halfway
+	shiftSlowMul = 20                   // a slow attempt takes this many times the base
+	shiftFixed   = 5 * time.Millisecond // the fixed hedging delay, set for the first half
+	shiftQuant   = 0.95                 // the adaptive delays' quantile
+	shiftAge     = 256                  // failsafe-go's quantileAge, executions remembered
+	shiftSamples = 100                  // samples before an adaptive delay is used
+	shiftBase    = 2 * time.Millisecond // the first half's base latency
+)
+
+// ShiftHedgeConfig is ours' adaptive hedgingPolicy in the slow tail that
+// triples, the same quantile and warm-up as failsafe-go's row.
+var ShiftHedgeConfig = fmt.Sprintf(`{"maxAttempts": 2, "hedgingDelayQuantile": %g, "hedgingDelayMinSamples": %d}`, shiftQuant, shiftSamples)
+
+// SlowTailTriples measures hedging when the latency a fixed hedging delay
+// was set for changes: the base latency triples halfway through the run.
+func SlowTailTriples() Scenario {
+	return Scenario{
+		Name: "slow tail that triples (hedging)",
+		Workload: fmt.Sprintf("Each Echo attempt takes the base latency, or %d× it with probability %.2f drawn deterministically "+
+			"from (seed, call, attempt); the base is %v for the first half of the calls and %v for the second. %d closed-loop "+
+			"callers, 4×Size.Calls calls per peer (the p99 rests on 1%% of them), each with a %v deadline. Hedging peers send at most one hedge: after a fixed %v "+
+			"(set for the first half: below the second half's base), or after the observed p%.0f of attempt durations "+
+			"(failsafe-go NewBuilderWithDelayQuantile(%.2f, %d, %d), ours hedgingDelayQuantile %.2f after %d samples); the losing "+
+			"attempt is cancelled. Ours runs within the default retry budget. Latency quantiles are ratios to the bare (unhedged) "+
+			"call's; extra load is server attempts per call minus 1.",
+			shiftSlowMul, tailP, shiftBase, shiftFactor*shiftBase, tailCallers, callTimeout, shiftFixed,
+			100*shiftQuant, shiftQuant, shiftAge, shiftSamples, shiftQuant, shiftSamples),
+		Run: runSlowTailTriples,
+	}
+}
+
+func runSlowTailTriples(ctx context.Context, sz Size) ([]Table, error) {
+	total := 4 * sz.Calls
+	b := constant(func(_, msg string, attempt int) (time.Duration, error) {
+		base := shiftBase
+		if i, err := strconv.Atoi(strings.TrimPrefix(msg, "c")); err == nil && i >= total/2 {
+			base *= shiftFactor
+		}
+		if chance(randomSeed+2, msg, attempt) < tailP {
+			return shiftSlowMul * base, nil
+		}
+		return base, nil
+	})
+	pol := DefaultPolicy
+	pol.HedgeDelay = shiftFixed
+	peers := []peer{bare(), failsafeHedge(), failsafeHedgeQuantile(shiftQuant, shiftAge, shiftSamples),
+		oursHedge(peerOursHedge, ""), oursHedge(peerOursHedgeQuant, ShiftHedgeConfig)}
+	t := Table{Header: []string{"peer", "p50 vs bare", "p99 vs bare", "extra attempts", "success"}}
+	var bare50, bare99 time.Duration
+	for _, p := range peers {
+		n := needHedge
+		if p.name == peerBare {
+			n = needUnary
+		}
+		r, cannot, err := runPeer(ctx, p, pol, n, b, closedCalls(tailCallers, total))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}

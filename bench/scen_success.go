@@ -16,7 +16,8 @@ func SuccessPath() Scenario {
 	return Scenario{
 		Name: "success-path overhead",
 		Workload: "Nothing fails. One caller, sequential calls on one connection per peer to one shared echo server: " +
-			"a unary Echo (12-byte message) and a server stream of 10 responses, over bufconn and over loopback TCP. " +
+			"a unary Echo (12-byte message) and a server stream of 10 responses, over bufconn and over loopback TCP, " +
+			"each call with a deadline (2 s), as real calls have. " +
 			"Time: the peer and the bare call alternate in blocks of 20 calls (the order alternating too), Size.Pairs calls each; " +
 			"the cell is the median of the blocks' time ratios peer/bare. Allocations: heap allocations per call counted by " +
 			"runtime.MemStats over Size.Pairs sequential calls, peer minus bare (the server's share cancels out). " +
@@ -29,7 +30,9 @@ func unaryCall(cc *grpc.ClientConn) func() error {
 	c := echov1.NewEchoServiceClient(cc)
 	req := &echov1.EchoRequest{Message: "hello, bench"}
 	return func() error {
-		_, err := c.Echo(context.Background(), req)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		_, err := c.Echo(ctx, req)
 		return err
 	}
 }
@@ -38,7 +41,9 @@ func streamCall(cc *grpc.ClientConn) func() error {
 	c := echov1.NewEchoServiceClient(cc)
 	req := &echov1.ServerStreamRequest{Message: "hello, bench", Count: streamReplies}
 	return func() error {
-		st, err := c.ServerStream(context.Background(), req)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		st, err := c.ServerStream(ctx, req)
 		if err != nil {
 			return err
 		}

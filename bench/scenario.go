@@ -70,6 +70,7 @@ func All() []Scenario {
 		Budget(),
 		Saturation(),
 		SlowTail(DefaultPolicy),
+		SlowTailTriples(),
 		Idempotency(),
 		IdempotencyStores(),
 		Overload(),

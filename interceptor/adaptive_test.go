@@ -102,8 +102,8 @@ func TestAdaptiveRejectionMetrics(t *testing.T) {
 		return status.Error(codes.ResourceExhausted, "x")
 	}
 	var rejected error
-	for range 50 {
-		if err := ic(ctx, echoMethod, req, reply, nil, refuse); errors.Is(err, ErrCircuitOpen) {
+	for range 50 { // as a generated stub calls, so that grpc.method names Echo
+		if err := ic(ctx, echoMethod, req, reply, nil, refuse, grpc.StaticMethod()); errors.Is(err, ErrCircuitOpen) {
 			rejected = err
 			break
 		}

@@ -63,9 +63,13 @@ type MethodStatus struct {
 	Bulkhead   *BulkheadStatus
 }
 
-// Status returns a snapshot of the breaker and bulkhead of fullMethod
-// ("/pkg.Service/Method"; the leading slash may be left out), resolving its
-// policy if no call has yet. A name that is not a full method has no
+// Status returns a snapshot of the breaker and bulkhead that the calls of
+// fullMethod ("/pkg.Service/Method"; the leading slash may be left out) go
+// through. It keeps nothing for a method no call has resolved (its guards
+// are then fresh), so names from elsewhere cannot grow the client's state.
+// A method past the client's bound on methods (see the package
+// documentation, Bounded state) reports the state it shares with the
+// others of its config entry. A name that is not a full method has no
 // guards: its status is empty, and why is logged to grpclog.
 func (c *Client) Status(fullMethod string) MethodStatus {
 	full, err := fullMethodOf("Status", fullMethod)
@@ -73,20 +77,24 @@ func (c *Client) Status(fullMethod string) MethodStatus {
 		clientLog.Warning(err)
 		return MethodStatus{FullMethod: fullMethod}
 	}
-	p := c.state.Load().policy(full)
+	p := c.state.Load().peek(full)
 	return p.status(time.Now())
 }
 
-// Statuses returns a snapshot of every method called so far that has a
-// breaker (of either mode) or a bulkhead, sorted by method.
+// Statuses returns a snapshot of every method with a breaker (of either
+// mode) or a bulkhead that the config names exactly or that was called,
+// sorted by method, and the shared state of the methods past the bound
+// ("/pkg.Service/*", "/*") once one was called. It is complete after any
+// sequence of config updates: a method's state carries over while its
+// blocks are unchanged.
 func (c *Client) Statuses() []MethodStatus {
 	now := time.Now()
 	var out []MethodStatus
-	for _, p := range *c.state.Load().methods.Load() {
+	c.state.Load().each(func(p *methodPolicy) {
 		if p.g.any() {
 			out = append(out, p.status(now))
 		}
-	}
+	})
 	slices.SortFunc(out, func(a, b MethodStatus) int {
 		switch {
 		case a.FullMethod < b.FullMethod:
@@ -140,12 +148,15 @@ func (c *Client) ResetBreaker(fullMethod string) error {
 	return c.control("ResetBreaker", fullMethod, (*breaker.Breaker).Reset)
 }
 
+// control applies f to the breaker that fullMethod's calls go through,
+// keeping the method's state as a call would (within the bound; past it,
+// the breaker its config entry shares).
 func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Time)) error {
 	fullMethod, err := fullMethodOf(op, fullMethod)
 	if err != nil {
 		return err
 	}
-	p := c.state.Load().policy(fullMethod)
+	p := c.state.Load().policy(fullMethod, false)
 	if p.g.breaker == nil {
 		return fmt.Errorf("interceptor: %s has no circuit breaker", fullMethod)
 	}

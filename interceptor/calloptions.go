@@ -18,8 +18,9 @@ type maxAttemptsOption struct {
 }
 
 // MaxAttempts sets the number of attempts of this call, the first included,
-// in place of its policy's; it is capped as policies are. 1 turns retries
-// off; a call whose method has no retry policy gets one with default backoff.
+// in place of its policy's; it is capped at the client's cap
+// (WithMaxAttemptsCap, 5 by default). 1 turns retries off; a call whose
+// method has no retry policy gets one with default backoff.
 func MaxAttempts(n int) grpc.CallOption { return maxAttemptsOption{n: n} }
 
 // noRetryOption turns retries off for a call.
@@ -48,9 +49,14 @@ type callOptions struct {
 	perAttempt  time.Duration
 	setAttempt  bool // perAttempt was given
 	any         bool // any of ours was given
+	static      bool // grpc.StaticMethod: a generated stub's call
+	// sizer measures messages for the replay buffer with the codec grpc's
+	// call options chose.
+	sizer wireSizer
 }
 
-// scanCallOptions finds this package's options in opts.
+// scanCallOptions finds this package's options in opts, and grpc's options
+// that choose the call's codec.
 func scanCallOptions(opts []grpc.CallOption) callOptions {
 	var co callOptions
 	for _, o := range opts {
@@ -61,6 +67,16 @@ func scanCallOptions(opts []grpc.CallOption) callOptions {
 			co.noRetry, co.any = true, true
 		case perAttemptTimeoutOption:
 			co.perAttempt, co.setAttempt, co.any = o.d, true, true
+		case grpc.ForceCodecV2CallOption:
+			co.sizer.forced = o.CodecV2
+		case grpc.ForceCodecCallOption:
+			co.sizer.forced = o.Codec
+		case grpc.CustomCodecCallOption:
+			co.sizer.forced = o.Codec
+		case grpc.ContentSubtypeCallOption:
+			co.sizer.subtype = o.ContentSubtype
+		case grpc.StaticMethodCallOption:
+			co.static = true
 		}
 	}
 	return co
@@ -77,7 +93,7 @@ func (co *callOptions) effectiveRetry(rp *retryPolicy, maxCap int) (retryPolicy,
 	case rp != nil:
 		p = *rp
 	case co.maxAttempts > 1:
-		p = *defaultRetryPolicy(maxCap)
+		p = *defaultRetryPolicy()
 	case co.perAttempt > 0:
 		// A per-attempt timeout on a method without a retry policy bounds
 		// its one attempt.

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -45,8 +46,11 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 		return nil, fmt.Errorf("interceptor: metrics: %w", err)
 	}
 	c.metrics = m
+	if err := checkCaps(o.config.MethodConfig, o.origins, o.maxAttemptsCap); err != nil {
+		return nil, err
+	}
 	cfg := o.config
-	if err := c.update(&cfg, o.parsedCap); err != nil {
+	if err := c.update(&cfg); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -58,18 +62,24 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 // cfg. A config with errors is refused and the old one stays.
 //
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
-// applied its cap); in a config built in Go, MaxAttempts above the client's
-// cap (WithMaxAttemptsCap) are lowered to it.
+// applied its cap); in a config built in Go, a MaxAttempts above the
+// client's cap (WithMaxAttemptsCap) is an error.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
-	return c.update(cfg, cfg.MaxAttemptsCap())
+	origins := make([]entryOrigin, len(cfg.MethodConfig))
+	for i := range origins {
+		origins[i] = entryOrigin{option: "UpdateServiceConfig", index: i, parsedCap: cfg.MaxAttemptsCap()}
+	}
+	if err := checkCaps(cfg.MethodConfig, origins, c.opts.maxAttemptsCap); err != nil {
+		return err
+	}
+	return c.update(cfg)
 }
 
-// update is UpdateServiceConfig with the cap Parse applied to cfg's
-// entries, 0 when none did.
-func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
+// update makes cfg, whose caps were checked, the client's config.
+func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -79,7 +89,7 @@ func (c *Client) update(cfg *serviceconfig.Config, parsedCap int) error {
 	warnUnregistered(cfg)
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	st, err := newClientState(cfg, max(c.opts.maxAttemptsCap, parsedCap), &c.opts, &c.metrics, c.state.Load())
+	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
 	if err != nil {
 		return err
 	}
@@ -130,13 +140,19 @@ func (s *unaryScratch) put() {
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	st := c.state.Load()
-	mp := st.policy(method)
 	co := scanCallOptions(opts)
+	mp := st.policy(method, co.static)
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
+	hedge := c.hedgeAttempts(ctx, mp, &co)
+	if hedge > 1 && !hedgeable(req, reply) {
+		// Copies need a clone of the request and a reply of their own:
+		// other messages run one attempt through the guards.
+		co.maxAttempts, hedge = 1, 1
+	}
 	if mp.early && !co.any {
-		if ok, err := c.rejectEarly(ctx, st, mp, cc, opts); ok {
+		if ok, err := c.rejectEarly(ctx, st, mp, &co, cc); ok {
 			return err
 		}
 	}
@@ -153,14 +169,14 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		s.opts = append(s.opts, grpc.WaitForReady(*mp.waitForReady))
 	}
 
-	u := unaryCall{r: c.newRetrier(ctx, st, mp, &co), method: method, req: req, reply: reply, cc: cc, invoker: invoker, s: s}
+	u := unaryCall{r: c.newRetrier(ctx, st, mp, &co), method: method, req: req, reply: reply, cc: cc, invoker: invoker, s: s, sizer: co.sizer}
 	ctx = u.r.outgoing(ctx)
 	var kerr error
 	if ctx, u.r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
 		return kerr
 	}
-	if n := c.hedgeAttempts(ctx, mp, &co); n > 1 {
-		return c.hedged(ctx, st, mp, n, method, req, reply, cc, invoker, s.opts)
+	if hedge > 1 {
+		return c.hedged(ctx, st, mp, &co, hedge, method, req.(proto.Message), reply.(proto.Message), cc, invoker, s.opts)
 	}
 	u.ctx = ctx
 	if u.r.rp.maxAttempts > 1 || st.storm.throttle != nil {
@@ -172,7 +188,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		s.opts = append(s.opts, s.withHeader) // for the replays metric
 	}
 	err := u.run()
-	u.r.callEnded(cc, u.s.opts)
+	u.r.callEnded(cc)
 	return err
 }
 
@@ -187,7 +203,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 // deadline with no time left for an attempt ends it with
 // DEADLINE_EXCEEDED. Only methods with mp.early and calls without call
 // options of ours come here.
-func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPolicy, cc *grpc.ClientConn, opts []grpc.CallOption) (ok bool, err error) {
+func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, cc *grpc.ClientConn) (ok bool, err error) {
 	rej, halfOpenFull, now := mp.g.rejecting()
 	if rej == nil {
 		return false, nil
@@ -195,7 +211,7 @@ func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPol
 	if _, keyed := IdempotencyKeyFromContext(ctx); keyed {
 		return false, nil
 	}
-	r := c.newRetrier(ctx, st, mp, &callOptions{})
+	r := c.newRetrier(ctx, st, mp, co)
 	_, hasDeadline := ctx.Deadline()
 	if now.IsZero() && (hasDeadline || r.rp.maxAttempts > 1 && st.storm.budget != nil) {
 		now = time.Now()
@@ -212,7 +228,7 @@ func (c *Client) rejectEarly(ctx context.Context, st *clientState, mp *methodPol
 	reason := rej.stopped.Reason
 	r.onRejected(ctx, reason)
 	err = r.rejected(rej, nil, reason)
-	r.callEnded(cc, opts)
+	r.callEnded(cc)
 	return true, err
 }
 
@@ -227,6 +243,7 @@ type unaryCall struct {
 	cc      *grpc.ClientConn
 	invoker grpc.UnaryInvoker
 	s       *unaryScratch
+	sizer   wireSizer // measures req for the replay buffer
 }
 
 // run is the retry loop: attempts until one succeeds, or retrying stops.
@@ -278,10 +295,12 @@ func (u *unaryCall) run() error {
 
 // committed reports whether the attempt that just failed had committed:
 // the server answered with headers before failing, or the request outgrew
-// the replay buffer, which grpc-go counts at the send (gRFC A6). The
-// request is measured only here, once an attempt has failed.
+// the replay buffer, which grpc-go counts at the send (gRFC A6; see
+// wireSizer). The request is measured only here, once an attempt has
+// failed, so the success path pays nothing.
 func (u *unaryCall) committed() bool {
-	return u.s.header != nil || u.r.outgrowsReplay(u.req)
+	limit := u.r.c.opts.replayBuffer
+	return u.s.header != nil || u.sizer.size(u.req, limit) > limit
 }
 
 // attempt runs one attempt started at now, bounded by timeout when it is
@@ -323,8 +342,8 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 	}
 	released = true
 	end := mp.g.release(u.ctx, adm, err, true)
-	r.c.metrics.attempt(u.ctx, mp.mm, err)
-	r.c.metrics.replayed(u.ctx, mp.mm, u.s.header)
+	r.c.metrics.attempt(u.ctx, r.mm, err)
+	r.c.metrics.replayed(u.ctx, r.mm, u.s.header)
 	if mp.latency != nil {
 		if end.IsZero() {
 			end = since(now)

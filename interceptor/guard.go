@@ -79,17 +79,31 @@ type admission struct {
 	start time.Time // when the attempt left, for slow-call accounting
 }
 
-// admit asks the method's breaker and bulkhead to let an attempt through.
-// A refusal is a *RejectedError, or the context's status when the caller
-// gave up while queued.
+// admit asks the method's breaker and bulkhead to let an attempt through,
+// waiting in the bulkhead's queue when every slot is taken. A refusal is a
+// *RejectedError, or the context's status when the caller gave up while
+// queued.
 func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
-	var a admission
+	a, queue, err := g.admitNow(now)
+	if err != nil || !queue {
+		return a, err
+	}
+	return a, g.queue(ctx, &a, now)
+}
+
+// admitNow is admit without the wait in the bulkhead's queue: when every
+// slot is taken and the queue has room, it returns queue true with the
+// breaker's token held and no slot, and the attempt must go through queue
+// before it starts, on a goroutine whose wait holds up nothing else (a
+// hedged call's copy: its wait must not keep the call from taking a
+// sibling's answer).
+func (g *guards) admitNow(now time.Time) (a admission, queue bool, err error) {
 	if !g.any() {
-		return a, nil
+		return a, false, nil
 	}
 	a.start = now
 	if g.adaptive != nil && !g.adaptive.Allow(now) {
-		return a, g.rejections.throttled
+		return a, false, g.rejections.throttled
 	}
 	if g.breaker != nil {
 		tok, retryAfter, err := g.breaker.Allow(a.start)
@@ -102,26 +116,45 @@ func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 				// half a second).
 				runtime.Gosched()
 			}
-			return a, g.rejections.circuitOpen(retryAfter)
+			return a, false, g.rejections.circuitOpen(retryAfter)
 		}
 		a.tok = tok
 	}
 	if g.bulkhead != nil {
-		if err := g.bulkhead.Acquire(ctx); err != nil {
-			if g.breaker != nil {
-				g.breaker.Record(a.tok, a.start, breaker.Ignored, 0)
+		if a.slot = g.bulkhead.TryAcquire(); !a.slot {
+			if g.bulkhead.Full() {
+				g.ignore(a)
+				return a, false, g.rejections.full
 			}
-			if errors.Is(err, bulkhead.ErrContextDone) {
-				return a, status.FromContextError(ctx.Err()).Err()
-			}
-			return a, g.rejections.full
-		}
-		a.slot = true
-		if g.breaker != nil {
-			a.start = since(now) // time in the queue is not the method's latency
+			return a, true, nil
 		}
 	}
-	return a, nil
+	return a, false, nil
+}
+
+// queue waits in the bulkhead's queue for a slot for a, an admission
+// admitNow left to queue; on a refusal it gives a's breaker token back.
+func (g *guards) queue(ctx context.Context, a *admission, now time.Time) error {
+	if err := g.bulkhead.Acquire(ctx); err != nil {
+		g.ignore(*a)
+		if errors.Is(err, bulkhead.ErrContextDone) {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return g.rejections.full
+	}
+	a.slot = true
+	if g.breaker != nil {
+		a.start = since(now) // time in the queue is not the method's latency
+	}
+	return nil
+}
+
+// ignore gives back the breaker token of a, an attempt refused before it
+// started, recording no verdict.
+func (g *guards) ignore(a admission) {
+	if g.breaker != nil {
+		g.breaker.Record(a.tok, a.start, breaker.Ignored, 0)
+	}
 }
 
 // rejecting returns the rejection that admit would return at once for an

@@ -18,6 +18,7 @@ import (
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
 	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -40,7 +41,7 @@ import (
 
 // hedgePolicy is a serviceconfig.HedgingPolicy with its defaults resolved.
 type hedgePolicy struct {
-	maxAttempts int // ≥ 2, ≤ the client's cap
+	maxAttempts int // ≥ 2, within the cap of where the policy came from (checkCaps)
 	// delay is the wait between copies: 0 sends them all at once, and
 	// noTimedCopies sends further copies only after non-fatal failures.
 	// In a methodPolicy with a quantile it is the delay until minSamples;
@@ -53,6 +54,10 @@ type hedgePolicy struct {
 	quantile   float64
 	floor      time.Duration
 	minSamples uint64
+	// ration, when > 0, rations a fixed delay under the retry budget: the
+	// quantile 1 − the budget's ratio, below which the fixed delay would
+	// hedge more calls than the budget pays for (see hedgeDelay).
+	ration float64
 }
 
 // noTimedCopies is the delay of a call that sends further copies only
@@ -60,17 +65,54 @@ type hedgePolicy struct {
 // it has too few samples.
 const noTimedCopies time.Duration = -1
 
-// newHedgePolicy resolves p, capping MaxAttempts at maxCap.
-func newHedgePolicy(p *serviceconfig.HedgingPolicy, maxCap int) *hedgePolicy {
-	hp := &hedgePolicy{maxAttempts: min(p.MaxAttempts, maxCap), delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...)}
-	if p.HedgingDelayQuantile > 0 {
+// Hedging that buys the tail: how a delay is kept on the calls that are
+// slow (see hedgeDelay and the package documentation, Hedging).
+const (
+	// cliffFactor caps an adaptive delay at this many times the quantile
+	// with twice the tail share (the p90 for a p95): where the quantile
+	// falls past a cliff in the latencies, into a slow mode that holds
+	// about the share 1 − quantile, the delay stays just above the fast
+	// mode and the slow mode is hedged, rather than only its own tail.
+	cliffFactor = 1.25
+	// rationQuantile is the quantile a rationed fixed delay is raised to
+	// (with the same cap): hedges go to the slowest calls, about one in
+	// twenty.
+	rationQuantile = 0.95
+)
+
+// newHedgePolicy resolves p; budgetRatio is the ratio of the client's retry
+// budget, 0 when it has none (a fixed delay is then never rationed).
+func newHedgePolicy(p *serviceconfig.HedgingPolicy, budgetRatio float64) *hedgePolicy {
+	hp := &hedgePolicy{maxAttempts: p.MaxAttempts, delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...)}
+	switch {
+	case p.HedgingDelayQuantile > 0:
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))
 		if hp.delay == 0 {
 			hp.delay = noTimedCopies
 		}
+	case hp.delay > 0 && budgetRatio > 0 && budgetRatio < 1:
+		hp.ration = 1 - budgetRatio
+		hp.minSamples = serviceconfig.DefaultHedgingDelayMinSamples
 	}
 	return hp
+}
+
+// windowQuantiles returns the quantiles the method's window reads for hp,
+// the primary first, or nil when its delay is fixed and not rationed. An
+// adaptive delay reads its quantile q and, for q ≥ 0.75, 2q − 1 (the
+// cliff's cap); a rationed one rationQuantile, its cap's quantile, and
+// ration.
+func (hp *hedgePolicy) windowQuantiles() []float64 {
+	switch {
+	case hp.quantile >= 0.75:
+		return []float64{hp.quantile, 2*hp.quantile - 1}
+	case hp.quantile > 0:
+		return []float64{hp.quantile}
+	case hp.ration > 0:
+		return []float64{rationQuantile, 2*rationQuantile - 1, hp.ration}
+	}
+	return nil
 }
 
 // orDefault returns v, or def when v is zero.
@@ -82,15 +124,50 @@ func orDefault(v, def int) int {
 }
 
 // hedgeDelay returns the delay between the copies of a call of mp starting
-// now: the policy's HedgingDelay, or, when it is adaptive and the method's
-// window holds enough samples, the window's quantile, at least the floor.
-// Two atomic loads; no lock.
-func (mp *methodPolicy) hedgeDelay() time.Duration {
+// now, once the method's window holds enough samples (before, the policy's
+// HedgingDelay):
+//   - adaptive: the window's quantile, capped at cliffFactor × the quantile
+//     with twice its tail share, at least the floor;
+//   - fixed and rationed: the HedgingDelay, unless it would hedge more
+//     calls than the retry budget pays for (it is below the window's
+//     quantile 1 − ratio): then at least the window's rationQuantile, with
+//     the same cap. Without rationing, the budget would spend its hedges on
+//     the first calls of each period that outlast the delay, fast or not,
+//     and leave the slow ones unhedged.
+//
+// At most four atomic loads; no lock.
+func (mp *methodPolicy) hedgeDelay() (d time.Duration, rationed bool) {
 	hp, w := mp.hedge, mp.hedgeWindow
 	if w == nil || w.Samples() < hp.minSamples {
-		return hp.delay
+		return hp.delay, false
 	}
-	return max(w.Quantile(), hp.floor)
+	if hp.quantile > 0 {
+		return max(capped(w, hp.quantile >= 0.75), hp.floor), true
+	}
+	if hp.delay < w.QuantileAt(2) {
+		return max(hp.delay, capped(w, true)), true
+	}
+	return hp.delay, false
+}
+
+// allowanceBurst is the burst of the hedge allowance of a method whose
+// delay comes from its window (a budget.Allowance): tail copies (sent by
+// the hedging delay, not after a failure) go out for at most twice the
+// share 1 − quantile of its calls (rationQuantile's for a rationed fixed
+// delay), at most 4 in a row. While the window lags a change (the latency
+// rose, and for a while every call outlasts the delay), the hedges it would
+// send to every call are rationed; in a steady state hedging about the
+// share 1 − quantile, it is never short.
+const allowanceBurst = 4
+
+// capped returns w's primary quantile, capped, when cliff is set, at
+// cliffFactor × its second (see cliffFactor).
+func capped(w *latency.Window, cliff bool) time.Duration {
+	d := w.Quantile()
+	if cliff {
+		d = min(d, time.Duration(cliffFactor*float64(w.QuantileAt(1))))
+	}
+	return d
 }
 
 // HedgingDelay returns the delay between the copies of a hedged call of
@@ -101,11 +178,11 @@ func (mp *methodPolicy) hedgeDelay() time.Duration {
 // use meanwhile (further copies then go out only after non-fatal
 // failures).
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
-	mp := c.state.Load().policy(fullMethod)
+	mp := c.state.Load().peek(fullMethod)
 	if mp.hedge == nil {
 		return 0, false
 	}
-	if d = mp.hedgeDelay(); d == noTimedCopies {
+	if d, _ = mp.hedgeDelay(); d == noTimedCopies {
 		return 0, false
 	}
 	return d, true
@@ -126,9 +203,18 @@ func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 // Every copy after the first is a retry for the budget, A6 throttling and
 // the deadline: a copy starts only while they allow it, and a server
 // pushback delays the next copy, or stops new copies when it says not to
-// retry. Copies go through the method's breaker and bulkhead like attempts,
-// and each copy settles its own accounts, so copies still running when the
+// retry; a pushback after which no copy could follow (none left, or the
+// wait past the deadline) ends the call once nothing runs, with the
+// server's status. Copies go through the method's breaker and bulkhead like
+// attempts; a copy that must wait in the bulkhead's queue waits on its own
+// goroutine, so an answer that arrives meanwhile ends the call at once. Each
+// copy settles its own accounts, so copies still running or queued when the
 // call returns (they are cancelled) leave nothing behind.
+//
+// A per-attempt timeout (the PerAttemptTimeout call option, and
+// WithDeadlineHeadroom) bounds every copy as it bounds every attempt of a
+// retried call. A copy cut by its own timeout is a non-fatal failure,
+// whatever NonFatalStatusCodes holds: the next copy goes out at once.
 //
 // A panic below the interceptor in a copy's goroutine is carried to the
 // caller's goroutine, which panics again with a *copyPanic around it (as
@@ -136,23 +222,24 @@ func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 // copy that panics after the call returned has no caller left to reach: its
 // panic is dropped, its accounts settled.
 //
-// req, reply and opts are borrowed: hedged reads them only until it
-// returns, and copies use their own copies of them.
-func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int, method string, req, reply any,
-	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
-	out, ok := reply.(proto.Message)
-	in, inOK := req.(proto.Message)
-	if !ok || !inOK {
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
-	h := c.newHedgeCall(ctx, st, mp, maxAttempts)
+// Only proto messages are hedged: each copy needs a clone of the request
+// and a reply of its own. A call of a hedged method with other messages
+// runs one attempt through the guards, as a method without a policy does
+// (see hedgeable).
+//
+// in, out and opts are borrowed: hedged reads them only until it returns,
+// and copies use their own copies of them.
+func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, maxAttempts int, method string,
+	in, out proto.Message, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
+	h := c.newHedgeCall(ctx, st, mp, co, maxAttempts)
 	defer h.close() // cancels the copies still running, on every way out
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
-	err := h.run(req, out)
+	h.job.mm = h.r.mm
+	err := h.run(in, out)
 	if !h.idleAt.IsZero() { // the call ended with no copy running
 		h.r.waited += time.Since(h.idleAt)
 	}
-	h.r.callEnded(cc, opts)
+	h.r.callEnded(cc)
 	if h.r.attempts > 0 {
 		h.caller.finish(err)
 	}
@@ -190,15 +277,37 @@ type hedgeCall struct {
 	// idleAt is when the last running copy failed while the call went on;
 	// zero while a copy runs or none has failed.
 	idleAt time.Time
+	// rationed is set when the call's delay came from the method's window:
+	// copies its timer sends take a token of the method's allowance.
+	rationed bool
+	// tail is set while the timer is armed for the hedging delay (not a
+	// server's pushback): the copy it sends is for the tail.
+	tail bool
+}
+
+// hedgeable reports whether a call with req and reply can be hedged: both
+// are proto messages, which each copy clones or makes anew.
+func hedgeable(req, reply any) bool {
+	_, in := req.(proto.Message)
+	_, out := reply.(proto.Message)
+	return in && out
 }
 
 // newHedgeCall returns the state of a call of mp hedged with maxAttempts
-// copies, before its job is set and its first copy started.
-func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, maxAttempts int) *hedgeCall {
+// copies, each bounded by the per-attempt timeout of the call options co,
+// before its job is set and its first copy started.
+func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, maxAttempts int) *hedgeCall {
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
-	h.hp.delay = mp.hedgeDelay() // one delay for the whole call
-	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
+	h.hp.delay, h.rationed = mp.hedgeDelay() // one delay for the whole call
+	if h.rationed {
+		mp.hedgeAllowance.Credit()
+	}
+	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static),
+		rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
+	if co.setAttempt {
+		h.r.rp.perAttempt = max(co.perAttempt, 0)
+	}
 	h.ctx = h.r.outgoing(ctx)
 	h.copies, h.cancel = context.WithCancel(h.ctx)
 	h.results = make(chan hedgeResult, maxAttempts)
@@ -219,10 +328,15 @@ func (h *hedgeCall) close() {
 // still pending, so a call never waits for nothing. req and out are the
 // caller's, for the fallback and the winner's reply.
 func (h *hedgeCall) run(req any, out proto.Message) error {
-	if err := h.launch(budget.Retry{}); err != nil {
+	now := time.Now()
+	timeout, bounded := h.r.attemptTimeout(h.ctx, now)
+	if bounded && timeout <= 0 {
+		return h.r.outOfTime(nil)
+	}
+	if err := h.launch(budget.Retry{}, now, timeout); err != nil {
 		return h.refused(err, req, out)
 	}
-	h.arm(h.hp.delay)
+	h.arm(h.hp.delay, true)
 	for {
 		select {
 		case <-h.timerC:
@@ -278,9 +392,11 @@ func (h *hedgeCall) fail(reason StopReason) error {
 	return h.r.stopped(h.last.err, h.last.err, reason)
 }
 
-// arm makes the timer send the next copy after d; with noTimedCopies, it
+// arm makes the timer send the next copy after d, for the tail (the
+// hedging delay) or not (a server's pushback); with noTimedCopies, it
 // disarms it.
-func (h *hedgeCall) arm(d time.Duration) {
+func (h *hedgeCall) arm(d time.Duration, tail bool) {
+	h.tail = tail
 	if d == noTimedCopies {
 		if h.timer != nil {
 			h.timer.Stop()
@@ -300,9 +416,9 @@ func (h *hedgeCall) arm(d time.Duration) {
 // before, and arms the timer for the one after while copies may follow.
 func (h *hedgeCall) onTimer() {
 	h.timerC = nil
-	h.another(h.hp.delay)
+	h.another(h.hp.delay, h.tail)
 	if h.running > 0 && h.stopped == StopNone && h.r.attempts < h.hp.maxAttempts {
-		h.arm(h.hp.delay)
+		h.arm(h.hp.delay, true)
 	}
 }
 
@@ -316,6 +432,9 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 		panic(res.panicked)
 	case res.goexit:
 		runtime.Goexit()
+	case res.refused:
+		h.onRefused(res.err)
+		return false, nil
 	case res.err == nil:
 		h.r.succeeded()
 		h.caller.hand(&res)
@@ -327,7 +446,7 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 	if cerr := callerErr(h.ctx); cerr != nil {
 		return true, h.fail(stopOfContext(cerr))
 	}
-	if !nonFatal(h.hp.nonFatal, res.err) {
+	if !res.timedOut && !nonFatal(h.hp.nonFatal, res.err) {
 		return true, h.fail(StopNonRetryable)
 	}
 	if res.header != nil { // A6: response headers commit the call to this copy
@@ -353,28 +472,55 @@ func (h *hedgeCall) onNonFatal(res *hedgeResult) {
 			h.stopped = StopPushback
 		}
 	case hinted:
-		h.arm(min(hint, h.c.opts.maxPushback)) // the next copy waits for the hint
+		// The next copy waits for the hint; with none to follow, or none
+		// that would fit in the deadline, there is nothing to wait for.
+		if d := min(hint, h.c.opts.maxPushback); h.mayFollow(d) {
+			h.arm(d, false)
+		}
 	default:
 		// A non-fatal failure sends the next copy in line at once (A6: its
 		// hedging delay is shortcut); the one after it then waits a whole
 		// HedgingDelay from now, so no more copies are out than A6 allows.
 		before := h.r.attempts
-		h.another(0)
+		h.another(0, false)
 		if h.r.attempts > before && h.timerC != nil {
-			h.arm(h.hp.delay)
+			h.arm(h.hp.delay, true)
 		}
 	}
 }
 
+// onRefused takes the result of a copy that the bulkhead refused (or whose
+// wait the call's end cut) while it queued: it was never sent, so it is not
+// counted, and no further copy starts.
+func (h *hedgeCall) onRefused(err error) {
+	h.r.attempts--
+	reason, rejected := isRejection(err)
+	if rejected {
+		h.r.onRejected(h.ctx, reason)
+	} else {
+		reason = stopOfContext(h.ctx.Err())
+	}
+	if h.stopped == StopNone {
+		h.stopped = reason
+	}
+}
+
 // another starts a copy if next allows it and the guards admit it, and
-// reports it, sent delay after the one before. When it cannot, stopped says
-// why.
-func (h *hedgeCall) another(delay time.Duration) {
-	tok, ok := h.next()
+// reports it, sent delay after the one before, for the tail (tail) or after
+// a failure. When it cannot, stopped says why.
+func (h *hedgeCall) another(delay time.Duration, tail bool) {
+	tok, ok := h.next(tail)
 	if !ok {
 		return
 	}
-	if err := h.launch(tok); err != nil {
+	now := time.Now()
+	timeout, bounded := h.r.attemptTimeout(h.ctx, now)
+	if bounded && timeout <= 0 {
+		h.job.refund(tok)
+		h.stopped = h.r.skip(StopDeadline).stop
+		return
+	}
+	if err := h.launch(tok, now, timeout); err != nil {
 		if h.stopped, _ = isRejection(err); h.stopped == StopNone {
 			h.stopped = stopOfContext(h.ctx.Err())
 		} else {
@@ -386,13 +532,10 @@ func (h *hedgeCall) another(delay time.Duration) {
 }
 
 // next says whether another copy may start now, taking a budget token for
-// it; when not, it records why in stopped.
-func (h *hedgeCall) next() (budget.Retry, bool) {
-	switch {
-	case h.stopped != StopNone:
-		return budget.Retry{}, false
-	case h.r.attempts >= h.hp.maxAttempts:
-		h.stopped = StopExhausted
+// it (and, for a tail copy of a rationed call, a token of the method's
+// allowance); when not, it records why in stopped.
+func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
+	if !h.copiesLeft() {
 		return budget.Retry{}, false
 	}
 	if th := h.st.storm.throttle; th != nil && !th.Allow() {
@@ -400,13 +543,20 @@ func (h *hedgeCall) next() (budget.Retry, bool) {
 		return budget.Retry{}, false
 	}
 	now := time.Now()
-	if dl, ok := h.ctx.Deadline(); ok && !deadline.Fit(dl, now, 0, h.r.estimate(), h.c.opts.headroom).OK() {
-		h.stopped = h.r.skip(StopDeadline).stop
+	if !h.fits(now, 0) {
+		return budget.Retry{}, false
+	}
+	allowance := h.r.mp.hedgeAllowance
+	if tail && h.rationed && !allowance.Take() {
+		h.stopped = h.r.skip(StopBudget).stop // the method's allowance, a budget of its own
 		return budget.Retry{}, false
 	}
 	if b := h.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
+			if tail && h.rationed {
+				allowance.Return()
+			}
 			h.stopped = h.r.skip(StopBudget).stop
 		}
 		return tok, ok
@@ -414,16 +564,57 @@ func (h *hedgeCall) next() (budget.Retry, bool) {
 	return budget.Retry{}, true
 }
 
-// launch starts the next copy, holding tok, the budget's token for it (zero
-// for the first copy). When the guards refuse it, tok is refunded.
-func (h *hedgeCall) launch(tok budget.Retry) error {
-	now := time.Now()
+// copiesLeft reports whether a further copy may still start: none has
+// stopped them and MaxAttempts is not reached (else stopped says so).
+func (h *hedgeCall) copiesLeft() bool {
+	switch {
+	case h.stopped != StopNone:
+		return false
+	case h.r.attempts >= h.hp.maxAttempts:
+		h.stopped = StopExhausted
+		return false
+	}
+	return true
+}
+
+// fits reports whether a copy sent delay after now fits in the call's
+// deadline (with the client's headroom and the method's expected attempt
+// duration); when not, stopped says so and the skip is recorded.
+func (h *hedgeCall) fits(now time.Time, delay time.Duration) bool {
+	if dl, ok := h.ctx.Deadline(); ok && !deadline.Fit(dl, now, delay, h.r.estimate(), h.c.opts.headroom).OK() {
+		h.stopped = h.r.skip(StopDeadline).stop
+		return false
+	}
+	return true
+}
+
+// mayFollow reports whether a further copy could go out delay from now:
+// copiesLeft, and fits.
+func (h *hedgeCall) mayFollow(delay time.Duration) bool {
+	return h.copiesLeft() && h.fits(time.Now(), delay)
+}
+
+// launch starts the next copy at now, bounded by timeout when positive and
+// holding tok, the budget's token for it (zero for the first copy). When
+// the guards refuse it, tok is refunded. The first copy waits here for a
+// bulkhead slot, as an attempt does (nothing else can end the call
+// meanwhile); a later copy that must queue waits on its own goroutine, so
+// that a sibling's answer is taken at once.
+func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duration) error {
 	h.r.begin(now)
-	adm, err := h.job.mp.g.admit(h.copies, now)
+	g := &h.job.mp.g
+	var (
+		adm   admission
+		queue bool
+		err   error
+	)
+	if h.r.attempts == 0 {
+		adm, err = g.admit(h.copies, now)
+	} else {
+		adm, queue, err = g.admitNow(now)
+	}
 	if err != nil {
-		if tok != (budget.Retry{}) {
-			h.job.budget.Refund(tok)
-		}
+		h.job.refund(tok)
 		return err
 	}
 	if h.running == 0 && !h.idleAt.IsZero() {
@@ -432,7 +623,7 @@ func (h *hedgeCall) launch(tok budget.Retry) error {
 	}
 	h.r.attempts++
 	h.running++
-	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, start: now, results: h.results}
+	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, start: now, timeout: timeout, results: h.results}
 	go cp.run(h.copies)
 	return nil
 }
@@ -451,6 +642,7 @@ func (r *retrier) onRetryHedge(ctx context.Context, delay time.Duration) {
 type hedgeJob struct {
 	c        *Client
 	mp       *methodPolicy
+	mm       *methodMetrics // the call's attribute sets (retrier.mm)
 	nonFatal rescodes.Set
 	budget   *budget.Budget // nil: none
 	method   string
@@ -477,13 +669,26 @@ func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes
 	}
 }
 
+// refund gives tok, a budget token taken for a copy that was never sent,
+// back to the retry budget; the zero token (the first copy's) is no-op.
+func (j *hedgeJob) refund(tok budget.Retry) {
+	if tok != (budget.Retry{}) {
+		j.budget.Refund(tok)
+	}
+}
+
 // hedgeCopy is one copy of a hedged call: what its goroutine needs beyond
 // the job, built before the go statement.
 type hedgeCopy struct {
-	job     *hedgeJob
-	n       int       // 1 for the first copy
-	adm     admission // the copy's breaker token and bulkhead slot
-	start   time.Time // when it was admitted
+	job *hedgeJob
+	n   int       // 1 for the first copy
+	adm admission // the copy's breaker token and bulkhead slot
+	// queued is set when adm holds no slot yet: the copy waits in the
+	// bulkhead's queue (guards.queue) before it is sent.
+	queued  bool
+	tok     budget.Retry  // the budget's token for the copy, refunded if it is never sent
+	start   time.Time     // when it was admitted; once queued, when it got its slot
+	timeout time.Duration // the copy's own timeout from start; 0: none
 	results chan<- hedgeResult
 }
 
@@ -500,6 +705,12 @@ type hedgeResult struct {
 	// when it called runtime.Goexit. err is then errCopyAborted.
 	panicked *copyPanic
 	goexit   bool
+	// refused is set when the copy was never sent: the bulkhead refused it
+	// while it queued, or the call ended; err says which.
+	refused bool
+	// timedOut is set when the copy's own timeout ended it while the
+	// caller's context was live.
+	timedOut bool
 }
 
 // errCopyAborted is the outcome of a copy that panicked or exited: its
@@ -515,11 +726,31 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 	returned := false
 	defer cp.finish(ctx, &res, &returned)
 	j := cp.job
+	if cp.queued {
+		if err := j.mp.g.queue(ctx, &cp.adm, cp.start); err != nil {
+			res.err, res.refused, returned = err, true, true
+			return
+		}
+		cp.start = time.Now()
+	}
 	res.reply = j.replyType.New().Interface()
 	opts := make([]grpc.CallOption, len(j.opts), len(j.opts)+3)
 	copy(opts, j.opts)
 	opts = append(opts, grpc.Header(&res.header), grpc.Trailer(&res.trailer), grpc.Peer(&res.peer))
-	res.err = j.invoker(attemptContext(ctx, cp.n), j.method, j.req, res.reply, j.cc, opts...)
+	actx := attemptContext(ctx, cp.n)
+	if cp.timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithDeadline(actx, cp.start.Add(cp.timeout))
+		defer cancel()
+	}
+	res.err = j.invoker(actx, j.method, j.req, res.reply, j.cc, opts...)
+	if res.err != nil && cp.timeout > 0 {
+		// Its own timeout fired if its deadline has passed (on the clock:
+		// the error may come before the context's timer has run) while
+		// the call's context is live.
+		end := since(cp.start)
+		res.timedOut = !end.Before(cp.start.Add(cp.timeout)) && callerErrAt(ctx, end) == nil
+	}
 	returned = true
 }
 
@@ -557,11 +788,15 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 // takes.
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
+	if res.refused { // never sent: queue gave its breaker token back
+		j.refund(cp.tok)
+		return
+	}
 	aborted := res.panicked != nil || res.goexit
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
-		j.c.metrics.attempt(ctx, j.mp.mm, res.err)
-		j.c.metrics.replayed(ctx, j.mp.mm, res.header)
+		j.c.metrics.attempt(ctx, j.mm, res.err)
+		j.c.metrics.replayed(ctx, j.mm, res.header)
 		if end.IsZero() && (j.mp.latency != nil || j.mp.hedgeWindow != nil) {
 			end = since(cp.start)
 		}
@@ -572,7 +807,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 			switch {
 			case res.err == nil:
 				w.Observe(end.Sub(cp.start))
-			case ctx.Err() != nil:
+			case ctx.Err() != nil || res.timedOut:
 				w.ObserveAtLeast(end.Sub(cp.start))
 			}
 		}

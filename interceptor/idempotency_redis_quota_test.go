@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,4 +152,69 @@ func idemFillRedis(t *testing.T, client *redis.Client) {
 		}
 	}
 	t.Fatal("Redis never ran out of memory")
+}
+
+// TestIdempotencyRedisBurstPastTheQuotaGoesWithTheMinimumRetention pins the
+// per-scope quota against a burst, over real gRPC, on a noeviction
+// redis-server of 16 MB with default options (quota 4 MB). The quota is
+// checked when a key is claimed, and an owner's outcome is always stored,
+// so one tenant's 64 concurrent calls with 250 KB replies all passed their
+// claims and stored 16 MB: Redis ran out of memory, and since nothing
+// evicts on a noeviction Redis and another tenant's claim may not touch
+// the flooder's records, every other tenant's keyed call was refused for
+// the records' TTL, a day (here: still refused after two minutes). Now a
+// record that does not fit its scope's quota is stored all the same (its
+// duplicates replay it) but kept for the minimum retention only, so the
+// burst's excess goes by itself: the other tenant is served again once the
+// minimum retention (1 minute) has passed.
+func TestIdempotencyRedisBurstPastTheQuotaGoesWithTheMinimumRetention(t *testing.T) {
+	srv := redistest.StartWith(t, "--maxmemory", "16mb", "--maxmemory-policy", "noeviction")
+	client := redistest.Client(t, srv.Addr)
+	prefix := redistest.Prefix(t)
+	store, err := redisstore.Open(context.Background(), client, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const burst = 64
+	var barrier sync.WaitGroup
+	barrier.Add(burst)
+	e := &idemEcho{fn: func(_ context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		if strings.HasPrefix(req.Message, "burst-") {
+			barrier.Done()
+			barrier.Wait() // every claim of the burst is taken before any outcome is stored
+		}
+		return &echov1.EchoResponse{Message: req.Message, Payload: req.Payload}, nil
+	}}
+	cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyScope(idemTenantScope))
+	ctx := idemCtx(t)
+	payload := make([]byte, 250<<10)
+	call := func(tenant, key string) error {
+		cctx := metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant, IdempotencyKeyHeader, key)
+		_, err := echov1.NewEchoServiceClient(cc).Echo(cctx, &echov1.EchoRequest{Message: key, Payload: payload})
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, burst)
+	for i := range burst {
+		wg.Go(func() { errs[i] = call("flooder", "burst-"+strconv.Itoa(i)) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("burst call %d: %v, want its outcome stored", i, err)
+		}
+	}
+	for i := range burst { // within the minimum retention, every duplicate replays
+		if err := call("flooder", "burst-"+strconv.Itoa(i)); err != nil {
+			t.Fatalf("duplicate of burst call %d: %v", i, err)
+		}
+	}
+	wantCalls(t, e, burst)
+	// Two minutes pass for the store's keys.
+	if err := redistest.Advance(ctx, client, prefix, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := call("victim", "v"); err != nil {
+		t.Errorf("another tenant's keyed call, two minutes after the burst: %v, want success", err)
+	}
 }

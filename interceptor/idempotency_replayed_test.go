@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -123,4 +124,71 @@ func TestClientSeesReplays(t *testing.T) {
 		}
 		collect(t, reader).expect(t, metricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
 	})
+}
+
+// TestIdempotencyReplayedHeaderIsTheInterceptorsAlone pins that only the
+// interceptor marks an answer as a replay, against every store. A handler
+// that set idempotency-replayed itself (a gateway passing on the headers
+// of a downstream server that replayed) had its fresh answer read as a
+// replay by IdempotencyReplayed, and since the header was stored with the
+// outcome, the replay of that answer carried the mark twice, which
+// IdempotencyReplayed does not read as a replay: both answers lied. Now
+// the handler's mark is dropped, from what is sent and what is stored (in
+// header and trailer), and a replay carries exactly one, also from a
+// record stored with one by an earlier version.
+func TestIdempotencyReplayedHeaderIsTheInterceptorsAlone(t *testing.T) {
+	forEachStore(t, []idemCase{{"SetByTheHandler", testIdemReplayedByHandler}})
+}
+
+func testIdemReplayedByHandler(t *testing.T, env *idemEnv) {
+	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(IdempotencyReplayedHeader, "true", "x-h", "1"))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(IdempotencyReplayedHeader, "true"))
+		if req.Message == "sent" {
+			_ = grpc.SendHeader(ctx, metadata.Pairs(IdempotencyReplayedHeader, "true"))
+		}
+		return &echov1.EchoResponse{Message: req.Message}, nil
+	}}
+	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	ctx := idemCtx(t)
+	for _, msg := range []string{"set", "sent"} {
+		first := idemDo(ctx, cc, "k-"+msg, msg)
+		dup := idemDo(ctx, cc, "k-"+msg, msg)
+		if first.err != nil || dup.err != nil {
+			t.Fatalf("%s: %v, %v", msg, first.err, dup.err)
+		}
+		if IdempotencyReplayed(first.header) || len(first.header[IdempotencyReplayedHeader]) != 0 ||
+			len(first.trailer[IdempotencyReplayedHeader]) != 0 {
+			t.Errorf("%s: the handler's answer carries header %v, trailer %v; want no %s", msg, first.header, first.trailer,
+				IdempotencyReplayedHeader)
+		}
+		if got := dup.header[IdempotencyReplayedHeader]; len(got) != 1 || !IdempotencyReplayed(dup.header) {
+			t.Errorf("%s: the replay's %s = %q, want [true]", msg, IdempotencyReplayedHeader, got)
+		}
+		if len(dup.trailer[IdempotencyReplayedHeader]) != 0 {
+			t.Errorf("%s: the replay's trailer %v carries the mark", msg, dup.trailer)
+		}
+	}
+
+	// A record stored with the mark in its header, as an earlier version
+	// stored a handler's.
+	rk := idempotency.RecordKey{FullMethod: idemEchoMethod, Key: "old"}
+	fp, err := srvFingerprint(&echov1.EchoRequest{Message: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := env.store.Claim(ctx, rk, fp[:], time.Minute)
+	if err != nil || cl.State != idempotency.Owned {
+		t.Fatalf("Claim = %v, %v", cl.State, err)
+	}
+	reply, _ := proto.Marshal(&echov1.EchoResponse{Message: "old"})
+	rec := &idempotency.Record{Fingerprint: fp[:], ReplyType: "resilience.echo.v1.EchoResponse", Reply: reply,
+		Header: metadata.Pairs(IdempotencyReplayedHeader, "true")}
+	if err := env.store.Complete(ctx, rk, cl.Token, rec, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	old := idemDo(ctx, cc, "old", "old")
+	if got := old.header[IdempotencyReplayedHeader]; old.err != nil || len(got) != 1 || !IdempotencyReplayed(old.header) {
+		t.Errorf("replay of a record stored with the mark: %v, %s = %q, want [true]", old.err, IdempotencyReplayedHeader, got)
+	}
 }

@@ -109,8 +109,14 @@ var countBounds = []float64{1, 2, 3, 4, 5}
 // transitions and state, bulkhead occupancy, the retry budget's balance).
 // The package documentation has the full table.
 //
-// Attribute sets are built once per method (and per target, for
-// grpc.target), so recording allocates nothing on the success path.
+// grpc.method follows gRFC A66 on every instrument: the method's name for
+// calls of a generated stub (grpc.StaticMethod), "other" for the rest (a
+// proxy's calls, conn.Invoke with a name from elsewhere); the gauges and
+// breaker transitions name a method once a generated stub called it or a
+// config entry names it exactly, and report the others together as
+// "other". So the labels are bounded by the code and the config, never by
+// callers. Attribute sets are built once per named method (and per target,
+// for grpc.target), so recording allocates nothing on the success path.
 // Without this option nothing is recorded, at no cost.
 func WithMeterProvider(mp metric.MeterProvider) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
@@ -125,7 +131,13 @@ func WithMeterProvider(mp metric.MeterProvider) ClientOption {
 // instruments are a client's metric instruments; the zero value records
 // nothing.
 type instruments struct {
-	on          bool
+	on bool
+	// names maps the named methods (see WithMeterProvider) to their
+	// attribute sets, built once per method; other is the sets of the
+	// rest. names grows only with the config's exact names and the
+	// methods generated stubs call.
+	names       *sync.Map // full method → *methodMetrics
+	other       *methodMetrics
 	retriesHist metric.Int64Histogram
 	hedgesHist  metric.Int64Histogram
 	delayHist   metric.Float64Histogram
@@ -181,6 +193,7 @@ func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
 	if err != nil {
 		return instruments{}, err
 	}
+	in.names, in.other = new(sync.Map), newMethodMetrics("other")
 	if err := registerGauges(m, c); err != nil {
 		return instruments{}, err
 	}
@@ -223,24 +236,116 @@ func registerGauges(m metric.Meter, c *Client) error {
 		return err
 	}
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		now := time.Now()
-		for _, p := range *c.state.Load().methods.Load() {
-			attrs := metric.WithAttributeSet(p.mm.set)
-			if b := p.g.breaker; b != nil {
-				o.ObserveInt64(state, int64(b.Snapshot(now).State), attrs)
-			}
-			if a := p.g.adaptive; a != nil {
-				o.ObserveFloat64(rejectP, a.Snapshot(now).RejectProbability, attrs)
-			}
-			if bh := p.g.bulkhead; bh != nil {
-				s := bh.Snapshot()
-				o.ObserveInt64(inFlight, int64(s.InFlight), attrs)
-				o.ObserveInt64(queued, int64(s.Queued), attrs)
-			}
+		st := c.state.Load()
+		if st == nil { // NewClient has not yet set the config
+			return nil
 		}
+		var other guardGauges
+		now := time.Now()
+		st.each(func(p *methodPolicy) {
+			var g guardGauges
+			g.read(&p.g, now)
+			if mm := p.mm.Load(); mm != nil {
+				g.observe(o, metric.WithAttributeSet(mm.set), state, inFlight, queued, rejectP)
+			} else {
+				other.merge(g)
+			}
+		})
+		other.observe(o, metric.WithAttributeSet(st.metrics.other.set), state, inFlight, queued, rejectP)
 		return nil
 	}, state, inFlight, queued, rejectP)
 	return err
+}
+
+// guardGauges are the gauge values of one method's guards, or of the
+// methods reported together as "other".
+type guardGauges struct {
+	hasBreaker, hasAdaptive, hasBulkhead bool
+	state                                BreakerState // of "other": the most refusing (severity)
+	rejectP                              float64      // of "other": the highest
+	inFlight, queued                     int64        // of "other": the sums
+}
+
+// read sets g from the guards g of one method at now.
+func (gg *guardGauges) read(g *guards, now time.Time) {
+	if b := g.breaker; b != nil {
+		gg.hasBreaker, gg.state = true, BreakerState(b.Snapshot(now).State)
+	}
+	if a := g.adaptive; a != nil {
+		gg.hasAdaptive, gg.rejectP = true, a.Snapshot(now).RejectProbability
+	}
+	if bh := g.bulkhead; bh != nil {
+		s := bh.Snapshot()
+		gg.hasBulkhead, gg.inFlight, gg.queued = true, int64(s.InFlight), int64(s.Queued)
+	}
+}
+
+// merge adds x, one method's values, to the values of "other".
+func (gg *guardGauges) merge(x guardGauges) {
+	if x.hasBreaker && (!gg.hasBreaker || severity(x.state) > severity(gg.state)) {
+		gg.hasBreaker, gg.state = true, x.state
+	}
+	if x.hasAdaptive {
+		gg.hasAdaptive, gg.rejectP = true, max(gg.rejectP, x.rejectP)
+	}
+	if x.hasBulkhead {
+		gg.hasBulkhead, gg.inFlight, gg.queued = true, gg.inFlight+x.inFlight, gg.queued+x.queued
+	}
+}
+
+// severity orders breaker states by how much they refuse, for "other":
+// forced open, open, half-open, closed, forced closed.
+func severity(s BreakerState) int {
+	switch s {
+	case BreakerForcedOpen:
+		return 4
+	case BreakerOpen:
+		return 3
+	case BreakerHalfOpen:
+		return 2
+	case BreakerClosed:
+		return 1
+	}
+	return 0
+}
+
+// observe reports gg under attrs.
+func (gg *guardGauges) observe(o metric.Observer, attrs metric.ObserveOption, state, inFlight, queued metric.Int64Observable, rejectP metric.Float64Observable) {
+	if gg.hasBreaker {
+		o.ObserveInt64(state, int64(gg.state), attrs)
+	}
+	if gg.hasAdaptive {
+		o.ObserveFloat64(rejectP, gg.rejectP, attrs)
+	}
+	if gg.hasBulkhead {
+		o.ObserveInt64(inFlight, gg.inFlight, attrs)
+		o.ObserveInt64(queued, gg.queued, attrs)
+	}
+}
+
+// named returns the attribute sets of fullMethod, a named method, built
+// once.
+func (in *instruments) named(fullMethod string) *methodMetrics {
+	if v, ok := in.names.Load(fullMethod); ok {
+		return v.(*methodMetrics)
+	}
+	v, _ := in.names.LoadOrStore(fullMethod, newMethodMetrics(fullMethod))
+	return v.(*methodMetrics)
+}
+
+// forCall returns the attribute sets a call of mp records under: its
+// method's for a call of a generated stub (static) once the method is
+// named, else "other" (gRFC A66); nil when metrics are off.
+func (in *instruments) forCall(mp *methodPolicy, static bool) *methodMetrics {
+	if !in.on {
+		return nil
+	}
+	if static {
+		if mm := mp.mm.Load(); mm != nil {
+			return mm
+		}
+	}
+	return in.other
 }
 
 // methodMetrics are the attribute sets of one method, built once when the
@@ -293,12 +398,10 @@ var a66CodeNames = [17]string{
 	"OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
 }
 
-// connMetrics are the A96 attribute sets of one method on one target:
-// grpc.method and grpc.target, with grpc.method "other" for calls that are
-// not of a generated stub (gRFC A66: a client records the method only when
-// the call carries grpc.StaticMethod).
+// connMetrics are the A96 attribute set of one method (or "other") on one
+// target: grpc.method and grpc.target.
 type connMetrics struct {
-	static, other []metric.RecordOption
+	set []metric.RecordOption
 }
 
 // connSets returns the A96 attribute sets of mm's method on cc, built once
@@ -332,8 +435,7 @@ func (mm *methodMetrics) connSets(cc *grpc.ClientConn) *connMetrics {
 	}
 	t := attrTarget.String(canonical)
 	sets := &connMetrics{
-		static: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String(mm.method), t))},
-		other:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String("other"), t))},
+		set: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrMethod.String(mm.method), t))},
 	}
 	next := make(map[string]*connMetrics, len(old)+1)
 	for k, v := range old {
@@ -345,21 +447,14 @@ func (mm *methodMetrics) connSets(cc *grpc.ClientConn) *connMetrics {
 }
 
 // callEnded records gRFC A96's per-call metrics of a call that ran
-// attempts attempts (hedged: as copies of a hedging policy) on cc with
-// opts, and spent delay with no attempt running.
-func (in *instruments) callEnded(ctx context.Context, mm *methodMetrics, cc *grpc.ClientConn, opts []grpc.CallOption,
+// attempts attempts (hedged: as copies of a hedging policy) on cc, and spent
+// delay with no attempt running, under mm (the method's sets, or "other").
+func (in *instruments) callEnded(ctx context.Context, mm *methodMetrics, cc *grpc.ClientConn,
 	attempts int, hedged bool, delay time.Duration) {
 	if !in.on {
 		return
 	}
-	sets := mm.connSets(cc)
-	set := sets.other
-	for _, o := range opts {
-		if _, ok := o.(grpc.StaticMethodCallOption); ok {
-			set = sets.static
-			break
-		}
-	}
+	set := mm.connSets(cc).set
 	if n := int64(attempts - 1); n > 0 {
 		if hedged {
 			in.hedgesHist.Record(ctx, n, set...)
@@ -429,10 +524,16 @@ func (in *instruments) skipped(ctx context.Context, mm *methodMetrics, reason St
 	}
 }
 
-// stateChange records a breaker's transition.
+// stateChange records a breaker's transition: under the method's name
+// when it is named, else as "other".
 func (in *instruments) stateChange(fullMethod string, from, to BreakerState) {
-	if in.on {
-		in.transitions.Add(context.Background(), 1, metric.WithAttributes(
-			attrMethod.String(strings.TrimPrefix(fullMethod, "/")), attrFrom.String(from.String()), attrTo.String(to.String())))
+	if !in.on {
+		return
 	}
+	method := in.other.method
+	if v, ok := in.names.Load(fullMethod); ok {
+		method = v.(*methodMetrics).method
+	}
+	in.transitions.Add(context.Background(), 1, metric.WithAttributes(
+		attrMethod.String(method), attrFrom.String(from.String()), attrTo.String(to.String())))
 }

@@ -290,11 +290,12 @@ func TestMetricsMethodIsOtherWithoutStaticMethod(t *testing.T) {
 }
 
 // TestMetricsStateChangesAndBudgetGauge checks the budget gauge of a fresh
-// client and a transition forced by hand.
+// client and a transition forced by hand, of a method the config names
+// exactly (so grpc.method names it before any call).
 func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 	reader, mp := newMeterReader()
 	c := newTestClient(t, WithMeterProvider(mp), WithMethodConfig(serviceconfig.MethodConfig{
-		Name:           []serviceconfig.Name{{Service: echoService}},
+		Name:           []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
 		CircuitBreaker: &serviceconfig.CircuitBreaker{},
 	}))
 	if err := c.ForceOpen(echoMethod); err != nil {
@@ -437,7 +438,7 @@ func TestMetricsTargetIsCanonical(t *testing.T) {
 	}
 	defer cc.Close()
 	sets := newMethodMetrics(echoMethod).connSets(cc)
-	cfg := metric.NewRecordConfig(sets.static)
+	cfg := metric.NewRecordConfig(sets.set)
 	got := attrKey(cfg.Attributes())
 	if want := "grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=dns:///localhost:1"; got != want {
 		t.Errorf("A96 attributes of a call on %q = %s, want %s", cc.Target(), got, want)

@@ -12,7 +12,7 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// Names in options and methods. A name that can never match a call (a
+// Names in options and methods. A name that no well-formed call carries (a
 // service with a slash, a method without its leading slash, a stray space)
 // would otherwise leave its option without effect and say nothing: every
 // option and method that takes a name checks its form and quotes it.

@@ -33,8 +33,8 @@ const DefaultStreamReplayBuffer = 256 << 10
 
 type clientOptions struct {
 	config         serviceconfig.Config // code-built and WithServiceConfig entries
+	origins        []entryOrigin        // where each entry of config.MethodConfig came from
 	maxAttemptsCap int
-	parsedCap      int // the highest cap Parse applied to a WithServiceConfig config
 	maxPushback    time.Duration
 	replayBuffer   int
 	rand           func() float64
@@ -75,15 +75,15 @@ func (o *clientOptions) errorf(format string, args ...any) {
 // the whole client. Entries added with WithMethodConfig or WithRetryPolicy
 // join it. A config with errors makes NewClient fail. A config from
 // serviceconfig.Parse runs its MaxAttempts as parsed, even above the
-// client's cap: Parse applied its own (serviceconfig.WithMaxAttemptsCap).
+// client's cap: Parse applied its own (serviceconfig.WithMaxAttemptsCap). A
+// config built in Go is held to the client's cap, as WithMethodConfig is.
 func WithServiceConfig(cfg *serviceconfig.Config) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if cfg == nil {
 			o.errorf("WithServiceConfig: nil config")
 			return
 		}
-		o.config.MethodConfig = append(o.config.MethodConfig, cfg.MethodConfig...)
-		o.parsedCap = max(o.parsedCap, cfg.MaxAttemptsCap())
+		o.add("WithServiceConfig", cfg.MaxAttemptsCap(), cfg.MethodConfig...)
 		if cfg.RetryThrottling != nil {
 			o.config.RetryThrottling = cfg.RetryThrottling
 		}
@@ -96,11 +96,63 @@ func WithServiceConfig(cfg *serviceconfig.Config) ClientOption {
 // WithMethodConfig adds method config entries, as a service config's
 // methodConfig list holds them: each entry applies to the methods its Name
 // list selects, the exact method before its service before the default. A
-// name given twice makes NewClient fail.
+// name given twice makes NewClient fail, and so does a MaxAttempts above the
+// client's cap (WithMaxAttemptsCap).
 func WithMethodConfig(mcs ...serviceconfig.MethodConfig) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
-		o.config.MethodConfig = append(o.config.MethodConfig, mcs...)
+		o.add("WithMethodConfig", 0, mcs...)
 	})
+}
+
+// entryOrigin is where an entry of a client's method config came from,
+// which sets the cap its MaxAttempts is held to.
+type entryOrigin struct {
+	option string // the option that gave it, or "UpdateServiceConfig"
+	index  int    // its index among the entries that option gave
+	// parsedCap is the cap serviceconfig.Parse applied to the entry's
+	// config; 0 for an entry built in Go, held to the client's cap.
+	parsedCap int
+}
+
+// add appends mcs, given by option, to the client's method config;
+// parsedCap is the cap Parse applied to them, 0 when built in Go.
+func (o *clientOptions) add(option string, parsedCap int, mcs ...serviceconfig.MethodConfig) {
+	for i := range mcs {
+		o.origins = append(o.origins, entryOrigin{option: option, index: i, parsedCap: parsedCap})
+	}
+	o.config.MethodConfig = append(o.config.MethodConfig, mcs...)
+}
+
+// checkCaps refuses an entry of mcs whose MaxAttempts is above the cap of
+// where it came from (origins[i]): the cap Parse applied to a parsed
+// config's, clientCap to one built in Go. Nothing is lowered in silence: a
+// Go policy asking for 8 attempts under the default cap of 5 is an error
+// that names WithMaxAttemptsCap.
+func checkCaps(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clientCap int) error {
+	for i, mc := range mcs {
+		og := origins[i]
+		limit, raise := clientCap, "interceptor.WithMaxAttemptsCap"
+		if og.parsedCap > 0 {
+			limit, raise = og.parsedCap, "serviceconfig.WithMaxAttemptsCap when parsing"
+		}
+		var block string
+		var n int
+		switch {
+		case mc.RetryPolicy != nil && mc.RetryPolicy.MaxAttempts > limit:
+			block, n = "retryPolicy", mc.RetryPolicy.MaxAttempts
+		case mc.HedgingPolicy != nil && mc.HedgingPolicy.MaxAttempts > limit:
+			block, n = "hedgingPolicy", mc.HedgingPolicy.MaxAttempts
+		default:
+			continue
+		}
+		path := fmt.Sprintf("methodConfig[%d].", og.index)
+		if og.option == "WithRetryPolicy" {
+			path = "" // one entry, which the caller did not write as a list
+		}
+		return fmt.Errorf("interceptor: %s: %s%s.maxAttempts: %d is above the cap of %d; raise the cap with %s",
+			og.option, path, block, n, limit, raise)
+	}
+	return nil
 }
 
 // WithRetryPolicy retries the methods named by names with p: full methods
@@ -120,16 +172,18 @@ func WithRetryPolicy(p *serviceconfig.RetryPolicy, names ...string) ClientOption
 			}
 			mc.Name = append(mc.Name, name)
 		}
-		o.config.MethodConfig = append(o.config.MethodConfig, mc)
+		o.add("WithRetryPolicy", 0, mc)
 	})
 }
 
 // WithMaxAttemptsCap raises (or lowers) the cap on MaxAttempts, 5 by default
-// as in grpc-go and gRFC A6. Policies built in Go and call options asking
-// for more attempts get the cap. A config from serviceconfig.Parse is not
-// capped again: Parse applied its own cap (serviceconfig.WithMaxAttemptsCap),
-// and its values run as parsed. n < 2 means 5, as grpc.WithMaxCallAttempts
-// does.
+// as in grpc-go and gRFC A6. A policy built in Go (WithRetryPolicy,
+// WithMethodConfig, a Config built in Go) that asks for more attempts makes
+// NewClient (or UpdateServiceConfig) fail with an error naming this option;
+// a call option asking for more (MaxAttempts) gets the cap. A config from
+// serviceconfig.Parse is not capped again: Parse applied its own cap
+// (serviceconfig.WithMaxAttemptsCap), and its values run as parsed. n < 2
+// means 5, as grpc.WithMaxCallAttempts does.
 func WithMaxAttemptsCap(n int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if n < 2 {
@@ -150,8 +204,10 @@ func WithMaxServerPushback(d time.Duration) ClientOption {
 
 // WithStreamReplayBuffer sets how many bytes of sent messages a stream keeps
 // so that it can replay them on a new attempt; a stream that sends more
-// commits to its current attempt. Each message counts its encoded size plus
-// grpc's 5-byte message prefix, as in grpc-go. The bound applies to unary
+// commits to its current attempt. Each message counts its size as the
+// call's codec encodes it plus grpc's 5-byte message prefix, as in grpc-go
+// (a message that is not proto is encoded to be measured; see the package
+// documentation, Commit). The bound applies to unary
 // calls too, as grpc-go's per-call retry buffer does: a unary request
 // larger than it is not retried. The default is
 // DefaultStreamReplayBuffer (256 KiB); 0 commits streams at their first

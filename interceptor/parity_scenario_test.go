@@ -36,7 +36,8 @@ type scenario struct {
 
 // scenarioCall is one call of a scenario.
 type scenarioCall struct {
-	// Method is "Echo", "Lookup" or "ServerStream".
+	// Method is "Echo", "Lookup" or "ServerStream", or "EchoRaw": Echo
+	// with messages that are not proto (rawCodec).
 	Method string `json:"method"`
 	// Wire is the request's size on the wire (message plus gRPC's 5-byte
 	// prefix) when it is large; 0 for a small request.
@@ -201,4 +202,39 @@ func generateCall(r *rand.Rand, s *scenario) scenarioCall {
 func (s *scenario) describe(i int) string {
 	b, _ := json.Marshal(s.Calls[i])
 	return strings.TrimSpace(string(b))
+}
+
+// namedScenarios are the classes of calls where our A6 throttle accounting
+// once differed from grpc-go's (issue 20, item 10), run by every run of
+// the differential test beside the generated scenarios: for each method
+// (Echo also with messages that are not proto, measured by their codec),
+// with and without a retry policy, requests from 5 bytes under to 5 bytes
+// over the replay buffer (grpc-go commits a call whose bytes sent exceed
+// it), failing with a retryable code, with a pushback that says not to
+// retry, or after response headers (committed). Each scenario is one call
+// on a full throttle, whose tokens are compared after it.
+func namedScenarios() []*scenario {
+	failures := [][]scriptedAttempt{
+		{{Code: "UNAVAILABLE"}},
+		{{Code: "UNAVAILABLE", Pushback: []string{"-1"}}},
+		{{Code: "INVALID_ARGUMENT", Pushback: []string{"1", "2"}}},
+		{{Code: "UNAVAILABLE", Header: true}},
+		{{Code: "UNAVAILABLE", Header: true, Pushback: []string{"-1"}}},
+	}
+	var out []*scenario
+	for _, method := range []string{"Echo", "EchoRaw", "Lookup", "ServerStream"} {
+		for _, noPolicy := range []bool{false, true} {
+			if noPolicy && method != "ServerStream" {
+				continue // Lookup is the unary method without a policy
+			}
+			for d := -5; d <= 5; d++ {
+				for _, f := range failures {
+					out = append(out, &scenario{MaxAttempts: 3, Codes: []string{"UNAVAILABLE"}, BackoffMultiplier: 1,
+						StreamNoPolicy: noPolicy, MaxTokens: 10, TokenRatio: 0.5,
+						Calls: []scenarioCall{{Method: method, Count: 1, Wire: DefaultStreamReplayBuffer + d, Attempts: f}}})
+				}
+			}
+		}
+	}
+	return out
 }

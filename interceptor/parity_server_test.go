@@ -3,10 +3,12 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -190,4 +192,32 @@ func (p *parityServer) serve(opts ...grpc.DialOption) (cc *grpc.ClientConn, sett
 		}
 	}
 	return cc, settle, stop, nil
+}
+
+// throttleTokensOf returns the A6 throttle's token count of one side: our
+// client's, or that of grpc-go's ClientConn cc, read from its unexported
+// retryThrottler (grpc v1.85: a *retryThrottler in an atomic.Value, its
+// tokens guarded by its mu). The test compares the two after every call,
+// so that a difference in the throttle's accounting shows at the call that
+// made it, not only when it later throttles a retry.
+func throttleTokensOf(s side, cc *grpc.ClientConn, c *Client) (float64, error) {
+	if s == ours {
+		return c.state.Load().storm.throttle.Tokens(), nil
+	}
+	field := reflect.ValueOf(cc).Elem().FieldByName("retryThrottler")
+	if !field.IsValid() || field.Type() != reflect.TypeFor[atomic.Value]() {
+		return 0, errors.New("grpc.ClientConn has no retryThrottler atomic.Value: grpc changed; update throttleTokensOf")
+	}
+	rt := reflect.ValueOf((*atomic.Value)(unsafe.Pointer(field.UnsafeAddr())).Load())
+	if rt.Kind() != reflect.Pointer || rt.IsNil() {
+		return 0, errors.New("grpc-go's ClientConn has no throttle: the service config did not apply")
+	}
+	mu, tokens := rt.Elem().FieldByName("mu"), rt.Elem().FieldByName("tokens")
+	if mu.Type() != reflect.TypeFor[sync.Mutex]() || tokens.Kind() != reflect.Float64 {
+		return 0, errors.New("grpc's retryThrottler changed: update throttleTokensOf")
+	}
+	m := (*sync.Mutex)(unsafe.Pointer(mu.UnsafeAddr()))
+	m.Lock()
+	defer m.Unlock()
+	return *(*float64)(unsafe.Pointer(tokens.UnsafeAddr())), nil
 }

@@ -13,20 +13,21 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/internal/backoff"
+	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // retryPolicy is a serviceconfig.RetryPolicy with every default resolved.
 type retryPolicy struct {
-	maxAttempts int // ≥ 1, ≤ the client's cap
+	maxAttempts int // ≥ 1, within the cap of where the policy came from (checkCaps)
 	backoff     backoff.Config
 	codes       rescodes.Set // the exact retryable codes when explicit
 	explicit    bool         // codes was written out; else the default rules apply
 	perAttempt  time.Duration
 }
 
-func newRetryPolicy(p *serviceconfig.RetryPolicy, maxCap int) *retryPolicy {
+func newRetryPolicy(p *serviceconfig.RetryPolicy) *retryPolicy {
 	rp := &retryPolicy{
 		maxAttempts: p.MaxAttempts,
 		backoff: backoff.Config{
@@ -42,7 +43,6 @@ func newRetryPolicy(p *serviceconfig.RetryPolicy, maxCap int) *retryPolicy {
 	if rp.maxAttempts == 0 {
 		rp.maxAttempts = serviceconfig.DefaultMaxAttempts
 	}
-	rp.maxAttempts = min(rp.maxAttempts, maxCap)
 	if rp.backoff.Initial == 0 {
 		rp.backoff.Initial = serviceconfig.DefaultInitialBackoff
 	}
@@ -63,7 +63,8 @@ func jitterOf(j serviceconfig.Jitter) backoff.Jitter {
 }
 
 // methodPolicy is what one method runs under, resolved once per method and
-// config. It is immutable once published.
+// config. It is immutable once published, but for named and mm (set once)
+// and used.
 type methodPolicy struct {
 	fullMethod   string
 	retry        *retryPolicy // nil: no retry
@@ -75,7 +76,13 @@ type methodPolicy struct {
 	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
 	fallback     Fallback           // answers local rejections of unary calls; nil: none
-	mm           *methodMetrics     // attribute sets; nil when metrics are off
+	// named is set once the method is named: a config entry names it
+	// exactly, or a generated stub called it (grpc.StaticMethod). Such
+	// methods do not count against maxMethods, and may be named in
+	// metrics; mm then holds their attribute sets (nil when metrics are
+	// off). A method not named is recorded as "other" (instruments.named).
+	named atomic.Bool
+	mm    atomic.Pointer[methodMetrics]
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
@@ -86,96 +93,79 @@ type methodPolicy struct {
 	// config timeout, an idempotency key made here, one-layer retry).
 	early bool
 	// hedgeWindow holds the recent durations of hedged copies, read at
-	// hedge.quantile; nil unless the hedging delay is adaptive.
-	hedgeWindow *latency.Window
+	// hedge.windowQuantiles; nil unless the hedging delay is adaptive or
+	// rationed. hedgeAllowance rations the tail copies of calls whose
+	// delay comes from it; set with it.
+	hedgeWindow    *latency.Window
+	hedgeAllowance *budget.Allowance
+	// used is set on a shared policy (clientState.shared) once a method
+	// past the bound ran under it, so that Statuses shows it.
+	used atomic.Bool
 }
 
 // clientState is one service config in force, with the per-method policies
-// resolved from it. A Client swaps the whole state atomically on a config
-// update; calls keep the policy they started with.
+// resolved from it (methods.go). A Client swaps the whole state atomically
+// on a config update; calls keep the policy they started with.
 type clientState struct {
 	cfg     *serviceconfig.Config
-	maxCap  int // the cap on cfg's MaxAttempts: the client's, or Parse's when higher
 	opts    *clientOptions
 	metrics *instruments
 	storm   stormControl
-	// prev holds the policies of the config before, whose breakers and
-	// bulkheads carry over when their blocks are unchanged.
-	prev map[string]*methodPolicy
 
-	// methods maps full method names to policies. It is replaced, never
-	// modified, under mu: readers load it without a lock.
-	methods atomic.Pointer[map[string]*methodPolicy]
+	// methods maps full method names to their policies: those the config
+	// names exactly, resolved with the state, and the others once called,
+	// at most maxMethods of them unless a generated stub called them
+	// (methods.go). Lock-free to read; additions take mu.
+	methods sync.Map
 	mu      sync.Mutex
+	unnamed int         // methods added for calls without grpc.StaticMethod; guarded by mu
+	full    atomic.Bool // unnamed reached maxMethods
+	// shared holds, for each config entry that names a service or is the
+	// default, the state its methods past the bound share (breaker,
+	// bulkhead, latency), keyed by the entry's first Name. Built with the
+	// state, never modified.
+	shared map[*serviceconfig.Name]*methodPolicy
 }
 
-func newClientState(cfg *serviceconfig.Config, maxCap int, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
+func newClientState(cfg *serviceconfig.Config, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
 	storm, err := newStormControl(cfg, opts, prev)
 	if err != nil {
 		return nil, err
 	}
-	s := &clientState{cfg: cfg, maxCap: maxCap, opts: opts, metrics: metrics, storm: storm}
-	if prev != nil {
-		s.prev = prev.carried()
-	}
-	m := make(map[string]*methodPolicy)
-	s.methods.Store(&m)
+	s := &clientState{cfg: cfg, opts: opts, metrics: metrics, storm: storm}
+	s.populate(prev)
 	return s, nil
 }
 
-// carried returns the policies of every method with state under s: those
-// resolved, and those s carried from the config before but no call has
-// resolved yet, which it resolves now. So state carries over per unchanged
-// block however many updates come with no call in between, and a method
-// whose block changed in between starts afresh.
-func (s *clientState) carried() map[string]*methodPolicy {
-	for m := range s.prev {
-		s.policy(m)
+// resolve returns the policy of fullMethod under s, with the state (breaker,
+// bulkhead, latency, hedging window) of old, the method's policy under the
+// config before, where its blocks are unchanged; old may be nil.
+func (s *clientState) resolve(fullMethod string, old *methodPolicy) *methodPolicy {
+	p, mc, ok := s.shape(fullMethod)
+	if ok && !matchName(s.opts.exempt, fullMethod) {
+		p.g = s.guards(fullMethod, mc, old)
 	}
-	return *s.methods.Load()
-}
-
-// policy returns the policy of fullMethod, resolving and caching it on the
-// first call. The fast path is one map read.
-func (s *clientState) policy(fullMethod string) *methodPolicy {
-	if p, ok := (*s.methods.Load())[fullMethod]; ok {
-		return p
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old := *s.methods.Load()
-	if p, ok := old[fullMethod]; ok {
-		return p
-	}
-	p := s.resolve(fullMethod)
-	m := make(map[string]*methodPolicy, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[fullMethod] = p
-	s.methods.Store(&m)
+	s.giveState(p, old)
+	s.settle(p)
 	return p
 }
 
-func (s *clientState) resolve(fullMethod string) *methodPolicy {
+// shape returns the policy of fullMethod without its state (guards,
+// latency, hedging window), and the config entry that applies, if any.
+func (s *clientState) shape(fullMethod string) (*methodPolicy, serviceconfig.MethodConfig, bool) {
 	p := &methodPolicy{fullMethod: fullMethod, idempotent: s.isIdempotent(fullMethod)}
 	p.keyed = matchName(s.opts.keyed, fullMethod) || s.opts.autoKeys && !p.idempotent
-	if s.metrics.on {
-		p.mm = newMethodMetrics(fullMethod)
-	}
-	if mc, ok := s.cfg.Lookup(fullMethod); ok {
+	mc, ok := s.cfg.Lookup(fullMethod)
+	if ok {
 		p.timeout = mc.Timeout
 		p.waitForReady = mc.WaitForReady
-		// A parsed config's MaxAttempts were capped by Parse: they run as
-		// they are (one cap, never a silent second clamp).
+		// MaxAttempts were held to the cap of where each entry came from
+		// (checkCaps): they run as they are, never clamped in silence.
 		if mc.RetryPolicy != nil {
-			p.retry = newRetryPolicy(mc.RetryPolicy, s.maxCap)
+			p.retry = newRetryPolicy(mc.RetryPolicy)
 		}
 		if mc.HedgingPolicy != nil {
-			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.maxCap)
-		}
-		if !matchName(s.opts.exempt, fullMethod) {
-			p.g = s.guards(fullMethod, mc)
+			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.storm.budgetRatio())
 		}
 	}
 	for _, fb := range s.opts.fallbacks {
@@ -183,14 +173,31 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 			p.fallback = fb.f
 		}
 	}
-	if old := s.prev[fullMethod]; old != nil && old.latency != nil {
-		p.latency = old.latency // a method's latency does not change with its config
+	return p, mc, ok
+}
+
+// giveState gives p the latency estimator and hedging window it needs:
+// old's (a method's latency does not change with its config), or new ones.
+func (s *clientState) giveState(p, old *methodPolicy) {
+	if old != nil && old.latency != nil {
+		p.latency = old.latency
 	} else if p.retry != nil || p.hedge != nil {
 		p.latency = newEstimator(s.opts.estimateFloor)
 	}
-	if p.hedge != nil && p.hedge.quantile > 0 {
-		p.hedgeWindow = s.hedgeWindow(fullMethod, p.hedge.quantile)
+	if p.hedge != nil {
+		if qs := p.hedge.windowQuantiles(); qs != nil {
+			p.hedgeWindow = hedgeWindowOf(old, qs)
+			if old != nil && old.hedgeAllowance != nil {
+				p.hedgeAllowance = old.hedgeAllowance
+			} else {
+				p.hedgeAllowance = budget.NewAllowance(2*(1-qs[0]), allowanceBurst)
+			}
+		}
 	}
+}
+
+// settle sets p's shortcuts from what it holds.
+func (s *clientState) settle(p *methodPolicy) {
 	// With A6 throttling on, every call takes the full path: grpc-go counts
 	// the successes of every method on the channel, and so does the
 	// throttle here (at no cost when it is off).
@@ -198,20 +205,20 @@ func (s *clientState) resolve(fullMethod string) *methodPolicy {
 		!p.g.any() && !p.keyed && s.storm.throttle == nil
 	p.early = (p.g.breaker != nil || p.g.bulkhead != nil) && p.g.adaptive == nil && p.hedge == nil && p.fallback == nil &&
 		p.timeout == 0 && !p.keyed && s.opts.oneLayer == 0
-	return p
 }
 
-// hedgeWindow returns the window of fullMethod's hedged copies read at
-// quantile: the config before's, whose observations carry over (a method's
-// latency does not change with its config), or a new one.
-func (s *clientState) hedgeWindow(fullMethod string, quantile float64) *latency.Window {
-	if old := s.prev[fullMethod]; old != nil && old.hedgeWindow != nil {
-		if w, err := old.hedgeWindow.WithQuantile(quantile); err == nil {
+// hedgeWindowOf returns the window of a method's hedged copies read at
+// quantiles: that of old, its policy under the config before, whose
+// observations carry over (a method's latency does not change with its
+// config), or a new one.
+func hedgeWindowOf(old *methodPolicy, quantiles []float64) *latency.Window {
+	if old != nil && old.hedgeWindow != nil {
+		if w, err := old.hedgeWindow.WithQuantiles(quantiles...); err == nil {
 			return w
 		}
 	}
-	// quantile was validated with the config, so this cannot fail.
-	w, _ := latency.NewWindow(quantile, latency.DefaultWindowSize)
+	// The quantiles were validated with the config, so this cannot fail.
+	w, _ := latency.NewWindow(latency.DefaultWindowSize, quantiles...)
 	return w
 }
 
@@ -226,11 +233,11 @@ func sameBreaker(a, b serviceconfig.CircuitBreaker) bool {
 }
 
 // guards builds the breaker and bulkhead of fullMethod from mc, or carries
-// them over from the config before when their blocks are unchanged. The
-// blocks were validated with the config, so construction cannot fail.
-func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig) guards {
+// them over from old, its policy under the config before, when their blocks
+// are unchanged. The blocks were validated with the config, so construction
+// cannot fail.
+func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, old *methodPolicy) guards {
 	var g guards
-	old := s.prev[fullMethod]
 	if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
 		g.breakerCfg = cb
 		if old != nil && old.g.breakerCfg != nil && sameBreaker(*old.g.breakerCfg, *cb) && old.g.adaptive != nil {
@@ -302,8 +309,8 @@ func (s *clientState) isIdempotent(fullMethod string) bool {
 }
 
 // defaultRetryPolicy is the policy of a zero serviceconfig.RetryPolicy.
-func defaultRetryPolicy(maxCap int) *retryPolicy {
-	return newRetryPolicy(&serviceconfig.RetryPolicy{}, maxCap)
+func defaultRetryPolicy() *retryPolicy {
+	return newRetryPolicy(&serviceconfig.RetryPolicy{})
 }
 
 // stateHook returns the breaker state-change hook: the user's and the

@@ -7,8 +7,12 @@ import "google.golang.org/grpc/metadata"
 // "true", on every answer for which the handler did not run: a replay of a
 // stored outcome (reply or status), and the outcome of a running execution
 // that a concurrent duplicate waited for (coalesced). An answer of a
-// handler run never carries it. It is the gRPC form of Stripe's
-// Idempotent-Replayed; read it with IdempotencyReplayed.
+// handler run never carries it: the interceptor drops it from the header
+// and trailer metadata that a keyed call's handler sets (a gateway passing
+// on a downstream server's headers), from what is sent and what is stored.
+// (A call without a key runs its handler plainly: what it sets passes as
+// is.) It is the gRPC form of Stripe's Idempotent-Replayed; read it with
+// IdempotencyReplayed.
 const IdempotencyReplayedHeader = "idempotency-replayed"
 
 // IdempotencyReplayed reports whether header, the response header metadata

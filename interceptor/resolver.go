@@ -37,7 +37,11 @@ import (
 // does an update that refuses it, and the reason is logged to grpclog's
 // "resilience" component, with the document's warnings. A config equal to
 // the one in force is not applied again, so breakers keep their state
-// across the resolver's periodic re-resolutions.
+// across the resolver's periodic re-resolutions, and across the resolvers
+// grpc builds anew when the connection leaves idle: the builder WrapResolver
+// returns remembers the config in force, so give each connection its own.
+// A config delivered after the resolver was closed, or with
+// grpc.WithDisableServiceConfig, is ignored, as grpc ignores it.
 //
 // The config belongs to the Client, not to a connection: a Client
 // installed on connections to several targets takes the config of the
@@ -59,14 +63,48 @@ func (c *Client) WrapResolver(b resolver.Builder) resolver.Builder {
 }
 
 // configResolver builds its builder's resolvers with a configConn between
-// each resolver and grpc.
+// each resolver and grpc. It keeps what the resolvers delivered, not the
+// resolver: grpc closes a channel's resolver when the channel goes idle and
+// builds another when it leaves idle, and the config in force from the
+// resolver, and the configs parsed for it, carry over.
 type configResolver struct {
 	resolver.Builder
 	c *Client
+
+	mu      sync.Mutex // serializes the resolvers' calls into the client
+	parsed  [4]parsed  // the latest parses, newest at next-1; guarded by mu
+	next    int        // guarded by mu
+	applied string     // the JSON in force from the resolver, "" for none; guarded by mu
 }
 
+// Build builds the wrapped builder's resolver. With
+// grpc.WithDisableServiceConfig grpc ignores the configs a resolver
+// delivers, and so does the client: the resolver is not wrapped.
 func (r *configResolver) Build(target resolver.Target, cc resolver.ClientConn, opts resolver.BuildOptions) (resolver.Resolver, error) {
-	return r.Builder.Build(target, &configConn{ClientConn: cc, c: r.c}, opts)
+	if opts.DisableServiceConfig {
+		return r.Builder.Build(target, cc, opts)
+	}
+	conn := &configConn{ClientConn: cc, r: r}
+	res, err := r.Builder.Build(target, conn, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &closingResolver{Resolver: res, conn: conn}, nil
+}
+
+// closingResolver is a built resolver that, on Close, stops its configConn
+// from applying what the resolver still delivers: grpc ignores a closed
+// resolver's updates, and so does the client.
+type closingResolver struct {
+	resolver.Resolver
+	conn *configConn
+}
+
+func (r *closingResolver) Close() {
+	r.conn.r.mu.Lock()
+	r.conn.closed = true
+	r.conn.r.mu.Unlock()
+	r.Resolver.Close() // outside mu: a resolver may deliver while it closes
 }
 
 // configConn is what a resolver sees as its grpc.ClientConn: it parses each
@@ -74,12 +112,8 @@ func (r *configResolver) Build(target resolver.Target, cc resolver.ClientConn, o
 // UpdateState, applies it to the Client before grpc sees the update.
 type configConn struct {
 	resolver.ClientConn
-	c *Client
-
-	mu      sync.Mutex // serializes the resolver's calls into the client
-	parsed  [4]parsed  // the latest parses, newest at next-1; guarded by mu
-	next    int        // guarded by mu
-	applied string     // the JSON in force from this resolver, "" for none; guarded by mu
+	r      *configResolver
+	closed bool // the resolver was closed; guarded by r.mu
 }
 
 // parsed is one service config the resolver parsed: grpc's result, which
@@ -95,62 +129,65 @@ type parsed struct {
 // the client, and remembers both.
 func (cc *configConn) ParseServiceConfig(js string) *grpcsc.ParseResult {
 	pr := cc.ClientConn.ParseServiceConfig(js)
-	cfg, err := serviceconfig.Parse([]byte(js), serviceconfig.WithMaxAttemptsCap(cc.c.opts.maxAttemptsCap))
-	cc.mu.Lock()
-	cc.parsed[cc.next%len(cc.parsed)] = parsed{grpc: pr, json: js, cfg: cfg, err: err}
-	cc.next++
-	cc.mu.Unlock()
+	r := cc.r
+	cfg, err := serviceconfig.Parse([]byte(js), serviceconfig.WithMaxAttemptsCap(r.c.opts.maxAttemptsCap))
+	r.mu.Lock()
+	r.parsed[r.next%len(r.parsed)] = parsed{grpc: pr, json: js, cfg: cfg, err: err}
+	r.next++
+	r.mu.Unlock()
 	return pr
 }
 
-// UpdateState applies the state's service config to the client, then
-// hands the state to grpc.
+// UpdateState applies the state's service config to the client, unless
+// the resolver was closed, then hands the state to grpc.
 func (cc *configConn) UpdateState(s resolver.State) error {
-	cc.mu.Lock()
-	cc.apply(s.ServiceConfig)
-	cc.mu.Unlock()
+	cc.r.mu.Lock()
+	if !cc.closed {
+		cc.r.apply(s.ServiceConfig)
+	}
+	cc.r.mu.Unlock()
 	return cc.ClientConn.UpdateState(s)
 }
 
 // apply makes the client's config follow sc, the resolver's latest; see
 // WrapResolver for the rules. Called with mu held.
-func (cc *configConn) apply(sc *grpcsc.ParseResult) {
+func (r *configResolver) apply(sc *grpcsc.ParseResult) {
 	if sc != nil && sc.Err != nil {
 		return // grpc keeps its previous config, and so do we
 	}
 	var p *parsed
-	for i := range cc.parsed {
-		if sc != nil && cc.parsed[i].grpc == sc {
-			p = &cc.parsed[i]
+	for i := range r.parsed {
+		if sc != nil && r.parsed[i].grpc == sc {
+			p = &r.parsed[i]
 		}
 	}
 	switch {
 	case sc != nil && p == nil:
-		clientLog.Warning("interceptor: the resolver delivered a service config it did not parse through this connection; the client's config is left as it is")
+		clientLog.Warning("interceptor: the resolver delivered a service config it did not parse through this builder; the client's config is left as it is")
 		return
 	case p != nil && p.err != nil:
 		clientLog.Warningf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", p.err)
 		return
 	case p == nil || !forClient(p.cfg):
-		if cc.applied != "" {
-			if err := cc.c.restore(); err != nil {
+		if r.applied != "" {
+			if err := r.c.restore(); err != nil {
 				clientLog.Warningf("interceptor: restoring the client's own config: %v", err)
 				return
 			}
-			cc.applied = ""
+			r.applied = ""
 		}
 		return
-	case p.json == cc.applied:
+	case p.json == r.applied:
 		return
 	}
 	for _, w := range p.cfg.Warnings() {
 		clientLog.Warningf("interceptor: the resolver's service config: %v", w)
 	}
-	if err := cc.c.UpdateServiceConfig(p.cfg); err != nil {
+	if err := r.c.UpdateServiceConfig(p.cfg); err != nil {
 		clientLog.Warningf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", err)
 		return
 	}
-	cc.applied = p.json
+	r.applied = p.json
 }
 
 // forClient reports whether cfg holds anything the client runs.
@@ -161,5 +198,5 @@ func forClient(cfg *serviceconfig.Config) bool {
 // restore makes the config given to NewClient the client's config again.
 func (c *Client) restore() error {
 	cfg := c.opts.config
-	return c.update(&cfg, c.opts.parsedCap)
+	return c.update(&cfg)
 }

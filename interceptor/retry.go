@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
@@ -33,10 +32,11 @@ type retrier struct {
 	c             *Client
 	st            *clientState
 	mp            *methodPolicy
-	rp            retryPolicy // the method's policy with call options applied
-	wrap          bool        // a retry policy applies: errors are *RetryError
-	attempts      int         // attempts started so far
-	sincePushback int         // retries since the last server pushback
+	mm            *methodMetrics // the call's attribute sets: its method's or "other"; nil when metrics are off
+	rp            retryPolicy    // the method's policy with call options applied
+	wrap          bool           // a retry policy applies: errors are *RetryError
+	attempts      int            // attempts started so far
+	sincePushback int            // retries since the last server pushback
 	prevDelay     time.Duration
 	pending       budget.Retry  // the budget's token for the retry in flight
 	noRetry       StopReason    // StopNoRetry when retrying is off for this call
@@ -173,16 +173,6 @@ func (r *retrier) noRetryFailed(ctx context.Context, err error, trailer metadata
 // message on the wire (a compressed flag and a 4-byte length), which
 // grpc-go counts against its per-call retry buffer.
 const grpcMessagePrefix = 5
-
-// outgrowsReplay reports whether req, sent on the wire, is larger than the
-// client's replay buffer (WithStreamReplayBuffer): grpc-go commits such a
-// call at its send, so its failure is final. A message that cannot be
-// measured (not a proto message) never outgrows it. Read only when a retry
-// is about to be decided, so the success path pays nothing.
-func (r *retrier) outgrowsReplay(req any) bool {
-	pm, ok := req.(proto.Message)
-	return ok && proto.Size(pm)+grpcMessagePrefix > r.c.opts.replayBuffer
-}
 
 // estimate returns how long the method's next attempt is expected to take.
 func (r *retrier) estimate() time.Duration {
@@ -359,7 +349,8 @@ func (c *Client) newRetrier(ctx context.Context, st *clientState, mp *methodPoli
 	// Errors are wrapped in a *RetryError when a retry policy applies: the
 	// method's, or one the call options made (not a bare per-attempt
 	// timeout on a method without one).
-	r := retrier{ctx: ctx, c: c, st: st, mp: mp, rp: rp, wrap: mp.retry != nil || retrying && rp.maxAttempts > 1}
+	r := retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static), rp: rp,
+		wrap: mp.retry != nil || retrying && rp.maxAttempts > 1}
 	if !retrying {
 		r.rp.maxAttempts = 1
 		if mp.retry != nil {

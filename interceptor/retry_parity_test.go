@@ -242,3 +242,49 @@ func TestZeroTimeoutFailsCallsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamWithoutPolicyChargesTheThrottleAsGRPCDoes pins the A6 throttle
+// accounting of a server stream that never retries and fails with a
+// pushback that says not to retry: as in grpc-go, a request that outgrew
+// the replay buffer committed the stream as it was sent, so its failure is
+// not charged; one within the bound is, and so is one whose only attempt
+// has a timeout of its own (PerAttemptTimeout). The differential test found
+// the first charged by us only; the last was charged by neither path.
+func TestStreamWithoutPolicyChargesTheThrottleAsGRPCDoes(t *testing.T) {
+	const limit = 100
+	tests := []struct {
+		name     string
+		wire     int // the request's size on the wire
+		callOpts []grpc.CallOption
+		tokens   float64
+	}{
+		{"within the bound", limit, nil, 9},
+		{"one byte over the bound: committed", limit + 1, nil, 10},
+		{"five bytes over the bound: committed", limit + 5, nil, 10},
+		{"per-attempt timeout, within the bound", limit, []grpc.CallOption{PerAttemptTimeout(time.Hour)}, 9},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := &testserver.Server{}
+			srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "no"), Trailer: metadata.Pairs(pushbackKey, "-1")}
+			})
+			stub, c := newA6Echo(t, srv, a6Config(), WithStreamReplayBuffer(limit))
+			req := &echov1.ServerStreamRequest{Count: 1}
+			sizeTo(req, tt.wire, func(b []byte) { req.Message = string(b) })
+			if got := proto.Size(req) + grpcMessagePrefix; got != tt.wire {
+				t.Fatalf("request of %d bytes on the wire, want %d", got, tt.wire)
+			}
+			st, err := stub.ServerStream(t.Context(), req, tt.callOpts...)
+			if err == nil {
+				_, err = st.Recv()
+			}
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("ServerStream = %v, want UNAVAILABLE", err)
+			}
+			if got := throttleTokens(t, c); got != tt.tokens {
+				t.Errorf("throttle tokens = %v, want %v", got, tt.tokens)
+			}
+		})
+	}
+}

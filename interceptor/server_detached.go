@@ -10,9 +10,10 @@ import (
 // srvDetached is the context of a keyed call's handler when it runs
 // detached from its caller (WithIdempotencyDetachedHandler): the values of
 // the caller's context and none of its cancellation, a deadline of its own
-// (the server's maximum from the handler's start), and an end that comes
-// at that deadline (DeadlineExceeded), when the key's lease is lost
-// (Canceled), or when the handler returns (Canceled, as grpc ends a call's
+// (the server's maximum from the handler's claim), and an end that comes
+// at that deadline (DeadlineExceeded), when the key's lease is lost or may
+// end before a renewal reaches the store (Canceled, see srvRenewal), or
+// when the handler returns (Canceled, as grpc ends a call's
 // context). No timer of its own: the call's lease renewal fires at the
 // deadline too (srvRenewal).
 //

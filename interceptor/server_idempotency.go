@@ -364,8 +364,10 @@ func WithIdempotencyTTL(d time.Duration) ServerOption {
 // first caller had. A shorter lease frees a crashed owner's keys sooner, at
 // the cost of more renewals (one store call per lease/3 of handler time);
 // it must outlast the store's unavailability (renewals that fail for two
-// thirds of a lease let it end under a running handler: logged, and a
-// detached handler is then cancelled, since a duplicate may run it).
+// thirds of a lease let it end under a running handler, and a duplicate on
+// another replica may then run it: a detached handler's context is
+// cancelled, and logged, once nine tenths of its lease have passed without
+// a renewal, before the store's lease can end).
 func WithIdempotencyLease(d time.Duration) ServerOption {
 	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
 }
@@ -858,7 +860,9 @@ func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, err
 	if stream := grpc.ServerTransportStreamFromContext(ctx); stream != nil {
 		hdr := idemReplayedMD
 		if len(rec.Header) > 0 {
-			hdr = metadata.Join(rec.Header, idemReplayedMD)
+			// The record's header never holds the mark (srvOwned strips
+			// it); one stored by an earlier version may.
+			hdr = metadata.Join(srvWithoutReplayed(rec.Header), idemReplayedMD)
 		}
 		_ = stream.SetHeader(hdr)
 	}
@@ -882,11 +886,14 @@ func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, err
 
 // srvOwned is what the owner of a claim allocates, once: the stream its
 // handler sees, which records the metadata the handler sets (in rec.Header
-// and rec.Trailer) and passes it on to the real stream when there is one;
-// then, with the handler's outcome, the record to store, whose Fingerprint
-// is fp. Once closed, when the handler has returned, it refuses more
-// metadata and lets go of the real stream: the store may keep the record
-// for a long time.
+// and rec.Trailer) and passes it on to the real stream when there is one
+// and its caller is still there; then, with the handler's outcome, the
+// record to store, whose Fingerprint is fp. Once its caller has gone (a
+// detached handler goes on), the metadata is recorded for the replay
+// only, without error: the caller's stream would refuse it. Once closed,
+// when the handler has returned, it refuses more metadata and lets go of
+// the real stream and the call's context: the store may keep the record,
+// and so o, for a long time.
 type srvOwned struct {
 	rec    idempotency.Record // Header and Trailer guarded by mu until closed; then immutable
 	fp     [sha256.Size]byte  // immutable
@@ -895,6 +902,7 @@ type srvOwned struct {
 	mu     sync.Mutex
 	closed bool                       // guarded by mu
 	stream grpc.ServerTransportStream // nil when the interceptor is called without a grpc stream, or closed; guarded by mu
+	caller context.Context            // the call's, which ends when its caller has gone; nil once closed; guarded by mu
 }
 
 // errSrvCaptureClosed is returned to a handler that sets metadata through a
@@ -916,13 +924,17 @@ func (o *srvOwned) SetTrailer(md metadata.MD) error {
 }
 
 func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.ServerTransportStream, metadata.MD) error) error {
+	md = srvWithoutReplayed(md)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return errSrvCaptureClosed
 	}
-	if o.stream != nil {
-		if err := pass(o.stream, md); err != nil {
+	// A stream refuses metadata after its caller has gone (the status is
+	// written): that is no error of the handler's, whose outcome the
+	// caller's retry will replay.
+	if o.stream != nil && o.caller.Err() == nil {
+		if err := pass(o.stream, md); err != nil && o.caller.Err() == nil {
 			return err
 		}
 	}
@@ -930,9 +942,31 @@ func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.Serv
 	return nil
 }
 
+// srvWithoutReplayed returns md without IdempotencyReplayedHeader, which
+// only the interceptor sets, on answers for which the handler did not run:
+// a handler that sets it (a gateway passing on a downstream server's
+// header) would mark its fresh answer as a replay, and the stored copy
+// would make the replay's header two values, which IdempotencyReplayed
+// does not take for a replay. md is returned as is when it has no such key
+// (no allocation), else a copy without it.
+func srvWithoutReplayed(md metadata.MD) metadata.MD {
+	for k := range md {
+		if len(k) == len(IdempotencyReplayedHeader) && strings.EqualFold(k, IdempotencyReplayedHeader) {
+			out := make(metadata.MD, len(md)-1)
+			for k, v := range md {
+				if !strings.EqualFold(k, IdempotencyReplayedHeader) {
+					out[k] = v
+				}
+			}
+			return out
+		}
+	}
+	return md
+}
+
 // close ends the capture.
 func (o *srvOwned) close() {
 	o.mu.Lock()
-	o.closed, o.stream = true, nil
+	o.closed, o.stream, o.caller = true, nil, nil
 	o.mu.Unlock()
 }

@@ -157,7 +157,10 @@ func (c *srvIdemCall) claim() (any, error) {
 		return c.claimJoined()
 	}
 	for {
-		start := c.s.m.start()
+		start := c.s.m.start() // zero without metrics
+		if start.IsZero() && c.s.detachMax > 0 {
+			start = time.Now() // a detached handler's lease runs from here at the latest
+		}
 		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
 		c.s.m.storeDone(c.ctx, c.info.FullMethod, srvOpClaim, start, err)
 		if err != nil {
@@ -179,7 +182,7 @@ func (c *srvIdemCall) claim() (any, error) {
 				return nil, err
 			}
 		case idempotency.Owned:
-			return c.run(cl.Token)
+			return c.run(cl.Token, start)
 		default:
 			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", cl.State)
 		}
@@ -255,27 +258,27 @@ func (c *srvIdemCall) poll(retryAfter time.Duration) error {
 // whose metadata it captures, renewing the lease every lease/3 while the
 // handler runs; then it settles the claim: deferred, so that a panic
 // settles it too before it goes on. By default the handler runs detached
-// from the caller (srvDetached), until the server's maximum.
-func (c *srvIdemCall) run(token string) (resp any, err error) {
+// from the caller (srvDetached), until the server's maximum, counted, as
+// its lease is, from claimed: a time before the Claim was sent (zero when
+// the handler is not detached).
+func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error) {
 	c.token, c.sctx = token, c.ctx
 	if c.s.detach || c.s.detachMax > 0 {
 		c.sctx = context.WithoutCancel(c.ctx)
 	}
 	hctx := c.ctx
 	var det *srvDetached
-	var now time.Time // read once, only for a detached handler
 	if c.s.detachMax > 0 {
 		// WithIdempotencyDetachedHandler: the caller's end does not reach
 		// the handler; the server's maximum and a lost lease do (the
 		// renewal ends det), and so does the handler's return, as grpc
 		// ends a call's context (deferred after settle, so it runs last).
-		now = time.Now()
-		det = newSrvDetached(c.sctx, now.Add(c.s.detachMax))
+		det = newSrvDetached(c.sctx, claimed.Add(c.s.detachMax))
 		hctx = det
 		defer det.end(context.Canceled)
 	}
-	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, det, now)
+	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
+	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, det, claimed)
 	panicked := true
 	defer func() { c.settle(resp, err, panicked) }()
 	c.s.m.execution(c.ctx, c.info.FullMethod)
@@ -287,8 +290,12 @@ func (c *srvIdemCall) run(token string) (resp any, err error) {
 // srvRenewal renews an owned claim's lease every lease/3 while the handler
 // runs (finding 4 of issue 14: a handler that outlived its lease ran again,
 // concurrently, on another server), and ends a detached handler's context
-// at its deadline or when the lease is lost. It is the timer's, not the
-// record's: nothing stored points to it.
+// at its deadline, when the lease is lost, and when the lease may end
+// before a renewal can reach the store: a tenth of the lease before the end
+// of the last lease the store granted (srvLeaseMargin), so that a
+// duplicate on another replica, which can claim the key only once the
+// lease has ended, never starts while the handler's context is live. It
+// is the timer's, not the record's: nothing stored points to it.
 //
 // Renewals are pooled with their timer (srvIdem.renewals), so that a first
 // execution does not allocate a timer and its state: a renewal goes back to
@@ -308,15 +315,22 @@ type srvRenewal struct {
 
 	mu      sync.Mutex
 	next    time.Time // when the next renewal is due; guarded by mu
+	cutoff  time.Time // with det: when det ends unless a renewal succeeds first; guarded by mu
 	stopped bool      // guarded by mu; no renewal starts once set
 }
 
+// srvLeaseMargin is what is left of a lease when a detached handler whose
+// renewals have all failed is cancelled: the lease's tenth, for the
+// lateness of timers and the time the cancellation takes to reach the
+// handler.
+func srvLeaseMargin(lease time.Duration) time.Duration { return lease / 10 }
+
 // startRenewal returns a running renewal of the claim of rk held with token,
 // its first renewal due after lease/3; its timer fires first at det's
-// deadline when that is sooner. now is the time det was made (zero
-// without det).
+// deadline when that is sooner. claimed is a time before the claim was
+// sent (zero without det): the store's lease ends after claimed+lease.
 func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, token string, lease time.Duration,
-	method string, det *srvDetached, now time.Time) *srvRenewal {
+	method string, det *srvDetached, claimed time.Time) *srvRenewal {
 	r, _ := s.renewals.Get().(*srvRenewal)
 	if r == nil {
 		r = new(srvRenewal)
@@ -325,8 +339,9 @@ func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, to
 	r.s, r.sctx, r.rk, r.token, r.lease, r.method, r.det, r.stopped = s, sctx, rk, token, lease, method, det, false
 	first := lease / 3
 	if det != nil {
-		r.next = now.Add(first)
-		first = min(first, det.deadline.Sub(now))
+		r.next = claimed.Add(first)
+		r.cutoff = claimed.Add(lease - srvLeaseMargin(lease))
+		first = min(first, det.deadline.Sub(claimed))
 	} else {
 		r.next = time.Time{} // due at the first firing
 	}
@@ -340,8 +355,9 @@ func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, to
 }
 
 // fire is the timer's function: it ends a detached handler's context at
-// its deadline, renews the lease when a renewal is due, and sets the timer
-// again, until stop or the lease is no longer the call's.
+// its deadline or its lease's cutoff, renews the lease when a renewal is
+// due, and sets the timer again, until stop or the lease is no longer the
+// call's.
 func (r *srvRenewal) fire() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -353,7 +369,7 @@ func (r *srvRenewal) fire() {
 		r.det.end(context.DeadlineExceeded) // the server's maximum
 	}
 	if !now.Before(r.next) {
-		if !r.renew() {
+		if !r.renew(now) {
 			return
 		}
 		now = time.Now()
@@ -361,24 +377,38 @@ func (r *srvRenewal) fire() {
 	}
 	d := r.next.Sub(now)
 	if r.det != nil && !r.det.ended() {
-		d = min(d, r.det.deadline.Sub(now))
+		if !now.Before(r.cutoff) {
+			r.s.log.warn("idempotency: the lease may end before a renewal reaches the store; "+
+				"cancelling the detached handler, since a duplicate may then run it", "method", r.method)
+			r.det.end(context.Canceled)
+		} else {
+			d = min(d, r.det.deadline.Sub(now), r.cutoff.Sub(now))
+		}
 	}
 	r.t.Reset(d)
 }
 
 // renew renews the lease, under mu, and reports whether it is still the
-// call's.
-func (r *srvRenewal) renew() bool {
+// call's. now is when it starts: a successful renewal's lease ends after
+// now+lease.
+func (r *srvRenewal) renew(now time.Time) bool {
 	// A renewal that takes longer than the time to the next one is of no
 	// use, and stop (the call's settle) waits for it under mu: bound it, so
-	// a stalled store cannot hold up the end of the call.
-	ctx, cancel := context.WithTimeout(r.sctx, r.lease/3)
+	// a stalled store cannot hold up the end of the call; with a detached
+	// handler, bound it by the cutoff too, so that a stalled renewal does
+	// not hold up the handler's cancellation.
+	timeout := r.lease / 3
+	if r.det != nil && !r.det.ended() {
+		timeout = min(timeout, max(r.cutoff.Sub(now), time.Millisecond))
+	}
+	ctx, cancel := context.WithTimeout(r.sctx, timeout)
 	start := r.s.m.start()
 	err := r.s.store.Renew(ctx, r.rk, r.token, r.lease)
 	cancel()
 	r.s.m.storeDone(r.sctx, r.method, srvOpRenew, start, err)
 	switch {
 	case err == nil:
+		r.cutoff = now.Add(r.lease - srvLeaseMargin(r.lease))
 	case errors.Is(err, idempotency.ErrNotOwner):
 		r.s.log.warn("idempotency: the lease ended while the handler ran; a duplicate may run it too",
 			"method", r.method, "error", err)

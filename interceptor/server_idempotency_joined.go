@@ -72,7 +72,7 @@ func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 		hctx, cancel = context.WithTimeout(c.sctx, c.s.detachMax)
 		defer cancel() // after settleJoined: deferred calls run last in, first out
 	}
-	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
+	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
 	panicked := true
 	defer func() { resp, err = c.settleJoined(txn, resp, err, panicked) }()
 	c.s.m.execution(c.ctx, c.info.FullMethod)

@@ -114,7 +114,7 @@ func TestUpdateServiceConfigRefusesABadConfig(t *testing.T) {
 	if !errors.As(err, &sce) || sce.Path != "methodConfig[0].bulkhead.maxConcurrent" {
 		t.Fatalf("UpdateServiceConfig(bad) = %v, want a serviceconfig.Error at methodConfig[0].bulkhead.maxConcurrent", err)
 	}
-	if c.state.Load().policy(echoMethod).retry == nil {
+	if c.state.Load().policy(echoMethod, false).retry == nil {
 		t.Error("a refused config replaced the old one")
 	}
 }
@@ -206,4 +206,68 @@ func TestParsedMaxAttemptsAreNotCappedTwice(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestEachPolicyIsCappedByWhereItCameFrom pins one cap per origin: a parsed
+// config's MaxAttempts run as Parse capped them (10 here), while a policy
+// built in Go is held to the client's cap (WithMaxAttemptsCap) and is
+// refused, naming the option, when it asks for more. A parsed config with
+// a raised cap used to lift the cap of every Go policy beside it (a Go
+// policy asking for 8 made 8 attempts instead of 5), and a Go policy
+// asking for 10 alone was lowered to 5 without a word.
+func TestEachPolicyIsCappedByWhereItCameFrom(t *testing.T) {
+	lookup := []byte(`{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Lookup"}],
+		"retryPolicy": {"maxAttempts": 10, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+		"backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`)
+	parsed, err := serviceconfig.Parse(lookup, serviceconfig.WithMaxAttemptsCap(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hedge := serviceconfig.MethodConfig{
+		Name:          []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+		HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 6, HedgingDelay: time.Millisecond},
+	}
+	refused := []struct {
+		name string
+		opts []ClientOption
+		want string
+	}{
+		{"Go policy beside a parsed config with a raised cap",
+			[]ClientOption{WithServiceConfig(parsed), WithRetryPolicy(fastPolicy(8), echoMethod)},
+			"interceptor: WithRetryPolicy: retryPolicy.maxAttempts: 8 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+		{"Go policy alone", []ClientOption{WithRetryPolicy(fastPolicy(10))},
+			"interceptor: WithRetryPolicy: retryPolicy.maxAttempts: 10 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+		{"Go hedging policy", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{}, hedge)},
+			"interceptor: WithMethodConfig: methodConfig[1].hedgingPolicy.maxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+		{"Go config", []ClientOption{WithServiceConfig(&serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{hedge}})},
+			"interceptor: WithServiceConfig: methodConfig[0].hedgingPolicy.maxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+	}
+	for _, tt := range refused {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := NewClient(tt.opts...); err == nil || err.Error() != tt.want {
+				t.Errorf("NewClient = %v, want %q", err, tt.want)
+			}
+		})
+	}
+	t.Run("UpdateServiceConfig with a Go config", func(t *testing.T) {
+		c := newTestClient(t)
+		err := c.UpdateServiceConfig(&serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{hedge}})
+		want := "interceptor: UpdateServiceConfig: methodConfig[0].hedgingPolicy.maxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"
+		if err == nil || err.Error() != want {
+			t.Errorf("UpdateServiceConfig = %v, want %q", err, want)
+		}
+	})
+	t.Run("a raised client cap admits the Go policy; the parsed one runs as parsed", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			srv := &testserver.Server{}
+			srv.SetScript(failFirst(100, codes.Unavailable))
+			stub, _ := newEcho(t, srv, WithRetryBudget(nil), WithServiceConfig(parsed),
+				WithRetryPolicy(fastPolicy(8), echoMethod), WithMaxAttemptsCap(8))
+			_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+			_, _ = stub.Lookup(t.Context(), &echov1.LookupRequest{})
+			if e, l := srv.Count("Echo"), srv.Count("Lookup"); e != 8 || l != 10 {
+				t.Errorf("server saw %d Echo and %d Lookup attempts, want 8 (the Go policy) and 10 (the parsed one)", e, l)
+			}
+		})
+	})
 }

@@ -101,6 +101,18 @@ func WithAttemptEstimateFloor(d time.Duration) ClientOption {
 	})
 }
 
+// budgetRatio returns the ratio of the retry budget in force (its default
+// when the block leaves it 0), or 0 without a budget.
+func (sc *stormControl) budgetRatio() float64 {
+	switch {
+	case sc.budget == nil:
+		return 0
+	case sc.budgetCfg.Ratio > 0:
+		return sc.budgetCfg.Ratio
+	}
+	return budget.DefaultConfig().Ratio
+}
+
 // stormControl is a client's shared retry limits under one config.
 type stormControl struct {
 	budgetCfg   *serviceconfig.RetryBudget

@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 )
 
 // StreamClientInterceptor returns the interceptor for streaming calls
@@ -24,8 +23,8 @@ func (c *Client) StreamClientInterceptor() grpc.StreamClientInterceptor {
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	st := c.state.Load()
-	mp := st.policy(method)
 	co := scanCallOptions(opts)
+	mp := st.policy(method, co.static)
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
@@ -38,6 +37,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		streamer: streamer,
 		opts:     opts,
 		limit:    c.opts.replayBuffer,
+		sizer:    co.sizer,
 		watch:    mp.g.any(),
 	}
 	s.ready.L = &s.mu
@@ -58,6 +58,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, kerr
 	}
 	s.single = s.r.rp.maxAttempts <= 1 && s.r.rp.perAttempt == 0
+	s.measured = s.single && st.storm.throttle != nil
 	panicking := true
 	defer s.endOnPanic(&panicking)
 	err := s.start()
@@ -70,10 +71,14 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 
 // streamContext returns the context of a stream, which the stream cancels
 // when it ends: the caller's, bounded by the config timeout as withTimeout
-// bounds it. Attempts run under it, so the end of the stream ends the grpc
-// stream of an attempt still live (a panic below, an attempt opened as the
-// stream ended); an attempt has a context of its own only for a per-attempt
-// timeout, and a failed one has ended its grpc stream before it is retired.
+// bounds it, or the caller's itself (cancel is then noCancel). The first
+// attempt runs under it: it is opened before the stream is shared, so no
+// other call can end the stream while it opens, and an attempt that fails
+// has ended its grpc stream before it is retired. Every later attempt, and
+// an attempt with a per-attempt timeout, has a context of its own, which
+// the stream's end cancels (an attempt opened as the stream ended by
+// another call). A grpc stream below a call that panics is the caller's to
+// end, by its context, as grpc documents for any stream.
 func streamContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	if timeout > 0 {
 		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > timeout {
@@ -83,7 +88,7 @@ func streamContext(ctx context.Context, timeout time.Duration) (context.Context,
 			return context.WithTimeout(ctx, timeout)
 		}
 	}
-	return context.WithCancel(ctx)
+	return ctx, noCancel
 }
 
 // streamState is where a retryStream is in its life:
@@ -143,9 +148,14 @@ type retryStream struct {
 	method     string
 	streamer   grpc.Streamer
 	opts       []grpc.CallOption
-	limit      int  // replay buffer bound, bytes
-	single     bool // nothing to retry: the first attempt is committed at once
-	watch      bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
+	limit      int       // replay buffer bound, bytes
+	sizer      wireSizer // measures messages toward limit
+	single     bool      // nothing to retry: the first attempt is committed at once
+	// measured is set on a single stream under A6 throttling: its sends
+	// are counted in sent, so that its failure is charged to the throttle
+	// only when grpc-go would not have committed it by its retry buffer.
+	measured bool
+	watch    bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
 
 	// r is used by the driver while the state is idle, and otherwise by
 	// the call that ends the stream (see stopDriving).
@@ -159,7 +169,8 @@ type retryStream struct {
 	// last is the latest attempt created; never nil once start succeeded.
 	last     *streamAttempt
 	buf      []any // messages sent before the commit, for replay
-	bufBytes int   // their size as messageSize counts it
+	bufBytes int   // their size as sizer counts it
+	sent     int   // the size of the messages sent, when measured
 	// bufOne backs buf until a second message is kept, so that a stream
 	// with one request (server streaming) keeps it without allocating.
 	bufOne [1]any
@@ -169,17 +180,6 @@ type retryStream struct {
 	closeSent bool
 	driving   bool  // a driver is at work (state idle)
 	final     error // set when done: io.EOF after success, else the error
-}
-
-// messageSize returns what m counts toward the replay bound: its encoded
-// size plus grpc's 5-byte message prefix, proto.Size(m) + 5, as grpc-go
-// counts it. A message that is not a proto.Message cannot be measured: it
-// counts as limit + 1, past the bound, so the stream commits.
-func messageSize(m any, limit int) int {
-	if pm, ok := m.(proto.Message); ok {
-		return proto.Size(pm) + grpcMessagePrefix
-	}
-	return limit + 1
 }
 
 // endOnPanic, deferred by each call that calls below the interceptor, ends
@@ -250,10 +250,13 @@ func (s *retryStream) enqueue(m any) (a *streamAttempt, kept bool, err error) {
 	case stateDone:
 		return nil, false, io.EOF
 	case stateCommitted:
+		if s.measured {
+			s.sent += s.sizer.size(m, s.limit)
+		}
 		return s.cur, false, nil
 	}
 	s.buf = append(s.buf, m)
-	s.bufBytes += messageSize(m, s.limit)
+	s.bufBytes += s.sizer.size(m, s.limit)
 	return s.cur, true, nil
 }
 

@@ -35,9 +35,8 @@ func (a *streamAttempt) stopTimer() {
 }
 
 // stop stops the timer and cancels the attempt's context, which ends its
-// grpc stream if it is still running. Only an attempt with a per-attempt
-// timeout has a context of its own; the others run under the stream's,
-// which the stream's end cancels (see streamContext).
+// grpc stream if it is still running. The first attempt has no context of
+// its own unless it has a per-attempt timeout (see streamContext).
 func (a *streamAttempt) stop() {
 	a.stopTimer()
 	a.cancel()
@@ -81,7 +80,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 	s.r.attempts++
 	actx, cancel := attemptContext(s.ctx, s.r.attempts), context.CancelFunc(noCancel)
 	timed := s.r.rp.perAttempt > 0 && !s.single
-	if timed {
+	if timed || s.r.attempts > 1 {
 		actx, cancel = context.WithCancel(actx)
 	}
 	a := &s.first
@@ -165,7 +164,7 @@ func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
 	} else {
 		s.mp.g.release(s.ctx, a.adm, err, false)
 	}
-	s.c.metrics.attempt(s.ctx, s.mp.mm, err)
+	s.c.metrics.attempt(s.ctx, s.r.mm, err)
 }
 
 // attemptEnded runs when a's grpc stream context ends: grpc has finished

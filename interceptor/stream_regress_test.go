@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -466,22 +467,32 @@ func TestKeyedStreamDoesNotRetryAborted(t *testing.T) {
 	})
 }
 
-// messageSize is proto.Size(m) + 5 for a proto message, and limit + 1, past
-// the bound, for a message it cannot measure.
-func TestMessageSizeCountsPrefixAndRefusesUnmeasurable(t *testing.T) {
+// TestWireSizeCountsWhatTheCallsCodecSends pins the replay buffer's one
+// rule (wireSizer): a message counts its encoding by the call's codec plus
+// gRPC's 5-byte prefix, proto.Size for a proto message under the default
+// codec, and limit + 1, past the bound, when no codec can encode it.
+func TestWireSizeCountsWhatTheCallsCodecSends(t *testing.T) {
 	m := &echov1.ClientStreamRequest{Message: "abc", Payload: make([]byte, 10)}
+	raw := &rawMessage{b: make([]byte, 40)}
 	tests := []struct {
-		name string
-		m    any
-		want int
+		name  string
+		sizer wireSizer
+		m     any
+		want  int
 	}{
-		{name: "proto", m: m, want: proto.Size(m) + 5},
-		{name: "empty proto", m: &echov1.ClientStreamRequest{}, want: 5},
-		{name: "not proto", m: "raw", want: 1001},
+		{"proto", wireSizer{}, m, proto.Size(m) + 5},
+		{"empty proto", wireSizer{}, &echov1.ClientStreamRequest{}, 5},
+		{"proto, subtype proto", wireSizer{subtype: "proto"}, m, proto.Size(m) + 5},
+		{"not proto, default codec", wireSizer{}, "raw", 1001},
+		{"not proto, subtype's codec", wireSizer{subtype: rawCodecName}, raw, 45},
+		{"not proto, forced codec", wireSizer{forced: rawCodec{}}, raw, 45},
+		{"proto, forced codec", wireSizer{forced: rawCodec{}}, m, proto.Size(m) + 5},
+		{"proto, forced v2 codec", wireSizer{forced: encoding.GetCodecV2("proto")}, m, proto.Size(m) + 5},
+		{"unknown subtype", wireSizer{subtype: "no-such-codec"}, raw, 1001},
 	}
 	for _, tt := range tests {
-		if got := messageSize(tt.m, 1000); got != tt.want {
-			t.Errorf("%s: messageSize(%v, 1000) = %d, want %d", tt.name, tt.m, got, tt.want)
+		if got := tt.sizer.size(tt.m, 1000); got != tt.want {
+			t.Errorf("%s: size(%T, 1000) = %d, want %d", tt.name, tt.m, got, tt.want)
 		}
 	}
 }

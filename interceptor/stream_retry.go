@@ -35,7 +35,7 @@ func (s *retryStream) stopDriving() {
 	default:
 		s.r.settle(false)
 	}
-	s.r.callEnded(s.cc, s.opts)
+	s.r.callEnded(s.cc)
 }
 
 // errStop wraps an error that ends the stream at once, without the retry
@@ -104,6 +104,11 @@ func (s *retryStream) afterFailure(err error, trailer metadata.MD, timedOut bool
 	}
 	s.r.lastErr = err
 	if s.r.rp.maxAttempts <= 1 {
+		// One attempt with a timeout of its own (not single): its
+		// uncommitted failure is counted as a unary call's is.
+		if s.r.st.storm.throttle != nil {
+			s.r.noRetryFailed(s.ctx, err, trailer, timedOut)
+		}
 		if !s.r.wrap {
 			return err
 		}
@@ -240,11 +245,18 @@ func (s *retryStream) received(a *streamAttempt, err error) (done bool, ret erro
 
 // chargeSingle does the A6 throttle accounting of a stream that never
 // retries (committed from its start), which failed with err on a: when no
-// headers arrived, as for a unary call (retrier.noRetryFailed), a pushback
-// that says not to retry counts as a failure, as in grpc-go. Nothing is
-// read when A6 throttling is off.
+// headers arrived and its messages did not outgrow the replay buffer (either
+// commits it in grpc-go), as for a unary call (retrier.noRetryFailed), a
+// pushback that says not to retry counts as a failure, as in grpc-go.
+// Nothing is read when A6 throttling is off.
 func (s *retryStream) chargeSingle(a *streamAttempt, err error) {
-	if s.r.st.storm.throttle == nil {
+	if !s.measured {
+		return
+	}
+	s.mu.Lock()
+	outgrown := s.sent > s.limit
+	s.mu.Unlock()
+	if outgrown {
 		return
 	}
 	if md, herr := a.cs.Header(); herr == nil && md == nil {
@@ -388,7 +400,7 @@ func (s *retryStream) finish(err, outcome error) error {
 		} else {
 			s.r.settle(false)
 		}
-		s.r.callEnded(s.cc, s.opts)
+		s.r.callEnded(s.cc)
 	}
 	s.cancelCall()
 	return final

@@ -59,7 +59,7 @@ func recordingSpan(ctx context.Context) trace.Span {
 // onRetried records a retry after the attempt that failed with err, in
 // metrics and on the caller's span.
 func (r *retrier) onRetried(ctx context.Context, err error, d decision) {
-	r.c.metrics.retry(ctx, r.mp.mm)
+	r.c.metrics.retry(ctx, r.mm)
 	if span := recordingSpan(ctx); span != nil {
 		span.AddEvent(eventRetry, trace.WithAttributes(attrAttempt.Int(r.attempts),
 			attrCode.Int(int(rescodes.Classify(err))), attrDelay.Float64(d.delay.Seconds()), attrPushback.Bool(d.pushback)))
@@ -69,7 +69,7 @@ func (r *retrier) onRetried(ctx context.Context, err error, d decision) {
 // onHedged records a hedged copy sent delay after the one before, in
 // metrics and on the caller's span.
 func (r *retrier) onHedged(ctx context.Context, delay time.Duration) {
-	r.c.metrics.retry(ctx, r.mp.mm)
+	r.c.metrics.retry(ctx, r.mm)
 	if span := recordingSpan(ctx); span != nil {
 		span.AddEvent(eventHedge, trace.WithAttributes(attrAttempt.Int(r.attempts), attrDelay.Float64(delay.Seconds())))
 	}
@@ -78,7 +78,7 @@ func (r *retrier) onHedged(ctx context.Context, delay time.Duration) {
 // onRejected records the local rejection of the call's next attempt for
 // reason, in metrics and on the caller's span.
 func (r *retrier) onRejected(ctx context.Context, reason StopReason) {
-	r.c.metrics.rejected(ctx, r.mp.mm, reason)
+	r.c.metrics.rejected(ctx, r.mm, reason)
 	if span := recordingSpan(ctx); span != nil {
 		span.AddEvent(eventRejected, trace.WithAttributes(attrAttempt.Int(r.attempts+1), attrReason.String(reason.token())))
 	}
@@ -87,7 +87,7 @@ func (r *retrier) onRejected(ctx context.Context, reason StopReason) {
 // onStopped records a call under a retry policy that ended with err for
 // reason, in metrics and on the caller's span.
 func (r *retrier) onStopped(reason StopReason, err error) {
-	r.c.metrics.stop(r.ctx, r.mp.mm, reason)
+	r.c.metrics.stop(r.ctx, r.mm, reason)
 	if span := recordingSpan(r.ctx); span != nil {
 		span.AddEvent(eventStop, trace.WithAttributes(attrAttempt.Int(r.attempts),
 			attrCode.Int(int(rescodes.Classify(err))), attrReason.String(reason.token())))
@@ -97,12 +97,11 @@ func (r *retrier) onStopped(reason StopReason, err error) {
 // skip records a retry or hedge not sent for reason (the budget, A6
 // throttling or the deadline) and returns the decision to stop.
 func (r *retrier) skip(reason StopReason) decision {
-	r.c.metrics.skipped(r.ctx, r.mp.mm, reason)
+	r.c.metrics.skipped(r.ctx, r.mm, reason)
 	return decision{stop: reason}
 }
 
-// callEnded records gRFC A96's per-call metrics of the call, made on cc
-// with opts.
-func (r *retrier) callEnded(cc *grpc.ClientConn, opts []grpc.CallOption) {
-	r.c.metrics.callEnded(r.ctx, r.mp.mm, cc, opts, r.attempts, r.hedged, r.waited)
+// callEnded records gRFC A96's per-call metrics of the call, made on cc.
+func (r *retrier) callEnded(cc *grpc.ClientConn) {
+	r.c.metrics.callEnded(r.ctx, r.mm, cc, r.attempts, r.hedged, r.waited)
 }

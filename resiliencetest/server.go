@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -156,24 +157,19 @@ func (s *Server) arrive(ctx context.Context, method string) int {
 	return len(s.attempts) - 1
 }
 
-// recordUnary and recordStream record every attempt as it arrives, before
-// the server interceptors that may end it; Serve installs them first.
-func (s *Server) recordUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	return handler(context.WithValue(ctx, arrivalKey{}, s.arrive(ctx, info.FullMethod)), req)
+// recorder is the stats handler by which a Server records every attempt
+// as it arrives: grpc tags an RPC before any server interceptor runs,
+// whether grpc.UnaryInterceptor or a chain installed it, and the context
+// it returns is the one the interceptors and the handler get.
+type recorder struct{ s *Server }
+
+func (r recorder) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, arrivalKey{}, r.s.arrive(ctx, info.FullMethodName))
 }
 
-func (s *Server) recordStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	ctx := context.WithValue(ss.Context(), arrivalKey{}, s.arrive(ss.Context(), info.FullMethod))
-	return handler(srv, &arrivedStream{ServerStream: ss, ctx: ctx})
-}
-
-// arrivedStream is a stream whose context carries its attempt's index.
-type arrivedStream struct {
-	grpc.ServerStream
-	ctx context.Context
-}
-
-func (a *arrivedStream) Context() context.Context { return a.ctx }
+func (recorder) HandleRPC(context.Context, stats.RPCStats)                         {}
+func (recorder) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (recorder) HandleConn(context.Context, stats.ConnStats)                       {}
 
 // begin marks the attempt of ctx handled (recording it first when no
 // recording interceptor did) and returns its step.
@@ -309,17 +305,15 @@ func (s *Server) BidiStream(ss grpc.BidiStreamingServer[echov1.BidiStreamRequest
 // Client's DialOptions) and a function that closes the connection and stops
 // the server. Tests use Start; Serve is for Examples and programs.
 //
-// When srv is a *Server, it records every attempt as it arrives, before
-// the interceptors of serverOpts: an attempt that one of them ends (such
+// When srv is a *Server, it records every attempt as it arrives (in a
+// stats handler), before the interceptors of serverOpts, whichever option
+// installs them: an attempt that one of them ends (such
 // as faultinject's server interceptors aborting it) is in Attempts, with
 // Handled false, and counts for RequireAttempts.
 func Serve(srv echov1.EchoServiceServer, dialOpts []grpc.DialOption, serverOpts ...grpc.ServerOption) (*grpc.ClientConn, func(), error) {
 	lis := bufconn.Listen(1 << 20)
 	if s, ok := srv.(*Server); ok {
-		serverOpts = append([]grpc.ServerOption{
-			grpc.ChainUnaryInterceptor(s.recordUnary),
-			grpc.ChainStreamInterceptor(s.recordStream),
-		}, serverOpts...)
+		serverOpts = append([]grpc.ServerOption{grpc.StatsHandler(recorder{s})}, serverOpts...)
 	}
 	gs := grpc.NewServer(serverOpts...)
 	echov1.RegisterEchoServiceServer(gs, srv)

@@ -161,3 +161,55 @@ func TestAttemptsAbortedByAnInterceptorCount(t *testing.T) {
 		}
 	})
 }
+
+// TestAttemptsAbortedCountWithTheSingleInterceptorOptions pins that the
+// attempts a server interceptor ends count however it is installed:
+// grpc.UnaryInterceptor and grpc.StreamInterceptor run before every
+// chained interceptor, so recording in a chained one missed what they
+// aborted. Before: RequireAttempts saw 2 of the client's 3 unary attempts
+// and 1 of the stream's 2; after, 3 and 2.
+func TestAttemptsAbortedCountWithTheSingleInterceptorOptions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		first := func(ctx context.Context) bool {
+			md, _ := metadata.FromIncomingContext(ctx)
+			return len(md.Get("grpc-previous-rpc-attempts")) == 0
+		}
+		abortUnary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			if first(ctx) {
+				return nil, status.Error(codes.Unavailable, "aborted before the handler")
+			}
+			return handler(ctx, req)
+		}
+		abortStream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+			if first(ss.Context()) {
+				return status.Error(codes.Unavailable, "aborted before the handler")
+			}
+			return handler(srv, ss)
+		}
+		srv := resiliencetest.NewServer()
+		srv.Script(resiliencetest.EchoMethod, resiliencetest.Step{Code: codes.Unavailable})
+		client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
+			MaxAttempts: 3, InitialBackoff: time.Second, RetryableStatusCodes: []codes.Code{codes.Unavailable},
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := resiliencetest.Start(t, srv, client.DialOptions(), grpc.UnaryInterceptor(abortUnary), grpc.StreamInterceptor(abortStream))
+		stub := echov1.NewEchoServiceClient(conn)
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+			t.Fatalf("Echo() = %v, want success on the third attempt", err)
+		}
+		stream, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for err == nil {
+			_, err = stream.Recv()
+		}
+		if err != io.EOF {
+			t.Fatalf("ServerStream: %v, want success on the second attempt", err)
+		}
+		resiliencetest.RequireAttempts(t, srv, resiliencetest.EchoMethod, 3)
+		resiliencetest.RequireAttempts(t, srv, resiliencetest.ServerStreamMethod, 2)
+	})
+}

@@ -68,7 +68,7 @@ type HealthCheckConfig struct {
 // Name selects the methods a MethodConfig applies to. Service and Method are
 // both set for one method; Service alone selects every method of a service;
 // both empty is the default for every method. Method without Service is
-// invalid, and so is a name that can never match a call (see Validate):
+// invalid, and so is a name that no well-formed call carries (see Validate):
 // grpc's full method "/shop.Orders/Pay" is {Service: "shop.Orders",
 // Method: "Pay"}.
 type Name struct {
@@ -236,8 +236,9 @@ type RetryPolicy struct {
 	// MaxAttempts counts every attempt, the first call included: 3 means one
 	// call and up to two retries. Parse lowers values above its cap (5
 	// unless WithMaxAttemptsCap raises it), and a client runs a parsed
-	// value as it is; in a policy built in Go, values above the client's
-	// cap (5 unless raised) are lowered to it. 0 means 3; 1 means no retry.
+	// value as it is; a policy built in Go with a value above the client's
+	// cap (5 unless interceptor.WithMaxAttemptsCap raises it) is refused.
+	// 0 means 3; 1 means no retry.
 	MaxAttempts int
 
 	// InitialBackoff is the delay before the first retry, before jitter.
@@ -286,7 +287,9 @@ type HedgingPolicy struct {
 	// HedgingDelay is the wait before each further copy. 0 sends all copies
 	// at once. With HedgingDelayQuantile set, it is the wait only until
 	// HedgingDelayMinSamples were observed, and 0 then means that, until
-	// then, further copies go out only after non-fatal failures.
+	// then, further copies go out only after non-fatal failures. A client
+	// with a retry budget raises a fixed delay that more calls outlast than
+	// its budget pays for (see package interceptor, Hedging).
 	HedgingDelay time.Duration
 	// NonFatalStatusCodes are the codes after which hedging goes on; any
 	// other code ends the call. A list, as RetryableStatusCodes.
@@ -298,8 +301,9 @@ type HedgingPolicy struct {
 	// is hedged whatever the latencies are, and stays so as they drift. The
 	// latency is the lower quantile over the method's last few hundred
 	// attempts, rounded up by at most 12.5 %; a copy cut off by a sibling's
-	// answer counts as at least as long as it ran. 0 keeps HedgingDelay
-	// fixed.
+	// answer counts as at least as long as it ran. From 0.75, the delay is
+	// capped at 1.25× the quantile with twice the tail share, so a slow mode
+	// is hedged whole. 0 keeps HedgingDelay fixed.
 	HedgingDelayQuantile float64
 	// HedgingDelayFloor is the least adaptive delay, ≥ 0 (an extension
 	// field): hedges never go out sooner, however fast the method. Needs

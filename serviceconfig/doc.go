@@ -70,7 +70,7 @@
 //     empty method) a whole service, {} (or a null element) is the default.
 //     A method without a service is an error. A name given twice anywhere in
 //     the document is an error; names are compared as grpc-go files them,
-//     by the key "/service/method". A name that can never match a call is
+//     by the key "/service/method". A name that no well-formed call carries is
 //     an error too, where grpc-go accepts it and applies it to nothing: a
 //     slash in service or method ({"service": "/shop.Orders/Pay"} is
 //     written {"service": "shop.Orders", "method": "Pay"}), a space or a

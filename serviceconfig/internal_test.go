@@ -2,6 +2,8 @@ package serviceconfig
 
 import (
 	"math"
+	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -188,5 +190,28 @@ func TestClosestKey(t *testing.T) {
 	}
 	if _, ours := closest(s, "failureRate"); !ours {
 		t.Error(`closest("failureRate") is not reported as one of ours`)
+	}
+}
+
+// TestClosestKeyCostsTheKeysLength pins that a long unknown key costs about
+// its length, not its length times the number of keys it is compared with:
+// the edit distance runs only against keys of about its length (a longer
+// or shorter key is a prefix, whose distance is the difference in length,
+// or too far). Before: closest on a 1 MiB key against a methodConfig
+// entry's 9 keys allocated 36 MiB (a rune copy of the key for each) and a
+// document with such a key parsed 35 times slower than grpc-go parses it;
+// after, 1 MiB (the key in lower case).
+func TestClosestKeyCostsTheKeysLength(t *testing.T) {
+	s := schemaOf(reflect.TypeFor[wireMethod](), "a methodConfig entry")
+	key := strings.Repeat("x", 1<<20)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	best, _ := closest(s, key)
+	runtime.ReadMemStats(&after)
+	if best != "" {
+		t.Errorf("closest(1 MiB of x) = %q, want none", best)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 2<<20 {
+		t.Errorf("closest on a 1 MiB key allocated %.1f MiB, want at most 2", float64(got)/(1<<20))
 	}
 }

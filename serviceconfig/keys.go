@@ -114,6 +114,7 @@ type keyCheck struct {
 	strict   bool // the whole document is ours (the server config)
 	err      *Error
 	warnings []unknownKey
+	places   []placed // every field of the schema, for placeOf; built on first use
 }
 
 // unknownKey is an unknown key that is only warned about.
@@ -177,7 +178,7 @@ func (k *keyCheck) object(raw []byte, s *schema, path string, ours bool) {
 // or misplaced; else a warning.
 func (k *keyCheck) unknown(s *schema, path, key string, ours bool) {
 	best, bestOurs := closest(s, key)
-	elsewhere := k.root.placeOf(key, s, k.strict)
+	elsewhere := k.placeOf(key, s)
 	switch {
 	case ours && best != "":
 		k.err = newError(join(path, key), `unknown key: did you mean "`+best+`"?`)
@@ -203,31 +204,43 @@ func (s *schema) names() string {
 	return strings.Join(names, ", ")
 }
 
-// placeOf returns where, in the document rooted at s, key names one of our
-// fields or blocks (any field, when the whole document is ours), matched
-// without regard to case, other than in the object not: "the top level",
-// "retryPolicy", or "" when nowhere.
-func (s *schema) placeOf(key string, not *schema, all bool) string {
-	var found string
-	seen := map[*schema]bool{}
-	var walk func(*schema)
-	walk = func(o *schema) {
-		if seen[o] || found != "" {
-			return
-		}
-		seen[o] = true
-		for _, f := range o.fields {
-			if o != not && (f.ours || all) && strings.EqualFold(f.name, key) {
-				found = o.where
-				return
-			}
-			if f.child != nil {
-				walk(f.child)
-			}
+// placed is one field of a document's schema, with the object holding it.
+type placed struct {
+	field schemaField
+	in    *schema
+}
+
+// fieldsUnder lists every field of the document rooted at s, each object's
+// fields once, depth first in field order: the order in which placeOf
+// looks for a key.
+func (s *schema) fieldsUnder(seen map[*schema]bool, out []placed) []placed {
+	if seen[s] {
+		return out
+	}
+	seen[s] = true
+	for _, f := range s.fields {
+		out = append(out, placed{field: f, in: s})
+		if f.child != nil {
+			out = f.child.fieldsUnder(seen, out)
 		}
 	}
-	walk(s)
-	return found
+	return out
+}
+
+// placeOf returns where, in the document, key names one of our fields or
+// blocks (any field, when the whole document is ours), matched without
+// regard to case, other than in the object not: "the top level",
+// "retryPolicy", or "" when nowhere.
+func (k *keyCheck) placeOf(key string, not *schema) string {
+	if k.places == nil {
+		k.places = k.root.fieldsUnder(map[*schema]bool{}, nil)
+	}
+	for _, p := range k.places {
+		if p.in != not && (p.field.ours || k.strict) && strings.EqualFold(p.field.name, key) {
+			return p.in.where
+		}
+	}
+	return ""
 }
 
 // closest returns the key of s that key most likely misspells, and whether
@@ -240,17 +253,29 @@ func closest(s *schema, key string) (best string, ours bool) {
 	if lk == "" {
 		return "", false
 	}
+	n := utf8.RuneCountInString(lk)
 	bestD := -1
 	for _, f := range s.fields {
 		lf := strings.ToLower(f.name)
-		d := editDistance(lk, lf)
+		m := utf8.RuneCountInString(lf)
 		limit := 2
-		if min(utf8.RuneCountInString(lk), len(lf)) <= 3 {
+		if min(n, m) <= 3 {
 			limit = 1
 		}
-		prefix := len(lk) >= 4 && len(lf) >= 4 && (strings.HasPrefix(lf, lk) || strings.HasPrefix(lk, lf))
-		if d > limit && !prefix {
+		// The distance is at least the difference in length, and exactly
+		// that when one is a prefix of the other: the full distance is
+		// computed only for keys of about the same length, so that a long
+		// key costs its length, not its length times the schema's.
+		var d int
+		switch {
+		case len(lk) >= 4 && len(lf) >= 4 && (strings.HasPrefix(lf, lk) || strings.HasPrefix(lk, lf)):
+			d = max(n-m, m-n)
+		case max(n-m, m-n) > limit:
 			continue
+		default:
+			if d = editDistance(lk, lf); d > limit {
+				continue
+			}
 		}
 		if bestD < 0 || d < bestD {
 			best, ours, bestD = f.name, f.ours, d

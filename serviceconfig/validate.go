@@ -257,7 +257,7 @@ func (n Name) key() string {
 	return "/" + n.Service + "/" + n.Method
 }
 
-// Validate reports a name that can never match a call, quoting the part
+// Validate reports a name that no well-formed call carries, quoting the part
 // at fault: a method without a service; a service or method holding a
 // slash (grpc's full method "/package.Service/Method" is written as
 // {Service: "package.Service", Method: "Method"}), a space or a control

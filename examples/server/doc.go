@@ -19,7 +19,11 @@
 // (the second line only when -metrics-addr is not empty), so that a script
 // can start it on port 0 and read the addresses. SIGINT or SIGTERM stop it:
 // health turns NOT_SERVING, calls in flight get -shutdown-timeout to end
-// (GracefulStop), and the rest are cut.
+// (GracefulStop), and the rest are cut, except keyed calls whose handler
+// has started: they run detached from their callers, so they run to their
+// end (at most 30 s, interceptor.DefaultIdempotencyDetachedMax) and store
+// their outcome before the store closes (GracefulStop waits for every
+// handler). Give the process that long to stop.
 //
 // # Flags
 //
@@ -65,7 +69,9 @@
 //     Callers could send it themselves, so use it only behind a proxy that
 //     authenticates callers, sets the header and strips the one a caller
 //     sent. A keyed call without the header is refused with
-//     UNAUTHENTICATED.
+//     UNAUTHENTICATED. The key must be a metadata key, not one that grpc
+//     fills for every call (:authority, user-agent, content-type, te),
+//     which would make one scope of every caller of a host or library.
 //   - shared: one scope for everyone; keys must then be unguessable
 //     (random, 128 bits or more), as examples/client's are.
 //

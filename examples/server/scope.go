@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -45,14 +47,38 @@ func parseScope(s string, mtls bool) (scopeChoice, error) {
 			desc: "shared: one scope for every caller, whose keys must be unguessable"}, nil
 	case strings.HasPrefix(s, "metadata:"):
 		key := strings.ToLower(strings.TrimPrefix(s, "metadata:"))
-		if key == "" || strings.HasPrefix(key, "grpc-") || strings.HasSuffix(key, "-bin") {
+		if !validMetadataKey(key) || strings.HasPrefix(key, "grpc-") || strings.HasSuffix(key, "-bin") {
 			return scopeChoice{}, fmt.Errorf("-scope %q: want metadata:<key> with a text header that is not grpc-*", s)
+		}
+		if callerBlind[key] {
+			return scopeChoice{}, fmt.Errorf("-scope %q: grpc sets %s on every call, the same for many callers; "+
+				"name the header your authenticating proxy sets", s, key)
 		}
 		return scopeChoice{opt: interceptor.WithIdempotencyScope(metadataScope(key)),
 			desc: "metadata:" + key + ": the principal an authenticating proxy sets in that header"}, nil
 	default:
 		return scopeChoice{}, fmt.Errorf("-scope %q: want none, mtls, metadata:<key> or shared", s)
 	}
+}
+
+// callerBlind are headers that grpc or HTTP/2 fill for every call, which
+// name a host or a client library rather than a caller: a scope by one of
+// them would be one scope for many callers.
+var callerBlind = map[string]bool{"content-type": true, "user-agent": true, "te": true, "host": true}
+
+// validMetadataKey reports whether k is a gRPC metadata key: lower-case
+// letters, digits, '-', '_' and '.'. Pseudo-headers such as :authority,
+// which grpc-go puts in the incoming metadata too, are not.
+func validMetadataKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, c := range []byte(k) {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // errNoScope is the answer to a keyed call when the server was started
@@ -75,9 +101,19 @@ func metadataScope(key string) func(context.Context) (string, error) {
 		if len(vs) != 1 || vs[0] == "" {
 			return "", missing
 		}
+		if len(vs[0]) > maxScopeLen {
+			sum := sha256.Sum256([]byte(vs[0]))
+			return "md#" + hex.EncodeToString(sum[:]), nil
+		}
 		return "md:" + vs[0], nil
 	}
 }
+
+// maxScopeLen bounds the scope that a header names as it is stored with
+// every record: a longer value (an XFCC header with a whole certificate,
+// or a caller padding its header to fill the store) is stored as its
+// SHA-256, 67 bytes, which still names one caller.
+const maxScopeLen = 128
 
 // transportCreds returns the server's TLS credentials from -tls-cert,
 // -tls-key and -tls-client-ca (which makes it require and verify client

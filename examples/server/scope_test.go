@@ -241,3 +241,51 @@ func (ca *testCA) writeLeaf(t *testing.T, dir, name, ip string) {
 	write(name+".key", "EC PRIVATE KEY", kder)
 	write("ca.pem", "CERTIFICATE", ca.der)
 }
+
+// TestMetadataScopeRefusesHeadersThatNameNoCaller pins -scope
+// metadata:<key> against headers that grpc itself fills for every call:
+// metadata::authority (grpc-go puts the :authority pseudo-header in the
+// incoming metadata) was accepted, and then every caller of the server's
+// host name was one scope, reading every other's replies, with none of the
+// explicit choice or quota of -scope shared; user-agent made one scope per
+// client library. Such keys, and any that is not a valid metadata key, are
+// now refused at startup.
+func TestMetadataScopeRefusesHeadersThatNameNoCaller(t *testing.T) {
+	for _, key := range []string{":authority", "user-agent", "content-type", "te", "x principal", "x-tenant\n"} {
+		if _, err := parseScope("metadata:"+key, false); err == nil || !strings.Contains(err.Error(), "-scope") {
+			t.Errorf("-scope metadata:%q = %v, want an error naming -scope", key, err)
+		}
+	}
+	if _, err := parseScope("metadata:X-Tenant", false); err != nil { // case does not matter
+		t.Errorf("-scope metadata:X-Tenant = %v, want it accepted", err)
+	}
+}
+
+// TestMetadataScopeBoundsLongValues pins the scope's length: a header of
+// several KiB (a caller padding it to fill the store, or an XFCC header
+// with a whole certificate) becomes a 67-byte scope that still tells
+// callers apart.
+func TestMetadataScopeBoundsLongValues(t *testing.T) {
+	scope := metadataScope("x-tenant")
+	in := func(v string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-tenant", v))
+	}
+	long := strings.Repeat("a", 8<<10)
+	a, err := scope(in(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := scope(in(long[1:] + "b"))
+	again, _ := scope(in(long))
+	short, _ := scope(in("tenant-1"))
+	switch {
+	case len(a) > 2*maxScopeLen:
+		t.Errorf("scope of an 8 KiB header is %d bytes, want at most %d", len(a), 2*maxScopeLen)
+	case a == b:
+		t.Errorf("two different long headers share the scope %q", a)
+	case a != again:
+		t.Errorf("one header gave two scopes: %q, %q", a, again)
+	case short != "md:tenant-1":
+		t.Errorf("short header's scope = %q, want md:tenant-1", short)
+	}
+}

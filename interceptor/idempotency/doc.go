@@ -64,7 +64,8 @@
 //     and renewed every lease/3: a crashed owner blocks duplicates on other
 //     replicas at most one lease after its last renewal. Shorter: more
 //     renewals, and a store outage longer than two thirds of it lets the
-//     lease end under a running handler.
+//     lease end under a running handler (a detached handler is cancelled
+//     first, at nine tenths of the lease without a renewal).
 //   - TTL (interceptor.WithIdempotencyTTL, 24 h): duplicates within a day
 //     replay. Shorter: a late retry runs the call again.
 //   - Waiting (interceptor.WithIdempotencyWait, on): a concurrent duplicate
@@ -189,7 +190,14 @@
 //     case, stored or not;
 //   - a duplicate in another process may have claimed the key and run the
 //     call too: that is the one case where a call runs twice, and it is
-//     logged.
+//     logged. A detached handler (the default) is cancelled before that can
+//     happen: when nine tenths of its lease have passed since the last
+//     renewal the store granted (or its claim), its context ends, since the
+//     interceptor cannot know whether the store still holds the key; a
+//     duplicate elsewhere claims the key only once the lease has ended, so
+//     it never starts while the handler's context is live. A handler that
+//     ignores its context, or one on the caller's context
+//     (WithIdempotencyDetachedHandler(0)), may still run concurrently with it.
 //
 // # Store outages: fail closed or open
 //

@@ -457,11 +457,15 @@ func (s *MemoryStore) Complete(_ context.Context, key RecordKey, token string, r
 	// retention): the handler has run, and refusing its outcome would run it
 	// again. Claims are refused while the shard or the scope is over its
 	// bound, so the excess is at most the records of the calls in flight.
+	// The scope evicts its own records first, as a claim does, so that the
+	// shard's bound evicts another scope's only when that was not enough.
 	sh.unlink(&sh.leases, i)
-	sh.makeRoom(now, 0, int64(recSize))
 	e := &sh.slots[i]
 	if sc := e.scope; sc != nil {
 		sh.scopeEvict(now, sc, 0, int64(recSize))
+	}
+	sh.makeRoom(now, 0, int64(recSize)) // removes entries only: e stays valid
+	if sc := e.scope; sc != nil {
 		sc.bytes += int64(recSize)
 		sh.scopePush(sc, i)
 	}

@@ -468,3 +468,38 @@ func TestMemoryStoreCompleteAfterLeaseEndedKeepsTheScopeQuota(t *testing.T) {
 		t.Errorf("Stats().Entries = %d, want 2: the scope's quota", st.Entries)
 	}
 }
+
+// TestMemoryStoreCompleteEvictsItsOwnScopeFirst: a scope over its quota
+// that completes a record makes room by evicting its own records past
+// the minimum retention before the store's bound evicts anyone's. Complete
+// made room in the store first (its oldest record past the minimum
+// retention, whoever's), then in the scope: a flooding tenant's record
+// evicted another tenant's, older, record although evicting its own made
+// room for both bounds; a claim (scope first, then the store) did not.
+func TestMemoryStoreCompleteEvictsItsOwnScopeFirst(t *testing.T) {
+	// Records of 3000 bytes (about 3,550 counted): the store holds three,
+	// a scope two.
+	s, clk := newTestMemory(t, idempotency.WithShards(1), idempotency.WithMaxBytes(11000),
+		idempotency.WithScopeQuota(0, 7500), idempotency.WithMinRetention(time.Minute))
+	k := func(scope, i string) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: scope, FullMethod: "/s/m", Key: i}
+	}
+	complete(t, s, k("victim", "1"), make([]byte, 3000), time.Hour)
+	clk.Advance(time.Second)
+	complete(t, s, k("flooder", "1"), make([]byte, 3000), time.Hour)
+	complete(t, s, k("flooder", "2"), make([]byte, 3000), time.Hour)
+	clk.Advance(2 * time.Minute) // every record is past the minimum retention
+	complete(t, s, k("flooder", "3"), make([]byte, 3000), time.Hour)
+	// In this order: stateOf claims a key it finds absent.
+	for _, w := range []struct {
+		key   idempotency.RecordKey
+		state idempotency.State
+	}{
+		{k("victim", "1"), idempotency.Completed}, {k("flooder", "2"), idempotency.Completed},
+		{k("flooder", "3"), idempotency.Completed}, {k("flooder", "1"), idempotency.Owned},
+	} {
+		if got := stateOf(t, s, w.key); got != w.state {
+			t.Errorf("%s/%s = %v, want %v", w.key.Scope, w.key.Key, got, w.state)
+		}
+	}
+}

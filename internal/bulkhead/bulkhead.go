@@ -137,16 +137,27 @@ func New(cfg Config, clk clock.Clock) (*Bulkhead, error) {
 // nothing. Waiters get slots in the order they came (FIFO), and no newcomer
 // takes a slot while others wait.
 func (b *Bulkhead) Acquire(ctx context.Context) error {
+	if b.TryAcquire() {
+		return nil
+	}
+	return b.acquireSlow(ctx)
+}
+
+// TryAcquire takes a free slot without waiting: it reports whether the
+// caller now holds one, to give back with Release. Like Acquire, it never
+// takes a slot while others wait, takes no lock and allocates nothing. A
+// caller that must not block (it has other work to watch) tries first and
+// queues with Acquire where the wait holds up nothing else.
+func (b *Bulkhead) TryAcquire() bool {
 	for {
 		s := b.state.Load()
 		if uint32(s) >= b.max || s >= oneWaiting {
-			break
+			return false
 		}
 		if b.state.CompareAndSwap(s, s+1) {
-			return nil
+			return true
 		}
 	}
-	return b.acquireSlow(ctx)
 }
 
 // Full reports whether Acquire would return ErrQueueFull at once: every

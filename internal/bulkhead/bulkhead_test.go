@@ -418,3 +418,38 @@ func TestFull(t *testing.T) {
 	<-done
 	q.Release()
 }
+
+// TestTryAcquireTakesOnlyAFreeSlot pins TryAcquire: it takes a free slot,
+// never waits, and never takes a slot while others wait in the queue.
+func TestTryAcquireTakesOnlyAFreeSlot(t *testing.T) {
+	b, err := New(Config{MaxConcurrent: 1, MaxQueue: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.TryAcquire() {
+		t.Fatal("TryAcquire on a free bulkhead = false, want true")
+	}
+	if b.TryAcquire() {
+		t.Fatal("TryAcquire with every slot taken = true, want false")
+	}
+	queued := make(chan error)
+	go func() { queued <- b.Acquire(context.Background()) }()
+	for b.Snapshot().Queued != 1 {
+		runtime.Gosched()
+	}
+	b.Release() // the slot goes to the waiter, not to a newcomer
+	if err := <-queued; err != nil {
+		t.Fatalf("queued Acquire = %v, want the freed slot", err)
+	}
+	if b.TryAcquire() {
+		t.Error("TryAcquire took the slot the waiter was granted")
+	}
+	b.Release()
+	if n := testing.AllocsPerRun(100, func() {
+		if b.TryAcquire() {
+			b.Release()
+		}
+	}); n != 0 {
+		t.Errorf("TryAcquire+Release: %v allocs, want 0", n)
+	}
+}

@@ -41,7 +41,7 @@ func BenchmarkObserveParallel(b *testing.B) {
 }
 
 func BenchmarkWindowObserve(b *testing.B) {
-	w, _ := NewWindow(0.95, DefaultWindowSize)
+	w, _ := NewWindow(DefaultWindowSize, 0.95)
 	b.ReportAllocs()
 	d := [2]time.Duration{2 * time.Millisecond, 40 * time.Millisecond}
 	i := 0

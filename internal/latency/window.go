@@ -1,9 +1,11 @@
 package latency
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,8 +59,9 @@ func upperEdge(b int) time.Duration {
 	return time.Duration(subBuckets+s+1) << (e - subBits)
 }
 
-// A Window tracks a quantile of the durations observed last, by counting
-// them in a histogram of logarithmic buckets over a sliding window. Unlike
+// A Window tracks quantiles of the durations observed last, by counting
+// them in a histogram of logarithmic buckets over a sliding window: one, its
+// primary quantile, or a few read in the same pass. Unlike
 // the [Estimator], which wanders anywhere in a gap of the distribution and
 // oscillates around a cluster (below it part of the time), a Window gives
 // the lower quantile rounded up: for the 0.9 quantile of durations that are
@@ -76,11 +79,12 @@ func upperEdge(b int) time.Duration {
 // covers the last Size to 2·Size observations, and a drift of the latencies
 // shows within a fraction 1 − Quantile of a generation.
 //
-// The quantile is the upper edge of the first bucket at which the
-// cumulative count reaches ⌈Quantile · n⌉ over both generations: at least
-// the true lower quantile of the window, and at most 12.5 % above it (less
-// than one bucket). It is recomputed on every observation until 256 were
-// made, then every 16th, and read from one atomic word.
+// A quantile p is the upper edge of the first bucket at which the
+// cumulative count reaches ⌈p · n⌉ over both generations: at least the true
+// lower quantile of the window, and at most 12.5 % above it (less than one
+// bucket). The quantiles are recomputed together, in one pass, on every
+// observation until 256 were made, then every 16th, and each is read from
+// one atomic word.
 //
 // # Concurrency
 //
@@ -91,13 +95,15 @@ func upperEdge(b int) time.Duration {
 // Observations racing with a clear may be lost; they are samples among
 // many.
 type Window struct {
-	// h holds the counts; windows made by WithQuantile share it.
+	// h holds the counts; windows made by WithQuantiles share it.
 	h *windowCounts
-	// p is the quantile read, in (0, 1); set once.
-	p float64
-	// q is the last quantile computed, in nanoseconds; 0 before the first
-	// observation.
-	q atomic.Int64
+	// p are the quantiles read, each in (0, 1), the primary first; set
+	// once. order lists their indices by ascending quantile.
+	p     []float64
+	order []int
+	// q[i] is the last value of p[i] computed, in nanoseconds; 0 before
+	// the first observation.
+	q []atomic.Int64
 }
 
 // windowCounts is the histogram of a Window, shared by the windows that
@@ -115,29 +121,46 @@ type windowCounts struct {
 	rotating sync.Mutex
 }
 
-// NewWindow returns a Window with no observations that reads the given
-// quantile, in (0, 1), over generations of size observations (> 0).
-func NewWindow(quantile float64, size int) (*Window, error) {
-	switch {
-	case !(quantile > 0 && quantile < 1):
-		return nil, errors.New("latency: window quantile must be between 0 and 1, exclusive")
-	case size < 1:
+// NewWindow returns a Window with no observations over generations of size
+// observations (> 0) that reads the given quantiles, each in (0, 1): at
+// least one, the first its primary quantile (Quantile, ObserveAtLeast).
+func NewWindow(size int, quantiles ...float64) (*Window, error) {
+	if size < 1 {
 		return nil, errors.New("latency: window size must be at least 1")
 	}
-	return &Window{h: &windowCounts{size: uint64(size)}, p: quantile}, nil
+	return newView(&windowCounts{size: uint64(size)}, quantiles)
 }
 
-// WithQuantile returns a Window over the same observations as w (both see
-// every observation made through either) that reads the given quantile; w
-// itself when the quantile is w's.
-func (w *Window) WithQuantile(quantile float64) (*Window, error) {
-	if quantile == w.p {
+// newView returns a Window over h that reads quantiles.
+func newView(h *windowCounts, quantiles []float64) (*Window, error) {
+	if len(quantiles) == 0 {
+		return nil, errors.New("latency: a window reads at least one quantile")
+	}
+	for _, p := range quantiles {
+		if !(p > 0 && p < 1) {
+			return nil, errors.New("latency: window quantile must be between 0 and 1, exclusive")
+		}
+	}
+	w := &Window{h: h, p: slices.Clone(quantiles), q: make([]atomic.Int64, len(quantiles))}
+	w.order = make([]int, len(quantiles))
+	for i := range w.order {
+		w.order[i] = i
+	}
+	slices.SortFunc(w.order, func(a, b int) int { return cmp.Compare(w.p[a], w.p[b]) })
+	return w, nil
+}
+
+// WithQuantiles returns a Window over the same observations as w (both see
+// every observation made through either) that reads the given quantiles; w
+// itself when they are w's.
+func (w *Window) WithQuantiles(quantiles ...float64) (*Window, error) {
+	if slices.Equal(quantiles, w.p) {
 		return w, nil
 	}
-	if !(quantile > 0 && quantile < 1) {
-		return nil, errors.New("latency: window quantile must be between 0 and 1, exclusive")
+	v, err := newView(w.h, quantiles)
+	if err != nil {
+		return nil, err
 	}
-	v := &Window{h: w.h, p: quantile}
 	v.recompute()
 	return v, nil
 }
@@ -157,20 +180,26 @@ func (w *Window) Observe(d time.Duration) {
 }
 
 // ObserveAtLeast records a duration known only to exceed d: an attempt cut
-// off after d. Such an observation is on the known side of the quantile
-// only when d is at or above it, and is then recorded as d; otherwise it is
-// dropped, since it may lie on either side. Before the first observation it
-// is recorded as d.
+// off after d. Such an observation is on the known side of the primary
+// quantile only when d is at or above it, and is then recorded as d;
+// otherwise it is dropped, since it may lie on either side. Before the
+// first observation it is recorded as d.
 func (w *Window) ObserveAtLeast(d time.Duration) {
-	if q := w.q.Load(); d >= time.Duration(q) {
+	if q := w.q[0].Load(); d >= time.Duration(q) {
 		w.Observe(d)
 	}
 }
 
-// Quantile returns the quantile of the observations in the window, rounded
-// up to its bucket's upper edge; 0 before the first observation.
+// Quantile returns the primary quantile of the observations in the window,
+// rounded up to its bucket's upper edge; 0 before the first observation.
 func (w *Window) Quantile() time.Duration {
-	return time.Duration(w.q.Load())
+	return time.Duration(w.q[0].Load())
+}
+
+// QuantileAt returns the window's i-th quantile (in the order NewWindow or
+// WithQuantiles got them; 0 is the primary), as Quantile does.
+func (w *Window) QuantileAt(i int) time.Duration {
+	return time.Duration(w.q[i].Load())
 }
 
 // Samples returns the number of observations ever recorded through w or the
@@ -193,7 +222,7 @@ func (h *windowCounts) rotate() {
 	h.cur.Store(next)
 }
 
-// recompute sets q to the quantile of the counts.
+// recompute sets q to the quantiles of the counts, in one pass.
 func (w *Window) recompute() {
 	h := w.h
 	var total uint64
@@ -205,20 +234,26 @@ func (w *Window) recompute() {
 	if total == 0 {
 		return
 	}
-	rank := uint64(math.Ceil(w.p * float64(total)))
+	next := 0 // the next quantile to place, in w.order
+	rank := uint64(math.Ceil(w.p[w.order[0]] * float64(total)))
 	var sum uint64
 	last := 0
-	for i := range numBuckets {
+	for i := 0; i < numBuckets && next < len(w.order); i++ {
 		c := uint64(h.counts[0][i].Load()) + uint64(h.counts[1][i].Load())
 		if c == 0 {
 			continue
 		}
 		last, sum = i, sum+c
-		if sum >= rank {
-			break
+		for next < len(w.order) && sum >= rank {
+			w.q[w.order[next]].Store(int64(upperEdge(i)))
+			if next++; next < len(w.order) {
+				rank = uint64(math.Ceil(w.p[w.order[next]] * float64(total)))
+			}
 		}
 	}
-	// Counts that changed between the two passes may leave sum short of
+	// Counts that changed between the two passes may leave sum short of a
 	// rank: the last bucket seen is then the answer.
-	w.q.Store(int64(upperEdge(last)))
+	for ; next < len(w.order); next++ {
+		w.q[w.order[next]].Store(int64(upperEdge(last)))
+	}
 }

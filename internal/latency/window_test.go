@@ -9,7 +9,7 @@ import (
 
 func mustWindow(t testing.TB, q float64, size int) *Window {
 	t.Helper()
-	w, err := NewWindow(q, size)
+	w, err := NewWindow(size, q)
 	if err != nil {
 		t.Fatalf("NewWindow(%v, %d) = %v", q, size, err)
 	}
@@ -31,7 +31,7 @@ func TestNewWindowValidates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := NewWindow(tt.q, tt.size)
+			_, err := NewWindow(tt.size, tt.q)
 			if (err != nil) != tt.wantErr {
 				t.Errorf("NewWindow(%v, %d) error = %v, want error %v", tt.q, tt.size, err, tt.wantErr)
 			}
@@ -86,9 +86,9 @@ func TestBuckets(t *testing.T) {
 func TestWindowLowerQuantile(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	p90 := mustWindow(t, 0.9, DefaultWindowSize)
-	p99, _ := p90.WithQuantile(0.99)
-	if same, _ := p90.WithQuantile(0.9); same != p90 {
-		t.Errorf("WithQuantile of the window's own quantile returned a new window")
+	p99, _ := p90.WithQuantiles(0.99)
+	if same, _ := p90.WithQuantiles(0.9); same != p90 {
+		t.Errorf("WithQuantiles of the window's own quantile returned a new window")
 	}
 	for i := range 5000 {
 		d := 2 * ms
@@ -237,4 +237,44 @@ func TestWindowStaysAboveAClusterTheEstimatorDipsBelow(t *testing.T) {
 		t.Errorf("below the 2ms cluster: Estimator %.1f%% of the time, Window %d times; want the Estimator at least 2%%, the Window never", 100*share, wBelow)
 	}
 	t.Logf("Estimator below 2ms %.1f%% of the time; Window never", 100*share)
+}
+
+// TestWindowReadsSeveralQuantilesInOnePass pins NewWindow with several
+// quantiles, in any order: each reads what a window of that quantile alone
+// reads, the first is the primary.
+func TestWindowReadsSeveralQuantilesInOnePass(t *testing.T) {
+	qs := []float64{0.9, 0.5, 0.99, 0.95}
+	multi, err := NewWindow(DefaultWindowSize, qs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var single []*Window
+	for _, q := range qs {
+		single = append(single, mustWindow(t, q, DefaultWindowSize))
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 3000 {
+		d := time.Duration(1+r.IntN(10)) * ms
+		if r.Float64() < 0.07 {
+			d *= 20
+		}
+		multi.Observe(d)
+		for _, w := range single {
+			w.Observe(d)
+		}
+		if i%97 != 0 {
+			continue
+		}
+		for k, w := range single {
+			if got, want := multi.QuantileAt(k), w.Quantile(); got != want {
+				t.Fatalf("after %d observations, QuantileAt(%d) (p%v) = %v, want %v", i+1, k, qs[k], got, want)
+			}
+		}
+	}
+	if multi.Quantile() != multi.QuantileAt(0) {
+		t.Errorf("Quantile() = %v, want the primary, QuantileAt(0) = %v", multi.Quantile(), multi.QuantileAt(0))
+	}
+	if _, err := NewWindow(10); err == nil {
+		t.Errorf("NewWindow with no quantile: no error")
+	}
 }

@@ -5,6 +5,7 @@
 //	go run ./cmd/compare -size tiny -out ''          # a quick look, no file written
 //	go run ./cmd/compare -run 'tail|isolation'       # some scenarios only
 //	go run ./cmd/compare -note 'busy machine'       # a bold note under the title
+//	go run ./cmd/compare -run triples -repeat 5     # 5 runs, then min / median / max of each cell
 package main
 
 import (
@@ -25,6 +26,13 @@ func scenarios() []bench.Scenario {
 	return bench.All()
 }
 
+// flagSet reports whether the flag named was given on the command line.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "compare:", err)
@@ -37,7 +45,14 @@ func run() error {
 	only := flag.String("run", "", "run only the scenarios whose name matches this regular expression")
 	out := flag.String("out", "BENCHMARKS.md", "write the report to this file (empty: do not write)")
 	note := flag.String("note", "", "a note printed in bold under the report's title, e.g. that the machine was busy")
+	repeat := flag.Int("repeat", 1, "run the scenarios this many times and report each cell as min / median / max (nothing is written unless -out is set explicitly)")
 	flag.Parse()
+	if *repeat < 1 {
+		return fmt.Errorf("-repeat %d: want at least 1", *repeat)
+	}
+	if *repeat > 1 && !flagSet("out") {
+		*out = ""
+	}
 
 	var sz bench.Size
 	switch *size {
@@ -64,6 +79,18 @@ func run() error {
 
 	start := time.Now()
 	results := bench.Run(context.Background(), selected, sz, os.Stderr)
+	if *repeat > 1 {
+		runs := [][]bench.Result{results}
+		for i := 1; i < *repeat; i++ {
+			fmt.Fprintf(os.Stderr, "run %d of %d\n", i+1, *repeat)
+			runs = append(runs, bench.Run(context.Background(), selected, sz, os.Stderr))
+		}
+		for i, run := range runs {
+			fmt.Printf("# Run %d of %d\n\n", i+1, *repeat)
+			bench.Markdown(os.Stdout, run)
+		}
+		results = bench.Summarize(runs)
+	}
 	var buf bytes.Buffer
 	bench.WriteReport(&buf, results, sz, bench.ThisMachine(), time.Since(start), *note)
 	if _, err := os.Stdout.Write(buf.Bytes()); err != nil {

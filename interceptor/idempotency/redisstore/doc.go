@@ -52,24 +52,38 @@
 // is when the oldest entry may go: the interceptor answers
 // RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, and the handler does not
 // run. Nothing of another scope is read or evicted. An owner's outcome is
-// always stored, even past the quota. When Redis itself refuses a claim
-// for memory (an OOM error: other data filled it, or the quotas add up
-// past maxmemory), the error wraps a FullError of the store (Scope false,
-// RetryAfter 1 s): RESOURCE_EXHAUSTED with a RetryInfo rather than
-// UNAVAILABLE, and a warning in the log, at most every 10 s, says to lower
-// the quotas or raise maxmemory. Size the quotas so that the tenants that
-// may flood at once fit: at a quarter each, four flooding tenants can
-// still fill Redis. Tests flood one tenant through the interceptor on a
-// noeviction server of 8 MB and on 3 Cluster primaries of 4 MB each, with
-// default options: the flooder is refused at its quota and no other
-// tenant's keyed call fails (without the quota, Redis ran out of memory
-// after about 1,100 calls of 4 KB and every tenant got UNAVAILABLE).
+// always stored, even past the quota (refusing it would run the handler
+// again), so calls in flight together, which all passed their claims, can
+// take a scope past its quota by their records (at most
+// WithMaxRecordBytes each): Complete first evicts the scope's own records
+// past the minimum retention, and a record that still does not fit is
+// stored and replayed, but kept for the minimum retention only, not its
+// TTL. So a burst's excess goes by itself: a test's 64 concurrent calls of
+// 250 KB under a 4 MB quota on a 16 MB noeviction Redis ran it out of
+// memory, and other tenants were refused (RESOURCE_EXHAUSTED) until the
+// minimum retention had passed, where before they were refused for the
+// records' TTL, a day. Bound a tenant's calls in flight (a concurrency
+// limit) or the record size where that minute matters.
+//
+// When Redis itself refuses a claim for memory (an OOM error: other data
+// filled it, or the quotas add up past maxmemory), the error wraps a
+// FullError of the store (Scope false, RetryAfter 1 s): RESOURCE_EXHAUSTED
+// with a RetryInfo rather than UNAVAILABLE, and a warning in the log, at
+// most every 10 s, says to lower the quotas or raise maxmemory. Size the
+// quotas so that the tenants that may flood at once fit: at a quarter each,
+// four flooding tenants can still fill Redis. Tests flood one tenant
+// through the interceptor on a noeviction server of 8 MB and on 3 Cluster
+// primaries of 4 MB each, with default options: the flooder is refused at
+// its quota and no other tenant's keyed call fails (without the quota,
+// Redis ran out of memory after about 1,100 calls of 4 KB and every tenant
+// got UNAVAILABLE).
 //
 // Across slots, exactly: a scope's quota is split evenly over its
 // partitions (entries/partitions and bytes/partitions each), and each
 // partition is one hash tag, one slot, counted atomically on its own; no
-// script reads two slots, so the quota is exact per partition and a
-// scope's total never passes it. A scope whose keys hash unevenly is
+// script reads two slots, so the quota is exact per partition, and a
+// scope's total passes it only by the records of its calls in flight, for
+// their minimum retention (above). A scope whose keys hash unevenly is
 // refused in its fullest partition before its total reaches the quota,
 // while its keys of the other partitions are still taken: with 16
 // partitions, a scope of random keys is first refused at about 80% of a

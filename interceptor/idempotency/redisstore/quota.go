@@ -73,7 +73,11 @@ const oomRetryAfter = time.Second
 // RetryAfter is when its oldest entry may go. No other scope's record is
 // touched. An owner's outcome is always stored, even past the quota
 // (refusing it would run the handler again): the quota is checked when a
-// key is claimed.
+// key is claimed, and a record that does not fit when it is completed
+// (calls in flight together all passed their claims), after the scope's
+// own records past the minimum retention are evicted, is kept for the
+// minimum retention only (at least 1 ms), not its TTL, so that the excess
+// goes by itself.
 //
 // Each scope is split in partitions ([WithScopePartitions]), each with its
 // share of the quota (entries/partitions and bytes/partitions): a scope is

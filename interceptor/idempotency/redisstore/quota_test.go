@@ -275,3 +275,126 @@ func fillRedis(t *testing.T, client *redis.Client) {
 	}
 	t.Fatal("Redis never ran out of memory")
 }
+
+// TestCompletePastTheScopeQuotaIsKeptForTheMinimumRetention: the quota is
+// checked when a key is claimed, so calls in flight together all pass it
+// and their outcomes, always stored, took the scope past its quota for the
+// records' whole TTL; on a noeviction Redis nothing else could free that
+// room (another scope may not evict them). Now a record that does not fit
+// is stored, and replayed, but kept for the minimum retention only; the
+// records that fit keep their TTL, and once the minimum retention has
+// passed the excess has gone.
+func TestCompletePastTheScopeQuotaIsKeptForTheMinimumRetention(t *testing.T) {
+	client := redistest.Client(t, redistest.Addr(t))
+	prefix := redistest.Prefix(t)
+	ctx := context.Background()
+	const quota = 64 << 10
+	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix), redisstore.WithScopeQuota(0, quota),
+		redisstore.WithScopePartitions(1), redisstore.WithMinRetention(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := func(i int) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: "a", FullMethod: "/p.S/M", Key: strconv.Itoa(i)}
+	}
+	const inFlight = 8 // records of a quarter of the quota each: twice the quota in all
+	tokens := make([]string, inFlight)
+	for i := range inFlight {
+		c, err := s.Claim(ctx, k(i), []byte("fp"), time.Minute)
+		if err != nil || c.State != idempotency.Owned {
+			t.Fatalf("Claim(%d) = %v, %v, want Owned", i, c.State, err)
+		}
+		tokens[i] = c.Token
+	}
+	for i := range inFlight {
+		rec := &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y", Reply: make([]byte, quota/4)}
+		if err := s.Complete(ctx, k(i), tokens[i], rec, time.Hour); err != nil {
+			t.Fatalf("Complete(%d) = %v, want the outcome stored past the quota", i, err)
+		}
+		c, err := s.Claim(ctx, k(i), []byte("fp"), time.Minute)
+		if err != nil || c.State != idempotency.Completed {
+			t.Fatalf("duplicate of %d: %v, %v, want Completed", i, c.State, err)
+		}
+	}
+	long, short := recordTTLs(t, client, prefix)
+	if long < 2 || long > 4 || long+short != inFlight {
+		t.Errorf("records kept for their TTL: %d, for the minimum retention: %d; want 2 to 4 within the quota, the rest short",
+			long, short)
+	}
+	if err := redistest.Advance(ctx, client, prefix, time.Minute+time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if long2, short2 := recordTTLs(t, client, prefix); long2 != long || short2 != 0 {
+		t.Errorf("after the minimum retention: %d long and %d short records, want %d and 0", long2, short2, long)
+	}
+}
+
+// recordTTLs counts the record hashes under prefix whose time to live is
+// more than a minute (long) and at most a minute (short).
+func recordTTLs(t *testing.T, client *redis.Client, prefix string) (long, short int) {
+	t.Helper()
+	ctx := context.Background()
+	iter := client.Scan(ctx, 0, prefix+"*", 100).Iterator()
+	for iter.Next(ctx) {
+		key := iter.Val()
+		if strings.HasSuffix(key, "#z") || strings.HasSuffix(key, "#s") {
+			continue
+		}
+		ttl, err := client.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl > time.Minute {
+			long++
+		} else {
+			short++
+		}
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return long, short
+}
+
+// TestCompleteOnRedisOutOfMemoryStoresTheOutcome: Redis refuses a script's
+// writes for memory only until the script has written once. Complete's
+// first write on the path of a key whose lease had ended (absent, no one
+// claimed it since) was an HSET, which Redis refused at maxmemory: the
+// handler's outcome was lost, the claim released, and a duplicate ran the
+// handler again. Complete now writes first what Redis allows out of memory
+// (HDEL), on every path, so the outcome is stored, owned or absent.
+func TestCompleteOnRedisOutOfMemoryStoresTheOutcome(t *testing.T) {
+	srv := redistest.StartWith(t, "--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
+	client := redistest.Client(t, srv.Addr)
+	prefix := redistest.Prefix(t)
+	ctx := context.Background()
+	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := func(key string) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: "a", FullMethod: "/p.S/M", Key: key}
+	}
+	absent, err := s.Claim(ctx, k("absent"), []byte("fp"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := redistest.Advance(ctx, client, prefix, 2*time.Second); err != nil { // its lease ends
+		t.Fatal(err)
+	}
+	owned, err := s.Claim(ctx, k("owned"), []byte("fp"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillRedis(t, client)
+	for key, token := range map[string]string{"absent": absent.Token, "owned": owned.Token} {
+		rec := &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y", Reply: []byte("reply")}
+		if err := s.Complete(ctx, k(key), token, rec, time.Hour); err != nil {
+			t.Errorf("Complete of the %s key on a Redis out of memory = %v, want the outcome stored", key, err)
+			continue
+		}
+		if c, err := s.Claim(ctx, k(key), []byte("fp"), time.Minute); err != nil || c.State != idempotency.Completed {
+			t.Errorf("duplicate of the %s key: %v, %v, want Completed", key, c.State, err)
+		}
+	}
+}

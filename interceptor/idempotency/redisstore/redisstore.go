@@ -314,21 +314,31 @@ return {1}
 `)
 
 	// completeScript: ARGV token, record, ttl ms, fingerprint, member,
-	// entry bytes, retention ms (the minimum retention, at most the TTL).
-	// Returns 1 when stored, 0 when the token does not own the key. An
-	// absent key (the owner's lease ended, no one claimed it since) takes
-	// the record with the fingerprint. The quota is not checked: an owner's
-	// outcome is always stored.
+	// entry bytes, retention ms (the minimum retention, at most the TTL),
+	// quota bytes, base. Returns 1 when stored, 0 when the token does not
+	// own the key. An absent key (the owner's lease ended, no one claimed it
+	// since) takes the record with the fingerprint. An owner's outcome is
+	// always stored, even past the scope's byte quota: the scope first
+	// evicts its own records past their minimum retention, as a claim
+	// does, and a record that still does not fit is kept for its minimum
+	// retention only (at least 1 ms), not its TTL, so that the excess of a
+	// burst of calls in flight goes by itself. The first write is the HDEL,
+	// which Redis allows out of memory: a script that has written may go
+	// on, so the outcome is stored on a Redis at maxmemory too.
 	completeScript = redis.NewScript(luaQuota + `
 local o = redis.call('HGET', KEYS[1], 'o')
-if o ~= ARGV[1] then
-  if o or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-  redis.call('HSET', KEYS[1], 'f', ARGV[4])
-end
+if o ~= ARGV[1] and (o or redis.call('EXISTS', KEYS[1]) == 1) then return 0 end
 redis.call('HDEL', KEYS[1], 'o')
-redis.call('HSET', KEYS[1], 'r', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-account(ARGV[5], now_ms() + tonumber(ARGV[7]), tonumber(ARGV[6]), tonumber(ARGV[3]))
+local now = now_ms()
+local size = tonumber(ARGV[6])
+local ttl = tonumber(ARGV[3])
+local old = tonumber(redis.call('HGET', KEYS[3], ARGV[5]) or '0')
+if room(now, size - old, 0, tonumber(ARGV[8]), ARGV[9]) > 0 then
+  ttl = math.max(math.min(ttl, tonumber(ARGV[7])), 1)
+end
+redis.call('HSET', KEYS[1], 'f', ARGV[4], 'r', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl)
+account(ARGV[5], now + tonumber(ARGV[7]), size, ttl)
 return 1
 `)
 
@@ -590,7 +600,8 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 	}
 	rk := s.recordKeys(key)
 	cmd, err := s.run(ctx, completeScript, rk.keys[:], completeWrote, token, data, millis(ttl), rec.Fingerprint,
-		rk.member, s.entryBytes(&rk, len(data)+len(rec.Fingerprint)), min(s.opts.minRetention, ttl).Milliseconds())
+		rk.member, s.entryBytes(&rk, len(data)+len(rec.Fingerprint)), min(s.opts.minRetention, ttl).Milliseconds(),
+		s.quota.bytes, rk.base)
 	var ok int
 	if err == nil {
 		ok, err = cmd.Int()
