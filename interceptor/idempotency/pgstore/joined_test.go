@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -321,6 +322,44 @@ func TestReaperDeletesEndedRowsInBatchesAndStops(t *testing.T) {
 	}
 	if err := s.Close(); err != nil { // twice: a no-op
 		t.Fatal(err)
+	}
+	// Close returns once the goroutine has: none is left to reap.
+	if buf := make([]byte, 1<<20); strings.Contains(string(buf[:runtime.Stack(buf, true)]), "pgstore.(*reaper).run") {
+		t.Fatal("a reaper goroutine is running after Close")
+	}
+}
+
+// TestReapDeletesOneBatchAtATime: one Reap deletes at most the batch of
+// WithReaper, the oldest ended rows first, and leaves live rows alone.
+func TestReapDeletesOneBatchAtATime(t *testing.T) {
+	pool, schema := migrated(t)
+	ctx := context.Background()
+	s, err := pgstore.New(pool, pgstore.WithSchema(schema), pgstore.WithReaper(time.Hour, 2)) // New starts no reaper
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		c, err := s.Claim(ctx, rk(fmt.Sprint("b-", i)), fp, time.Minute)
+		if err != nil || c.State != idempotency.Owned {
+			t.Fatalf("Claim() = %v, %v", c.State, err)
+		}
+		if i < 5 {
+			if err := s.Complete(ctx, rk(fmt.Sprint("b-", i)), c.Token, ok(), time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	advance(t, pool, schema, 2*time.Second) // five records end; the lease does not
+	var got []int
+	for range 4 {
+		n, err := s.Reap(ctx)
+		if err != nil {
+			t.Fatalf("Reap() error = %v", err)
+		}
+		got = append(got, n)
+	}
+	if fmt.Sprint(got) != "[2 2 1 0]" {
+		t.Errorf("Reap() four times deleted %v, want [2 2 1 0] (batches of 2, five ended rows)", got)
 	}
 }
 
