@@ -145,7 +145,9 @@ func findBinDir() (string, bool) {
 		}
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Sort(sort.Reverse(sort.StringSlice(dirs))) // the newest major version first (by name: 15 before 14)
+	// The newest major version first, by number (15 before 9).
+	major := func(dir string) int { n, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir))); return n }
+	sort.SliceStable(dirs, func(i, j int) bool { return major(dirs[i]) > major(dirs[j]) })
 	for _, dir := range dirs {
 		if has(dir) {
 			return dir, true
@@ -213,6 +215,7 @@ func start(bin string, args ...string) (*Server, error) {
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "--auth=trust",
 		"--no-sync", "-E", "UTF8", "--locale=C")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.Dir = dir // the cluster's user may not reach the test's working directory
 	if out, err := initdb.CombinedOutput(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
@@ -249,6 +252,7 @@ func startOn(bin, dir, data string, cred *syscall.Credential, extra []string) (*
 	// Pdeathsig: a test binary that dies (a timeout's panic, a kill) takes
 	// its cluster with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	cmd.Dir = dir
 	out, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
