@@ -82,7 +82,10 @@
 // An owner that is cut off without closing its connection (a network
 // partition, a frozen process) holds the key until
 // idle_in_transaction_session_timeout ends its session (WithTxIdleTimeout,
-// 1 minute).
+// 1 minute). Keep that timeout above the server's maximum for a detached
+// handler (interceptor.WithIdempotencyDetachedHandler, 30 s): the session
+// then ends after the handler's context has, so a duplicate elsewhere
+// never runs while the first handler may still make a foreign call.
 //
 // # A COMMIT whose outcome is unknown
 //

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/storetest"
@@ -72,4 +74,69 @@ func TestConformance(t *testing.T) {
 			Advance:        func(t testing.TB, d time.Duration) { advance(t, pool, schema, d) },
 		}
 	})
+}
+
+// TestLeaseQuotaEvictsRecordsPastTheirMinimumRetention: in lease mode, a
+// scope at its quota of completed records is refused while they are within
+// their minimum retention (a FullError whose RetryAfter is when the oldest
+// passes it), and, once they are past it, a claim evicts the scope's
+// oldest record and goes through; another scope is never touched.
+func TestLeaseQuotaEvictsRecordsPastTheirMinimumRetention(t *testing.T) {
+	pool, schema := migrated(t)
+	s, err := pgstore.New(pool, pgstore.WithSchema(schema), pgstore.WithScopeQuota(3, 0), pgstore.WithScopePartitions(1),
+		pgstore.WithMinRetention(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fp := []byte("fingerprint")
+	in := func(scope string, i int) idempotency.RecordKey {
+		return idempotency.RecordKey{Scope: scope, FullMethod: "/shop.v1.Shop/Order", Key: fmt.Sprint("q-", i)}
+	}
+	rec := &idempotency.Record{Fingerprint: fp, ReplyType: "shop.v1.OrderReply", Reply: []byte("done")}
+	complete := func(k idempotency.RecordKey) error {
+		c, err := s.Claim(ctx, k, fp, time.Minute)
+		if err != nil {
+			return err
+		}
+		if c.State != idempotency.Owned {
+			return fmt.Errorf("Claim(%v) = %v, want Owned", k.Key, c.State)
+		}
+		return s.Complete(ctx, k, c.Token, rec, time.Hour)
+	}
+	if err := complete(in("b", 0)); err != nil { // another scope's record, older than scope a's
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := complete(in("a", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = s.Claim(ctx, in("a", 3), fp, time.Minute)
+	full, isFull := errors.AsType[*idempotency.FullError](err)
+	if !isFull || !full.Scope || full.RetryAfter <= 0 || full.RetryAfter > time.Minute {
+		t.Fatalf("Claim past the quota, records within their minimum retention = %v, want a scope FullError "+
+			"with a RetryAfter within the minute", err)
+	}
+	advance(t, pool, schema, time.Minute) // every record passes its minimum retention
+	if err := complete(in("a", 3)); err != nil {
+		t.Fatalf("Claim once the records may be evicted = %v, want it to go through", err)
+	}
+	// a-0 last: its claim takes a new entry, for which the scope evicts again.
+	for _, k := range []idempotency.RecordKey{in("b", 0), in("a", 1), in("a", 2), in("a", 0)} {
+		c, err := s.Claim(ctx, k, fp, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := idempotency.Completed
+		if k == in("a", 0) {
+			want = idempotency.Owned // evicted: the scope's oldest
+		}
+		if c.State != want {
+			t.Errorf("Claim(%s/%s) = %v, want %v", k.Scope, k.Key, c.State, want)
+		}
+		if c.State == idempotency.Owned {
+			_ = s.Release(ctx, k, c.Token)
+		}
+	}
 }
