@@ -38,7 +38,7 @@ func IdempotencyStores() Scenario {
 			"synchronous_commit on; a cluster of its own, or $PG_DSN) in its own transaction (BEGIN, INSERT, COMMIT), or, " +
 			"with pgstore's joined mode, in the call's transaction (INSERT). Redis (loopback, or $REDIS_ADDR) for the Redis " +
 			"store. interceptor.NewServer with each store and its defaults, one scope for all; the stores' pools are " +
-			"warmed up (statements prepared). One caller, sequential unary calls with a 1 s deadline, Size.Pairs each. " +
+			"warmed up (statements prepared). One caller, sequential unary calls with a 1 s deadline, Size.Pairs/4 each (1,000 at the default size). " +
 			"First execution: a new key per call; replay: one key repeated. ms: the median call, client to client. " +
 			"vs handler alone: the paired ratio (alternating blocks of 20) to the same handler without idempotency. " +
 			"Round trips: per call, to PostgreSQL and Redis together, counted at the sockets (a pipeline is one; pgxpool's " +
@@ -314,10 +314,17 @@ func storesCall(c echov1.EchoServiceClient, key string) (time.Duration, error) {
 	return time.Since(start), err
 }
 
+// storesCalls is the number of timed calls per side and measure: a
+// quarter of Size.Pairs (at least 40), since every first execution here
+// commits to a disk (fsync on), and five sides at the full count took
+// minutes on their own.
+func storesCalls(sz Size) int { return max(sz.Pairs/4, 40) }
+
 // storesRow measures one side: first executions (new keys) and replays (one
 // key), each after a warm-up; the handler alone has no replay.
 func storesRow(sz Size, name string, side, alone *storesSide, keys *storesKeys) ([]string, error) {
-	warm := max(sz.Pairs/10, 20)
+	n := storesCalls(sz)
+	warm := max(n/10, 20)
 	first := func() error { _, err := storesCall(side.client, keys.next()); return err }
 	for range warm {
 		if err := first(); err != nil {
@@ -326,13 +333,13 @@ func storesRow(sz Size, name string, side, alone *storesSide, keys *storesKeys) 
 	}
 	vsAlone := "—"
 	if side != alone {
-		x, err := pairedRatio(sz.Pairs, func() error { _, err := storesCall(alone.client, keys.next()); return err }, first)
+		x, err := pairedRatio(n, func() error { _, err := storesCall(alone.client, keys.next()); return err }, first)
 		if err != nil {
 			return nil, err
 		}
 		vsAlone = ratio(x)
 	}
-	firstMs, firstRT, err := storesTimed(sz.Pairs, side, keys.next)
+	firstMs, firstRT, err := storesTimed(n, side, keys.next)
 	if err != nil {
 		return nil, err
 	}
@@ -344,7 +351,7 @@ func storesRow(sz Size, name string, side, alone *storesSide, keys *storesKeys) 
 	if _, err := storesCall(side.client, key); err != nil {
 		return nil, err
 	}
-	replayMs, replayRT, err := storesTimed(sz.Pairs, side, func() string { return key })
+	replayMs, replayRT, err := storesTimed(n, side, func() string { return key })
 	if err != nil {
 		return nil, err
 	}
