@@ -140,3 +140,50 @@ func TestLeaseQuotaEvictsRecordsPastTheirMinimumRetention(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseReplayTakesNoRowLock: a lease-mode Claim that finds a completed
+// record (a replay, or a mismatch) reads it without a row lock. A lock
+// (SELECT ... FOR UPDATE) gives the statement a transaction id, and its
+// commit a WAL flush: a disk write per replay (3.4 ms against joined
+// mode's 0.24 ms in bench, fsync on). The locker's id would be left in the
+// row's xmax.
+func TestLeaseReplayTakesNoRowLock(t *testing.T) {
+	pool, schema := migrated(t)
+	s, err := pgstore.New(pool, pgstore.WithSchema(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fp := []byte("fingerprint")
+	k := idempotency.RecordKey{Scope: "tenant", FullMethod: "/shop.v1.Shop/Order", Key: "replayed"}
+	c, err := s.Claim(ctx, k, fp, time.Minute)
+	if err != nil || c.State != idempotency.Owned {
+		t.Fatalf("Claim() = %v, %v", c.State, err)
+	}
+	rec := &idempotency.Record{Fingerprint: fp, ReplyType: "shop.v1.OrderReply", Reply: []byte("done")}
+	if err := s.Complete(ctx, k, c.Token, rec, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	xmax := func() string {
+		var x string
+		q := "SELECT xmax::text FROM " + pgtest.Ident(schema) + ".resilience_idempotency WHERE key = $1"
+		if err := pool.QueryRow(ctx, q, k.Key).Scan(&x); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	before := xmax()
+	for _, f := range [][]byte{fp, []byte("another request")} {
+		c, err := s.Claim(ctx, k, f, time.Minute)
+		want := idempotency.Completed
+		if string(f) != string(fp) {
+			want = idempotency.Mismatch
+		}
+		if err != nil || c.State != want {
+			t.Fatalf("Claim(%q) = %v, %v, want %v", f, c.State, err, want)
+		}
+	}
+	if after := xmax(); after != before {
+		t.Errorf("the record's xmax went from %s to %s: a replay or mismatch locked the row", before, after)
+	}
+}
