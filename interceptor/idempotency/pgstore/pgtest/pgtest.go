@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -161,27 +160,6 @@ func findBinDir() (string, bool) {
 	return "", false
 }
 
-// owner is who runs the cluster: nil for the current user; as root, the
-// system user "postgres".
-func owner() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("running as root, and PostgreSQL refuses to: need the system user \"postgres\" to run it as: %w", err)
-	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
-	if err != nil {
-		return nil, err
-	}
-	gid, err := strconv.ParseUint(u.Gid, 10, 32)
-	if err != nil {
-		return nil, err
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
 // Launch starts a cluster outside a test, for a benchmark command: as
 // Start, with extra postgres arguments after the test defaults, which they
 // override (such as "-c", "fsync=on" for commits that reach the disk). The
@@ -206,7 +184,7 @@ func start(bin string, args ...string) (*Server, error) {
 		return nil, err
 	}
 	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+		if err := chownTo(dir, cred); err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, err
 		}
@@ -214,7 +192,7 @@ func start(bin string, args ...string) (*Server, error) {
 	data := filepath.Join(dir, "data")
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "--auth=trust",
 		"--no-sync", "-E", "UTF8", "--locale=C")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.SysProcAttr = initdbAttr(cred)
 	initdb.Dir = dir // the cluster's user may not reach the test's working directory
 	if out, err := initdb.CombinedOutput(); err != nil {
 		_ = os.RemoveAll(dir)
@@ -241,7 +219,7 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func startOn(bin, dir, data string, cred *syscall.Credential, extra []string) (*Server, error) {
+func startOn(bin, dir, data string, cred *credential, extra []string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -249,9 +227,9 @@ func startOn(bin, dir, data string, cred *syscall.Credential, extra []string) (*
 	cmd := exec.Command(filepath.Join(bin, "postgres"), append([]string{"-D", data, "-p", strconv.Itoa(port), "-k", dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200", "-c", "log_min_messages=warning"}, extra...)...)
-	// Pdeathsig: a test binary that dies (a timeout's panic, a kill) takes
+	// On Linux, a test binary that dies (a timeout's panic, a kill) takes
 	// its cluster with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = postmasterAttr(cred)
 	cmd.Dir = dir
 	out, err := cmd.StderrPipe()
 	if err != nil {
