@@ -72,6 +72,7 @@ func All() []Scenario {
 		SlowTail(DefaultPolicy),
 		SlowTailTriples(),
 		Idempotency(),
+		IdempotencyStores(),
 		Overload(),
 		EndpointFailing(),
 		EndpointRecovery(),

@@ -46,6 +46,10 @@ type idemEnv struct {
 	downStore func() idempotency.Store
 	// fake is true inside a synctest bubble: time is fake.
 	fake bool
+	// joined is true for a store in joined mode (idempotency.TxStore): no
+	// lease is renewed, and a duplicate waits on the owner's transaction,
+	// up to the store's bound, then gets ABORTED.
+	joined bool
 }
 
 // idemSUT is a kind of store; run gives each test its own env.

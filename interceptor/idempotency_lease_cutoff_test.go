@@ -45,6 +45,11 @@ func (idemStalledRenewals) Renew(ctx context.Context, _ idempotency.RecordKey, _
 }
 
 func testIdemCutoff(t *testing.T, env *idemEnv, cut idempotency.Store) {
+	if env.joined {
+		t.Skip("joined mode has no lease to cut off: the owner's open transaction holds the key until it ends, and a " +
+			"duplicate on another replica gets ABORTED instead of polling (TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit, " +
+			"TestIdempotencyJoinedDeadOwnerFreesTheKeyAtOnce)")
+	}
 	// The margin, a tenth of the lease, covers the lateness of the
 	// renewal's timer on a loaded test machine with -race.
 	const lease = 1500 * time.Millisecond

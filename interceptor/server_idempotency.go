@@ -192,6 +192,14 @@ func srvIdemOption(f func(*srvIdemOptions)) ServerOption {
 // so it always reports the server's current state, unless
 // WithIdempotencyKeyPolicy names the method or its service.
 //
+// A store that is an idempotency.TxStore (pgstore's joined mode:
+// pgstore.Store.Joined) holds each claim in a database transaction which the
+// handler joins (pgstore.Tx): the handler's writes commit with the call's
+// record, in one transaction, before the reply is sent, and roll back with
+// it after an unstored code or a panic; a concurrent duplicate waits for
+// that transaction, up to the store's bound, and then replays its outcome
+// or gets ABORTED with a pushback. See package pgstore.
+//
 // A nil store is refused (NewServer returns an error), as is a nil pointer
 // of a store type (such as the *redisstore.Store of an Open whose error was
 // dropped): it would turn idempotency off, or fail every keyed call.
@@ -203,7 +211,7 @@ func WithIdempotencyStore(store idempotency.Store) ServerOption {
 				arg = fmt.Sprintf("(%T)(nil)", store)
 			}
 			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyStore(%s): the store must not be nil; "+
-				"pass the store of idempotency.NewMemoryStore or redisstore.Open, after checking their error", arg))
+				"pass the store of idempotency.NewMemoryStore, redisstore.Open or pgstore.Open, after checking their error", arg))
 			return
 		}
 		o.store = store
@@ -467,6 +475,7 @@ func srvCheckPolicyName(name string) error {
 // flights. Everything but flights is immutable.
 type srvIdem struct {
 	store       idempotency.Store
+	tx          idempotency.TxStore // store, when it is one (pgstore's joined mode: see claimJoined); else nil
 	scope       func(context.Context) (string, error)
 	ttl, lease  time.Duration
 	pollInitial time.Duration
@@ -527,7 +536,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		return nil, err
 	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
+	txStore, _ := o.store.(idempotency.TxStore)
 	s := &srvIdem{
+		tx:          txStore,
 		detach:      !inMemory,
 		store:       o.store,
 		scope:       o.scope,

@@ -153,6 +153,9 @@ func (c *srvIdemCall) await(running *srvFlight, done <-chan struct{}) (*srvOutco
 // elsewhere", and finishes the flight on every way out, panics included.
 func (c *srvIdemCall) claim() (any, error) {
 	defer c.s.flights.finish(c.f) // after c.f.out is written, or with it unset: waiters compete again
+	if c.s.tx != nil {
+		return c.claimJoined()
+	}
 	for {
 		start := c.s.m.start() // zero without metrics
 		if start.IsZero() && c.s.detachMax > 0 {
@@ -165,15 +168,9 @@ func (c *srvIdemCall) claim() (any, error) {
 		}
 		switch cl.State {
 		case idempotency.Completed:
-			c.f.out = srvOutcome{ok: true, rec: cl.Record}
-			c.s.m.replay(c.ctx, c.info.FullMethod, srvFromStore, cl.Record)
-			return c.s.replay(c.ctx, cl.Record)
+			return c.completed(cl.Record)
 		case idempotency.Mismatch:
-			c.f.out = srvOutcome{ok: true, err: &srvRejection{code: codes.FailedPrecondition,
-				msg:      "idempotency: idempotency-key was already used with a different request to " + c.info.FullMethod,
-				sentinel: ErrIdempotencyKeyReused}}
-			c.s.m.conflict(c.ctx, c.info.FullMethod, srvMismatch)
-			return nil, c.f.out.err
+			return c.mismatch()
 		case idempotency.InProgress:
 			if c.s.noWait {
 				c.f.out = c.s.inProgress
@@ -190,6 +187,24 @@ func (c *srvIdemCall) claim() (any, error) {
 			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", cl.State)
 		}
 	}
+}
+
+// completed answers the leader of a flight whose key holds a stored
+// outcome: a replay, which the flight's waiters share.
+func (c *srvIdemCall) completed(rec *idempotency.Record) (any, error) {
+	c.f.out = srvOutcome{ok: true, rec: rec}
+	c.s.m.replay(c.ctx, c.info.FullMethod, srvFromStore, rec)
+	return c.s.replay(c.ctx, rec)
+}
+
+// mismatch answers the leader of a flight whose key is held for another
+// request: FAILED_PRECONDITION, which the flight's waiters share.
+func (c *srvIdemCall) mismatch() (any, error) {
+	c.f.out = srvOutcome{ok: true, err: &srvRejection{code: codes.FailedPrecondition,
+		msg:      "idempotency: idempotency-key was already used with a different request to " + c.info.FullMethod,
+		sentinel: ErrIdempotencyKeyReused}}
+	c.s.m.conflict(c.ctx, c.info.FullMethod, srvMismatch)
+	return nil, c.f.out.err
 }
 
 // claimFailed answers a call whose Claim failed. The call holds no claim:

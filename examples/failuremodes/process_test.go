@@ -76,10 +76,17 @@ func (w *listenWriter) Write(p []byte) (int, error) {
 // 20 s, for it to say where it listens.
 func startChild(t *testing.T, bin, addr, redisAddr, execLog string) (*childServer, error) {
 	t.Helper()
+	return startProcess(t, bin, "-addr", addr, "-metrics-addr", "", "-store", "redis",
+		"-redis-addr", redisAddr, "-scope", "shared", "-execution-log", execLog)
+}
+
+// startProcess starts the server binary at bin with args and waits, up to
+// 20 s, for it to print "grpc listening on HOST:PORT".
+func startProcess(t *testing.T, bin string, args ...string) (*childServer, error) {
+	t.Helper()
 	out := &listenWriter{addr: make(chan string, 1)}
 	c := &childServer{stderr: new(bytes.Buffer), exited: make(chan struct{})}
-	c.cmd = exec.Command(bin, "-addr", addr, "-metrics-addr", "", "-store", "redis",
-		"-redis-addr", redisAddr, "-scope", "shared", "-execution-log", execLog)
+	c.cmd = exec.Command(bin, args...)
 	c.cmd.Stdout = out
 	c.cmd.Stderr = &lockedBuffer{b: c.stderr}
 	if err := c.cmd.Start(); err != nil {
@@ -94,10 +101,10 @@ func startChild(t *testing.T, bin, addr, redisAddr, execLog string) (*childServe
 	case c.addr = <-out.addr:
 		return c, nil
 	case <-c.exited:
-		return nil, fmt.Errorf("examples/server exited before listening: %v\nstderr:\n%s", c.cmd.ProcessState, c.stderrText())
+		return nil, fmt.Errorf("%s exited before listening: %v\nstderr:\n%s", bin, c.cmd.ProcessState, c.stderrText())
 	case <-time.After(20 * time.Second):
 		c.kill()
-		return nil, fmt.Errorf("examples/server did not print \"grpc listening on\" within 20s\nstderr:\n%s", c.stderrText())
+		return nil, fmt.Errorf("%s did not print \"grpc listening on\" within 20s\nstderr:\n%s", bin, c.stderrText())
 	}
 }
 
@@ -136,10 +143,17 @@ func (w *lockedBuffer) Write(p []byte) (int, error) {
 // The program is part of this module, so a failed build fails t.
 func buildExampleServer(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "server")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/grpc-resilience/resilience/examples/server")
+	return buildProgram(t, "github.com/grpc-resilience/resilience/examples/server")
+}
+
+// buildProgram builds the program pkg of this module into a temporary
+// directory; a failed build fails t.
+func buildProgram(t *testing.T, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./examples/server: %v\n%s", err, out)
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
 }

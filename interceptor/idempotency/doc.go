@@ -2,8 +2,9 @@
 // so that a server runs each keyed call once and replays its outcome to every
 // duplicate. It holds the [Store] contract, the [Record] type and
 // [MemoryStore], the embedded default; package redisstore holds a Store
-// shared by many replicas, and package storetest a conformance suite for
-// any Store.
+// shared by many replicas, package pgstore one in PostgreSQL whose joined
+// mode (a [TxStore]) commits the handler's own writes with the record, and
+// package storetest a conformance suite for any Store.
 //
 // The interceptor that uses a Store is interceptor.Server, turned on with
 // interceptor.WithIdempotencyStore. This documentation describes what they

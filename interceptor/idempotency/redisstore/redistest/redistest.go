@@ -106,6 +106,26 @@ func StartWith(t testing.TB, args ...string) *Server {
 	return nil
 }
 
+// Launch starts a redis-server outside a test, for a benchmark command,
+// with extra redis-server arguments; the caller stops it with Stop. It
+// returns an error when redis-server is not on PATH.
+func Launch(args ...string) (*Server, error) {
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w (install redis-server, or set REDIS_ADDR)", err)
+	}
+	args = append([]string{"--dir", os.TempDir()}, args...)
+	var lastErr error
+	for range 3 { // a free port may be taken between choosing and binding
+		s, err := start(path, args...)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+	}
+	return nil, fmt.Errorf("redistest: starting redis-server: %w", lastErr)
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
