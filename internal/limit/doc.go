@@ -152,9 +152,10 @@
 // tenant over its share is shed before any tenant under it, and a lone
 // tenant may use the whole limit. Requests in flight are never preempted.
 // At most MaxTenants (1024 by default) named tenants are remembered at once
-// and the names beyond share one; a tenant idle for TenantIdle is
-// forgotten, lazily (two at a time on each request naming one, all at once
-// on a Snapshot). With one tenant, the limit behaves as without tenants.
+// and the names beyond share one, as do names longer than MaxTenantName
+// (256 bytes); a tenant idle for TenantIdle is forgotten by the next
+// request, whatever tenant it names. With one tenant, the limit behaves as
+// without tenants.
 //
 // # Pushback
 //

@@ -642,7 +642,7 @@ func (l *Limiter) Snapshot(now time.Time) Snapshot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rotateLocked(now)
-	l.ten.sweep(now, len(l.ten.named))
+	l.ten.sweep(now)
 	return Snapshot{
 		Limit: int(l.limit), InFlight: l.inflight, Queued: len(l.q.w),
 		BaseRTT: l.base.value(), DoorRTT: l.doorLocked(now), SmoothedRTT: time.Duration(l.srtt),

@@ -1,0 +1,223 @@
+package interceptor
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// The adversary round of issue 19: hostile callers over gRPC, and after
+// each the limit holds nothing and comes back (goleak runs in TestMain).
+
+// heldEcho answers Echo once release is closed, counting the calls
+// running in running.
+func heldEcho(running *atomic.Int64, release <-chan struct{}) *fnEcho {
+	return &fnEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		running.Add(1)
+		defer running.Add(-1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+	}}
+}
+
+// TestLimitForgetsFloodedTenantsUnderDefaultTraffic: a caller sends one call
+// under each of 1024 tenant names and stops; the honest traffic after it
+// names no tenant (the default tenant). Once the names have been idle for
+// IdleTimeout, the default tenant must have the whole of its share again
+// (90 of a limit of 100). Before the fix the names were forgotten only by
+// requests that name a tenant (two at a time) or by a Snapshot, so they
+// stayed "active" for good and the default tenant, judged against a fair
+// share of 90/1025, was held 10 slots below its share (80 of 100) for as
+// long as no named call or LimitStatuses came.
+func TestLimitForgetsFloodedTenantsUnderDefaultTraffic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var running atomic.Int64
+		release := make(chan struct{})
+		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 100, MinLimit: 100, MaxLimit: 100}),
+			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey, IdleTimeout: time.Second}, nil))
+		fast := &fnEcho{fn: func(context.Context, *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			return &echov1.EchoResponse{}, nil
+		}}
+		var slow atomic.Bool
+		impl := &fnEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			if slow.Load() {
+				return heldEcho(&running, release).Echo(ctx, req)
+			}
+			return fast.Echo(ctx, req)
+		}}
+		client := serveLimited(t, impl, srv)
+		for i := range 1024 {
+			ctx := metadata.AppendToOutgoingContext(context.Background(), tenantKey, "flood-"+strconv.Itoa(i))
+			if _, err := client.Echo(ctx, &echov1.EchoRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(2 * time.Second) // the flood's names idle for twice IdleTimeout
+		slow.Store(true)
+		var shed atomic.Int64
+		var wg sync.WaitGroup
+		for range 100 {
+			wg.Go(func() {
+				if err := echoWithin(client, 0, "honest"); status.Code(err) == codes.ResourceExhausted {
+					shed.Add(1)
+				} else if err != nil {
+					t.Errorf("honest call: %v", err)
+				}
+			})
+		}
+		synctest.Wait()
+		admitted := running.Load()
+		close(release)
+		wg.Wait()
+		if admitted != 90 {
+			t.Errorf("default tenant: %d of 100 admitted (%d shed), want its whole share, 90", admitted, shed.Load())
+		}
+		if st := srv.LimitStatuses()[0]; st.InFlight != 0 || st.Tenants > 1 {
+			t.Errorf("after the calls: %d in flight, %d tenants; want 0 and at most 1", st.InFlight, st.Tenants)
+		}
+	})
+}
+
+// TestTenantLongNamesShareOneTenant: a caller that names its tenant with
+// a header of 16KB, a new one on every call, must not have the limit keep
+// each name (grpc lets a header list reach 16MB by default, so 1024
+// remembered names could pin gigabytes for IdleTimeout and, under default
+// traffic, for good). Names longer than limit.MaxTenantName bytes share the
+// overflow tenant. Before the fix each of the 50 names was remembered
+// (Tenants 50, 800KB held); now they are one tenant.
+func TestTenantLongNamesShareOneTenant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
+			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
+		client := serveLimited(t, &fnEcho{fn: func(context.Context, *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			return &echov1.EchoResponse{}, nil
+		}}, srv)
+		pad := strings.Repeat("x", 16<<10)
+		for i := range 50 {
+			ctx := metadata.AppendToOutgoingContext(context.Background(), tenantKey, strconv.Itoa(i)+pad)
+			if _, err := client.Echo(ctx, &echov1.EchoRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := srv.LimitStatuses()[0]; st.Tenants > 1 || st.InFlight != 0 {
+			t.Errorf("after 50 calls with 16KB tenant names: %d tenants, %d in flight; want at most 1 and 0", st.Tenants, st.InFlight)
+		}
+		// A short name is still a tenant of its own, and a missing one the default.
+		ctx := metadata.AppendToOutgoingContext(context.Background(), tenantKey, "acme")
+		if _, err := client.Echo(ctx, &echov1.EchoRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := echoWithin(client, 0, "anon"); err != nil {
+			t.Fatal(err)
+		}
+		if st := srv.LimitStatuses()[0]; st.Tenants != 3 {
+			t.Errorf("overflow, acme and the default: %d tenants, want 3", st.Tenants)
+		}
+	})
+}
+
+// TestLimitKeyedPanicAndClosedConnectionHoldNothing: under a limit of 2
+// with idempotency, a keyed call whose handler panics (a recovery
+// interceptor outermost turns the panic into INTERNAL), and calls whose
+// connection closes while they run, leave no slot held: the limit then
+// admits 2 calls at once again, three rounds running.
+func TestLimitKeyedPanicAndClosedConnectionHoldNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store, err := idempotency.NewMemoryStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var running atomic.Int64
+		release := make(chan struct{})
+		impl := &fnEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			if req.GetMessage() == "panic" {
+				panic("boom")
+			}
+			return heldEcho(&running, release).Echo(ctx, req)
+		}}
+		srv := newLimitServer(t, WithIdempotencyStore(store), WithIdempotencySharedScope(),
+			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 2, MinLimit: 2, MaxLimit: 2}))
+		recoverer := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = status.Errorf(codes.Internal, "panic: %v", r)
+				}
+			}()
+			return h(ctx, req)
+		}
+		lis, gs, done := serveWith(impl, grpc.ChainUnaryInterceptor(recoverer, srv.UnaryServerInterceptor()))
+		defer func() { gs.Stop(); <-done }()
+		for i := range 3 {
+			cc := dialBuf(t, lis)
+			client := echov1.NewEchoServiceClient(cc)
+			ctx := metadata.AppendToOutgoingContext(context.Background(), IdempotencyKeyHeader, "p"+strconv.Itoa(i))
+			if _, err := client.Echo(ctx, &echov1.EchoRequest{Message: "panic"}); status.Code(err) != codes.Internal {
+				t.Fatalf("panicking keyed call: %v, want Internal", err)
+			}
+			// Two calls without a key (a keyed call's handler is detached from
+			// its caller and runs on) fill the limit, then their connection
+			// closes under them.
+			for j := range 2 {
+				go func() {
+					_, _ = client.Echo(context.Background(), &echov1.EchoRequest{Message: "x" + strconv.Itoa(j)})
+				}()
+			}
+			synctest.Wait()
+			if n := running.Load(); n != 2 {
+				t.Fatalf("round %d: %d running, want 2", i, n)
+			}
+			_ = cc.Close()
+			synctest.Wait()
+			if st := srv.LimitStatuses()[0]; st.InFlight != 0 || running.Load() != 0 {
+				t.Fatalf("round %d after the connection closed: %d in flight, %d running; want 0", i, st.InFlight, running.Load())
+			}
+		}
+		close(release)
+	})
+}
+
+// serveWith serves impl over bufconn with opts; the caller stops gs and
+// waits on done.
+func serveWith(impl echov1.EchoServiceServer, opts ...grpc.ServerOption) (*bufconn.Listener, *grpc.Server, chan struct{}) {
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer(opts...)
+	echov1.RegisterEchoServiceServer(gs, impl)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = gs.Serve(lis) }()
+	return lis, gs, done
+}
+
+// dialBuf is a client connection to lis; the test closes it, or its
+// cleanup does.
+func dialBuf(t *testing.T, lis *bufconn.Listener) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
