@@ -221,3 +221,102 @@ func dialBuf(t *testing.T, lis *bufconn.Listener) *grpc.ClientConn {
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
 }
+
+// serveTCP serves impl over loopback TCP behind srv until the test ends.
+func serveTCP(t *testing.T, impl echov1.EchoServiceServer, srv *Server) echov1.EchoServiceClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
+	echov1.RegisterEchoServiceServer(gs, impl)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = gs.Serve(lis) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close(); gs.Stop(); <-done })
+	return echov1.NewEchoServiceClient(cc)
+}
+
+// TestLimitRecoversInRealTimeAfterSlowPhase runs an incident on loopback
+// TCP in real time: 4 callers with 50ms deadlines on a 5ms service, a
+// 100ms slow phase of 1.5s (with 6 callers without deadline, so the limit
+// and the door learn it), then the service is fast again and only the 50ms callers
+// remain. Within 2s of the recovery their calls must succeed again (the
+// door ages, nothing completes otherwise), the limit must be back within
+// 10% of its value before the incident, and the limit must hold nothing
+// once the callers stop.
+func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real time: 4.5s")
+	}
+	var svc atomic.Int64
+	svc.Store(int64(5 * time.Millisecond))
+	impl := &fnEcho{fn: func(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		select {
+		case <-time.After(time.Duration(svc.Load())):
+			return &echov1.EchoResponse{}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}}
+	srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+	client := serveTCP(t, impl, srv)
+	t0 := time.Now()
+	var lastFail atomic.Int64 // since t0, of a 50ms call's start that failed
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				at := time.Since(t0)
+				if err := echoWithin(client, 50*time.Millisecond, "m"); err != nil {
+					lastFail.Store(int64(at))
+				}
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	before := srv.LimitStatuses()[0]
+	svc.Store(int64(100 * time.Millisecond))
+	var slow sync.WaitGroup
+	for range 6 { // 90 samples of 100ms: the door learns the slow service
+		slow.Go(func() {
+			for time.Since(t0) < 2500*time.Millisecond {
+				_ = echoWithin(client, 0, "report")
+			}
+		})
+	}
+	slow.Wait()
+	during := srv.LimitStatuses()[0]
+	svc.Store(int64(5 * time.Millisecond))
+	recovered := time.Since(t0)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	after := srv.LimitStatuses()[0]
+	last := time.Duration(lastFail.Load()) - recovered
+	t.Logf("before %+v\nslow %+v\nafter %+v\nlast 50ms call failed %v after the recovery", before, during, after, last.Round(time.Millisecond))
+	if during.ShedDeadline[Critical] == 0 {
+		t.Errorf("no 50ms call refused at the door in the slow phase: the incident did not happen")
+	}
+	if last > 2*time.Second-200*time.Millisecond {
+		t.Errorf("a 50ms call failed %v after the service was fast again, want none after the first ~2s", last)
+	}
+	if 10*after.Limit < 9*before.Limit {
+		t.Errorf("limit %d 2s after the recovery, want within 10%% of %d", after.Limit, before.Limit)
+	}
+	if after.InFlight != 0 || after.Queued != 0 {
+		t.Errorf("after the callers stopped: %d in flight, %d queued; want 0", after.InFlight, after.Queued)
+	}
+}
