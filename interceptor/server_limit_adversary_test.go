@@ -320,3 +320,52 @@ func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
 		t.Errorf("after the callers stopped: %d in flight, %d queued; want 0", after.InFlight, after.Queued)
 	}
 }
+
+// TestTenantOverShareMoreCriticalDoesNotStarveOthers: with tenant
+// fairness, tenant A floods a limit of 10 × 50ms (200 calls/s) with 1000
+// CRITICAL_PLUS calls/s (what a caller may claim without
+// WithCriticality), tenant B sends 40 CRITICAL calls/s, well under its
+// share. B must keep 99% of its calls. Before the fix every A call shed
+// over its share made every less critical call yield for 4 smoothed
+// latencies, whatever its tenant, so B, under its share, was shed with A's
+// excess (B kept 8% of its calls); a tenant under its fair share no longer
+// yields to another tenant's excess.
+func TestTenantOverShareMoreCriticalDoesNotStarveOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		impl := &fnEcho{fn: func(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			time.Sleep(50 * time.Millisecond)
+			return &echov1.EchoResponse{}, nil
+		}}
+		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 10, MinLimit: 10, MaxLimit: 10}),
+			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
+		client := serveLimited(t, impl, srv)
+		send := func(tenant string, crit Criticality, every time.Duration, ok, n *atomic.Int64, wg *sync.WaitGroup) {
+			ctx := ContextWithCriticality(metadata.AppendToOutgoingContext(context.Background(), tenantKey, tenant), crit)
+			for range int(2 * time.Second / every) {
+				wg.Go(func() {
+					cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+					defer cancel()
+					n.Add(1)
+					if _, err := client.Echo(cctx, &echov1.EchoRequest{}); err == nil {
+						ok.Add(1)
+					}
+				})
+				time.Sleep(every)
+			}
+		}
+		var aOK, aN, bOK, bN atomic.Int64
+		var wg sync.WaitGroup
+		wg.Go(func() { send("a", CriticalPlus, time.Millisecond, &aOK, &aN, &wg) })
+		wg.Go(func() { send("b", Critical, 25*time.Millisecond, &bOK, &bN, &wg) })
+		time.Sleep(3 * time.Second)
+		wg.Wait()
+		st := srv.LimitStatuses()[0]
+		t.Logf("A %d/%d, B %d/%d; %+v", aOK.Load(), aN.Load(), bOK.Load(), bN.Load(), st)
+		if 100*bOK.Load() < 99*bN.Load() {
+			t.Errorf("tenant B under its share kept %d of %d calls, want ≥ 99%%", bOK.Load(), bN.Load())
+		}
+		if st.InFlight != 0 || st.Queued != 0 {
+			t.Errorf("after the calls: %d in flight, %d queued; want 0", st.InFlight, st.Queued)
+		}
+	})
+}

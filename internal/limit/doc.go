@@ -123,8 +123,10 @@
 // Sheddable 50%), so under pressure the server sheds Sheddable first, then
 // SheddablePlus, and Critical only when the in-flight requests of the upper
 // classes fill its whole share. When a request is shed over the limit, the
-// less critical ones yield for a smoothed latency: they are shed even where
-// their share has room, so the slots freed go to the more critical ones.
+// less critical ones yield for 4 smoothed latencies: they are shed even
+// where their share has room, so the slots freed go to the more critical
+// ones; except a tenant's under its fair share (see Tenants), which another
+// tenant's excess has no claim on.
 // Shares alone do not do it: a flood of Sheddable requests filling its half
 // slows every request in the server, the Critical ones in flight grow (more
 // of them wait) and fill the rest.
