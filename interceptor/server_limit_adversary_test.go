@@ -369,3 +369,52 @@ func TestTenantOverShareMoreCriticalDoesNotStarveOthers(t *testing.T) {
 		}
 	})
 }
+
+// TestLimitQueuedCallTimeoutIsNoDrop: a limit of 8 with a queue, a
+// service of 40 or 60ms (alternately), and callers at twice the capacity
+// whose 150ms deadlines their server ends (a raw HTTP/2 client, which
+// never cancels). A call that waited in the queue runs with what its wait
+// left of its deadline; when a 60ms call then overruns it, that is the
+// queue's doing, not a slower service, and must not count as a drop: the
+// limit must stay at 8 or more (the service is as fast as ever). Before the
+// fix its deadline was judged as it was on arrival (150ms ≥ twice the base
+// RTT), every such overrun cut the limit, and the limit fell to 1.
+func TestLimitQueuedCallTimeoutIsNoDrop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int64
+		impl := &fnEcho{fn: func(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			d := 40 * time.Millisecond
+			if n.Add(1)%2 == 0 {
+				d = 60 * time.Millisecond
+			}
+			select {
+			case <-time.After(d):
+				return &echov1.EchoResponse{}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}}
+		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 8, MaxLimit: 8,
+			MaxQueue: 64, MaxQueueWait: time.Second}))
+		client := serveLimited(t, impl, srv)
+		ctx := metadata.AppendToOutgoingContext(context.Background(), serverDeadlineKey, "150ms")
+		var wg sync.WaitGroup
+		low := 8
+		for i := range 1500 { // 3s at 500 calls/s: the capacity is 8/50ms = 160/s
+			wg.Go(func() { _, _ = client.Echo(ctx, &echov1.EchoRequest{}) })
+			time.Sleep(2 * time.Millisecond)
+			if i%50 == 0 {
+				low = min(low, srv.LimitStatuses()[0].Limit)
+			}
+		}
+		wg.Wait()
+		st := srv.LimitStatuses()[0]
+		t.Logf("lowest limit %d; %+v", low, st)
+		if low < 8 {
+			t.Errorf("the limit fell to %d while the service stayed as fast, want 8", low)
+		}
+		if st.InFlight != 0 || st.Queued != 0 {
+			t.Errorf("after the calls: %d in flight, %d queued; want 0", st.InFlight, st.Queued)
+		}
+	})
+}
