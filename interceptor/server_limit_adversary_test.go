@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -415,6 +416,46 @@ func TestLimitQueuedCallTimeoutIsNoDrop(t *testing.T) {
 		}
 		if st.InFlight != 0 || st.Queued != 0 {
 			t.Errorf("after the calls: %d in flight, %d queued; want 0", st.InFlight, st.Queued)
+		}
+	})
+}
+
+// TestLimitShedOfKeyedCallIsNeverStored: a keyed call is limited inside
+// the idempotency layer (so that duplicates hold no slot), and a server
+// that stores RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED outcomes
+// (WithIdempotencyUnstoredCodes without them) must still not store the
+// limit's own shed: once there is room, a retry with the same key runs the
+// handler. Before the fix the shed was stored as the key's outcome and
+// every retry got it back, for the record's whole TTL.
+func TestLimitShedOfKeyedCallIsNeverStored(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store, err := idempotency.NewMemoryStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var running atomic.Int64
+		release := make(chan struct{})
+		srv := newLimitServer(t, WithIdempotencyStore(store), WithIdempotencySharedScope(),
+			WithIdempotencyUnstoredCodes(rescodes.Of(codes.Unavailable)),
+			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}))
+		client := serveLimited(t, heldEcho(&running, release), srv)
+		done := make(chan error, 1)
+		go func() { done <- echoWithin(client, 0, "hold") }()
+		synctest.Wait()
+		keyed := metadata.AppendToOutgoingContext(context.Background(), IdempotencyKeyHeader, "k1")
+		_, err = client.Echo(keyed, &echov1.EchoRequest{Message: "pay"})
+		if status.Code(err) != codes.ResourceExhausted || len(status.Convert(err).Details()) != 1 {
+			t.Fatalf("keyed call while the limit is full: %v, want RESOURCE_EXHAUSTED with its RetryInfo", err)
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Echo(keyed, &echov1.EchoRequest{Message: "pay"}); err != nil {
+			t.Errorf("the keyed call's retry once the limit has room: %v, want it run (the shed is no outcome)", err)
+		}
+		if st := srv.LimitStatuses()[0]; st.InFlight != 0 {
+			t.Errorf("%d in flight, want 0", st.InFlight)
 		}
 	})
 }
