@@ -18,7 +18,7 @@ type Waiter struct {
 	// Set by Enqueue, immutable until Leave:
 	crit Criticality
 	t    *tenant
-	left time.Duration // of its deadline at arrived
+	left time.Duration // of its deadline when it arrived
 	at   time.Time     // when it arrived
 	seq  uint64        // arrival order
 	// Guarded by the Limiter's mutex:
