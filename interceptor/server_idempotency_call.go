@@ -483,7 +483,7 @@ func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
 // flight's waiters), or no longer ours. false: the caller must release it.
 func (c *srvIdemCall) complete(resp any, herr error) bool {
 	method := c.info.FullMethod
-	if c.s.retryable.Has(rescodes.Classify(herr)) {
+	if _, shed := herr.(limitShed); shed || c.s.retryable.Has(rescodes.Classify(herr)) {
 		return false
 	}
 	if err := srvRecord(c.own, resp, herr); err != nil {

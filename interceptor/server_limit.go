@@ -379,6 +379,9 @@ func (s *Server) runLimited(ctx context.Context, l *srvLimiter, req any, info *g
 	}
 	slot, start, err := s.admit(ctx, l, info.FullMethod, now, left)
 	if err != nil {
+		if !inner { // inside the idempotency layer: no outcome to store
+			err = limitShed{err}
+		}
 		return nil, err
 	}
 	panicked := true
@@ -394,6 +397,17 @@ func (s *Server) runLimited(ctx context.Context, l *srvLimiter, req any, info *g
 	panicked = false
 	return resp, err
 }
+
+// limitShed is the limit's shed of a keyed call, which the limit decides
+// inside the idempotency layer (limitedKeyed): it is no outcome of the
+// handler, and is never stored for the key, whatever
+// WithIdempotencyUnstoredCodes says, so that a retry runs once there is
+// room. grpc sends its status as is.
+type limitShed struct{ error }
+
+func (e limitShed) GRPCStatus() *status.Status { return status.Convert(e.error) }
+
+func (e limitShed) Unwrap() error { return e.error }
 
 // callOutcome says what a call that ended with err on ctx teaches a limit:
 // a latency sample only when the handler answered OK; when its deadline

@@ -59,7 +59,9 @@ type srvFairness struct {
 //
 // Tenants are bounded in memory: each limit remembers at most
 // cfg.MaxTenants (default 1024) at once, and the names beyond share one
-// tenant; a tenant with nothing in flight or queued is forgotten
+// tenant, as do names longer than 256 bytes (so a caller choosing long
+// names cannot pin more than 256KB of them in a limit); a tenant with
+// nothing in flight or queued is forgotten
 // cfg.IdleTimeout (default 5s) after its last call. Without this option
 // every call is one tenant. The CPU-aware shedder (WithCPUShedding) has no
 // tenants.

@@ -123,8 +123,10 @@
 // Sheddable 50%), so under pressure the server sheds Sheddable first, then
 // SheddablePlus, and Critical only when the in-flight requests of the upper
 // classes fill its whole share. When a request is shed over the limit, the
-// less critical ones yield for a smoothed latency: they are shed even where
-// their share has room, so the slots freed go to the more critical ones.
+// less critical ones yield for 4 smoothed latencies: they are shed even
+// where their share has room, so the slots freed go to the more critical
+// ones; except a tenant's under its fair share (see Tenants), which another
+// tenant's excess has no claim on.
 // Shares alone do not do it: a flood of Sheddable requests filling its half
 // slows every request in the server, the Critical ones in flight grow (more
 // of them wait) and fill the rest.
@@ -152,9 +154,10 @@
 // tenant over its share is shed before any tenant under it, and a lone
 // tenant may use the whole limit. Requests in flight are never preempted.
 // At most MaxTenants (1024 by default) named tenants are remembered at once
-// and the names beyond share one; a tenant idle for TenantIdle is
-// forgotten, lazily (two at a time on each request naming one, all at once
-// on a Snapshot). With one tenant, the limit behaves as without tenants.
+// and the names beyond share one, as do names longer than MaxTenantName
+// (256 bytes); a tenant idle for TenantIdle is forgotten by the next
+// request, whatever tenant it names. With one tenant, the limit behaves as
+// without tenants.
 //
 // # Pushback
 //

@@ -356,29 +356,32 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 // beyond c's share, by up to a fair share, whatever the others hold, as a
 // partition under its share is in Netflix's partitioned limiter: the
 // others' excess drains as their requests end (they are not admitted
-// meanwhile). With more tenants than slots, a tenant under its share waits
-// for c's share to have room.
+// meanwhile), and does not yield to a more critical request shed
+// (yieldLocked), which would let a tenant over its share, claiming
+// CriticalPlus, shed every other tenant. With more tenants than slots, a
+// tenant under its share waits for c's share to have room.
 func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
-	if now.Before(l.yield[c]) {
-		return false
-	}
+	yielding := now.Before(l.yield[c])
 	limit := l.caps[c]
 	n := 1
 	if l.ten.named != nil || l.ten.overflow.busy() || t != &l.ten.def {
 		n = l.ten.active(now)
 	}
 	if n <= 1 {
-		return l.inflight < limit
+		return !yielding && l.inflight < limit
 	}
 	fair := float64(limit) / float64(n)
 	switch {
 	case t.held >= fair || float64(t.inflight) >= 2*fair:
 		most := max(1, int(math.Ceil(l.limit/10)))
-		return l.inflight < limit-l.ten.under(now, t, fair, most)
+		return !yielding && l.inflight < limit-l.ten.under(now, t, fair, most)
 	case fair >= 1:
+		// Under its fair share, t does not yield to a more critical
+		// request shed over its tenant's share: that tenant's excess is
+		// no claim on t's share.
 		return l.inflight < limit+int(math.Ceil(fair))
 	}
-	return l.inflight < limit
+	return !yielding && l.inflight < limit
 }
 
 // yieldFor is how many smoothed latencies the less critical requests yield
@@ -642,7 +645,7 @@ func (l *Limiter) Snapshot(now time.Time) Snapshot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rotateLocked(now)
-	l.ten.sweep(now, len(l.ten.named))
+	l.ten.sweep(now)
 	return Snapshot{
 		Limit: int(l.limit), InFlight: l.inflight, Queued: len(l.q.w),
 		BaseRTT: l.base.value(), DoorRTT: l.doorLocked(now), SmoothedRTT: time.Duration(l.srtt),

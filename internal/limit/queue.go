@@ -18,8 +18,9 @@ type Waiter struct {
 	// Set by Enqueue, immutable until Leave:
 	crit Criticality
 	t    *tenant
-	left time.Duration
-	seq  uint64 // arrival order
+	left time.Duration // of its deadline when it arrived
+	at   time.Time     // when it arrived
+	seq  uint64        // arrival order
 	// Guarded by the Limiter's mutex:
 	state waiterState
 	idx   int  // position in queue.w while waiting
@@ -145,7 +146,7 @@ func (l *Limiter) Enqueue(now time.Time, r Request) (w *Waiter, ok bool) {
 	defer l.mu.Unlock()
 	w = l.q.get()
 	l.q.seq++
-	w.crit, w.t, w.left, w.seq, w.state = c, l.ten.get(now, r.Tenant), r.Left, l.q.seq, waiting
+	w.crit, w.t, w.left, w.at, w.seq, w.state = c, l.ten.get(now, r.Tenant), r.Left, now, l.q.seq, waiting
 	if len(l.q.w) >= l.q.max {
 		out := l.q.w[l.q.worst()]
 		if !displaces(w, out) {
@@ -191,7 +192,11 @@ func (l *Limiter) handoffLocked(now time.Time) {
 			return
 		}
 		l.q.remove(next)
-		next.slot = l.admitLocked(next.crit, next.t, next.left)
+		left := next.left // what its wait left of it: a deadline the queue ate is no drop
+		if left != NoDeadline {
+			left -= now.Sub(next.at)
+		}
+		next.slot = l.admitLocked(next.crit, next.t, left)
 		next.state = granted
 		next.ready <- struct{}{}
 	}

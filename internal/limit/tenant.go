@@ -24,13 +24,20 @@ func (t *tenant) add(d int) {
 	t.held += (float64(t.inflight) - t.held) / 16
 }
 
+// MaxTenantName is the longest tenant name a Limiter remembers, in bytes:
+// longer names share the overflow tenant, so that at most MaxTenants ×
+// MaxTenantName bytes of names are held (a caller choosing its tenant
+// header could otherwise have each of MaxTenants names pin up to grpc's
+// 16MB header list).
+const MaxTenantName = 256
+
 // tenants are the senders a Limiter tells apart. A request that names
 // none belongs to the default tenant; a named tenant is remembered while it
 // has requests in flight or queued, or sent one within the idle time, and
-// forgotten after (lazily: two at a time on each request that names a
-// tenant, all at once on a Snapshot); at most max named
-// tenants are remembered at once, and the names beyond share the overflow
-// tenant. All of it is guarded by the Limiter's mutex.
+// forgotten after (by the next request, named or not, or Snapshot); at most
+// max named tenants of at most MaxTenantName bytes are remembered at once,
+// and the names beyond share the overflow tenant. All of it is guarded by
+// the Limiter's mutex.
 type tenants struct {
 	max  int           // immutable
 	idle time.Duration // immutable
@@ -44,11 +51,15 @@ type tenants struct {
 // get returns the tenant of key, seen at now, remembering it when it is
 // new (or the overflow tenant when max are remembered already).
 func (ts *tenants) get(now time.Time, key string) *tenant {
+	ts.sweep(now)
 	if key == "" {
 		ts.def.seen = now
 		return &ts.def
 	}
-	ts.sweep(now, 2)
+	if len(key) > MaxTenantName {
+		ts.overflow.seen = now
+		return &ts.overflow
+	}
 	if t, ok := ts.named[key]; ok {
 		t.seen = now
 		ts.unlink(t)
@@ -75,12 +86,14 @@ func (ts *tenants) get(now time.Time, key string) *tenant {
 	return t
 }
 
-// sweep looks at up to n named tenants from the least recently seen, and
-// forgets those that have been idle for the idle time: neither busy nor
-// seen within it. A busy tenant at the tail is seen anew and moves to the
-// front.
-func (ts *tenants) sweep(now time.Time, n int) {
-	for range n {
+// sweep forgets, from the least recently seen, the named tenants that have
+// been idle for the idle time: neither busy nor seen within it. A busy
+// tenant at the tail is seen anew and moves to the front. It stops at the
+// first tenant seen within the idle time, so it costs a comparison when
+// there is nothing to forget, and each tenant is forgotten (or moved) once
+// per idle time: O(1) amortized per request.
+func (ts *tenants) sweep(now time.Time) {
+	for {
 		t := ts.tail
 		if t == nil || now.Sub(t.seen) < ts.idle {
 			return
