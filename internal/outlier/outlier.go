@@ -262,16 +262,29 @@ func (e *Endpoint) ejectLocked(t int64) bool {
 	g := e.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e.removed.Load() || !g.mayEjectLocked(t) {
+	if e.removed.Load() {
+		return false // gone from the group: no ejection, and no refusal
+	}
+	if !g.mayEjectLocked(t) {
 		g.refused.Add(1)
 		return false
 	}
 	d := e.nextEjectionLocked(t)
-	e.until.Store(t + int64(d))
+	e.until.Store(addSaturating(t, int64(d)))
 	e.count++
 	g.ejections.Add(1)
 	e.probation = false
 	return true
+}
+
+// addSaturating returns t+d (d ≥ 0), or math.MaxInt64 when the sum
+// would pass it: an ejection of centuries ends at the end of time rather
+// than at a negative instant, which would eject nothing.
+func addSaturating(t, d int64) int64 {
+	if t > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return t + d
 }
 
 // nextEjectionLocked raises the multiplier, after decaying it by one per

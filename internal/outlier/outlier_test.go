@@ -1,6 +1,7 @@
 package outlier
 
 import (
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -300,5 +301,64 @@ func TestRecordAndEjectedAllocateNothing(t *testing.T) {
 		_ = eps[0].Ejected(at(0))
 	}); n != 0 {
 		t.Errorf("Record+Ejected: %v allocs, want 0", n)
+	}
+}
+
+// TestHugeEjectionTimeSaturatesInsteadOfOverflowing pins that an ejection
+// whose end lies past what a Unix nanosecond count holds (a
+// baseEjectionTime or maxEjectionTime of centuries, which the service
+// config clamps to time.Duration's ~292 years) ejects until the end of
+// time, instead of wrapping to a negative instant that ejects nothing
+// while Ejections counts one. Before: Ejected = false right after the
+// ejection.
+func TestHugeEjectionTimeSaturatesInsteadOfOverflowing(t *testing.T) {
+	const century = 100 * 365 * 24 * time.Hour
+	for _, cfg := range []Config{
+		{ConsecutiveFailures: 1, MinimumCalls: 1, Window: time.Second, BaseEjectionTime: math.MaxInt64, MaxEjectionPercent: 100},
+		{ConsecutiveFailures: 1, MinimumCalls: 1, Window: time.Second, BaseEjectionTime: century, MaxEjectionTime: math.MaxInt64, MaxEjectionPercent: 100},
+	} {
+		g, eps := newGroup(t, cfg, 1)
+		e := eps[0]
+		now := time.Now()
+		// The second config passes the end of time as k grows (k = 3:
+		// past maxEjectionTime/base, so maxEjectionTime): eject, return,
+		// fail on probation, and again.
+		for range 3 {
+			if !e.Record(now, Failure) {
+				t.Fatalf("base %v max %v: a failure did not eject", cfg.BaseEjectionTime, cfg.MaxEjectionTime)
+			}
+			if !e.Ejected(now) || !e.Ejected(now.Add(century/2)) {
+				t.Fatalf("base %v max %v: ejection %d ended at once or within a century (until %v)",
+					cfg.BaseEjectionTime, cfg.MaxEjectionTime, e.State(now).Ejections, e.EjectedUntil(now))
+			}
+			if n, _ := g.EjectedCount(now); n != 1 {
+				t.Fatalf("EjectedCount = %d, want 1", n)
+			}
+			if cfg.MaxEjectionTime != math.MaxInt64 {
+				break
+			}
+			// Force a return by hand, as time cannot run past the end.
+			e.mu.Lock()
+			e.returnLocked(now.UnixNano())
+			e.mu.Unlock()
+		}
+	}
+}
+
+// TestOutcomeOfARemovedEndpointIsNotAnOverflow pins that a failure
+// reported after its endpoint left the group (an attempt in flight when the
+// resolver removed it) is not counted as an ejection refused by
+// MaxEjectionPercent: the metric ejections_overflow says the bound held
+// back an ejection, which a removal is not. Before: refused = 1.
+func TestOutcomeOfARemovedEndpointIsNotAnOverflow(t *testing.T) {
+	cfg := testConfig()
+	cfg.ConsecutiveFailures = 1
+	g, eps := newGroup(t, cfg, 4)
+	g.Remove(eps[0])
+	if eps[0].Record(at(0), Failure) {
+		t.Fatal("a removed endpoint was ejected")
+	}
+	if ej, refused := g.Ejections(); ej != 0 || refused != 0 {
+		t.Fatalf("Ejections() = %d, %d; want 0, 0", ej, refused)
 	}
 }
