@@ -272,3 +272,27 @@ func TestBusyEndpointIsNeverEjected(t *testing.T) {
 		}
 	})
 }
+
+// TestRequestTheClientCannotMarshalEjectsNothing pins that a call failing
+// in the client before anything reached the endpoint (a request proto
+// refuses to marshal: a string field holding invalid UTF-8, which grpc
+// reports as INTERNAL) says nothing of the endpoint: one caller sending
+// such requests must not eject healthy backends (REVIEW class 2). Before:
+// with consecutiveFailures 2, 30 such calls ejected a backend that never
+// received one of them (it saw the headers, then a reset).
+func TestRequestTheClientCannotMarshalEjectsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestClient(t, WithRetryBudget(nil))
+		cl := startCluster(t, 3, c, `{"consecutiveFailures": 2}`)
+		client := cl.EchoClient()
+		for range 30 {
+			_, err := client.Echo(t.Context(), &echov1.EchoRequest{Message: "\xff"})
+			if status.Code(err) != codes.Internal {
+				t.Fatalf("err = %v, want INTERNAL (the request does not marshal)", err)
+			}
+		}
+		if s := snapshotOf(t, cl); s.Ejections != 0 || s.Endpoints[0].ConsecutiveFailures != 0 {
+			t.Fatalf("requests that never left the client count against healthy backends:\n%s", s)
+		}
+	})
+}

@@ -216,7 +216,7 @@ func (b *lb) newEntry(order int, addrs []string) *entry {
 // record counts the outcome of an attempt sent to e, when it ends.
 func (e *entry) record(di balancer.DoneInfo) {
 	b := e.b
-	o := outcome(di.Err, di.Trailer, b.cfg.Load().failures)
+	o := outcome(di.Err, di.Trailer, di.BytesReceived, b.cfg.Load().failures)
 	if o != outlier.Success && o != outlier.Failure {
 		return
 	}

@@ -40,7 +40,11 @@
 //   - busy, never a failure and no break in a run of failures:
 //     RESOURCE_EXHAUSTED, or any status with a grpc-retry-pushback-ms
 //     trailer: the server is loaded, not broken (Linkerd's distinction);
-//   - nothing: the caller's cancellation or deadline, application errors.
+//   - nothing: the caller's cancellation or deadline, application errors,
+//     and a failure with nothing received from the endpoint unless it is
+//     UNAVAILABLE (unreachable, or its connection broke): such a failure
+//     is the client's own, e.g. grpc's INTERNAL for a request that does
+//     not marshal, which a caller could send on purpose.
 //
 // An endpoint is ejected after consecutiveFailures failures in a row
 // (default 5), or when its failures reach failurePercentageEjection's

@@ -134,21 +134,25 @@ func TestOutcomeBusyIsNotBroken(t *testing.T) {
 		t.Fatalf("defaultFailures = %v, want %v", fail, want)
 	}
 	tests := []struct {
-		name    string
-		err     error
-		trailer metadata.MD
-		want    outlier.Outcome
+		name     string
+		err      error
+		trailer  metadata.MD
+		received bool
+		want     outlier.Outcome
 	}{
-		{"ok", nil, nil, outlier.Success},
-		{"unavailable", status.Error(codes.Unavailable, ""), nil, outlier.Failure},
-		{"resource exhausted", status.Error(codes.ResourceExhausted, ""), nil, outlier.Busy},
-		{"unavailable with pushback", status.Error(codes.Unavailable, ""), metadata.Pairs(pushbackKey, "100"), outlier.Busy},
-		{"caller's cancel", status.Error(codes.Canceled, ""), nil, outlier.Ignored},
-		{"caller's deadline", status.Error(codes.DeadlineExceeded, ""), nil, outlier.Ignored},
-		{"application error", status.Error(codes.NotFound, ""), nil, outlier.Ignored},
+		{"ok", nil, nil, true, outlier.Success},
+		{"unavailable", status.Error(codes.Unavailable, ""), nil, true, outlier.Failure},
+		{"unreachable", status.Error(codes.Unavailable, ""), nil, false, outlier.Failure},
+		{"internal", status.Error(codes.Internal, ""), nil, true, outlier.Failure},
+		{"client's own internal (no marshal)", status.Error(codes.Internal, ""), nil, false, outlier.Ignored},
+		{"resource exhausted", status.Error(codes.ResourceExhausted, ""), nil, true, outlier.Busy},
+		{"unavailable with pushback", status.Error(codes.Unavailable, ""), metadata.Pairs(pushbackKey, "100"), true, outlier.Busy},
+		{"caller's cancel", status.Error(codes.Canceled, ""), nil, true, outlier.Ignored},
+		{"caller's deadline", status.Error(codes.DeadlineExceeded, ""), nil, true, outlier.Ignored},
+		{"application error", status.Error(codes.NotFound, ""), nil, true, outlier.Ignored},
 	}
 	for _, tt := range tests {
-		if got := outcome(tt.err, tt.trailer, fail); got != tt.want {
+		if got := outcome(tt.err, tt.trailer, tt.received, fail); got != tt.want {
 			t.Errorf("outcome(%s) = %v, want %v", tt.name, got, tt.want)
 		}
 	}
