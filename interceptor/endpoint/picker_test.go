@@ -165,3 +165,28 @@ func TestParseConfigErrorNamesThePolicyAndPath(t *testing.T) {
 		t.Fatalf("ParseConfig = %v, want %q", err, want)
 	}
 }
+
+// TestLateFailureUnderAReplacedConfigAddsNoOverflow pins that the
+// refusals of a group a new ejection configuration replaced are dropped,
+// as noteOverflow says: a failure reported late by an attempt picked
+// under the old configuration must not add the old group's refusals to
+// the new one's count. Before: Snapshot.Overflow jumped from 0 to the old
+// group's total (and the metric with it).
+func TestLateFailureUnderAReplacedConfigAddsNoOverflow(t *testing.T) {
+	pk, b := newTestPicker(t, 2, serviceconfig.EndpointPolicy{ConsecutiveFailures: 1, MaxEjectionPercent: 1}, true)
+	fail := balancer.DoneInfo{Err: status.Error(codes.Unavailable, "down")}
+	old := pk.ready[0].e
+	for range 5 {
+		old.done(fail) // 1% of 2 endpoints: every ejection refused
+	}
+	if got := b.overflow.Load(); got != 5 {
+		t.Fatalf("overflow = %d under the first config, want 5", got)
+	}
+	b.mu.Lock()
+	b.setConfigLocked(newConfig(&serviceconfig.EndpointPolicy{ConsecutiveFailures: 2, MaxEjectionPercent: 1}))
+	b.mu.Unlock()
+	old.done(fail) // an attempt in flight across the change
+	if got := b.overflow.Load(); got != 0 {
+		t.Fatalf("overflow = %d after a late failure under the replaced config, want 0", got)
+	}
+}
