@@ -296,3 +296,33 @@ func TestRequestTheClientCannotMarshalEjectsNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestEjectionSpreadsTheEjectedShareEvenly pins the rotation while an
+// endpoint is ejected: its share of the calls goes to the others evenly,
+// not all to the one after it in the rotation. Before: with backend 0 of
+// 3 ejected, backend 1 took 2/3 of the calls and backend 2 1/3 (a third
+// more load than its peer on the backend the incident leaves busiest).
+func TestEjectionSpreadsTheEjectedShareEvenly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
+		cl := startCluster(t, 3, c, `{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`)
+		cl.Backends[0].OnCall(failAlways(codes.Unavailable))
+		client := cl.EchoClient()
+		for range 20 {
+			echoOK(t, client)
+		}
+		if s := snapshotOf(t, cl); s.Endpoints[0].EjectedUntil.IsZero() {
+			t.Fatalf("backend 0 not ejected:\n%s", s)
+		}
+		before := cl.Counts(resiliencetest.EchoMethod)
+		for range 300 {
+			echoOK(t, client)
+		}
+		after := cl.Counts(resiliencetest.EchoMethod)
+		b1, b2 := after[1]-before[1], after[2]-before[2]
+		if after[0] != before[0] || b1 < 120 || b2 < 120 {
+			t.Fatalf("300 calls with backend 0 ejected went %d/%d/%d, want 0/150/150 give or take 30",
+				after[0]-before[0], b1, b2)
+		}
+	})
+}
