@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -325,4 +326,38 @@ func TestEjectionSpreadsTheEjectedShareEvenly(t *testing.T) {
 				after[0]-before[0], b1, b2)
 		}
 	})
+}
+
+// TestMaxEjectionPercentWithOneOrTwoEndpoints pins the bound's edges over
+// real gRPC, every backend failing: one endpoint is never ejected at 50%,
+// and at 100% it is, yet still serves (no other is READY) and succeeds as
+// soon as it recovers; of two, 50% ejects one at most and 49% none.
+func TestMaxEjectionPercentWithOneOrTwoEndpoints(t *testing.T) {
+	tests := []struct {
+		n, percent, want int
+	}{{1, 50, 0}, {1, 100, 1}, {2, 50, 1}, {2, 49, 0}, {2, 100, 2}}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%d endpoints %d%%", tt.n, tt.percent), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := newTestClient(t, WithRetryBudget(nil))
+				cl := startCluster(t, tt.n, c, fmt.Sprintf(`{"consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": %d}`, tt.percent))
+				for _, b := range cl.Backends {
+					b.OnCall(failAlways(codes.Unavailable))
+				}
+				client := cl.EchoClient()
+				most := 0
+				for range 20 {
+					_, _ = client.Echo(t.Context(), &echov1.EchoRequest{Message: "x"})
+					most = max(most, ejectedCount(snapshotOf(t, cl)))
+				}
+				if most != tt.want {
+					t.Fatalf("at most %d ejected, want %d:\n%s", most, tt.want, snapshotOf(t, cl))
+				}
+				for _, b := range cl.Backends {
+					b.OnCall(nil)
+				}
+				echoOK(t, client) // ejected or not, a recovered cluster serves
+			})
+		})
+	}
 }
