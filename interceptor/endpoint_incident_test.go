@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -360,4 +361,48 @@ func TestMaxEjectionPercentWithOneOrTwoEndpoints(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestStreamOnAKilledBackendRetriesElsewhere pins the stream's trail under
+// a crash: server streams waiting on a backend that dies before their first
+// message (not committed) are retried on the others and deliver their
+// message once.
+func TestStreamOnAKilledBackendRetriesElsewhere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
+		cl := startCluster(t, 3, c, `{"consecutiveFailures": 2}`)
+		cl.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: time.Hour} })
+		client := cl.EchoClient()
+		var wg sync.WaitGroup
+		for range 9 {
+			wg.Go(func() {
+				st, err := client.ServerStream(t.Context(), &echov1.ServerStreamRequest{Message: "x", Count: 1})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := 0
+				for {
+					_, err := st.Recv()
+					if err != nil {
+						if err != io.EOF {
+							t.Errorf("stream: %v after %d messages", err, n)
+						}
+						break
+					}
+					n++
+				}
+				if n != 1 {
+					t.Errorf("stream delivered %d messages, want 1", n)
+				}
+			})
+		}
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		if n := cl.Counts(resiliencetest.ServerStreamMethod)[0]; n == 0 {
+			t.Fatal("no stream reached backend 0")
+		}
+		cl.StopBackend(0)
+		wg.Wait()
+	})
 }
