@@ -101,8 +101,10 @@
 //
 // # Cost
 //
-// A pick is a few atomic loads per READY endpoint and allocates nothing:
-// no lock, no clock read unless an endpoint has been ejected. The Done
+// A pick allocates nothing and takes no lock: when the rotation's endpoint
+// is neither ejected nor used by the call, a few atomic loads; otherwise a
+// few per READY endpoint, as the others share its turn evenly. No clock
+// read unless an endpoint has been ejected. The Done
 // callback reads the clock and takes the endpoint's mutex when the outcome
 // counts. A retry or hedged call allocates its trail (one object).
 package endpoint
