@@ -99,7 +99,25 @@ type Group struct {
 	ejections atomic.Uint64
 	// refused counts ejections refused by MaxEjectionPercent.
 	refused atomic.Uint64
+	// epoch is the origin of the group's instants (see ns); it carries a
+	// monotonic reading, so that the instants follow the monotonic clock
+	// and a step of the wall clock moves no ejection's end.
+	epoch time.Time
 }
+
+// origin is the instant of epoch: the instants stay positive for 146
+// years either side of it.
+const origin = 1 << 62
+
+// ns returns now as an instant of the group: origin plus the time since
+// epoch, which Go measures on the monotonic clock when now carries a
+// monotonic reading too (time.Now's), and on the wall clock otherwise.
+func (g *Group) ns(now time.Time) int64 {
+	return origin + int64(min(max(now.Sub(g.epoch), -origin+1), math.MaxInt64-origin))
+}
+
+// wall returns the time of the instant t.
+func (g *Group) wall(t int64) time.Time { return g.epoch.Add(time.Duration(t - origin)) }
 
 // New returns an empty group under cfg.
 func New(cfg Config) (*Group, error) {
@@ -109,7 +127,7 @@ func New(cfg Config) (*Group, error) {
 	if cfg.MaxEjectionTime < cfg.BaseEjectionTime {
 		cfg.MaxEjectionTime = cfg.BaseEjectionTime
 	}
-	return &Group{cfg: cfg}, nil
+	return &Group{cfg: cfg, epoch: time.Now()}, nil
 }
 
 // Config returns the group's configuration, normalized.
@@ -152,7 +170,7 @@ func (g *Group) Ejections() (ejected, refused uint64) {
 func (g *Group) EjectedCount(now time.Time) (ejected, total int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.ejectedLocked(now.UnixNano()), len(g.members)
+	return g.ejectedLocked(g.ns(now)), len(g.members)
 }
 
 func (g *Group) ejectedLocked(t int64) int {
@@ -175,7 +193,7 @@ func (g *Group) mayEjectLocked(t int64) bool {
 type Endpoint struct {
 	g       *Group
 	removed atomic.Bool
-	// until is the instant (Unix ns) its ejection ends; 0 or past: in
+	// until is the instant (Group.ns) its ejection ends; 0 or past: in
 	// rotation. Written under mu and g.mu, read anywhere.
 	until atomic.Int64
 
@@ -183,7 +201,7 @@ type Endpoint struct {
 	consecutive int        // failures in a row
 	win         window     // outcomes over Window
 	multiplier  int        // ejections in a row, decayed in rotation
-	returned    int64      // when the last ejection ended (Unix ns); 0: never ejected
+	returned    int64      // when the last ejection ended (Group.ns); 0: never ejected
 	probation   bool       // back from an ejection, no success since
 	count       uint64     // ejections of this endpoint
 }
@@ -191,17 +209,17 @@ type Endpoint struct {
 // Ejected reports whether e is out of rotation at now.
 func (e *Endpoint) Ejected(now time.Time) bool {
 	u := e.until.Load()
-	return u != 0 && now.UnixNano() < u
+	return u != 0 && e.g.ns(now) < u
 }
 
 // EjectedUntil returns when e's ejection ends; zero when it is in rotation
 // at now.
 func (e *Endpoint) EjectedUntil(now time.Time) time.Time {
 	u := e.until.Load()
-	if u == 0 || now.UnixNano() >= u {
+	if u == 0 || e.g.ns(now) >= u {
 		return time.Time{}
 	}
-	return time.Unix(0, u)
+	return e.g.wall(u)
 }
 
 // Record counts an attempt's outcome at now, and reports whether it ejected
@@ -210,7 +228,7 @@ func (e *Endpoint) Record(now time.Time, o Outcome) (ejected bool) {
 	if o == Ignored || o == Busy {
 		return false
 	}
-	t := now.UnixNano()
+	t := e.g.ns(now)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if u := e.until.Load(); u != 0 {
@@ -325,7 +343,7 @@ type State struct {
 func (e *Endpoint) State(now time.Time) State {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.win.advance(now.UnixNano())
+	e.win.advance(e.g.ns(now))
 	return State{EjectedUntil: e.EjectedUntil(now), Ejections: e.count, Multiplier: e.multiplier,
 		ConsecutiveFailures: e.consecutive, Calls: e.win.calls, Failures: e.win.failures}
 }

@@ -339,7 +339,7 @@ func TestHugeEjectionTimeSaturatesInsteadOfOverflowing(t *testing.T) {
 			}
 			// Force a return by hand, as time cannot run past the end.
 			e.mu.Lock()
-			e.returnLocked(now.UnixNano())
+			e.returnLocked(g.ns(now))
 			e.mu.Unlock()
 		}
 	}
