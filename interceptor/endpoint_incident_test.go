@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/endpoint"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // These tests put the endpoint policy through what an incident does to a
@@ -404,5 +406,42 @@ func TestStreamOnAKilledBackendRetriesElsewhere(t *testing.T) {
 		}
 		cl.StopBackend(0)
 		wg.Wait()
+	})
+}
+
+// TestHedgesWithCancellationsAndACrashHoldNothing runs hedged calls with
+// random cancellations over the policy while one backend is slow and
+// another crashes mid-run: the calls end, the copies' trails and Done
+// callbacks settle, nothing is held (newTestClient's check) and no
+// goroutine stays (the bubble, the package's goleak).
+func TestHedgesWithCancellationsAndACrashHoldNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestClient(t, WithRetryBudget(nil), WithMethodConfig(serviceconfig.MethodConfig{
+			Name: []serviceconfig.Name{{Service: echoService}},
+			HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 5 * time.Millisecond,
+				NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
+			Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 16, MaxQueue: 16, MaxQueueWait: 20 * time.Millisecond},
+		}))
+		cl := startCluster(t, 3, c, `{"consecutiveFailures": 2, "baseEjectionTime": "0.05s"}`)
+		cl.Backends[1].OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
+			return resiliencetest.Step{Delay: 30 * time.Millisecond}
+		})
+		client := cl.EchoClient()
+		var wg sync.WaitGroup
+		for g := range 12 {
+			wg.Go(func() {
+				for i := range 15 {
+					ctx, cancel := context.WithTimeout(t.Context(), time.Duration(1+(g*5+i*3)%25)*time.Millisecond)
+					_, _ = client.Echo(ctx, &echov1.EchoRequest{Message: "x"})
+					cancel()
+				}
+			})
+		}
+		time.Sleep(40 * time.Millisecond)
+		cl.StopBackend(2)
+		wg.Wait()
+		for range 10 {
+			echoOK(t, client)
+		}
 	})
 }
