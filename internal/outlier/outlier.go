@@ -97,7 +97,9 @@ type Group struct {
 	members []*Endpoint
 	// ejections counts ejections since New, for metrics.
 	ejections atomic.Uint64
-	// refused counts ejections refused by MaxEjectionPercent.
+	// refused counts ejections refused by MaxEjectionPercent: one each
+	// time an endpoint crosses its threshold, however many failures it
+	// then has while the bound holds it back.
 	refused atomic.Uint64
 	// epoch is the origin of the group's instants (see ns); it carries a
 	// monotonic reading, so that the instants follow the monotonic clock
@@ -204,6 +206,10 @@ type Endpoint struct {
 	returned    int64      // when the last ejection ended (Group.ns); 0: never ejected
 	probation   bool       // back from an ejection, no success since
 	count       uint64     // ejections of this endpoint
+	// heldBack: over its threshold, its ejection refused by the group's
+	// bound, and counted so (once) in refused; cleared when a failure finds
+	// it under its threshold, or it is ejected.
+	heldBack bool
 }
 
 // Ejected reports whether e is out of rotation at now.
@@ -246,6 +252,7 @@ func (e *Endpoint) Record(now time.Time, o Outcome) (ejected bool) {
 	e.consecutive = min(e.consecutive+1, math.MaxInt32)
 	e.win.add(t, true)
 	if !e.tripsLocked() {
+		e.heldBack = false
 		return false
 	}
 	return e.ejectLocked(t)
@@ -284,9 +291,13 @@ func (e *Endpoint) ejectLocked(t int64) bool {
 		return false // gone from the group: no ejection, and no refusal
 	}
 	if !g.mayEjectLocked(t) {
-		g.refused.Add(1)
+		if !e.heldBack {
+			e.heldBack = true
+			g.refused.Add(1)
+		}
 		return false
 	}
+	e.heldBack = false
 	d := e.nextEjectionLocked(t)
 	e.until.Store(addSaturating(t, int64(d)))
 	e.count++

@@ -362,3 +362,34 @@ func TestOutcomeOfARemovedEndpointIsNotAnOverflow(t *testing.T) {
 		t.Fatalf("Ejections() = %d, %d; want 0, 0", ej, refused)
 	}
 }
+
+// TestRefusalCountsOncePerHeldBackEjection pins what the refused count
+// (the policy's ejections_overflow metric) measures: ejections
+// MaxEjectionPercent held back, one per endpoint each time it crosses its
+// threshold, not one per failure while it stays over it. Before: an
+// endpoint failing 10 times in a row with the bound reached counted 8
+// refusals (every failure from the 3rd).
+func TestRefusalCountsOncePerHeldBackEjection(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxEjectionPercent = 25
+	g, eps := newGroup(t, cfg, 4) // one ejection at most
+	for range 3 {
+		eps[0].Record(at(0), Failure)
+	}
+	if !eps[0].Ejected(at(0)) {
+		t.Fatal("eps[0] not ejected")
+	}
+	for range 10 {
+		eps[1].Record(at(0), Failure)
+	}
+	if _, refused := g.Ejections(); refused != 1 {
+		t.Fatalf("refused = %d after one endpoint over its threshold, want 1", refused)
+	}
+	eps[1].Record(at(0), Success) // under its threshold again
+	for range 5 {
+		eps[1].Record(at(0), Failure)
+	}
+	if _, refused := g.Ejections(); refused != 2 {
+		t.Fatalf("refused = %d after it crossed its threshold again, want 2", refused)
+	}
+}
