@@ -354,9 +354,9 @@ type State struct {
 func (e *Endpoint) State(now time.Time) State {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.win.advance(e.g.ns(now))
+	calls, failures := e.win.at(e.g.ns(now))
 	return State{EjectedUntil: e.EjectedUntil(now), Ejections: e.count, Multiplier: e.multiplier,
-		ConsecutiveFailures: e.consecutive, Calls: e.win.calls, Failures: e.win.failures}
+		ConsecutiveFailures: e.consecutive, Calls: calls, Failures: failures}
 }
 
 // MaybeEjected reports whether e has been ejected and not yet counted an

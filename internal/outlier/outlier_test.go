@@ -393,3 +393,40 @@ func TestRefusalCountsOncePerHeldBackEjection(t *testing.T) {
 		t.Fatalf("refused = %d after it crossed its threshold again, want 2", refused)
 	}
 }
+
+// TestStateAtAFutureInstantLeavesTheWindowAlone pins that State, a read
+// (the policy's Snapshots(now), with a time the operator chooses), does
+// not move the failure-rate window: a snapshot taken "an hour ahead" froze
+// the window there, so for the next hour no outcome aged out and old
+// failures kept counting. Before: 9 failures 30s old plus 1 failure and 9
+// successes now ejected (10/19 ≥ 50%); after: 1/10, no ejection.
+func TestStateAtAFutureInstantLeavesTheWindowAlone(t *testing.T) {
+	cfg := testConfig()
+	cfg.ConsecutiveFailures, cfg.FailureRate, cfg.MinimumCalls = 0, 0.5, 10
+	_, eps := newGroup(t, cfg, 2)
+	e := eps[0]
+	if s := e.State(at(time.Hour)); s.Calls != 0 {
+		t.Fatalf("State = %+v, want an empty window", s)
+	}
+	for range 9 {
+		e.Record(at(0), Failure)
+	}
+	if s := e.State(at(time.Hour)); s.Calls != 0 {
+		t.Fatalf("State an hour ahead = %+v, want an empty window (all aged out)", s)
+	}
+	e.Record(at(30*time.Second), Failure)
+	for range 9 {
+		e.Record(at(30*time.Second), Success)
+	}
+	if e.Ejected(at(30 * time.Second)) {
+		t.Fatalf("ejected with 1 failure in 10 over the window: %+v", e.State(at(30*time.Second)))
+	}
+	for _, tt := range []struct {
+		at              time.Duration
+		calls, failures int
+	}{{30 * time.Second, 10, 1}, {39 * time.Second, 10, 1}, {40 * time.Second, 0, 0}, {time.Hour, 0, 0}} {
+		if s := e.State(at(tt.at)); s.Calls != tt.calls || s.Failures != tt.failures {
+			t.Errorf("State(t0+%v) = %d calls, %d failures; want %d, %d", tt.at, s.Calls, s.Failures, tt.calls, tt.failures)
+		}
+	}
+}
