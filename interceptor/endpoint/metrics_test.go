@@ -61,7 +61,11 @@ func TestMetricsThroughGrpcOpenTelemetryAndClosedChannelsReportNothing(t *testin
 		}
 		cl.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Code: codes.Unavailable} })
 		client := cl.EchoClient()
-		for range 6 {
+		// Until backend 0 (READY when the rotation reaches it) fails once.
+		for j := 0; len(cl.Backends[0].Attempts("")) == 0; j++ {
+			if j == 1000 {
+				t.Fatal("backend 0 got no call")
+			}
 			_, _ = client.Echo(t.Context(), &echov1.EchoRequest{Message: "x"}, grpc.WaitForReady(true))
 		}
 		m := metricsByName(t, reader)
