@@ -142,7 +142,7 @@ func TestBackendKilledMidCallRetriesElsewhere(t *testing.T) {
 	})
 }
 
-// TestEveryBackendDownThenUpRecovers pins picks while no endpoint is
+// TestEveryBackendDownFailsUnavailable pins picks while no endpoint is
 // READY (all CONNECTING or TRANSIENT_FAILURE): calls fail with UNAVAILABLE
 // and nothing else, and nothing is held.
 func TestEveryBackendDownFailsUnavailable(t *testing.T) {
