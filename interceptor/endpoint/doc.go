@@ -23,8 +23,9 @@
 // is recognized on retry by the address of the server it reached (grpc's
 // peer), so that address must be the endpoint's resolver address, as it is
 // with the dns resolver, a manual resolver or a list of IP:port. A dialer
-// or proxy that reports another address leaves the first retry free to
-// land on the first attempt's endpoint; later retries and hedged copies
+// or proxy that reports another address (an HTTPS_PROXY's, for one) leaves
+// the first retry free to land on the first attempt's endpoint, and under
+// the pick_first child it always does; later retries and hedged copies
 // are recorded by the picker itself and are not affected. Without the
 // Client's interceptors (grpc's own retry), no trail exists and the policy
 // only ejects.
