@@ -2,7 +2,9 @@ package serviceconfig
 
 import (
 	"encoding/json"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"time"
 
@@ -263,7 +265,8 @@ func childSettings(path, name string, settings json.RawMessage) error {
 	if err := json.Unmarshal(settings, &m); err != nil {
 		return newError(path, "must be an object")
 	}
-	for k, v := range m {
+	for _, k := range slices.Sorted(maps.Keys(m)) { // the first in order, always
+		v := m[k]
 		if name == "pick_first" && k == "shuffleAddressList" {
 			if string(v) != "false" {
 				return newError(path, "shuffleAddressList is not supported: the endpoint policy keeps the resolver's order (use round_robin to spread the calls)")
