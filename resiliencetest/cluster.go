@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -30,6 +31,11 @@ type Cluster struct {
 	Addrs []string
 	// Conn is the connection to the cluster, dialed with the options given.
 	Conn *grpc.ClientConn
+
+	r     *manual.Resolver
+	stops []func() // one per backend, idempotent
+	mu    sync.Mutex
+	state resolver.State // the resolver's latest, under mu
 }
 
 // ClusterOption configures a cluster.
@@ -94,7 +100,7 @@ func ServeCluster(n int, dialOpts []grpc.DialOption, opts ...ClusterOption) (*Cl
 			listeners[addr] = bl
 			lis = bl
 		}
-		stops = append(stops, serveOn(lis, srv, o.serverOpts))
+		stops = append(stops, sync.OnceFunc(serveOn(lis, srv, o.serverOpts)))
 		c.Backends = append(c.Backends, srv)
 		c.Addrs = append(c.Addrs, addr)
 	}
@@ -105,6 +111,7 @@ func ServeCluster(n int, dialOpts []grpc.DialOption, opts ...ClusterOption) (*Cl
 		st.Endpoints = append(st.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
 	}
 	r.InitialState(st)
+	c.r, c.state, c.stops = r, st, stops
 	base := []grpc.DialOption{grpc.WithResolvers(r), grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if !o.tcp {
 		base = append(base, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
@@ -152,6 +159,43 @@ func (c *Cluster) Counts(fullMethod string) []int {
 	}
 	return out
 }
+
+// SetEndpoints makes the resolver list these backends (by index in
+// Backends, in this order) as the target's endpoints, as a DNS change or
+// a scale-down would: none lists no endpoint at all. The connection's
+// load-balancing policy gets the update at once.
+func (c *Cluster) SetEndpoints(backends ...int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.state.Endpoints = nil
+	for _, i := range backends {
+		c.state.Endpoints = append(c.state.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: c.Addrs[i]}}})
+	}
+	c.r.UpdateState(c.state)
+}
+
+// SetServiceConfig makes the resolver return the service config js with
+// the current endpoints, as a DNS TXT record or xDS would: it replaces the
+// connection's default service config (grpc.WithDefaultServiceConfig).
+// An invalid js is an error, and the resolver's state is unchanged. It
+// connects the channel first, as the resolver parses through it.
+func (c *Cluster) SetServiceConfig(js string) error {
+	c.Conn.Connect()
+	sc := c.r.CC().ParseServiceConfig(js)
+	if sc.Err != nil {
+		return sc.Err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.state.ServiceConfig = sc
+	c.r.UpdateState(c.state)
+	return nil
+}
+
+// StopBackend stops backend i as a crash would: its connections close, the
+// calls it is serving fail on the client with UNAVAILABLE, and new
+// connections to it are refused. The resolver still lists it.
+func (c *Cluster) StopBackend(i int) { c.stops[i]() }
 
 // EchoClient returns a client of the echo service on the cluster's
 // connection.

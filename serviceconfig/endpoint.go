@@ -2,7 +2,10 @@ package serviceconfig
 
 import (
 	"encoding/json"
+	"maps"
 	"reflect"
+	"slices"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -42,7 +45,8 @@ type EndpointPolicy struct {
 	// "round_robin" (the default, "") rotates, "pick_first" sends every
 	// call to the first usable endpoint in the resolver's order. Either
 	// way every endpoint gets its own connection (see the package
-	// interceptor/endpoint's documentation).
+	// interceptor/endpoint's documentation). The child's own settings are
+	// refused (pick_first's shuffleAddressList, except false), not dropped.
 	ChildPolicy string
 	// ConsecutiveFailures ejects an endpoint after that many failures in a
 	// row; 0 means 5 unless FailurePercentage is set; −1 is off.
@@ -243,11 +247,33 @@ func childPolicy(list []map[string]json.RawMessage, set bool) (string, error) {
 		if len(e) != 1 {
 			return "", newError(index("childPolicy", i), "must hold exactly one policy, not "+itoa(len(e)))
 		}
-		for name := range e {
+		for name, settings := range e {
 			if name == "round_robin" || name == "pick_first" {
-				return name, nil
+				return name, childSettings(join(index("childPolicy", i), name), name, settings)
 			}
 		}
 	}
 	return "", newError("childPolicy", "names no supported policy: use round_robin or pick_first")
+}
+
+// childSettings checks the child policy's own settings, which the endpoint
+// policy does not apply: refused, not dropped, when they would change what
+// the child does (pick_first's shuffleAddressList: true spreads clients
+// over the endpoints; dropped, every client would send to the first).
+func childSettings(path, name string, settings json.RawMessage) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(settings, &m); err != nil {
+		return newError(path, "must be an object")
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) { // the first in order, always
+		v := m[k]
+		if name == "pick_first" && k == "shuffleAddressList" {
+			if string(v) != "false" {
+				return newError(path, "shuffleAddressList is not supported: the endpoint policy keeps the resolver's order (use round_robin to spread the calls)")
+			}
+			continue
+		}
+		return newError(path, name+" takes no settings here, not "+strconv.Quote(k))
+	}
+	return nil
 }

@@ -81,3 +81,28 @@ func FuzzParseEndpointPolicy(f *testing.F) {
 		}
 	})
 }
+
+// TestEndpointChildPolicyConfigIsNotDroppedSilently pins that a child
+// policy's own settings, which the endpoint policy does not apply, are
+// refused rather than dropped: pick_first's shuffleAddressList (spreading
+// clients over the endpoints) silently ignored would send every client's
+// traffic to the resolver's first endpoint. Before: accepted.
+func TestEndpointChildPolicyConfigIsNotDroppedSilently(t *testing.T) {
+	tests := []struct{ doc, want string }{
+		{`{"childPolicy": [{"pick_first": {"shuffleAddressList": true}}]}`, "childPolicy[0].pick_first: shuffleAddressList is not supported"},
+		{`{"childPolicy": [{"round_robin": {"x": 1}}]}`, "childPolicy[0].round_robin: round_robin takes no settings"},
+		{`{"childPolicy": [{"foo": {}}, {"pick_first": {"shuffleAddressList": true}}]}`, "childPolicy[1].pick_first: shuffleAddressList is not supported"},
+	}
+	for _, tt := range tests {
+		_, err := ParseEndpointPolicy([]byte(tt.doc))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseEndpointPolicy(%s) = %v, want an error containing %q", tt.doc, err, tt.want)
+		}
+	}
+	for _, ok := range []string{`{"childPolicy": [{"pick_first": {"shuffleAddressList": false}}]}`, `{"childPolicy": [{"pick_first": {}}]}`,
+		`{"childPolicy": [{"round_robin": {}}]}`, `{"childPolicy": [{"pick_first": null}]}`} {
+		if _, err := ParseEndpointPolicy([]byte(ok)); err != nil {
+			t.Errorf("ParseEndpointPolicy(%s) = %v, want ok", ok, err)
+		}
+	}
+}

@@ -63,6 +63,8 @@ type lb struct {
 	unregister func()
 
 	cfg atomic.Pointer[lbConfig] // read by Done callbacks
+	// current is group, for the Done callbacks, which take no lock.
+	current atomic.Pointer[outlier.Group]
 
 	mu      sync.Mutex // guards what follows
 	group   *outlier.Group
@@ -87,6 +89,7 @@ func (b *lb) setConfigLocked(cfg *lbConfig) {
 		g, _ = outlier.New(newConfig(&serviceconfig.EndpointPolicy{}).outlier)
 	}
 	b.group = g
+	b.current.Store(g)
 	b.overflow.Store(0)
 	fresh := resolver.NewEndpointMap[*entry]()
 	for ep, e := range b.entries.All() {
@@ -216,7 +219,7 @@ func (b *lb) newEntry(order int, addrs []string) *entry {
 // record counts the outcome of an attempt sent to e, when it ends.
 func (e *entry) record(di balancer.DoneInfo) {
 	b := e.b
-	o := outcome(di.Err, di.Trailer, b.cfg.Load().failures)
+	o := outcome(di.Err, di.Trailer, di.BytesReceived, b.cfg.Load().failures)
 	if o != outlier.Success && o != outlier.Failure {
 		return
 	}
@@ -233,6 +236,9 @@ func (e *entry) record(di balancer.DoneInfo) {
 // current group, or one a new configuration replaced, whose refusals are
 // then dropped).
 func (b *lb) noteOverflow(g *outlier.Group) {
+	if g != b.current.Load() {
+		return
+	}
 	_, refused := g.Ejections()
 	for {
 		seen := b.overflow.Load()

@@ -86,8 +86,12 @@ func parseConfig(js json.RawMessage) (*lbConfig, error) {
 // server refused it for load (RESOURCE_EXHAUSTED, or any status with a
 // pushback), a failure when its code is in failures, a success when it
 // succeeded, and nothing otherwise (the caller's cancellation or deadline,
-// an application's error).
-func outcome(err error, trailer metadata.MD, failures rescodes.Set) outlier.Outcome {
+// an application's error). received says whether anything came back from
+// the endpoint (balancer.DoneInfo.BytesReceived): without it, only
+// UNAVAILABLE (the endpoint could not be reached, or its connection broke)
+// is the endpoint's; another code is the client's own (grpc's INTERNAL for
+// a request that does not marshal), which a caller chooses.
+func outcome(err error, trailer metadata.MD, received bool, failures rescodes.Set) outlier.Outcome {
 	if err == nil {
 		return outlier.Success
 	}
@@ -98,6 +102,8 @@ func outcome(err error, trailer metadata.MD, failures rescodes.Set) outlier.Outc
 	switch {
 	case c == codes.ResourceExhausted:
 		return outlier.Busy
+	case !received && c != codes.Unavailable:
+		return outlier.Ignored
 	case failures.Has(c):
 		return outlier.Failure
 	}

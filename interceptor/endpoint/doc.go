@@ -23,8 +23,9 @@
 // is recognized on retry by the address of the server it reached (grpc's
 // peer), so that address must be the endpoint's resolver address, as it is
 // with the dns resolver, a manual resolver or a list of IP:port. A dialer
-// or proxy that reports another address leaves the first retry free to
-// land on the first attempt's endpoint; later retries and hedged copies
+// or proxy that reports another address (an HTTPS_PROXY's, for one) leaves
+// the first retry free to land on the first attempt's endpoint, and under
+// the pick_first child it always does; later retries and hedged copies
 // are recorded by the picker itself and are not affected. Without the
 // Client's interceptors (grpc's own retry), no trail exists and the policy
 // only ejects.
@@ -40,7 +41,11 @@
 //   - busy, never a failure and no break in a run of failures:
 //     RESOURCE_EXHAUSTED, or any status with a grpc-retry-pushback-ms
 //     trailer: the server is loaded, not broken (Linkerd's distinction);
-//   - nothing: the caller's cancellation or deadline, application errors.
+//   - nothing: the caller's cancellation or deadline, application errors,
+//     and a failure with nothing received from the endpoint unless it is
+//     UNAVAILABLE (unreachable, or its connection broke): such a failure
+//     is the client's own, e.g. grpc's INTERNAL for a request that does
+//     not marshal, which a caller could send on purpose.
 //
 // An endpoint is ejected after consecutiveFailures failures in a row
 // (default 5), or when its failures reach failurePercentageEjection's
@@ -97,8 +102,10 @@
 //
 // # Cost
 //
-// A pick is a few atomic loads per READY endpoint and allocates nothing:
-// no lock, no clock read unless an endpoint has been ejected. The Done
+// A pick allocates nothing and takes no lock: when the rotation's endpoint
+// is neither ejected nor used by the call, a few atomic loads; otherwise a
+// few per READY endpoint, as the others share its turn evenly. No clock
+// read unless an endpoint has been ejected. The Done
 // callback reads the clock and takes the endpoint's mutex when the outcome
 // counts. A retry or hedged call allocates its trail (one object).
 package endpoint

@@ -20,7 +20,8 @@ type picker struct {
 	ready    []choice
 	fallback balancer.Picker
 	ordered  bool
-	next     atomic.Uint32
+	next     atomic.Uint32 // the rotation
+	spilled  atomic.Uint32 // the rotation among the best, when next's is not
 }
 
 type choice struct {
@@ -30,48 +31,33 @@ type choice struct {
 
 // Pick allocates nothing on its own unless the endpoint's picker returns a
 // Done callback of its own (pick_first returns none), which it must wrap.
+//
+// The rotation's endpoint is taken when it ranks best (see rank): one
+// check on the common path. Otherwise a second rotation runs among the
+// endpoints of the best rank, so that the share of an endpoint passed over
+// (ejected, or used by the call) spreads evenly over the others rather
+// than all going to the one after it.
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	n := len(p.ready)
 	if n == 0 {
 		return p.fallback.Pick(info)
 	}
-	start := 0
+	ticket := 0
 	if !p.ordered {
-		start = int(p.next.Add(1) % uint32(n))
+		ticket = int(p.next.Add(1) % uint32(n))
 	}
 	tr := trail.FromContext(info.Ctx)
 	var now time.Time // read only when an endpoint may be ejected
-	best, rank := 0, 4
-	for i := range n {
-		k := start + i
-		if k >= n {
-			k -= n
-		}
-		e := p.ready[k].e
-		r := 0
-		if e.out.MaybeEjected() {
-			if now.IsZero() {
-				now = time.Now()
-			}
-			if e.out.Ejected(now) {
-				r += 2
-			}
-		}
-		if tr != nil && tr.Has(e.id, e.addrs) {
-			r++
-		}
-		if r < rank {
-			best, rank = k, r
-			if r == 0 {
-				break
-			}
+	best := ticket
+	if r := p.rank(ticket, tr, &now); r != 0 {
+		best = p.spill(tr, &now)
+		if tr != nil && r&1 == 1 && p.rank(best, tr, &now)&1 == 0 {
+			// The rotation alone would have sent it where the call had been.
+			p.b.avoided.Add(1)
+			p.b.count(attemptsAvoided)
 		}
 	}
 	c := p.ready[best]
-	if tr != nil && best != start && p.passedOverTried(tr, start, best) {
-		p.b.avoided.Add(1)
-		p.b.count(attemptsAvoided)
-	}
 	res, err := c.picker.Pick(info)
 	if err != nil {
 		return res, err
@@ -88,14 +74,52 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	return res, nil
 }
 
-// passedOverTried reports whether the pick passed over an endpoint the
-// call had used on its way from start to best.
-func (p *picker) passedOverTried(tr *trail.Trail, start, best int) bool {
+// spill returns the endpoint for a pick whose rotation's endpoint does not
+// rank best: in order, the first of the best rank; else the next of them
+// in a rotation of their own.
+func (p *picker) spill(tr *trail.Trail, now *time.Time) int {
 	n := len(p.ready)
-	for k := start; k != best; k = (k + 1) % n {
-		if e := p.ready[k].e; tr.Has(e.id, e.addrs) {
-			return true
+	rank, count, first := 4, 0, 0
+	for k := range n {
+		switch r := p.rank(k, tr, now); {
+		case r < rank:
+			rank, count, first = r, 1, k
+		case r == rank:
+			count++
 		}
 	}
-	return false
+	if p.ordered || count == 1 {
+		return first
+	}
+	// The j-th of the best rank after first; a rank changed meanwhile (an
+	// ejection) leaves first.
+	j := int(p.spilled.Add(1) % uint32(count))
+	for k := first + 1; k < n && j > 0; k++ {
+		if p.rank(k, tr, now) == rank {
+			if j--; j == 0 {
+				return k
+			}
+		}
+	}
+	return first
+}
+
+// rank is the preference for the k-th READY endpoint, lowest first: 0
+// neither ejected nor used by the call, 1 used, 2 ejected, 3 both. It reads
+// the clock into *now the first time an endpoint may be ejected.
+func (p *picker) rank(k int, tr *trail.Trail, now *time.Time) int {
+	e := p.ready[k].e
+	r := 0
+	if e.out.MaybeEjected() {
+		if now.IsZero() {
+			*now = time.Now()
+		}
+		if e.out.Ejected(*now) {
+			r += 2
+		}
+	}
+	if tr != nil && tr.Has(e.id, e.addrs) {
+		r++
+	}
+	return r
 }

@@ -134,21 +134,25 @@ func TestOutcomeBusyIsNotBroken(t *testing.T) {
 		t.Fatalf("defaultFailures = %v, want %v", fail, want)
 	}
 	tests := []struct {
-		name    string
-		err     error
-		trailer metadata.MD
-		want    outlier.Outcome
+		name     string
+		err      error
+		trailer  metadata.MD
+		received bool
+		want     outlier.Outcome
 	}{
-		{"ok", nil, nil, outlier.Success},
-		{"unavailable", status.Error(codes.Unavailable, ""), nil, outlier.Failure},
-		{"resource exhausted", status.Error(codes.ResourceExhausted, ""), nil, outlier.Busy},
-		{"unavailable with pushback", status.Error(codes.Unavailable, ""), metadata.Pairs(pushbackKey, "100"), outlier.Busy},
-		{"caller's cancel", status.Error(codes.Canceled, ""), nil, outlier.Ignored},
-		{"caller's deadline", status.Error(codes.DeadlineExceeded, ""), nil, outlier.Ignored},
-		{"application error", status.Error(codes.NotFound, ""), nil, outlier.Ignored},
+		{"ok", nil, nil, true, outlier.Success},
+		{"unavailable", status.Error(codes.Unavailable, ""), nil, true, outlier.Failure},
+		{"unreachable", status.Error(codes.Unavailable, ""), nil, false, outlier.Failure},
+		{"internal", status.Error(codes.Internal, ""), nil, true, outlier.Failure},
+		{"client's own internal (no marshal)", status.Error(codes.Internal, ""), nil, false, outlier.Ignored},
+		{"resource exhausted", status.Error(codes.ResourceExhausted, ""), nil, true, outlier.Busy},
+		{"unavailable with pushback", status.Error(codes.Unavailable, ""), metadata.Pairs(pushbackKey, "100"), true, outlier.Busy},
+		{"caller's cancel", status.Error(codes.Canceled, ""), nil, true, outlier.Ignored},
+		{"caller's deadline", status.Error(codes.DeadlineExceeded, ""), nil, true, outlier.Ignored},
+		{"application error", status.Error(codes.NotFound, ""), nil, true, outlier.Ignored},
 	}
 	for _, tt := range tests {
-		if got := outcome(tt.err, tt.trailer, fail); got != tt.want {
+		if got := outcome(tt.err, tt.trailer, tt.received, fail); got != tt.want {
 			t.Errorf("outcome(%s) = %v, want %v", tt.name, got, tt.want)
 		}
 	}
@@ -159,5 +163,30 @@ func TestParseConfigErrorNamesThePolicyAndPath(t *testing.T) {
 	const want = "resilience_endpoint.maxEjectionPercent: must be in [1, 100] (0: the default, 50)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("ParseConfig = %v, want %q", err, want)
+	}
+}
+
+// TestLateFailureUnderAReplacedConfigAddsNoOverflow pins that the
+// refusals of a group a new ejection configuration replaced are dropped,
+// as noteOverflow says: a failure reported late by an attempt picked
+// under the old configuration must not add the old group's refusals to
+// the new one's count. Before: Snapshot.Overflow jumped from 0 to the old
+// group's total (and the metric with it).
+func TestLateFailureUnderAReplacedConfigAddsNoOverflow(t *testing.T) {
+	pk, b := newTestPicker(t, 2, serviceconfig.EndpointPolicy{ConsecutiveFailures: 1, MaxEjectionPercent: 1}, true)
+	fail := balancer.DoneInfo{Err: status.Error(codes.Unavailable, "down")}
+	old := pk.ready[0].e
+	for range 5 {
+		old.done(fail) // 1% of 2 endpoints: its ejection held back
+	}
+	if got := b.overflow.Load(); got != 1 {
+		t.Fatalf("overflow = %d under the first config, want 1", got)
+	}
+	b.mu.Lock()
+	b.setConfigLocked(newConfig(&serviceconfig.EndpointPolicy{ConsecutiveFailures: 2, MaxEjectionPercent: 1}))
+	b.mu.Unlock()
+	old.done(fail) // an attempt in flight across the change
+	if got := b.overflow.Load(); got != 0 {
+		t.Fatalf("overflow = %d after a late failure under the replaced config, want 0", got)
 	}
 }

@@ -9,6 +9,9 @@
 //
 // Nothing runs in the background: every transition is computed from the
 // outcomes and the instant passed in (`now`), on the next Record or Ejected.
+// Instants are measured from the group's creation on the monotonic clock
+// (when `now` comes from time.Now), so a step of the system's wall clock
+// neither lengthens nor ends an ejection.
 //
 //   - An endpoint is ejected after ConsecutiveFailures failures in a row, or
 //     when failures/outcomes over the rolling Window reach FailureRate, once

@@ -97,9 +97,29 @@ type Group struct {
 	members []*Endpoint
 	// ejections counts ejections since New, for metrics.
 	ejections atomic.Uint64
-	// refused counts ejections refused by MaxEjectionPercent.
+	// refused counts ejections refused by MaxEjectionPercent: one each
+	// time an endpoint crosses its threshold, however many failures it
+	// then has while the bound holds it back.
 	refused atomic.Uint64
+	// epoch is the origin of the group's instants (see ns); it carries a
+	// monotonic reading, so that the instants follow the monotonic clock
+	// and a step of the wall clock moves no ejection's end.
+	epoch time.Time
 }
+
+// origin is the instant of epoch: the instants stay positive for 146
+// years either side of it.
+const origin = 1 << 62
+
+// ns returns now as an instant of the group: origin plus the time since
+// epoch, which Go measures on the monotonic clock when now carries a
+// monotonic reading too (time.Now's), and on the wall clock otherwise.
+func (g *Group) ns(now time.Time) int64 {
+	return origin + int64(min(max(now.Sub(g.epoch), -origin+1), math.MaxInt64-origin))
+}
+
+// wall returns the time of the instant t.
+func (g *Group) wall(t int64) time.Time { return g.epoch.Add(time.Duration(t - origin)) }
 
 // New returns an empty group under cfg.
 func New(cfg Config) (*Group, error) {
@@ -109,7 +129,7 @@ func New(cfg Config) (*Group, error) {
 	if cfg.MaxEjectionTime < cfg.BaseEjectionTime {
 		cfg.MaxEjectionTime = cfg.BaseEjectionTime
 	}
-	return &Group{cfg: cfg}, nil
+	return &Group{cfg: cfg, epoch: time.Now()}, nil
 }
 
 // Config returns the group's configuration, normalized.
@@ -152,7 +172,7 @@ func (g *Group) Ejections() (ejected, refused uint64) {
 func (g *Group) EjectedCount(now time.Time) (ejected, total int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.ejectedLocked(now.UnixNano()), len(g.members)
+	return g.ejectedLocked(g.ns(now)), len(g.members)
 }
 
 func (g *Group) ejectedLocked(t int64) int {
@@ -175,7 +195,7 @@ func (g *Group) mayEjectLocked(t int64) bool {
 type Endpoint struct {
 	g       *Group
 	removed atomic.Bool
-	// until is the instant (Unix ns) its ejection ends; 0 or past: in
+	// until is the instant (Group.ns) its ejection ends; 0 or past: in
 	// rotation. Written under mu and g.mu, read anywhere.
 	until atomic.Int64
 
@@ -183,25 +203,29 @@ type Endpoint struct {
 	consecutive int        // failures in a row
 	win         window     // outcomes over Window
 	multiplier  int        // ejections in a row, decayed in rotation
-	returned    int64      // when the last ejection ended (Unix ns); 0: never ejected
+	returned    int64      // when the last ejection ended (Group.ns); 0: never ejected
 	probation   bool       // back from an ejection, no success since
 	count       uint64     // ejections of this endpoint
+	// heldBack: over its threshold, its ejection refused by the group's
+	// bound, and counted so (once) in refused; cleared when a failure finds
+	// it under its threshold, or it is ejected.
+	heldBack bool
 }
 
 // Ejected reports whether e is out of rotation at now.
 func (e *Endpoint) Ejected(now time.Time) bool {
 	u := e.until.Load()
-	return u != 0 && now.UnixNano() < u
+	return u != 0 && e.g.ns(now) < u
 }
 
 // EjectedUntil returns when e's ejection ends; zero when it is in rotation
 // at now.
 func (e *Endpoint) EjectedUntil(now time.Time) time.Time {
 	u := e.until.Load()
-	if u == 0 || now.UnixNano() >= u {
+	if u == 0 || e.g.ns(now) >= u {
 		return time.Time{}
 	}
-	return time.Unix(0, u)
+	return e.g.wall(u)
 }
 
 // Record counts an attempt's outcome at now, and reports whether it ejected
@@ -210,7 +234,7 @@ func (e *Endpoint) Record(now time.Time, o Outcome) (ejected bool) {
 	if o == Ignored || o == Busy {
 		return false
 	}
-	t := now.UnixNano()
+	t := e.g.ns(now)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if u := e.until.Load(); u != 0 {
@@ -228,6 +252,7 @@ func (e *Endpoint) Record(now time.Time, o Outcome) (ejected bool) {
 	e.consecutive = min(e.consecutive+1, math.MaxInt32)
 	e.win.add(t, true)
 	if !e.tripsLocked() {
+		e.heldBack = false
 		return false
 	}
 	return e.ejectLocked(t)
@@ -262,16 +287,33 @@ func (e *Endpoint) ejectLocked(t int64) bool {
 	g := e.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e.removed.Load() || !g.mayEjectLocked(t) {
-		g.refused.Add(1)
+	if e.removed.Load() {
+		return false // gone from the group: no ejection, and no refusal
+	}
+	if !g.mayEjectLocked(t) {
+		if !e.heldBack {
+			e.heldBack = true
+			g.refused.Add(1)
+		}
 		return false
 	}
+	e.heldBack = false
 	d := e.nextEjectionLocked(t)
-	e.until.Store(t + int64(d))
+	e.until.Store(addSaturating(t, int64(d)))
 	e.count++
 	g.ejections.Add(1)
 	e.probation = false
 	return true
+}
+
+// addSaturating returns t+d (d ≥ 0), or math.MaxInt64 when the sum
+// would pass it: an ejection of centuries ends at the end of time rather
+// than at a negative instant, which would eject nothing.
+func addSaturating(t, d int64) int64 {
+	if t > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return t + d
 }
 
 // nextEjectionLocked raises the multiplier, after decaying it by one per
@@ -312,9 +354,9 @@ type State struct {
 func (e *Endpoint) State(now time.Time) State {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.win.advance(now.UnixNano())
+	calls, failures := e.win.at(e.g.ns(now))
 	return State{EjectedUntil: e.EjectedUntil(now), Ejections: e.count, Multiplier: e.multiplier,
-		ConsecutiveFailures: e.consecutive, Calls: e.win.calls, Failures: e.win.failures}
+		ConsecutiveFailures: e.consecutive, Calls: calls, Failures: failures}
 }
 
 // MaybeEjected reports whether e has been ejected and not yet counted an

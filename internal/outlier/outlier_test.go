@@ -1,6 +1,7 @@
 package outlier
 
 import (
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -300,5 +301,132 @@ func TestRecordAndEjectedAllocateNothing(t *testing.T) {
 		_ = eps[0].Ejected(at(0))
 	}); n != 0 {
 		t.Errorf("Record+Ejected: %v allocs, want 0", n)
+	}
+}
+
+// TestHugeEjectionTimeSaturatesInsteadOfOverflowing pins that an ejection
+// whose end lies past what a Unix nanosecond count holds (a
+// baseEjectionTime or maxEjectionTime of centuries, which the service
+// config clamps to time.Duration's ~292 years) ejects until the end of
+// time, instead of wrapping to a negative instant that ejects nothing
+// while Ejections counts one. Before: Ejected = false right after the
+// ejection.
+func TestHugeEjectionTimeSaturatesInsteadOfOverflowing(t *testing.T) {
+	const century = 100 * 365 * 24 * time.Hour
+	for _, cfg := range []Config{
+		{ConsecutiveFailures: 1, MinimumCalls: 1, Window: time.Second, BaseEjectionTime: math.MaxInt64, MaxEjectionPercent: 100},
+		{ConsecutiveFailures: 1, MinimumCalls: 1, Window: time.Second, BaseEjectionTime: century, MaxEjectionTime: math.MaxInt64, MaxEjectionPercent: 100},
+	} {
+		g, eps := newGroup(t, cfg, 1)
+		e := eps[0]
+		now := time.Now()
+		// The second config passes the end of time as k grows (k = 3:
+		// past maxEjectionTime/base, so maxEjectionTime): eject, return,
+		// fail on probation, and again.
+		for range 3 {
+			if !e.Record(now, Failure) {
+				t.Fatalf("base %v max %v: a failure did not eject", cfg.BaseEjectionTime, cfg.MaxEjectionTime)
+			}
+			if !e.Ejected(now) || !e.Ejected(now.Add(century/2)) {
+				t.Fatalf("base %v max %v: ejection %d ended at once or within a century (until %v)",
+					cfg.BaseEjectionTime, cfg.MaxEjectionTime, e.State(now).Ejections, e.EjectedUntil(now))
+			}
+			if n, _ := g.EjectedCount(now); n != 1 {
+				t.Fatalf("EjectedCount = %d, want 1", n)
+			}
+			if cfg.MaxEjectionTime != math.MaxInt64 {
+				break
+			}
+			// Force a return by hand, as time cannot run past the end.
+			e.mu.Lock()
+			e.returnLocked(g.ns(now))
+			e.mu.Unlock()
+		}
+	}
+}
+
+// TestOutcomeOfARemovedEndpointIsNotAnOverflow pins that a failure
+// reported after its endpoint left the group (an attempt in flight when the
+// resolver removed it) is not counted as an ejection refused by
+// MaxEjectionPercent: the metric ejections_overflow says the bound held
+// back an ejection, which a removal is not. Before: refused = 1.
+func TestOutcomeOfARemovedEndpointIsNotAnOverflow(t *testing.T) {
+	cfg := testConfig()
+	cfg.ConsecutiveFailures = 1
+	g, eps := newGroup(t, cfg, 4)
+	g.Remove(eps[0])
+	if eps[0].Record(at(0), Failure) {
+		t.Fatal("a removed endpoint was ejected")
+	}
+	if ej, refused := g.Ejections(); ej != 0 || refused != 0 {
+		t.Fatalf("Ejections() = %d, %d; want 0, 0", ej, refused)
+	}
+}
+
+// TestRefusalCountsOncePerHeldBackEjection pins what the refused count
+// (the policy's ejections_overflow metric) measures: ejections
+// MaxEjectionPercent held back, one per endpoint each time it crosses its
+// threshold, not one per failure while it stays over it. Before: an
+// endpoint failing 10 times in a row with the bound reached counted 8
+// refusals (every failure from the 3rd).
+func TestRefusalCountsOncePerHeldBackEjection(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxEjectionPercent = 25
+	g, eps := newGroup(t, cfg, 4) // one ejection at most
+	for range 3 {
+		eps[0].Record(at(0), Failure)
+	}
+	if !eps[0].Ejected(at(0)) {
+		t.Fatal("eps[0] not ejected")
+	}
+	for range 10 {
+		eps[1].Record(at(0), Failure)
+	}
+	if _, refused := g.Ejections(); refused != 1 {
+		t.Fatalf("refused = %d after one endpoint over its threshold, want 1", refused)
+	}
+	eps[1].Record(at(0), Success) // under its threshold again
+	for range 5 {
+		eps[1].Record(at(0), Failure)
+	}
+	if _, refused := g.Ejections(); refused != 2 {
+		t.Fatalf("refused = %d after it crossed its threshold again, want 2", refused)
+	}
+}
+
+// TestStateAtAFutureInstantLeavesTheWindowAlone pins that State, a read
+// (the policy's Snapshots(now), with a time the operator chooses), does
+// not move the failure-rate window: a snapshot taken "an hour ahead" froze
+// the window there, so for the next hour no outcome aged out and old
+// failures kept counting. Before: 9 failures 30s old plus 1 failure and 9
+// successes now ejected (10/19 ≥ 50%); after: 1/10, no ejection.
+func TestStateAtAFutureInstantLeavesTheWindowAlone(t *testing.T) {
+	cfg := testConfig()
+	cfg.ConsecutiveFailures, cfg.FailureRate, cfg.MinimumCalls = 0, 0.5, 10
+	_, eps := newGroup(t, cfg, 2)
+	e := eps[0]
+	if s := e.State(at(time.Hour)); s.Calls != 0 {
+		t.Fatalf("State = %+v, want an empty window", s)
+	}
+	for range 9 {
+		e.Record(at(0), Failure)
+	}
+	if s := e.State(at(time.Hour)); s.Calls != 0 {
+		t.Fatalf("State an hour ahead = %+v, want an empty window (all aged out)", s)
+	}
+	e.Record(at(30*time.Second), Failure)
+	for range 9 {
+		e.Record(at(30*time.Second), Success)
+	}
+	if e.Ejected(at(30 * time.Second)) {
+		t.Fatalf("ejected with 1 failure in 10 over the window: %+v", e.State(at(30*time.Second)))
+	}
+	for _, tt := range []struct {
+		at              time.Duration
+		calls, failures int
+	}{{30 * time.Second, 10, 1}, {39 * time.Second, 10, 1}, {40 * time.Second, 0, 0}, {time.Hour, 0, 0}} {
+		if s := e.State(at(tt.at)); s.Calls != tt.calls || s.Failures != tt.failures {
+			t.Errorf("State(t0+%v) = %d calls, %d failures; want %d, %d", tt.at, s.Calls, s.Failures, tt.calls, tt.failures)
+		}
 	}
 }

@@ -46,3 +46,21 @@ func (w *window) clear() {
 	w.b = [numBuckets]struct{ calls, failures int }{}
 	w.calls, w.failures = 0, 0
 }
+
+// at returns the sums the window would hold at t, without moving it: a
+// read, for a snapshot at any instant, must not push head past the
+// instants outcomes are still recorded at.
+func (w *window) at(t int64) (calls, failures int) {
+	e := t / w.width
+	if e <= w.head {
+		return w.calls, w.failures
+	}
+	// The buckets of epochs head−d, d < numBuckets, still inside the
+	// window ending at epoch e.
+	for d := int64(0); d < numBuckets && w.head-d > e-numBuckets; d++ {
+		bk := &w.b[(w.head-d)%numBuckets]
+		calls += bk.calls
+		failures += bk.failures
+	}
+	return calls, failures
+}
