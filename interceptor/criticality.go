@@ -128,15 +128,17 @@ type CriticalityFunc func(ctx context.Context, sent Criticality, ok bool) Critic
 // WithMethodConcurrencyLimit, WithCPUShedding) shed calls by the
 // criticality f returns instead of the one they sent.
 //
-// The threat: CriticalityKey is set by the caller, so by default (without
-// this option, kept for compatibility and for servers whose callers are all
-// trusted) a caller can send CRITICAL_PLUS with every call and be shed last,
-// taking the share of the limit kept for the truly critical calls, and
-// every caller that does so makes the levels meaningless. For a server with
-// callers you do not trust, cap what they may claim, by who they are:
-// CapCriticality(Critical) lets anyone lower their own criticality but no
-// one raise it above the default; a CriticalityFunc can let authenticated
-// internal callers through as sent and cap the rest.
+// The threat: CriticalityKey is set by the caller, so a caller trusted with
+// CRITICAL_PLUS can send it with every call and be shed last, taking the
+// share of the limit kept for the truly critical calls (and making every
+// other caller yield), and every caller that does so makes the levels
+// meaningless. So without this option the Server takes a call's
+// criticality as sent but at most Critical, the default: anyone may lower
+// their own, no one may raise it (CapCriticality(Critical)). To let
+// callers you trust claim CRITICAL_PLUS, decide by who they are: a
+// CriticalityFunc can let authenticated internal callers through as sent
+// and cap the rest; WithCriticality(CapCriticality(CriticalPlus)) trusts
+// every caller.
 func WithCriticality(f CriticalityFunc) ServerOption {
 	return srvOptionFunc(func(o *serverOptions) {
 		if f == nil {
@@ -159,15 +161,20 @@ func CapCriticality(highest Criticality) CriticalityFunc {
 	}
 }
 
-// criticality resolves the criticality of an incoming call: as sent, or
-// through WithCriticality's function; always one of the four.
+// criticality resolves the criticality of an incoming call: through
+// WithCriticality's function, or by default as sent but at most Critical;
+// always one of the four.
 func (ls *srvLimits) criticality(ctx context.Context) Criticality {
 	c, ok := sentCriticality(ctx)
-	if ls.crit != nil {
-		c = ls.crit(ctx, c, ok)
-		if int(c) >= len(criticalityNames) {
+	if ls.crit == nil {
+		if c == CriticalPlus {
 			c = Critical
 		}
+		return c
+	}
+	c = ls.crit(ctx, c, ok)
+	if int(c) >= len(criticalityNames) {
+		c = Critical
 	}
 	return c
 }

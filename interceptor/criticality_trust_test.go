@@ -24,9 +24,10 @@ func trustInternal(ctx context.Context, sent Criticality, ok bool) Criticality {
 
 // TestWithCriticalityDecidesWhoIsShedLast: with a limit of 10, nine
 // CRITICAL calls in flight fill CRITICAL's share (90%); a tenth call that
-// claims CRITICAL_PLUS is admitted by default (the claim is trusted) and
-// shed when WithCriticality caps it, unless the function trusts its
-// caller.
+// claims CRITICAL_PLUS is shed by default (no caller is trusted with more
+// than CRITICAL: review r19, a tenant claiming CRITICAL_PLUS took the whole
+// limit and made every honest caller yield) and when WithCriticality caps
+// it, and admitted when the function trusts its caller.
 func TestWithCriticalityDecidesWhoIsShedLast(t *testing.T) {
 	plus := metadata.Pairs(CriticalityKey, "CRITICAL_PLUS")
 	internalPlus := metadata.Pairs(CriticalityKey, "CRITICAL_PLUS", "x-internal", "1")
@@ -37,7 +38,8 @@ func TestWithCriticalityDecidesWhoIsShedLast(t *testing.T) {
 		want codes.Code
 		as   Criticality // the criticality counted in LimitStatuses
 	}{
-		{"default trusts the claim", nil, plus, codes.OK, CriticalPlus},
+		{"default caps the claim at CRITICAL", nil, plus, codes.ResourceExhausted, Critical},
+		{"trusting every caller", []ServerOption{WithCriticality(CapCriticality(CriticalPlus))}, plus, codes.OK, CriticalPlus},
 		{"capped at CRITICAL", []ServerOption{WithCriticality(CapCriticality(Critical))}, plus, codes.ResourceExhausted, Critical},
 		{"trusted caller", []ServerOption{WithCriticality(trustInternal)}, internalPlus, codes.OK, CriticalPlus},
 		{"untrusted caller", []ServerOption{WithCriticality(trustInternal)}, plus, codes.ResourceExhausted, Critical},

@@ -416,14 +416,15 @@
 // as SHEDDABLE_PLUS at most (the server takes the lowest value it gets), so
 // that a retry never displaces a first attempt.
 //
-// The value is the caller's claim, and by default (for compatibility, and
-// for servers whose callers are all trusted) the server takes it as sent:
-// a caller that sends CRITICAL_PLUS with every call is shed last, takes the
-// share kept for truly critical work, and once several callers do so the
-// levels mean nothing. For callers you do not trust, WithCriticality
-// decides from the context (the peer, verified credentials) and what was
-// sent: WithCriticality(CapCriticality(Critical)) lets every caller lower
-// its own criticality and none raise it above the default.
+// The value is the caller's claim: a caller that could send CRITICAL_PLUS
+// with every call would be shed last, take the share kept for truly
+// critical work and make every other caller yield, and once several did so
+// the levels would mean nothing. So by default the server takes the value
+// as sent but at most CRITICAL: every caller may lower its own criticality,
+// none may raise it above the default. To trust some callers with
+// CRITICAL_PLUS, WithCriticality decides from the context (the peer,
+// verified credentials) and what was sent;
+// WithCriticality(CapCriticality(CriticalPlus)) trusts every caller.
 //
 // # Observability
 //

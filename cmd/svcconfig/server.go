@@ -159,7 +159,7 @@ func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	for _, s := range []struct {
 		name  string
 		share float64
-	}{{"CRITICAL_PLUS", 1}, {"CRITICAL (default)", 0.9}, {"SHEDDABLE_PLUS", 0.75}, {"SHEDDABLE", 0.5}} {
+	}{{"CRITICAL_PLUS (only callers WithCriticality trusts)", 1}, {"CRITICAL (default, and the most a caller may claim)", 0.9}, {"SHEDDABLE_PLUS", 0.75}, {"SHEDDABLE", 0.5}} {
 		t.row("  "+s.name, strconv.Itoa(int(s.share*100))+"%", fmt.Sprintf("%d of the initial limit", ceilShare(initial, s.share)))
 	}
 	t.flush()
