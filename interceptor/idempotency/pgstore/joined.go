@@ -448,8 +448,12 @@ func (v *joinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 }
 
 // Conn returns the transaction's connection: valid, as the transaction,
-// until the handler returns.
-func (v *joinedTx) Conn() *pgx.Conn { return v.t.conn.Conn() }
+// until the handler returns; nil after (the connection is back in the
+// pool, another call's).
+func (v *joinedTx) Conn() *pgx.Conn {
+	tx, _ := v.tx()
+	return tx.Conn()
+}
 
 // closedTx returns a pgx.Tx that is closed: its methods, and those of its
 // LargeObjects, return pgx.ErrTxClosed.
@@ -515,4 +519,6 @@ func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 	return s.tx().QueryRow(ctx, sql, args...)
 }
 
-func (s *savepointTx) Conn() *pgx.Conn { return s.sp.Conn() }
+// Conn returns the savepoint's connection; nil once it is closed (see
+// joinedTx.Conn).
+func (s *savepointTx) Conn() *pgx.Conn { return s.tx().Conn() }
