@@ -278,7 +278,14 @@ func (t *txn) Commit(ctx context.Context, rec *idempotency.Record, ttl time.Dura
 		return err
 	}
 	b := &pgx.Batch{}
-	if rec.Code != codes.OK {
+	if endedBySQL(tx) {
+		// The handler ended the transaction with SQL of its own: its writes
+		// are committed, and cannot be undone. The outcome is stored as it
+		// is, outside any transaction, so that a retry replays it rather
+		// than run the handler a second time.
+		t.j.opts.logger.Error("pgstore: the handler ended its joined transaction with SQL of its own (COMMIT or ROLLBACK); " +
+			"its writes are not undone, and its outcome is stored without them")
+	} else if rec.Code != codes.OK {
 		if tx.Conn().PgConn().TxStatus() == 'E' {
 			// A statement of the handler failed: pgx cannot prepare the
 			// batch in an aborted transaction. Roll back to the savepoint
@@ -335,17 +342,33 @@ func (j *JoinedStore) commitBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch, 
 	return failed
 }
 
+// endedBySQL reports whether the handler ended tx with SQL of its own
+// (tx.Exec of COMMIT or ROLLBACK), which ErrHandlerCommit cannot refuse:
+// the connection is outside any transaction while pgx holds tx open.
+func endedBySQL(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I'
+}
+
 // Rollback implements idempotency.Txn. After phases were committed, the
 // row's lease is ended too, in the same round trip, so a retry resumes at
-// once rather than wait for it.
+// once rather than wait for it. When the handler ended the transaction
+// with SQL of its own, its writes are committed: the row, if that COMMIT
+// kept it, is held for WithPhaseRetention, so that no retry runs the
+// handler a second time, and Rollback returns an error that says so.
 func (t *txn) Rollback(ctx context.Context) error {
-	tx, _ := t.end()
+	tx, bad := t.end()
 	if tx == nil {
 		return pgx.ErrTxClosed
 	}
 	defer t.conn.Release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
+	if bad == nil && endedBySQL(tx) {
+		_, err := tx.Conn().Exec(ctx, t.j.sql.holdLease, t.k.id, t.token, millis(t.j.opts.phaseRetention))
+		return errors.Join(fmt.Errorf("pgstore: rollback: the handler ended its joined transaction with SQL of its own; "+
+			"its writes stay committed, and its key is held for %v, never run again", t.j.opts.phaseRetention), err)
+	}
 	t.mu.Lock()
 	committed := t.gen > 0
 	t.mu.Unlock()
