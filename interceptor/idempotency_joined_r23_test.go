@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 )
 
 // TestIdempotencyJoinedTxConnAfterTheHandlerReturnedDoesNotPanic: a
@@ -132,4 +134,34 @@ func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.
 			t.Errorf("call with key %q while two slow keys hold the pool: %v; want an answer or a prompt refusal", key, r.err)
 		}
 	}
+}
+
+// TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer: a
+// database that does not answer (here a migration's ACCESS EXCLUSIVE lock
+// on the table; a network partition alike) must not hold a keyed call
+// without a deadline for ever, with its goroutine and pool connection: the
+// claim is bounded by the store's lock wait plus a margin, and the call
+// gets UNAVAILABLE with the retry hint.
+func TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer(t *testing.T) {
+	p := newPgJoined(t)
+	e := p.chargeEcho(nil)
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil, pgstore.WithLockTimeout(100*time.Millisecond))))
+	bg := context.Background()
+	lock, err := p.admin.Begin(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(bg) }()
+	if _, err := lock.Exec(bg, "LOCK TABLE "+p.schema+".resilience_idempotency IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(idemCtx(t), 20*time.Second) // stands for no deadline
+	defer cancel()
+	start := time.Now()
+	r := idemDo(ctx, cc, "k", "m")
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the claim waited %v for a database that does not answer; want it bounded by the lock wait and a margin", took)
+	}
+	wantCode(t, "claim against a locked table", r.err, codes.Unavailable, "")
+	wantCalls(t, e, 0)
 }

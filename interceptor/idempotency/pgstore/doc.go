@@ -63,7 +63,11 @@
 // A first execution thus costs one round trip more than the handler's own
 // transaction would (BEGIN, its statements, COMMIT): the lookup (a test
 // counts 4 against 3 at the socket). The transaction holds a pool
-// connection while the handler runs.
+// connection while the handler runs. The claim (steps 1 and 2, with the
+// pool's acquisition) is bounded by three lock timeouts plus 5 s whatever
+// the caller's deadline: a database that does not answer (a partition, a
+// migration's lock on the table) gets the call UNAVAILABLE with the retry
+// hint, not a goroutine and a connection held for ever.
 //
 // The transaction is the server's, not the caller's: the handler runs
 // detached from the caller's deadline and cancellation (the interceptor's

@@ -36,6 +36,10 @@ func (s *Store) Joined() *JoinedStore {
 	return &JoinedStore{Store: s}
 }
 
+// claimMargin bounds a ClaimTx beyond its lock waits: its pool
+// acquisition and round trips, on a database that answers, take far less.
+const claimMargin = 5 * time.Second
+
 // maxClaimTxAttempts bounds the claims a ClaimTx makes when a claim loses
 // a race (the key changed between the lookup and the claim, a
 // serialization failure, a scope that made room).
@@ -51,6 +55,12 @@ const maxClaimTxAttempts = 3
 // the bound, is InProgress.
 func (j *JoinedStore) ClaimTx(ctx context.Context, key idempotency.RecordKey, fingerprint []byte, lease time.Duration) (idempotency.Claim, idempotency.Txn, error) {
 	k := j.recordKey(key)
+	// A database that does not answer (a partition, a migration's lock on
+	// the table) must not hold the call, its goroutine and a connection
+	// until a deadline the caller may not have set: a claim waits up to
+	// the lock timeout for a row, and claimMargin for everything else.
+	ctx, cancel := context.WithTimeout(ctx, maxClaimTxAttempts*j.opts.lockTimeout+claimMargin)
+	defer cancel()
 	for attempt := 1; ; attempt++ {
 		conn, err := j.pool.Acquire(ctx)
 		if err != nil {
