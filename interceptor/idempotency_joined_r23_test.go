@@ -2,9 +2,11 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
 // TestIdempotencyJoinedTxConnAfterTheHandlerReturnedDoesNotPanic: a
@@ -164,4 +167,47 @@ func TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer(t *testing.
 	}
 	wantCode(t, "claim against a locked table", r.err, codes.Unavailable, "")
 	wantCalls(t, e, 0)
+}
+
+// TestIdempotencyJoinedNestedPhaseIsRefused: a Phase inside another
+// Phase's fn would commit the outer phase's writes so far with the inner
+// recovery point; the outer phase failing then, its retry ran it again and
+// wrote twice. A nested Phase is refused with ErrNestedPhase, and the
+// outer phase's write never commits twice.
+func TestIdempotencyJoinedNestedPhaseIsRefused(t *testing.T) {
+	p := newPgJoined(t)
+	var runs atomic.Int32
+	var innerErr error
+	e := &idemEcho{fn: func(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		run := runs.Add(1)
+		_, err := pgstore.Phase(ctx, "outer", func(ctx context.Context, _ pgx.Tx) ([]byte, error) {
+			if _, err := p.charge(ctx, 10); err != nil {
+				return nil, err
+			}
+			if _, err := pgstore.Phase(ctx, "inner", func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+				if run == 1 {
+					innerErr = err
+				}
+				return nil, err
+			}
+			if run == 1 {
+				return nil, errors.New("the outer phase fails after the inner one")
+			}
+			return nil, nil
+		})
+		if err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		return &echov1.EchoResponse{Message: "ok"}, nil
+	}}
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	ctx := idemCtx(t)
+	idemDo(ctx, cc, "k", "m")
+	idemDo(ctx, cc, "k", "m")
+	if n := p.rows(t, "k"); n > 1 {
+		t.Errorf("charges = %d after a failed outer phase and its retry; want at most 1", n)
+	}
+	if !errors.Is(innerErr, pgstore.ErrNestedPhase) {
+		t.Errorf("nested Phase = %v, want ErrNestedPhase", innerErr)
+	}
 }

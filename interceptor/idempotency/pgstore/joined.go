@@ -216,18 +216,19 @@ func (j *JoinedStore) rollback(ctx context.Context, tx pgx.Tx) {
 // key's row, on its own pool connection, until Commit or Rollback. The
 // handler sees it as a pgx.Tx (joinedTx) that refuses Commit and Rollback.
 type txn struct {
-	j      *JoinedStore      // immutable
-	k      recordKey         // immutable
-	token  string            // immutable
-	lease  time.Duration     // immutable
-	conn   *pgxpool.Conn     // released when the txn ends
-	view   joinedTx          // the handler's pgx.Tx; immutable
-	mu     sync.Mutex        // guards the fields below
-	tx     pgx.Tx            // the current transaction: a new one after each phase
-	gen    int               // phases committed by this txn: savepoints of an older gen are gone
-	done   bool              // Commit or Rollback has run
-	bad    error             // a phase's commit failed: the txn can only roll back
-	phases map[string][]byte // phases committed, by this call or the one it resumes
+	j       *JoinedStore      // immutable
+	k       recordKey         // immutable
+	token   string            // immutable
+	lease   time.Duration     // immutable
+	conn    *pgxpool.Conn     // released when the txn ends
+	view    joinedTx          // the handler's pgx.Tx; immutable
+	mu      sync.Mutex        // guards the fields below
+	tx      pgx.Tx            // the current transaction: a new one after each phase
+	gen     int               // phases committed by this txn: savepoints of an older gen are gone
+	done    bool              // Commit or Rollback has run
+	bad     error             // a phase's commit failed: the txn can only roll back
+	inPhase bool              // a Phase's fn runs: another Phase is refused
+	phases  map[string][]byte // phases committed, by this call or the one it resumes
 }
 
 var _ idempotency.Txn = (*txn)(nil)
