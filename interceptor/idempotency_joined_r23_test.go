@@ -211,3 +211,38 @@ func TestIdempotencyJoinedNestedPhaseIsRefused(t *testing.T) {
 		t.Errorf("nested Phase = %v, want ErrNestedPhase", innerErr)
 	}
 }
+
+// TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit: a goroutine
+// the handler started goes on using Tx after the handler returned. Its
+// statements must end with pgx.ErrTxClosed, never run on the connection at
+// the same time as the interceptor's commit (a data race inside pgx, and
+// a statement that may land in the next call's transaction once the
+// connection is back in the pool).
+func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
+	t.Skip("known gap (r23): joinedTx takes the current transaction under the txn's lock but runs the statement " +
+		"outside it, so a straggler's Exec in flight when the handler returns runs concurrently with Commit's batch: " +
+		"-race reports a DATA RACE in pgconn (status, IsClosed) within 20 calls. Fix: handler statements hold a " +
+		"read lock for their round trip and end() takes it for writing (Query/QueryRow/SendBatch need their rows wrapped)")
+	p := newPgJoined(t)
+	stopped := make(chan error, 1)
+	e := p.chargeEcho(func(_ context.Context, tx pgx.Tx) error {
+		go func() {
+			for {
+				if _, err := tx.Exec(context.Background(), "SELECT 1"); err != nil {
+					stopped <- err
+					return
+				}
+			}
+		}()
+		return nil
+	})
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	for i := range 20 {
+		if r := idemDo(idemCtx(t), cc, "k"+strconv.Itoa(i), "m"); r.err != nil {
+			t.Errorf("call %d: %v", i, r.err)
+		}
+		if err := <-stopped; !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("the straggler's statement after the handler returned: %v, want pgx.ErrTxClosed", err)
+		}
+	}
+}
