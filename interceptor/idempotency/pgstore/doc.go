@@ -45,11 +45,14 @@
 //     transaction with SQL of its own (Exec of COMMIT or ROLLBACK), nor
 //     write on another connection of its pool: those writes commit apart
 //     from the record. The store notices the first (the connection left
-//     its transaction) and fails closed: the outcome is stored as it is,
-//     or, for an unstored code or a panic, the key is held for
-//     WithPhaseRetention; no retry runs the handler again, and an error is
-//     logged. The transaction, and Tx(ctx).Conn(), are the handler's only
-//     until it returns (Conn is nil after).
+//     its transaction) and, after a COMMIT, fails closed: the outcome is
+//     stored as it is, or, for an unstored code or a panic, the key is held
+//     for WithPhaseRetention; no retry runs the handler again, and an error
+//     is logged. (After a ROLLBACK the key's row is gone with the writes
+//     before it: a retry runs the handler again, and what it wrote after
+//     its ROLLBACK, in autocommit, stays.) The transaction, and
+//     Tx(ctx).Conn(), are the handler's only until it returns (Conn is nil
+//     after).
 //  4. Settle, when the handler returns. Success, or an error whose code is
 //     stored (FAILED_PRECONDITION, INVALID_ARGUMENT, ...): the record is
 //     written and COMMIT sent in one round trip, and only then is the reply

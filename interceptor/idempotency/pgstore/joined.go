@@ -378,7 +378,7 @@ func (t *txn) Rollback(ctx context.Context) error {
 	if bad == nil && endedBySQL(tx) {
 		_, err := tx.Conn().Exec(ctx, t.j.sql.holdLease, t.k.id, t.token, millis(t.j.opts.phaseRetention))
 		return errors.Join(fmt.Errorf("pgstore: rollback: the handler ended its joined transaction with SQL of its own; "+
-			"its writes stay committed, and its key is held for %v, never run again", t.j.opts.phaseRetention), err)
+			"its writes stay committed, and its key, if that COMMIT kept it, is held for %v, not run again", t.j.opts.phaseRetention), err)
 	}
 	t.mu.Lock()
 	committed := t.gen > 0

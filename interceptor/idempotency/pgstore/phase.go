@@ -59,13 +59,12 @@ const maxPhaseName = 128
 //
 // Names are unique within a call, 1 to 128 bytes. Phases do not nest: a
 // Phase called while another of the same call runs returns
-// ErrNestedPhase. If fn returns an error,
-// Phase returns it and commits nothing of the phase yet: fn's writes stay
-// in the transaction, and the handler should return an error, which
-// undoes them (a handler that goes on and succeeds commits them with its
-// record; to drop them, run fn's writes in a savepoint, tx.Begin).
-// Without a joined transaction in ctx, Phase returns
-// ErrNotJoined and does not run fn.
+// ErrNestedPhase. If fn returns an error, Phase returns it and commits
+// nothing of the phase yet: fn's writes stay in the transaction, and the
+// handler should return an error, which undoes them (a handler that goes
+// on and succeeds commits them with its record; to drop them, run fn's
+// writes in a savepoint, tx.Begin). Without a joined transaction in ctx,
+// Phase returns ErrNotJoined and does not run fn.
 func Phase(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) ([]byte, error) {
 	v, ok := ctx.Value(txKey{}).(*joinedTx)
 	if !ok {
