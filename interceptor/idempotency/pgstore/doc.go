@@ -41,7 +41,18 @@
 //     transaction until this one commits.
 //  3. The handler runs with the transaction in its context: [Tx] returns it
 //     as a pgx.Tx. Its Commit and Rollback return [ErrHandlerCommit];
-//     savepoints (Begin) work as usual.
+//     savepoints (Begin) work as usual. The handler must not end the
+//     transaction with SQL of its own (Exec of COMMIT or ROLLBACK), nor
+//     write on another connection of its pool: those writes commit apart
+//     from the record. The store notices the first (the connection left
+//     its transaction) and, after a COMMIT, fails closed: the outcome is
+//     stored as it is, or, for an unstored code or a panic, the key is held
+//     for WithPhaseRetention; no retry runs the handler again, and an error
+//     is logged. (After a ROLLBACK the key's row is gone with the writes
+//     before it: a retry runs the handler again, and what it wrote after
+//     its ROLLBACK, in autocommit, stays.) The transaction, and
+//     Tx(ctx).Conn(), are the handler's only until it returns (Conn is nil
+//     after).
 //  4. Settle, when the handler returns. Success, or an error whose code is
 //     stored (FAILED_PRECONDITION, INVALID_ARGUMENT, ...): the record is
 //     written and COMMIT sent in one round trip, and only then is the reply
@@ -55,7 +66,11 @@
 // A first execution thus costs one round trip more than the handler's own
 // transaction would (BEGIN, its statements, COMMIT): the lookup (a test
 // counts 4 against 3 at the socket). The transaction holds a pool
-// connection while the handler runs.
+// connection while the handler runs. The claim (steps 1 and 2, with the
+// pool's acquisition) is bounded by three lock timeouts plus 5 s whatever
+// the caller's deadline: a database that does not answer (a partition, a
+// migration's lock on the table) gets the call UNAVAILABLE with the retry
+// hint, not a goroutine and a connection held for ever.
 //
 // The transaction is the server's, not the caller's: the handler runs
 // detached from the caller's deadline and cancellation (the interceptor's

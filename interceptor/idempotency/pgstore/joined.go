@@ -36,6 +36,10 @@ func (s *Store) Joined() *JoinedStore {
 	return &JoinedStore{Store: s}
 }
 
+// claimMargin bounds a ClaimTx beyond its lock waits: its pool
+// acquisition and round trips, on a database that answers, take far less.
+const claimMargin = 5 * time.Second
+
 // maxClaimTxAttempts bounds the claims a ClaimTx makes when a claim loses
 // a race (the key changed between the lookup and the claim, a
 // serialization failure, a scope that made room).
@@ -51,6 +55,12 @@ const maxClaimTxAttempts = 3
 // the bound, is InProgress.
 func (j *JoinedStore) ClaimTx(ctx context.Context, key idempotency.RecordKey, fingerprint []byte, lease time.Duration) (idempotency.Claim, idempotency.Txn, error) {
 	k := j.recordKey(key)
+	// A database that does not answer (a partition, a migration's lock on
+	// the table) must not hold the call, its goroutine and a connection
+	// until a deadline the caller may not have set: a claim waits up to
+	// the lock timeout for a row, and claimMargin for everything else.
+	ctx, cancel := context.WithTimeout(ctx, maxClaimTxAttempts*j.opts.lockTimeout+claimMargin)
+	defer cancel()
 	for attempt := 1; ; attempt++ {
 		conn, err := j.pool.Acquire(ctx)
 		if err != nil {
@@ -206,18 +216,19 @@ func (j *JoinedStore) rollback(ctx context.Context, tx pgx.Tx) {
 // key's row, on its own pool connection, until Commit or Rollback. The
 // handler sees it as a pgx.Tx (joinedTx) that refuses Commit and Rollback.
 type txn struct {
-	j      *JoinedStore      // immutable
-	k      recordKey         // immutable
-	token  string            // immutable
-	lease  time.Duration     // immutable
-	conn   *pgxpool.Conn     // released when the txn ends
-	view   joinedTx          // the handler's pgx.Tx; immutable
-	mu     sync.Mutex        // guards the fields below
-	tx     pgx.Tx            // the current transaction: a new one after each phase
-	gen    int               // phases committed by this txn: savepoints of an older gen are gone
-	done   bool              // Commit or Rollback has run
-	bad    error             // a phase's commit failed: the txn can only roll back
-	phases map[string][]byte // phases committed, by this call or the one it resumes
+	j       *JoinedStore      // immutable
+	k       recordKey         // immutable
+	token   string            // immutable
+	lease   time.Duration     // immutable
+	conn    *pgxpool.Conn     // released when the txn ends
+	view    joinedTx          // the handler's pgx.Tx; immutable
+	mu      sync.Mutex        // guards the fields below
+	tx      pgx.Tx            // the current transaction: a new one after each phase
+	gen     int               // phases committed by this txn: savepoints of an older gen are gone
+	done    bool              // Commit or Rollback has run
+	bad     error             // a phase's commit failed: the txn can only roll back
+	inPhase bool              // a Phase's fn runs: another Phase is refused
+	phases  map[string][]byte // phases committed, by this call or the one it resumes
 }
 
 var _ idempotency.Txn = (*txn)(nil)
@@ -278,7 +289,14 @@ func (t *txn) Commit(ctx context.Context, rec *idempotency.Record, ttl time.Dura
 		return err
 	}
 	b := &pgx.Batch{}
-	if rec.Code != codes.OK {
+	if endedBySQL(tx) {
+		// The handler ended the transaction with SQL of its own: its writes
+		// are committed, and cannot be undone. The outcome is stored as it
+		// is, outside any transaction, so that a retry replays it rather
+		// than run the handler a second time.
+		t.j.opts.logger.Error("pgstore: the handler ended its joined transaction with SQL of its own (COMMIT or ROLLBACK); " +
+			"its writes are not undone, and its outcome is stored without them")
+	} else if rec.Code != codes.OK {
 		if tx.Conn().PgConn().TxStatus() == 'E' {
 			// A statement of the handler failed: pgx cannot prepare the
 			// batch in an aborted transaction. Roll back to the savepoint
@@ -335,17 +353,33 @@ func (j *JoinedStore) commitBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch, 
 	return failed
 }
 
+// endedBySQL reports whether the handler ended tx with SQL of its own
+// (tx.Exec of COMMIT or ROLLBACK), which ErrHandlerCommit cannot refuse:
+// the connection is outside any transaction while pgx holds tx open.
+func endedBySQL(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I'
+}
+
 // Rollback implements idempotency.Txn. After phases were committed, the
 // row's lease is ended too, in the same round trip, so a retry resumes at
-// once rather than wait for it.
+// once rather than wait for it. When the handler ended the transaction
+// with SQL of its own, its writes are committed: the row, if that COMMIT
+// kept it, is held for WithPhaseRetention, so that no retry runs the
+// handler a second time, and Rollback returns an error that says so.
 func (t *txn) Rollback(ctx context.Context) error {
-	tx, _ := t.end()
+	tx, bad := t.end()
 	if tx == nil {
 		return pgx.ErrTxClosed
 	}
 	defer t.conn.Release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
+	if bad == nil && endedBySQL(tx) {
+		_, err := tx.Conn().Exec(ctx, t.j.sql.holdLease, t.k.id, t.token, millis(t.j.opts.phaseRetention))
+		return errors.Join(fmt.Errorf("pgstore: rollback: the handler ended its joined transaction with SQL of its own; "+
+			"its writes stay committed, and its key, if that COMMIT kept it, is held for %v, not run again", t.j.opts.phaseRetention), err)
+	}
 	t.mu.Lock()
 	committed := t.gen > 0
 	t.mu.Unlock()
@@ -448,8 +482,12 @@ func (v *joinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 }
 
 // Conn returns the transaction's connection: valid, as the transaction,
-// until the handler returns.
-func (v *joinedTx) Conn() *pgx.Conn { return v.t.conn.Conn() }
+// until the handler returns; nil after (the connection is back in the
+// pool, another call's).
+func (v *joinedTx) Conn() *pgx.Conn {
+	tx, _ := v.tx()
+	return tx.Conn()
+}
 
 // closedTx returns a pgx.Tx that is closed: its methods, and those of its
 // LargeObjects, return pgx.ErrTxClosed.
@@ -515,4 +553,6 @@ func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 	return s.tx().QueryRow(ctx, sql, args...)
 }
 
-func (s *savepointTx) Conn() *pgx.Conn { return s.sp.Conn() }
+// Conn returns the savepoint's connection; nil once it is closed (see
+// joinedTx.Conn).
+func (s *savepointTx) Conn() *pgx.Conn { return s.tx().Conn() }

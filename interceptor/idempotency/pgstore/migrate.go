@@ -119,6 +119,7 @@ type statements struct {
 	claim, complete, renew, release, reap    string
 	lookup, setTimeouts, claimTx, completeTx string
 	phase, relock, charge, room, endLease    string
+	holdLease                                string
 }
 
 // savepoint is the savepoint set right after a joined claim, before the
@@ -148,6 +149,9 @@ func newStatements(schema string) statements {
 		charge:     "SELECT " + s + "resilience_idem_charge($1)",
 		room:       "SELECT " + s + "resilience_idem_room($1, $2, $3, $4, $5, false)",
 		endLease: "UPDATE " + s + "resilience_idempotency SET lease_until = statement_timestamp() " +
+			"WHERE id = $1 AND token = $2 AND record IS NULL",
+		holdLease: "UPDATE " + s + "resilience_idempotency SET lease_until = statement_timestamp() + $3 * interval '1 millisecond', " +
+			"expires_at = greatest(expires_at, statement_timestamp() + $3 * interval '1 millisecond') " +
 			"WHERE id = $1 AND token = $2 AND record IS NULL",
 	}
 }

@@ -21,6 +21,12 @@ var ErrNotJoined = errors.New("pgstore: not in a joined transaction (a keyed cal
 // work commits.
 var ErrClaimLost = errors.New("pgstore: the call's row was taken over by another owner")
 
+// ErrNestedPhase is returned by a [Phase] called while another Phase of
+// the same call runs (inside its fn, or from another goroutine): the inner
+// commit would take the outer phase's writes so far with it, and a retry
+// of the failed outer phase would make them again.
+var ErrNestedPhase = errors.New("pgstore: a Phase inside another Phase of the same call")
+
 // maxPhaseName bounds a phase's name.
 const maxPhaseName = 128
 
@@ -51,10 +57,14 @@ const maxPhaseName = 128
 // committed phases stay. A call rolled back (an unstored code, a panic)
 // ends its lease, so its retry resumes at once.
 //
-// Names are unique within a call, 1 to 128 bytes. If fn returns an error,
-// Phase returns it and commits nothing of the phase (the handler should
-// return an error). Without a joined transaction in ctx, Phase returns
-// ErrNotJoined and does not run fn.
+// Names are unique within a call, 1 to 128 bytes. Phases do not nest: a
+// Phase called while another of the same call runs returns
+// ErrNestedPhase. If fn returns an error, Phase returns it and commits
+// nothing of the phase yet: fn's writes stay in the transaction, and the
+// handler should return an error, which undoes them (a handler that goes
+// on and succeeds commits them with its record; to drop them, run fn's
+// writes in a savepoint, tx.Begin). Without a joined transaction in ctx,
+// Phase returns ErrNotJoined and does not run fn.
 func Phase(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) ([]byte, error) {
 	v, ok := ctx.Value(txKey{}).(*joinedTx)
 	if !ok {
@@ -66,14 +76,24 @@ func Phase(ctx context.Context, name string, fn func(ctx context.Context, tx pgx
 	t := v.t
 	t.mu.Lock()
 	res, done := t.phases[name]
-	err := t.bad
+	err, nested := t.bad, t.inPhase
+	if !done && err == nil && !nested {
+		t.inPhase = true
+	}
 	t.mu.Unlock()
 	switch {
+	case nested:
+		return nil, ErrNestedPhase
 	case done:
 		return res, nil
 	case err != nil:
 		return nil, err
 	}
+	defer func() {
+		t.mu.Lock()
+		t.inPhase = false
+		t.mu.Unlock()
+	}()
 	res, err = fn(context.WithValue(ctx, phaseKey{}, foreignKey(&t.k, name)), v)
 	if err != nil {
 		return nil, err
