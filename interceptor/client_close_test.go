@@ -79,11 +79,12 @@ func TestClientCloseReleasesItFromTheMeterProvider(t *testing.T) {
 	if got := collect(t, reader); len(gaugesIn(got)) != 0 {
 		t.Errorf("after closing every Client, the provider reports gauges %v, want none", gaugesIn(got))
 	}
-	// A closed connection's goroutines end shortly after Close returns,
-	// and hold the Client's interceptors until then: collect until none
-	// is reachable, or for 5s.
+	// A closed connection's goroutines and timers end shortly after Close
+	// returns, and hold the Client's interceptors until then (under the
+	// race detector on a loaded machine, a few took over 5s): collect until
+	// none is reachable, or for 30s.
 	alive := clients
-	for deadline := time.Now().Add(5 * time.Second); alive > 0 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(30 * time.Second); alive > 0 && time.Now().Before(deadline); {
 		runtime.GC()
 		alive = 0
 		for _, r := range refs {
