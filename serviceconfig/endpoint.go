@@ -26,6 +26,9 @@ const (
 	DefaultEndpointMaxEjectionPercent  = 50
 	DefaultFailurePercentageVolume     = 20
 	DefaultFailurePercentageWindow     = 10 * time.Second
+	// minFailurePercentageWindow is the shortest failure-rate window
+	// accepted (the window is 10 buckets of a tenth each).
+	minFailurePercentageWindow = 100 * time.Millisecond
 )
 
 // EndpointPolicy configures the endpoint load-balancing policy: the object
@@ -81,7 +84,8 @@ type FailurePercentageEjection struct {
 	// RequestVolume is the number of outcomes Window must hold first. 0
 	// means 20.
 	RequestVolume int
-	// Window is the rolling window. 0 means 10s. An extension of A50.
+	// Window is the rolling window: 0 means 10s, else at least 100ms. An
+	// extension of A50.
 	Window time.Duration
 }
 
@@ -129,6 +133,9 @@ func (p *EndpointPolicy) Validate() error {
 			return newError("failurePercentageEjection.requestVolume", "must not be negative")
 		case f.Window < 0:
 			return newError("failurePercentageEjection.window", "must not be negative")
+		case f.Window > 0 && f.Window < minFailurePercentageWindow:
+			return newError("failurePercentageEjection.window", "must be at least "+minFailurePercentageWindow.String()+
+				" (or 0 for the default "+DefaultFailurePercentageWindow.String()+"): a shorter window holds too few outcomes to judge a rate, and the ejection by rate is silently off")
 		}
 	}
 	return nil

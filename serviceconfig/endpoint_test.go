@@ -41,6 +41,7 @@ func TestParseEndpointPolicyErrorsNameThePath(t *testing.T) {
 		{`{"childPolicy": [{"least_request_experimental": {}}]}`, "childPolicy: names no supported policy"},
 		{`{"childPolicy": []}`, "childPolicy: must name a policy"},
 		{`{"failurePercentageEjection": {"threshold": 0}}`, "failurePercentageEjection.threshold: must be in [1, 100]"},
+		{`{"failurePercentageEjection": {"threshold": 50, "window": "0.000000001s"}}`, "failurePercentageEjection.window: must be at least 100ms"}, // review r22: accepted, and the rate never judged
 		{`{"failurePercentageEjection": {"threshold": 50, "enforcementPercentage": 50}}`, "failurePercentageEjection.enforcementPercentage: only 100"},
 		{`{"failureStatusCodes": ["DEADLINE_EXCEEDED"]}`, "failureStatusCodes[0]: is the caller's own end"},
 		{`{"failureStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]}`, "failureStatusCodes[1]: RESOURCE_EXHAUSTED is busy"},
