@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/internal/breaker"
 )
 
@@ -72,7 +73,7 @@ type MethodStatus struct {
 // others of its config entry. A name that is not a full method has no
 // guards: its status is empty, and why is logged to grpclog.
 func (c *Client) Status(fullMethod string) MethodStatus {
-	full, err := fullMethodOf("Status", fullMethod)
+	full, err := rpcname.FullMethod("Status", fullMethod)
 	if err != nil {
 		clientLog.Warning(err)
 		return MethodStatus{FullMethod: fullMethod}
@@ -152,7 +153,7 @@ func (c *Client) ResetBreaker(fullMethod string) error {
 // keeping the method's state as a call would (within the bound; past it,
 // the breaker its config entry shares).
 func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Time)) error {
-	fullMethod, err := fullMethodOf(op, fullMethod)
+	fullMethod, err := rpcname.FullMethod(op, fullMethod)
 	if err != nil {
 		return err
 	}
@@ -177,7 +178,7 @@ func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientO
 func WithExemptMethods(names ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		for _, n := range names {
-			if _, err := parseName(n); err != nil {
+			if _, err := rpcname.Parse(n); err != nil {
 				o.errorf("WithExemptMethods: %v", err)
 				return
 			}
@@ -202,7 +203,7 @@ func WithFallback(f Fallback, names ...string) ClientOption {
 			return
 		}
 		for _, n := range names {
-			if _, err := parseName(n); err != nil {
+			if _, err := rpcname.Parse(n); err != nil {
 				o.errorf("WithFallback: %v", err)
 				return
 			}

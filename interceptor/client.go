@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -459,7 +461,7 @@ func (c *Client) hedgeAttempts(ctx context.Context, mp *methodPolicy, co *callOp
 	if co.maxAttempts > 0 {
 		n = min(co.maxAttempts, c.opts.maxAttemptsCap)
 	}
-	if c.opts.oneLayer > 0 && CallerRetries(ctx) {
+	if c.opts.oneLayer > 0 && wire.CallerRetries(ctx) {
 		n = min(n, c.opts.oneLayer)
 	}
 	return n

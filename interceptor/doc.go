@@ -314,8 +314,8 @@
 // package interceptor/idempotency for the full semantics. Every answer the
 // server did not run the handler for (a replay, or a concurrent
 // duplicate's coalesced answer) carries the response header
-// idempotency-replayed: true (IdempotencyReplayedHeader), which
-// IdempotencyReplayed reads from a call's grpc.Header; a client with
+// idempotency-replayed: true (wire.IdempotencyReplayedHeader), which
+// wire.IdempotencyReplayed reads from a call's grpc.Header; a client with
 // WithMeterProvider counts such attempts.
 //
 // # Server
@@ -409,8 +409,8 @@
 // its handler returns, without a latency sample. Give streaming methods a
 // limit of their own (WithMethodConcurrencyLimit).
 //
-// Criticality rides in metadata (CriticalityKey, set with
-// ContextWithCriticality): CRITICAL_PLUS may fill the whole limit, CRITICAL
+// Criticality rides in metadata (wire.CriticalityKey, set with
+// wire.ContextWithCriticality): CRITICAL_PLUS may fill the whole limit, CRITICAL
 // (the default) 90% of it, SHEDDABLE_PLUS 75%, SHEDDABLE half, so the
 // server sheds the lowest first. A Client sends every retry and hedged copy
 // as SHEDDABLE_PLUS at most (the server takes the lowest value it gets), so

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/internal/adaptive"
 	"github.com/grpc-resilience/resilience/internal/breaker"
 	"github.com/grpc-resilience/resilience/internal/bulkhead"
@@ -23,11 +25,7 @@ import (
 // fails. On the server, the same services are out of the concurrency
 // limits and CPU shedding unless WithMethodConcurrencyLimit names them, and
 // out of idempotency unless a key policy names them.
-var DefaultExemptServices = []string{
-	"grpc.health.v1.Health",
-	"grpc.reflection.v1.ServerReflection",
-	"grpc.reflection.v1alpha.ServerReflection",
-}
+var DefaultExemptServices = slices.Clone(rpcname.ExemptServices)
 
 // guards are the per-method breaker and bulkhead, shared by every call of
 // the method under one config (and carried over to the next config when

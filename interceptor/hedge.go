@@ -18,6 +18,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/latency"
@@ -182,7 +183,7 @@ func capped(w *latency.Window, cliff bool) time.Duration {
 // name that is not a full method has no delay (ok is false), and why is
 // logged to grpclog, as Status does.
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
-	full, err := fullMethodOf("HedgingDelay", fullMethod)
+	full, err := rpcname.FullMethod("HedgingDelay", fullMethod)
 	if err != nil {
 		clientLog.Warning(err)
 		return 0, false

@@ -4,18 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
-
-// IdempotencyKeyHeader is the metadata key that carries an idempotency key:
-// 1 to 255 printable ASCII characters, the same on every attempt of one
-// logical call. A server running NewServer's idempotency executes a call
-// with a given key once and replays its outcome to every duplicate.
-const IdempotencyKeyHeader = "idempotency-key"
 
 // WithIdempotencyKeys attaches a fresh random key (128 bits, hex) to every
 // logical call of the methods named, full methods ("/pkg.Service/Method")
@@ -27,7 +23,7 @@ const IdempotencyKeyHeader = "idempotency-key"
 func WithIdempotencyKeys(names ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		for _, n := range names {
-			if _, err := parseName(n); err != nil {
+			if _, err := rpcname.Parse(n); err != nil {
 				o.errorf("WithIdempotencyKeys: %v", err)
 				return
 			}
@@ -61,20 +57,6 @@ func IdempotencyKeyFromContext(ctx context.Context) (string, bool) {
 	return k, ok
 }
 
-// ValidIdempotencyKey reports why key is not a valid idempotency key, or nil:
-// it must be 1 to 255 printable ASCII characters (0x20 to 0x7E).
-func ValidIdempotencyKey(key string) error {
-	if len(key) == 0 || len(key) > 255 {
-		return fmt.Errorf("idempotency-key is %d bytes long; it must be 1 to 255 printable ASCII characters", len(key))
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("idempotency-key has byte %#02x at offset %d; it must be 1 to 255 printable ASCII characters (0x20-0x7E)", c, i)
-		}
-	}
-	return nil
-}
-
 // newIdempotencyKey returns 128 random bits in hex.
 func newIdempotencyKey() string {
 	var b [16]byte
@@ -88,19 +70,19 @@ func newIdempotencyKey() string {
 // keyed method.
 func withIdempotencyKey(ctx context.Context, mp *methodPolicy) (context.Context, bool, error) {
 	if key, ok := IdempotencyKeyFromContext(ctx); ok {
-		if err := ValidIdempotencyKey(key); err != nil {
+		if err := wire.ValidIdempotencyKey(key); err != nil {
 			return ctx, false, status.Error(codes.InvalidArgument, "resilience: "+err.Error())
 		}
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(IdempotencyKeyHeader)) > 0 {
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(wire.IdempotencyKeyHeader)) > 0 {
 			return ctx, true, nil
 		}
-		return metadata.AppendToOutgoingContext(ctx, IdempotencyKeyHeader, key), true, nil
+		return metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, key), true, nil
 	}
 	if !mp.keyed {
 		return ctx, false, nil
 	}
-	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(IdempotencyKeyHeader)) > 0 {
+	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(wire.IdempotencyKeyHeader)) > 0 {
 		return ctx, true, nil
 	}
-	return metadata.AppendToOutgoingContext(ctx, IdempotencyKeyHeader, newIdempotencyKey()), true, nil
+	return metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, newIdempotencyKey()), true, nil
 }

@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/telemetry"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
@@ -55,7 +58,7 @@ const (
 	// would not fit in the call's deadline.
 	metricDeadlineSkips = "resilience.client.retry.deadline_skips"
 	// metricReplays counts attempts whose answer the server marked as an
-	// idempotency replay (IdempotencyReplayedHeader).
+	// idempotency replay (wire.IdempotencyReplayedHeader).
 	metricReplays = "resilience.client.idempotency.replays"
 	// metricTransitions counts breaker state changes by
 	// resilience.breaker.from and resilience.breaker.to.
@@ -77,25 +80,23 @@ const (
 )
 
 // meterName is the instrumentation scope of every instrument here.
-const meterName = "github.com/grpc-resilience/resilience/interceptor"
+const meterName = telemetry.MeterName
 
 // Attribute keys of the metrics. grpc.method, grpc.target and grpc.status
 // are gRFC A66's.
 var (
-	attrMethod     = attribute.Key("grpc.method")
+	attrMethod     = telemetry.AttrMethod
 	attrTarget     = attribute.Key("grpc.target")
 	attrStatus     = attribute.Key("grpc.status")
 	attrStopReason = attribute.Key("resilience.stop_reason")
-	attrReason     = attribute.Key("resilience.reason")
+	attrReason     = telemetry.AttrReason
 	attrFrom       = attribute.Key("resilience.breaker.from")
 	attrTo         = attribute.Key("resilience.breaker.to")
 )
 
 // a66LatencyBounds are gRFC A66's bucket boundaries for latencies, in
 // seconds, used by A96's retry_delay.
-var a66LatencyBounds = []float64{0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002,
-	0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08,
-	0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1, 2, 5, 10, 20, 50, 100}
+var a66LatencyBounds = telemetry.A66LatencyBounds
 
 // countBounds are the bucket boundaries of the per-call counts (retries,
 // hedges): one bucket per count up to the default cap on attempts.
@@ -486,7 +487,7 @@ func (in *instruments) attempt(ctx context.Context, mm *methodMetrics, err error
 
 // replayed records an attempt whose response header marks a replay.
 func (in *instruments) replayed(ctx context.Context, mm *methodMetrics, header metadata.MD) {
-	if in.on && IdempotencyReplayed(header) {
+	if in.on && wire.IdempotencyReplayed(header) {
 		in.replays.Add(ctx, 1, mm.plain...)
 	}
 }

@@ -1,14 +1,13 @@
 package interceptor
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 
 	"google.golang.org/grpc/grpclog"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -19,57 +18,6 @@ import (
 
 // clientLog is where the client writes what it cannot return as an error.
 var clientLog = grpclog.Component("resilience")
-
-// parseName turns "/pkg.S/M" into {pkg.S, M} and "pkg.S" into {pkg.S}, or
-// says what is wrong with n, quoting it.
-func parseName(n string) (serviceconfig.Name, error) {
-	var name serviceconfig.Name
-	switch {
-	case n == "":
-		return name, errors.New(`"": want a full method "/package.Service/Method" or a service "package.Service"`)
-	case strings.HasPrefix(n, "/"):
-		s, m := serviceconfig.SplitMethod(n)
-		if s == "" || m == "" {
-			return name, fmt.Errorf("%q is not a full method: want \"/package.Service/Method\"", n)
-		}
-		name = serviceconfig.Name{Service: s, Method: m}
-	case strings.Count(n, "/") == 1 && !strings.HasSuffix(n, "/"):
-		return name, fmt.Errorf("%q: a full method starts with a slash: \"/%s\"", n, n)
-	default:
-		name.Service = n
-	}
-	if err := name.Validate(); err != nil {
-		return name, fmt.Errorf("%q: %w", n, bare(err))
-	}
-	return name, nil
-}
-
-// bare returns the message of a *serviceconfig.Error without its prefix.
-func bare(err error) error {
-	var e *serviceconfig.Error
-	if errors.As(err, &e) && e.Path == "" {
-		return e.Err
-	}
-	return err
-}
-
-// fullMethodOf returns m as grpc names a method, "/pkg.Service/Method" (a
-// name without the leading slash gets it, so that it finds the state the
-// calls use), or an error that names op and quotes m.
-func fullMethodOf(op, m string) (string, error) {
-	full := m
-	if !strings.HasPrefix(full, "/") {
-		full = "/" + full
-	}
-	s, meth := serviceconfig.SplitMethod(full)
-	if s == "" || meth == "" {
-		return "", fmt.Errorf("interceptor: %s: %q is not a full method: want \"/package.Service/Method\"", op, m)
-	}
-	if err := (serviceconfig.Name{Service: s, Method: meth}).Validate(); err != nil {
-		return "", fmt.Errorf("interceptor: %s: %q: %w", op, m, bare(err))
-	}
-	return full, nil
-}
 
 // warnUnregistered logs, to grpclog's "resilience" component, each name of
 // cfg that matches no service or method linked into this program (its
@@ -97,7 +45,7 @@ func warnUnregisteredOptions(o *clientOptions) {
 		{"WithIdempotentMethods", o.idempotent},
 	} {
 		for _, s := range l.names {
-			n, err := parseName(s)
+			n, err := rpcname.Parse(s)
 			if msg := unregistered(n); err == nil && msg != "" {
 				clientLog.Warningf("interceptor: %s(%q): %s", l.option, s, msg)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -165,7 +166,7 @@ func WithRetryPolicy(p *serviceconfig.RetryPolicy, names ...string) ClientOption
 			mc.Name = []serviceconfig.Name{{}}
 		}
 		for _, n := range names {
-			name, err := parseName(n)
+			name, err := rpcname.Parse(n)
 			if err != nil {
 				o.errorf("WithRetryPolicy: %v", err)
 				return
@@ -229,7 +230,7 @@ func WithStreamReplayBuffer(bytes int) ClientOption {
 func WithIdempotentMethods(names ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		for _, n := range names {
-			if _, err := parseName(n); err != nil {
+			if _, err := rpcname.Parse(n); err != nil {
 				o.errorf("WithIdempotentMethods: %v", err)
 				return
 			}

@@ -5,6 +5,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -22,7 +25,7 @@ const (
 	previousAttemptsKey = "grpc-previous-rpc-attempts"
 	// pushbackKey is a server's trailer: wait that many milliseconds before
 	// retrying; a negative or malformed value means do not retry.
-	pushbackKey = "grpc-retry-pushback-ms"
+	pushbackKey = rpcname.PushbackKey
 )
 
 // retrier is the state of one call's retry loop. It lives on the calling
@@ -269,8 +272,8 @@ func (r *retrier) wait(ctx context.Context, d time.Duration) error {
 
 // attemptContext returns the context of attempt n (1 for the first): the
 // caller's, with grpc-previous-rpc-attempts on retries and hedged copies,
-// and with CriticalityKey SHEDDABLE_PLUS, which a server combines with the
-// caller's criticality by taking the lower (see CriticalityKey). The first
+// and with wire.CriticalityKey SHEDDABLE_PLUS, which a server combines with the
+// caller's criticality by taking the lower (see wire.CriticalityKey). The first
 // attempt's context is the caller's, untouched.
 func attemptContext(ctx context.Context, n int) context.Context {
 	if n <= 1 {
@@ -279,7 +282,7 @@ func attemptContext(ctx context.Context, n int) context.Context {
 	if n-1 < len(retryAttemptMD) {
 		return metadata.AppendToOutgoingContext(ctx, retryAttemptMD[n-1]...)
 	}
-	return metadata.AppendToOutgoingContext(ctx, previousAttemptsKey, strconv.Itoa(n-1), CriticalityKey, retryCriticality)
+	return metadata.AppendToOutgoingContext(ctx, previousAttemptsKey, strconv.Itoa(n-1), wire.CriticalityKey, retryCriticality)
 }
 
 // retryCriticality is the criticality of retries and hedged copies, at most.
@@ -288,7 +291,7 @@ const retryCriticality = "SHEDDABLE_PLUS"
 // retryAttemptMD[k] is the metadata of attempt k+1, built once.
 var retryAttemptMD = func() (md [8][]string) {
 	for k := 1; k < len(md); k++ {
-		md[k] = []string{previousAttemptsKey, strconv.Itoa(k), CriticalityKey, retryCriticality}
+		md[k] = []string{previousAttemptsKey, strconv.Itoa(k), wire.CriticalityKey, retryCriticality}
 	}
 	return md
 }()
@@ -359,7 +362,7 @@ func (c *Client) newRetrier(ctx context.Context, st *clientState, mp *methodPoli
 	} else if co.maxAttempts == 1 {
 		r.noRetry = StopNoRetry
 	}
-	if n := c.opts.oneLayer; n > 0 && r.rp.maxAttempts > n && CallerRetries(ctx) {
+	if n := c.opts.oneLayer; n > 0 && r.rp.maxAttempts > n && wire.CallerRetries(ctx) {
 		r.rp.maxAttempts = n
 		r.noRetry = StopNoRetry
 	}
@@ -390,7 +393,7 @@ func since(start time.Time) time.Time {
 // one-layer mode.
 func (r *retrier) outgoing(ctx context.Context) context.Context {
 	if r.c.opts.oneLayer > 0 && r.rp.maxAttempts > 1 {
-		return metadata.AppendToOutgoingContext(ctx, CallerRetriesKey, "1")
+		return metadata.AppendToOutgoingContext(ctx, wire.CallerRetriesKey, "1")
 	}
 	return ctx
 }

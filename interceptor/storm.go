@@ -1,13 +1,8 @@
 package interceptor
 
 import (
-	"context"
 	"fmt"
-	"strconv"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/latency"
@@ -15,33 +10,11 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// CallerRetriesKey is the metadata key with which a client in one-layer
-// mode marks the calls it will retry itself. A server reads it (NewServer's
-// interceptors do) so that clients inside its handlers retry less.
-const CallerRetriesKey = "resilience-caller-retries"
-
-type callerRetriesCtxKey struct{}
-
-// ContextWithCallerRetries marks ctx as the context of a handler whose
-// caller retries the call itself. NewServer's interceptors do it for every
-// incoming call that carries CallerRetriesKey; use it directly in servers
-// that do not use them.
-func ContextWithCallerRetries(ctx context.Context) context.Context {
-	return context.WithValue(ctx, callerRetriesCtxKey{}, true)
-}
-
-// CallerRetries reports whether ctx is marked as coming from a caller that
-// retries (ContextWithCallerRetries).
-func CallerRetries(ctx context.Context) bool {
-	v, _ := ctx.Value(callerRetriesCtxKey{}).(bool)
-	return v
-}
-
 // WithOneLayerRetry makes the client one layer of a call chain that retries
 // at one layer only, so retries do not multiply across hops (A retrying
 // 3 times into B retrying 3 times into C is 9 attempts on C). Calls this
-// client may retry carry CallerRetriesKey; and in a handler whose caller
-// retries (CallerRetries), the client makes at most nestedMaxAttempts
+// client may retry carry wire.CallerRetriesKey; and in a handler whose caller
+// retries (wire.CallerRetries), the client makes at most nestedMaxAttempts
 // attempts of each call: 1, the usual choice, means it does not retry at
 // all.
 func WithOneLayerRetry(nestedMaxAttempts int) ClientOption {
@@ -52,18 +25,6 @@ func WithOneLayerRetry(nestedMaxAttempts int) ClientOption {
 		}
 		o.oneLayer = nestedMaxAttempts
 	})
-}
-
-// SetRetryPushback sets the gRFC A6 pushback trailer on a handler's call: a
-// client that honours it waits d before its next attempt, or does not retry
-// at all when d is negative. An overloaded server answers with
-// SetRetryPushback(ctx, -1) to stop its callers' retries.
-func SetRetryPushback(ctx context.Context, d time.Duration) error {
-	ms := "-1"
-	if d >= 0 {
-		ms = strconv.FormatInt(d.Milliseconds(), 10)
-	}
-	return grpc.SetTrailer(ctx, metadata.Pairs(pushbackKey, ms))
 }
 
 // WithRetryBudget sets the client's retry budget, used when the service

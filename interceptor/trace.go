@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor/internal/telemetry"
 )
 
 // Events on the caller's current span (trace.SpanFromContext), added only
@@ -34,16 +35,12 @@ const (
 	// Attributes: the attempts run, the returned status code and why
 	// retrying stopped.
 	eventStop = "resilience.retry.stop"
-	// eventReplay (server): an idempotent duplicate receives the stored
-	// outcome. Attributes: the source (store or flight) and the replayed
-	// status code.
-	eventReplay = "resilience.idempotency.replay"
 )
 
 // Attribute keys of the events.
 var (
 	attrAttempt  = attribute.Key("resilience.attempt")
-	attrCode     = attribute.Key("rpc.grpc.status_code")
+	attrCode     = telemetry.AttrCode
 	attrDelay    = attribute.Key("resilience.delay") // seconds
 	attrPushback = attribute.Key("resilience.pushback")
 )

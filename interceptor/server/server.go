@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"context"
@@ -7,18 +7,15 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/grpclog"
-
-	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // Server is the server side of grpc-resilience: it gives the interceptors
 // that a grpc.Server installs. It carries server-side idempotency (see
 // WithIdempotencyStore and the package interceptor/idempotency), deadline
-// headroom for downstream hops (WithServerHeadroom), and marks the context
-// of a call whose caller retries it (CallerRetries), so that clients in the
+// headroom for downstream hops (WithHeadroom), and marks the context
+// of a call whose caller retries it (wire.CallerRetries), so that clients in the
 // handler retry less (WithOneLayerRetry). It protects the server from
 // overload with an adaptive concurrency limit (WithConcurrencyLimit,
 // WithMethodConcurrencyLimit, WithServerConfig) or CPU-aware shedding
@@ -38,44 +35,14 @@ type Server struct {
 	closeErr  error // of the first Close; written once, inside closeOnce
 }
 
-// ServerOption configures [NewServer].
-type ServerOption interface{ apply(*serverOptions) }
-
-// serverOptions collects the options of NewServer before validation.
-type serverOptions struct {
-	logger          *slog.Logger         // nil: grpclog
-	meterProvider   metric.MeterProvider // nil: no metrics
-	headroom, floor time.Duration
-	idem            srvIdemOptions
-	limit           *serviceconfig.ConcurrencyLimit // nil: the server has none
-	cpu             *CPUShedding                    // nil: no CPU-aware shedding
-	methodLimits    []methodLimit
-	streamLimits    []string        // full methods and services whose streams are limited
-	criticality     CriticalityFunc // nil: trust the sent criticality
-	limitRand       func() float64  // the limits' probe jitter; nil: the runtime's (WithServerRandSource)
-	fairness        *srvFairness    // nil: one tenant (WithTenantFairness)
-	errs            []error         // option errors found while applying, reported by NewServer
-}
-
-type srvOptionFunc func(*serverOptions)
-
-func (f srvOptionFunc) apply(o *serverOptions) { f(o) }
-
-// WithServerLogger sets the logger of the Server's warnings, such as a reply
-// too large to store. By default they go to grpclog (component
-// "resilience").
-func WithServerLogger(l *slog.Logger) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) { o.logger = l })
-}
-
-// NewServer returns a Server configured by opts. It validates the options
+// New returns a Server configured by opts. It validates the options
 // and returns an error naming the first bad one; it never panics on bad
 // configuration.
-func NewServer(opts ...ServerOption) (*Server, error) {
-	o := serverOptions{idem: srvIdemDefaults()}
+func New(opts ...Option) (*Server, error) {
+	var o options
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, fmt.Errorf("interceptor: NewServer: nil ServerOption")
+			return nil, fmt.Errorf("server: New: nil Option")
 		}
 		opt.apply(&o)
 	}
@@ -89,7 +56,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	if idem != nil {
 		if idem.m, err = newSrvMetrics(o.meterProvider, o.idem.failOpen); err != nil {
-			return nil, fmt.Errorf("interceptor: server metrics: %w", err)
+			return nil, fmt.Errorf("server: metrics: %w", err)
 		}
 	}
 	s.idem = idem
@@ -100,7 +67,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 }
 
 // Close releases what s holds beyond its calls: it unregisters the
-// callbacks of its gauges (WithServerMeterProvider), so that the meter
+// callbacks of its gauges (WithMeterProvider), so that the meter
 // provider no longer reads s, and a Server built to replace s (after a
 // configuration reload, say) is the only one reporting under their
 // labels. s starts no goroutine and owns no store (close a store's client
@@ -180,5 +147,5 @@ func (l srvLogger) warn(msg string, args ...any) {
 
 // errorf returns an error of this package's options.
 func errorf(format string, args ...any) error {
-	return fmt.Errorf("interceptor: "+format, args...)
+	return fmt.Errorf("server: "+format, args...)
 }

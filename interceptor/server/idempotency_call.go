@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 )
 
 // The path of one keyed call, in named steps, each a method of srvIdemCall:
@@ -59,15 +60,15 @@ type srvIdemCall struct {
 // then, for a keyed call, the steps of srvIdemCall.
 func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	pol := s.policy(info.FullMethod)
-	if pol == IdempotencyKeyIgnored {
+	if pol == KeyIgnored {
 		return handler(ctx, req)
 	}
-	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, IdempotencyKeyHeader))
+	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, wire.IdempotencyKeyHeader))
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		if pol == IdempotencyKeyRequired {
+		if pol == KeyRequired {
 			return nil, srvInvalidKey("method " + info.FullMethod + " requires idempotency-key metadata")
 		}
 		return handler(ctx, req)

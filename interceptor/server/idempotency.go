@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"context"
@@ -32,43 +32,34 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 )
 
-// Defaults of the server-side idempotency options.
+// Defaults of the fields of Idempotency.
 const (
-	// DefaultIdempotencyTTL is how long a completed record is kept.
-	DefaultIdempotencyTTL = 24 * time.Hour
-	// DefaultIdempotencyLease bounds how long a crashed owner holds a key.
-	DefaultIdempotencyLease = 30 * time.Second
-	// DefaultIdempotencyPushback is the grpc-retry-pushback-ms sent with
-	// ABORTED when waiting is off.
-	DefaultIdempotencyPushback = 100 * time.Millisecond
-	// DefaultIdempotencyPollInitial and DefaultIdempotencyPollMax bound the
-	// backoff of a duplicate polling the store for an owner in another
-	// process: 10 ms, doubling, at most 500 ms, and never past the owner's
-	// lease.
-	DefaultIdempotencyPollInitial = 10 * time.Millisecond
-	DefaultIdempotencyPollMax     = 500 * time.Millisecond
-	// DefaultIdempotencyDetachedMax bounds a keyed call's handler, which
-	// runs detached from its caller's deadline and cancellation (see
-	// WithIdempotencyDetachedHandler).
-	DefaultIdempotencyDetachedMax = 30 * time.Second
+	defaultTTL         = 24 * time.Hour
+	defaultLease       = 30 * time.Second
+	defaultPushback    = 100 * time.Millisecond
+	defaultPollInitial = 10 * time.Millisecond
+	defaultPollMax     = 500 * time.Millisecond
+	defaultDetachedMax = 30 * time.Second
 )
 
-// IdempotencyKeyPolicy says what a method does with the idempotency-key
-// metadata. The zero value is IdempotencyKeyOptional.
-type IdempotencyKeyPolicy uint8
+// KeyPolicy says what a method does with the idempotency-key
+// metadata. The zero value is KeyOptional.
+type KeyPolicy uint8
 
 const (
-	// IdempotencyKeyOptional uses the key when the call carries one and runs
+	// KeyOptional uses the key when the call carries one and runs
 	// the handler plainly when it does not. The default.
-	IdempotencyKeyOptional IdempotencyKeyPolicy = iota
-	// IdempotencyKeyRequired rejects calls without a key with
+	KeyOptional KeyPolicy = iota
+	// KeyRequired rejects calls without a key with
 	// INVALID_ARGUMENT.
-	IdempotencyKeyRequired
-	// IdempotencyKeyIgnored runs every call plainly, key or not: for methods
+	KeyRequired
+	// KeyIgnored runs every call plainly, key or not: for methods
 	// without side effects, where storing replies only costs.
-	IdempotencyKeyIgnored
+	KeyIgnored
 )
 
 // Errors of server-side idempotency. The interceptor returns errors that
@@ -135,88 +126,18 @@ type srvIdemOptions struct {
 	noWait      bool
 	failOpen    bool
 	retryable   rescodes.Set
-	policies    map[string]IdempotencyKeyPolicy // by "", service or full method
-	omit        map[string]struct{}             // metadata keys never stored, lower case
-	detachMax   time.Duration                   // > 0: owned handlers run detached, at most this long; 0: on the caller's context
+	policies    map[string]KeyPolicy // by "", service or full method
+	omit        map[string]struct{}  // metadata keys never stored, lower case
+	detachMax   time.Duration        // > 0: owned handlers run detached, at most this long; 0: on the caller's context
 	errs        []error
 }
 
-func srvIdemDefaults() srvIdemOptions {
-	return srvIdemOptions{
-		ttl:         DefaultIdempotencyTTL,
-		lease:       DefaultIdempotencyLease,
-		pushback:    DefaultIdempotencyPushback,
-		pollInitial: DefaultIdempotencyPollInitial,
-		pollMax:     DefaultIdempotencyPollMax,
-		retryable:   DefaultIdempotencyUnstored,
-		detachMax:   DefaultIdempotencyDetachedMax,
-	}
-}
-
-// DefaultIdempotencyUnstored are the status codes whose outcomes are not
+// DefaultUnstoredCodes are the status codes whose outcomes are not
 // stored, so that a retry runs the handler again: UNAVAILABLE,
 // RESOURCE_EXHAUSTED, ABORTED, CANCELLED and DEADLINE_EXCEEDED (a handler
 // cancelled or timed out returns the last two).
-var DefaultIdempotencyUnstored = rescodes.Of(codes.Unavailable, codes.ResourceExhausted,
+var DefaultUnstoredCodes = rescodes.Of(codes.Unavailable, codes.ResourceExhausted,
 	codes.Aborted, codes.Canceled, codes.DeadlineExceeded)
-
-func srvIdemOption(f func(*srvIdemOptions)) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) { f(&o.idem) })
-}
-
-// WithIdempotencyStore turns on server-side idempotency with store. A unary
-// call that carries idempotency-key metadata runs its handler once per record
-// key (caller scope, full method, key); duplicates receive the stored
-// outcome, byte for byte, without running the handler. It needs a scope:
-// [WithIdempotencyScope] or [WithIdempotencySharedScope]. See the package
-// documentation of interceptor/idempotency for the semantics, and
-// idempotency.NewMemoryStore and redisstore.New for stores.
-//
-// Once a keyed call's handler starts, the call belongs to the server: the
-// handler runs detached from its caller's deadline and cancellation, at
-// most DefaultIdempotencyDetachedMax, and its outcome is stored even when
-// the caller has gone (see WithIdempotencyDetachedHandler for the cost and
-// the opt-out).
-//
-// What a duplicate receives: the stored status (code, message, details) or
-// reply, marked with the header IdempotencyReplayedHeader, and the response
-// header and trailer metadata that the handler set
-// through its context (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer),
-// less the keys of [WithIdempotencyOmitMetadata]. Nothing else is stored:
-// not the request, not metadata set by interceptors outside this one (they
-// run again for the duplicate), not grpc's own (grpc-status and the like,
-// which the status carries).
-//
-// Health checks and reflection (the services of DefaultExemptServices) run
-// plainly, key or not: a keyed health check is never claimed or replayed,
-// so it always reports the server's current state, unless
-// WithIdempotencyKeyPolicy names the method or its service.
-//
-// A store that is an idempotency.TxStore (pgstore's joined mode:
-// pgstore.Store.Joined) holds each claim in a database transaction which the
-// handler joins (pgstore.Tx): the handler's writes commit with the call's
-// record, in one transaction, before the reply is sent, and roll back with
-// it after an unstored code or a panic; a concurrent duplicate waits for
-// that transaction, up to the store's bound, and then replays its outcome
-// or gets ABORTED with a pushback. See package pgstore.
-//
-// A nil store is refused (NewServer returns an error), as is a nil pointer
-// of a store type (such as the *redisstore.Store of an Open whose error was
-// dropped): it would turn idempotency off, or fail every keyed call.
-func WithIdempotencyStore(store idempotency.Store) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) {
-		if store == nil || srvNilPointer(store) {
-			arg := "nil"
-			if store != nil {
-				arg = fmt.Sprintf("(%T)(nil)", store)
-			}
-			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyStore(%s): the store must not be nil; "+
-				"pass the store of idempotency.NewMemoryStore, redisstore.Open or pgstore.Open, after checking their error", arg))
-			return
-		}
-		o.store = store
-	})
-}
 
 // srvNilPointer reports whether v holds a nil pointer.
 func srvNilPointer(v any) bool {
@@ -224,112 +145,20 @@ func srvNilPointer(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// WithIdempotencyScope sets the function that names the caller's scope, the
-// first part of every record key: typically the authenticated principal or
-// tenant, or [IdempotencyPeerScope] for callers with verified client
-// certificates (mTLS, SPIFFE). An error it returns is returned to the caller
-// as is (a status error keeps its code; grpc makes any other error UNKNOWN),
-// and the handler does not run.
-//
-// A Server with a store needs a scope: this option, or
-// [WithIdempotencySharedScope] to let every caller share one. NewServer
-// returns an error otherwise. All callers of one scope share records: a
-// caller who learns or guesses another's key, for the same method and
-// request, receives that caller's reply and the metadata replayed with it
-// (see [WithIdempotencyOmitMetadata]).
-func WithIdempotencyScope(scope func(ctx context.Context) (string, error)) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) {
-		if scope == nil {
-			o.errs = append(o.errs, errors.New("interceptor: WithIdempotencyScope(nil): scope must not be nil"))
-			return
-		}
-		o.scope = scope
-	})
-}
-
-// WithIdempotencySharedScope makes every caller share one scope, the empty
-// one: an explicit choice for a server whose callers are not authenticated,
-// or are all one principal. Any caller who learns or guesses another's key,
-// for the same method and request, then receives that caller's reply and its
-// replayed metadata; it can also take a key first (the owner then gets
-// FAILED_PRECONDITION for the record's TTL) and learn whether a key was
-// used. Keys must be unguessable (random, 128 bits or more) and never shown
-// to other callers. A later WithIdempotencyScope replaces it, and it
-// replaces an earlier one.
+// SharedScope is a scope function (Idempotency.Scope) that puts every
+// caller in one scope, the empty one: an explicit choice for a server whose
+// callers are not authenticated, or are all one principal. Any caller who
+// learns or guesses another's key, for the same method and request, then
+// receives that caller's reply and its replayed metadata; it can also take
+// a key first (the owner then gets FAILED_PRECONDITION for the record's
+// TTL) and learn whether a key was used. Keys must be unguessable (random,
+// 128 bits or more) and never shown to other callers.
 //
 // All callers then share one scope's quota of the store: by default a
 // quarter of a memory store (idempotency.WithScopeQuota) or of a Redis
 // store (redisstore.WithScopeQuota). Give the store the quota that one
 // scope may use, or turn it off.
-func WithIdempotencySharedScope() ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.scope = srvSharedScope })
-}
-
-func srvSharedScope(context.Context) (string, error) { return "", nil }
-
-// WithIdempotencyDetachedHandler sets the bound of a keyed call's handler
-// (default DefaultIdempotencyDetachedMax, 30 s), or, with 0, puts it back
-// on the caller's context.
-//
-// By default a keyed call belongs to the server once its handler starts:
-// the call that owns the key runs its handler on a context that the
-// caller's cancellation and deadline do not reach, bounded instead by max
-// from the handler's start, whatever deadline the caller sent, and by the
-// key's lease (renewed while the handler runs; if it is lost all the same,
-// the handler's context is cancelled, since a duplicate may then run the
-// call). Values of the context (metadata, peer, auth) are kept. So a
-// handler that commits its side effect (a card charged) and only then
-// would have seen its caller's deadline finishes, its outcome is stored,
-// and the caller's retry replays it: one charge.
-//
-// The cost: the server keeps working, up to max, for a caller that has
-// gone and may not come back (its concurrency slot and downstream calls
-// included), and the caller's deadline no longer bounds the handler's
-// downstream calls (they get the handler's deadline, max from its start).
-// A handler that needs longer than max gets DEADLINE_EXCEEDED, which is not
-// stored: raise max for it.
-//
-// With 0 the handler runs on the caller's context: a caller that gives up
-// cancels it, and a handler that then returns CANCELLED or
-// DEADLINE_EXCEEDED has its claim released, not stored
-// (DefaultIdempotencyUnstored), so the caller's retry runs it again. That
-// is right only for handlers whose work is undone with their context (a
-// transaction rolled back); one that committed first runs twice. Duplicates
-// wait for a detached call as for any other, each bounded by its own
-// deadline. Calls without a key, and methods whose key policy is
-// IdempotencyKeyIgnored, always run on the caller's context.
-func WithIdempotencyDetachedHandler(max time.Duration) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) {
-		if max < 0 {
-			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyDetachedHandler(%v): must not be negative", max))
-			return
-		}
-		o.detachMax = max
-	})
-}
-
-// WithIdempotencyOmitMetadata names response header and trailer keys that
-// are never stored, so never replayed: a replay carries the rest of the
-// metadata the handler set (see [WithIdempotencyStore]). Use it for
-// metadata meant for one response only, such as cookies, per-attempt debug
-// or timing headers. Keys are case-insensitive; each must be a valid
-// metadata key (lower-case letters, digits, '-', '_', '.'). Repeated use
-// adds keys.
-func WithIdempotencyOmitMetadata(keys ...string) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) {
-		for _, k := range keys {
-			lk := strings.ToLower(k)
-			if !srvValidMDKey(lk) {
-				o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyOmitMetadata(%q): not a valid metadata key", k))
-				return
-			}
-			if o.omit == nil {
-				o.omit = make(map[string]struct{})
-			}
-			o.omit[lk] = struct{}{}
-		}
-	})
-}
+func SharedScope(context.Context) (string, error) { return "", nil }
 
 // srvValidMDKey reports whether k, in lower case, is a valid metadata key.
 func srvValidMDKey(k string) bool {
@@ -343,117 +172,6 @@ func srvValidMDKey(k string) bool {
 		}
 	}
 	return true
-}
-
-// WithIdempotencyTTL sets how long a completed outcome is kept and replayed
-// (default DefaultIdempotencyTTL). A store with bounded memory may evict
-// records sooner: the memory store never before its minimum retention
-// (idempotency.WithMinRetention), and it refuses new claims with
-// RESOURCE_EXHAUSTED rather than evict a younger record.
-func WithIdempotencyTTL(d time.Duration) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.ttl = d })
-}
-
-// WithIdempotencyLease sets the lease of a running first call (default
-// DefaultIdempotencyLease). The key is claimed for the lease, whatever the
-// caller's deadline, and renewed every lease/3 while the handler runs, so a
-// handler keeps its key however long it runs. If its server crashes, the
-// renewals stop and the key is free one lease after the last one: a
-// duplicate on another replica is blocked at most one lease after the owner
-// died (its polls never sleep past the lease's end), whatever deadline the
-// first caller had. A shorter lease frees a crashed owner's keys sooner, at
-// the cost of more renewals (one store call per lease/3 of handler time);
-// it must outlast the store's unavailability (renewals that fail for two
-// thirds of a lease let it end under a running handler, and a duplicate on
-// another replica may then run it: a detached handler's context is
-// cancelled, and logged, once nine tenths of its lease have passed without
-// a renewal, before the store's lease can end).
-func WithIdempotencyLease(d time.Duration) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.lease = d })
-}
-
-// WithIdempotencyWait sets whether a duplicate that arrives while the first
-// call runs waits for its outcome (true, the default), bounded by the
-// duplicate's own deadline, or fails at once with ABORTED and a
-// grpc-retry-pushback-ms trailer (false).
-func WithIdempotencyWait(wait bool) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.noWait = !wait })
-}
-
-// WithIdempotencyPushback sets the retry hint of the calls the server asks
-// to retry (default DefaultIdempotencyPushback): the grpc-retry-pushback-ms
-// trailer of ABORTED when waiting is off, and both that trailer and a
-// google.rpc.RetryInfo detail of UNAVAILABLE when the store fails and the
-// server fails closed.
-func WithIdempotencyPushback(d time.Duration) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.pushback = d })
-}
-
-// WithIdempotencyPoll sets the backoff of a duplicate polling the store while
-// the first call runs in another process (or another Server): initial, then
-// doubling up to max, and never past the remaining lease. In-process
-// duplicates do not poll: they wait for the first call directly.
-func WithIdempotencyPoll(initial, max time.Duration) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.pollInitial, o.pollMax = initial, max })
-}
-
-// WithIdempotencyFailOpen sets what a keyed call does when the store fails
-// (an outage, a timeout). false, the default, fails closed: the call gets
-// UNAVAILABLE with a retry hint (the grpc-retry-pushback-ms trailer and a
-// google.rpc.RetryInfo detail of WithIdempotencyPushback), which clients
-// retry, and the handler does not run. true fails
-// open: the handler runs without idempotency, so a duplicate may run it
-// again; each such call is logged. A store that refuses a claim for room
-// (idempotency.FullError: full, or the caller's scope at its quota) is not
-// failing: the call gets RESOURCE_EXHAUSTED with a RetryInfo hint either
-// way, and the handler does not run.
-func WithIdempotencyFailOpen(open bool) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.failOpen = open })
-}
-
-// WithIdempotencyKeyPolicy sets the key policy of the methods name selects:
-// a full method "/pkg.Service/Method", a service "pkg.Service" (all its
-// unary methods), or "" (every unary method). The most specific wins; the
-// default for every method is IdempotencyKeyOptional.
-//
-// Idempotency keys apply to unary methods only, so a policy other than
-// IdempotencyKeyIgnored must not name a streaming method. Enforcing one on
-// a stream would not mean what it does for a unary call: a stream has no
-// single request to fingerprint before the handler runs (its messages
-// arrive while it runs) and no single outcome to store and replay (a replay
-// would resend messages the caller has already read, and could not replay
-// the interleaving of a bidirectional stream). Accepting the policy and
-// running the stream anyway would let a keyless stream through a Required
-// method and run the same key twice. So the policy is refused: by NewServer,
-// with an error, when the protobuf registry (protoregistry.GlobalFiles,
-// where generated code registers every service) describes the method as
-// streaming; otherwise by StreamServerInterceptor, which fails every call
-// of the method with FAILED_PRECONDITION naming this option. Install
-// StreamServerInterceptor too for that check to run. A service or ""
-// policy covers no stream, keyed or not.
-func WithIdempotencyKeyPolicy(name string, p IdempotencyKeyPolicy) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) {
-		if err := srvCheckPolicyName(name); err != nil {
-			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyKeyPolicy(%q): %w", name, err))
-			return
-		}
-		if p > IdempotencyKeyIgnored {
-			o.errs = append(o.errs, fmt.Errorf("interceptor: WithIdempotencyKeyPolicy(%q): unknown policy %d", name, p))
-			return
-		}
-		if o.policies == nil {
-			o.policies = make(map[string]IdempotencyKeyPolicy)
-		}
-		o.policies[name] = p
-	})
-}
-
-// WithIdempotencyUnstoredCodes sets the status codes whose outcomes are not
-// stored: the claim is released and a retry runs the handler again (default
-// DefaultIdempotencyUnstored). Every other outcome, success or error, is
-// stored and replayed. A panic is never stored.
-func WithIdempotencyUnstoredCodes(s rescodes.Set) ServerOption {
-	return srvIdemOption(func(o *srvIdemOptions) { o.retryable = s })
 }
 
 func srvCheckPolicyName(name string) error {
@@ -483,8 +201,8 @@ type srvIdem struct {
 	noWait      bool
 	failOpen    bool
 	retryable   rescodes.Set
-	policies    map[string]IdempotencyKeyPolicy
-	exemptSvc   []string              // run plainly unless a key policy names them: DefaultExemptServices, copied by NewServer
+	policies    map[string]KeyPolicy
+	exemptSvc   []string              // run plainly unless a key policy names them: DefaultExemptServices, copied by New
 	omit        map[string]struct{}   // metadata keys never stored, lower case; nil when none
 	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
 	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
@@ -503,7 +221,7 @@ type srvIdem struct {
 	flights      srvFlights
 	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
 	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
-	m            *srvMetrics // set by NewServer before the Server is used; never nil then
+	m            *srvMetrics // set by New before the Server is used; never nil then
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -512,28 +230,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	}
 	if o.store == nil {
 		if o.policies != nil {
-			return nil, errors.New("interceptor: WithIdempotencyKeyPolicy needs WithIdempotencyStore")
+			return nil, errors.New("server: Idempotency.KeyPolicies needs a Store")
 		}
 		return nil, nil
-	}
-	switch {
-	case o.ttl < time.Millisecond:
-		return nil, fmt.Errorf("interceptor: WithIdempotencyTTL(%v): must be at least 1ms", o.ttl)
-	case o.lease < time.Millisecond:
-		return nil, fmt.Errorf("interceptor: WithIdempotencyLease(%v): must be at least 1ms", o.lease)
-	case o.pushback < 0:
-		return nil, fmt.Errorf("interceptor: WithIdempotencyPushback(%v): must not be negative", o.pushback)
-	case o.pollInitial <= 0 || o.pollMax < o.pollInitial:
-		return nil, fmt.Errorf("interceptor: WithIdempotencyPoll(%v, %v): need 0 < initial <= max", o.pollInitial, o.pollMax)
-	}
-	if o.scope == nil {
-		return nil, errors.New("interceptor: WithIdempotencyStore needs the callers' scope, so that one caller " +
-			"never receives another's reply: WithIdempotencyScope(f) with the authenticated principal or tenant, " +
-			"WithIdempotencyScope(interceptor.IdempotencyPeerScope) for callers with verified client certificates, " +
-			"or WithIdempotencySharedScope() to let every caller share records (keys must then be unguessable)")
-	}
-	if err := srvCheckStreamPolicies(o.policies); err != nil {
-		return nil, err
 	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
 	txStore, _ := o.store.(idempotency.TxStore)
@@ -551,9 +250,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		retryable:   o.retryable,
 		policies:    o.policies,
 		omit:        o.omit,
-		exemptSvc:   slices.Clone(DefaultExemptServices),
+		exemptSvc:   slices.Clone(rpcname.ExemptServices),
 		detachMax:   o.detachMax,
-		pushbackMD:  metadata.Pairs(pushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		pushbackMD:  metadata.Pairs(rpcname.PushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
 		log:         log,
 		m:           &srvMetrics{},
@@ -567,15 +266,15 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 
 // srvCheckStreamPolicies returns an error naming the first policy, by name,
 // that names a method the protobuf registry describes as streaming, unless
-// the policy is IdempotencyKeyIgnored (see WithIdempotencyKeyPolicy).
-func srvCheckStreamPolicies(policies map[string]IdempotencyKeyPolicy) error {
+// the policy is KeyIgnored (see WithIdempotencyKeyPolicy).
+func srvCheckStreamPolicies(policies map[string]KeyPolicy) error {
 	for _, name := range slices.Sorted(maps.Keys(policies)) {
-		if policies[name] == IdempotencyKeyIgnored || !strings.HasPrefix(name, "/") {
+		if policies[name] == KeyIgnored || !strings.HasPrefix(name, "/") {
 			continue
 		}
 		if kind := srvStreamKind(name); kind != "" {
-			return fmt.Errorf("interceptor: WithIdempotencyKeyPolicy(%q): a %s method; "+
-				"idempotency keys apply to unary methods only (IdempotencyKeyIgnored may name a stream)", name, kind)
+			return fmt.Errorf("server: Idempotency.KeyPolicies[%q]: a %s method; "+
+				"idempotency keys apply to unary methods only (KeyIgnored may name a stream)", name, kind)
 		}
 	}
 	return nil
@@ -609,19 +308,19 @@ func srvStreamKind(fullMethod string) string {
 }
 
 // streamPolicyErr returns the error of every call of the streaming method
-// fullMethod when a key policy other than IdempotencyKeyIgnored names it,
-// which NewServer could not see (see WithIdempotencyKeyPolicy), and logs it
+// fullMethod when a key policy other than KeyIgnored names it,
+// which New could not see (see WithIdempotencyKeyPolicy), and logs it
 // once per Server; nil otherwise. Without policies it costs a length check,
 // with them one map lookup.
 func (s *srvIdem) streamPolicyErr(fullMethod string) error {
 	if len(s.policies) == 0 {
 		return nil
 	}
-	if p, ok := s.policies[fullMethod]; !ok || p == IdempotencyKeyIgnored {
+	if p, ok := s.policies[fullMethod]; !ok || p == KeyIgnored {
 		return nil
 	}
-	msg := "interceptor: server misconfigured: WithIdempotencyKeyPolicy(" + strconv.Quote(fullMethod) +
-		") names a streaming method; idempotency keys apply to unary methods only"
+	msg := "server: misconfigured: Idempotency.KeyPolicies[" + strconv.Quote(fullMethod) +
+		"] names a streaming method; idempotency keys apply to unary methods only"
 	if !s.streamWarned.Swap(true) {
 		s.log.warn("idempotency: refusing every call of a streaming method that a key policy names", "method", fullMethod, "error", msg)
 	}
@@ -629,14 +328,14 @@ func (s *srvIdem) streamPolicyErr(fullMethod string) error {
 }
 
 // policy returns the key policy of fullMethod: exact method, else service,
-// else IdempotencyKeyIgnored for a method of the exempt services (health,
+// else KeyIgnored for a method of the exempt services (health,
 // reflection), else the "" entry, else optional.
-func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
+func (s *srvIdem) policy(fullMethod string) KeyPolicy {
 	if len(s.policies) == 0 {
 		if s.exempt(fullMethod) {
-			return IdempotencyKeyIgnored
+			return KeyIgnored
 		}
-		return IdempotencyKeyOptional
+		return KeyOptional
 	}
 	if p, ok := s.policies[fullMethod]; ok {
 		return p
@@ -647,7 +346,7 @@ func (s *srvIdem) policy(fullMethod string) IdempotencyKeyPolicy {
 		}
 	}
 	if s.exempt(fullMethod) {
-		return IdempotencyKeyIgnored
+		return KeyIgnored
 	}
 	return s.policies[""]
 }
@@ -676,7 +375,7 @@ func srvIdemKey(vs []string) (key string, ok bool, err error) {
 	case len(vs) > 1:
 		return "", false, srvInvalidKey("idempotency-key sent " + strconv.Itoa(len(vs)) + " times; send one value")
 	}
-	if err := ValidIdempotencyKey(vs[0]); err != nil {
+	if err := wire.ValidIdempotencyKey(vs[0]); err != nil {
 		return "", false, srvInvalidKey(err.Error())
 	}
 	return vs[0], true, nil
@@ -686,7 +385,7 @@ func srvInvalidKey(msg string) error {
 	return &srvRejection{code: codes.InvalidArgument, msg: "idempotency: " + msg, sentinel: ErrIdempotencyKeyInvalid}
 }
 
-// IdempotencyPeerScope is a scope function for callers with verified TLS
+// PeerScope is a scope function for callers with verified TLS
 // client certificates (mTLS, including SPIFFE X.509-SVIDs as Istio and SPIRE
 // issue them): "x509:" and the hex SHA-256 of the leaf certificate's
 // identity, which is its issuer, its Subject and its subject alternative
@@ -699,8 +398,8 @@ func srvInvalidKey(msg string) error {
 // that names nobody (an empty Subject and no SAN), is refused with
 // UNAUTHENTICATED: it has no scope of its own, and sharing one would let
 // such callers read each other's replies. Install it with
-// WithIdempotencyScope(IdempotencyPeerScope).
-func IdempotencyPeerScope(ctx context.Context) (string, error) {
+// WithIdempotencyScope(PeerScope).
+func PeerScope(ctx context.Context) (string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.AuthInfo == nil {
 		return "", errSrvNoPeerCert
@@ -718,7 +417,7 @@ func IdempotencyPeerScope(ctx context.Context) (string, error) {
 
 var (
 	errSrvNoPeerCert = status.Error(codes.Unauthenticated,
-		"idempotency: a keyed call needs a verified client certificate to scope its key (IdempotencyPeerScope)")
+		"idempotency: a keyed call needs a verified client certificate to scope its key (PeerScope)")
 	errSrvAnonymousCert = status.Error(codes.Unauthenticated,
 		"idempotency: the client certificate has no identity (empty Subject, no SAN) to scope the key")
 )
@@ -853,7 +552,7 @@ func (s *srvIdem) replyType(name string) (protoreflect.MessageType, error) {
 }
 
 // replay returns a stored outcome: its metadata, marked with
-// IdempotencyReplayedHeader, and its reply or status.
+// wire.IdempotencyReplayedHeader, and its reply or status.
 func (s *srvIdem) replay(ctx context.Context, rec *idempotency.Record) (any, error) {
 	// Straight to the stream: grpc.SetHeader without one (the interceptor
 	// called outside a grpc server) formats its context into an error.
@@ -942,19 +641,19 @@ func (o *srvOwned) capture(dst *metadata.MD, md metadata.MD, pass func(grpc.Serv
 	return nil
 }
 
-// srvWithoutReplayed returns md without IdempotencyReplayedHeader, which
+// srvWithoutReplayed returns md without wire.IdempotencyReplayedHeader, which
 // only the interceptor sets, on answers for which the handler did not run:
 // a handler that sets it (a gateway passing on a downstream server's
 // header) would mark its fresh answer as a replay, and the stored copy
-// would make the replay's header two values, which IdempotencyReplayed
+// would make the replay's header two values, which wire.IdempotencyReplayed
 // does not take for a replay. md is returned as is when it has no such key
 // (no allocation), else a copy without it.
 func srvWithoutReplayed(md metadata.MD) metadata.MD {
 	for k := range md {
-		if len(k) == len(IdempotencyReplayedHeader) && strings.EqualFold(k, IdempotencyReplayedHeader) {
+		if len(k) == len(wire.IdempotencyReplayedHeader) && strings.EqualFold(k, wire.IdempotencyReplayedHeader) {
 			out := make(metadata.MD, len(md)-1)
 			for k, v := range md {
-				if !strings.EqualFold(k, IdempotencyReplayedHeader) {
+				if !strings.EqualFold(k, wire.IdempotencyReplayedHeader) {
 					out[k] = v
 				}
 			}
@@ -970,3 +669,6 @@ func (o *srvOwned) close() {
 	o.closed, o.stream, o.caller = true, nil, nil
 	o.mu.Unlock()
 }
+
+// idemReplayedMD is the header of a replayed answer.
+var idemReplayedMD = metadata.MD{wire.IdempotencyReplayedHeader: {"true"}}

@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"context"
@@ -8,12 +8,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/telemetry"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/limit"
 )
 
 // The metrics of the server's overload protection (WithConcurrencyLimit,
 // WithMethodConcurrencyLimit, WithCPUShedding), recorded through
-// WithServerMeterProvider's meter.
+// WithMeterProvider's meter.
 const (
 	// metricSrvLimitCurrent is each limiter's current limit, by
 	// resilience.limiter; for the CPU shedder, its bandwidth-delay product
@@ -101,7 +103,7 @@ func newSrvLimitMetrics(mp metric.MeterProvider, ls *srvLimits) (*srvLimitMetric
 	if mp == nil {
 		return m, nil
 	}
-	mk := instrumentMaker{meter: mp.Meter(meterName)}
+	mk := instrumentMaker{meter: mp.Meter(telemetry.MeterName)}
 	m.admitted = mk.counter(metricSrvLimitAdmitted, "{call}", "Calls admitted by the server's concurrency limit or CPU shedder.")
 	m.shed = mk.counter(metricSrvLimitShed, "{call}", "Calls shed by the server's overload protection, by reason and criticality.")
 	m.queueWait = mk.seconds(metricSrvLimitQueueWait, "Time calls waited in a concurrency limit's queue, admitted or not.")
@@ -151,27 +153,27 @@ func (m *srvLimitMetrics) sets(fullMethod string) *srvLimitSets {
 }
 
 func newSrvLimitSets(fullMethod string) *srvLimitSets {
-	meth := attrMethod.String(strings.TrimPrefix(fullMethod, "/"))
+	meth := telemetry.AttrMethod.String(strings.TrimPrefix(fullMethod, "/"))
 	s := &srvLimitSets{wait: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(meth))}}
 	for c := range limit.NumCriticalities {
-		crit := attrCriticality.String(Criticality(c).String())
+		crit := attrCriticality.String(wire.Criticality(c).String())
 		s.admitted[c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(meth, crit))}
 		for r, tok := range shedReasonTokens {
-			s.shed[r][c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(meth, crit, attrReason.String(tok)))}
+			s.shed[r][c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(meth, crit, telemetry.AttrReason.String(tok)))}
 		}
 	}
 	return s
 }
 
 // admit records a call of criticality c admitted.
-func (m *srvLimitMetrics) admit(ctx context.Context, fullMethod string, c Criticality) {
+func (m *srvLimitMetrics) admit(ctx context.Context, fullMethod string, c wire.Criticality) {
 	if m.on {
 		m.admitted.Add(ctx, 1, m.sets(fullMethod).admitted[c&3]...)
 	}
 }
 
 // shedCall records a call of criticality c shed for reason r.
-func (m *srvLimitMetrics) shedCall(ctx context.Context, fullMethod string, c Criticality, r shedReason) {
+func (m *srvLimitMetrics) shedCall(ctx context.Context, fullMethod string, c wire.Criticality, r shedReason) {
 	if m.on {
 		m.shed.Add(ctx, 1, m.sets(fullMethod).shed[r][c&3]...)
 	}

@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"context"
@@ -13,10 +13,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/telemetry"
 )
 
 // The server's metrics, recorded through the OpenTelemetry metric API when
-// WithServerMeterProvider is given. Every instrument carries grpc.method
+// WithMeterProvider is given. Every instrument carries grpc.method
 // (gRFC A66: the full method without its leading slash).
 const (
 	// metricSrvExecutions counts handler runs under an idempotency claim.
@@ -51,26 +52,6 @@ var (
 	attrIdemOp       = attribute.Key("resilience.idempotency.op")
 	attrIdemMode     = attribute.Key("resilience.idempotency.mode")
 )
-
-// WithServerMeterProvider records the Server's metrics with mp: under
-// "resilience.server.idempotency.", handler executions, replays, waits of
-// duplicates, conflicts, store errors (marked fail_open or fail_closed) and
-// the store's latency; under "resilience.server.limit.", the overload
-// protection's limits, calls in flight and queued, calls admitted and
-// shed (by reason and criticality) and the time in queues. The package
-// documentation has the full table. Attribute sets are built once per
-// method. Without this option nothing is recorded, at no cost; a Server
-// with neither an idempotency store nor an overload protection has nothing
-// to record.
-func WithServerMeterProvider(mp metric.MeterProvider) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) {
-		if mp == nil {
-			o.errs = append(o.errs, errors.New("interceptor: WithServerMeterProvider: nil provider"))
-			return
-		}
-		o.meterProvider = mp
-	})
-}
 
 // Store operations, as resilience.idempotency.op names them.
 type srvStoreOp uint8
@@ -125,7 +106,7 @@ func newSrvMetrics(mp metric.MeterProvider, failOpen bool) (*srvMetrics, error) 
 	if mp == nil {
 		return m, nil
 	}
-	mk := instrumentMaker{meter: mp.Meter(meterName)}
+	mk := instrumentMaker{meter: mp.Meter(telemetry.MeterName)}
 	m.executions = mk.counter(metricSrvExecutions, "{call}", "Handler runs under an idempotency claim.")
 	m.replays = mk.counter(metricSrvReplays, "{call}", "Stored outcomes replayed to duplicates.")
 	m.waits = mk.counter(metricSrvWaits, "{call}", "Duplicates that waited for a running call with the same key.")
@@ -163,7 +144,7 @@ func (mk *instrumentMaker) seconds(name, desc string) metric.Float64Histogram {
 	var h metric.Float64Histogram
 	if mk.err == nil {
 		h, mk.err = mk.meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-			metric.WithExplicitBucketBoundaries(a66LatencyBounds...))
+			metric.WithExplicitBucketBoundaries(telemetry.A66LatencyBounds...))
 	}
 	return h
 }
@@ -184,7 +165,7 @@ func (m *srvMetrics) sets(fullMethod string) *srvMethodSets {
 }
 
 func (m *srvMetrics) newSets(fullMethod string) *srvMethodSets {
-	meth := attrMethod.String(strings.TrimPrefix(fullMethod, "/"))
+	meth := telemetry.AttrMethod.String(strings.TrimPrefix(fullMethod, "/"))
 	add := func(kvs ...attribute.KeyValue) []metric.AddOption {
 		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(kvs, meth)...))}
 	}
@@ -276,9 +257,9 @@ func traceReplay(ctx context.Context, source int, rec *idempotency.Record) {
 	}
 	attrs := []attribute.KeyValue{attrIdemSource.String(src)}
 	if rec != nil {
-		attrs = append(attrs, attrCode.Int(int(rec.Code)))
+		attrs = append(attrs, telemetry.AttrCode.Int(int(rec.Code)))
 	}
-	span.AddEvent(eventReplay, trace.WithAttributes(attrs...))
+	span.AddEvent(telemetry.EventReplay, trace.WithAttributes(attrs...))
 }
 
 // maxMetricMethods bounds the methods a server's metrics keep attribute

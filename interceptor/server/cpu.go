@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/cpuusage"
 	"github.com/grpc-resilience/resilience/internal/limit"
 )
@@ -29,28 +30,6 @@ type CPUShedding struct {
 	// cannot be read, which never sheds. It is called on every call and
 	// must be cheap and safe for concurrent use.
 	CPU func() float64
-}
-
-// WithCPUShedding sheds unary calls when the CPU is hot, as the
-// BBR-inspired limiters of Kratos and go-zero do: while the CPU use is at
-// CPUThreshold or above, or within CoolOff of the last shed, a call is
-// admitted only while the calls in flight stay below the server's
-// bandwidth-delay product, the most calls completed in one tenth of Window
-// times the least mean latency of such a tenth, over that tenth. Below the
-// threshold nothing is shed. Shed calls get what a concurrency limit's get
-// (RESOURCE_EXHAUSTED with RetryInfo and pushback, or do-not-retry), and
-// criticalities the same shares. It is an alternative to
-// WithConcurrencyLimit for the methods without a limit of their own
-// (WithMethodConcurrencyLimit); NewServer refuses both at once. Health
-// checks and reflection (DefaultExemptServices) are never shed.
-func WithCPUShedding(cfg CPUShedding) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) {
-		if err := (limit.BBRConfig{CPUThreshold: cfg.CPUThreshold, Window: cfg.Window, CoolOff: cfg.CoolOff}).Validate(); err != nil {
-			o.errs = append(o.errs, errorf("WithCPUShedding: %v", err))
-			return
-		}
-		o.cpu = &cfg
-	})
 }
 
 // srvCPU is the server's CPU-aware shedder.
@@ -78,7 +57,7 @@ func newSrvCPU(cfg *CPUShedding) (*srvCPU, error) {
 // shedByCPU runs a unary call under the CPU-aware shedder; a keyed call on
 // a Server with idempotency, around its handler only, as limited does.
 func (s *Server) shedByCPU(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.idem != nil && len(metadata.ValueFromIncomingContext(ctx, IdempotencyKeyHeader)) > 0 {
+	if s.idem != nil && len(metadata.ValueFromIncomingContext(ctx, wire.IdempotencyKeyHeader)) > 0 {
 		return s.srvUnaryInner(ctx, req, info, func(hctx context.Context, req any) (any, error) {
 			return s.runShedByCPU(hctx, req, info, handler, false)
 		})

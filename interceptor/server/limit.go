@@ -1,12 +1,10 @@
-package interceptor
+package server
 
 import (
 	"context"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,87 +15,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/clock"
 	"github.com/grpc-resilience/resilience/internal/limit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
-
-// WithConcurrencyLimit puts the unary calls of the server under one
-// adaptive concurrency limit (see serviceconfig.ConcurrencyLimit and the
-// package doc, "Overload protection"): a call that arrives while the calls
-// in flight fill its criticality's share of the limit waits in the limit's
-// queue when it has one (MaxQueue, at most MaxQueueWait) and is otherwise
-// rejected at once with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and the
-// grpc-retry-pushback-ms trailer that say when to come back; a call whose
-// remaining deadline is shorter than the door's service time (the least
-// latency of the last 32 to 64 calls, while one of them is recent) is
-// rejected with DEADLINE_EXCEEDED before its handler runs. Only a call the
-// handler answered OK is a latency sample (see the package doc, "Overload
-// protection"). Methods that WithMethodConcurrencyLimit names have limits
-// of their own. Streams are not limited unless WithStreamConcurrencyLimit
-// names them. Health checks and reflection (DefaultExemptServices) are
-// never limited unless WithMethodConcurrencyLimit names them: a probe shed
-// under overload would have the orchestrator restart a server that is
-// only busy.
-func WithConcurrencyLimit(cfg serviceconfig.ConcurrencyLimit) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) {
-		if err := cfg.Validate(); err != nil {
-			o.errs = append(o.errs, errorf("WithConcurrencyLimit: %v", err))
-			return
-		}
-		o.limit = &cfg
-	})
-}
-
-// WithMethodConcurrencyLimit gives the unary calls of name, a full method
-// ("/pkg.Service/Method") or a service ("pkg.Service"), a concurrency limit
-// of their own, separate from the server's (WithConcurrencyLimit): each
-// full method named has its own limit, and all the methods of a service
-// named share one. A full method's entry wins over its service's.
-func WithMethodConcurrencyLimit(name string, cfg serviceconfig.ConcurrencyLimit) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) {
-		n, err := parseName(name)
-		if err != nil {
-			o.errs = append(o.errs, errorf("WithMethodConcurrencyLimit(%q): %v", name, err))
-			return
-		}
-		if err := cfg.Validate(); err != nil {
-			o.errs = append(o.errs, errorf("WithMethodConcurrencyLimit(%q): %v", name, err))
-			return
-		}
-		o.methodLimits = append(o.methodLimits, methodLimit{name, n, cfg})
-	})
-}
-
-// WithServerConfig applies a server document (serviceconfig.ParseServer):
-// its top-level concurrencyLimit as WithConcurrencyLimit, each name of
-// each methodConfig entry as WithMethodConcurrencyLimit, and its
-// tenantFairness as WithTenantFairness with TenantFromMetadata. Options
-// given after it override it.
-func WithServerConfig(cfg *serviceconfig.ServerConfig) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) {
-		if cfg == nil {
-			o.errs = append(o.errs, errorf("WithServerConfig: nil config"))
-			return
-		}
-		if err := cfg.Validate(); err != nil {
-			o.errs = append(o.errs, errorf("WithServerConfig: %v", err))
-			return
-		}
-		if l := cfg.ConcurrencyLimit; l != nil {
-			c := *l
-			o.limit = &c
-		}
-		if f := cfg.TenantFairness; f != nil {
-			o.fairness = &srvFairness{cfg: *f, tenant: TenantFromMetadata(f.MetadataKey)}
-		}
-		for _, mc := range cfg.MethodConfig {
-			for _, n := range mc.Name {
-				o.methodLimits = append(o.methodLimits, methodLimit{nameKey(n), n, *mc.ConcurrencyLimit})
-			}
-		}
-	})
-}
 
 // methodLimit is one WithMethodConcurrencyLimit; a later one for the same
 // name replaces an earlier one.
@@ -107,27 +30,7 @@ type methodLimit struct {
 	cfg  serviceconfig.ConcurrencyLimit
 }
 
-// WithServerRandSource makes the concurrency limits draw the jitter of
-// their Vegas probes from src instead of the runtime's random generator,
-// so that a seeded source gives a repeatable run. The Server serializes
-// its use of src.
-func WithServerRandSource(src rand.Source) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) {
-		if src == nil {
-			o.errs = append(o.errs, errorf("WithServerRandSource: nil source"))
-			return
-		}
-		var mu sync.Mutex
-		r := rand.New(src)
-		o.limitRand = func() float64 {
-			mu.Lock()
-			defer mu.Unlock()
-			return r.Float64()
-		}
-	})
-}
-
-// srvLimits holds the server's limiters, built once by NewServer; the maps
+// srvLimits holds the server's limiters, built once by New; the maps
 // are read-only after.
 type srvLimits struct {
 	server   *srvLimiter            // nil: methods not named are not limited
@@ -156,7 +59,7 @@ type srvLimits struct {
 	clk clock.Clock
 	// exemptSvc are the services whose unary calls no limit and no CPU
 	// shedding reaches unless WithMethodConcurrencyLimit names them:
-	// DefaultExemptServices, copied by NewServer.
+	// DefaultExemptServices, copied by New.
 	exemptSvc []string
 }
 
@@ -172,21 +75,21 @@ type srvLimiter struct {
 }
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
-func newSrvLimits(o *serverOptions) (*srvLimits, error) {
+func newSrvLimits(o *options) (*srvLimits, error) {
 	if len(o.streamLimits) > 0 && o.limit == nil && len(o.methodLimits) == 0 {
-		return nil, errorf("WithStreamConcurrencyLimit: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to put streams under")
+		return nil, errorf("Limits.Streams: no concurrency limit in Limits.Config to put streams under")
 	}
 	if o.fairness != nil && o.limit == nil && len(o.methodLimits) == 0 {
-		return nil, errorf("WithTenantFairness: no concurrency limit (WithConcurrencyLimit, WithMethodConcurrencyLimit) to share")
+		return nil, errorf("Limits.Config.TenantFairness: no concurrency limit in Limits.Config to share")
 	}
 	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
 		return nil, nil
 	}
 	if o.limit != nil && o.cpu != nil {
-		return nil, errorf("WithConcurrencyLimit and WithCPUShedding: choose one for the server")
+		return nil, errorf("Limits: Config.ConcurrencyLimit and CPU: choose one for the server")
 	}
 	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}, crit: o.criticality,
-		streams: map[string]bool{}, clk: clock.Real, exemptSvc: slices.Clone(DefaultExemptServices)}
+		streams: map[string]bool{}, clk: clock.Real, exemptSvc: slices.Clone(rpcname.ExemptServices)}
 	for c := range ls.shed {
 		ls.shed[c] = make([]atomic.Pointer[shedEntry], limit.PushbackSteps+1)
 	}
@@ -204,7 +107,7 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 	if o.limit != nil {
 		l, err := newLimiter(*o.limit, fair, o.limitRand)
 		if err != nil {
-			return nil, errorf("WithConcurrencyLimit: %v", err)
+			return nil, errorf("Limits.Config.concurrencyLimit: %v", err)
 		}
 		ls.server = l
 		ls.all = append(ls.all, namedLimiter{"", l})
@@ -213,7 +116,7 @@ func newSrvLimits(o *serverOptions) (*srvLimits, error) {
 	for _, m := range o.methodLimits {
 		l, err := newLimiter(m.cfg, fair, o.limitRand)
 		if err != nil {
-			return nil, errorf("WithMethodConcurrencyLimit(%q): %v", m.raw, err)
+			return nil, errorf("Limits.Config methodConfig %q: %v", m.raw, err)
 		}
 		key := nameKey(m.name)
 		if m.name.Method == "" {
@@ -351,7 +254,7 @@ func serviceOf(fullMethod string) (service string, ok bool) {
 // it is no load on it, holds no slot and gives no latency sample (issue
 // 19, defect 4).
 func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.idem != nil && len(metadata.ValueFromIncomingContext(ctx, IdempotencyKeyHeader)) > 0 {
+	if s.idem != nil && len(metadata.ValueFromIncomingContext(ctx, wire.IdempotencyKeyHeader)) > 0 {
 		return s.limitedKeyed(ctx, l, req, info, handler)
 	}
 	return s.runLimited(ctx, l, req, info, handler, true)
@@ -481,7 +384,7 @@ func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, no
 // of the pushback's grid (limit.PushbackStep: at most 25% apart), so that
 // shedding under overload allocates nothing but what grpc does however the
 // pushback moves.
-func (ls *srvLimits) shedError(ctx context.Context, crit Criticality, pushback time.Duration) error {
+func (ls *srvLimits) shedError(ctx context.Context, crit wire.Criticality, pushback time.Duration) error {
 	i := limit.PushbackSteps // do not retry
 	if pushback != limit.NoRetry {
 		i = limit.PushbackStep(pushback)
@@ -506,14 +409,14 @@ type shedEntry struct {
 	trailer metadata.MD
 }
 
-func newShedEntry(crit Criticality, pushback time.Duration) *shedEntry {
+func newShedEntry(crit wire.Criticality, pushback time.Duration) *shedEntry {
 	e := &shedEntry{}
 	if pushback == limit.NoRetry {
 		e.trailer = noRetryTrailer
 		e.err = status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
 		return e
 	}
-	e.trailer = metadata.Pairs(pushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10))
+	e.trailer = metadata.Pairs(rpcname.PushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10))
 	st := status.New(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); retry after "+pushback.String())
 	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(pushback)}); err == nil {
 		st = withHint
@@ -523,7 +426,7 @@ func newShedEntry(crit Criticality, pushback time.Duration) *shedEntry {
 }
 
 // noRetryTrailer is gRFC A6's "do not retry"; grpc only reads it.
-var noRetryTrailer = metadata.Pairs(pushbackKey, "-1")
+var noRetryTrailer = metadata.Pairs(rpcname.PushbackKey, "-1")
 
 // LimitStatus is the state of one concurrency limit, from
 // Server.LimitStatuses.

@@ -1,6 +1,30 @@
-package interceptor
+package wire
 
-import "google.golang.org/grpc/metadata"
+import (
+	"fmt"
+
+	"google.golang.org/grpc/metadata"
+)
+
+// IdempotencyKeyHeader is the metadata key that carries an idempotency key:
+// 1 to 255 printable ASCII characters, the same on every attempt of one
+// logical call. A server running NewServer's idempotency executes a call
+// with a given key once and replays its outcome to every duplicate.
+const IdempotencyKeyHeader = "idempotency-key"
+
+// ValidIdempotencyKey reports why key is not a valid idempotency key, or nil:
+// it must be 1 to 255 printable ASCII characters (0x20 to 0x7E).
+func ValidIdempotencyKey(key string) error {
+	if len(key) == 0 || len(key) > 255 {
+		return fmt.Errorf("idempotency-key is %d bytes long; it must be 1 to 255 printable ASCII characters", len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("idempotency-key has byte %#02x at offset %d; it must be 1 to 255 printable ASCII characters (0x20-0x7E)", c, i)
+		}
+	}
+	return nil
+}
 
 // IdempotencyReplayedHeader is the response header that the server's
 // idempotency (NewServer with WithIdempotencyStore) sets, with the value
@@ -32,6 +56,3 @@ func IdempotencyReplayed(header metadata.MD) bool {
 	vs := header[IdempotencyReplayedHeader]
 	return len(vs) == 1 && vs[0] == "true"
 }
-
-// idemReplayedMD is the header of a replayed answer.
-var idemReplayedMD = metadata.MD{IdempotencyReplayedHeader: {"true"}}

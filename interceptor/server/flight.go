@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"crypto/sha256"

@@ -1,8 +1,9 @@
-package interceptor
+package server
 
 import (
 	"context"
 	"math"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
@@ -11,33 +12,15 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/deadline"
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 )
-
-// WithServerHeadroom reserves headroom of every incoming deadline for the
-// server's own work: a handler's context ends headroom before the caller's
-// deadline, so the calls it makes downstream inherit a deadline that leaves
-// the server time to answer. floor is the least time a handler gets: a call
-// that arrives with less than headroom + floor left (or with no more than
-// headroom, when floor is 0) is rejected at once with DEADLINE_EXCEEDED
-// instead of being started. With WithServerHeadroom(20*time.Millisecond,
-// 5*time.Millisecond), a call needs 25ms left to start, and its handler
-// gets all but the last 20ms. Calls without a deadline are left alone.
-// Negative durations are refused.
-func WithServerHeadroom(headroom, floor time.Duration) ServerOption {
-	return srvOptionFunc(func(o *serverOptions) {
-		if headroom < 0 || floor < 0 {
-			o.errs = append(o.errs, errorf("WithServerHeadroom(%v, %v): must not be negative", headroom, floor))
-			return
-		}
-		o.headroom, o.floor = headroom, floor
-	})
-}
 
 // srvDeadline applies the headroom and the caller-retries mark to an
 // incoming call's context. cancel is nil when ctx is unchanged.
 func (s *Server) srvDeadline(ctx context.Context) (_ context.Context, cancel context.CancelFunc, err error) {
-	if vs := metadata.ValueFromIncomingContext(ctx, CallerRetriesKey); len(vs) > 0 {
-		ctx = ContextWithCallerRetries(ctx)
+	if vs := metadata.ValueFromIncomingContext(ctx, wire.CallerRetriesKey); len(vs) > 0 {
+		ctx = wire.ContextWithCallerRetries(ctx)
 	}
 	if s.headroom == 0 && s.floor == 0 {
 		return ctx, nil, nil
@@ -69,10 +52,10 @@ func (s *Server) srvDeadline(ctx context.Context) (_ context.Context, cancel con
 
 // StreamServerInterceptor returns the stream interceptor of s: the
 // concurrency limit for the streams WithStreamConcurrencyLimit names, the
-// deadline headroom and floor (WithServerHeadroom) and the caller-retries
+// deadline headroom and floor (WithHeadroom) and the caller-retries
 // mark. Idempotency is for unary calls only: a stream runs whatever
 // idempotency-key it carries, and every call of a streaming method that a
-// key policy other than IdempotencyKeyIgnored names fails with
+// key policy other than KeyIgnored names fails with
 // FAILED_PRECONDITION (see WithIdempotencyKeyPolicy).
 func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -112,3 +95,15 @@ type srvStream struct {
 }
 
 func (s *srvStream) Context() context.Context { return s.ctx }
+
+// SetRetryPushback sets the gRFC A6 pushback trailer on a handler's call: a
+// client that honours it waits d before its next attempt, or does not retry
+// at all when d is negative. An overloaded server answers with
+// SetRetryPushback(ctx, -1) to stop its callers' retries.
+func SetRetryPushback(ctx context.Context, d time.Duration) error {
+	ms := "-1"
+	if d >= 0 {
+		ms = strconv.FormatInt(d.Milliseconds(), 10)
+	}
+	return grpc.SetTrailer(ctx, metadata.Pairs(rpcname.PushbackKey, ms))
+}

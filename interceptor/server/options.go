@@ -1,0 +1,453 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc/codes"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/internal/limit"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// Option configures [New].
+type Option interface{ apply(*options) }
+
+// options collects the options of New before validation.
+type options struct {
+	logger          *slog.Logger         // nil: grpclog
+	meterProvider   metric.MeterProvider // nil: no metrics
+	headroom, floor time.Duration
+	idem            srvIdemOptions                  // store nil: idempotency off
+	limit           *serviceconfig.ConcurrencyLimit // nil: the server has none
+	cpu             *CPUShedding                    // nil: no CPU-aware shedding
+	methodLimits    []methodLimit
+	streamLimits    []string        // full methods and services whose streams are limited
+	criticality     CriticalityFunc // nil: as sent, at most Critical
+	limitRand       func() float64  // the limits' probe jitter; nil: the runtime's (Limits.Rand)
+	fairness        *srvFairness    // nil: one tenant (Limits.Config.TenantFairness)
+	errs            []error         // option errors found while applying, reported by New
+}
+
+type optionFunc func(*options)
+
+func (f optionFunc) apply(o *options) { f(o) }
+
+// WithLogger sets the logger of the Server's warnings, such as a reply too
+// large to store. By default they go to grpclog (component "resilience").
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(o *options) { o.logger = l })
+}
+
+// WithMeterProvider records the Server's metrics with mp: under
+// "resilience.server.idempotency.", handler executions, replays, waits of
+// duplicates, conflicts, store errors (marked fail_open or fail_closed) and
+// the store's latency; under "resilience.server.limit.", the overload
+// protection's limits, calls in flight and queued, calls admitted and
+// shed (by reason and criticality) and the time in queues. The package
+// documentation has the full table. Attribute sets are built once per
+// method. Without this option nothing is recorded, at no cost; a Server
+// with neither idempotency nor limits has nothing to record.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(o *options) {
+		if mp == nil {
+			o.errs = append(o.errs, errorf("WithMeterProvider: nil provider"))
+			return
+		}
+		o.meterProvider = mp
+	})
+}
+
+// WithHeadroom reserves headroom of every incoming deadline for the
+// server's own work: a handler's context ends headroom before the caller's
+// deadline, so the calls it makes downstream inherit a deadline that leaves
+// the server time to answer. floor is the least time a handler gets: a call
+// that arrives with less than headroom + floor left (or with no more than
+// headroom, when floor is 0) is rejected at once with DEADLINE_EXCEEDED
+// instead of being started. With WithHeadroom(20*time.Millisecond,
+// 5*time.Millisecond), a call needs 25ms left to start, and its handler
+// gets all but the last 20ms. Calls without a deadline are left alone.
+// Negative durations are refused.
+func WithHeadroom(headroom, floor time.Duration) Option {
+	return optionFunc(func(o *options) {
+		if headroom < 0 || floor < 0 {
+			o.errs = append(o.errs, errorf("WithHeadroom(%v, %v): must not be negative", headroom, floor))
+			return
+		}
+		o.headroom, o.floor = headroom, floor
+	})
+}
+
+// Idempotency configures server-side idempotency ([WithIdempotency]): a
+// unary call that carries idempotency-key metadata runs its handler once
+// per record key (caller scope, full method, key); duplicates receive the
+// stored outcome, byte for byte, without running the handler. See the
+// package documentation, "Idempotency", for what is stored and replayed.
+// Zero fields take the defaults their comments give; Store and Scope are
+// required.
+type Idempotency struct {
+	// Store keeps the records: idempotency.NewMemoryStore (one process),
+	// redisstore.Open (many replicas) or pgstore (a handler that joins the
+	// record's transaction: pgstore.Store.Joined). Required: a nil store,
+	// or a nil pointer of a store type (the *redisstore.Store of an Open
+	// whose error was dropped), is refused.
+	Store idempotency.Store
+
+	// Scope names the caller, the first part of every record key:
+	// typically the authenticated principal or tenant, [PeerScope] for
+	// callers with verified client certificates (mTLS, SPIFFE), or
+	// [SharedScope] to let every caller share one. Required. An error it
+	// returns is returned to the caller as is (a status error keeps its
+	// code; grpc makes any other error UNKNOWN), and the handler does not
+	// run. All callers of one scope share records: a caller who learns or
+	// guesses another's key, for the same method and request, receives
+	// that caller's reply and the metadata replayed with it.
+	Scope func(ctx context.Context) (string, error)
+
+	// KeyPolicies sets the key policy of the methods a name selects: a full
+	// method "/pkg.Service/Method", a service "pkg.Service" (all its unary
+	// methods), or "" (every unary method). The most specific wins; nil:
+	// every method is KeyOptional.
+	//
+	// Idempotency keys apply to unary methods only, so a policy other than
+	// KeyIgnored must not name a streaming method: a stream has no single
+	// request to fingerprint before the handler runs and no single outcome
+	// to store and replay, and running it anyway would let a keyless stream
+	// through a Required method. Such a policy is refused: by New, when the
+	// protobuf registry (protoregistry.GlobalFiles) describes the method as
+	// streaming; otherwise by the stream interceptor, which fails every
+	// call of the method with FAILED_PRECONDITION naming the policy.
+	// Health checks and reflection run plainly, key or not, unless a policy
+	// names their method or service.
+	KeyPolicies map[string]KeyPolicy
+
+	// TTL is how long a completed outcome is kept and replayed; 0 means
+	// 24h, and it must otherwise be at least 1ms. A store with bounded
+	// memory may evict records sooner: the memory store never before its
+	// minimum retention (idempotency.WithMinRetention), and it refuses new
+	// claims with RESOURCE_EXHAUSTED rather than evict a younger record.
+	TTL time.Duration
+
+	// Lease is how long a running first call holds its key without a
+	// renewal; 0 means 30s, and it must otherwise be at least 1ms. The key
+	// is claimed for the lease, whatever the caller's deadline, and renewed
+	// every Lease/3 while the handler runs. If its server crashes, the key
+	// is free one lease after the last renewal: a duplicate on another
+	// replica is blocked at most one lease after the owner died. A shorter
+	// lease frees a crashed owner's keys sooner, at the cost of more
+	// renewals; it must outlast the store's unavailability (a detached
+	// handler's context is cancelled, and logged, once nine tenths of its
+	// lease have passed without a renewal, before a duplicate can run it).
+	Lease time.Duration
+
+	// NoWait makes a duplicate that arrives while the first call runs fail
+	// at once with ABORTED and a grpc-retry-pushback-ms trailer, instead of
+	// waiting for the first call's outcome (the default, bounded by the
+	// duplicate's own deadline).
+	NoWait bool
+
+	// Pushback is the retry hint of the calls the server asks to retry: the
+	// grpc-retry-pushback-ms trailer of ABORTED under NoWait, and both that
+	// trailer and a google.rpc.RetryInfo detail of UNAVAILABLE when the
+	// store fails and the server fails closed. 0 means 100ms.
+	Pushback time.Duration
+
+	// PollInitial and PollMax are the backoff of a duplicate polling the
+	// store while the first call runs in another process: PollInitial,
+	// then doubling up to PollMax, and never past the remaining lease.
+	// In-process duplicates do not poll. 0 means 10ms and 500ms.
+	PollInitial, PollMax time.Duration
+
+	// UnstoredCodes are the status codes whose outcomes are not stored: the
+	// claim is released and a retry runs the handler again. Every other
+	// outcome, success or error, is stored and replayed; a panic never is.
+	// Zero means DefaultUnstoredCodes; to store every outcome, give a set
+	// that holds only codes.OK (OK itself is always stored).
+	UnstoredCodes rescodes.Set
+
+	// OmitMetadata names response header and trailer keys that are never
+	// stored, so never replayed: metadata meant for one response only, such
+	// as cookies, per-attempt debug or timing headers. Keys are
+	// case-insensitive; each must be a valid metadata key (lower-case
+	// letters, digits, '-', '_', '.').
+	OmitMetadata []string
+
+	// FailOpen runs the handler plainly when the store fails (without
+	// deduplication), instead of failing the call with UNAVAILABLE
+	// (ErrIdempotencyStoreUnavailable), the default.
+	FailOpen bool
+
+	// DetachedMax bounds a keyed call's handler, which by default runs
+	// detached from its caller: once it starts, the call belongs to the
+	// server. The call that owns the key runs its handler on a context
+	// that the caller's cancellation and deadline do not reach, bounded
+	// instead by DetachedMax from the handler's start and by the key's
+	// lease; values of the context (metadata, peer, auth) are kept. So a
+	// handler that commits its side effect (a card charged) and only then
+	// would have seen its caller's deadline finishes, its outcome is
+	// stored, and the caller's retry replays it: one charge. The cost: the
+	// server keeps working, up to DetachedMax, for a caller that has gone,
+	// and the caller's deadline no longer bounds the handler's downstream
+	// calls. A handler that needs longer gets DEADLINE_EXCEEDED, which is
+	// not stored. 0 means 30s.
+	DetachedMax time.Duration
+
+	// AttachedHandler runs keyed handlers on the caller's context instead:
+	// a caller that gives up cancels the handler, and a handler that then
+	// returns CANCELLED or DEADLINE_EXCEEDED has its claim released, not
+	// stored, so the caller's retry runs it again. That is right only for
+	// handlers whose work is undone with their context (a transaction
+	// rolled back); one that committed first runs twice.
+	AttachedHandler bool
+}
+
+// Validate reports the first field of c that is wrong, naming it.
+func (c *Idempotency) Validate() error {
+	_, err := c.normalize()
+	return err
+}
+
+// normalize returns c with its defaults applied, or the first error.
+func (c *Idempotency) normalize() (srvIdemOptions, error) {
+	o := srvIdemOptions{store: c.Store, scope: c.Scope, ttl: c.TTL, lease: c.Lease, pushback: c.Pushback,
+		pollInitial: c.PollInitial, pollMax: c.PollMax, noWait: c.NoWait, failOpen: c.FailOpen,
+		retryable: c.UnstoredCodes &^ rescodes.Of(codes.OK), detachMax: c.DetachedMax}
+	if c.Store == nil || srvNilPointer(c.Store) {
+		arg := "nil"
+		if c.Store != nil {
+			arg = fmt.Sprintf("a nil %T", c.Store)
+		}
+		return o, fmt.Errorf("server: Idempotency.Store is %s: the store must not be nil; "+
+			"a nil store would turn idempotency off or fail every keyed call (was an error of redisstore.Open dropped?)", arg)
+	}
+	if c.Scope == nil {
+		return o, errors.New("server: Idempotency.Scope is nil: it names the callers, so that one caller " +
+			"never receives another's reply: a function of the authenticated principal or tenant, " +
+			"server.PeerScope for callers with verified client certificates, " +
+			"or server.SharedScope to let every caller share records (keys must then be unguessable)")
+	}
+	defaults := []struct {
+		field string
+		v     *time.Duration
+		def   time.Duration
+		min   time.Duration
+	}{
+		{"TTL", &o.ttl, defaultTTL, time.Millisecond},
+		{"Lease", &o.lease, defaultLease, time.Millisecond},
+		{"Pushback", &o.pushback, defaultPushback, time.Millisecond},
+		{"PollInitial", &o.pollInitial, defaultPollInitial, time.Nanosecond},
+		{"PollMax", &o.pollMax, defaultPollMax, time.Nanosecond},
+		{"DetachedMax", &o.detachMax, defaultDetachedMax, time.Millisecond},
+	}
+	for _, d := range defaults {
+		switch {
+		case *d.v == 0:
+			*d.v = d.def
+		case *d.v < d.min:
+			return o, fmt.Errorf("server: Idempotency.%s is %v: must be 0 (the default, %v) or at least %v", d.field, *d.v, d.def, d.min)
+		}
+	}
+	if o.pollMax < o.pollInitial {
+		return o, fmt.Errorf("server: Idempotency.PollMax is %v, less than PollInitial %v", o.pollMax, o.pollInitial)
+	}
+	if c.AttachedHandler {
+		o.detachMax = 0
+	}
+	if c.UnstoredCodes == 0 {
+		o.retryable = DefaultUnstoredCodes
+	}
+	for _, k := range c.OmitMetadata {
+		lk := strings.ToLower(k)
+		if !srvValidMDKey(lk) {
+			return o, fmt.Errorf("server: Idempotency.OmitMetadata: %q is not a valid metadata key", k)
+		}
+		if o.omit == nil {
+			o.omit = make(map[string]struct{})
+		}
+		o.omit[lk] = struct{}{}
+	}
+	for name, p := range c.KeyPolicies {
+		if err := srvCheckPolicyName(name); err != nil {
+			return o, fmt.Errorf("server: Idempotency.KeyPolicies[%q]: %w", name, err)
+		}
+		if p > KeyIgnored {
+			return o, fmt.Errorf("server: Idempotency.KeyPolicies[%q]: unknown policy %d", name, p)
+		}
+		if o.policies == nil {
+			o.policies = make(map[string]KeyPolicy, len(c.KeyPolicies))
+		}
+		o.policies[name] = p
+	}
+	if err := srvCheckStreamPolicies(o.policies); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// WithIdempotency turns on server-side idempotency as c says (see
+// [Idempotency]). New returns c's Validate error, if any.
+func WithIdempotency(c Idempotency) Option {
+	return optionFunc(func(o *options) {
+		idem, err := c.normalize()
+		if err != nil {
+			o.errs = append(o.errs, err)
+			return
+		}
+		o.idem = idem
+	})
+}
+
+// Limits configures the Server's overload protection ([WithLimits]): the
+// adaptive concurrency limits of a server document, or CPU-aware shedding,
+// by criticality and, optionally, fairly among tenants. See the package
+// documentation, "Overload protection". Zero fields are off or take the
+// defaults their comments give.
+type Limits struct {
+	// Config is the server document (serviceconfig.ParseServer reads its
+	// JSON form; Go code fills the same struct): its top-level
+	// concurrencyLimit puts every unary call under one adaptive limit; each
+	// name of each methodConfig entry gets a limit of its own (a full
+	// method's entry wins over its service's); its tenantFairness shares
+	// each limit fairly among tenants (see Tenant).
+	//
+	// A call that arrives while the calls in flight fill its criticality's
+	// share of its limit waits in the limit's queue when it has one
+	// (MaxQueue, at most MaxQueueWait) and is otherwise rejected at once
+	// with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and
+	// the grpc-retry-pushback-ms trailer that say when to come back; a call
+	// whose remaining deadline is shorter than the door's service time (the
+	// least latency of the last 32 to 64 calls, while one of them is
+	// recent) is rejected with DEADLINE_EXCEEDED before its handler runs.
+	// Only a call the handler answered OK is a latency sample. Health
+	// checks and reflection are never limited unless a methodConfig entry
+	// names them: a probe shed under overload would have the orchestrator
+	// restart a server that is only busy.
+	Config serviceconfig.ServerConfig
+
+	// Streams names full methods ("/pkg.Service/Method") and services
+	// ("pkg.Service") whose streams are under the limit that applies to the
+	// method: a stream takes a slot when it opens, at its criticality's
+	// share, waits in the limit's queue or is shed as a unary call would
+	// be, and holds the slot for its whole life. A stream gives the limit
+	// no latency sample and is never rejected at the door for its deadline.
+	// Streams are not limited by default: a long stream holds its slot for
+	// as long as it lives, so a few of them under a limit learned from
+	// unary latencies can starve that limit's unary calls. Prefer a limit
+	// of the streaming methods' own. A name here needs some limit in
+	// Config.
+	Streams []string
+
+	// CPU, when set, sheds the unary calls of methods without a limit of
+	// their own when the CPU is hot (see CPUShedding). It is an
+	// alternative to Config's top-level limit: both at once are refused.
+	CPU *CPUShedding
+
+	// Criticality decides the criticality a call is shed by; nil: as the
+	// call sent it, but at most wire.Critical (CapCriticality(wire.Critical)).
+	//
+	// The threat: wire.CriticalityKey is set by the caller, so a caller
+	// trusted with CRITICAL_PLUS can send it with every call and be shed
+	// last, taking the share of the limit kept for the truly critical calls.
+	// So by default anyone may lower their own criticality, no one may
+	// raise it. To let callers you trust claim CRITICAL_PLUS, decide by who
+	// they are; CapCriticality(wire.CriticalPlus) trusts every caller.
+	Criticality CriticalityFunc
+
+	// Tenant names the tenant of a call, for Config.TenantFairness; nil:
+	// TenantFromMetadata(Config.TenantFairness.MetadataKey). Without
+	// Config.TenantFairness it is not used, and every call is one tenant.
+	Tenant TenantFunc
+
+	// Rand, when set, is the source of the jitter of the limits' probes and
+	// pushbacks, so that a seeded source gives a repeatable run; nil: the
+	// runtime's. The Server serializes its use.
+	Rand rand.Source
+}
+
+// Validate reports the first field of l that is wrong, naming it.
+func (l *Limits) Validate() error {
+	var o options
+	l.apply(&o)
+	if len(o.errs) > 0 {
+		return o.errs[0]
+	}
+	return nil
+}
+
+// apply sets o's limit fields from l, or appends an error.
+func (l *Limits) apply(o *options) {
+	cfg := &l.Config
+	if err := cfg.Validate(); err != nil {
+		o.errs = append(o.errs, fmt.Errorf("server: Limits.Config: %v", err))
+		return
+	}
+	o.limit, o.methodLimits, o.streamLimits, o.fairness, o.cpu = nil, nil, nil, nil, nil
+	if cl := cfg.ConcurrencyLimit; cl != nil {
+		c := *cl
+		o.limit = &c
+	}
+	for _, mc := range cfg.MethodConfig {
+		for _, n := range mc.Name {
+			o.methodLimits = append(o.methodLimits, methodLimit{nameKey(n), n, *mc.ConcurrencyLimit})
+		}
+	}
+	if f := cfg.TenantFairness; f != nil {
+		tenant := l.Tenant
+		if tenant == nil {
+			if f.MetadataKey == "" {
+				o.errs = append(o.errs, errorf("Limits: Config.TenantFairness has no metadataKey and Limits.Tenant is nil"))
+				return
+			}
+			tenant = TenantFromMetadata(f.MetadataKey)
+		}
+		o.fairness = &srvFairness{cfg: *f, tenant: tenant}
+	}
+	for i, name := range l.Streams {
+		n, err := rpcname.Parse(name)
+		if err != nil {
+			o.errs = append(o.errs, errorf("Limits.Streams[%d]: %v", i, err))
+			return
+		}
+		o.streamLimits = append(o.streamLimits, nameKey(n))
+	}
+	if l.CPU != nil {
+		c := *l.CPU
+		if err := c.Validate(); err != nil {
+			o.errs = append(o.errs, errorf("Limits.CPU: %v", err))
+			return
+		}
+		o.cpu = &c
+	}
+	o.criticality = l.Criticality
+	o.limitRand = nil
+	if l.Rand != nil {
+		var mu sync.Mutex
+		r := rand.New(l.Rand)
+		o.limitRand = func() float64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return r.Float64()
+		}
+	}
+}
+
+// WithLimits puts the Server's calls under the overload protection l
+// describes (see [Limits]). New returns l's Validate error, if any.
+func WithLimits(l Limits) Option {
+	return optionFunc(func(o *options) { l.apply(o) })
+}
+
+// Validate reports what is wrong with c, if anything.
+func (c CPUShedding) Validate() error {
+	return (limit.BBRConfig{CPUThreshold: c.CPUThreshold, Window: c.Window, CoolOff: c.CoolOff}).Validate()
+}
