@@ -79,40 +79,6 @@ func ExampleWithMeterProvider() {
 	// resilience.client.retries grpc.method=resilience.echo.v1.EchoService/Echo = 2
 }
 
-// WithServerMeterProvider: a first execution and its replay.
-func ExampleWithServerMeterProvider() {
-	reader := sdkmetric.NewManualReader()
-	store, err := idempotency.NewMemoryStore()
-	if err != nil {
-		log.Fatal(err)
-	}
-	srv, err := interceptor.NewServer(
-		interceptor.WithIdempotencyStore(store),
-		interceptor.WithIdempotencySharedScope(),
-		interceptor.WithServerMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
-	)
-	if err != nil {
-		log.Fatal(err)
-	}
-	unary := srv.UnaryServerInterceptor()
-	handler := func(context.Context, any) (any, error) { return &echov1.EchoResponse{Message: "done"}, nil }
-	info := &grpc.UnaryServerInfo{FullMethod: "/resilience.echo.v1.EchoService/Echo"}
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k-1"))
-	for range 2 {
-		if _, err := unary(ctx, &echov1.EchoRequest{Message: "x"}, info, handler); err != nil {
-			log.Fatal(err)
-		}
-	}
-
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		log.Fatal(err)
-	}
-	printSums(&rm, "resilience.server.idempotency.executions", "resilience.server.idempotency.replays")
-	// Output:
-	// resilience.server.idempotency.executions grpc.method=resilience.echo.v1.EchoService/Echo = 1
-	// resilience.server.idempotency.replays grpc.method=resilience.echo.v1.EchoService/Echo,resilience.idempotency.source=store = 1
-}
 
 // Retries appear as events on the span the caller started around the call
 // (here with the SDK's recorder; otelgrpc's or grpc's own tracing adds a

@@ -193,35 +193,6 @@ func TestTraceEventsOnTheCallersSpan(t *testing.T) {
 	})
 }
 
-// TestTraceReplayEventOnTheServersSpan checks the server's replay event:
-// a duplicate's span gets it, with the source and the replayed code.
-func TestTraceReplayEventOnTheServersSpan(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
-	_, unary := newMemoryIdempotency(t)
-	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
-	h := func(context.Context, any) (any, error) { return &echov1.EchoResponse{Message: "m"}, nil }
-	req := &echov1.EchoRequest{Message: "m"}
-	for _, name := range []string{"first", "duplicate"} {
-		ctx, span := tracer.Start(metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k")), name)
-		if _, err := unary(ctx, req, info, h); err != nil {
-			t.Fatal(err)
-		}
-		span.End()
-	}
-	ended := rec.Ended()
-	if n := len(ended[0].Events()); n != 0 {
-		t.Errorf("first call: %d events, want none", n)
-	}
-	ev := ended[1].Events()
-	if len(ev) != 1 || ev[0].Name != eventReplay {
-		t.Fatalf("duplicate: events %v, want one %s", ev, eventReplay)
-	}
-	got := eventAttrs(ev[0])
-	if got[attrIdemSource] != attribute.StringValue("store") || got[attrCode] != attribute.IntValue(0) {
-		t.Errorf("replay event attributes = %v, want source store, code 0", ev[0].Attributes)
-	}
-}
 
 // TestObservabilityOffAllocatesNothing pins "no cost when off": with no
 // meter provider, with the no-op one, and with a span that does not record,
@@ -279,46 +250,6 @@ func TestObservabilityOffAllocatesNothing(t *testing.T) {
 	}
 }
 
-// TestServerMetricsOffAllocatesNothing pins the server's side of "no cost
-// when off": a replay allocates as much with the no-op provider, and with
-// the SDK's, as with none.
-func TestServerMetricsOffAllocatesNothing(t *testing.T) {
-	providers := []struct {
-		name string
-		opts []ServerOption
-	}{
-		{"none", nil},
-		{"noop provider", []ServerOption{WithServerMeterProvider(metricnoop.NewMeterProvider())}},
-		{"sdk provider", []ServerOption{WithServerMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())))}},
-	}
-	var baseline float64
-	for i, p := range providers {
-		store, err := idempotency.NewMemoryStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := NewServer(append([]ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope()}, p.opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		unary := s.UnaryServerInterceptor()
-		info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
-		req := &echov1.EchoRequest{Message: "m"}
-		h := func(context.Context, any) (any, error) { return &echov1.EchoResponse{Message: "m"}, nil }
-		keyed := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k"))
-		if _, err := unary(keyed, req, info, h); err != nil {
-			t.Fatal(err)
-		}
-		a := testing.AllocsPerRun(200, func() { _, _ = unary(keyed, req, info, h) })
-		t.Logf("%s: replay %v allocs", p.name, a)
-		if i == 0 {
-			baseline = a
-		}
-		if a != baseline {
-			t.Errorf("%s: replay %v allocs, want %v as without metrics", p.name, a, baseline)
-		}
-	}
-}
 
 // TestMetricsAlternatingConnectionsAllocateNothing: a method called on
 // connections in turn (a pool) finds its A96 attribute sets by target

@@ -1,0 +1,163 @@
+//go:build splittodo
+
+package server
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+)
+
+// TestIdempotencyCommittedHandlerRunsOnceWithDefaultOptions pins item 2 of
+// issue 21 (finding 8 of issue 14), against every store: a handler that
+// commits (charges a card), then notices that the caller's deadline passed
+// and returns DEADLINE_EXCEEDED, had its outcome released by default, so
+// the caller's retry charged again unless WithIdempotencyDetachedHandler
+// was set. Now a keyed call belongs to the server once its handler starts:
+// with default options the handler runs detached from the caller's
+// deadline, finishes, and its outcome is stored: one charge. The opt-out
+// (WithIdempotencyDetachedHandler(0)) keeps the old trade-off: two.
+func TestIdempotencyCommittedHandlerRunsOnceWithDefaultOptions(t *testing.T) {
+	tests := []struct {
+		name        string
+		opts        []ServerOption
+		wantCharges int64
+	}{
+		{"DefaultDetached", nil, 1},
+		{"OptOutOnTheCallersContext", []ServerOption{WithIdempotencyDetachedHandler(0)}, 2},
+	}
+	var cases []idemCase
+	for _, tt := range tests {
+		cases = append(cases, idemCase{tt.name, func(t *testing.T, env *idemEnv) {
+			testIdemCommittedCharges(t, env, tt.opts, tt.wantCharges)
+		}})
+	}
+	forEachStore(t, cases)
+}
+
+func testIdemCommittedCharges(t *testing.T, env *idemEnv, opts []ServerOption, wantCharges int64) {
+	var charges atomic.Int64
+	returned := make(chan struct{}, 2)
+	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		defer func() { returned <- struct{}{} }()
+		charges.Add(1)                     // committed
+		time.Sleep(200 * time.Millisecond) // writing the receipt, while the caller's deadline passes
+		if err := ctx.Err(); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return &echov1.EchoResponse{Message: "charged"}, nil
+	}}
+	cc := idemStart(t, e, append([]ServerOption{WithIdempotencyStore(env.store)}, opts...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	first := idemDo(ctx, cc, "charge-1", "10 EUR")
+	cancel()
+	wantCode(t, "first attempt", first.err, codes.DeadlineExceeded, "")
+	<-returned // the first handler has returned and its claim is settled
+	if r := idemDo(idemCtx(t), cc, "charge-1", "10 EUR"); r.err != nil {
+		t.Fatalf("retry: %v", r.err)
+	}
+	if got := charges.Load(); got != wantCharges {
+		t.Errorf("charged %d times, want %d", got, wantCharges)
+	}
+}
+
+// TestIdempotencyDetachedHandlerBoundedByTheServersMaximum: a detached
+// handler that never finishes is cancelled at the server's maximum; its
+// DEADLINE_EXCEEDED is not stored.
+func TestIdempotencyDetachedHandlerBoundedByTheServersMaximum(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store, err := idempotency.NewMemoryStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ended atomic.Int64
+		e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			start := time.Now()
+			<-ctx.Done()
+			ended.Store(int64(time.Since(start)))
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}}
+		cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyDetachedHandler(2*time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		wantCode(t, "stuck handler", idemDo(ctx, cc, "k", "m").err, codes.DeadlineExceeded, "")
+		if got := time.Duration(ended.Load()); got != 2*time.Second {
+			t.Errorf("handler ran %v, want the server's maximum, 2s", got)
+		}
+		if _, err := NewServer(WithIdempotencyDetachedHandler(-time.Second)); err == nil {
+			t.Error("WithIdempotencyDetachedHandler(-1s) accepted, want an error")
+		}
+	})
+}
+
+// TestIdempotencyDetachedHandlerContext pins what a keyed handler's context
+// is by default, over real gRPC: the caller's values (metadata), a
+// deadline of the server's maximum from the handler's start and not the
+// caller's, no end when the caller gives up; context.Cause agrees with
+// Err; a context derived from it ends with it; it ends when the key's
+// lease is lost (Canceled) and once the handler has returned (Canceled).
+func TestIdempotencyDetachedHandlerContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store, err := idempotency.NewMemoryStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		type seen struct {
+			deadline      time.Duration // from the handler's start
+			tenant        []string
+			errAfterLeave error // after the caller's deadline passed
+			cause, child  error // once the lease was lost
+		}
+		got := make(chan seen, 1)
+		steal := &idemStealStore{Store: store}
+		e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			var s seen
+			dl, _ := ctx.Deadline()
+			s.deadline = time.Until(dl)
+			md, _ := metadata.FromIncomingContext(ctx)
+			s.tenant = md.Get("x-tenant")
+			child, cancel := context.WithCancel(ctx)
+			defer cancel()
+			time.Sleep(200 * time.Millisecond) // the caller's 100 ms pass
+			s.errAfterLeave = ctx.Err()
+			<-ctx.Done() // the first renewal, at lease/3, finds the lease lost
+			<-child.Done()
+			s.cause, s.child = context.Cause(ctx), child.Err()
+			got <- s
+			return &echov1.EchoResponse{Message: "done"}, nil
+		}}
+		cc := idemStart(t, e, WithIdempotencyStore(steal), WithIdempotencyLease(3*time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		wantCode(t, "caller", idemDo(ctx, cc, "k", "m", "x-tenant", "acme").err, codes.DeadlineExceeded, "")
+		s := <-got
+		if s.deadline != DefaultIdempotencyDetachedMax || len(s.tenant) != 1 || s.tenant[0] != "acme" || s.errAfterLeave != nil {
+			t.Errorf("handler saw deadline in %v, x-tenant %q, Err after the caller left %v; want %v, [acme], nil",
+				s.deadline, s.tenant, s.errAfterLeave, DefaultIdempotencyDetachedMax)
+		}
+		if s.cause != context.Canceled || s.child != context.Canceled {
+			t.Errorf("lease lost: Cause %v, derived context's Err %v; want both Canceled", s.cause, s.child)
+		}
+
+		var kept context.Context
+		quick := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			kept = ctx
+			return &echov1.EchoResponse{Message: "done"}, nil
+		}}
+		if r := idemDo(idemCtx(t), idemStart(t, quick, WithIdempotencyStore(store)), "k2", "m"); r.err != nil {
+			t.Fatal(r.err)
+		}
+		if kept.Err() != context.Canceled {
+			t.Errorf("after the handler returned: Err %v, want Canceled", kept.Err())
+		}
+	})
+}

@@ -1,0 +1,250 @@
+//go:build splittodo
+
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+)
+
+// TestIdempotencyJoinedTxConnAfterTheHandlerReturnedDoesNotPanic: a
+// goroutine the handler started reads Tx(ctx).Conn() after the handler
+// returned (its transaction committed, its pool connection released):
+// Conn is nil then, never a dereference of the released pool connection
+// (which panicked the goroutine, and so the process, and raced with the
+// pool's release).
+func TestIdempotencyJoinedTxConnAfterTheHandlerReturnedDoesNotPanic(t *testing.T) {
+	p := newPgJoined(t)
+	returned, got := make(chan struct{}), make(chan string, 1)
+	e := p.chargeEcho(func(_ context.Context, tx pgx.Tx) error {
+		go func() {
+			defer func() {
+				if r := recover(); r != nil {
+					got <- fmt.Sprint("panic: ", r)
+				}
+			}()
+			<-returned
+			c := tx.Conn()
+			got <- fmt.Sprint("conn nil: ", c == nil)
+		}()
+		return nil
+	})
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	r := idemDo(idemCtx(t), cc, "k", "m")
+	close(returned)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if g := <-got; g != "conn nil: true" {
+		t.Errorf("Tx(ctx).Conn() after the handler returned: %s; want nil", g)
+	}
+}
+
+// TestIdempotencyJoinedHandlerEndingItsTransactionBySQLNeverRunsTwice: a
+// handler that ends the joined transaction with SQL of its own (tx.Exec
+// "COMMIT" or "ROLLBACK": ErrHandlerCommit guards only the Commit and
+// Rollback methods) commits its writes outside the record; whatever it
+// returns then, a retry of the key must not run it again.
+func TestIdempotencyJoinedHandlerEndingItsTransactionBySQLNeverRunsTwice(t *testing.T) {
+	tests := []struct {
+		name string
+		then func(ctx context.Context, tx pgx.Tx) error
+	}{
+		{"CommitThenUnavailable", func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "COMMIT"); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "downstream down")
+		}},
+		{"CommitThenStoredError", func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "COMMIT"); err != nil {
+				return err
+			}
+			return status.Error(codes.FailedPrecondition, "insufficient funds")
+		}},
+	}
+	p := newPgJoined(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := p.chargeEcho(tt.then)
+			cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)), WithIdempotencyLease(time.Second))
+			ctx := idemCtx(t)
+			key := "sql-" + tt.name
+			first := idemDo(ctx, cc, key, "m")
+			name, _ := strconv.Unquote(p.schema)
+			pgAdvance(t, p.admin, name, 2*time.Second) // past the claim's lease
+			retry := idemDo(ctx, cc, key, "m")
+			t.Logf("first: %v; retry: %v", first.err, retry.err)
+			wantCalls(t, e, 1)
+			if n := p.rows(t, key); n != 1 {
+				t.Errorf("charges = %d, want 1: the handler ran %d times", n, e.calls.Load())
+			}
+		})
+	}
+}
+
+// TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections: each
+// keyed call in joined mode holds a pool connection while its handler
+// runs. One caller's slow keyed calls (here two, on a pool of two) must
+// not take every connection: another caller's call, and a replay of a
+// completed key (one lookup), must still be answered, or refused at once,
+// not left waiting for a connection until their deadline.
+func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.T) {
+	t.Skip("known gap (r23): no per-scope bound on the joined transactions open at once; " +
+		"two slow keyed calls on a pool of MaxConns=2 leave a third key's call waiting in pool.Acquire " +
+		"until its 1s deadline (DEADLINE_EXCEEDED), and a replay likewise. Fix: a per-scope cap on open " +
+		"joined transactions (a share of the pool's MaxConns), refusing past it with RESOURCE_EXHAUSTED and a pushback")
+	p := newPgJoined(t)
+	gate, entered := make(chan struct{}), make(chan struct{}, 2)
+	e := p.chargeEcho(func(ctx context.Context, _ pgx.Tx) error {
+		if md, _ := metadata.FromIncomingContext(ctx); md.Get("x-slow") != nil {
+			entered <- struct{}{}
+			<-gate
+		}
+		return nil
+	})
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 })))
+	ctx := idemCtx(t)
+	if r := idemDo(ctx, cc, "done", "m"); r.err != nil {
+		t.Fatal(r.err)
+	}
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { idemDo(ctx, cc, "slow"+strconv.Itoa(i), "m", "x-slow", "1") })
+	}
+	defer wg.Wait()
+	defer close(gate)
+	<-entered
+	<-entered
+	for _, key := range []string{"other", "done"} {
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		r := idemDo(short, cc, key, "m")
+		cancel()
+		if c := status.Code(r.err); c == codes.DeadlineExceeded {
+			t.Errorf("call with key %q while two slow keys hold the pool: %v; want an answer or a prompt refusal", key, r.err)
+		}
+	}
+}
+
+// TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer: a
+// database that does not answer (here a migration's ACCESS EXCLUSIVE lock
+// on the table; a network partition alike) must not hold a keyed call
+// without a deadline for ever, with its goroutine and pool connection: the
+// claim is bounded by the store's lock wait plus a margin, and the call
+// gets UNAVAILABLE with the retry hint.
+func TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer(t *testing.T) {
+	p := newPgJoined(t)
+	e := p.chargeEcho(nil)
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil, pgstore.WithLockTimeout(100*time.Millisecond))))
+	bg := context.Background()
+	lock, err := p.admin.Begin(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(bg) }()
+	if _, err := lock.Exec(bg, "LOCK TABLE "+p.schema+".resilience_idempotency IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(idemCtx(t), 20*time.Second) // stands for no deadline
+	defer cancel()
+	start := time.Now()
+	r := idemDo(ctx, cc, "k", "m")
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the claim waited %v for a database that does not answer; want it bounded by the lock wait and a margin", took)
+	}
+	wantCode(t, "claim against a locked table", r.err, codes.Unavailable, "")
+	wantCalls(t, e, 0)
+}
+
+// TestIdempotencyJoinedNestedPhaseIsRefused: a Phase inside another
+// Phase's fn would commit the outer phase's writes so far with the inner
+// recovery point; the outer phase failing then, its retry ran it again and
+// wrote twice. A nested Phase is refused with ErrNestedPhase, and the
+// outer phase's write never commits twice.
+func TestIdempotencyJoinedNestedPhaseIsRefused(t *testing.T) {
+	p := newPgJoined(t)
+	var runs atomic.Int32
+	var innerErr error
+	e := &idemEcho{fn: func(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		run := runs.Add(1)
+		_, err := pgstore.Phase(ctx, "outer", func(ctx context.Context, _ pgx.Tx) ([]byte, error) {
+			if _, err := p.charge(ctx, 10); err != nil {
+				return nil, err
+			}
+			if _, err := pgstore.Phase(ctx, "inner", func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+				if run == 1 {
+					innerErr = err
+				}
+				return nil, err
+			}
+			if run == 1 {
+				return nil, errors.New("the outer phase fails after the inner one")
+			}
+			return nil, nil
+		})
+		if err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		return &echov1.EchoResponse{Message: "ok"}, nil
+	}}
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	ctx := idemCtx(t)
+	idemDo(ctx, cc, "k", "m")
+	idemDo(ctx, cc, "k", "m")
+	if n := p.rows(t, "k"); n > 1 {
+		t.Errorf("charges = %d after a failed outer phase and its retry; want at most 1", n)
+	}
+	if !errors.Is(innerErr, pgstore.ErrNestedPhase) {
+		t.Errorf("nested Phase = %v, want ErrNestedPhase", innerErr)
+	}
+}
+
+// TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit: a goroutine
+// the handler started goes on using Tx after the handler returned. Its
+// statements must end with pgx.ErrTxClosed, never run on the connection at
+// the same time as the interceptor's commit (a data race inside pgx, and
+// a statement that may land in the next call's transaction once the
+// connection is back in the pool).
+func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
+	t.Skip("known gap (r23): joinedTx takes the current transaction under the txn's lock but runs the statement " +
+		"outside it, so a straggler's Exec in flight when the handler returns runs concurrently with Commit's batch: " +
+		"-race reports a DATA RACE in pgconn (status, IsClosed) within 20 calls. Fix: handler statements hold a " +
+		"read lock for their round trip and end() takes it for writing (Query/QueryRow/SendBatch need their rows wrapped)")
+	p := newPgJoined(t)
+	stopped := make(chan error, 1)
+	e := p.chargeEcho(func(_ context.Context, tx pgx.Tx) error {
+		go func() {
+			for {
+				if _, err := tx.Exec(context.Background(), "SELECT 1"); err != nil {
+					stopped <- err
+					return
+				}
+			}
+		}()
+		return nil
+	})
+	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	for i := range 20 {
+		if r := idemDo(idemCtx(t), cc, "k"+strconv.Itoa(i), "m"); r.err != nil {
+			t.Errorf("call %d: %v", i, r.err)
+		}
+		if err := <-stopped; !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("the straggler's statement after the handler returned: %v, want pgx.ErrTxClosed", err)
+		}
+	}
+}

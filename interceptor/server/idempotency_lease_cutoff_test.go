@@ -1,0 +1,100 @@
+//go:build splittodo
+
+package server
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+)
+
+// TestIdempotencyDetachedHandlerCancelledBeforeADuplicateCanClaim pins the
+// bound of a detached handler whose renewals cannot reach the store (a
+// partition between one replica and Redis, or a stalled Redis), against
+// every store. The docs said its context is cancelled when the lease is
+// lost, but it was cancelled only when a renewal came back with "not the
+// owner": with renewals that failed or timed out, it never was (until the
+// server's 30 s maximum), and a duplicate on another replica claimed the
+// expired key and ran the call while the first handler's context was still
+// live: two executions, neither told to stop. Now the handler's context
+// ends at nine tenths of its lease without a renewal, before the store's
+// lease ends, so the duplicate never starts while it is live.
+func TestIdempotencyDetachedHandlerCancelledBeforeADuplicateCanClaim(t *testing.T) {
+	forEachStore(t, []idemCase{
+		{"RenewalsFail", func(t *testing.T, env *idemEnv) {
+			testIdemCutoff(t, env, idemNoRenewStore{env.store})
+		}},
+		{"RenewalsStall", func(t *testing.T, env *idemEnv) {
+			testIdemCutoff(t, env, idemStalledRenewals{env.store})
+		}},
+	})
+}
+
+// idemStalledRenewals is a store whose Renew never answers: it returns
+// when its context ends, as a call to a stopped Redis does.
+type idemStalledRenewals struct{ idempotency.Store }
+
+func (idemStalledRenewals) Renew(ctx context.Context, _ idempotency.RecordKey, _ string, _ time.Duration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func testIdemCutoff(t *testing.T, env *idemEnv, cut idempotency.Store) {
+	if env.joined {
+		t.Skip("joined mode has no lease to cut off: the owner's open transaction holds the key until it ends, and a " +
+			"duplicate on another replica gets ABORTED instead of polling (TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit, " +
+			"TestIdempotencyJoinedDeadOwnerFreesTheKeyAtOnce)")
+	}
+	// The margin, a tenth of the lease, covers the lateness of the
+	// renewal's timer on a loaded test machine with -race.
+	const lease = 1500 * time.Millisecond
+	var mu sync.Mutex
+	var first context.Context // the first handler's
+	var firstErrAtSecond error
+	ran := 0
+	started := make(chan struct{}, 1)
+	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		mu.Lock()
+		ran++
+		if first != nil {
+			firstErrAtSecond = first.Err()
+			mu.Unlock()
+			return &echov1.EchoResponse{Message: "second"}, nil
+		}
+		first = ctx
+		mu.Unlock()
+		started <- struct{}{}
+		select {
+		case <-ctx.Done(): // a handler that stops when told
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-time.After(4 * lease):
+			return &echov1.EchoResponse{Message: "first"}, nil
+		}
+	}}
+	opts := []ServerOption{WithIdempotencyLease(lease), WithIdempotencyPoll(10*time.Millisecond, 20*time.Millisecond)}
+	ccA := idemStart(t, e, append(opts, WithIdempotencyStore(cut))...)            // cut off from the store's renewals
+	ccB := idemStart(t, e, append(opts, WithIdempotencyStore(env.newStore()))...) // another replica
+	var wg sync.WaitGroup
+	var a idemCall
+	wg.Go(func() { a = idemDo(context.Background(), ccA, "k", "m") })
+	<-started
+	b := idemDo(idemCtx(t), ccB, "k", "m") // polls until the first lease has ended, then runs
+	wg.Wait()
+	if b.err != nil {
+		t.Fatalf("duplicate on the other replica: %v", b.err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if ran != 2 || firstErrAtSecond != context.Canceled {
+		t.Errorf("handler ran %d times; when the duplicate started, the first handler's context Err = %v, want Canceled",
+			ran, firstErrAtSecond)
+	}
+	wantCode(t, "first call, its handler cancelled", a.err, codes.Canceled, "")
+}
