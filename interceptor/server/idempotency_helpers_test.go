@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -251,21 +249,25 @@ func idemTenantScope(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-// idemStart serves impl over bufconn behind a Server built from opts and
-// returns a client connection. Both are closed when t ends. The scope is
-// shared (these callers are not authenticated) unless opts set one.
-func idemStart(t testing.TB, impl echov1.EchoServiceServer, opts ...ServerOption) *grpc.ClientConn {
+// idemStart serves impl over bufconn behind a Server built with idempotency
+// as idem says, and opts, and returns a client connection. Both are closed
+// when t ends. The scope is shared (these callers are not authenticated)
+// unless idem sets one.
+func idemStart(t testing.TB, impl echov1.EchoServiceServer, idem Idempotency, opts ...Option) *grpc.ClientConn {
 	t.Helper()
-	return idemStartDial(t, impl, nil, opts...)
+	return idemStartDial(t, impl, nil, idem, opts...)
 }
 
 // idemStartDial is idemStart with the client connection's extra options,
 // such as a Client's DialOptions.
-func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.DialOption, opts ...ServerOption) *grpc.ClientConn {
+func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.DialOption, idem Idempotency, opts ...Option) *grpc.ClientConn {
 	t.Helper()
-	s, err := NewServer(append([]ServerOption{WithIdempotencySharedScope()}, opts...)...)
+	if idem.Scope == nil {
+		idem.Scope = SharedScope
+	}
+	s, err := New(append([]Option{WithIdempotency(idem)}, opts...)...)
 	if err != nil {
-		t.Fatalf("NewServer() error = %v", err)
+		t.Fatalf("New() error = %v", err)
 	}
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(idemRecover, idemInject, s.UnaryServerInterceptor()))
@@ -364,7 +366,7 @@ func memoryIdemServer(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	s, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope}))
 	if err != nil {
 		tb.Fatal(err)
 	}
