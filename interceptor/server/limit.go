@@ -76,17 +76,8 @@ type srvLimiter struct {
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
 func newSrvLimits(o *options) (*srvLimits, error) {
-	if len(o.streamLimits) > 0 && o.limit == nil && len(o.methodLimits) == 0 {
-		return nil, errorf("Limits.Streams: no concurrency limit in Limits.Config to put streams under")
-	}
-	if o.fairness != nil && o.limit == nil && len(o.methodLimits) == 0 {
-		return nil, errorf("Limits.Config.TenantFairness: no concurrency limit in Limits.Config to share")
-	}
 	if o.limit == nil && len(o.methodLimits) == 0 && o.cpu == nil {
 		return nil, nil
-	}
-	if o.limit != nil && o.cpu != nil {
-		return nil, errorf("Limits: Config.ConcurrencyLimit and CPU: choose one for the server")
 	}
 	ls := &srvLimits{methods: map[string]*srvLimiter{}, services: map[string]*srvLimiter{}, crit: o.criticality,
 		streams: map[string]bool{}, clk: clock.Real, exemptSvc: slices.Clone(rpcname.ExemptServices)}

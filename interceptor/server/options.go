@@ -428,6 +428,18 @@ func (l *Limits) apply(o *options) {
 		}
 		o.cpu = &c
 	}
+	limited := o.limit != nil || len(o.methodLimits) > 0
+	switch {
+	case len(o.streamLimits) > 0 && !limited:
+		o.errs = append(o.errs, errorf("Limits.Streams: no concurrency limit in Limits.Config to put streams under"))
+		return
+	case o.fairness != nil && !limited:
+		o.errs = append(o.errs, errorf("Limits.Config.TenantFairness: no concurrency limit in Limits.Config to share"))
+		return
+	case o.limit != nil && o.cpu != nil:
+		o.errs = append(o.errs, errorf("Limits: Config.ConcurrencyLimit and CPU: choose one for the server"))
+		return
+	}
 	o.criticality = l.Criticality
 	o.limitRand = nil
 	if l.Rand != nil {
