@@ -32,6 +32,11 @@ type CPUShedding struct {
 	CPU func() float64
 }
 
+// Validate reports what is wrong with c, if anything.
+func (c CPUShedding) Validate() error {
+	return (limit.BBRConfig{CPUThreshold: c.CPUThreshold, Window: c.Window, CoolOff: c.CoolOff}).Validate()
+}
+
 // srvCPU is the server's CPU-aware shedder.
 type srvCPU struct {
 	bbr *limit.BBR

@@ -16,7 +16,6 @@ import (
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
-	"github.com/grpc-resilience/resilience/internal/limit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -457,9 +456,4 @@ func (l *Limits) apply(o *options) {
 // describes (see [Limits]). New returns l's Validate error, if any.
 func WithLimits(l Limits) Option {
 	return optionFunc(func(o *options) { l.apply(o) })
-}
-
-// Validate reports what is wrong with c, if anything.
-func (c CPUShedding) Validate() error {
-	return (limit.BBRConfig{CPUThreshold: c.CPUThreshold, Window: c.Window, CoolOff: c.CoolOff}).Validate()
 }

@@ -132,6 +132,52 @@ func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnarySer
 	return s.idem.intercept(ctx, req, info, handler)
 }
 
+// StreamServerInterceptor returns the stream interceptor of s: the
+// concurrency limit for the streams WithStreamConcurrencyLimit names, the
+// deadline headroom and floor (WithHeadroom) and the caller-retries
+// mark. Idempotency is for unary calls only: a stream runs whatever
+// idempotency-key it carries, and every call of a streaming method that a
+// key policy other than KeyIgnored names fails with
+// FAILED_PRECONDITION (see WithIdempotencyKeyPolicy).
+func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if s.idem != nil {
+			if err := s.idem.streamPolicyErr(info.FullMethod); err != nil {
+				return err
+			}
+		}
+		if s.limits != nil {
+			if l := s.limits.streamLimiter(info.FullMethod); l != nil {
+				return s.limitedStream(l, srv, ss, info, handler)
+			}
+		}
+		return s.srvStreamInner(srv, ss, info, handler)
+	}
+}
+
+// srvStreamInner is the stream interceptor inside the concurrency limit.
+func (s *Server) srvStreamInner(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel, err := s.srvDeadline(ss.Context())
+	if err != nil {
+		return err
+	}
+	if cancel != nil {
+		defer cancel()
+	}
+	if ctx != ss.Context() {
+		ss = &srvStream{ServerStream: ss, ctx: ctx}
+	}
+	return handler(srv, ss)
+}
+
+// srvStream is a grpc.ServerStream with a context of the interceptor's.
+type srvStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *srvStream) Context() context.Context { return s.ctx }
+
 // srvLogger writes the Server's warnings to an slog.Logger or to grpclog.
 type srvLogger struct{ l *slog.Logger }
 
