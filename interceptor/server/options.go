@@ -352,9 +352,10 @@ type Limits struct {
 	CPU *CPUShedding
 
 	// Criticality decides the criticality a call is shed by; nil: as the
-	// call sent it, but at most wire.Critical (CapCriticality(wire.Critical)).
+	// call sent it, but at most CRITICAL (CapCriticality(wire.Critical)).
 	//
-	// The threat: wire.CriticalityKey is set by the caller, so a caller
+	// The threat: the criticality (metadata wire.CriticalityKey) is set by
+	// the caller, so a caller
 	// trusted with CRITICAL_PLUS can send it with every call and be shed
 	// last, taking the share of the limit kept for the truly critical calls.
 	// So by default anyone may lower their own criticality, no one may
