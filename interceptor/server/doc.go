@@ -86,8 +86,9 @@
 //   - same key, different request (a SHA-256 of the deterministically
 //     marshalled request): FAILED_PRECONDITION ([ErrIdempotencyKeyReused]);
 //   - an outcome whose code is in Idempotency.UnstoredCodes
-//     ([DefaultUnstoredCodes]: the retryable ones) is not stored, so a retry
-//     runs the handler again; a panic never is.
+//     ([DefaultUnstoredCodes]: UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED,
+//     CANCELLED, DEADLINE_EXCEEDED) is not stored, so a retry runs the
+//     handler again; a panic never is.
 //
 // Every answer the handler did not run for (a replay, or a concurrent
 // duplicate's coalesced answer) carries the response header
