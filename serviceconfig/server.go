@@ -69,7 +69,7 @@ func (c *ConcurrencyLimit) Validate() error {
 }
 
 // TenantFairness gives each tenant of a server a fair share of its
-// concurrency limits (see server.Limits.Tenant): under pressure
+// concurrency limits (see server.Limits in package interceptor/server): under pressure
 // each active tenant may use its share of a limit (and of its queue), and
 // a tenant over its share is shed before any tenant under it.
 type TenantFairness struct {
@@ -115,7 +115,8 @@ func validMetadataKey(k string) bool {
 }
 
 // ServerConfig is the server side's document: the concurrency limits of
-// server.New (see server.WithLimits and server.Limits.Config). Its JSON form:
+// server.New in package interceptor/server (server.Limits.Config). Its
+// JSON form:
 //
 //	{
 //	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20,
