@@ -203,7 +203,7 @@ func newProtection(name string) (protection, error) {
 	return protection{}, nil
 }
 
-// ourLimit is grpc-resilience's concurrency limit in every scenario: the
+// ourLimits is grpc-resilience's concurrency limit in every scenario: the
 // defaults.
 func ourLimits() server.Limits {
 	return server.Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}}
