@@ -11,8 +11,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	resserver "github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -21,8 +22,8 @@ import (
 func Idempotency() Scenario {
 	return Scenario{
 		Name: "idempotency (server)",
-		Workload: "Two bufconn echo servers: one bare, one with interceptor.NewServer(WithIdempotencyStore(memory store with " +
-			"its defaults), WithIdempotencySharedScope()) and its defaults (the handler detached from the caller). One " +
+		Workload: "Two bufconn echo servers: one bare, one with server.New(server.WithIdempotency(server.Idempotency{Store: " +
+			"memory store with its defaults, Scope: server.SharedScope})) and its defaults (the handler detached from the caller). One " +
 			"caller, sequential unary Echo calls, each with a 1 s deadline, paired with the same call (same metadata) to the " +
 			"bare server in alternating blocks of 20, Size.Pairs each; cells as in the success-path scenario. Miss: no " +
 			"idempotency-key (the interceptor only looks). First execution: a new key per call (claim, run the handler, " +
@@ -76,7 +77,7 @@ func idemServers() (bare, fresh, full echov1.EchoServiceClient, bareSrv *Server,
 	}
 	var clients [2]echov1.EchoServiceClient
 	for i, store := range stores {
-		srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope())
+		srv, err := resserver.New(resserver.WithIdempotency(resserver.Idempotency{Store: store, Scope: resserver.SharedScope}))
 		if err != nil {
 			return fail(err)
 		}
@@ -154,9 +155,9 @@ func runIdempotency(_ context.Context, sz Size) ([]Table, error) {
 	}
 	counter := func() func() metadata.MD {
 		i := 0
-		return func() metadata.MD { i++; return metadata.Pairs(interceptor.IdempotencyKeyHeader, keys[i%len(keys)]) }
+		return func() metadata.MD { i++; return metadata.Pairs(wire.IdempotencyKeyHeader, keys[i%len(keys)]) }
 	}
-	same := func() metadata.MD { return metadata.Pairs(interceptor.IdempotencyKeyHeader, keys[0]) }
+	same := func() metadata.MD { return metadata.Pairs(wire.IdempotencyKeyHeader, keys[0]) }
 	rows := []struct {
 		name       string
 		slow       bool // the bare server's handler takes 1 ms

@@ -12,7 +12,7 @@ import (
 // of fixed capacity under open-loop arrivals over loopback TCP that step
 // from 0.5× to 3× its capacity and back, with no protection, failsafe-go's
 // adaptive limiter (through its gRPC server interceptor) and ours
-// (WithConcurrencyLimit, Vegas, defaults), with plain clients and with our
+// (server.Limits, Vegas, defaults), with plain clients and with our
 // client retrying under its default budget. One run; bench/overload's
 // cmd/overload runs it (and the hostile, fairness and throttling
 // scenarios) several times with min/median/max.

@@ -18,12 +18,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
+	resserver "github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -37,7 +38,7 @@ func IdempotencyStores() Scenario {
 		Workload: "A bufconn echo server whose handler writes one row to PostgreSQL 15 (loopback TCP, fsync on, " +
 			"synchronous_commit on; a cluster of its own, or $PG_DSN) in its own transaction (BEGIN, INSERT, COMMIT), or, " +
 			"with pgstore's joined mode, in the call's transaction (INSERT). Redis (loopback, or $REDIS_ADDR) for the Redis " +
-			"store. interceptor.NewServer with each store and its defaults, one scope for all; the stores' pools are " +
+			"store. server.New with each store and its defaults, one scope for all; the stores' pools are " +
 			"warmed up (statements prepared). One caller, sequential unary calls with a 1 s deadline, Size.Pairs/4 each (1,000 at the default size). " +
 			"First execution: a new key per call; replay: one key repeated. ms: the median call, client to client. " +
 			"vs handler alone: the paired ratio (alternating blocks of 20) to the same handler without idempotency. " +
@@ -168,7 +169,7 @@ func (c *chargeServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echo
 
 // serveCharges starts a bufconn server of the charge handler behind srv (nil: no
 // interceptor) and returns its client.
-func serveCharges(handlerPool *pgxpool.Pool, schema string, srv *interceptor.Server) (echov1.EchoServiceClient, func(), error) {
+func serveCharges(handlerPool *pgxpool.Pool, schema string, srv *resserver.Server) (echov1.EchoServiceClient, func(), error) {
 	var opts []grpc.ServerOption
 	if srv != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
@@ -237,9 +238,9 @@ func (e *storesEnv) newSide(ctx context.Context, name string, stop *[]func()) (*
 	if err != nil {
 		return nil, err
 	}
-	var srv *interceptor.Server
+	var srv *resserver.Server
 	if store != nil {
-		if srv, err = interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope()); err != nil {
+		if srv, err = resserver.New(resserver.WithIdempotency(resserver.Idempotency{Store: store, Scope: resserver.SharedScope})); err != nil {
 			return nil, err
 		}
 		*stop = append(*stop, func() { _ = srv.Close() })
@@ -308,7 +309,7 @@ func (k *storesKeys) next() string {
 func storesCall(c echov1.EchoServiceClient, key string) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), idemCallTimeout)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.IdempotencyKeyHeader, key)
+	ctx = metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, key)
 	start := time.Now()
 	_, err := c.Echo(ctx, &echov1.EchoRequest{Message: key})
 	return time.Since(start), err

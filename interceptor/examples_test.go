@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -209,7 +211,7 @@ func ExampleClient_ForceOpen() {
 }
 
 // In a service that both serves and calls, WithOneLayerRetry on its client
-// and NewServer's interceptors on its server keep retries from multiplying:
+// and server.New's interceptors on its server keep retries from multiplying:
 // a call whose caller retries is not retried again downstream.
 func ExampleWithOneLayerRetry() {
 	c, err := interceptor.NewClient(
@@ -219,15 +221,15 @@ func ExampleWithOneLayerRetry() {
 	if err != nil {
 		panic(err)
 	}
-	srv, err := interceptor.NewServer()
+	srv, err := server.New()
 	if err != nil {
 		panic(err)
 	}
 	_, _ = c, srv // c.DialOptions() on the outgoing connections, srv's interceptors on the grpc.Server
 
-	// What NewServer's interceptors put on a handler's context when the
+	// What server.New's interceptors put on a handler's context when the
 	// incoming call carries the mark:
-	ctx := interceptor.ContextWithCallerRetries(context.Background())
-	fmt.Println(interceptor.CallerRetries(ctx), interceptor.CallerRetries(context.Background()))
+	ctx := wire.ContextWithCallerRetries(context.Background())
+	fmt.Println(wire.CallerRetries(ctx), wire.CallerRetries(context.Background()))
 	// Output: true false
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -39,7 +40,7 @@ func (s *slowOrders) spy(ctx context.Context) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.keys = append(s.keys, md.Get(IdempotencyKeyHeader)...)
+	s.keys = append(s.keys, md.Get(wire.IdempotencyKeyHeader)...)
 }
 
 // TestKeyedRetryOfANonIdempotentCallExecutesOnce: an attempt of a call with
@@ -74,7 +75,7 @@ func TestCallersOwnKeyAndBadKeys(t *testing.T) {
 		if _, err := stub.Echo(ctx, &echov1.EchoRequest{}); err != nil {
 			t.Fatal(err)
 		}
-		if got := srv.Attempts()[0].MD.Get(IdempotencyKeyHeader); len(got) != 1 || got[0] != "order-42" {
+		if got := srv.Attempts()[0].MD.Get(wire.IdempotencyKeyHeader); len(got) != 1 || got[0] != "order-42" {
 			t.Errorf("server saw keys %q, want [order-42]", got)
 		}
 		for _, bad := range []string{"", "naïve", string(make([]byte, 256))} {
@@ -101,7 +102,7 @@ func TestAutomaticKeysSkipIdempotentMethods(t *testing.T) {
 			t.Errorf("Lookup() = %v, want success: NO_SIDE_EFFECTS retries ABORTED", err)
 		}
 		for _, a := range srv.Attempts() {
-			keys := a.MD.Get(IdempotencyKeyHeader)
+			keys := a.MD.Get(wire.IdempotencyKeyHeader)
 			if a.Method == echoMethod && len(keys) != 1 || a.Method == lookupMethod && len(keys) != 0 {
 				t.Errorf("%s attempt %d carried keys %q", a.Method, a.N, keys)
 			}
@@ -128,7 +129,7 @@ func TestCallersOwnKeyOnAMethodWithoutPolicy(t *testing.T) {
 		}
 		_, _ = stream.Recv()
 		for _, a := range srv.Attempts() {
-			if got := a.MD.Get(IdempotencyKeyHeader); len(got) != 1 || got[0] != "order-7" {
+			if got := a.MD.Get(wire.IdempotencyKeyHeader); len(got) != 1 || got[0] != "order-7" {
 				t.Errorf("%s carried keys %q, want [order-7]", a.Method, got)
 			}
 		}

@@ -11,11 +11,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/grpc-resilience/resilience/interceptor"
-	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -78,7 +75,6 @@ func ExampleWithMeterProvider() {
 	// grpc.client.call.retries grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=passthrough:///echo: 1 call(s), sum 2
 	// resilience.client.retries grpc.method=resilience.echo.v1.EchoService/Echo = 2
 }
-
 
 // Retries appear as events on the span the caller started around the call
 // (here with the SDK's recorder; otelgrpc's or grpc's own tracing adds a

@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -126,7 +127,7 @@ func (s *soakServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1
 		return nil, errSoakInjected
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	if k := md.Get(IdempotencyKeyHeader); len(k) == 1 {
+	if k := md.Get(wire.IdempotencyKeyHeader); len(k) == 1 {
 		s.mu.Lock()
 		s.execs[k[0]]++
 		s.mu.Unlock()

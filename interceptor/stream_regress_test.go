@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -461,7 +462,7 @@ func TestKeyedStreamDoesNotRetryAborted(t *testing.T) {
 		if got := srv.Count("ServerStream"); got != 1 {
 			t.Errorf("server saw %d attempts, want 1", got)
 		}
-		if md := srv.Attempts()[0].MD.Get(IdempotencyKeyHeader); len(md) != 1 || md[0] != "key-1" {
+		if md := srv.Attempts()[0].MD.Get(wire.IdempotencyKeyHeader); len(md) != 1 || md[0] != "key-1" {
 			t.Errorf("server saw idempotency keys %q, want [key-1]", md)
 		}
 	})

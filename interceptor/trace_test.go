@@ -17,11 +17,9 @@ import (
 	"google.golang.org/grpc"
 	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -193,7 +191,6 @@ func TestTraceEventsOnTheCallersSpan(t *testing.T) {
 	})
 }
 
-
 // TestObservabilityOffAllocatesNothing pins "no cost when off": with no
 // meter provider, with the no-op one, and with a span that does not record,
 // a call allocates exactly what it allocates with observability absent, on
@@ -249,7 +246,6 @@ func TestObservabilityOffAllocatesNothing(t *testing.T) {
 		})
 	}
 }
-
 
 // TestMetricsAlternatingConnectionsAllocateNothing: a method called on
 // connections in turn (a pool) finds its A96 attribute sets by target

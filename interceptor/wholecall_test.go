@@ -182,12 +182,12 @@ func BenchmarkWholeCall(b *testing.B) {
 	unaryOnce(b, p.bare, floorUnaryReq)
 	unaryOnce(b, p.ours, floorUnaryReq)
 	b.Run("unary", func(b *testing.B) {
-		pairedCalls(b,
+		testserver.PairedCalls(b,
 			func(int) { unaryOnce(b, p.bare, floorUnaryReq) },
 			func(int) { unaryOnce(b, p.ours, floorUnaryReq) })
 	})
 	b.Run("server stream of 10", func(b *testing.B) {
-		pairedCalls(b,
+		testserver.PairedCalls(b,
 			func(int) { streamOnce(b, p.bare, floorStreamReq) },
 			func(int) { streamOnce(b, p.ours, floorStreamReq) })
 	})

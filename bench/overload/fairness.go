@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -20,7 +20,7 @@ const tenantKey = "x-tenant-id"
 // beside tenant A at 10 times its share, the server's capacity shared by
 // the two.
 type FairnessResult struct {
-	// Fair reports whether the server had WithTenantFairness.
+	// Fair reports whether the server's limit had tenantFairness.
 	Fair bool
 	// BSuccess is the share of B's calls that succeeded under A's flood;
 	// BIdleP99 and BP99 the p99 latency of B's successful calls alone and
@@ -40,15 +40,15 @@ const (
 
 // RunFairness runs B alone at a quarter of the capacity (half its fair
 // share of two), then A at five times the capacity (10 times its share)
-// beside it, against grpc-resilience's limit with WithTenantFairness (fair)
+// beside it, against grpc-resilience's limit with tenantFairness (fair)
 // or without.
 func RunFairness(cfg Config, fair bool) (FairnessResult, error) {
 	cfg = cfg.withDefaults()
-	opts := []interceptor.ServerOption{interceptor.WithConcurrencyLimit(ourLimit())}
+	limits := ourLimits()
 	if fair {
-		opts = append(opts, interceptor.WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
+		limits.Config.TenantFairness = &serviceconfig.TenantFairness{MetadataKey: tenantKey}
 	}
-	s, err := interceptor.NewServer(opts...)
+	s, err := server.New(server.WithLimits(limits))
 	if err != nil {
 		return FairnessResult{}, err
 	}

@@ -9,7 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -89,7 +90,7 @@ func RunHostile(cfg Config, kind string) (HostileResult, error) {
 // callers of kind ("" for honest ones) at hostile×, and returns the honest
 // callers' success and the median limit after 2s.
 func runHostile(cfg Config, kind string, honest, hostile float64) (ok, limit float64, hostileCalls int, failed map[codes.Code]int, err error) {
-	s, err := interceptor.NewServer(interceptor.WithConcurrencyLimit(ourLimit()))
+	s, err := server.New(server.WithLimits(ourLimits()))
 	if err != nil {
 		return 0, 0, 0, nil, err
 	}
@@ -162,7 +163,7 @@ func hostileCall(cfg Config, kind string, client echov1.EchoServiceClient, raw *
 	case FastFailures:
 		msg = msgFail
 	case SheddableFlood:
-		ctx = interceptor.ContextWithCriticality(ctx, interceptor.Sheddable)
+		ctx = wire.ContextWithCriticality(ctx, wire.Sheddable)
 	}
 	_, _ = client.Echo(ctx, &echov1.EchoRequest{Message: msg})
 }

@@ -4,7 +4,7 @@
 //   - Run: the step scenario. A server of fixed capacity under arrivals at
 //     Low× its capacity, then High× (3× by default), then Low× again, with
 //     no protection, failsafe-go's adaptive limiter (failsafegrpc) and
-//     grpc-resilience's concurrency limit (WithConcurrencyLimit, defaults);
+//     grpc-resilience's concurrency limit (server.Limits, defaults);
 //     first with plain clients (no retries), then with grpc-resilience's
 //     client retrying RESOURCE_EXHAUSTED and UNAVAILABLE under its default
 //     retry budget. It reports goodput, the admitted p99 against the
@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -187,14 +188,13 @@ type protection struct {
 	limit func() int
 }
 
-func newProtection(name string, opts ...interceptor.ServerOption) (protection, error) {
+func newProtection(name string) (protection, error) {
 	switch name {
 	case Failsafe:
 		l := adaptivelimiter.NewBuilder[any]().Build()
 		return protection{icpt: failsafegrpc.NewUnaryServerInterceptor[any](l), limit: l.Limit}, nil
 	case Ours:
-		s, err := interceptor.NewServer(append([]interceptor.ServerOption{
-			interceptor.WithConcurrencyLimit(ourLimit())}, opts...)...)
+		s, err := server.New(server.WithLimits(ourLimits()))
 		if err != nil {
 			return protection{}, err
 		}
@@ -203,9 +203,11 @@ func newProtection(name string, opts ...interceptor.ServerOption) (protection, e
 	return protection{}, nil
 }
 
-// ourLimit is grpc-resilience's concurrency limit in every scenario: the
+// ourLimits is grpc-resilience's concurrency limit in every scenario: the
 // defaults.
-func ourLimit() serviceconfig.ConcurrencyLimit { return serviceconfig.ConcurrencyLimit{} }
+func ourLimits() server.Limits {
+	return server.Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}}
+}
 
 // retryingClient is grpc-resilience's client retrying RESOURCE_EXHAUSTED
 // and UNAVAILABLE (3 attempts at most) under its default retry budget.

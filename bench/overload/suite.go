@@ -164,7 +164,7 @@ func (s *Suite) fairness(cfg Config, run int) error {
 		if err != nil {
 			return err
 		}
-		row := "WithTenantFairness"
+		row := "tenantFairness"
 		if !fair {
 			row = "no fairness (one tenant)"
 		}
@@ -318,8 +318,8 @@ var targets = []target{
 	{"short deadlines: honest ≥ 99%", tHostile, ShortDeadline, "honest CRITICAL success", 0.99, 1, true},
 	{"short deadlines: limit within 20% of the same load all honest", tHostile, ShortDeadline, "drift from the same load, all honest", -0.2, 0.2, true},
 	{"SHEDDABLE flood: honest ≥ 99%", tHostile, SheddableFlood, "honest CRITICAL success", 0.99, 1, true},
-	{"fairness: B ≥ 99%", tFair, "WithTenantFairness", "B success", 0.99, 1, true},
-	{"fairness: B p99 ≤ 1.5× idle", tFair, "WithTenantFairness", "B p99 / B idle p99", 0, 1.5, true},
+	{"fairness: B ≥ 99%", tFair, "tenantFairness", "B success", 0.99, 1, true},
+	{"fairness: B p99 ≤ 1.5× idle", tFair, "tenantFairness", "B p99 / B idle p99", 0, 1.5, true},
 	{"isolation, bulkhead: fast p99 ≤ 1.5× idle", tIso, "adaptive throttling, slow bulkhead 48 < 64 streams", "fast p99 / idle p99", 0, 1.5, true},
 	{"outage first, fresh client: ≥ 90% within 3s of recovery", tOutage, "outage first, to a fresh client", "back to ≥ 90% after recovery", 0, 3000, true},
 	{"outage after 1.5s healthy: ≥ 90% within 3s of recovery", tOutage, "outage after 1.5s healthy", "back to ≥ 90% after recovery", 0, 3000, true},

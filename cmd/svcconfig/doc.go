@@ -79,7 +79,7 @@
 // # server
 //
 // server reads a server document (serviceconfig.ParseServer: the
-// concurrency limits of interceptor.WithServerConfig). Without a method it
+// concurrency limits of server.Limits.Config). Without a method it
 // prints "ok" and one line per limit; with one, the limit that applies (the
 // method's own, its service's, or the server's), its settings with the
 // defaults marked, the in-flight count at which each criticality is shed,

@@ -135,7 +135,7 @@ func limitSummary(l *serviceconfig.ConcurrencyLimit) string {
 // explainLimit writes a limit with its defaults and what the server does.
 func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	alg, initial, lo, hi, window := limitValues(l)
-	p.printf("\nconcurrencyLimit (unary calls; streams only where interceptor.WithStreamConcurrencyLimit names them)\n")
+	p.printf("\nconcurrencyLimit (unary calls; streams only where server.Limits.Streams names them)\n")
 	t := p.table()
 	switch alg {
 	case "aimd":
@@ -159,7 +159,7 @@ func explainLimit(p *printer, l *serviceconfig.ConcurrencyLimit) {
 	for _, s := range []struct {
 		name  string
 		share float64
-	}{{"CRITICAL_PLUS (only callers WithCriticality trusts)", 1}, {"CRITICAL (default, and the most a caller may claim)", 0.9}, {"SHEDDABLE_PLUS", 0.75}, {"SHEDDABLE", 0.5}} {
+	}{{"CRITICAL_PLUS (only callers Limits.Criticality trusts)", 1}, {"CRITICAL (default, and the most a caller may claim)", 0.9}, {"SHEDDABLE_PLUS", 0.75}, {"SHEDDABLE", 0.5}} {
 		t.row("  "+s.name, strconv.Itoa(int(s.share*100))+"%", fmt.Sprintf("%d of the initial limit", ceilShare(initial, s.share)))
 	}
 	t.flush()

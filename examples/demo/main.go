@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -47,7 +48,7 @@ func main() {
 // serve starts impl on an in-memory listener, behind the server's
 // interceptors when srv is not nil, and returns a connection to it dialed
 // with opts and a function that stops both.
-func serve(impl echov1.EchoServiceServer, srv *interceptor.Server, opts ...grpc.DialOption) (*grpc.ClientConn, func(), error) {
+func serve(impl echov1.EchoServiceServer, srv *server.Server, opts ...grpc.DialOption) (*grpc.ClientConn, func(), error) {
 	lis := bufconn.Listen(1 << 20)
 	var sopts []grpc.ServerOption
 	if srv != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -145,8 +146,8 @@ func idempotencyDemo(out *os.File) error {
 	}
 	// The demo's one client is not authenticated: it shares the one scope.
 	// A real server scopes keys by the authenticated caller
-	// (WithIdempotencyScope).
-	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope())
+	// (server.Idempotency's Scope).
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{Store: store, Scope: server.SharedScope}))
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 
 	. "github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 )
 
 // The helpers below are the interceptor package's test helpers of the same
@@ -52,15 +53,15 @@ func heldGuards(c *Client) string {
 	return held
 }
 
-// memoryIdemServer is a Server with idempotency on a fresh memory store
-// and one scope for every caller.
-func memoryIdemServer(tb testing.TB) *Server {
+// memoryIdemServer is a server.Server with idempotency on a fresh memory
+// store and one scope for every caller.
+func memoryIdemServer(tb testing.TB) *server.Server {
 	tb.Helper()
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	s, err := server.New(server.WithIdempotency(server.Idempotency{Store: store, Scope: server.SharedScope}))
 	if err != nil {
 		tb.Fatal(err)
 	}

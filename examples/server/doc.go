@@ -21,7 +21,7 @@
 // health turns NOT_SERVING, calls in flight get -shutdown-timeout to end
 // (GracefulStop), and the rest are cut, except keyed calls whose handler
 // has started: they run detached from their callers, so they run to their
-// end (at most 30 s, interceptor.DefaultIdempotencyDetachedMax) and store
+// end (at most 30 s, server.Idempotency.DetachedMax) and store
 // their outcome before the store closes (GracefulStop waits for every
 // handler). Give the process that long to stop.
 //
@@ -62,7 +62,7 @@
 //   - none (the default): keyed calls are refused with FAILED_PRECONDITION
 //     naming this flag; calls without a key are served.
 //   - mtls: the verified client certificate's identity (issuer, subject and
-//     SANs: interceptor.IdempotencyPeerScope), with -tls-cert, -tls-key and
+//     SANs: server.PeerScope), with -tls-cert, -tls-key and
 //     -tls-client-ca. Each workload's keys are its own.
 //   - metadata:<key>: the value of that request header, e.g.
 //     metadata:x-tenant, as a principal that an authenticating proxy sets.

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -57,7 +57,7 @@ func (e *echoServer) logExecution(ctx context.Context, msg string) error {
 	if e.log == nil {
 		return nil
 	}
-	keys := metadata.ValueFromIncomingContext(ctx, interceptor.IdempotencyKeyHeader)
+	keys := metadata.ValueFromIncomingContext(ctx, wire.IdempotencyKeyHeader)
 	if len(keys) == 0 {
 		return nil
 	}

@@ -30,9 +30,9 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/faultinject"
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -224,7 +224,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "resilience-example-server"))))
 	defer mp.Shutdown(context.Background())
 
-	opts := append(idem, interceptor.WithServerHeadroom(c.headroom, c.floor), interceptor.WithServerLogger(logger))
+	opts := []server.Option{idem, server.WithHeadroom(c.headroom, c.floor), server.WithLogger(logger)}
 	opts = append(opts, serverMetrics(mp)...)
 	limits, err := c.limitOptions()
 	if err != nil {
@@ -234,7 +234,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := faultMetrics(mp, inj); err != nil {
 		return err
 	}
-	srv, err := interceptor.NewServer(opts...)
+	srv, err := server.New(opts...)
 	if err != nil {
 		return err
 	}
@@ -362,7 +362,7 @@ func openStore(ctx context.Context, c *config, logger *slog.Logger, shared bool)
 // idempotency returns the server's idempotency options (-scope, -store,
 // with the store's quotas) and the store's close, and says at startup
 // which scope and quota apply.
-func (c *config) idempotency(ctx context.Context, logger *slog.Logger) ([]interceptor.ServerOption, func(), error) {
+func (c *config) idempotency(ctx context.Context, logger *slog.Logger) (server.Option, func(), error) {
 	scope, err := parseScope(c.scope, c.tlsClientCA != "")
 	if err != nil {
 		return nil, nil, err
@@ -376,5 +376,5 @@ func (c *config) idempotency(ctx context.Context, logger *slog.Logger) ([]interc
 		quota = "the store's own bounds (one scope for every caller)"
 	}
 	logger.Info("idempotency", "scope", scope.desc, "store", c.store, "quota", quota)
-	return []interceptor.ServerOption{interceptor.WithIdempotencyStore(store), scope.opt}, closeStore, nil
+	return server.WithIdempotency(server.Idempotency{Store: store, Scope: scope.scope}), closeStore, nil
 }

@@ -10,13 +10,13 @@ import (
 	"google.golang.org/grpc/stats/opentelemetry"
 
 	"github.com/grpc-resilience/resilience/faultinject"
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // serverMetrics records the server's idempotency metrics with mp.
-func serverMetrics(mp metric.MeterProvider) []interceptor.ServerOption {
-	return []interceptor.ServerOption{interceptor.WithServerMeterProvider(mp)}
+func serverMetrics(mp metric.MeterProvider) []server.Option {
+	return []server.Option{server.WithMeterProvider(mp)}
 }
 
 // grpcMetrics records grpc-go's own server metrics with mp, through its
@@ -56,7 +56,7 @@ func faultMetrics(mp metric.MeterProvider, inj *faultinject.Injector) error {
 
 // limitOptions reads -server-config, a server document of concurrency
 // limits (serviceconfig.ParseServer), into the option that installs it.
-func (c *config) limitOptions() ([]interceptor.ServerOption, error) {
+func (c *config) limitOptions() ([]server.Option, error) {
 	if c.serverConfig == "" {
 		return nil, nil
 	}
@@ -68,5 +68,5 @@ func (c *config) limitOptions() ([]interceptor.ServerOption, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-server-config %s: %w", c.serverConfig, err)
 	}
-	return []interceptor.ServerOption{interceptor.WithServerConfig(cfg)}, nil
+	return []server.Option{server.WithLimits(server.Limits{Config: *cfg})}, nil
 }

@@ -17,14 +17,14 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 )
 
 // scopeChoice is the idempotency scope that -scope names.
 type scopeChoice struct {
-	opt    interceptor.ServerOption
-	shared bool   // one scope for every caller: the store's quota is its whole bounds
-	desc   string // what the server prints at startup
+	scope  func(context.Context) (string, error) // server.Idempotency.Scope
+	shared bool                                  // one scope for every caller: the store's quota is its whole bounds
+	desc   string                                // what the server prints at startup
 }
 
 // parseScope returns the idempotency scope named by -scope: none (the
@@ -34,16 +34,16 @@ type scopeChoice struct {
 func parseScope(s string, mtls bool) (scopeChoice, error) {
 	switch {
 	case s == "none":
-		return scopeChoice{opt: interceptor.WithIdempotencyScope(noScope),
+		return scopeChoice{scope: noScope,
 			desc: "none: keyed calls are refused (choose -scope mtls, metadata:<key> or shared)"}, nil
 	case s == "mtls":
 		if !mtls {
 			return scopeChoice{}, errors.New("-scope mtls: the server must verify client certificates: give -tls-cert, -tls-key and -tls-client-ca")
 		}
-		return scopeChoice{opt: interceptor.WithIdempotencyScope(interceptor.IdempotencyPeerScope),
+		return scopeChoice{scope: server.PeerScope,
 			desc: "mtls: each client certificate's identity (issuer, subject, SANs)"}, nil
 	case s == "shared":
-		return scopeChoice{opt: interceptor.WithIdempotencySharedScope(), shared: true,
+		return scopeChoice{scope: server.SharedScope, shared: true,
 			desc: "shared: one scope for every caller, whose keys must be unguessable"}, nil
 	case strings.HasPrefix(s, "metadata:"):
 		key := strings.ToLower(strings.TrimPrefix(s, "metadata:"))
@@ -54,7 +54,7 @@ func parseScope(s string, mtls bool) (scopeChoice, error) {
 			return scopeChoice{}, fmt.Errorf("-scope %q: grpc sets %s on every call, the same for many callers; "+
 				"name the header your authenticating proxy sets", s, key)
 		}
-		return scopeChoice{opt: interceptor.WithIdempotencyScope(metadataScope(key)),
+		return scopeChoice{scope: metadataScope(key),
 			desc: "metadata:" + key + ": the principal an authenticating proxy sets in that header"}, nil
 	default:
 		return scopeChoice{}, fmt.Errorf("-scope %q: want none, mtls, metadata:<key> or shared", s)

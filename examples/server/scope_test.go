@@ -27,7 +27,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -85,7 +85,7 @@ func keyedEcho(t *testing.T, cc *grpc.ClientConn, key, msg string, kv ...string)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, append(kv, interceptor.IdempotencyKeyHeader, key)...)
+	ctx = metadata.AppendToOutgoingContext(ctx, append(kv, wire.IdempotencyKeyHeader, key)...)
 	return echov1.NewEchoServiceClient(cc).Echo(ctx, &echov1.EchoRequest{Message: msg})
 }
 

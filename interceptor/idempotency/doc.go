@@ -6,9 +6,10 @@
 // mode (a [TxStore]) commits the handler's own writes with the record, and
 // package storetest a conformance suite for any Store.
 //
-// The interceptor that uses a Store is interceptor.Server, turned on with
-// interceptor.WithIdempotencyStore. This documentation describes what they
-// do together.
+// The interceptor that uses a Store is server.Server (package
+// interceptor/server), turned on with
+// server.WithIdempotency(server.Idempotency{Store: s, ...}). This
+// documentation describes what they do together.
 //
 // # Why
 //
@@ -25,14 +26,14 @@
 // record key is the triple [RecordKey] (caller scope, full method, key):
 //
 //   - The scope comes from a function the server must choose
-//     (interceptor.WithIdempotencyScope), typically the authenticated
-//     principal or tenant. interceptor.IdempotencyPeerScope is one for mTLS:
+//     (server.Idempotency.Scope), typically the authenticated
+//     principal or tenant. server.PeerScope is one for mTLS:
 //     the verified client certificate's issuer, Subject and subject
 //     alternative names (SPIFFE IDs in URI SANs, DNS names, ...), so two
 //     workloads of one CA never share a scope; a keyed call without such a
-//     certificate is refused with UNAUTHENTICATED. interceptor.NewServer
+//     certificate is refused with UNAUTHENTICATED. server.New
 //     refuses a store without a scope, unless the server opts in to one
-//     scope shared by every caller (interceptor.WithIdempotencySharedScope).
+//     scope shared by every caller (Scope: server.SharedScope).
 //   - Risk of a shared scope: all callers of one scope share records. Any
 //     caller who learns or guesses another caller's key receives that
 //     caller's reply and replayed metadata, for the same method and request;
@@ -42,7 +43,7 @@
 //     using the same key runs its own call and never sees the first reply.
 //   - What is replayed: the status (code, message, details) or reply, and
 //     the header and trailer metadata the handler set through its context,
-//     less the keys the server omits (interceptor.WithIdempotencyOmitMetadata).
+//     less the keys the server omits (server.Idempotency.OmitMetadata).
 //     Metadata set by interceptors outside the idempotency interceptor is not
 //     stored: they run again for the duplicate.
 //
@@ -51,31 +52,31 @@
 // What a server gets with no option set, what each default protects, the
 // option that changes it, and the risk of the change:
 //
-//   - Scope: none. interceptor.NewServer refuses a store without
-//     interceptor.WithIdempotencyScope or WithIdempotencySharedScope, so one
+//   - Scope: none. server.New refuses an Idempotency without a Scope
+//     (a function of the caller, or server.SharedScope), so one
 //     caller never receives another's reply. A shared scope gives any caller
 //     who learns or guesses a key its reply.
-//   - Detached handler (interceptor.WithIdempotencyDetachedHandler, 30 s):
+//   - Detached handler (server.Idempotency.DetachedMax, 30 s):
 //     a keyed call's handler runs on a context that its caller's deadline
 //     and cancellation do not reach, so a handler that commits and then
 //     sees its caller gone has its outcome stored and replayed (one
-//     charge). 0 puts it back on the caller's context: such a handler runs
+//     charge). AttachedHandler puts it back on the caller's context: such a handler runs
 //     twice. Any bound: the server works that long for a caller that left.
-//   - Lease (interceptor.WithIdempotencyLease, 30 s), claimed for the lease
+//   - Lease (server.Idempotency.Lease, 30 s), claimed for the lease
 //     and renewed every lease/3: a crashed owner blocks duplicates on other
 //     replicas at most one lease after its last renewal. Shorter: more
 //     renewals, and a store outage longer than two thirds of it lets the
 //     lease end under a running handler (a detached handler is cancelled
 //     first, at nine tenths of the lease without a renewal).
-//   - TTL (interceptor.WithIdempotencyTTL, 24 h): duplicates within a day
+//   - TTL (server.Idempotency.TTL, 24 h): duplicates within a day
 //     replay. Shorter: a late retry runs the call again.
-//   - Waiting (interceptor.WithIdempotencyWait, on): a concurrent duplicate
-//     waits for the first call, bounded by its own deadline. Off: ABORTED
+//   - Waiting (on; server.Idempotency.NoWait turns it off): a concurrent
+//     duplicate waits for the first call, bounded by its own deadline. Off: ABORTED
 //     with a pushback, and the client's retry comes back.
-//   - Fail closed (interceptor.WithIdempotencyFailOpen, false): a store
+//   - Fail closed (server.Idempotency.FailOpen, false): a store
 //     failure is UNAVAILABLE with a retry hint, and nothing runs
 //     unrecorded. Open: a duplicate may run the handler again.
-//   - Unstored codes (interceptor.WithIdempotencyUnstoredCodes):
+//   - Unstored codes (server.Idempotency.UnstoredCodes):
 //     UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, CANCELLED and
 //     DEADLINE_EXCEEDED are released so a retry runs again. Storing more
 //     makes transient failures final for the key's TTL.
@@ -94,7 +95,7 @@
 //     pressure a live claim may be evicted and its call run twice.
 //   - Replays are marked: every answer for which the handler did not run
 //     carries the response header idempotency-replayed: true
-//     (interceptor.IdempotencyReplayed reads it); not configurable.
+//     (wire.IdempotencyReplayed reads it); not configurable.
 //
 // Each call is also fingerprinted: SHA-256 of its request, marshalled
 // deterministically. A key reused with a different request is refused with
@@ -137,7 +138,7 @@
 //	streaming method           runs, key or not: keys apply to unary methods
 //	                           only, and a key policy (other than Ignored)
 //	                           naming a streaming method is refused: by
-//	                           interceptor.NewServer when the protobuf
+//	                           server.New when the protobuf
 //	                           registry knows the method, else each call
 //	                           fails with FAILED_PRECONDITION
 //
@@ -155,7 +156,7 @@
 // A keyed call belongs to the server once its handler starts. By default
 // the owner's handler runs on a context that the caller's deadline and
 // cancellation do not reach, bounded instead by a server-side maximum
-// (interceptor.WithIdempotencyDetachedHandler, default 30 s from the
+// (server.Idempotency.DetachedMax, default 30 s from the
 // handler's start) and by its lease (if the lease is lost, the handler's
 // context is cancelled). So a handler that commits (a card charged) and
 // finishes after its caller's deadline has passed stores its outcome, and
@@ -164,7 +165,7 @@
 // The cost: the server works, up to the maximum, for a caller that may not
 // come back, and the handler's downstream calls carry the server's bound,
 // not the caller's deadline. The opt-out,
-// interceptor.WithIdempotencyDetachedHandler(0), runs the handler on the
+// server.Idempotency.AttachedHandler, runs the handler on the
 // caller's context: the caller's end cancels it, and its CANCELLED or
 // DEADLINE_EXCEEDED is released, not stored, so the retry runs it again
 // (right only for handlers whose work is undone with their context).
@@ -198,13 +199,13 @@
 //     duplicate elsewhere claims the key only once the lease has ended, so
 //     it never starts while the handler's context is live. A handler that
 //     ignores its context, or one on the caller's context
-//     (WithIdempotencyDetachedHandler(0)), may still run concurrently with it.
+//     (server.Idempotency.AttachedHandler), may still run concurrently with it.
 //
 // # Store outages: fail closed or open
 //
 // When the store fails (an outage, a timeout), a keyed call fails closed by
 // default: UNAVAILABLE, which clients retry, and the
-// handler does not run. With interceptor.WithIdempotencyFailOpen(true) the
+// handler does not run. With server.Idempotency.FailOpen the
 // handler runs without idempotency instead, logged, and a duplicate may run
 // it again.
 //
@@ -239,7 +240,7 @@
 // its entries and of its bytes: 25,000 entries and 16 MiB with the
 // defaults), so one tenant's flood of unique keys leaves three quarters to
 // the others. A server whose callers all share one scope
-// (interceptor.WithIdempotencySharedScope) sets the quota to what that
+// (server.SharedScope) sets the quota to what that
 // scope may use, or turns it off with WithScopeQuota(0, 0); without a
 // quota one scope can fill the store, and then every scope's new claims are
 // refused until records age past the minimum retention (nobody's record is

@@ -95,7 +95,7 @@ func WithMinRetention(d time.Duration) MemoryOption {
 // that makes a key per attempt) fills at most a quarter of the store, and
 // every other scope keeps claiming keys. The cost: one scope can never use
 // more than that quarter. A server with one scope for every caller
-// (interceptor.WithIdempotencySharedScope), or with one heavy tenant, sets
+// (server.SharedScope), or with one heavy tenant, sets
 // the quota it wants, or WithScopeQuota(0, 0) to let a scope use the whole
 // store (the risk: one scope can then fill it, and every scope's new
 // claims are refused until records age past the minimum retention).

@@ -11,8 +11,7 @@ import (
 // three are equal, so a caller in one scope never reads another's record.
 type RecordKey struct {
 	// Scope identifies the caller, such as an authenticated principal. The
-	// empty scope is the one interceptor.WithIdempotencySharedScope gives
-	// every caller.
+	// empty scope is the one server.SharedScope gives every caller.
 	Scope string
 	// FullMethod is the gRPC method, "/package.Service/Method".
 	FullMethod string

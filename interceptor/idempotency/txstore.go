@@ -8,8 +8,8 @@ import (
 // TxStore is a Store that can hold a call's claim in a database
 // transaction which the call's handler joins, so that the handler's own
 // writes and the call's record commit together or not at all (package
-// pgstore's joined mode). interceptor.Server recognises it: when the store
-// of WithIdempotencyStore is a TxStore, a keyed unary call is claimed with
+// pgstore's joined mode). server.Server recognises it: when the store
+// of server.Idempotency is a TxStore, a keyed unary call is claimed with
 // ClaimTx instead of Claim, and, when Owned, its handler runs with the
 // transaction in its context ([Txn.Context]); its outcome is then stored
 // with [Txn.Commit], or the transaction rolled back ([Txn.Rollback]) after

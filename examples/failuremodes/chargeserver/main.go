@@ -31,10 +31,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -115,8 +115,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope(),
-		interceptor.WithIdempotencyLease(c.lease), interceptor.WithIdempotencyKeyPolicy("", interceptor.IdempotencyKeyRequired))
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+		Store:       store,
+		Scope:       server.SharedScope,
+		Lease:       c.lease,
+		KeyPolicies: map[string]server.KeyPolicy{"": server.KeyRequired},
+	}))
 	if err != nil {
 		return err
 	}

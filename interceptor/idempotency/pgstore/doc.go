@@ -16,9 +16,10 @@
 // Postgres"): the key is a row in the same transaction as the work.
 //
 //	store, err := pgstore.Open(ctx, pool)          // after pgstore.Migrate
-//	srv, err := interceptor.NewServer(
-//		interceptor.WithIdempotencyStore(store.Joined()),
-//		interceptor.WithIdempotencyScope(tenantOf))
+//	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+//		Store: store.Joined(),
+//		Scope: tenantOf,
+//	}))
 //
 //	func (s *shop) Charge(ctx context.Context, req *pb.ChargeRequest) (*pb.ChargeReply, error) {
 //		tx, ok := pgstore.Tx(ctx) // the call's transaction; false without a key
@@ -60,7 +61,7 @@
 //     savepoint (even after one of its statements failed and aborted the
 //     transaction), so a stored failure never leaves half its work behind.
 //     An unstored code (UNAVAILABLE, ABORTED, ...; see
-//     interceptor.WithIdempotencyUnstoredCodes) or a panic rolls back
+//     server.Idempotency.UnstoredCodes) or a panic rolls back
 //     everything, writes and claim: the retry runs the call again.
 //
 // A first execution thus costs one round trip more than the handler's own
@@ -74,7 +75,7 @@
 //
 // The transaction is the server's, not the caller's: the handler runs
 // detached from the caller's deadline and cancellation (the interceptor's
-// default, WithIdempotencyDetachedHandler), and the commit uses a context
+// default, server.Idempotency.DetachedMax), and the commit uses a context
 // the caller's end does not reach, so a caller that gives up never cancels
 // a transaction that is about to commit; its retry replays the outcome.
 //
@@ -98,7 +99,7 @@
 // partition, a frozen process) holds the key until
 // idle_in_transaction_session_timeout ends its session (WithTxIdleTimeout,
 // 1 minute). Keep that timeout above the server's maximum for a detached
-// handler (interceptor.WithIdempotencyDetachedHandler, 30 s): the session
+// handler (server.Idempotency.DetachedMax, 30 s): the session
 // then ends after the handler's context has, so a duplicate elsewhere
 // never runs while the first handler may still make a foreign call.
 //
@@ -139,7 +140,7 @@
 // A foreign call made in a phase carries [ForeignKey]'s key, derived from
 // the call's key and the phase's name, the same on every run of that
 // phase. Between phases the row is visible, in progress, under a lease
-// (interceptor.WithIdempotencyLease) renewed at each phase: a duplicate
+// (server.Idempotency.Lease) renewed at each phase: a duplicate
 // waits on the owner's lock and gets ABORTED; once the owner has died and
 // the lease has ended, a retry of the same request takes the row over and
 // resumes. Each phase costs two round trips.

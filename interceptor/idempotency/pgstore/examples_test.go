@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -34,9 +34,10 @@ func Example_joined() {
 		log.Fatal(err)
 	}
 	defer store.Close() // stops the reaper
-	srv, err := interceptor.NewServer(
-		interceptor.WithIdempotencyStore(store.Joined()),
-		interceptor.WithIdempotencyScope(interceptor.IdempotencyPeerScope))
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+		Store: store.Joined(),
+		Scope: server.PeerScope,
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}

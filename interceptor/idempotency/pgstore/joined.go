@@ -17,8 +17,8 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 )
 
-// JoinedStore is a [Store] in joined mode: given to
-// interceptor.WithIdempotencyStore, it runs each keyed call's handler in
+// JoinedStore is a [Store] in joined mode: as the Store of a
+// server.Idempotency, it runs each keyed call's handler in
 // the transaction that holds the call's record (see the package
 // documentation). It is an idempotency.TxStore; its Store methods are the
 // lease mode's, on the same rows.
@@ -28,7 +28,7 @@ var _ idempotency.TxStore = (*JoinedStore)(nil)
 
 // Joined returns the store in joined mode. The two views share their rows,
 // options and reaper. The Joined of a nil *Store is nil, which
-// interceptor.WithIdempotencyStore refuses.
+// server.WithIdempotency refuses.
 func (s *Store) Joined() *JoinedStore {
 	if s == nil {
 		return nil

@@ -146,7 +146,7 @@
 // store outage means. Failing closed (the default), a keyed call whose
 // Claim fails gets UNAVAILABLE with a retry hint (a google.rpc.RetryInfo
 // detail and the grpc-retry-pushback-ms trailer) and the handler does not
-// run; failing open (interceptor.WithIdempotencyFailOpen(true)), the
+// run; failing open (server.Idempotency.FailOpen), the
 // handler runs without idempotency, and each such call is logged with
 // "running the handler without idempotency (fail open)". When Claim
 // succeeded and Complete then fails (Redis died while the handler ran), the

@@ -8,8 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 )
 
 func ExampleOpen() {
@@ -23,8 +23,10 @@ func ExampleOpen() {
 	}
 	// Every replica uses the same Redis: a keyed call runs once across all.
 	// Callers present client certificates (mTLS): each one's keys are its own.
-	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store),
-		interceptor.WithIdempotencyScope(interceptor.IdempotencyPeerScope))
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+		Store: store,
+		Scope: server.PeerScope,
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -46,7 +48,7 @@ func ExampleOpen_cluster() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	_ = store // interceptor.WithIdempotencyStore(store), as in ExampleOpen
+	_ = store // server.Idempotency{Store: store, ...}, as in ExampleOpen
 }
 
 // WithMinReplicas narrows what a failover can lose: a claim that no replica

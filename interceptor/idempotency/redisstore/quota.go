@@ -60,7 +60,7 @@ const oomRetryAfter = time.Second
 // with a RetryInfo (the interceptor answers RESOURCE_EXHAUSTED), instead of
 // filling Redis and failing every tenant's keyed calls (OOM). The cost: one
 // scope never holds more than its quota. A server whose callers share one
-// scope (interceptor.WithIdempotencySharedScope) gives it the quota it may
+// scope (server.SharedScope) gives it the quota it may
 // use.
 //
 // The quota is atomic with the claim: the claim's script counts the
