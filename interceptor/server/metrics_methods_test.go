@@ -1,9 +1,4 @@
-//go:build splittodo
-
-// A server test (it reaches the server's internals): to be moved to
-// interceptor/server by its owner; excluded from the client package meanwhile.
-
-package interceptor
+package server
 
 import (
 	"fmt"
