@@ -6,6 +6,18 @@
 #   internal/...  (engines) no google.golang.org/grpc root package, and none of
 #                 our packages but other internal engines
 #   examples/...  public packages only (nothing internal)
+#   interceptor   (the client) not interceptor/server, nor the server's stores
+#                 (interceptor/idempotency/...): neither side imports the other
+#   interceptor/server
+#                 not interceptor (the client package itself; its sub-packages
+#                 wire, idempotency and internal/... are fine)
+#   interceptor/wire
+#                 the leaf both sides share: standard library and
+#                 google.golang.org/grpc/metadata only, nothing of ours
+#   interceptor/internal/...
+#                 helpers of both sides: of ours, only other internal packages
+#                 (internal/..., interceptor/internal/...), serviceconfig, codes
+#                 and generated code (proto/...: the test servers' echo service)
 #   faultinject, resiliencetest
 #                 testing aids for users: public packages only (nothing internal);
 #                 they may import grpc
@@ -46,6 +58,27 @@ while read -r pkg imports; do
 			elif [[ "$imp" == "$mod"/* && "$imp" != "$mod"/internal/* ]]; then
 				check "$rel" "$imp" "engines import nothing of ours above them"
 			fi
+			;;
+		interceptor)
+			case "$imp" in
+			"$mod"/interceptor/server | "$mod"/interceptor/server/* | "$mod"/interceptor/idempotency | "$mod"/interceptor/idempotency/*)
+				check "$rel" "$imp" "the client imports nothing of the server's: neither side imports the other"
+				;;
+			esac
+			;;
+		interceptor/server)
+			[[ "$imp" != "$mod"/interceptor ]] ||
+				check "$rel" "$imp" "the server imports nothing of the client's: neither side imports the other"
+			;;
+		interceptor/wire)
+			is_std "$imp" || [[ "$imp" == google.golang.org/grpc/metadata ]] ||
+				check "$rel" "$imp" "the wire leaf: standard library and grpc/metadata only"
+			;;
+		interceptor/internal/*)
+			case "$imp" in
+			"$mod"/internal/* | "$mod"/interceptor/internal/* | "$mod"/serviceconfig | "$mod"/codes | "$mod"/proto/*) ;;
+			"$mod" | "$mod"/*) check "$rel" "$imp" "the sides' internal helpers import nothing of ours above them" ;;
+			esac
 			;;
 		examples/* | faultinject | resiliencetest)
 			if [[ "$imp" == "$mod"/*internal* ]]; then

@@ -1,10 +1,17 @@
-// Package interceptor is the entry point of grpc-resilience: gRPC
-// interceptors that make service-to-service calls survive failure. The client
-// side retries the way gRFC A6 describes, per method, with circuit breakers,
-// bulkheads, deadline budgets and retry budgets; the server side executes
-// keyed requests once and gives handlers deadlines that leave room for their
-// own work. Go code and a service-config JSON document drive the same
+// Package interceptor is the client side of grpc-resilience: gRPC client
+// interceptors that make service-to-service calls survive failure. A
+// Client retries the way gRFC A6 describes, per method, with hedging,
+// circuit breakers, bulkheads, deadline budgets and retry budgets, and
+// attaches idempotency keys so that a call with side effects is safe to
+// retry. Go code and a service-config JSON document drive the same
 // behaviour (package serviceconfig).
+//
+// The server side is package interceptor/server (server.New: idempotency,
+// overload protection, deadline headroom); what both sides agree on over
+// the wire (the idempotency-key and criticality metadata, the
+// caller-retries mark) is package interceptor/wire. Neither side imports
+// the other: a Client calls any gRPC server, and honours what a server of
+// package interceptor/server tells it (pushback, replays, criticality).
 //
 // # Client
 //
@@ -31,6 +38,31 @@
 // passes the service config a resolver delivers (DNS TXT records, a control
 // plane) to UpdateServiceConfig; the resolver's config then wins over the
 // one given to NewClient, which stays the default (see WrapResolver).
+//
+// # Settings
+//
+// NewClient takes ClientOptions; the ones a user reaches for first:
+//
+//	WithRetryPolicy(p, names...)     retry the methods or services named (none: every method) with p
+//	WithMethodConfig(entries...)     per method or service: retry or hedging policy, timeout,
+//	                                 circuitBreaker, bulkhead (serviceconfig.MethodConfig)
+//	WithServiceConfig(cfg)           a whole service config, as serviceconfig.Parse reads its JSON
+//	WithRetryBudget(b)               the retry budget (on by default; nil turns it off)
+//	WithIdempotencyKeys(names...)    a key per logical call, so calls with side effects are safe to retry
+//	WithMeterProvider(mp)            OpenTelemetry metrics (the table under Metrics)
+//	WithOnRetry, WithOnStop, WithOnStateChange   hooks
+//
+// and per call, as grpc.CallOptions: MaxAttempts(n), NoRetry(),
+// PerAttemptTimeout(d). A circuit breaker is a block of a method's config:
+//
+//	interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+//		Name:           []serviceconfig.Name{{Service: "shop.Orders"}},
+//		RetryPolicy:    &serviceconfig.RetryPolicy{MaxAttempts: 4},
+//		CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5},
+//	})
+//
+// Every option, what it defaults to and what it costs, is on its own doc
+// comment; they are all in options.go, the client's one page of settings.
 //
 // # One call, and the order of the policies
 //
@@ -108,8 +140,9 @@
 //
 // A server may steer retries (gRFC A6): a grpc-retry-pushback-ms trailer of
 // n ≥ 0 means retry after exactly n ms and restart the backoff; a negative,
-// malformed or repeated value means do not retry (SetRetryPushback writes
-// it). A google.rpc.RetryInfo status detail is honoured the same way. Every
+// malformed or repeated value means do not retry (a handler under package
+// interceptor/server writes it with server.SetRetryPushback; its overload
+// protection sends it with every call it sheds). A google.rpc.RetryInfo status detail is honoured the same way. Every
 // hint is capped by WithMaxServerPushback.
 //
 // # Where the client differs from grpc-go's built-in retry
@@ -239,8 +272,10 @@
 // or whose server pushback says not to retry, whatever its code and whether
 // or not the method has a retry policy.
 // WithOneLayerRetry keeps retries from multiplying across hops: a client
-// marks the calls it retries, NewServer's interceptors mark the handler's
-// context, and a client used in that handler does not retry.
+// marks the calls it retries (wire.CallerRetriesKey), the interceptors of
+// package interceptor/server mark the handler's context
+// (wire.ContextWithCallerRetries does it for other servers), and a client
+// used in that handler does not retry.
 //
 // # Circuit breakers and bulkheads
 //
@@ -302,129 +337,33 @@
 // # Idempotency
 //
 // WithIdempotencyKeys and WithAutomaticIdempotencyKeys attach one random key
-// (metadata idempotency-key) to every attempt of a logical call;
-// ContextWithIdempotencyKey supplies the caller's own. On the server,
-// NewServer with WithIdempotencyStore and a scope (WithIdempotencyScope,
-// or WithIdempotencySharedScope for unauthenticated callers) executes a
-// keyed call once per caller scope, replays its stored outcome to duplicates
-// byte for byte, coalesces concurrent duplicates, renews the owner's lease
-// while the handler runs, and keeps its records in memory
-// (idempotency.NewMemoryStore, with a stated minimum retention and
-// per-scope quotas) or in Redis (package idempotency/redisstore); see
-// package interceptor/idempotency for the full semantics. Every answer the
-// server did not run the handler for (a replay, or a concurrent
-// duplicate's coalesced answer) carries the response header
-// idempotency-replayed: true (wire.IdempotencyReplayedHeader), which
-// wire.IdempotencyReplayed reads from a call's grpc.Header; a client with
-// WithMeterProvider counts such attempts.
+// (metadata idempotency-key, wire.IdempotencyKeyHeader) to every attempt of
+// a logical call; ContextWithIdempotencyKey supplies the caller's own. A
+// keyed call is retried as an idempotent one (ABORTED and DEADLINE_EXCEEDED
+// too, under the default codes), since a server with idempotency runs it
+// once per key: package interceptor/server (server.WithIdempotency)
+// executes a keyed call once per caller scope, replays its stored outcome
+// to duplicates byte for byte and coalesces concurrent duplicates; its
+// package documentation and package interceptor/idempotency tell the
+// server's side. Every answer the server did not run the handler for
+// carries the response header idempotency-replayed: true
+// (wire.IdempotencyReplayedHeader), which wire.IdempotencyReplayed reads
+// from a call's grpc.Header; a client with WithMeterProvider counts such
+// attempts (resilience.client.idempotency.replays).
 //
-// # Server
+// # Criticality, and a server under overload
 //
-// NewServer's UnaryServerInterceptor and StreamServerInterceptor give each
-// handler a context that ends WithServerHeadroom before the caller's
-// deadline, reject calls that arrive with less than the floor left, mark
-// calls whose caller retries, and run idempotency (whose keyed handlers run
-// detached from the caller by default: WithIdempotencyDetachedHandler).
-// Close a Server once its grpc.Server has stopped, or when a new Server
-// replaces it: Close unregisters its gauges from the meter provider.
-//
-// # Overload protection
-//
-// WithConcurrencyLimit (per server) and WithMethodConcurrencyLimit (per
-// method or service) bound the unary calls in flight by a limit learned
-// from their latencies: TCP Vegas against the base RTT by default, AIMD as
-// the simple alternative (serviceconfig.ConcurrencyLimit; the algorithm and
-// why Vegas is in package internal/limit). Vegas probes: every few round
-// trips, while it sheds nothing, it takes the latest latency for the base
-// RTT, and a limit that falls while the latency does not takes the new
-// latency too, so when the service itself becomes slower for good (a
-// deploy, a slower dependency) the limit recovers within seconds instead of
-// shedding a server that is not overloaded for a minute; under overload
-// there is no probe, so queued latencies never become the base (at 1.2
-// times the capacity they did, and the limit grew without bound). It runs
-// outside everything else of the Server's, in this order:
-//
-//	criticality, tenant ─► remaining deadline < the door's service time? ── yes ─► DEADLINE_EXCEEDED, not started
-//	                    ─► in flight ≥ the criticality's (and tenant's) share of the limit? ── yes ─► wait in the queue
-//	                       (MaxQueue, MaxQueueWait; the most critical first) if it has room, else RESOURCE_EXHAUSTED + pushback
-//	                    ─► headroom, idempotency, handler ─► a latency sample when the handler answered OK
-//
-// A keyed call on a Server with idempotency is limited around its handler
-// only: a duplicate that waits for the running execution, or gets its
-// stored outcome, takes no slot and gives no sample (it costs the keyed
-// call one allocation). Only a call the handler answered OK is a latency
-// sample: a failure (a validation error returns in microseconds) or a
-// cancelled call teaches nothing, and a call whose deadline ended is a
-// drop, which lowers the limit, only when that deadline left it twice the
-// base RTT: a caller's own short deadline is not the server's overload,
-// whether its cancellation or the server's timer ends the call. The door
-// refuses a call whose deadline is shorter than the least latency of the
-// last 32 to 64 calls; it opens once none has completed for 8 smoothed
-// latencies, so it never rests on a stale service time. Health checks and
-// reflection (DefaultExemptServices) are outside every limit and the CPU
-// shedding unless WithMethodConcurrencyLimit names them: a health check
-// shed under overload has Kubernetes restart a pod that is only busy, and
-// its load moves onto the others.
-//
-// A shed call costs a lock and a status: RESOURCE_EXHAUSTED with a
-// google.rpc.RetryInfo detail and the grpc-retry-pushback-ms trailer, both
-// saying how long to wait (the smoothed latency times 1 + shed/admitted, in
-// steps of at most 25%, the status built once per step; 100ms before the
-// first call completed); once the server sheds as many calls as it admits,
-// the trailer says not to retry (-1) instead, so retrying clients cannot
-// amplify an overload. A Client honours both. An admitted call allocates
-// nothing for the limit. Server.LimitStatuses shows each limit's state and
-// counts; WithServerMeterProvider records them (resilience.server.limit.*,
-// in the table under Metrics). WithServerRandSource seeds the probes'
-// jitter for repeatable runs.
-//
-// WithTenantFairness shares each limit among the tenants a function of
-// the context names (TenantFromMetadata for a key an authenticating proxy
-// sets): under pressure a tenant over its fair share is shed before any
-// tenant under it, and a tenant under its share is admitted whatever the
-// others hold. Tenants are bounded (MaxTenants per limit) and forgotten
-// when idle. Fairness shares the slots, not the wait: a quiet tenant's
-// admitted calls still queue, as everyone's do, behind the calls the limit
-// admits beyond the service's own concurrency, so in bench/overload (one
-// tenant at half its share beside one at 10 times its share; 5 runs on a
-// busy machine) the quiet tenant kept 100% (98.7–100%) of its calls, 20%
-// without fairness, at 2.12× (1.04–2.77×) its idle p99.
-//
-// In real time (bench/overload: loopback TCP, open loop, 3 times the
-// capacity of a server of 10 tokens × 50ms, 500ms deadlines; go run
-// ./overload/cmd/overload in bench), over 5 runs on a busy 2-core machine,
-// the limit served a median 98.0% of the capacity (88.0–98.5%) at 1.28×
-// the unloaded p99 (0.84–2.26×), against 97.0% at 2.11× for failsafe-go's
-// adaptive limiter; the limit was back within 10% of its pre-overload
-// value 200ms after the load dropped. The ratios move with the machine's
-// noise: the worst runs are those in which the machine stalled every
-// contender's service.
-//
-// Streams are not limited by default: a stream holds a slot for its whole
-// life, so a few long streams could starve the unary calls, and their
-// lifetimes say nothing of the server's load. WithStreamConcurrencyLimit
-// opts the streams of a method or service in: a stream takes a slot of
-// its method's limit when it opens (queued or shed as a unary call is, by
-// criticality, never at the door for its deadline) and gives it back when
-// its handler returns, without a latency sample. Give streaming methods a
-// limit of their own (WithMethodConcurrencyLimit).
-//
-// Criticality rides in metadata (wire.CriticalityKey, set with
-// wire.ContextWithCriticality): CRITICAL_PLUS may fill the whole limit, CRITICAL
-// (the default) 90% of it, SHEDDABLE_PLUS 75%, SHEDDABLE half, so the
-// server sheds the lowest first. A Client sends every retry and hedged copy
-// as SHEDDABLE_PLUS at most (the server takes the lowest value it gets), so
-// that a retry never displaces a first attempt.
-//
-// The value is the caller's claim: a caller that could send CRITICAL_PLUS
-// with every call would be shed last, take the share kept for truly
-// critical work and make every other caller yield, and once several did so
-// the levels would mean nothing. So by default the server takes the value
-// as sent but at most CRITICAL: every caller may lower its own criticality,
-// none may raise it above the default. To trust some callers with
-// CRITICAL_PLUS, WithCriticality decides from the context (the peer,
-// verified credentials) and what was sent;
-// WithCriticality(CapCriticality(CriticalPlus)) trusts every caller.
+// A caller sets the criticality of its calls with
+// wire.ContextWithCriticality (metadata wire.CriticalityKey: CRITICAL_PLUS,
+// CRITICAL, the default, SHEDDABLE_PLUS or SHEDDABLE); a server under
+// overload protection (package interceptor/server, server.WithLimits) sheds
+// the least critical first. A Client sends every retry and hedged copy as
+// SHEDDABLE_PLUS at most (the server takes the lowest value it gets), so
+// that a retry never displaces a first attempt. A server that sheds answers
+// RESOURCE_EXHAUSTED with a google.rpc.RetryInfo detail and a
+// grpc-retry-pushback-ms trailer saying when to come back, and says not to
+// retry (-1) once it sheds as much as it admits: the Client honours both
+// (see What is retried), so retrying clients do not amplify an overload.
 //
 // # Observability
 //
@@ -464,21 +403,23 @@
 //
 // # Concurrency and cost
 //
-// Clients and Servers are safe for concurrent use. A successful call
+// Clients are safe for concurrent use. A successful call
 // allocates nothing in the client interceptor, with every feature on, and
 // neither does a call an open breaker rejects.
 //
 // # Metrics
 //
-// WithMeterProvider (client) and WithServerMeterProvider (server) record
-// through the OpenTelemetry metric API, in the instrumentation scope
-// "github.com/grpc-resilience/resilience/interceptor". Without them nothing
-// is recorded, at no cost; with the no-op provider, or the SDK's, a call
-// allocates no more than without (attribute sets are built once per method,
-// and per target for grpc.target). The gauges are read by a callback that
-// the provider holds until Client.Close (Server.Close): close a Client or
-// Server that another replaces (per tenant, per configuration reload), or
-// the provider keeps it, and reads it, for as long as the provider lives.
+// WithMeterProvider records through the OpenTelemetry metric API, in the
+// instrumentation scope "github.com/grpc-resilience/resilience/interceptor"
+// (which the server of package interceptor/server shares: its
+// resilience.server.* instruments are tabled in its package
+// documentation). Without it nothing is recorded, at no cost; with the
+// no-op provider, or the SDK's, a call allocates no more than without
+// (attribute sets are built once per method, and per target for
+// grpc.target). The gauges are read by a callback that the provider holds
+// until Client.Close: close a Client that another replaces (per tenant, per
+// configuration reload), or the provider keeps it, and reads it, for as
+// long as the provider lives.
 //
 // The grpc.client.call.* instruments are gRFC A96's, with its names, units
 // and attributes, recorded once per call that ran the retry or hedging loop
@@ -517,43 +458,21 @@
 //	resilience.client.bulkhead.queued             gauge           {attempt}     grpc.method
 //	resilience.client.adaptive.reject_probability gauge           1             grpc.method: adaptive throttling's rejection probability now
 //	resilience.client.retry_budget.available      gauge           {retry}       (none)
-//	resilience.server.idempotency.executions      counter         {call}        grpc.method: handler runs under a claim
-//	resilience.server.idempotency.replays         counter         {call}        grpc.method, resilience.idempotency.source (store, flight)
-//	resilience.server.idempotency.waits           counter         {call}        grpc.method, resilience.idempotency.wait (flight, poll)
-//	resilience.server.idempotency.conflicts       counter         {call}        grpc.method, resilience.idempotency.conflict (mismatch, in_progress)
-//	resilience.server.idempotency.store_errors    counter         {error}       grpc.method, resilience.idempotency.op, resilience.idempotency.mode (fail_open, fail_closed)
-//	resilience.server.idempotency.store.duration  histogram       s             grpc.method, resilience.idempotency.op (claim, complete, release, renew)
-//	resilience.server.limit.current               gauge           {call}        resilience.limiter: each limit now; cpu: the bandwidth-delay product
-//	resilience.server.limit.in_flight             gauge           {call}        resilience.limiter
-//	resilience.server.limit.queued                gauge           {call}        resilience.limiter (not cpu)
-//	resilience.server.limit.admitted              counter         {call}        grpc.method, resilience.criticality
-//	resilience.server.limit.shed                  counter         {call}        grpc.method, resilience.criticality, resilience.reason (limit, queue_timeout, deadline, cpu)
-//	resilience.server.limit.queue.duration        histogram       s             grpc.method: time in a limit's queue, admitted or not
 //
 // Bulkhead rejections are resilience.client.rejections with reason
-// bulkhead_full. resilience.limiter names the limiter: server (the
-// server-wide limit), cpu (WithCPUShedding), or the full method (without
-// its leading slash) or service of WithMethodConcurrencyLimit.
-// resilience.criticality is the criticality the server gave the call (the
-// wire name, after WithCriticality). A shed call counts once, with the
-// reason that ended it: limit (over its criticality's share, no room in
-// the queue), queue_timeout (waited in the queue without getting a slot:
-// MaxQueueWait, its deadline, or its caller left), deadline (rejected at
-// the door: DEADLINE_EXCEEDED), cpu (the CPU shedder); a call admitted
-// from the queue counts only as admitted. Store errors exclude the store's answers that are not
-// failures (another owner, full, record too large) and calls whose context
-// ended. Before this table, the client's metrics carried rpc.method and
-// rpc.grpc.status_code, and breaker transitions were named
+// bulkhead_full. Before this table, the client's metrics carried
+// rpc.method and rpc.grpc.status_code, and breaker transitions were named
 // resilience.client.breaker.state_changes.
 //
 // # Tracing
 //
 // The client adds events to the span of the context a call is made with
-// (trace.SpanFromContext), and the server to the span of the handler's
-// context, only while that span records: without one, nothing is added and
-// nothing allocated. The events sit beside otelgrpc's or grpc's own
-// per-attempt client spans (a stats handler runs below the interceptors, so
-// its spans are children of the caller's, one per attempt).
+// (trace.SpanFromContext), only while that span records: without one,
+// nothing is added and nothing allocated. The events sit beside otelgrpc's
+// or grpc's own per-attempt client spans (a stats handler runs below the
+// interceptors, so its spans are children of the caller's, one per
+// attempt). A server of package interceptor/server adds
+// resilience.idempotency.replay to its handler's span.
 //
 //	event                          attributes
 //	resilience.retry               resilience.attempt (the attempt that failed), rpc.grpc.status_code,
@@ -561,25 +480,23 @@
 //	resilience.hedge               resilience.attempt (the copy's number, 2 for the first hedge), resilience.delay
 //	resilience.rejected            resilience.attempt (the attempt refused), resilience.reason (circuit_open, bulkhead_full)
 //	resilience.retry.stop          resilience.attempt (attempts run), rpc.grpc.status_code, resilience.reason (a stop reason)
-//	resilience.idempotency.replay  resilience.idempotency.source (store, flight), rpc.grpc.status_code (server)
 //
 // # Where things are
 //
-// The client side: client.go (NewClient, the unary call), options.go and
-// calloptions.go (client and per-call options), policy.go and methods.go
-// (per-method policies, their bound and their carry-over across config
-// updates), retry.go (the retry
-// decision), guard.go, breaker.go and reject.go (breakers, bulkheads and
-// their rejections), storm.go (budget, A6 throttling, one-layer retry),
-// hedge.go (hedged unary calls), stream.go, stream_attempt.go and
-// stream_retry.go (retried streams: the caller's methods, one attempt and
-// its release, the transitions of the state machine; the attempts' trail
-// of endpoints, attemptBase, in client.go and stream_attempt.go), keys.go
-// (idempotency keys a client attaches), resolver.go (the resolver's
-// service config), names.go (the names options take), errors.go,
-// metrics.go and trace.go (metrics and span events). The server side: every file named server*.go
-// (NewServer, deadline headroom, the idempotency path and its in-flight
-// group, its metrics); the stores are in package interceptor/idempotency.
+// client.go (Client, NewClient, the unary call), options.go (every
+// ClientOption) and calloptions.go (per-call options), policy.go and
+// methods.go (per-method policies, their bound and their carry-over across
+// config updates), retry.go (the retry decision), budget.go (the retry
+// budget and A6 throttling), guard.go and reject.go (breakers, bulkheads
+// and their rejections), status.go (MethodStatus and the operator's
+// breaker controls), hedge.go (hedged unary calls), stream.go,
+// stream_attempt.go and stream_retry.go (retried streams: the caller's
+// methods, one attempt and its release, the transitions of the state
+// machine; the attempts' trail of endpoints, attemptBase, in client.go and
+// stream_attempt.go), wiresize.go (what the replay buffer counts), keys.go
+// (the idempotency keys a client attaches), resolver.go (the resolver's
+// service config), names.go (the names options take), errors.go, metrics.go
+// and trace.go (metrics and span events).
 //
 // See https://github.com/grpc/proposal/blob/master/A6-client-retries.md,
 // https://github.com/grpc/proposal/blob/master/A66-otel-stats.md and

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
@@ -13,19 +12,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
-	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/internal/adaptive"
 	"github.com/grpc-resilience/resilience/internal/breaker"
 	"github.com/grpc-resilience/resilience/internal/bulkhead"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
-
-// DefaultExemptServices are never broken or limited unless WithExemptMethods
-// says otherwise: health checks and reflection must answer when all else
-// fails. On the server, the same services are out of the concurrency
-// limits and CPU shedding unless WithMethodConcurrencyLimit names them, and
-// out of idempotency unless a key policy names them.
-var DefaultExemptServices = slices.Clone(rpcname.ExemptServices)
 
 // guards are the per-method breaker and bulkhead, shared by every call of
 // the method under one config (and carried over to the next config when

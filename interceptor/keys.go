@@ -5,40 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 
-	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
-
-// WithIdempotencyKeys attaches a fresh random key (128 bits, hex) to every
-// logical call of the methods named, full methods ("/pkg.Service/Method")
-// or services ("pkg.Service"), and keeps it across all the call's retries.
-// A keyed call is safe to retry even when its method has side effects, so
-// the default retry rules treat it as idempotent: ABORTED and
-// DEADLINE_EXCEEDED are retried too (the latter while the caller's own
-// deadline holds).
-func WithIdempotencyKeys(names ...string) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		for _, n := range names {
-			if _, err := rpcname.Parse(n); err != nil {
-				o.errorf("WithIdempotencyKeys: %v", err)
-				return
-			}
-		}
-		o.keyed = append(o.keyed, names...)
-	})
-}
-
-// WithAutomaticIdempotencyKeys attaches keys, as WithIdempotencyKeys does,
-// to every method not known to be idempotent: every method whose proto does
-// not declare idempotency_level IDEMPOTENT or NO_SIDE_EFFECTS and that
-// WithIdempotentMethods does not name.
-func WithAutomaticIdempotencyKeys() ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.autoKeys = true })
-}
 
 type idempotencyKeyCtxKey struct{}
 

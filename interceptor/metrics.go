@@ -102,33 +102,6 @@ var a66LatencyBounds = telemetry.A66LatencyBounds
 // hedges): one bucket per count up to the default cap on attempts.
 var countBounds = []float64{1, 2, 3, 4, 5}
 
-// WithMeterProvider records the client's metrics with mp: gRFC A96's
-// grpc.client.call.retries, grpc.client.call.hedges and
-// grpc.client.call.retry_delay, and this library's own under
-// "resilience.client." (attempts by status, retries, stops by reason,
-// local rejections, budget and throttle denials, deadline skips, breaker
-// transitions and state, bulkhead occupancy, the retry budget's balance).
-// The package documentation has the full table.
-//
-// grpc.method follows gRFC A66 on every instrument: the method's name for
-// calls of a generated stub (grpc.StaticMethod), "other" for the rest (a
-// proxy's calls, conn.Invoke with a name from elsewhere); the gauges and
-// breaker transitions name a method once a generated stub called it or a
-// config entry names it exactly, and report the others together as
-// "other". So the labels are bounded by the code and the config, never by
-// callers. Attribute sets are built once per named method (and per target,
-// for grpc.target), so recording allocates nothing on the success path.
-// Without this option nothing is recorded, at no cost.
-func WithMeterProvider(mp metric.MeterProvider) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if mp == nil {
-			o.errorf("WithMeterProvider: nil provider")
-			return
-		}
-		o.meterProvider = mp
-	})
-}
-
 // instruments are a client's metric instruments; the zero value records
 // nothing.
 type instruments struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,7 +15,19 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// ClientOption configures a Client.
+// The client's settings. Every ClientOption constructor is in this file (the
+// per-call options, grpc.CallOption, are in calloptions.go), in the order a
+// reader looks for them: what is retried (WithServiceConfig,
+// WithMethodConfig, WithRetryPolicy, WithMaxAttemptsCap,
+// WithMaxServerPushback, WithStreamReplayBuffer, WithIdempotentMethods);
+// retry storms and deadlines (WithRetryBudget, WithOneLayerRetry,
+// WithDeadlineHeadroom, WithAttemptEstimateFloor); breakers and bulkheads
+// (WithExemptMethods, WithFallback); idempotency keys (WithIdempotencyKeys,
+// WithAutomaticIdempotencyKeys); randomness (WithRandSource); what the
+// client reports (WithMeterProvider, WithOnRetry, WithOnStop,
+// WithOnStateChange). The options' internals come last.
+
+// ClientOption configures a Client (NewClient).
 type ClientOption interface {
 	apply(*clientOptions)
 }
@@ -31,6 +44,11 @@ const DefaultMaxServerPushback = 30 * time.Second
 // DefaultStreamReplayBuffer is how many bytes of sent messages a stream keeps
 // for replay before it commits.
 const DefaultStreamReplayBuffer = 256 << 10
+
+// DefaultExemptServices are the services whose methods are never broken or
+// limited unless WithExemptMethods says otherwise: health checks and
+// reflection must answer when all else fails.
+var DefaultExemptServices = slices.Clone(rpcname.ExemptServices)
 
 type clientOptions struct {
 	config         serviceconfig.Config // code-built and WithServiceConfig entries
@@ -103,57 +121,6 @@ func WithMethodConfig(mcs ...serviceconfig.MethodConfig) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		o.add("WithMethodConfig", 0, mcs...)
 	})
-}
-
-// entryOrigin is where an entry of a client's method config came from,
-// which sets the cap its MaxAttempts is held to.
-type entryOrigin struct {
-	option string // the option that gave it, or "UpdateServiceConfig"
-	index  int    // its index among the entries that option gave
-	// parsedCap is the cap serviceconfig.Parse applied to the entry's
-	// config; 0 for an entry built in Go, held to the client's cap.
-	parsedCap int
-}
-
-// add appends mcs, given by option, to the client's method config;
-// parsedCap is the cap Parse applied to them, 0 when built in Go.
-func (o *clientOptions) add(option string, parsedCap int, mcs ...serviceconfig.MethodConfig) {
-	for i := range mcs {
-		o.origins = append(o.origins, entryOrigin{option: option, index: i, parsedCap: parsedCap})
-	}
-	o.config.MethodConfig = append(o.config.MethodConfig, mcs...)
-}
-
-// checkCaps refuses an entry of mcs whose MaxAttempts is above the cap of
-// where it came from (origins[i]): the cap Parse applied to a parsed
-// config's, clientCap to one built in Go. Nothing is lowered in silence: a
-// Go policy asking for 8 attempts under the default cap of 5 is an error
-// that names WithMaxAttemptsCap.
-func checkCaps(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clientCap int) error {
-	for i, mc := range mcs {
-		og := origins[i]
-		limit, raise := clientCap, "interceptor.WithMaxAttemptsCap"
-		if og.parsedCap > 0 {
-			limit, raise = og.parsedCap, "serviceconfig.WithMaxAttemptsCap when parsing"
-		}
-		var block string
-		var n int
-		switch {
-		case mc.RetryPolicy != nil && mc.RetryPolicy.MaxAttempts > limit:
-			block, n = "retryPolicy", mc.RetryPolicy.MaxAttempts
-		case mc.HedgingPolicy != nil && mc.HedgingPolicy.MaxAttempts > limit:
-			block, n = "hedgingPolicy", mc.HedgingPolicy.MaxAttempts
-		default:
-			continue
-		}
-		path := fmt.Sprintf("methodConfig[%d].", og.index)
-		if og.option == "WithRetryPolicy" {
-			path = "" // one entry, which the caller did not write as a list
-		}
-		return fmt.Errorf("interceptor: %s: %s%s.maxAttempts: %d is above the cap of %d; raise the cap with %s",
-			og.option, path, block, n, limit, raise)
-	}
-	return nil
 }
 
 // WithRetryPolicy retries the methods named by names with p: full methods
@@ -239,6 +206,125 @@ func WithIdempotentMethods(names ...string) ClientOption {
 	})
 }
 
+// WithRetryBudget sets the client's retry budget, used when the service
+// config has no retryBudget block. It is on by default with the defaults of
+// serviceconfig.RetryBudget; nil turns it off.
+func WithRetryBudget(b *serviceconfig.RetryBudget) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if b != nil {
+			if err := b.Validate(); err != nil {
+				o.errorf("WithRetryBudget: %v", err)
+				return
+			}
+		}
+		o.budget = b
+	})
+}
+
+// WithOneLayerRetry makes the client one layer of a call chain that retries
+// at one layer only, so retries do not multiply across hops (A retrying
+// 3 times into B retrying 3 times into C is 9 attempts on C). Calls this
+// client may retry carry wire.CallerRetriesKey; and in a handler whose caller
+// retries (wire.CallerRetries), the client makes at most nestedMaxAttempts
+// attempts of each call: 1, the usual choice, means it does not retry at
+// all.
+func WithOneLayerRetry(nestedMaxAttempts int) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if nestedMaxAttempts < 1 {
+			o.errorf("WithOneLayerRetry(%d): must be at least 1", nestedMaxAttempts)
+			return
+		}
+		o.oneLayer = nestedMaxAttempts
+	})
+}
+
+// WithDeadlineHeadroom keeps d of every deadline out of the client's
+// attempts: an attempt's timeout is min(per-attempt timeout, remaining − d),
+// no attempt starts with d or less left, and no retry starts that cannot
+// end d before the deadline. The default is 0.
+func WithDeadlineHeadroom(d time.Duration) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		o.nonNegative("WithDeadlineHeadroom", d, &o.headroom)
+	})
+}
+
+// WithAttemptEstimateFloor sets the smallest duration the client assumes an
+// attempt takes when it decides whether a retry fits in the deadline. Above
+// it, the estimate follows each method's recent latencies (a running p90).
+// The default is 0.
+func WithAttemptEstimateFloor(d time.Duration) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		o.nonNegative("WithAttemptEstimateFloor", d, &o.estimateFloor)
+	})
+}
+
+// WithExemptMethods replaces the methods that are never broken or limited,
+// DefaultExemptServices by default: full methods ("/pkg.Service/Method") or
+// services ("pkg.Service"). With no names, nothing is exempt.
+func WithExemptMethods(names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		for _, n := range names {
+			if _, err := rpcname.Parse(n); err != nil {
+				o.errorf("WithExemptMethods: %v", err)
+				return
+			}
+		}
+		o.exempt = append([]string{}, names...)
+	})
+}
+
+// Fallback answers a unary call that the client rejected locally (an open
+// breaker or a full bulkhead; rejection is a *RejectedError): it may fill
+// reply and return nil, or return an error for the call. It runs on the
+// calling goroutine.
+type Fallback func(ctx context.Context, fullMethod string, req, reply any, rejection error) error
+
+// WithFallback answers the rejected unary calls of the methods named (full
+// methods or services; none means every method) with f instead of an error.
+// Streams are not covered: their rejection is returned as is.
+func WithFallback(f Fallback, names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if f == nil {
+			o.errorf("WithFallback: nil function")
+			return
+		}
+		for _, n := range names {
+			if _, err := rpcname.Parse(n); err != nil {
+				o.errorf("WithFallback: %v", err)
+				return
+			}
+		}
+		o.fallbacks = append(o.fallbacks, fallbackEntry{f: f, names: names})
+	})
+}
+
+// WithIdempotencyKeys attaches a fresh random key (128 bits, hex) to every
+// logical call of the methods named, full methods ("/pkg.Service/Method")
+// or services ("pkg.Service"), and keeps it across all the call's retries.
+// A keyed call is safe to retry even when its method has side effects, so
+// the default retry rules treat it as idempotent: ABORTED and
+// DEADLINE_EXCEEDED are retried too (the latter while the caller's own
+// deadline holds).
+func WithIdempotencyKeys(names ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		for _, n := range names {
+			if _, err := rpcname.Parse(n); err != nil {
+				o.errorf("WithIdempotencyKeys: %v", err)
+				return
+			}
+		}
+		o.keyed = append(o.keyed, names...)
+	})
+}
+
+// WithAutomaticIdempotencyKeys attaches keys, as WithIdempotencyKeys does,
+// to every method not known to be idempotent: every method whose proto does
+// not declare idempotency_level IDEMPOTENT or NO_SIDE_EFFECTS and that
+// WithIdempotentMethods does not name.
+func WithAutomaticIdempotencyKeys() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.autoKeys = true })
+}
+
 // WithRandSource makes jitter draw from src instead of the runtime's random
 // generator, so a seeded source gives a repeatable schedule. The client
 // serializes its use of src.
@@ -255,6 +341,33 @@ func WithRandSource(src rand.Source) ClientOption {
 			defer mu.Unlock()
 			return r.Float64()
 		}
+	})
+}
+
+// WithMeterProvider records the client's metrics with mp: gRFC A96's
+// grpc.client.call.retries, grpc.client.call.hedges and
+// grpc.client.call.retry_delay, and this library's own under
+// "resilience.client." (attempts by status, retries, stops by reason,
+// local rejections, budget and throttle denials, deadline skips, breaker
+// transitions and state, bulkhead occupancy, the retry budget's balance).
+// The package documentation has the full table.
+//
+// grpc.method follows gRFC A66 on every instrument: the method's name for
+// calls of a generated stub (grpc.StaticMethod), "other" for the rest (a
+// proxy's calls, conn.Invoke with a name from elsewhere); the gauges and
+// breaker transitions name a method once a generated stub called it or a
+// config entry names it exactly, and report the others together as
+// "other". So the labels are bounded by the code and the config, never by
+// callers. Attribute sets are built once per named method (and per target,
+// for grpc.target), so recording allocates nothing on the success path.
+// Without this option nothing is recorded, at no cost.
+func WithMeterProvider(mp metric.MeterProvider) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if mp == nil {
+			o.errorf("WithMeterProvider: nil provider")
+			return
+		}
+		o.meterProvider = mp
 	})
 }
 
@@ -303,6 +416,64 @@ func WithOnStop(f func(ctx context.Context, e StopEvent)) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.onStop = f })
 }
 
+// WithOnStateChange calls f on every state change of any method's breaker,
+// synchronously and outside the breaker's lock, on the goroutine of the call
+// that caused it. Changes in quick succession may be reported concurrently.
+func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.onStateChange = f })
+}
+
+// entryOrigin is where an entry of a client's method config came from,
+// which sets the cap its MaxAttempts is held to.
+type entryOrigin struct {
+	option string // the option that gave it, or "UpdateServiceConfig"
+	index  int    // its index among the entries that option gave
+	// parsedCap is the cap serviceconfig.Parse applied to the entry's
+	// config; 0 for an entry built in Go, held to the client's cap.
+	parsedCap int
+}
+
+// add appends mcs, given by option, to the client's method config;
+// parsedCap is the cap Parse applied to them, 0 when built in Go.
+func (o *clientOptions) add(option string, parsedCap int, mcs ...serviceconfig.MethodConfig) {
+	for i := range mcs {
+		o.origins = append(o.origins, entryOrigin{option: option, index: i, parsedCap: parsedCap})
+	}
+	o.config.MethodConfig = append(o.config.MethodConfig, mcs...)
+}
+
+// checkCaps refuses an entry of mcs whose MaxAttempts is above the cap of
+// where it came from (origins[i]): the cap Parse applied to a parsed
+// config's, clientCap to one built in Go. Nothing is lowered in silence: a
+// Go policy asking for 8 attempts under the default cap of 5 is an error
+// that names WithMaxAttemptsCap.
+func checkCaps(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clientCap int) error {
+	for i, mc := range mcs {
+		og := origins[i]
+		limit, raise := clientCap, "interceptor.WithMaxAttemptsCap"
+		if og.parsedCap > 0 {
+			limit, raise = og.parsedCap, "serviceconfig.WithMaxAttemptsCap when parsing"
+		}
+		var block string
+		var n int
+		switch {
+		case mc.RetryPolicy != nil && mc.RetryPolicy.MaxAttempts > limit:
+			block, n = "retryPolicy", mc.RetryPolicy.MaxAttempts
+		case mc.HedgingPolicy != nil && mc.HedgingPolicy.MaxAttempts > limit:
+			block, n = "hedgingPolicy", mc.HedgingPolicy.MaxAttempts
+		default:
+			continue
+		}
+		path := fmt.Sprintf("methodConfig[%d].", og.index)
+		if og.option == "WithRetryPolicy" {
+			path = "" // one entry, which the caller did not write as a list
+		}
+		return fmt.Errorf("interceptor: %s: %s%s.maxAttempts: %d is above the cap of %d; raise the cap with %s",
+			og.option, path, block, n, limit, raise)
+	}
+	return nil
+}
+
 func (o *clientOptions) err() error { return errors.Join(o.errs...) }
 
 // nonNegative sets *dst to the duration d of the option named, or records
@@ -313,4 +484,9 @@ func (o *clientOptions) nonNegative(option string, d time.Duration, dst *time.Du
 		return
 	}
 	*dst = d
+}
+
+type fallbackEntry struct {
+	f     Fallback
+	names []string // empty: every method
 }

@@ -333,3 +333,22 @@ func (s *clientState) stateHook() func(string, BreakerState, BreakerState) {
 		}
 	}
 }
+
+// estimatorGain is the step of the running p90 of attempt durations: a
+// latency that jumps is caught within about 8 attempts (×1.31 per attempt
+// above the estimate), at the price of a noisier estimate than the engine's
+// default; for deciding whether a retry fits, a late estimate is worse.
+const estimatorGain = 0.3
+
+// newEstimator returns a method's attempt-duration estimator, or nil when
+// it cannot be built (it can: the floor is checked by its option).
+func newEstimator(floor time.Duration) *latency.Estimator {
+	cfg := latency.DefaultConfig()
+	cfg.Gain = estimatorGain
+	cfg.Floor = floor
+	e, err := latency.New(cfg)
+	if err != nil {
+		return nil
+	}
+	return e
+}

@@ -272,9 +272,10 @@ func (r *retrier) wait(ctx context.Context, d time.Duration) error {
 
 // attemptContext returns the context of attempt n (1 for the first): the
 // caller's, with grpc-previous-rpc-attempts on retries and hedged copies,
-// and with wire.CriticalityKey SHEDDABLE_PLUS, which a server combines with the
-// caller's criticality by taking the lower (see wire.CriticalityKey). The first
-// attempt's context is the caller's, untouched.
+// and with the criticality SHEDDABLE_PLUS under wire.CriticalityKey, which
+// a server combines with the caller's criticality by taking the lower (see
+// wire.CriticalityKey). The first attempt's context is the caller's,
+// untouched.
 func attemptContext(ctx context.Context, n int) context.Context {
 	if n <= 1 {
 		return ctx

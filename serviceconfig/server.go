@@ -9,7 +9,7 @@ import (
 )
 
 // ConcurrencyLimit is a server's adaptive concurrency limit (see
-// interceptor.WithConcurrencyLimit): how many requests may run at once,
+// server.Limits in package interceptor/server): how many requests may run at once,
 // learned from their latencies within [MinLimit, MaxLimit]. The zero value
 // is the Vegas limit with its defaults.
 type ConcurrencyLimit struct {
@@ -69,14 +69,14 @@ func (c *ConcurrencyLimit) Validate() error {
 }
 
 // TenantFairness gives each tenant of a server a fair share of its
-// concurrency limits (see interceptor.WithTenantFairness): under pressure
+// concurrency limits (see server.Limits in package interceptor/server): under pressure
 // each active tenant may use its share of a limit (and of its queue), and
 // a tenant over its share is shed before any tenant under it.
 type TenantFairness struct {
 	// MetadataKey names the incoming metadata key whose first value names
 	// a call's tenant; a call without it belongs to the default tenant. A
 	// caller can send any value: use a key that an authenticating proxy
-	// sets, or give interceptor.WithTenantFairness a function of the
+	// sets, or give server.Limits a Tenant function of the
 	// verified identity. Required in a document.
 	MetadataKey string
 	// MaxTenants bounds the tenants each limit remembers at once; the names
@@ -115,7 +115,8 @@ func validMetadataKey(k string) bool {
 }
 
 // ServerConfig is the server side's document: the concurrency limits of
-// interceptor.NewServer (see interceptor.WithServerConfig). Its JSON form:
+// server.New in package interceptor/server (server.Limits.Config). Its
+// JSON form:
 //
 //	{
 //	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20,

@@ -12,8 +12,9 @@ import (
 	"github.com/grpc-resilience/resilience/internal/limit"
 )
 
-// CPUShedding configures CPU-aware load shedding (WithCPUShedding). Zero
-// fields take their defaults.
+// CPUShedding configures CPU-aware load shedding (Limits.CPU; see the
+// package documentation, "CPU-aware shedding"). Zero fields take their
+// defaults.
 type CPUShedding struct {
 	// CPUThreshold is the CPU use, in (0, 1], from which the server limits
 	// the calls in flight; 0 means 0.8.
@@ -32,6 +33,11 @@ type CPUShedding struct {
 	CPU func() float64
 }
 
+// Validate reports what is wrong with c, if anything.
+func (c CPUShedding) Validate() error {
+	return (limit.BBRConfig{CPUThreshold: c.CPUThreshold, Window: c.Window, CoolOff: c.CoolOff}).Validate()
+}
+
 // srvCPU is the server's CPU-aware shedder.
 type srvCPU struct {
 	bbr *limit.BBR
@@ -44,7 +50,7 @@ func newSrvCPU(cfg *CPUShedding) (*srvCPU, error) {
 	}
 	b, err := limit.NewBBR(limit.BBRConfig{CPUThreshold: cfg.CPUThreshold, Window: cfg.Window, CoolOff: cfg.CoolOff})
 	if err != nil {
-		return nil, errorf("WithCPUShedding: %v", err)
+		return nil, errorf("Limits.CPU: %v", err)
 	}
 	cpu := cfg.CPU
 	if cpu == nil {

@@ -22,7 +22,8 @@ func rank(c wire.Criticality) int {
 }
 
 // incomingCriticality reads the criticality of an incoming call: the least
-// critical of the valid values under wire.CriticalityKey, wire.Critical when none.
+// critical of the valid values under wire.CriticalityKey; CRITICAL when
+// there is none.
 // It allocates only when the key is present (grpc copies the values).
 func incomingCriticality(ctx context.Context) wire.Criticality {
 	c, _ := sentCriticality(ctx)
@@ -43,19 +44,20 @@ func sentCriticality(ctx context.Context) (c wire.Criticality, ok bool) {
 }
 
 // CriticalityFunc decides the criticality a Server gives an incoming call
-// (WithCriticality). sent is what the call carried under wire.CriticalityKey
-// (the least critical valid value), and ok whether it carried one; sent
-// is wire.Critical when ok is false. ctx is the call's context, with what the
-// interceptors before the Server's put there (the peer, the credentials an
-// authentication interceptor verified). It runs on every call under an
-// overload protection, synchronously, and must be cheap and safe for
-// concurrent use. A result that is not one of the four criticalities
-// counts as wire.Critical.
+// (Limits.Criticality). sent is what the call carried under
+// [wire.CriticalityKey] (the least critical valid value), and ok whether
+// it carried one; sent is [wire.Critical] when ok is false. ctx is the
+// call's context, with what the interceptors before the Server's put there
+// (the peer, the credentials an authentication interceptor verified). It
+// runs on every call under an overload protection, synchronously, and must
+// be cheap and safe for concurrent use. A result that is not one of the
+// four criticalities counts as [wire.Critical].
 type CriticalityFunc func(ctx context.Context, sent wire.Criticality, ok bool) wire.Criticality
 
 // CapCriticality returns a CriticalityFunc that gives each call the
-// criticality it sent (wire.Critical when it sent none), but at most highest: a
+// criticality it sent (CRITICAL when it sent none), but at most highest: a
 // call that sent, or defaulted to, a more critical value gets highest.
+// CapCriticality(wire.CriticalPlus) trusts every caller's claim.
 func CapCriticality(highest wire.Criticality) CriticalityFunc {
 	return func(_ context.Context, sent wire.Criticality, _ bool) wire.Criticality {
 		if rank(sent) > rank(highest) {
@@ -66,8 +68,8 @@ func CapCriticality(highest wire.Criticality) CriticalityFunc {
 }
 
 // criticality resolves the criticality of an incoming call: through
-// WithCriticality's function, or by default as sent but at most wire.Critical;
-// always one of the four.
+// Limits.Criticality, or by default as sent but at most CRITICAL; always one
+// of the four.
 func (ls *srvLimits) criticality(ctx context.Context) wire.Criticality {
 	c, ok := sentCriticality(ctx)
 	if ls.crit == nil {

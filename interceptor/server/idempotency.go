@@ -202,7 +202,7 @@ type srvIdem struct {
 	failOpen    bool
 	retryable   rescodes.Set
 	policies    map[string]KeyPolicy
-	exemptSvc   []string              // run plainly unless a key policy names them: DefaultExemptServices, copied by New
+	exemptSvc   []string              // run plainly unless a key policy names them: rpcname.ExemptServices, copied by New
 	omit        map[string]struct{}   // metadata keys never stored, lower case; nil when none
 	detachMax   time.Duration         // > 0: owned handlers run detached from the caller, at most this long
 	pushbackMD  metadata.MD           // the trailer of ABORTED when waiting is off, and of a failed-closed call
@@ -266,7 +266,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 
 // srvCheckStreamPolicies returns an error naming the first policy, by name,
 // that names a method the protobuf registry describes as streaming, unless
-// the policy is KeyIgnored (see WithIdempotencyKeyPolicy).
+// the policy is KeyIgnored (see Idempotency.KeyPolicies).
 func srvCheckStreamPolicies(policies map[string]KeyPolicy) error {
 	for _, name := range slices.Sorted(maps.Keys(policies)) {
 		if policies[name] == KeyIgnored || !strings.HasPrefix(name, "/") {
@@ -309,7 +309,7 @@ func srvStreamKind(fullMethod string) string {
 
 // streamPolicyErr returns the error of every call of the streaming method
 // fullMethod when a key policy other than KeyIgnored names it,
-// which New could not see (see WithIdempotencyKeyPolicy), and logs it
+// which New could not see (see Idempotency.KeyPolicies), and logs it
 // once per Server; nil otherwise. Without policies it costs a length check,
 // with them one map lookup.
 func (s *srvIdem) streamPolicyErr(fullMethod string) error {
@@ -398,7 +398,7 @@ func srvInvalidKey(msg string) error {
 // that names nobody (an empty Subject and no SAN), is refused with
 // UNAUTHENTICATED: it has no scope of its own, and sharing one would let
 // such callers read each other's replies. Install it with
-// WithIdempotencyScope(PeerScope).
+// Idempotency{Scope: PeerScope}.
 func PeerScope(ctx context.Context) (string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.AuthInfo == nil {
@@ -508,7 +508,7 @@ func srvRecord(o *srvOwned, resp any, herr error) error {
 	return nil
 }
 
-// omitted returns md without the keys of WithIdempotencyOmitMetadata. md is
+// omitted returns md without the keys of Idempotency.OmitMetadata. md is
 // the capture's own copy (metadata.Join copies), so it is edited in place.
 func (s *srvIdem) omitted(md metadata.MD) metadata.MD {
 	if len(s.omit) == 0 || len(md) == 0 {

@@ -270,7 +270,7 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	hctx := c.ctx
 	var det *srvDetached
 	if c.s.detachMax > 0 {
-		// WithIdempotencyDetachedHandler: the caller's end does not reach
+		// Idempotency.DetachedMax: the caller's end does not reach
 		// the handler; the server's maximum and a lost lease do (the
 		// renewal ends det), and so does the handler's return, as grpc
 		// ends a call's context (deferred after settle, so it runs last).
@@ -456,7 +456,7 @@ func (r *srvRenewal) stop() {
 //     key is absent, Complete stores it all the same; when another call
 //     has claimed it since (ErrNotOwner): nothing, the key is not ours.
 //   - handler error with an unstored code (UNAVAILABLE, RESOURCE_EXHAUSTED,
-//     ABORTED, ... see WithIdempotencyUnstoredCodes): release, so a retry
+//     ABORTED, ... see Idempotency.UnstoredCodes): release, so a retry
 //     runs the handler again.
 //   - caller cancellation: the handler returns CANCELLED or
 //     DEADLINE_EXCEEDED, unstored by default: release. The store calls here

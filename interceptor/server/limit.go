@@ -3,17 +3,14 @@ package server
 import (
 	"context"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
@@ -22,8 +19,8 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// methodLimit is one WithMethodConcurrencyLimit; a later one for the same
-// name replaces an earlier one.
+// methodLimit is the limit of one name of a Limits.Config.MethodConfig
+// entry; a later one for the same name replaces an earlier one.
 type methodLimit struct {
 	raw  string
 	name serviceconfig.Name
@@ -47,19 +44,19 @@ type srvLimits struct {
 	// m records admissions, sheds and queue waits; never nil.
 	m *srvLimitMetrics
 	// crit resolves a call's criticality from what it sent; nil: as sent
-	// (WithCriticality).
+	// (Limits.Criticality).
 	crit CriticalityFunc
 	// tenant names a call's tenant; nil: every call is the default tenant
-	// (WithTenantFairness).
+	// (Limits.Config.TenantFairness).
 	tenant TenantFunc
 	// streams holds the full methods and services whose streams are
-	// limited (WithStreamConcurrencyLimit); empty: none.
+	// limited (Limits.Streams); empty: none.
 	streams map[string]bool
 	// clk tells the limiters' time and times their queue waits.
 	clk clock.Clock
 	// exemptSvc are the services whose unary calls no limit and no CPU
-	// shedding reaches unless WithMethodConcurrencyLimit names them:
-	// DefaultExemptServices, copied by New.
+	// shedding reaches unless a Limits.Config entry names them:
+	// rpcname.ExemptServices, copied by New.
 	exemptSvc []string
 }
 
@@ -194,7 +191,7 @@ func (ls *srvLimits) lookup(fullMethod string) *srvLimiter {
 
 // exempt reports whether a unary call of fullMethod is out of every limit
 // and of the CPU shedding: a method of the exempt services (health checks
-// and reflection, DefaultExemptServices) that no WithMethodConcurrencyLimit
+// and reflection, rpcname.ExemptServices) that no Limits.Config entry
 // names, by method or by service. A health check shed under overload tells
 // the orchestrator that the server is dead, and a restart of an overloaded
 // replica moves its load onto the others: the outage grows. Every default
@@ -295,7 +292,7 @@ func (s *Server) runLimited(ctx context.Context, l *srvLimiter, req any, info *g
 // limitShed is the limit's shed of a keyed call, which the limit decides
 // inside the idempotency layer (limitedKeyed): it is no outcome of the
 // handler, and is never stored for the key, whatever
-// WithIdempotencyUnstoredCodes says, so that a retry runs once there is
+// Idempotency.UnstoredCodes says, so that a retry runs once there is
 // room. grpc sends its status as is.
 type limitShed struct{ error }
 
@@ -321,7 +318,7 @@ func callOutcome(ctx context.Context, err error, panicked bool) limit.Outcome {
 	return limit.Completed
 }
 
-// tenantOf names the tenant of a call; "" without WithTenantFairness.
+// tenantOf names the tenant of a call; "" without tenant fairness.
 func (ls *srvLimits) tenantOf(ctx context.Context) string {
 	if ls.tenant == nil {
 		return ""
@@ -368,61 +365,10 @@ func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, no
 	return slot, now, nil
 }
 
-// shedError is the status of a call the limit shed, with the pushback as
-// a RetryInfo detail and as the A6 trailer; when the pushback is
-// limit.NoRetry, the trailer says not to retry (-1) and there is no
-// RetryInfo. The status and trailer are built once per criticality and step
-// of the pushback's grid (limit.PushbackStep: at most 25% apart), so that
-// shedding under overload allocates nothing but what grpc does however the
-// pushback moves.
-func (ls *srvLimits) shedError(ctx context.Context, crit wire.Criticality, pushback time.Duration) error {
-	i := limit.PushbackSteps // do not retry
-	if pushback != limit.NoRetry {
-		i = limit.PushbackStep(pushback)
-	}
-	var e *shedEntry
-	if i < 0 { // beyond the grid (over 10,000s): not cached
-		e = newShedEntry(crit, pushback)
-	} else {
-		c := &ls.shed[crit&3][i]
-		if e = c.Load(); e == nil {
-			e = newShedEntry(crit, pushback)
-			c.Store(e)
-		}
-	}
-	_ = grpc.SetTrailer(ctx, e.trailer)
-	return e.err
-}
-
-// shedEntry is a shed status and trailer, built once; read-only.
-type shedEntry struct {
-	err     error
-	trailer metadata.MD
-}
-
-func newShedEntry(crit wire.Criticality, pushback time.Duration) *shedEntry {
-	e := &shedEntry{}
-	if pushback == limit.NoRetry {
-		e.trailer = noRetryTrailer
-		e.err = status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
-		return e
-	}
-	e.trailer = metadata.Pairs(rpcname.PushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10))
-	st := status.New(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); retry after "+pushback.String())
-	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(pushback)}); err == nil {
-		st = withHint
-	}
-	e.err = st.Err()
-	return e
-}
-
-// noRetryTrailer is gRFC A6's "do not retry"; grpc only reads it.
-var noRetryTrailer = metadata.Pairs(rpcname.PushbackKey, "-1")
-
 // LimitStatus is the state of one concurrency limit, from
 // Server.LimitStatuses.
 type LimitStatus struct {
-	// Name is the full method or service of WithMethodConcurrencyLimit,
+	// Name is the full method or service of a Limits.Config.MethodConfig entry,
 	// "" for the server's limit.
 	Name string
 	// Limit is the current limit; InFlight the calls admitted and running;
@@ -439,13 +385,13 @@ type LimitStatus struct {
 	// and in Admitted too when a slot freed for it.
 	ShedLimit, ShedDeadline [4]uint64
 	// Tenants is the number of tenants sharing the limit now
-	// (WithTenantFairness): those with calls in flight or queued, or seen
+	// (Limits.Config.TenantFairness): those with calls in flight or queued, or seen
 	// within the idle timeout; 1 or 0 without tenants.
 	Tenants int
 }
 
 // CPUSheddingName is the LimitStatus.Name of the CPU-aware shedder
-// (WithCPUShedding), whose Limit is the current bandwidth-delay product
+// (Limits.CPU), whose Limit is the current bandwidth-delay product
 // (0 before it has measured one) and which has no BaseRTT.
 const CPUSheddingName = "(cpu)"
 

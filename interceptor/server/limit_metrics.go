@@ -13,8 +13,8 @@ import (
 	"github.com/grpc-resilience/resilience/internal/limit"
 )
 
-// The metrics of the server's overload protection (WithConcurrencyLimit,
-// WithMethodConcurrencyLimit, WithCPUShedding), recorded through
+// The metrics of the server's overload protection (WithLimits: the limits
+// of Limits.Config, Limits.CPU), recorded through
 // WithMeterProvider's meter.
 const (
 	// metricSrvLimitCurrent is each limiter's current limit, by

@@ -9,7 +9,8 @@ import (
 )
 
 // TenantFunc names the tenant of an incoming call for the fair shares of
-// the Server's concurrency limits (WithTenantFairness). ctx is the call's
+// the Server's concurrency limits (Limits.Tenant, with
+// Limits.Config.TenantFairness). ctx is the call's
 // context, with what the interceptors before the Server's put there (the
 // peer, verified credentials). "" is the default tenant, which every call
 // that names none shares. It runs on every call under a concurrency limit,
@@ -32,7 +33,8 @@ func TenantFromMetadata(key string) TenantFunc {
 	}
 }
 
-// srvFairness is WithTenantFairness's configuration.
+// srvFairness is the tenant fairness of Limits: its config and the
+// function that names a call's tenant.
 type srvFairness struct {
 	cfg    serviceconfig.TenantFairness
 	tenant TenantFunc

@@ -16,7 +16,6 @@ import (
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
-	"github.com/grpc-resilience/resilience/internal/limit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -353,9 +352,10 @@ type Limits struct {
 	CPU *CPUShedding
 
 	// Criticality decides the criticality a call is shed by; nil: as the
-	// call sent it, but at most wire.Critical (CapCriticality(wire.Critical)).
+	// call sent it, but at most CRITICAL (CapCriticality(wire.Critical)).
 	//
-	// The threat: wire.CriticalityKey is set by the caller, so a caller
+	// The threat: the criticality (metadata wire.CriticalityKey) is set by
+	// the caller, so a caller
 	// trusted with CRITICAL_PLUS can send it with every call and be shed
 	// last, taking the share of the limit kept for the truly critical calls.
 	// So by default anyone may lower their own criticality, no one may
@@ -464,9 +464,4 @@ func (l *Limits) apply(o *options) {
 // describes (see [Limits]). New returns l's Validate error, if any.
 func WithLimits(l Limits) Option {
 	return optionFunc(func(o *options) { l.apply(o) })
-}
-
-// Validate reports what is wrong with c, if anything.
-func (c CPUShedding) Validate() error {
-	return (limit.BBRConfig{CPUThreshold: c.CPUThreshold, Window: c.Window, CoolOff: c.CoolOff}).Validate()
 }

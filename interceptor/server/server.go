@@ -12,15 +12,14 @@ import (
 )
 
 // Server is the server side of grpc-resilience: it gives the interceptors
-// that a grpc.Server installs. It carries server-side idempotency (see
-// WithIdempotencyStore and the package interceptor/idempotency), deadline
-// headroom for downstream hops (WithHeadroom), and marks the context
-// of a call whose caller retries it (wire.CallerRetries), so that clients in the
-// handler retry less (WithOneLayerRetry). It protects the server from
-// overload with an adaptive concurrency limit (WithConcurrencyLimit,
-// WithMethodConcurrencyLimit, WithServerConfig) or CPU-aware shedding
-// (WithCPUShedding), by criticality. A Server with no option only marks
-// contexts.
+// that a grpc.Server installs. It carries server-side idempotency
+// ([WithIdempotency]; the stores are in package interceptor/idempotency),
+// deadline headroom for downstream hops ([WithHeadroom]), and overload
+// protection ([WithLimits]: adaptive concurrency limits or CPU-aware
+// shedding, by criticality and, optionally, fairly among tenants). It marks
+// the context of a call whose caller retries it ([wire.CallerRetries]), so
+// that a client of package interceptor in the handler retries less (its
+// WithOneLayerRetry). A Server with no option only marks contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
 // in-process coalescing state are shared by all calls. Close it when it is
@@ -89,7 +88,7 @@ func (s *Server) Close() error {
 
 // UnaryServerInterceptor returns the unary interceptor of s. With an
 // idempotency store it runs each keyed call once per record key and replays
-// the stored outcome to duplicates (see WithIdempotencyStore).
+// the stored outcome to duplicates (see [WithIdempotency]).
 //
 // Order: install it after authentication (the scope function reads what
 // authentication put in the context) and after a panic-recovery interceptor,
@@ -131,6 +130,52 @@ func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnarySer
 	}
 	return s.idem.intercept(ctx, req, info, handler)
 }
+
+// StreamServerInterceptor returns the stream interceptor of s: the
+// concurrency limit for the streams Limits.Streams names, the
+// deadline headroom and floor (WithHeadroom) and the caller-retries
+// mark. Idempotency is for unary calls only: a stream runs whatever
+// idempotency-key it carries, and every call of a streaming method that a
+// key policy other than KeyIgnored names fails with
+// FAILED_PRECONDITION (see Idempotency.KeyPolicies).
+func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if s.idem != nil {
+			if err := s.idem.streamPolicyErr(info.FullMethod); err != nil {
+				return err
+			}
+		}
+		if s.limits != nil {
+			if l := s.limits.streamLimiter(info.FullMethod); l != nil {
+				return s.limitedStream(l, srv, ss, info, handler)
+			}
+		}
+		return s.srvStreamInner(srv, ss, info, handler)
+	}
+}
+
+// srvStreamInner is the stream interceptor inside the concurrency limit.
+func (s *Server) srvStreamInner(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel, err := s.srvDeadline(ss.Context())
+	if err != nil {
+		return err
+	}
+	if cancel != nil {
+		defer cancel()
+	}
+	if ctx != ss.Context() {
+		ss = &srvStream{ServerStream: ss, ctx: ctx}
+	}
+	return handler(srv, ss)
+}
+
+// srvStream is a grpc.ServerStream with a context of the interceptor's.
+type srvStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *srvStream) Context() context.Context { return s.ctx }
 
 // srvLogger writes the Server's warnings to an slog.Logger or to grpclog.
 type srvLogger struct{ l *slog.Logger }

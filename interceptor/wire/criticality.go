@@ -9,15 +9,18 @@ import (
 )
 
 // CriticalityKey is the metadata key that carries a request's criticality:
-// one of CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS, SHEDDABLE. A server with
-// a concurrency limit (WithConcurrencyLimit) sheds the lowest first.
+// one of CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS, SHEDDABLE. A server of
+// package interceptor/server under overload protection (server.WithLimits)
+// sheds the least critical first.
 //
 // The value is the caller's claim: a server reads it as untrusted input.
 // Names are matched without regard to case; a value that is none of the
 // four names is ignored; when the key has several values, the least
 // critical one counts, so that a value added on the way (such as the
 // client's own SHEDDABLE_PLUS on retries) can lower a criticality but never
-// raise it. A request without a valid value is CRITICAL.
+// raise it. A request without a valid value is CRITICAL. By default the
+// server also caps what a caller claims at CRITICAL (server.Limits.Criticality
+// decides whom to trust with CRITICAL_PLUS).
 const CriticalityKey = "resilience-criticality"
 
 // Criticality orders requests for load shedding. The zero value is
@@ -67,7 +70,8 @@ func ParseCriticality(s string) (Criticality, bool) {
 
 // ContextWithCriticality returns ctx whose outgoing calls carry criticality
 // c under CriticalityKey, in place of any criticality ctx carried. A
-// Client sends the retries and hedged copies of such a call as
+// Client of package interceptor sends the retries and hedged copies of such
+// a call as
 // SheddablePlus at most (Sheddable stays Sheddable), so that under
 // pressure a retry never displaces a first attempt of equal rank.
 func ContextWithCriticality(ctx context.Context, c Criticality) context.Context {

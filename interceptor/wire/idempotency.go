@@ -8,8 +8,11 @@ import (
 
 // IdempotencyKeyHeader is the metadata key that carries an idempotency key:
 // 1 to 255 printable ASCII characters, the same on every attempt of one
-// logical call. A server running NewServer's idempotency executes a call
-// with a given key once and replays its outcome to every duplicate.
+// logical call. A server with idempotency (package interceptor/server,
+// server.WithIdempotency) executes a call with a given key once per caller
+// scope and method, and replays its outcome to every duplicate. A Client
+// of package interceptor sets it (WithIdempotencyKeys,
+// ContextWithIdempotencyKey).
 const IdempotencyKeyHeader = "idempotency-key"
 
 // ValidIdempotencyKey reports why key is not a valid idempotency key, or nil:
@@ -27,7 +30,7 @@ func ValidIdempotencyKey(key string) error {
 }
 
 // IdempotencyReplayedHeader is the response header that the server's
-// idempotency (NewServer with WithIdempotencyStore) sets, with the value
+// idempotency (server.WithIdempotency) sets, with the value
 // "true", on every answer for which the handler did not run: a replay of a
 // stored outcome (reply or status), and the outcome of a running execution
 // that a concurrent duplicate waited for (coalesced). An answer of a
@@ -48,10 +51,10 @@ const IdempotencyReplayedHeader = "idempotency-replayed"
 //
 //	var header metadata.MD
 //	reply, err := orders.Create(ctx, req, grpc.Header(&header))
-//	if interceptor.IdempotencyReplayed(header) { ... } // created by an earlier attempt
+//	if wire.IdempotencyReplayed(header) { ... } // created by an earlier attempt
 //
-// A client with WithMeterProvider also counts the attempts answered by a
-// replay (resilience.client.idempotency.replays).
+// A Client of package interceptor with WithMeterProvider also counts the
+// attempts answered by a replay (resilience.client.idempotency.replays).
 func IdempotencyReplayed(header metadata.MD) bool {
 	vs := header[IdempotencyReplayedHeader]
 	return len(vs) == 1 && vs[0] == "true"

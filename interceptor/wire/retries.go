@@ -3,16 +3,17 @@ package wire
 import "context"
 
 // CallerRetriesKey is the metadata key with which a client in one-layer
-// mode marks the calls it will retry itself. A server reads it (NewServer's
-// interceptors do) so that clients inside its handlers retry less.
+// mode (package interceptor, WithOneLayerRetry) marks the calls it will
+// retry itself. A server reads it (the interceptors of package
+// interceptor/server do) so that clients inside its handlers retry less.
 const CallerRetriesKey = "resilience-caller-retries"
 
 type callerRetriesCtxKey struct{}
 
 // ContextWithCallerRetries marks ctx as the context of a handler whose
-// caller retries the call itself. NewServer's interceptors do it for every
-// incoming call that carries CallerRetriesKey; use it directly in servers
-// that do not use them.
+// caller retries the call itself. The interceptors of package
+// interceptor/server do it for every incoming call that carries
+// CallerRetriesKey; use it directly in servers that do not use them.
 func ContextWithCallerRetries(ctx context.Context) context.Context {
 	return context.WithValue(ctx, callerRetriesCtxKey{}, true)
 }

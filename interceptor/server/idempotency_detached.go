@@ -8,7 +8,7 @@ import (
 )
 
 // srvDetached is the context of a keyed call's handler when it runs
-// detached from its caller (WithIdempotencyDetachedHandler): the values of
+// detached from its caller (the default; Idempotency.DetachedMax): the values of
 // the caller's context and none of its cancellation, a deadline of its own
 // (the server's maximum from the handler's claim), and an end that comes
 // at that deadline (DeadlineExceeded), when the key's lease is lost or may

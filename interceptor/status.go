@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"time"
@@ -163,56 +162,4 @@ func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Ti
 	}
 	f(p.g.breaker, time.Now())
 	return nil
-}
-
-// WithOnStateChange calls f on every state change of any method's breaker,
-// synchronously and outside the breaker's lock, on the goroutine of the call
-// that caused it. Changes in quick succession may be reported concurrently.
-func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.onStateChange = f })
-}
-
-// WithExemptMethods replaces the methods that are never broken or limited,
-// DefaultExemptServices by default: full methods ("/pkg.Service/Method") or
-// services ("pkg.Service"). With no names, nothing is exempt.
-func WithExemptMethods(names ...string) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		for _, n := range names {
-			if _, err := rpcname.Parse(n); err != nil {
-				o.errorf("WithExemptMethods: %v", err)
-				return
-			}
-		}
-		o.exempt = append([]string{}, names...)
-	})
-}
-
-// Fallback answers a unary call that the client rejected locally (an open
-// breaker or a full bulkhead; rejection is a *RejectedError): it may fill
-// reply and return nil, or return an error for the call. It runs on the
-// calling goroutine.
-type Fallback func(ctx context.Context, fullMethod string, req, reply any, rejection error) error
-
-// WithFallback answers the rejected unary calls of the methods named (full
-// methods or services; none means every method) with f instead of an error.
-// Streams are not covered: their rejection is returned as is.
-func WithFallback(f Fallback, names ...string) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if f == nil {
-			o.errorf("WithFallback: nil function")
-			return
-		}
-		for _, n := range names {
-			if _, err := rpcname.Parse(n); err != nil {
-				o.errorf("WithFallback: %v", err)
-				return
-			}
-		}
-		o.fallbacks = append(o.fallbacks, fallbackEntry{f: f, names: names})
-	})
-}
-
-type fallbackEntry struct {
-	f     Fallback
-	names []string // empty: every method
 }
