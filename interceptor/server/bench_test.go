@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -27,7 +25,7 @@ func benchHandler(_ context.Context, req any) (any, error) {
 var benchHandlerVar grpc.UnaryHandler = benchHandler
 
 func benchServer(b *testing.B, store idempotency.Store) grpc.UnaryServerInterceptor {
-	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	s, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -190,14 +188,14 @@ func BenchmarkIdempotencyBufconn(b *testing.B) {
 	}
 	for _, bc := range []struct {
 		name string
-		opts []ServerOption
+		idem Idempotency
 		key  bool
 	}{
-		{"no interceptor option, key sent", nil, true},
-		{"memory store, fresh key", []ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope()}, true},
+		{"no interceptor option, key sent", Idempotency{}, true},
+		{"memory store, fresh key", Idempotency{Store: store, Scope: SharedScope}, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			cc := idemStart(b, &idemEcho{}, bc.opts...)
+			cc := idemStart(b, &idemEcho{}, bc.idem)
 			client := echov1.NewEchoServiceClient(cc)
 			req := &echov1.EchoRequest{Message: "order-42"}
 			b.ReportAllocs()

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -15,6 +13,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -38,8 +37,9 @@ func TestServerCloseStopsItsMetrics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope(), WithServerMeterProvider(mp),
-			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: limit, MinLimit: limit, MaxLimit: limit}))
+		s, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope}), WithMeterProvider(mp),
+			WithLimits(Limits{Config: serviceconfig.ServerConfig{
+				ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{InitialLimit: limit, MinLimit: limit, MaxLimit: limit}}}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,7 +47,7 @@ func TestServerCloseStopsItsMetrics(t *testing.T) {
 	}
 	call := func(c echov1.EchoServiceClient, key string) {
 		t.Helper()
-		ctx := metadata.AppendToOutgoingContext(t.Context(), IdempotencyKeyHeader, key)
+		ctx := metadata.AppendToOutgoingContext(t.Context(), wire.IdempotencyKeyHeader, key)
 		if _, err := c.Echo(ctx, &echov1.EchoRequest{Message: "m"}); err != nil {
 			t.Fatal(err)
 		}

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -16,6 +14,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -86,7 +85,7 @@ func newCostPair(tb testing.TB) costPair {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	srv, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope}))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -104,7 +103,7 @@ func keyedContexts(prefix string, n int) []context.Context {
 	ctxs := make([]context.Context, n)
 	for i := range ctxs {
 		ctxs[i] = metadata.AppendToOutgoingContext(context.Background(),
-			IdempotencyKeyHeader, prefix+strconv.FormatUint(benchKeySeq.Add(1), 36))
+			wire.IdempotencyKeyHeader, prefix+strconv.FormatUint(benchKeySeq.Add(1), 36))
 	}
 	return ctxs
 }

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -17,7 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -72,21 +72,21 @@ type deadlineEcho struct {
 func (d *deadlineEcho) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 	dl, _ := ctx.Deadline()
 	d.left <- time.Until(dl)
-	d.retries <- CallerRetries(ctx)
+	d.retries <- wire.CallerRetries(ctx)
 	return &echov1.EchoResponse{}, nil
 }
 
 func (d *deadlineEcho) ServerStream(req *echov1.ServerStreamRequest, ss grpc.ServerStreamingServer[echov1.ServerStreamResponse]) error {
 	dl, _ := ss.Context().Deadline()
 	d.left <- time.Until(dl)
-	d.retries <- CallerRetries(ss.Context())
+	d.retries <- wire.CallerRetries(ss.Context())
 	return nil
 }
 
 func TestServerHeadroomShortensTheHandlersDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		impl := &deadlineEcho{left: make(chan time.Duration, 1), retries: make(chan bool, 1)}
-		srv, err := NewServer(WithServerHeadroom(30*time.Millisecond, 20*time.Millisecond))
+		srv, err := New(WithHeadroom(30*time.Millisecond, 20*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func TestServerHeadroomFloorIsTheHandlersLeastTime(t *testing.T) {
 		}
 		for _, tt := range tests {
 			impl := &deadlineEcho{left: make(chan time.Duration, 1), retries: make(chan bool, 1)}
-			srv, err := NewServer(WithServerHeadroom(tt.headroom, tt.floor))
+			srv, err := New(WithHeadroom(tt.headroom, tt.floor))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -167,15 +167,15 @@ func TestServerHeadroomFloorIsTheHandlersLeastTime(t *testing.T) {
 			_, err = stub.Echo(ctx, &echov1.EchoRequest{})
 			cancel()
 			if status.Code(err) != tt.wantCode {
-				t.Errorf("WithServerHeadroom(%v, %v), a call with %v left: %v, want %v", tt.headroom, tt.floor, tt.deadline, err, tt.wantCode)
+				t.Errorf("WithHeadroom(%v, %v), a call with %v left: %v, want %v", tt.headroom, tt.floor, tt.deadline, err, tt.wantCode)
 			}
 		}
 	})
 }
 
 func TestServerRejectsBadHeadroom(t *testing.T) {
-	if _, err := NewServer(WithServerHeadroom(-time.Second, 0)); err == nil {
-		t.Error("NewServer(WithServerHeadroom(-1s, 0)) succeeded, want an error")
+	if _, err := New(WithHeadroom(-time.Second, 0)); err == nil {
+		t.Error("New(WithHeadroom(-1s, 0)) succeeded, want an error")
 	}
 }
 
@@ -195,21 +195,21 @@ func (f *forwarder) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.
 func TestOneLayerRetryAcrossTwoHops(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
-		opts  []ClientOption
+		opts  []interceptor.ClientOption
 		wantC int
 	}{
 		{"plain retry multiplies", nil, 9},
-		{"one layer", []ClientOption{WithOneLayerRetry(1)}, 3},
+		{"one layer", []interceptor.ClientOption{interceptor.WithOneLayerRetry(1)}, 3},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				newClient := func() *Client {
-					return newTestClient(t, append([]ClientOption{WithRetryPolicy(fastPolicy(3)), WithRetryBudget(nil)}, tt.opts...)...)
+				newClient := func() *interceptor.Client {
+					return newTestClient(t, append([]interceptor.ClientOption{interceptor.WithRetryPolicy(fastPolicy(3)), interceptor.WithRetryBudget(nil)}, tt.opts...)...)
 				}
 				c := &testserver.Server{}
 				c.SetScript(failFirst(1000, codes.Unavailable))
 				toC := echov1.NewEchoServiceClient(testserver.Start(t, c, newClient().DialOptions()...))
-				srvB, err := NewServer()
+				srvB, err := New()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -232,11 +232,11 @@ func TestOverloadedServerStopsRetries(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		calls := 0
 		impl := &overloaded{calls: &calls}
-		c := newTestClient(t, WithRetryPolicy(fastPolicy(5)))
+		c := newTestClient(t, interceptor.WithRetryPolicy(fastPolicy(5)))
 		stub := echov1.NewEchoServiceClient(serveEcho(t, impl, nil, c.DialOptions()...))
 		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
-		var re *RetryError
-		if !errors.As(err, &re) || re.Reason != StopPushback || calls != 1 {
+		var re *interceptor.RetryError
+		if !errors.As(err, &re) || re.Reason != interceptor.StopPushback || calls != 1 {
 			t.Errorf("Echo() = %v after %d server calls, want one call stopped by pushback", err, calls)
 		}
 	})

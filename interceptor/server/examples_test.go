@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server_test
 
 import (
@@ -13,10 +11,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
-	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // principalKey is where an authentication interceptor puts the caller's
@@ -32,19 +30,22 @@ func principalScope(ctx context.Context) (string, error) {
 	return "", status.Error(codes.Unauthenticated, "no principal")
 }
 
-func ExampleNewServer() {
+// Idempotency on the server, with keys scoped by the authenticated caller:
+// a keyed call retried three times runs its handler once, and the retries
+// receive the first outcome.
+func ExampleWithIdempotency() {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv, err := interceptor.NewServer(
-		interceptor.WithIdempotencyStore(store),
-		interceptor.WithIdempotencyScope(principalScope), // keys are per authenticated caller
-		interceptor.WithIdempotencyTTL(time.Hour),
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+		Store: store,
+		Scope: principalScope, // keys are per authenticated caller
+		TTL:   time.Hour,
 		// Methods of shop.Orders must carry a key; Lookup-style methods
-		// without side effects could use IdempotencyKeyIgnored.
-		interceptor.WithIdempotencyKeyPolicy("shop.Orders", interceptor.IdempotencyKeyRequired),
-	)
+		// without side effects could use KeyIgnored.
+		KeyPolicies: map[string]server.KeyPolicy{"shop.Orders": server.KeyRequired},
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func ExampleNewServer() {
 		return &echov1.EchoResponse{Message: fmt.Sprintf("order #%d for %s", runs, req.(*echov1.EchoRequest).Message)}, nil
 	}
 	info := &grpc.UnaryServerInfo{FullMethod: "/resilience.echo.v1.EchoService/Echo"}
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "c0ffee-1"))
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.IdempotencyKeyHeader, "c0ffee-1"))
 	ctx = context.WithValue(ctx, principalKey{}, "alice") // what auth would do
 	for attempt := 1; attempt <= 3; attempt++ {
 		resp, err := unary(ctx, &echov1.EchoRequest{Message: "alice"}, info, handler)
@@ -73,17 +74,19 @@ func ExampleNewServer() {
 
 // The README's server setup: idempotency and deadline headroom on one
 // Server, installed on a grpc.Server after recovery and authentication.
-func ExampleNewServer_install() {
+func ExampleNew() {
 	store, err := idempotency.NewMemoryStore() // or redisstore.Open(ctx, redisClient) for many replicas
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv, err := interceptor.NewServer(
-		interceptor.WithIdempotencyStore(store),
-		// Keys are per caller: the verified client certificate (mTLS,
-		// SPIFFE), or your authentication's principal (WithIdempotencyScope(f)).
-		interceptor.WithIdempotencyScope(interceptor.IdempotencyPeerScope),
-		interceptor.WithServerHeadroom(20*time.Millisecond, 5*time.Millisecond),
+	srv, err := server.New(
+		server.WithIdempotency(server.Idempotency{
+			Store: store,
+			// Keys are per caller: the verified client certificate (mTLS,
+			// SPIFFE), or your authentication's principal (Scope: f).
+			Scope: server.PeerScope,
+		}),
+		server.WithHeadroom(20*time.Millisecond, 5*time.Millisecond),
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -104,14 +107,14 @@ func ExampleNewServer_install() {
 
 // A server whose callers are not authenticated must say so: every caller
 // shares one scope, so keys must be unguessable.
-func ExampleWithIdempotencySharedScope() {
+func ExampleSharedScope() {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		log.Fatal(err)
 	}
-	_, err = interceptor.NewServer(interceptor.WithIdempotencyStore(store))
+	_, err = server.New(server.WithIdempotency(server.Idempotency{Store: store}))
 	fmt.Println(err != nil) // no scope: refused
-	srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope())
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{Store: store, Scope: server.SharedScope}))
 	fmt.Println(srv != nil, err)
 	// Output:
 	// true
@@ -119,16 +122,16 @@ func ExampleWithIdempotencySharedScope() {
 }
 
 // Metadata meant for one response only is not replayed to duplicates.
-func ExampleWithIdempotencyOmitMetadata() {
+func ExampleIdempotency_omitMetadata() {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv, err := interceptor.NewServer(
-		interceptor.WithIdempotencyStore(store),
-		interceptor.WithIdempotencyScope(principalScope),
-		interceptor.WithIdempotencyOmitMetadata("set-cookie"),
-	)
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+		Store:        store,
+		Scope:        principalScope,
+		OmitMetadata: []string{"set-cookie"},
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -138,7 +141,7 @@ func ExampleWithIdempotencyOmitMetadata() {
 		return &echov1.EchoResponse{Message: "placed"}, nil
 	}
 	info := &grpc.UnaryServerInfo{FullMethod: "/resilience.echo.v1.EchoService/Echo"}
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k-1"))
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.IdempotencyKeyHeader, "k-1"))
 	ctx = context.WithValue(ctx, principalKey{}, "alice")
 	for _, call := range []string{"first", "replay"} {
 		stream := &headerRecorder{}
@@ -153,17 +156,17 @@ func ExampleWithIdempotencyOmitMetadata() {
 // A keyed handler runs detached from its caller's deadline by default, so
 // that one that commits before it could notice the caller's deadline has
 // its outcome stored, and a retry finds it instead of running it again.
-// WithIdempotencyDetachedHandler sets the server's bound instead.
-func ExampleWithIdempotencyDetachedHandler() {
+// DetachedMax sets the server's bound instead.
+func ExampleIdempotency_detachedMax() {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv, err := interceptor.NewServer(
-		interceptor.WithIdempotencyStore(store),
-		interceptor.WithIdempotencyScope(principalScope),
-		interceptor.WithIdempotencyDetachedHandler(time.Minute), // the server's bound instead of the caller's (default 30 s)
-	)
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+		Store:       store,
+		Scope:       principalScope,
+		DetachedMax: time.Minute, // the server's bound instead of the caller's (default 30 s)
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -177,7 +180,7 @@ func ExampleWithIdempotencyDetachedHandler() {
 		return &echov1.EchoResponse{Message: "charged"}, nil
 	}
 	info := &grpc.UnaryServerInfo{FullMethod: "/resilience.echo.v1.EchoService/Echo"}
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "charge-7"))
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.IdempotencyKeyHeader, "charge-7"))
 	ctx = context.WithValue(ctx, principalKey{}, "alice")
 	gone, cancel := context.WithCancel(ctx)
 	cancel() // the caller gave up before the handler ran
@@ -190,7 +193,7 @@ func ExampleWithIdempotencyDetachedHandler() {
 	// charged <nil> charges: 1
 }
 
-// headerRecorder stands for grpc's stream in ExampleWithIdempotencyOmitMetadata.
+// headerRecorder stands for grpc's stream in ExampleIdempotency_omitMetadata.
 type headerRecorder struct{ header metadata.MD }
 
 func (r *headerRecorder) Method() string { return "/resilience.echo.v1.EchoService/Echo" }
@@ -200,22 +203,3 @@ func (r *headerRecorder) SetHeader(md metadata.MD) error {
 }
 func (r *headerRecorder) SendHeader(md metadata.MD) error { return r.SetHeader(md) }
 func (r *headerRecorder) SetTrailer(metadata.MD) error    { return nil }
-
-func ExampleWithIdempotencyKeys() {
-	c, err := interceptor.NewClient(
-		interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{MaxAttempts: 3}),
-		// CreateOrder has side effects: every call gets one key, kept on
-		// every attempt, so a server with NewServer's idempotency places the
-		// order once even when an attempt times out and is retried.
-		interceptor.WithIdempotencyKeys("/shop.Orders/CreateOrder"),
-	)
-	fmt.Println(c != nil, err)
-
-	// A caller with a natural key of its own uses it instead.
-	ctx := interceptor.ContextWithIdempotencyKey(context.Background(), "order-2026-0042")
-	key, _ := interceptor.IdempotencyKeyFromContext(ctx)
-	fmt.Println(key)
-	// Output:
-	// true <nil>
-	// order-2026-0042
-}

@@ -111,6 +111,74 @@ func collect(t *testing.T, r *sdkmetric.ManualReader) collected {
 	return out
 }
 
+// points returns the values of a sum or gauge by attribute set, and its
+// unit; histograms give their count under "count:" and sum under "sum:"
+// keys.
+func (c collected) points(t *testing.T, name string) (unit string, pts map[string]float64) {
+	t.Helper()
+	m, ok := c[name]
+	if !ok {
+		t.Errorf("metric %s not recorded", name)
+		return "", nil
+	}
+	pts = map[string]float64{}
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, p := range d.DataPoints {
+			pts[attrKey(p.Attributes)] += float64(p.Value)
+		}
+	case metricdata.Gauge[int64]:
+		for _, p := range d.DataPoints {
+			pts[attrKey(p.Attributes)] = float64(p.Value)
+		}
+	case metricdata.Gauge[float64]:
+		for _, p := range d.DataPoints {
+			pts[attrKey(p.Attributes)] = p.Value
+		}
+	case metricdata.Histogram[int64]:
+		for _, p := range d.DataPoints {
+			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
+			pts["sum:"+attrKey(p.Attributes)] = float64(p.Sum)
+		}
+	case metricdata.Histogram[float64]:
+		for _, p := range d.DataPoints {
+			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
+			pts["sum:"+attrKey(p.Attributes)] = p.Sum
+		}
+	default:
+		t.Errorf("metric %s: unexpected data %T", name, m.Data)
+	}
+	return m.Unit, pts
+}
+
+// expect checks a metric's unit and points against want, exactly: no point
+// missing, none more.
+func (c collected) expect(t *testing.T, name, unit string, want map[string]float64) {
+	t.Helper()
+	gotUnit, got := c.points(t, name)
+	if got == nil {
+		return
+	}
+	if gotUnit != unit {
+		t.Errorf("%s: unit %q, want %q", name, gotUnit, unit)
+	}
+	keys := make([]string, 0, len(got)+len(want))
+	for k := range got {
+		keys = append(keys, k)
+	}
+	for k := range want {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		g, gok := got[k]
+		w, wok := want[k]
+		if gok != wok || g < w-1e-9 || g > w+1e-9 {
+			t.Errorf("%s{%s} = %v (recorded %v), want %v (expected %v)", name, k, g, gok, w, wok)
+		}
+	}
+}
+
 // attrKey writes a set as "k=v,k=v" in the set's (sorted) order.
 func attrKey(s attribute.Set) string {
 	var b strings.Builder

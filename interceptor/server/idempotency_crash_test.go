@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -51,10 +49,12 @@ func testIdemCrashedOwnerOneLease(t *testing.T, env *idemEnv) {
 		<-hold
 		return &echov1.EchoResponse{Message: "late"}, nil
 	}}
-	opts := []ServerOption{WithIdempotencyLease(idemCrashLease), WithIdempotencyPoll(10*time.Millisecond, 100*time.Millisecond)}
-	ccA := idemStart(t, dead, append(opts, WithIdempotencyStore(idemDeadRenewals{env.store}))...)
+	idem := Idempotency{Lease: idemCrashLease, PollInitial: 10 * time.Millisecond, PollMax: 100 * time.Millisecond}
+	idemA, idemB := idem, idem
+	idemA.Store, idemB.Store = idemDeadRenewals{env.store}, env.newStore()
+	ccA := idemStart(t, dead, idemA)
 	alive := &idemEcho{}
-	ccB := idemStart(t, alive, append(opts, WithIdempotencyStore(env.newStore()))...)
+	ccB := idemStart(t, alive, idemB)
 
 	hour, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -13,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -43,7 +42,7 @@ func testIdemDetachedMetadata(t *testing.T, env *idemEnv) {
 		returned <- err
 		return &echov1.EchoResponse{Message: "charged"}, nil
 	}}
-	s, err := NewServer(WithIdempotencySharedScope(), WithIdempotencyStore(env.store))
+	s, err := New(WithIdempotency(Idempotency{Scope: SharedScope, Store: env.store}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +88,7 @@ func testIdemDetachedMetadata(t *testing.T, env *idemEnv) {
 	if retry.err != nil {
 		t.Fatal(retry.err)
 	}
-	if !IdempotencyReplayed(retry.header) || len(retry.header.Get("x-h")) != 1 || retry.header.Get("x-h")[0] != "receipt-7" ||
+	if !wire.IdempotencyReplayed(retry.header) || len(retry.header.Get("x-h")) != 1 || retry.header.Get("x-h")[0] != "receipt-7" ||
 		len(retry.trailer.Get("x-t")) != 1 {
 		t.Errorf("replay: header %v, trailer %v; want the handler's x-h: receipt-7 and x-t: done", retry.header, retry.trailer)
 	}

@@ -1,9 +1,8 @@
-//go:build splittodo
-
 package server
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -21,30 +20,30 @@ import (
 // issue 21 (finding 8 of issue 14), against every store: a handler that
 // commits (charges a card), then notices that the caller's deadline passed
 // and returns DEADLINE_EXCEEDED, had its outcome released by default, so
-// the caller's retry charged again unless WithIdempotencyDetachedHandler
-// was set. Now a keyed call belongs to the server once its handler starts:
-// with default options the handler runs detached from the caller's
-// deadline, finishes, and its outcome is stored: one charge. The opt-out
-// (WithIdempotencyDetachedHandler(0)) keeps the old trade-off: two.
+// the caller's retry charged again unless a detached handler was asked
+// for. Now a keyed call belongs to the server once its handler starts: with
+// default options the handler runs detached from the caller's deadline,
+// finishes, and its outcome is stored: one charge. The opt-out
+// (Idempotency.AttachedHandler) keeps the old trade-off: two.
 func TestIdempotencyCommittedHandlerRunsOnceWithDefaultOptions(t *testing.T) {
 	tests := []struct {
 		name        string
-		opts        []ServerOption
+		attached    bool
 		wantCharges int64
 	}{
-		{"DefaultDetached", nil, 1},
-		{"OptOutOnTheCallersContext", []ServerOption{WithIdempotencyDetachedHandler(0)}, 2},
+		{"DefaultDetached", false, 1},
+		{"OptOutOnTheCallersContext", true, 2},
 	}
 	var cases []idemCase
 	for _, tt := range tests {
 		cases = append(cases, idemCase{tt.name, func(t *testing.T, env *idemEnv) {
-			testIdemCommittedCharges(t, env, tt.opts, tt.wantCharges)
+			testIdemCommittedCharges(t, env, tt.attached, tt.wantCharges)
 		}})
 	}
 	forEachStore(t, cases)
 }
 
-func testIdemCommittedCharges(t *testing.T, env *idemEnv, opts []ServerOption, wantCharges int64) {
+func testIdemCommittedCharges(t *testing.T, env *idemEnv, attached bool, wantCharges int64) {
 	var charges atomic.Int64
 	returned := make(chan struct{}, 2)
 	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
@@ -56,7 +55,7 @@ func testIdemCommittedCharges(t *testing.T, env *idemEnv, opts []ServerOption, w
 		}
 		return &echov1.EchoResponse{Message: "charged"}, nil
 	}}
-	cc := idemStart(t, e, append([]ServerOption{WithIdempotencyStore(env.store)}, opts...)...)
+	cc := idemStart(t, e, Idempotency{Store: env.store, AttachedHandler: attached})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	first := idemDo(ctx, cc, "charge-1", "10 EUR")
 	cancel()
@@ -86,15 +85,16 @@ func TestIdempotencyDetachedHandlerBoundedByTheServersMaximum(t *testing.T) {
 			ended.Store(int64(time.Since(start)))
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}}
-		cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyDetachedHandler(2*time.Second))
+		cc := idemStart(t, e, Idempotency{Store: store, DetachedMax: 2 * time.Second})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 		defer cancel()
 		wantCode(t, "stuck handler", idemDo(ctx, cc, "k", "m").err, codes.DeadlineExceeded, "")
 		if got := time.Duration(ended.Load()); got != 2*time.Second {
 			t.Errorf("handler ran %v, want the server's maximum, 2s", got)
 		}
-		if _, err := NewServer(WithIdempotencyDetachedHandler(-time.Second)); err == nil {
-			t.Error("WithIdempotencyDetachedHandler(-1s) accepted, want an error")
+		if _, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope, DetachedMax: -time.Second})); err == nil ||
+			!strings.Contains(err.Error(), "Idempotency.DetachedMax") {
+			t.Errorf("DetachedMax -1s: error %v, want one naming Idempotency.DetachedMax", err)
 		}
 	})
 }
@@ -135,14 +135,14 @@ func TestIdempotencyDetachedHandlerContext(t *testing.T) {
 			got <- s
 			return &echov1.EchoResponse{Message: "done"}, nil
 		}}
-		cc := idemStart(t, e, WithIdempotencyStore(steal), WithIdempotencyLease(3*time.Second))
+		cc := idemStart(t, e, Idempotency{Store: steal, Lease: 3 * time.Second})
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		wantCode(t, "caller", idemDo(ctx, cc, "k", "m", "x-tenant", "acme").err, codes.DeadlineExceeded, "")
 		s := <-got
-		if s.deadline != DefaultIdempotencyDetachedMax || len(s.tenant) != 1 || s.tenant[0] != "acme" || s.errAfterLeave != nil {
+		if s.deadline != defaultDetachedMax || len(s.tenant) != 1 || s.tenant[0] != "acme" || s.errAfterLeave != nil {
 			t.Errorf("handler saw deadline in %v, x-tenant %q, Err after the caller left %v; want %v, [acme], nil",
-				s.deadline, s.tenant, s.errAfterLeave, DefaultIdempotencyDetachedMax)
+				s.deadline, s.tenant, s.errAfterLeave, defaultDetachedMax)
 		}
 		if s.cause != context.Canceled || s.child != context.Canceled {
 			t.Errorf("lease lost: Cause %v, derived context's Err %v; want both Canceled", s.cause, s.child)
@@ -153,7 +153,7 @@ func TestIdempotencyDetachedHandlerContext(t *testing.T) {
 			kept = ctx
 			return &echov1.EchoResponse{Message: "done"}, nil
 		}}
-		if r := idemDo(idemCtx(t), idemStart(t, quick, WithIdempotencyStore(store)), "k2", "m"); r.err != nil {
+		if r := idemDo(idemCtx(t), idemStart(t, quick, Idempotency{Store: store}), "k2", "m"); r.err != nil {
 			t.Fatal(r.err)
 		}
 		if kept.Err() != context.Canceled {

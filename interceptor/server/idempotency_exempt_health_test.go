@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -20,15 +18,15 @@ import (
 )
 
 // serveHealthIdem serves grpc's health service behind a Server with
-// idempotency on a memory store and opts, and returns a health client and
-// the health server.
-func serveHealthIdem(t *testing.T, opts ...ServerOption) (healthpb.HealthClient, *health.Server) {
+// idempotency on a memory store and the key policies, and returns a health
+// client and the health server.
+func serveHealthIdem(t *testing.T, policies map[string]KeyPolicy) (healthpb.HealthClient, *health.Server) {
 	t.Helper()
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(append([]ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope()}, opts...)...)
+	s, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope, KeyPolicies: policies}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +64,7 @@ func serveHealthIdem(t *testing.T, opts ...ServerOption) (healthpb.HealthClient,
 // NOT_SERVING and SERVING.
 func TestServerIdempotencySkipsHealthChecks(t *testing.T) {
 	t.Run("a reused key", func(t *testing.T) {
-		hc, hs := serveHealthIdem(t)
+		hc, hs := serveHealthIdem(t, nil)
 		ctx := metadata.AppendToOutgoingContext(t.Context(), "idempotency-key", "probe")
 		if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 			t.Fatalf("Check() = %v, %v, want SERVING", r, err)
@@ -77,13 +75,13 @@ func TestServerIdempotencySkipsHealthChecks(t *testing.T) {
 		}
 	})
 	t.Run(`"" Required`, func(t *testing.T) {
-		hc, _ := serveHealthIdem(t, WithIdempotencyKeyPolicy("", IdempotencyKeyRequired))
+		hc, _ := serveHealthIdem(t, map[string]KeyPolicy{"": KeyRequired})
 		if r, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("Check() without a key, every method Required = %v, %v (%v), want SERVING", r, err, status.Code(err))
 		}
 	})
 	t.Run("named, it applies", func(t *testing.T) {
-		hc, _ := serveHealthIdem(t, WithIdempotencyKeyPolicy("grpc.health.v1.Health", IdempotencyKeyRequired))
+		hc, _ := serveHealthIdem(t, map[string]KeyPolicy{"grpc.health.v1.Health": KeyRequired})
 		if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("Check() without a key, Health Required by name = %v, want INVALID_ARGUMENT", err)
 		}

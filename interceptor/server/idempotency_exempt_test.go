@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -21,6 +19,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 )
 
 // idemClaimCount wraps a store and counts its claims.
@@ -50,8 +49,11 @@ func TestIdempotencySkipsHealthAndReflection(t *testing.T) {
 		t.Fatal(err)
 	}
 	spy := &idemClaimCount{Store: store, claims: make(chan idempotency.RecordKey, 16)}
-	srv, err := NewServer(WithIdempotencyStore(spy), WithIdempotencySharedScope(),
-		WithIdempotencyKeyPolicy("", IdempotencyKeyRequired))
+	srv, err := New(WithIdempotency(Idempotency{
+		Store:       spy,
+		Scope:       SharedScope,
+		KeyPolicies: map[string]KeyPolicy{"": KeyRequired},
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +74,7 @@ func TestIdempotencySkipsHealthAndReflection(t *testing.T) {
 	defer func() { _ = cc.Close(); gs.Stop(); <-served }()
 
 	ctx := idemCtx(t)
-	keyed := metadata.AppendToOutgoingContext(ctx, IdempotencyKeyHeader, "probe-1")
+	keyed := metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, "probe-1")
 	check := func(ctx context.Context) healthpb.HealthCheckResponse_ServingStatus {
 		t.Helper()
 		r, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
@@ -116,8 +118,11 @@ func TestIdempotencySkipsHealthAndReflection(t *testing.T) {
 	}
 
 	// A policy that names the service explicitly wins over the exemption.
-	named, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope(),
-		WithIdempotencyKeyPolicy("grpc.health.v1.Health", IdempotencyKeyRequired))
+	named, err := New(WithIdempotency(Idempotency{
+		Store:       store,
+		Scope:       SharedScope,
+		KeyPolicies: map[string]KeyPolicy{"grpc.health.v1.Health": KeyRequired},
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -252,7 +252,8 @@ func idemTenantScope(ctx context.Context) (string, error) {
 // idemStart serves impl over bufconn behind a Server built with idempotency
 // as idem says, and opts, and returns a client connection. Both are closed
 // when t ends. The scope is shared (these callers are not authenticated)
-// unless idem sets one.
+// unless idem sets one. An idem without a Store serves without idempotency
+// (the baseline of the benchmarks).
 func idemStart(t testing.TB, impl echov1.EchoServiceServer, idem Idempotency, opts ...Option) *grpc.ClientConn {
 	t.Helper()
 	return idemStartDial(t, impl, nil, idem, opts...)
@@ -265,7 +266,10 @@ func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.Dial
 	if idem.Scope == nil {
 		idem.Scope = SharedScope
 	}
-	s, err := New(append([]Option{WithIdempotency(idem)}, opts...)...)
+	if idem.Store != nil {
+		opts = append([]Option{WithIdempotency(idem)}, opts...)
+	}
+	s, err := New(opts...)
 	if err != nil {
 		t.Fatalf("New() error = %v", err)
 	}

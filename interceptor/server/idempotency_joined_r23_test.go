@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -44,7 +42,7 @@ func TestIdempotencyJoinedTxConnAfterTheHandlerReturnedDoesNotPanic(t *testing.T
 		}()
 		return nil
 	})
-	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
 	r := idemDo(idemCtx(t), cc, "k", "m")
 	close(returned)
 	if r.err != nil {
@@ -82,7 +80,7 @@ func TestIdempotencyJoinedHandlerEndingItsTransactionBySQLNeverRunsTwice(t *test
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := p.chargeEcho(tt.then)
-			cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)), WithIdempotencyLease(time.Second))
+			cc := idemStart(t, e, Idempotency{Store: p.store(t, nil), Lease: time.Second})
 			ctx := idemCtx(t)
 			key := "sql-" + tt.name
 			first := idemDo(ctx, cc, key, "m")
@@ -118,7 +116,7 @@ func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.
 		}
 		return nil
 	})
-	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 })))
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 })})
 	ctx := idemCtx(t)
 	if r := idemDo(ctx, cc, "done", "m"); r.err != nil {
 		t.Fatal(r.err)
@@ -150,7 +148,7 @@ func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.
 func TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer(t *testing.T) {
 	p := newPgJoined(t)
 	e := p.chargeEcho(nil)
-	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil, pgstore.WithLockTimeout(100*time.Millisecond))))
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, nil, pgstore.WithLockTimeout(100*time.Millisecond))})
 	bg := context.Background()
 	lock, err := p.admin.Begin(bg)
 	if err != nil {
@@ -202,7 +200,7 @@ func TestIdempotencyJoinedNestedPhaseIsRefused(t *testing.T) {
 		}
 		return &echov1.EchoResponse{Message: "ok"}, nil
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
 	ctx := idemCtx(t)
 	idemDo(ctx, cc, "k", "m")
 	idemDo(ctx, cc, "k", "m")
@@ -238,7 +236,7 @@ func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
 		}()
 		return nil
 	})
-	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
 	for i := range 20 {
 		if r := idemDo(idemCtx(t), cc, "k"+strconv.Itoa(i), "m"); r.err != nil {
 			t.Errorf("call %d: %v", i, r.err)

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -20,6 +18,7 @@ import (
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -131,7 +130,7 @@ func TestIdempotencyJoinedWritesCommitWithTheRecord(t *testing.T) {
 		handlerCommit = tx.Commit(ctx)
 		return nil
 	})
-	cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
 	ctx := idemCtx(t)
 	first := idemDo(ctx, cc, "k1", "m")
 	dup := idemDo(ctx, cc, "k1", "m")
@@ -189,7 +188,7 @@ func TestIdempotencyJoinedUnstoredOutcomeRollsBackTheWrites(t *testing.T) {
 				}
 				return nil
 			})
-			cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+			cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
 			ctx := idemCtx(t)
 			key := "unstored-" + tt.name
 			wantCode(t, "first attempt", idemDo(ctx, cc, key, "m").err, tt.want, "")
@@ -229,7 +228,7 @@ func TestIdempotencyJoinedStoredErrorUndoesTheWritesAndIsReplayed(t *testing.T) 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := p.chargeEcho(tt.then)
-			cc := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+			cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
 			ctx := idemCtx(t)
 			key := "stored-" + tt.name
 			first := idemDo(ctx, cc, key, "m")
@@ -280,8 +279,8 @@ func TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit(t *testing.T) {
 				return nil
 			})
 			bound := pgstore.WithLockTimeout(300 * time.Millisecond)
-			ccA := idemStart(t, e, WithIdempotencyStore(p.store(t, nil, bound)))
-			ccB := idemStart(t, e, WithIdempotencyStore(p.store(t, nil, bound)), WithIdempotencyPushback(250*time.Millisecond))
+			ccA := idemStart(t, e, Idempotency{Store: p.store(t, nil, bound)})
+			ccB := idemStart(t, e, Idempotency{Store: p.store(t, nil, bound), Pushback: 250 * time.Millisecond})
 			ctx := idemCtx(t)
 			firstDone := make(chan idemCall)
 			go func() { firstDone <- idemDo(ctx, ccA, "k", "m") }()
@@ -306,8 +305,8 @@ func TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit(t *testing.T) {
 			if first.err != nil || dup.err != nil || !bytes.Equal(first.raw, dup.raw) {
 				t.Fatalf("first = %x, %v; duplicate = %x, %v; want the first's reply replayed", first.raw, first.err, dup.raw, dup.err)
 			}
-			if dup.header.Get(IdempotencyReplayedHeader) == nil {
-				t.Errorf("duplicate's header lacks %s", IdempotencyReplayedHeader)
+			if dup.header.Get(wire.IdempotencyReplayedHeader) == nil {
+				t.Errorf("duplicate's header lacks %s", wire.IdempotencyReplayedHeader)
 			}
 			wantCalls(t, e, 1)
 			if n := p.rows(t, "k"); n != 1 {
@@ -334,8 +333,8 @@ func TestIdempotencyJoinedDeadOwnerFreesTheKeyAtOnce(t *testing.T) {
 		}
 		return nil
 	})
-	ccA := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
-	ccB := idemStart(t, e, WithIdempotencyStore(p.store(t, nil)))
+	ccA := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
+	ccB := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
 	ctx := idemCtx(t)
 	aDone := make(chan idemCall, 1)
 	go func() { aDone <- idemDo(ctx, ccA, "k", "m") }()
@@ -353,7 +352,7 @@ func TestIdempotencyJoinedDeadOwnerFreesTheKeyAtOnce(t *testing.T) {
 		t.Fatalf("duplicate after the owner died = %v, want it to run the call", dup.err)
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
-		t.Errorf("duplicate ran %v after the owner died, want at once (the lease is %v)", waited, DefaultIdempotencyLease)
+		t.Errorf("duplicate ran %v after the owner died, want at once (the lease is %v)", waited, defaultLease)
 	}
 	close(hold)
 	a := <-aDone
@@ -389,10 +388,10 @@ func TestIdempotencyJoinedCommitOutcomeUnknownNeverRunsTwice(t *testing.T) {
 				once.Do(func() { pgtest.FaultConnOf(tx.Conn().PgConn()).Next(tt.fault) }) // the next request is the commit
 				return nil
 			})
-			cc := idemStart(t, e, WithIdempotencyStore(p.store(t, func(c *pgxpool.Config) {
+			cc := idemStart(t, e, Idempotency{Store: p.store(t, func(c *pgxpool.Config) {
 				c.MaxConns = 1
 				pgtest.InjectFaults(c)
-			})))
+			})})
 			ctx := idemCtx(t)
 			key := "unknown-" + name
 			once.Do(func() {}) // the warm-up call prepares the joined statements on the connection, unharmed
@@ -430,7 +429,7 @@ func TestIdempotencyJoinedRoundTrips(t *testing.T) {
 		rt = pgtest.CountRoundTrips(c)
 	})
 	e := p.chargeEcho(nil)
-	cc := idemStart(t, e, WithIdempotencyStore(store))
+	cc := idemStart(t, e, Idempotency{Store: store})
 	ctx := idemCtx(t)
 
 	// The handler's own transaction, on a pool of its own.

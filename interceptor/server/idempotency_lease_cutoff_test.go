@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -78,9 +76,12 @@ func testIdemCutoff(t *testing.T, env *idemEnv, cut idempotency.Store) {
 			return &echov1.EchoResponse{Message: "first"}, nil
 		}
 	}}
-	opts := []ServerOption{WithIdempotencyLease(lease), WithIdempotencyPoll(10*time.Millisecond, 20*time.Millisecond)}
-	ccA := idemStart(t, e, append(opts, WithIdempotencyStore(cut))...)            // cut off from the store's renewals
-	ccB := idemStart(t, e, append(opts, WithIdempotencyStore(env.newStore()))...) // another replica
+	idem := Idempotency{Lease: lease, PollInitial: 10 * time.Millisecond, PollMax: 20 * time.Millisecond}
+	idemA, idemB := idem, idem
+	idemA.Store = cut            // cut off from the store's renewals
+	idemB.Store = env.newStore() // another replica
+	ccA := idemStart(t, e, idemA)
+	ccB := idemStart(t, e, idemB)
 	var wg sync.WaitGroup
 	var a idemCall
 	wg.Go(func() { a = idemDo(context.Background(), ccA, "k", "m") })

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -46,9 +44,11 @@ func idemSlowEcho() (*idemEcho, chan struct{}) {
 
 func testIdemLeaseRenewed(t *testing.T, env *idemEnv) {
 	e, started := idemSlowEcho()
-	opts := []ServerOption{WithIdempotencyLease(idemShortLease), WithIdempotencyPoll(10*time.Millisecond, 50*time.Millisecond)}
-	ccA := idemStart(t, e, append(opts, WithIdempotencyStore(env.store))...)
-	ccB := idemStart(t, e, append(opts, WithIdempotencyStore(env.newStore()))...)
+	idem := Idempotency{Lease: idemShortLease, PollInitial: 10 * time.Millisecond, PollMax: 50 * time.Millisecond}
+	idemA, idemB := idem, idem
+	idemA.Store, idemB.Store = env.store, env.newStore()
+	ccA := idemStart(t, e, idemA)
+	ccB := idemStart(t, e, idemB)
 	// No deadline on the calls: the lease is the configured 200 ms.
 	ctx := context.Background()
 	var wg sync.WaitGroup
@@ -80,7 +80,7 @@ func (s *idemStealStore) Renew(ctx context.Context, k idempotency.RecordKey, tok
 func testIdemLeaseLostWaiters(t *testing.T, env *idemEnv) {
 	e, started := idemSlowEcho()
 	store := &idemStealStore{Store: env.store}
-	cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyLease(idemShortLease))
+	cc := idemStart(t, e, Idempotency{Store: store, Lease: idemShortLease})
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	results := make([]idemCall, 4)
@@ -116,7 +116,7 @@ func (idemNoRenewStore) Renew(context.Context, idempotency.RecordKey, string, ti
 
 func testIdemLeaseAbsentStored(t *testing.T, env *idemEnv) {
 	e, _ := idemSlowEcho()
-	cc := idemStart(t, e, WithIdempotencyStore(idemNoRenewStore{env.store}), WithIdempotencyLease(idemShortLease))
+	cc := idemStart(t, e, Idempotency{Store: idemNoRenewStore{env.store}, Lease: idemShortLease})
 	ctx := context.Background()
 	if r := idemDo(ctx, cc, "k", "m"); r.err != nil {
 		t.Fatal(r.err)
@@ -154,7 +154,7 @@ func TestIdempotencyLeaseIsTheConfiguredLeaseWhateverTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	spy := &idemLeaseSpy{Store: mem}
-	cc := idemStart(t, &idemEcho{}, WithIdempotencyStore(spy), WithIdempotencyLease(idemShortLease))
+	cc := idemStart(t, &idemEcho{}, Idempotency{Store: spy, Lease: idemShortLease})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	if r := idemDo(ctx, cc, "with-deadline", "m"); r.err != nil {

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -83,7 +81,7 @@ func TestIdempotencyWaitersDropTheirRequestCopy(t *testing.T) {
 			}
 			return &echov1.EchoResponse{Message: req.Message}, nil
 		}}
-		cc := idemStart(t, e, WithIdempotencyStore(store))
+		cc := idemStart(t, e, Idempotency{Store: store})
 		ctx := idemCtx(t)
 		if r := idemDo(ctx, cc, "", "warm up"); r.err != nil {
 			t.Fatal(r.err)
@@ -147,9 +145,9 @@ func TestMemoryStoreBytesCountWhatTheHeapHolds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err := NewServer(WithIdempotencyStore(store), WithIdempotencyScope(func(context.Context) (string, error) {
+			s, err := New(WithIdempotency(Idempotency{Store: store, Scope: func(context.Context) (string, error) {
 				return strings.Clone(tt.scope), nil // a string of its own per call, as a real scope function returns
-			}))
+			}}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -208,7 +206,7 @@ func TestIdempotencyOneTenantCannotFillTheMemoryStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := &idemEcho{}
-		cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyScope(idemTenantScope))
+		cc := idemStart(t, e, Idempotency{Store: store, Scope: idemTenantScope})
 		ctx := idemCtx(t)
 		var ok, refused int
 		for i := range 64 {

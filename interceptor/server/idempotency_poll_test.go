@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -43,7 +41,7 @@ func TestIdempotencyPollBackoffDoublesAndStopsAtLease(t *testing.T) {
 		idemCrash(t, env, "k") // lease idemTestLease = 2 s, from now
 		spy := &idemClock{Store: mem, start: time.Now()}
 		e := &idemEcho{}
-		cc := idemStart(t, e, WithIdempotencyStore(spy))
+		cc := idemStart(t, e, Idempotency{Store: spy})
 		if r := idemDo(idemCtx(t), cc, "k", "m"); r.err != nil {
 			t.Fatalf("duplicate error = %v, want it to run once the lease ended", r.err)
 		}
@@ -81,7 +79,7 @@ func TestIdempotencyWaiterTakesOverWhenFirstCallerCancels(t *testing.T) {
 		}
 		// On the caller's context (the opt-out of detached handlers), the
 		// first caller's cancellation ends its handler.
-		cc := idemStart(t, e, WithIdempotencyStore(mem), WithIdempotencyDetachedHandler(0))
+		cc := idemStart(t, e, Idempotency{Store: mem, AttachedHandler: true})
 		ctx := idemCtx(t)
 		first, cancel := context.WithCancel(ctx)
 		firstDone := make(chan idemCall)

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -53,8 +51,10 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ccs[i] = idemStart(t, idemCountingEcho(book), WithIdempotencyStore(&idemLedger{Store: s, idemBook: book}),
-			WithIdempotencyLease(2*time.Second), WithServerLogger(log.logger()))
+		ccs[i] = idemStart(t, idemCountingEcho(book), Idempotency{
+			Store: &idemLedger{Store: s, idemBook: book},
+			Lease: 2 * time.Second,
+		}, WithLogger(log.logger()))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second+*stressFor)
 	defer cancel()
@@ -100,7 +100,7 @@ func TestIdempotencyRedisClusterMigrationAndRestart(t *testing.T) {
 					}
 					unavailable.Add(1)
 					select { // the client's wait: the retry hint
-					case <-time.After(DefaultIdempotencyPushback):
+					case <-time.After(defaultPushback):
 					case <-ctx.Done():
 						return
 					}

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -127,8 +125,8 @@ func wantRetryHint(err error, trailer metadata.MD) error {
 			hint = ri.GetRetryDelay().AsDuration()
 		}
 	}
-	if hint != DefaultIdempotencyPushback {
-		return fmt.Errorf("RetryInfo hint = %v, want %v", hint, DefaultIdempotencyPushback)
+	if hint != defaultPushback {
+		return fmt.Errorf("RetryInfo hint = %v, want %v", hint, defaultPushback)
 	}
 	if got := trailer.Get("grpc-retry-pushback-ms"); len(got) != 1 || got[0] != "100" {
 		return fmt.Errorf("grpc-retry-pushback-ms = %q, want [100]", got)
@@ -192,8 +190,11 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 			t.Fatal(err)
 		}
 		ledgers[i] = &idemLedger{Store: s, idemBook: book}
-		ccs[i] = idemStart(t, idemCountingEcho(book), WithIdempotencyStore(ledgers[i]), WithIdempotencyFailOpen(failOpen),
-			WithIdempotencyLease(time.Second), WithServerLogger(log.logger()))
+		ccs[i] = idemStart(t, idemCountingEcho(book), Idempotency{
+			Store:    ledgers[i],
+			FailOpen: failOpen,
+			Lease:    time.Second,
+		}, WithLogger(log.logger()))
 	}
 	ctx := idemCtx(t)
 	call := func(cc *grpc.ClientConn, key string) idemCall {
@@ -252,7 +253,7 @@ func testRedisKilledDuringBurst(t *testing.T, aof, failOpen bool) {
 					unavailable.Add(1)
 					select {
 					case <-restarted: // the client's wait: the retry hint
-						time.Sleep(DefaultIdempotencyPushback)
+						time.Sleep(defaultPushback)
 					default:
 						signal()
 						<-restarted
@@ -405,7 +406,7 @@ func TestIdempotencyRedisFailoverLosesUnreplicatedWrites(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return idemStart(t, e, WithIdempotencyStore(s), WithServerLogger(log.logger()))
+				return idemStart(t, e, Idempotency{Store: s}, WithLogger(log.logger()))
 			}
 			var ccA *grpc.ClientConn
 			if tt.minReplica {

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -18,6 +16,7 @@ import (
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -51,7 +50,10 @@ func TestIdempotencyRedisFloodNeverFailsAnotherTenant(t *testing.T) {
 			}
 			cc := idemStart(t, &idemEcho{fn: func(_ context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 				return &echov1.EchoResponse{Message: req.Message, Payload: req.Payload}, nil
-			}}, WithIdempotencyStore(store), WithIdempotencyScope(idemTenantScope))
+			}}, Idempotency{
+				Store: store,
+				Scope: idemTenantScope,
+			})
 			testIdemFlood(t, cc, tt.flood)
 		})
 	}
@@ -64,7 +66,7 @@ func testIdemFlood(t *testing.T, cc *grpc.ClientConn, flood int) {
 		// under -race on a Redis Cluster) measured the machine's speed.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		cctx := metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant, IdempotencyKeyHeader, key)
+		cctx := metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant, wire.IdempotencyKeyHeader, key)
 		_, err := echov1.NewEchoServiceClient(cc).Echo(cctx, &echov1.EchoRequest{Message: key, Payload: payload})
 		return err
 	}
@@ -113,7 +115,7 @@ func TestIdempotencyRedisOutOfMemoryIsResourceExhausted(t *testing.T) {
 	}
 	e := &idemEcho{}
 	for _, open := range []bool{false, true} {
-		cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyFailOpen(open))
+		cc := idemStart(t, e, Idempotency{Store: store, FailOpen: open})
 		if open {
 			idemFillRedis(t, client)
 		}
@@ -190,11 +192,11 @@ func TestIdempotencyRedisBurstPastTheQuotaGoesWithTheMinimumRetention(t *testing
 		}
 		return &echov1.EchoResponse{Message: req.Message, Payload: req.Payload}, nil
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyScope(idemTenantScope))
+	cc := idemStart(t, e, Idempotency{Store: store, Scope: idemTenantScope})
 	ctx := idemCtx(t)
 	payload := make([]byte, 250<<10)
 	call := func(tenant, key string) error {
-		cctx := metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant, IdempotencyKeyHeader, key)
+		cctx := metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant, wire.IdempotencyKeyHeader, key)
 		_, err := echov1.NewEchoServiceClient(cc).Echo(cctx, &echov1.EchoRequest{Message: key, Payload: payload})
 		return err
 	}

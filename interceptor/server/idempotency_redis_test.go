@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -22,7 +20,7 @@ func TestIdempotencyRedisRoundTripsFirstTwoReplayOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &idemEcho{}
-	cc := idemStart(t, e, WithIdempotencyStore(store))
+	cc := idemStart(t, e, Idempotency{Store: store})
 	ctx := idemCtx(t)
 	idemDo(ctx, cc, "warm-up", "m") // the first use of each script loads it
 	count := func(key string) int64 {
@@ -50,7 +48,7 @@ func TestIdempotencyRedisStoppedMidway(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := &idemEcho{}
-		cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyFailOpen(failOpen), WithServerLogger(new(idemLog).logger()))
+		cc := idemStart(t, e, Idempotency{Store: store, FailOpen: failOpen}, WithLogger(new(idemLog).logger()))
 		ctx := idemCtx(t)
 		if r := idemDo(ctx, cc, "k1", "m"); r.err != nil {
 			t.Fatalf("failOpen=%v: call with Redis up: %v", failOpen, r.err)
@@ -102,9 +100,9 @@ func TestIdempotencyRedisClaimWithLostReplyDoesNotBlockRetries(t *testing.T) {
 			clientA := redistest.Client(t, addr)
 			faults := redistest.InjectFaults(clientA)
 			e := &idemEcho{}
-			opts := []ServerOption{WithIdempotencyLease(lease), WithServerLogger(new(idemLog).logger())}
-			ccA := idemStart(t, e, append(opts, WithIdempotencyStore(store(clientA)))...)
-			ccB := idemStart(t, e, append(opts, WithIdempotencyStore(store(redistest.Client(t, addr))))...)
+			logger := WithLogger(new(idemLog).logger())
+			ccA := idemStart(t, e, Idempotency{Store: store(clientA), Lease: lease}, logger)
+			ccB := idemStart(t, e, Idempotency{Store: store(redistest.Client(t, addr)), Lease: lease}, logger)
 			ctx := idemCtx(t)
 			if r := idemDo(ctx, ccA, "warm-up", "m"); r.err != nil { // loads the scripts
 				t.Fatal(r.err)

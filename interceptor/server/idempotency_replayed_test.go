@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -15,7 +13,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -42,11 +42,11 @@ func testIdemReplaysMarked(t *testing.T, env *idemEnv) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-h", "1"))
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	cc := idemStart(t, e, Idempotency{Store: env.store})
 	ctx := idemCtx(t)
 	marked := func(what string, c idemCall, want bool) {
 		t.Helper()
-		if got := IdempotencyReplayed(c.header); got != want {
+		if got := wire.IdempotencyReplayed(c.header); got != want {
 			t.Errorf("%s: header %v, replayed %v, want %v", what, c.header, got, want)
 		}
 	}
@@ -78,16 +78,19 @@ func testIdemReplaysMarked(t *testing.T, env *idemEnv) {
 	if leader.err != nil || waiter.err != nil {
 		t.Fatalf("coalesced calls: %v, %v", leader.err, waiter.err)
 	}
-	if IdempotencyReplayed(leader.header) == IdempotencyReplayed(waiter.header) {
+	if wire.IdempotencyReplayed(leader.header) == wire.IdempotencyReplayed(waiter.header) {
 		t.Errorf("coalesced calls: replayed %v and %v, want exactly one (the one whose handler did not run)",
-			IdempotencyReplayed(leader.header), IdempotencyReplayed(waiter.header))
+			wire.IdempotencyReplayed(leader.header), wire.IdempotencyReplayed(waiter.header))
 	}
 	wantCalls(t, e, 3)
 }
 
+// clientMetricReplays is the client's count of replayed answers.
+const clientMetricReplays = "resilience.client.idempotency.replays"
+
 // TestClientSeesReplays: a keyed call whose first attempt times out while
 // its handler runs gets, on its retry, the first execution's outcome; the
-// caller reads that it was a replay (IdempotencyReplayed on its
+// caller reads that it was a replay (wire.IdempotencyReplayed on its
 // grpc.Header), and the client counts it (resilience.client.idempotency.replays).
 func TestClientSeesReplays(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -102,29 +105,29 @@ func TestClientSeesReplays(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := newTestClient(t, WithMeterProvider(mp), WithIdempotencyKeys("resilience.echo.v1.EchoService"),
-			WithRetryPolicy(&serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond,
+		c := newTestClient(t, interceptor.WithMeterProvider(mp), interceptor.WithIdempotencyKeys("resilience.echo.v1.EchoService"),
+			interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond,
 				PerAttemptRecvTimeout: 100 * time.Millisecond}))
-		cc := idemStartDial(t, e, c.DialOptions(), WithIdempotencyStore(store))
+		cc := idemStartDial(t, e, c.DialOptions(), Idempotency{Store: store})
 		var header metadata.MD
 		r, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{Message: "order-1"}, grpc.Header(&header))
 		if err != nil || r.GetMessage() != "created order-1" {
 			t.Fatalf("Echo = %v, %v", r, err)
 		}
-		if !IdempotencyReplayed(header) {
+		if !wire.IdempotencyReplayed(header) {
 			t.Errorf("header %v: want the answer marked as a replay", header)
 		}
 		wantCalls(t, e, 1)
-		collect(t, reader).expect(t, metricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
+		collect(t, reader).expect(t, clientMetricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
 
 		header = nil
 		if _, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{Message: "order-2"}, grpc.Header(&header)); err != nil {
 			t.Fatal(err)
 		}
-		if IdempotencyReplayed(header) {
+		if wire.IdempotencyReplayed(header) {
 			t.Errorf("a fresh call's header %v is marked as a replay", header)
 		}
-		collect(t, reader).expect(t, metricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
+		collect(t, reader).expect(t, clientMetricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
 	})
 }
 
@@ -132,9 +135,9 @@ func TestClientSeesReplays(t *testing.T) {
 // interceptor marks an answer as a replay, against every store. A handler
 // that set idempotency-replayed itself (a gateway passing on the headers
 // of a downstream server that replayed) had its fresh answer read as a
-// replay by IdempotencyReplayed, and since the header was stored with the
+// replay by wire.IdempotencyReplayed, and since the header was stored with the
 // outcome, the replay of that answer carried the mark twice, which
-// IdempotencyReplayed does not read as a replay: both answers lied. Now
+// wire.IdempotencyReplayed does not read as a replay: both answers lied. Now
 // the handler's mark is dropped, from what is sent and what is stored (in
 // header and trailer), and a replay carries exactly one, also from a
 // record stored with one by an earlier version.
@@ -144,14 +147,14 @@ func TestIdempotencyReplayedHeaderIsTheInterceptorsAlone(t *testing.T) {
 
 func testIdemReplayedByHandler(t *testing.T, env *idemEnv) {
 	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(IdempotencyReplayedHeader, "true", "x-h", "1"))
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(IdempotencyReplayedHeader, "true"))
+		_ = grpc.SetHeader(ctx, metadata.Pairs(wire.IdempotencyReplayedHeader, "true", "x-h", "1"))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.IdempotencyReplayedHeader, "true"))
 		if req.Message == "sent" {
-			_ = grpc.SendHeader(ctx, metadata.Pairs(IdempotencyReplayedHeader, "true"))
+			_ = grpc.SendHeader(ctx, metadata.Pairs(wire.IdempotencyReplayedHeader, "true"))
 		}
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	cc := idemStart(t, e, Idempotency{Store: env.store})
 	ctx := idemCtx(t)
 	for _, msg := range []string{"set", "sent"} {
 		first := idemDo(ctx, cc, "k-"+msg, msg)
@@ -159,15 +162,15 @@ func testIdemReplayedByHandler(t *testing.T, env *idemEnv) {
 		if first.err != nil || dup.err != nil {
 			t.Fatalf("%s: %v, %v", msg, first.err, dup.err)
 		}
-		if IdempotencyReplayed(first.header) || len(first.header[IdempotencyReplayedHeader]) != 0 ||
-			len(first.trailer[IdempotencyReplayedHeader]) != 0 {
+		if wire.IdempotencyReplayed(first.header) || len(first.header[wire.IdempotencyReplayedHeader]) != 0 ||
+			len(first.trailer[wire.IdempotencyReplayedHeader]) != 0 {
 			t.Errorf("%s: the handler's answer carries header %v, trailer %v; want no %s", msg, first.header, first.trailer,
-				IdempotencyReplayedHeader)
+				wire.IdempotencyReplayedHeader)
 		}
-		if got := dup.header[IdempotencyReplayedHeader]; len(got) != 1 || !IdempotencyReplayed(dup.header) {
-			t.Errorf("%s: the replay's %s = %q, want [true]", msg, IdempotencyReplayedHeader, got)
+		if got := dup.header[wire.IdempotencyReplayedHeader]; len(got) != 1 || !wire.IdempotencyReplayed(dup.header) {
+			t.Errorf("%s: the replay's %s = %q, want [true]", msg, wire.IdempotencyReplayedHeader, got)
 		}
-		if len(dup.trailer[IdempotencyReplayedHeader]) != 0 {
+		if len(dup.trailer[wire.IdempotencyReplayedHeader]) != 0 {
 			t.Errorf("%s: the replay's trailer %v carries the mark", msg, dup.trailer)
 		}
 	}
@@ -185,12 +188,12 @@ func testIdemReplayedByHandler(t *testing.T, env *idemEnv) {
 	}
 	reply, _ := proto.Marshal(&echov1.EchoResponse{Message: "old"})
 	rec := &idempotency.Record{Fingerprint: fp[:], ReplyType: "resilience.echo.v1.EchoResponse", Reply: reply,
-		Header: metadata.Pairs(IdempotencyReplayedHeader, "true")}
+		Header: metadata.Pairs(wire.IdempotencyReplayedHeader, "true")}
 	if err := env.store.Complete(ctx, rk, cl.Token, rec, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	old := idemDo(ctx, cc, "old", "old")
-	if got := old.header[IdempotencyReplayedHeader]; old.err != nil || len(got) != 1 || !IdempotencyReplayed(old.header) {
-		t.Errorf("replay of a record stored with the mark: %v, %s = %q, want [true]", old.err, IdempotencyReplayedHeader, got)
+	if got := old.header[wire.IdempotencyReplayedHeader]; old.err != nil || len(got) != 1 || !wire.IdempotencyReplayed(old.header) {
+		t.Errorf("replay of a record stored with the mark: %v, %s = %q, want [true]", old.err, wire.IdempotencyReplayedHeader, got)
 	}
 }

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -59,7 +57,7 @@ func TestIdempotencyFloodFromOneScopeNeverRerunsAnother(t *testing.T) {
 				}
 				return &echov1.EchoResponse{Message: req.Message, Payload: make([]byte, tt.replyBytes)}, nil
 			}}
-			cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyScope(idemTenantScope))
+			cc := idemStart(t, e, Idempotency{Store: store, Scope: idemTenantScope})
 			ctx := idemCtx(t)
 			if r := idemDo(ctx, cc, "a-order-1", "charge", "x-tenant", "a"); r.err != nil {
 				t.Fatalf("A's first call: %v", r.err)

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -97,11 +95,11 @@ func (ca *testCA) spiffeCert(t *testing.T, id string) tls.Certificate {
 // idemStartMTLS serves impl on a loopback TCP port with mutual TLS (client
 // certificates of ca required and verified), behind a Server built from
 // opts, and returns a function that dials it with a client certificate.
-func idemStartMTLS(t *testing.T, ca *testCA, impl echov1.EchoServiceServer, opts ...ServerOption) func(cert tls.Certificate) *grpc.ClientConn {
+func idemStartMTLS(t *testing.T, ca *testCA, impl echov1.EchoServiceServer, opts ...Option) func(cert tls.Certificate) *grpc.ClientConn {
 	t.Helper()
-	s, err := NewServer(opts...)
+	s, err := New(opts...)
 	if err != nil {
-		t.Fatalf("NewServer() error = %v", err)
+		t.Fatalf("New() error = %v", err)
 	}
 	serverCert := ca.issue(t, x509.Certificate{DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}})
 	creds := credentials.NewTLS(&tls.Config{
@@ -152,11 +150,11 @@ func TestIdempotencySPIFFEWorkloadsOfOneCADoNotShareRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
-		p, _ := IdempotencyPeerScope(ctx)
+		p, _ := PeerScope(ctx)
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-owner", p))
 		return &echov1.EchoResponse{Message: "reply for " + p}, nil
 	}}
-	dial := idemStartMTLS(t, ca, e, WithIdempotencyStore(store), WithIdempotencyScope(IdempotencyPeerScope))
+	dial := idemStartMTLS(t, ca, e, WithIdempotency(Idempotency{Store: store, Scope: PeerScope}))
 	x := dial(ca.spiffeCert(t, "spiffe://example.org/ns/a/sa/x"))
 	y := dial(ca.spiffeCert(t, "spiffe://example.org/ns/a/sa/y"))
 	ctx := idemCtx(t)
@@ -189,7 +187,7 @@ func TestIdempotencyPeerScopeRefusesCertificateWithoutIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &idemEcho{}
-	dial := idemStartMTLS(t, ca, e, WithIdempotencyStore(store), WithIdempotencyScope(IdempotencyPeerScope))
+	dial := idemStartMTLS(t, ca, e, WithIdempotency(Idempotency{Store: store, Scope: PeerScope}))
 	anon := dial(ca.issue(t, x509.Certificate{}))
 	ctx := idemCtx(t)
 	wantCode(t, "keyed call with an anonymous certificate", idemDo(ctx, anon, "k", "m").err, codes.Unauthenticated, "no identity")
@@ -211,7 +209,7 @@ func TestIdempotencyPeerScopeRefusesCallerWithoutCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &idemEcho{}
-	cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencyScope(IdempotencyPeerScope))
+	cc := idemStart(t, e, Idempotency{Store: store, Scope: PeerScope})
 	ctx := idemCtx(t)
 	for range 2 {
 		wantCode(t, "keyed call without a certificate", idemDo(ctx, cc, "k", "secret").err, codes.Unauthenticated, "verified client certificate")
@@ -221,42 +219,43 @@ func TestIdempotencyPeerScopeRefusesCallerWithoutCertificate(t *testing.T) {
 
 // TestNewServerRequiresAnIdempotencyScope pins finding 2b of issue 14 for
 // the configuration: a store without a scope used to mean a scope shared by
-// every caller without a certificate (the README's own setup). NewServer
-// now asks for a choice.
+// every caller without a certificate (the README's own setup). New now
+// asks for a choice, and says which are there.
 func TestNewServerRequiresAnIdempotencyScope(t *testing.T) {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = NewServer(WithIdempotencyStore(store))
-	if err == nil || !strings.Contains(err.Error(), "WithIdempotencyScope") || !strings.Contains(err.Error(), "WithIdempotencySharedScope") {
-		t.Errorf("NewServer(WithIdempotencyStore(store)) error = %v, want one naming WithIdempotencyScope and WithIdempotencySharedScope", err)
+	_, err = New(WithIdempotency(Idempotency{Store: store}))
+	if err == nil || !strings.Contains(err.Error(), "Idempotency.Scope is nil") ||
+		!strings.Contains(err.Error(), "server.PeerScope") || !strings.Contains(err.Error(), "server.SharedScope") {
+		t.Errorf("New(WithIdempotency(Idempotency{Store: store})) error = %v, want one naming Idempotency.Scope, server.PeerScope and server.SharedScope", err)
 	}
-	for _, opt := range []ServerOption{WithIdempotencySharedScope(), WithIdempotencyScope(IdempotencyPeerScope)} {
-		if _, err := NewServer(WithIdempotencyStore(store), opt); err != nil {
-			t.Errorf("NewServer with a scope: %v, want none", err)
+	for _, scope := range []func(context.Context) (string, error){SharedScope, PeerScope} {
+		if _, err := New(WithIdempotency(Idempotency{Store: store, Scope: scope})); err != nil {
+			t.Errorf("New with a scope: %v, want none", err)
 		}
 	}
 }
 
-// TestNewServerRefusesANilStore pins WithIdempotencyStore(nil) (item 4 of
+// TestNewServerRefusesANilStore pins a nil Idempotency.Store (item 4 of
 // issue 24): a nil store silently turned idempotency off, and a nil
 // *MemoryStore (a constructor's error dropped) panicked on the first keyed
-// call. NewServer now refuses both, saying what is wrong.
+// call. New now refuses both, saying what is wrong.
 func TestNewServerRefusesANilStore(t *testing.T) {
 	tests := []struct {
 		name  string
 		store idempotency.Store
 		want  string
 	}{
-		{"nil", nil, "WithIdempotencyStore(nil): the store must not be nil"},
-		{"nil pointer", (*idempotency.MemoryStore)(nil), "WithIdempotencyStore((*idempotency.MemoryStore)(nil)): the store must not be nil"},
+		{"nil", nil, "server: Idempotency.Store is nil: the store must not be nil"},
+		{"nil pointer", (*idempotency.MemoryStore)(nil), "server: Idempotency.Store is a nil *idempotency.MemoryStore: the store must not be nil"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := NewServer(WithIdempotencyStore(tt.store), WithIdempotencySharedScope())
+			s, err := New(WithIdempotency(Idempotency{Store: tt.store, Scope: SharedScope}))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("NewServer(WithIdempotencyStore(%#v)) = %v, %v; want an error containing %q", tt.store, s, err, tt.want)
+				t.Errorf("New(WithIdempotency(Idempotency{Store: %#v})) = %v, %v; want an error containing %q", tt.store, s, err, tt.want)
 			}
 		})
 	}
@@ -275,8 +274,11 @@ func TestIdempotencyOmitMetadataNeverReplayed(t *testing.T) {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-t", "kept", "x-debug-bin", "\x01"))
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(store), WithIdempotencySharedScope(),
-		WithIdempotencyOmitMetadata("set-cookie", "X-Debug-Bin"))
+	cc := idemStart(t, e, Idempotency{
+		Store:        store,
+		Scope:        SharedScope,
+		OmitMetadata: []string{"set-cookie", "X-Debug-Bin"},
+	})
 	ctx := idemCtx(t)
 	first := idemDo(ctx, cc, "k", "m")
 	dup := idemDo(ctx, cc, "k", "m")
@@ -293,7 +295,8 @@ func TestIdempotencyOmitMetadataNeverReplayed(t *testing.T) {
 	if dup.header.Get("x-h")[0] != "kept" || dup.trailer.Get("x-t")[0] != "kept" {
 		t.Errorf("replay lost x-h or x-t: header %v trailer %v", dup.header, dup.trailer)
 	}
-	if _, err := NewServer(WithIdempotencyOmitMetadata("Bad Key")); err == nil {
-		t.Error(`WithIdempotencyOmitMetadata("Bad Key") accepted, want an error`)
+	if _, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope, OmitMetadata: []string{"Bad Key"}})); err == nil ||
+		!strings.Contains(err.Error(), "Idempotency.OmitMetadata") {
+		t.Errorf(`OmitMetadata "Bad Key": error %v, want one naming Idempotency.OmitMetadata`, err)
 	}
 }

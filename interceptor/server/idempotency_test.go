@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -53,7 +51,7 @@ func TestIdempotencySemantics(t *testing.T) {
 
 func testIdemReplayBytes(t *testing.T, env *idemEnv) {
 	e := &idemEcho{}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	cc := idemStart(t, e, Idempotency{Store: env.store})
 	ctx := idemCtx(t)
 	first := idemDo(ctx, cc, "k1", "hello")
 	dup := idemDo(ctx, cc, "k1", "hello")
@@ -88,7 +86,7 @@ func testIdemReplayError(t *testing.T, env *idemEnv) {
 		}
 		return nil, st.Err()
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	cc := idemStart(t, e, Idempotency{Store: env.store})
 	ctx := idemCtx(t)
 	first := idemDo(ctx, cc, "k1", "o-1")
 	dup := idemDo(ctx, cc, "k1", "o-1")
@@ -107,7 +105,7 @@ func testIdemConcurrent64(t *testing.T, env *idemEnv) {
 		<-gate
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	cc := idemStart(t, e, Idempotency{Store: env.store})
 	ctx := idemCtx(t)
 	var (
 		wg      sync.WaitGroup
@@ -146,9 +144,9 @@ func testIdemCrossServerWait(t *testing.T, env *idemEnv) {
 		<-gate
 		return &echov1.EchoResponse{Message: req.Message + "-done"}, nil
 	}}
-	ccA := idemStart(t, e, WithIdempotencyStore(env.store))
+	ccA := idemStart(t, e, Idempotency{Store: env.store})
 	spy := newIdemSpy(env.newStore())
-	ccB := idemStart(t, e, WithIdempotencyStore(spy))
+	ccB := idemStart(t, e, Idempotency{Store: spy})
 	ctx := idemCtx(t)
 	firstDone := make(chan idemCall)
 	go func() { firstDone <- idemDo(ctx, ccA, "k", "m") }()
@@ -171,8 +169,8 @@ func testIdemWaitDeadline(t *testing.T, env *idemEnv) {
 		<-gate
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}}
-	ccA := idemStart(t, e, WithIdempotencyStore(env.store))
-	ccB := idemStart(t, e, WithIdempotencyStore(env.newStore()))
+	ccA := idemStart(t, e, Idempotency{Store: env.store})
+	ccB := idemStart(t, e, Idempotency{Store: env.newStore()})
 	ctx := idemCtx(t)
 	firstDone := make(chan idemCall)
 	go func() { firstDone <- idemDo(ctx, ccA, "k", "m") }()
@@ -201,8 +199,7 @@ func testIdemWaitOff(t *testing.T, env *idemEnv) {
 		<-gate
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}}
-	opts := []ServerOption{WithIdempotencyStore(env.store), WithIdempotencySharedScope(), WithIdempotencyWait(false), WithIdempotencyPushback(250 * time.Millisecond)}
-	cc := idemStart(t, e, opts...)
+	cc := idemStart(t, e, Idempotency{Store: env.store, Scope: SharedScope, NoWait: true, Pushback: 250 * time.Millisecond})
 	ctx := idemCtx(t)
 	firstDone := make(chan idemCall)
 	go func() { firstDone <- idemDo(ctx, cc, "k", "m") }()
@@ -228,7 +225,7 @@ func testIdemMismatch(t *testing.T, env *idemEnv) {
 		<-gate
 		return &echov1.EchoResponse{Message: req.Message}, nil
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	cc := idemStart(t, e, Idempotency{Store: env.store})
 	ctx := idemCtx(t)
 	firstDone := make(chan idemCall)
 	go func() { firstDone <- idemDo(ctx, cc, "k", "request-A") }()
@@ -288,11 +285,11 @@ func testIdemRetryable(i int) func(t *testing.T, env *idemEnv) {
 			}
 			return &echov1.EchoResponse{Message: req.Message}, nil
 		}
-		opts := []ServerOption{WithIdempotencyStore(env.store)}
+		idem := Idempotency{Store: env.store}
 		if tc.timeout > 0 {
-			opts = append(opts, WithIdempotencyDetachedHandler(0))
+			idem.AttachedHandler = true
 		}
-		cc := idemStart(t, e, opts...)
+		cc := idemStart(t, e, idem)
 		ctx := idemCtx(t)
 		first := ctx
 		if tc.timeout > 0 {
@@ -325,7 +322,7 @@ func testIdemCancelled(t *testing.T, env *idemEnv) {
 	}
 	// On the caller's context (the opt-out of detached handlers), the
 	// caller's cancellation ends the handler: CANCELLED is not stored.
-	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithIdempotencyDetachedHandler(0))
+	cc := idemStart(t, e, Idempotency{Store: env.store, AttachedHandler: true})
 	ctx := idemCtx(t)
 	first, cancel := context.WithCancel(ctx)
 	go func() { <-entered; cancel() }()
@@ -356,7 +353,7 @@ func testIdemCrashedOwnerNoWait(t *testing.T, env *idemEnv) {
 	idemCrash(t, env, "k")
 	e := &idemEcho{}
 	ctx := idemCtx(t)
-	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithIdempotencySharedScope(), WithIdempotencyWait(false))
+	cc := idemStart(t, e, Idempotency{Store: env.store, Scope: SharedScope, NoWait: true})
 	wantCode(t, "before the lease ends", idemDo(ctx, cc, "k", "m").err, codes.Aborted, "")
 	env.advance(idemTestLease)
 	if r := idemDo(ctx, cc, "k", "m"); r.err != nil {
@@ -370,7 +367,7 @@ func testIdemCrashedOwnerWaiting(t *testing.T, env *idemEnv) {
 	e := &idemEcho{}
 	ctx := idemCtx(t)
 	spy := newIdemSpy(env.store)
-	cc := idemStart(t, e, WithIdempotencyStore(spy))
+	cc := idemStart(t, e, Idempotency{Store: spy})
 	done := make(chan idemCall)
 	go func() { done <- idemDo(ctx, cc, "k", "m") }()
 	<-spy.inProgress
@@ -385,9 +382,13 @@ func testIdemCrashedOwnerWaiting(t *testing.T, env *idemEnv) {
 
 func testIdemPolicy(t *testing.T, env *idemEnv) {
 	e := &idemEcho{}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store),
-		WithIdempotencyKeyPolicy(idemEchoMethod, IdempotencyKeyRequired),
-		WithIdempotencyKeyPolicy("resilience.echo.v1.EchoService", IdempotencyKeyIgnored))
+	cc := idemStart(t, e, Idempotency{
+		Store: env.store,
+		KeyPolicies: map[string]KeyPolicy{
+			idemEchoMethod:                   KeyRequired,
+			"resilience.echo.v1.EchoService": KeyIgnored,
+		},
+	})
 	ctx := idemCtx(t)
 	wantCode(t, "required, missing", idemDo(ctx, cc, "", "m").err, codes.InvalidArgument, "requires idempotency-key")
 	wantCalls(t, e, 0)
@@ -404,7 +405,7 @@ func testIdemPolicy(t *testing.T, env *idemEnv) {
 
 func testIdemInvalidKeys(t *testing.T, env *idemEnv) {
 	e := &idemEcho{}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store))
+	cc := idemStart(t, e, Idempotency{Store: env.store})
 	ctx := idemCtx(t)
 	tests := []struct {
 		name string
@@ -430,7 +431,7 @@ func testIdemScopes(t *testing.T, env *idemEnv) {
 	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 		return &echov1.EchoResponse{Message: "secret of " + req.Message}, nil
 	}}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithIdempotencyScope(idemTenantScope))
+	cc := idemStart(t, e, Idempotency{Store: env.store, Scope: idemTenantScope})
 	ctx := idemCtx(t)
 	a := idemReply(t, idemDo(ctx, cc, "shared-key", "alice", "x-tenant", "alice"))
 	for _, msg := range []string{"alice", "bob"} { // same and different request
@@ -444,7 +445,7 @@ func testIdemScopes(t *testing.T, env *idemEnv) {
 
 func testIdemScopeError(t *testing.T, env *idemEnv) {
 	e := &idemEcho{}
-	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithIdempotencyScope(idemTenantScope))
+	cc := idemStart(t, e, Idempotency{Store: env.store, Scope: idemTenantScope})
 	wantCode(t, "scope error", idemDo(idemCtx(t), cc, "k", "m", "x-tenant", "forbidden").err, codes.PermissionDenied, "tenant forbidden")
 	wantCalls(t, e, 0)
 }
@@ -454,7 +455,7 @@ func testIdemHugeReply(t *testing.T, env *idemEnv) {
 		return &echov1.EchoResponse{Message: req.Message, Payload: make([]byte, 4*idemMaxRecord)}, nil
 	}}
 	var log idemLog
-	cc := idemStart(t, e, WithIdempotencyStore(env.store), WithServerLogger(log.logger()))
+	cc := idemStart(t, e, Idempotency{Store: env.store}, WithLogger(log.logger()))
 	ctx := idemCtx(t)
 	for range 2 {
 		if env.joined {
@@ -477,7 +478,7 @@ func testIdemHugeReply(t *testing.T, env *idemEnv) {
 func testIdemStoreDownClosed(t *testing.T, env *idemEnv) {
 	ctx := idemCtx(t)
 	e := &idemEcho{}
-	cc := idemStart(t, e, WithIdempotencyStore(env.downStore()))
+	cc := idemStart(t, e, Idempotency{Store: env.downStore()})
 	wantCode(t, "store down", idemDo(ctx, cc, "k", "m").err, codes.Unavailable, "store unavailable")
 	wantCalls(t, e, 0)
 	if r := idemDo(ctx, cc, "", "m"); r.err != nil { // calls without a key do not need the store
@@ -489,7 +490,7 @@ func testIdemStoreDownOpen(t *testing.T, env *idemEnv) {
 	ctx := idemCtx(t)
 	e := &idemEcho{}
 	var log idemLog
-	cc := idemStart(t, e, WithIdempotencyStore(env.downStore()), WithIdempotencyFailOpen(true), WithServerLogger(log.logger()))
+	cc := idemStart(t, e, Idempotency{Store: env.downStore(), FailOpen: true}, WithLogger(log.logger()))
 	for range 2 {
 		if r := idemDo(ctx, cc, "k", "m"); r.err != nil {
 			t.Fatalf("fail open: error = %v, want the handler's reply", r.err)
@@ -507,8 +508,8 @@ func testIdem1000Keys(t *testing.T, env *idemEnv) {
 	e.fn = func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 		return &echov1.EchoResponse{Message: req.Message + fmt.Sprintf("#%d", e.calls.Load())}, nil
 	}
-	cc0 := idemStart(t, e, WithIdempotencyStore(env.store))
-	cc1 := idemStart(t, e, WithIdempotencyStore(env.newStore()))
+	cc0 := idemStart(t, e, Idempotency{Store: env.store})
+	cc1 := idemStart(t, e, Idempotency{Store: env.newStore()})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var (

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -23,10 +21,10 @@ import (
 func TestServerMetricsAfterAScriptedSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reader, mp := newMeterReader()
-		newUnary := func(store idempotency.Store, opts ...ServerOption) grpc.UnaryServerInterceptor {
+		newUnary := func(idem Idempotency) grpc.UnaryServerInterceptor {
 			t.Helper()
-			s, err := NewServer(append([]ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope(),
-				WithServerMeterProvider(mp)}, opts...)...)
+			idem.Scope = SharedScope
+			s, err := New(WithIdempotency(idem), WithMeterProvider(mp))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +67,7 @@ func TestServerMetricsAfterAScriptedSequence(t *testing.T) {
 			return first, second
 		}
 
-		waiting := newUnary(memory())
+		waiting := newUnary(Idempotency{Store: memory()})
 		if err := call(waiting, "a", "m"); err != nil { // execution
 			t.Fatal(err)
 		}
@@ -82,13 +80,13 @@ func TestServerMetricsAfterAScriptedSequence(t *testing.T) {
 		if a, b := duplicates(waiting, "b"); a != nil || b != nil { // execution, a wait, a replay of the flight
 			t.Fatalf("coalesced duplicates: %v, %v", a, b)
 		}
-		if a, b := duplicates(newUnary(memory(), WithIdempotencyWait(false)), "c"); a != nil || status.Code(b) != codes.Aborted {
+		if a, b := duplicates(newUnary(Idempotency{Store: memory(), NoWait: true}), "c"); a != nil || status.Code(b) != codes.Aborted {
 			t.Fatalf("duplicates without waiting: %v, %v, want nil, ABORTED", a, b)
 		}
-		if err := call(newUnary(idemDownStore{}, WithIdempotencyFailOpen(true)), "d", "m"); err != nil {
+		if err := call(newUnary(Idempotency{Store: idemDownStore{}, FailOpen: true}), "d", "m"); err != nil {
 			t.Fatalf("fail open: %v", err)
 		}
-		if err := call(newUnary(idemDownStore{}), "e", "m"); status.Code(err) != codes.Unavailable {
+		if err := call(newUnary(Idempotency{Store: idemDownStore{}}), "e", "m"); status.Code(err) != codes.Unavailable {
 			t.Fatalf("fail closed: %v, want UNAVAILABLE", err)
 		}
 
@@ -115,8 +113,8 @@ func TestServerMetricsAfterAScriptedSequence(t *testing.T) {
 	})
 }
 
-func TestWithServerMeterProviderRefusesNil(t *testing.T) {
-	if _, err := NewServer(WithServerMeterProvider(nil)); err == nil {
-		t.Error("NewServer(WithServerMeterProvider(nil)) = nil error, want one")
+func TestWithMeterProviderRefusesNil(t *testing.T) {
+	if _, err := New(WithMeterProvider(nil)); err == nil {
+		t.Error("New(WithMeterProvider(nil)) = nil error, want one")
 	}
 }

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server_test
 
 import (
@@ -17,8 +15,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
 )
@@ -48,7 +47,7 @@ func (p *panickyEcho) Echo(_ context.Context, req *echov1.EchoRequest) (*echov1.
 // not stored, so a retry with the key runs the handler again (a recovery
 // inside would store the INTERNAL and replay it). The selector scopes
 // resilience to the services that want it (not health or reflection).
-func middlewareServerOptions(srv *interceptor.Server, logger logging.Logger, services ...string) grpc.ServerOption {
+func middlewareServerOptions(srv *server.Server, logger logging.Logger, services ...string) grpc.ServerOption {
 	scoped := selector.MatchFunc(func(_ context.Context, m interceptors.CallMeta) bool {
 		for _, s := range services {
 			if m.Service == s {
@@ -88,12 +87,12 @@ func ExampleServer_UnaryServerInterceptor_goGRPCMiddleware() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv, err := interceptor.NewServer(
-		interceptor.WithIdempotencyStore(store),
+	srv, err := server.New(server.WithIdempotency(server.Idempotency{
+		Store: store,
 		// The example's callers are one principal; a real server scopes keys
-		// by its authenticated caller (WithIdempotencyScope).
-		interceptor.WithIdempotencySharedScope(),
-	)
+		// by its authenticated caller (Scope: a function of the principal).
+		Scope: server.SharedScope,
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -103,7 +102,7 @@ func ExampleServer_UnaryServerInterceptor_goGRPCMiddleware() {
 		log.Fatal(err)
 	}
 	defer stop()
-	ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.IdempotencyKeyHeader, "order-1")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), wire.IdempotencyKeyHeader, "order-1")
 	for range 3 { // the same keyed call, sent three times
 		_, _ = echov1.NewEchoServiceClient(conn).Echo(ctx, &echov1.EchoRequest{Message: "hi"})
 	}
@@ -133,7 +132,7 @@ func TestServerComposesWithGoGRPCMiddleware(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv, err := interceptor.NewServer(interceptor.WithIdempotencyStore(store), interceptor.WithIdempotencySharedScope())
+			srv, err := server.New(server.WithIdempotency(server.Idempotency{Store: store, Scope: server.SharedScope}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +146,7 @@ func TestServerComposesWithGoGRPCMiddleware(t *testing.T) {
 			})
 			impl := &panickyEcho{}
 			conn := resiliencetest.Start(t, impl, nil, middlewareServerOptions(srv, logger, tt.services...))
-			ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.IdempotencyKeyHeader, "order-1")
+			ctx := metadata.AppendToOutgoingContext(t.Context(), wire.IdempotencyKeyHeader, "order-1")
 			ec := echov1.NewEchoServiceClient(conn)
 			_, err = ec.Echo(ctx, &echov1.EchoRequest{Message: "hi"})
 			if status.Code(err) != codes.Internal {

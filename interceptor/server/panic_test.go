@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -12,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -28,7 +27,7 @@ func TestIdempotencyHandlerPanicReleasesClaimAndRepanics(t *testing.T) {
 type idemPanicValue struct{ msg string }
 
 func testIdemPanicRepanics(t *testing.T, env *idemEnv) {
-	s, err := NewServer(WithIdempotencyStore(env.store), WithIdempotencySharedScope())
+	s, err := New(WithIdempotency(Idempotency{Store: env.store, Scope: SharedScope}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +49,7 @@ func testIdemPanicRepanics(t *testing.T, env *idemEnv) {
 	// behind by the panic would make them fail.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(IdempotencyKeyHeader, "panics"))
+	ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(wire.IdempotencyKeyHeader, "panics"))
 
 	recovered := make(chan any, 1)
 	go func() {
@@ -97,7 +96,7 @@ func testIdemPanicRepanics(t *testing.T, env *idemEnv) {
 // context with the headroom deadline and its timer, is released on the way
 // (the stream path holds no idempotency claim: keys apply to unary calls).
 func TestStreamInterceptorPanicCancelsHeadroomContextAndRepanics(t *testing.T) {
-	s, err := NewServer(WithServerHeadroom(10*time.Millisecond, 0))
+	s, err := New(WithHeadroom(10*time.Millisecond, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

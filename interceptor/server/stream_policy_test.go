@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -17,16 +15,17 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 )
 
-// TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNewServer pins item 12b
+// TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNew pins item 12b
 // of issue 9: a key policy naming a streaming method that the protobuf
-// registry knows is refused by NewServer, with an error naming the option
-// and the method, instead of being accepted and never enforced (a keyless
+// registry knows is refused by New, with an error naming the field and
+// the method, instead of being accepted and never enforced (a keyless
 // client stream ran; the same key twice ran twice). Ignored, which is what a
 // stream gets anyway, is accepted; so are service-wide policies, which apply
 // to the service's unary methods.
-func TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNewServer(t *testing.T) {
+func TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNew(t *testing.T) {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		t.Fatal(err)
@@ -34,24 +33,24 @@ func TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNewServer(t *testing.T) {
 	const svc = "/resilience.echo.v1.EchoService/"
 	tests := []struct {
 		method string
-		policy IdempotencyKeyPolicy
+		policy KeyPolicy
 		want   string // "" for no error
 	}{
-		{svc + "ClientStream", IdempotencyKeyRequired, `WithIdempotencyKeyPolicy("` + svc + `ClientStream"): a client-streaming method`},
-		{svc + "ServerStream", IdempotencyKeyRequired, `WithIdempotencyKeyPolicy("` + svc + `ServerStream"): a server-streaming method`},
-		{svc + "BidiStream", IdempotencyKeyOptional, `WithIdempotencyKeyPolicy("` + svc + `BidiStream"): a bidirectional-streaming method`},
-		{svc + "BidiStream", IdempotencyKeyIgnored, ""},
-		{svc + "Echo", IdempotencyKeyRequired, ""},
-		{"resilience.echo.v1.EchoService", IdempotencyKeyRequired, ""},
-		{"/not.Registered/Stream", IdempotencyKeyRequired, ""}, // checked per call instead
+		{svc + "ClientStream", KeyRequired, `Idempotency.KeyPolicies["` + svc + `ClientStream"]: a client-streaming method`},
+		{svc + "ServerStream", KeyRequired, `Idempotency.KeyPolicies["` + svc + `ServerStream"]: a server-streaming method`},
+		{svc + "BidiStream", KeyOptional, `Idempotency.KeyPolicies["` + svc + `BidiStream"]: a bidirectional-streaming method`},
+		{svc + "BidiStream", KeyIgnored, ""},
+		{svc + "Echo", KeyRequired, ""},
+		{"resilience.echo.v1.EchoService", KeyRequired, ""},
+		{"/not.Registered/Stream", KeyRequired, ""}, // checked per call instead
 	}
 	for _, tt := range tests {
-		_, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope(), WithIdempotencyKeyPolicy(tt.method, tt.policy))
+		_, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope, KeyPolicies: map[string]KeyPolicy{tt.method: tt.policy}}))
 		switch {
 		case tt.want == "" && err != nil:
-			t.Errorf("NewServer(WithIdempotencyKeyPolicy(%q, %v)) error = %v, want none", tt.method, tt.policy, err)
+			t.Errorf("New(WithIdempotency(Idempotency{KeyPolicies: map[string]KeyPolicy{%q: %v}})) error = %v, want none", tt.method, tt.policy, err)
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-			t.Errorf("NewServer(WithIdempotencyKeyPolicy(%q, %v)) error = %v, want one containing %q", tt.method, tt.policy, err, tt.want)
+			t.Errorf("New(WithIdempotency(Idempotency{KeyPolicies: map[string]KeyPolicy{%q: %v}})) error = %v, want one containing %q", tt.method, tt.policy, err, tt.want)
 		}
 	}
 }
@@ -100,7 +99,7 @@ func (idemRawCodecV2) Unmarshal(data []byte, v any) error {
 func (idemRawCodecV2) Name() string { return "proto" }
 
 // TestIdempotencyKeyPolicyOnUnregisteredStreamFailsEachCall pins item 12b of
-// issue 9 for streaming methods NewServer cannot recognise: the stream
+// issue 9 for streaming methods New cannot recognise: the stream
 // interceptor fails each call of a method that a key policy names with
 // FAILED_PRECONDITION naming the misconfiguration, and the handler does not
 // run; before, a keyless stream ran and a keyed one ran every time.
@@ -109,16 +108,16 @@ func TestIdempotencyKeyPolicyOnUnregisteredStreamFailsEachCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []IdempotencyKeyPolicy{IdempotencyKeyRequired, IdempotencyKeyOptional, IdempotencyKeyIgnored} {
-		srv, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope(), WithIdempotencyKeyPolicy(rawUploadMethod, p))
+	for _, p := range []KeyPolicy{KeyRequired, KeyOptional, KeyIgnored} {
+		srv, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope, KeyPolicies: map[string]KeyPolicy{rawUploadMethod: p}}))
 		if err != nil {
-			t.Fatalf("NewServer(WithIdempotencyKeyPolicy(%q, %v)) error = %v", rawUploadMethod, p, err)
+			t.Fatalf("New(WithIdempotency(Idempotency{KeyPolicies: map[string]KeyPolicy{%q: %v}})) error = %v", rawUploadMethod, p, err)
 		}
 		cc, runs := serveRawUpload(t, srv)
 		for _, key := range []string{"", "k", "k"} {
 			ctx := idemCtx(t)
 			if key != "" {
-				ctx = metadata.AppendToOutgoingContext(ctx, IdempotencyKeyHeader, key)
+				ctx = metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, key)
 			}
 			err := func() error {
 				cs, err := cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, rawUploadMethod, grpc.ForceCodec(idemRawCodecV2{}))
@@ -131,16 +130,16 @@ func TestIdempotencyKeyPolicyOnUnregisteredStreamFailsEachCall(t *testing.T) {
 				var reply []byte
 				return cs.RecvMsg(&reply)
 			}()
-			if p == IdempotencyKeyIgnored {
+			if p == KeyIgnored {
 				if err != nil {
 					t.Errorf("policy %v, key %q: stream error = %v, want it to run", p, key, err)
 				}
 				continue
 			}
-			wantCode(t, fmt.Sprintf("policy %v, key %q", p, key), err, codes.FailedPrecondition, "WithIdempotencyKeyPolicy")
+			wantCode(t, fmt.Sprintf("policy %v, key %q", p, key), err, codes.FailedPrecondition, "Idempotency.KeyPolicies")
 		}
 		want := int64(0)
-		if p == IdempotencyKeyIgnored {
+		if p == KeyIgnored {
 			want = 3
 		}
 		if got := runs.Load(); got != want {

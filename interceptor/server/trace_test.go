@@ -1,40 +1,21 @@
-//go:build splittodo
-
 package server
 
 import (
 	"context"
-	"errors"
 	"testing"
-	"testing/synctest"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	grpccodes "google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/stats"
-	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
-	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/interceptor/internal/telemetry"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
-	"github.com/grpc-resilience/resilience/serviceconfig"
 )
-
-// attemptSpans is a stats.Handler in the style of otelgrpc's client
-// handler: a span per attempt, a child of the span in the attempt's
-// context, ended with the attempt's status.
-type attemptSpans struct{ tracer trace.Tracer }
-
-type attemptSpanKey struct{}
 
 // TestTraceReplayEventOnTheServersSpan checks the server's replay event:
 // a duplicate's span gets it, with the source and the replayed code.
@@ -57,11 +38,11 @@ func TestTraceReplayEventOnTheServersSpan(t *testing.T) {
 		t.Errorf("first call: %d events, want none", n)
 	}
 	ev := ended[1].Events()
-	if len(ev) != 1 || ev[0].Name != eventReplay {
-		t.Fatalf("duplicate: events %v, want one %s", ev, eventReplay)
+	if len(ev) != 1 || ev[0].Name != telemetry.EventReplay {
+		t.Fatalf("duplicate: events %v, want one %s", ev, telemetry.EventReplay)
 	}
 	got := eventAttrs(ev[0])
-	if got[attrIdemSource] != attribute.StringValue("store") || got[attrCode] != attribute.IntValue(0) {
+	if got[attrIdemSource] != attribute.StringValue("store") || got[telemetry.AttrCode] != attribute.IntValue(0) {
 		t.Errorf("replay event attributes = %v, want source store, code 0", ev[0].Attributes)
 	}
 }
@@ -72,11 +53,11 @@ func TestTraceReplayEventOnTheServersSpan(t *testing.T) {
 func TestServerMetricsOffAllocatesNothing(t *testing.T) {
 	providers := []struct {
 		name string
-		opts []ServerOption
+		opts []Option
 	}{
 		{"none", nil},
-		{"noop provider", []ServerOption{WithServerMeterProvider(metricnoop.NewMeterProvider())}},
-		{"sdk provider", []ServerOption{WithServerMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())))}},
+		{"noop provider", []Option{WithMeterProvider(metricnoop.NewMeterProvider())}},
+		{"sdk provider", []Option{WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())))}},
 	}
 	var baseline float64
 	for i, p := range providers {
@@ -84,7 +65,7 @@ func TestServerMetricsOffAllocatesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := NewServer(append([]ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope()}, p.opts...)...)
+		s, err := New(append([]Option{WithIdempotency(Idempotency{Store: store, Scope: SharedScope})}, p.opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,4 +86,13 @@ func TestServerMetricsOffAllocatesNothing(t *testing.T) {
 			t.Errorf("%s: replay %v allocs, want %v as without metrics", p.name, a, baseline)
 		}
 	}
+}
+
+// eventAttrs returns an event's attributes by key.
+func eventAttrs(e sdktrace.Event) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range e.Attributes {
+		m[kv.Key] = kv.Value
+	}
+	return m
 }

@@ -1,4 +1,4 @@
-package interceptor
+package server
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,46 +20,168 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
-func TestNewServerRejectsBadOptions(t *testing.T) {
+// TestIdempotencyValidateNamesTheField pins Idempotency.Validate, and New
+// with WithIdempotency, field by field: each wrong field is refused with an
+// error that names it ("server: Idempotency.X ..."), and New returns the
+// same error as Validate.
+func TestIdempotencyValidateNamesTheField(t *testing.T) {
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		t.Fatal(err)
 	}
-	withStore := func(opts ...ServerOption) []ServerOption {
-		return append([]ServerOption{WithIdempotencyStore(store), WithIdempotencySharedScope()}, opts...)
+	withStore := func(c Idempotency) Idempotency {
+		c.Store, c.Scope = store, SharedScope
+		return c
 	}
 	tests := []struct {
 		name string
-		opts []ServerOption
+		c    Idempotency
 		want string
 	}{
-		{"nil option", []ServerOption{nil}, "nil ServerOption"},
-		{"nil scope", withStore(WithIdempotencyScope(nil)), "WithIdempotencyScope(nil)"},
-		{"zero TTL", withStore(WithIdempotencyTTL(0)), "WithIdempotencyTTL(0s)"},
-		{"sub-millisecond lease", withStore(WithIdempotencyLease(time.Microsecond)), "WithIdempotencyLease(1µs)"},
-		{"negative pushback", withStore(WithIdempotencyPushback(-time.Second)), "WithIdempotencyPushback(-1s)"},
-		{"poll max below initial", withStore(WithIdempotencyPoll(time.Second, time.Millisecond)), "WithIdempotencyPoll(1s, 1ms)"},
-		{"bad full method", withStore(WithIdempotencyKeyPolicy("/svc", IdempotencyKeyRequired)), `WithIdempotencyKeyPolicy("/svc")`},
-		{"service with slash", withStore(WithIdempotencyKeyPolicy("a/b", IdempotencyKeyRequired)), `WithIdempotencyKeyPolicy("a/b")`},
-		{"unknown policy", withStore(WithIdempotencyKeyPolicy("", 7)), "unknown policy 7"},
-		{"policy without store", []ServerOption{WithIdempotencyKeyPolicy("", IdempotencyKeyRequired)}, "needs WithIdempotencyStore"},
+		{"nil store", Idempotency{Scope: SharedScope}, "server: Idempotency.Store is nil"},
+		{"nil-pointer store", Idempotency{Store: (*idempotency.MemoryStore)(nil), Scope: SharedScope},
+			"server: Idempotency.Store is a nil *idempotency.MemoryStore"},
+		{"policy without store", Idempotency{Scope: SharedScope, KeyPolicies: map[string]KeyPolicy{"": KeyRequired}},
+			"server: Idempotency.Store is nil"},
+		{"nil scope", Idempotency{Store: store}, "server: Idempotency.Scope is nil"},
+		{"negative TTL", withStore(Idempotency{TTL: -time.Second}), "server: Idempotency.TTL is -1s: must be 0 (the default, 24h0m0s) or at least 1ms"},
+		{"sub-millisecond TTL", withStore(Idempotency{TTL: time.Microsecond}), "server: Idempotency.TTL is 1µs"},
+		{"sub-millisecond lease", withStore(Idempotency{Lease: time.Microsecond}), "server: Idempotency.Lease is 1µs: must be 0 (the default, 30s) or at least 1ms"},
+		{"negative pushback", withStore(Idempotency{Pushback: -time.Second}), "server: Idempotency.Pushback is -1s"},
+		{"sub-millisecond pushback", withStore(Idempotency{Pushback: time.Microsecond}), "server: Idempotency.Pushback is 1µs"},
+		{"negative poll initial", withStore(Idempotency{PollInitial: -1}), "server: Idempotency.PollInitial is -1ns"},
+		{"negative poll max", withStore(Idempotency{PollMax: -1}), "server: Idempotency.PollMax is -1ns"},
+		{"poll max below initial", withStore(Idempotency{PollInitial: time.Second, PollMax: time.Millisecond}),
+			"server: Idempotency.PollMax is 1ms, less than PollInitial 1s"},
+		{"poll max below the default initial", withStore(Idempotency{PollMax: time.Millisecond}),
+			"server: Idempotency.PollMax is 1ms, less than PollInitial 10ms"},
+		{"poll initial above the default max", withStore(Idempotency{PollInitial: time.Second}),
+			"server: Idempotency.PollMax is 500ms, less than PollInitial 1s"},
+		{"sub-millisecond detached max", withStore(Idempotency{DetachedMax: time.Microsecond}), "server: Idempotency.DetachedMax is 1µs"},
+		{"negative detached max", withStore(Idempotency{DetachedMax: -time.Second}), "server: Idempotency.DetachedMax is -1s"},
+		{"bad omitted key", withStore(Idempotency{OmitMetadata: []string{"x-ok", "bad key"}}),
+			`server: Idempotency.OmitMetadata: "bad key" is not a valid metadata key`},
+		{"empty omitted key", withStore(Idempotency{OmitMetadata: []string{""}}), `server: Idempotency.OmitMetadata: "" is not`},
+		{"bad full method", withStore(Idempotency{KeyPolicies: map[string]KeyPolicy{"/svc": KeyRequired}}),
+			`server: Idempotency.KeyPolicies["/svc"]`},
+		{"service with slash", withStore(Idempotency{KeyPolicies: map[string]KeyPolicy{"a/b": KeyRequired}}),
+			`server: Idempotency.KeyPolicies["a/b"]`},
+		{"unknown policy", withStore(Idempotency{KeyPolicies: map[string]KeyPolicy{"": 7}}),
+			`server: Idempotency.KeyPolicies[""]: unknown policy 7`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := NewServer(tt.opts...)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("NewServer() error = %v, want one containing %q", err, tt.want)
+			verr := tt.c.Validate()
+			if verr == nil || !strings.Contains(verr.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want an error containing %q", verr, tt.want)
 			}
+			_, err := New(WithIdempotency(tt.c))
+			if err == nil || verr == nil || err.Error() != verr.Error() {
+				t.Errorf("New(WithIdempotency(...)) error = %v, want Validate's %v", err, verr)
+			}
+		})
+	}
+	if _, err := New(nil); err == nil || !strings.Contains(err.Error(), "nil Option") {
+		t.Errorf("New(nil) error = %v, want one naming the nil Option", err)
+	}
+}
+
+// TestIdempotencyZeroFieldsTakeTheDefaults pins the other half of
+// Validate: a zero field is the default its comment gives, not an error,
+// and the smallest values allowed are accepted as they are.
+func TestIdempotencyZeroFieldsTakeTheDefaults(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := Idempotency{Store: store, Scope: SharedScope}
+	if err := zero.Validate(); err != nil {
+		t.Fatalf("Validate() of the zero settings = %v, want nil", err)
+	}
+	o, _ := zero.normalize()
+	if o.ttl != 24*time.Hour || o.lease != 30*time.Second || o.pushback != 100*time.Millisecond ||
+		o.pollInitial != 10*time.Millisecond || o.pollMax != 500*time.Millisecond || o.detachMax != 30*time.Second ||
+		o.retryable != DefaultUnstoredCodes || o.noWait || o.failOpen || o.omit != nil || o.policies != nil {
+		t.Errorf("zero settings normalize to %+v, want the documented defaults", o)
+	}
+	least := Idempotency{Store: store, Scope: SharedScope, TTL: time.Millisecond, Lease: time.Millisecond,
+		Pushback: time.Millisecond, PollInitial: 1, PollMax: 1, DetachedMax: time.Millisecond,
+		OmitMetadata: []string{"Set-Cookie"}, KeyPolicies: map[string]KeyPolicy{"": KeyIgnored}}
+	o, err = least.normalize()
+	if err != nil {
+		t.Fatalf("the least values allowed: %v, want them accepted", err)
+	}
+	if o.ttl != time.Millisecond || o.lease != time.Millisecond || o.pushback != time.Millisecond ||
+		o.pollInitial != 1 || o.pollMax != 1 || o.detachMax != time.Millisecond {
+		t.Errorf("the least values normalize to %+v, want them as given", o)
+	}
+	if _, ok := o.omit["set-cookie"]; !ok || len(o.omit) != 1 {
+		t.Errorf("OmitMetadata {Set-Cookie} normalizes to %v, want {set-cookie} (keys are case-insensitive)", o.omit)
+	}
+	attached := Idempotency{Store: store, Scope: SharedScope, AttachedHandler: true, DetachedMax: time.Minute}
+	if o, err := attached.normalize(); err != nil || o.detachMax != 0 {
+		t.Errorf("AttachedHandler: detached bound %v (%v), want 0: the handler runs on the caller's context", o.detachMax, err)
+	}
+	onlyOK := Idempotency{Store: store, Scope: SharedScope, UnstoredCodes: rescodes.Of(codes.OK)}
+	if o, err := onlyOK.normalize(); err != nil || o.retryable != 0 {
+		t.Errorf("UnstoredCodes of only OK: unstored %v (%v), want none: every outcome is stored", o.retryable, err)
+	}
+	some := Idempotency{Store: store, Scope: SharedScope, UnstoredCodes: rescodes.Of(codes.OK, codes.Aborted)}
+	if o, err := some.normalize(); err != nil || o.retryable != rescodes.Of(codes.Aborted) {
+		t.Errorf("UnstoredCodes {OK, ABORTED}: unstored %v (%v), want {ABORTED}: OK is always stored", o.retryable, err)
+	}
+}
+
+// TestIdempotencyUnstoredCodesOverGRPC pins UnstoredCodes end to end: by
+// default an UNAVAILABLE outcome is released, so the retry runs the handler
+// again; with a set of only OK it is stored, and the retry receives it
+// without the handler running.
+func TestIdempotencyUnstoredCodesOverGRPC(t *testing.T) {
+	tests := []struct {
+		name      string
+		unstored  rescodes.Set
+		wantCalls int64
+		wantCode  codes.Code
+	}{
+		{"default releases UNAVAILABLE", 0, 2, codes.OK},
+		{"only OK stores every outcome", rescodes.Of(codes.OK), 1, codes.Unavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store, err := idempotency.NewMemoryStore()
+				if err != nil {
+					t.Fatal(err)
+				}
+				e := &idemEcho{}
+				e.fn = func(_ context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+					if e.calls.Load() == 1 {
+						return nil, status.Error(codes.Unavailable, "first attempt fails")
+					}
+					return &echov1.EchoResponse{Message: req.Message}, nil
+				}
+				cc := idemStart(t, e, Idempotency{Store: store, UnstoredCodes: tt.unstored})
+				ctx := idemCtx(t)
+				wantCode(t, "first", idemDo(ctx, cc, "k", "m").err, codes.Unavailable, "first attempt fails")
+				retry := idemDo(ctx, cc, "k", "m")
+				wantCode(t, "retry", retry.err, tt.wantCode, "")
+				if tt.wantCode != codes.OK && !wire.IdempotencyReplayed(retry.header) {
+					t.Errorf("retry's header %v: not marked replayed", retry.header)
+				}
+				wantCalls(t, e, tt.wantCalls)
+			})
 		})
 	}
 }
 
 func TestServerWithoutOptionsPassesThrough(t *testing.T) {
-	s, err := NewServer()
+	s, err := New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,20 +199,20 @@ func TestServerWithoutOptionsPassesThrough(t *testing.T) {
 }
 
 func TestIdempotencyKeyPolicyMostSpecificWins(t *testing.T) {
-	s := &srvIdem{policies: map[string]IdempotencyKeyPolicy{
-		"":                    IdempotencyKeyRequired,
-		"pkg.Svc":             IdempotencyKeyIgnored,
-		"/pkg.Svc/Create":     IdempotencyKeyOptional,
-		"/other.Svc/Required": IdempotencyKeyRequired,
+	s := &srvIdem{policies: map[string]KeyPolicy{
+		"":                    KeyRequired,
+		"pkg.Svc":             KeyIgnored,
+		"/pkg.Svc/Create":     KeyOptional,
+		"/other.Svc/Required": KeyRequired,
 	}}
 	tests := []struct {
 		method string
-		want   IdempotencyKeyPolicy
+		want   KeyPolicy
 	}{
-		{"/pkg.Svc/Create", IdempotencyKeyOptional},
-		{"/pkg.Svc/Get", IdempotencyKeyIgnored},
-		{"/other.Svc/Any", IdempotencyKeyRequired},
-		{"/pkg.SvcX/Get", IdempotencyKeyRequired},
+		{"/pkg.Svc/Create", KeyOptional},
+		{"/pkg.Svc/Get", KeyIgnored},
+		{"/other.Svc/Any", KeyRequired},
+		{"/pkg.SvcX/Get", KeyRequired},
 	}
 	for _, tt := range tests {
 		if got := s.policy(tt.method); got != tt.want {
@@ -170,9 +293,9 @@ func TestIdempotencyPeerScope(t *testing.T) {
 		return withPeer(credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{c}}}})
 	}
 	scope := func(c *x509.Certificate) string {
-		s, err := IdempotencyPeerScope(tlsPeer(c))
+		s, err := PeerScope(tlsPeer(c))
 		if err != nil {
-			t.Fatalf("IdempotencyPeerScope(%v) error = %v", c, err)
+			t.Fatalf("PeerScope(%v) error = %v", c, err)
 		}
 		return s
 	}
@@ -186,8 +309,8 @@ func TestIdempotencyPeerScope(t *testing.T) {
 		{"certificate with an empty DER Subject, no SAN", tlsPeer(&x509.Certificate{RawIssuer: []byte("ca"), RawSubject: []byte{0x30, 0}})},
 	}
 	for _, tt := range refused {
-		if s, err := IdempotencyPeerScope(tt.ctx); status.Code(err) != codes.Unauthenticated {
-			t.Errorf("IdempotencyPeerScope(%s) = %q, %v, want UNAUTHENTICATED", tt.name, s, err)
+		if s, err := PeerScope(tt.ctx); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("PeerScope(%s) = %q, %v, want UNAUTHENTICATED", tt.name, s, err)
 		}
 	}
 	a := scope(&x509.Certificate{RawSubject: []byte("alice"), RawIssuer: []byte("ca")})
@@ -233,7 +356,7 @@ func TestIdempotencyInterceptorDirectlyWithoutGRPCStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	s, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +392,7 @@ func TestIdempotencyHotPathAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	s, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +529,7 @@ func newMemoryIdempotency(t *testing.T) (*idempotency.MemoryStore, grpc.UnarySer
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(WithIdempotencyStore(store), WithIdempotencySharedScope())
+	s, err := New(WithIdempotency(Idempotency{Store: store, Scope: SharedScope}))
 	if err != nil {
 		t.Fatal(err)
 	}
