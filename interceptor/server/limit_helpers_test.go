@@ -31,7 +31,7 @@ func fairLimitsOf(cfg serviceconfig.ConcurrencyLimit, tf serviceconfig.TenantFai
 	return l
 }
 
-// methodLimit is the methodConfig entry that gives name, a full method
+// methodLimitOf is the methodConfig entry that gives name, a full method
 // ("/pkg.S/M") or a service ("pkg.S"), a limit of its own.
 func methodLimitOf(t testing.TB, name string, cfg serviceconfig.ConcurrencyLimit) serviceconfig.ServerMethodConfig {
 	t.Helper()
