@@ -1,31 +1,29 @@
-//go:build splittodo
-
 package server
 
 import (
 	"context"
-	"strconv"
 	"testing"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"google.golang.org/grpc/metadata"
 )
 
 func TestParseCriticality(t *testing.T) {
 	tests := []struct {
 		in   string
-		want Criticality
+		want wire.Criticality
 		ok   bool
 	}{
-		{"CRITICAL_PLUS", CriticalPlus, true},
-		{"CRITICAL", Critical, true},
-		{"sheddable_plus", SheddablePlus, true},
-		{"Sheddable", Sheddable, true},
-		{"", Critical, false},
-		{"URGENT", Critical, false},
-		{"CRITICAL ", Critical, false},
+		{"CRITICAL_PLUS", wire.CriticalPlus, true},
+		{"CRITICAL", wire.Critical, true},
+		{"sheddable_plus", wire.SheddablePlus, true},
+		{"Sheddable", wire.Sheddable, true},
+		{"", wire.Critical, false},
+		{"URGENT", wire.Critical, false},
+		{"CRITICAL ", wire.Critical, false},
 	}
 	for _, tt := range tests {
-		got, ok := ParseCriticality(tt.in)
+		got, ok := wire.ParseCriticality(tt.in)
 		if got != tt.want || ok != tt.ok {
 			t.Errorf("ParseCriticality(%q) = %v, %v, want %v, %v", tt.in, got, ok, tt.want, tt.ok)
 		}
@@ -33,7 +31,7 @@ func TestParseCriticality(t *testing.T) {
 			t.Errorf("ParseCriticality(%q).String() = %q", tt.in, got.String())
 		}
 	}
-	if got := Criticality(9).String(); got != "Criticality(9)" {
+	if got := wire.Criticality(9).String(); got != "Criticality(9)" {
 		t.Errorf("Criticality(9).String() = %q", got)
 	}
 }
@@ -55,21 +53,21 @@ func TestIncomingCriticalityLowestWins(t *testing.T) {
 	tests := []struct {
 		name string
 		vals []string
-		want Criticality
+		want wire.Criticality
 	}{
-		{"none", nil, Critical},
-		{"one", []string{"CRITICAL_PLUS"}, CriticalPlus},
-		{"retry lowers critical", []string{"CRITICAL", "SHEDDABLE_PLUS"}, SheddablePlus},
-		{"retry keeps sheddable", []string{"SHEDDABLE", "SHEDDABLE_PLUS"}, Sheddable},
-		{"retry lowers critical plus", []string{"CRITICAL_PLUS", "SHEDDABLE_PLUS"}, SheddablePlus},
-		{"invalid ignored", []string{"bogus", "CRITICAL_PLUS"}, CriticalPlus},
-		{"only invalid", []string{"bogus"}, Critical},
+		{"none", nil, wire.Critical},
+		{"one", []string{"CRITICAL_PLUS"}, wire.CriticalPlus},
+		{"retry lowers critical", []string{"CRITICAL", "SHEDDABLE_PLUS"}, wire.SheddablePlus},
+		{"retry keeps sheddable", []string{"SHEDDABLE", "SHEDDABLE_PLUS"}, wire.Sheddable},
+		{"retry lowers critical plus", []string{"CRITICAL_PLUS", "SHEDDABLE_PLUS"}, wire.SheddablePlus},
+		{"invalid ignored", []string{"bogus", "CRITICAL_PLUS"}, wire.CriticalPlus},
+		{"only invalid", []string{"bogus"}, wire.Critical},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			md := metadata.MD{}
 			for _, v := range tt.vals {
-				md.Append(CriticalityKey, v)
+				md.Append(wire.CriticalityKey, v)
 			}
 			ctx := metadata.NewIncomingContext(context.Background(), md)
 			if got := incomingCriticality(ctx); got != tt.want {
@@ -84,14 +82,14 @@ func FuzzIncomingCriticality(f *testing.F) {
 		f.Add(s, "SHEDDABLE_PLUS")
 	}
 	f.Fuzz(func(t *testing.T, a, b string) {
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.MD{CriticalityKey: {a, b}})
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.MD{wire.CriticalityKey: {a, b}})
 		got := incomingCriticality(ctx)
-		if got > Sheddable {
+		if got > wire.Sheddable {
 			t.Fatalf("incomingCriticality(%q, %q) = %v", a, b, got)
 		}
 		// Adding a value to a valid one never raises the criticality.
-		one := incomingCriticality(metadata.NewIncomingContext(context.Background(), metadata.MD{CriticalityKey: {a}}))
-		if _, valid := ParseCriticality(a); valid && got.rank() > one.rank() {
+		one := incomingCriticality(metadata.NewIncomingContext(context.Background(), metadata.MD{wire.CriticalityKey: {a}}))
+		if _, valid := wire.ParseCriticality(a); valid && rank(got) > rank(one) {
 			t.Fatalf("%q then %q = %v, above %q alone = %v", a, b, got, a, one)
 		}
 	})
@@ -101,38 +99,13 @@ func FuzzIncomingCriticality(f *testing.F) {
 // an earlier value, and leaves the rest of the metadata alone.
 func TestContextWithCriticalityReplaces(t *testing.T) {
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-other", "v")
-	ctx = ContextWithCriticality(ctx, Sheddable)
-	ctx = ContextWithCriticality(ctx, CriticalPlus)
+	ctx = wire.ContextWithCriticality(ctx, wire.Sheddable)
+	ctx = wire.ContextWithCriticality(ctx, wire.CriticalPlus)
 	md, _ := metadata.FromOutgoingContext(ctx)
-	if got := md.Get(CriticalityKey); len(got) != 1 || got[0] != "CRITICAL_PLUS" {
+	if got := md.Get(wire.CriticalityKey); len(got) != 1 || got[0] != "CRITICAL_PLUS" {
 		t.Errorf("criticality = %q, want [CRITICAL_PLUS]", got)
 	}
 	if got := md.Get("x-other"); len(got) != 1 {
 		t.Errorf("x-other = %q, want it kept", got)
-	}
-}
-
-// TestRetryAttemptsAreSheddablePlus: attempts after the first carry
-// SHEDDABLE_PLUS with grpc-previous-rpc-attempts; the first attempt's
-// context is the caller's, with no allocation.
-func TestRetryAttemptsAreSheddablePlus(t *testing.T) {
-	if retryCriticality != SheddablePlus.String() {
-		t.Fatalf("retryCriticality = %q, want %q", retryCriticality, SheddablePlus.String())
-	}
-	bg := context.Background()
-	if attemptContext(bg, 1) != bg {
-		t.Errorf("first attempt's context changed")
-	}
-	if n := testing.AllocsPerRun(100, func() { _ = attemptContext(bg, 1) }); n != 0 {
-		t.Errorf("first attempt allocs = %v, want 0", n)
-	}
-	for _, n := range []int{2, 7, 8, 12} {
-		md, _ := metadata.FromOutgoingContext(attemptContext(bg, n))
-		if got := md.Get(CriticalityKey); len(got) != 1 || got[0] != "SHEDDABLE_PLUS" {
-			t.Errorf("attempt %d: criticality %q, want [SHEDDABLE_PLUS]", n, got)
-		}
-		if got := md.Get(previousAttemptsKey); len(got) != 1 || got[0] != strconv.Itoa(n-1) {
-			t.Errorf("attempt %d: previous attempts %q, want %d", n, got, n-1)
-		}
 	}
 }

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -11,50 +9,49 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // trustInternal trusts the criticality of calls that carry x-internal
 // (standing for what an authentication interceptor verified) and caps the
-// others at Critical.
-func trustInternal(ctx context.Context, sent Criticality, ok bool) Criticality {
+// others at wire.Critical.
+func trustInternal(ctx context.Context, sent wire.Criticality, ok bool) wire.Criticality {
 	if len(metadata.ValueFromIncomingContext(ctx, "x-internal")) > 0 {
 		return sent
 	}
-	return CapCriticality(Critical)(ctx, sent, ok)
+	return CapCriticality(wire.Critical)(ctx, sent, ok)
 }
 
 // TestWithCriticalityDecidesWhoIsShedLast: with a limit of 10, nine
 // CRITICAL calls in flight fill CRITICAL's share (90%); a tenth call that
 // claims CRITICAL_PLUS is shed by default (no caller is trusted with more
 // than CRITICAL: review r19, a tenant claiming CRITICAL_PLUS took the whole
-// limit and made every honest caller yield) and when WithCriticality caps
-// it, and admitted when the function trusts its caller.
+// limit and made every honest caller yield) and when Limits.Criticality
+// caps it, and admitted when the function trusts its caller.
 func TestWithCriticalityDecidesWhoIsShedLast(t *testing.T) {
-	plus := metadata.Pairs(CriticalityKey, "CRITICAL_PLUS")
-	internalPlus := metadata.Pairs(CriticalityKey, "CRITICAL_PLUS", "x-internal", "1")
+	plus := metadata.Pairs(wire.CriticalityKey, "CRITICAL_PLUS")
+	internalPlus := metadata.Pairs(wire.CriticalityKey, "CRITICAL_PLUS", "x-internal", "1")
 	tests := []struct {
 		name string
-		opts []ServerOption
+		crit CriticalityFunc
 		md   metadata.MD
 		want codes.Code
-		as   Criticality // the criticality counted in LimitStatuses
+		as   wire.Criticality // the criticality counted in LimitStatuses
 	}{
-		{"default caps the claim at CRITICAL", nil, plus, codes.ResourceExhausted, Critical},
-		{"trusting every caller", []ServerOption{WithCriticality(CapCriticality(CriticalPlus))}, plus, codes.OK, CriticalPlus},
-		{"capped at CRITICAL", []ServerOption{WithCriticality(CapCriticality(Critical))}, plus, codes.ResourceExhausted, Critical},
-		{"trusted caller", []ServerOption{WithCriticality(trustInternal)}, internalPlus, codes.OK, CriticalPlus},
-		{"untrusted caller", []ServerOption{WithCriticality(trustInternal)}, plus, codes.ResourceExhausted, Critical},
-		{"an invalid result is CRITICAL", []ServerOption{WithCriticality(func(context.Context, Criticality, bool) Criticality { return 9 })},
-			plus, codes.ResourceExhausted, Critical},
+		{"default caps the claim at CRITICAL", nil, plus, codes.ResourceExhausted, wire.Critical},
+		{"trusting every caller", CapCriticality(wire.CriticalPlus), plus, codes.OK, wire.CriticalPlus},
+		{"capped at CRITICAL", CapCriticality(wire.Critical), plus, codes.ResourceExhausted, wire.Critical},
+		{"trusted caller", trustInternal, internalPlus, codes.OK, wire.CriticalPlus},
+		{"untrusted caller", trustInternal, plus, codes.ResourceExhausted, wire.Critical},
+		{"an invalid result is CRITICAL", func(context.Context, wire.Criticality, bool) wire.Criticality { return 9 },
+			plus, codes.ResourceExhausted, wire.Critical},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv, err := NewServer(append([]ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{
-				InitialLimit: 10, MinLimit: 10, MaxLimit: 10})}, tt.opts...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 10, MinLimit: 10, MaxLimit: 10})
+			l.Criticality = tt.crit
+			srv := newLimitServer(t, l)
 			icpt := srv.UnaryServerInterceptor()
 			info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
 			release := make(chan struct{})
@@ -73,7 +70,7 @@ func TestWithCriticalityDecidesWhoIsShedLast(t *testing.T) {
 			for range 9 {
 				<-held
 			}
-			_, err = icpt(metadata.NewIncomingContext(t.Context(), tt.md), nil, info, func(context.Context, any) (any, error) { return nil, nil })
+			_, err := icpt(metadata.NewIncomingContext(t.Context(), tt.md), nil, info, func(context.Context, any) (any, error) { return nil, nil })
 			close(release)
 			for range 9 {
 				<-done
@@ -82,7 +79,7 @@ func TestWithCriticalityDecidesWhoIsShedLast(t *testing.T) {
 				t.Errorf("the tenth call: %v, want %v", err, tt.want)
 			}
 			st := srv.LimitStatuses()[0]
-			if got := st.Admitted[tt.as] + st.ShedLimit[tt.as]; tt.as == Critical && got != 10 || tt.as != Critical && got != 1 {
+			if got := st.Admitted[tt.as] + st.ShedLimit[tt.as]; tt.as == wire.Critical && got != 10 || tt.as != wire.Critical && got != 1 {
 				t.Errorf("the tenth call not counted as %v: %+v", tt.as, st)
 			}
 		})
@@ -91,17 +88,17 @@ func TestWithCriticalityDecidesWhoIsShedLast(t *testing.T) {
 
 func TestCapCriticality(t *testing.T) {
 	tests := []struct {
-		highest, sent, want Criticality
+		highest, sent, want wire.Criticality
 		ok                  bool
 	}{
-		{Critical, CriticalPlus, Critical, true},
-		{Critical, Critical, Critical, false},
-		{Critical, SheddablePlus, SheddablePlus, true},
-		{Critical, Sheddable, Sheddable, true},
-		{SheddablePlus, Critical, SheddablePlus, false}, // the default is capped too
-		{SheddablePlus, Sheddable, Sheddable, true},
-		{CriticalPlus, CriticalPlus, CriticalPlus, true},
-		{Sheddable, CriticalPlus, Sheddable, true},
+		{wire.Critical, wire.CriticalPlus, wire.Critical, true},
+		{wire.Critical, wire.Critical, wire.Critical, false},
+		{wire.Critical, wire.SheddablePlus, wire.SheddablePlus, true},
+		{wire.Critical, wire.Sheddable, wire.Sheddable, true},
+		{wire.SheddablePlus, wire.Critical, wire.SheddablePlus, false}, // the default is capped too
+		{wire.SheddablePlus, wire.Sheddable, wire.Sheddable, true},
+		{wire.CriticalPlus, wire.CriticalPlus, wire.CriticalPlus, true},
+		{wire.Sheddable, wire.CriticalPlus, wire.Sheddable, true},
 	}
 	for _, tt := range tests {
 		if got := CapCriticality(tt.highest)(context.Background(), tt.sent, tt.ok); got != tt.want {
@@ -110,19 +107,33 @@ func TestCapCriticality(t *testing.T) {
 	}
 }
 
-func TestWithCriticalityRefusesNil(t *testing.T) {
-	if _, err := NewServer(WithCriticality(nil)); err == nil {
-		t.Error("NewServer(WithCriticality(nil)) = nil error, want one")
+// TestLimitsNilCriticalityIsCapped: WithCriticality(nil) was refused; a
+// nil Limits.Criticality is the documented default instead, valid, and
+// gives a call what it sent but at most CRITICAL.
+func TestLimitsNilCriticalityIsCapped(t *testing.T) {
+	l := limitsOf(serviceconfig.ConcurrencyLimit{})
+	if err := l.Validate(); err != nil {
+		t.Fatalf("Limits{Criticality: nil}.Validate() = %v, want nil", err)
+	}
+	srv := newLimitServer(t, l)
+	icpt := srv.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	for _, sent := range []string{"CRITICAL_PLUS", "SHEDDABLE"} {
+		_, _ = icpt(metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.CriticalityKey, sent)), nil, info, h)
+	}
+	st := srv.LimitStatuses()[0]
+	if st.Admitted[wire.CriticalPlus] != 0 || st.Admitted[wire.Critical] != 1 || st.Admitted[wire.Sheddable] != 1 {
+		t.Errorf("admitted by criticality %v, want CRITICAL_PLUS counted as CRITICAL and SHEDDABLE as sent", st.Admitted)
 	}
 }
 
 // TestWithCriticalityAllocatesNothing: the function adds no allocation to
 // an admitted call.
 func TestWithCriticalityAllocatesNothing(t *testing.T) {
-	srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}), WithCriticality(CapCriticality(Critical)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := limitsOf(serviceconfig.ConcurrencyLimit{})
+	l.Criticality = CapCriticality(wire.Critical)
+	srv := newLimitServer(t, l)
 	icpt := srv.UnaryServerInterceptor()
 	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-other", "v"))

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -22,6 +20,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -57,8 +56,8 @@ func TestLimitForgetsFloodedTenantsUnderDefaultTraffic(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var running atomic.Int64
 		release := make(chan struct{})
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 100, MinLimit: 100, MaxLimit: 100}),
-			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey, IdleTimeout: time.Second}, nil))
+		srv := newLimitServer(t, fairLimitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 100, MinLimit: 100, MaxLimit: 100},
+			serviceconfig.TenantFairness{MetadataKey: tenantKey, IdleTimeout: time.Second}, nil))
 		fast := &fnEcho{fn: func(context.Context, *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 			return &echov1.EchoResponse{}, nil
 		}}
@@ -111,8 +110,8 @@ func TestLimitForgetsFloodedTenantsUnderDefaultTraffic(t *testing.T) {
 // (Tenants 50, 800KB held); now they are one tenant.
 func TestTenantLongNamesShareOneTenant(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
+		srv := newLimitServer(t, fairLimitsOf(serviceconfig.ConcurrencyLimit{},
+			serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
 		client := serveLimited(t, &fnEcho{fn: func(context.Context, *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 			return &echov1.EchoResponse{}, nil
 		}}, srv)
@@ -159,8 +158,7 @@ func TestLimitKeyedPanicAndClosedConnectionHoldNothing(t *testing.T) {
 			}
 			return heldEcho(&running, release).Echo(ctx, req)
 		}}
-		srv := newLimitServer(t, WithIdempotencyStore(store), WithIdempotencySharedScope(),
-			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 2, MinLimit: 2, MaxLimit: 2}))
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 2, MinLimit: 2, MaxLimit: 2}), sharedIdempotency(store))
 		recoverer := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 			defer func() {
 				if r := recover(); r != nil {
@@ -174,7 +172,7 @@ func TestLimitKeyedPanicAndClosedConnectionHoldNothing(t *testing.T) {
 		for i := range 3 {
 			cc := dialBuf(t, lis)
 			client := echov1.NewEchoServiceClient(cc)
-			ctx := metadata.AppendToOutgoingContext(context.Background(), IdempotencyKeyHeader, "p"+strconv.Itoa(i))
+			ctx := metadata.AppendToOutgoingContext(context.Background(), wire.IdempotencyKeyHeader, "p"+strconv.Itoa(i))
 			if _, err := client.Echo(ctx, &echov1.EchoRequest{Message: "panic"}); status.Code(err) != codes.Internal {
 				t.Fatalf("panicking keyed call: %v, want Internal", err)
 			}
@@ -266,7 +264,7 @@ func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
 			return nil, ctx.Err()
 		}
 	}}
-	srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+	srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{}))
 	client := serveTCP(t, impl, srv)
 	t0 := time.Now()
 	var lastFail atomic.Int64 // since t0, of a 50ms call's start that failed
@@ -310,7 +308,7 @@ func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
 	after := srv.LimitStatuses()[0]
 	last := time.Duration(lastFail.Load()) - recovered
 	t.Logf("before %+v\nslow %+v\nafter %+v\nlast 50ms call failed %v after the recovery", before, during, after, last.Round(time.Millisecond))
-	if during.ShedDeadline[Critical] == 0 {
+	if during.ShedDeadline[wire.Critical] == 0 {
 		t.Errorf("no 50ms call refused at the door in the slow phase: the incident did not happen")
 	}
 	if last > 2*time.Second-200*time.Millisecond {
@@ -327,7 +325,7 @@ func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
 // TestTenantOverShareMoreCriticalDoesNotStarveOthers: with tenant
 // fairness, tenant A floods a limit of 10 × 50ms (200 calls/s) with 1000
 // CRITICAL_PLUS calls/s (what a caller may claim without
-// WithCriticality), tenant B sends 40 CRITICAL calls/s, well under its
+// Limits.Criticality), tenant B sends 40 CRITICAL calls/s, well under its
 // share. B must keep 99% of its calls. Before the fix every A call shed
 // over its share made every less critical call yield for 4 smoothed
 // latencies, whatever its tenant, so B, under its share, was shed with A's
@@ -339,11 +337,11 @@ func TestTenantOverShareMoreCriticalDoesNotStarveOthers(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 			return &echov1.EchoResponse{}, nil
 		}}
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 10, MinLimit: 10, MaxLimit: 10}),
-			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
+		srv := newLimitServer(t, fairLimitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 10, MinLimit: 10, MaxLimit: 10},
+			serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
 		client := serveLimited(t, impl, srv)
-		send := func(tenant string, crit Criticality, every time.Duration, ok, n *atomic.Int64, wg *sync.WaitGroup) {
-			ctx := ContextWithCriticality(metadata.AppendToOutgoingContext(context.Background(), tenantKey, tenant), crit)
+		send := func(tenant string, crit wire.Criticality, every time.Duration, ok, n *atomic.Int64, wg *sync.WaitGroup) {
+			ctx := wire.ContextWithCriticality(metadata.AppendToOutgoingContext(context.Background(), tenantKey, tenant), crit)
 			for range int(2 * time.Second / every) {
 				wg.Go(func() {
 					cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
@@ -358,8 +356,8 @@ func TestTenantOverShareMoreCriticalDoesNotStarveOthers(t *testing.T) {
 		}
 		var aOK, aN, bOK, bN atomic.Int64
 		var wg sync.WaitGroup
-		wg.Go(func() { send("a", CriticalPlus, time.Millisecond, &aOK, &aN, &wg) })
-		wg.Go(func() { send("b", Critical, 25*time.Millisecond, &bOK, &bN, &wg) })
+		wg.Go(func() { send("a", wire.CriticalPlus, time.Millisecond, &aOK, &aN, &wg) })
+		wg.Go(func() { send("b", wire.Critical, 25*time.Millisecond, &bOK, &bN, &wg) })
 		time.Sleep(3 * time.Second)
 		wg.Wait()
 		st := srv.LimitStatuses()[0]
@@ -397,7 +395,7 @@ func TestLimitQueuedCallTimeoutIsNoDrop(t *testing.T) {
 				return nil, ctx.Err()
 			}
 		}}
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 8, MaxLimit: 8,
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 8, MaxLimit: 8,
 			MaxQueue: 64, MaxQueueWait: time.Second}))
 		client := serveLimited(t, impl, srv)
 		ctx := metadata.AppendToOutgoingContext(context.Background(), serverDeadlineKey, "150ms")
@@ -425,7 +423,7 @@ func TestLimitQueuedCallTimeoutIsNoDrop(t *testing.T) {
 // TestLimitShedOfKeyedCallIsNeverStored: a keyed call is limited inside
 // the idempotency layer (so that duplicates hold no slot), and a server
 // that stores RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED outcomes
-// (WithIdempotencyUnstoredCodes without them) must still not store the
+// (Idempotency.UnstoredCodes without them) must still not store the
 // limit's own shed: once there is room, a retry with the same key runs the
 // handler. Before the fix the shed was stored as the key's outcome and
 // every retry got it back, for the record's whole TTL.
@@ -437,14 +435,13 @@ func TestLimitShedOfKeyedCallIsNeverStored(t *testing.T) {
 		}
 		var running atomic.Int64
 		release := make(chan struct{})
-		srv := newLimitServer(t, WithIdempotencyStore(store), WithIdempotencySharedScope(),
-			WithIdempotencyUnstoredCodes(rescodes.Of(codes.Unavailable)),
-			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}))
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}),
+			WithIdempotency(Idempotency{Store: store, Scope: SharedScope, UnstoredCodes: rescodes.Of(codes.Unavailable)}))
 		client := serveLimited(t, heldEcho(&running, release), srv)
 		done := make(chan error, 1)
 		go func() { done <- echoWithin(client, 0, "hold") }()
 		synctest.Wait()
-		keyed := metadata.AppendToOutgoingContext(context.Background(), IdempotencyKeyHeader, "k1")
+		keyed := metadata.AppendToOutgoingContext(context.Background(), wire.IdempotencyKeyHeader, "k1")
 		_, err = client.Echo(keyed, &echov1.EchoRequest{Message: "pay"})
 		if status.Code(err) != codes.ResourceExhausted || len(status.Convert(err).Details()) != 1 {
 			t.Fatalf("keyed call while the limit is full: %v, want RESOURCE_EXHAUSTED with its RetryInfo", err)

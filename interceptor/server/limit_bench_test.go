@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -13,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/limit"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -25,15 +24,15 @@ func BenchmarkServerLimit(b *testing.B) {
 	info := &grpc.UnaryServerInfo{FullMethod: idemEchoMethod}
 	req := &echov1.EchoRequest{Message: "m"}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-other", "v"))
-	crit := metadata.NewIncomingContext(context.Background(), metadata.Pairs(CriticalityKey, "SHEDDABLE"))
+	crit := metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.CriticalityKey, "SHEDDABLE"))
 	b.Run("handler only", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			_, _ = benchHandlerVar(ctx, req)
 		}
 	})
-	run := func(name string, ctx context.Context, opts ...ServerOption) {
-		s, err := NewServer(opts...)
+	run := func(name string, ctx context.Context, opts ...Option) {
+		s, err := New(opts...)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -51,13 +50,13 @@ func BenchmarkServerLimit(b *testing.B) {
 		})
 	}
 	run("bare interceptor", ctx)
-	run("concurrency limit", ctx, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MaxLimit: 1000, InitialLimit: 1000}))
-	run("concurrency limit, criticality", crit, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MaxLimit: 1000, InitialLimit: 1000}))
-	run("cpu shedding", ctx, WithCPUShedding(CPUShedding{CPU: func() float64 { return 0.5 }}))
-	run("shed", ctx, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MinLimit: 1, MaxLimit: 1, InitialLimit: 1}))
+	wide := WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{MaxLimit: 1000, InitialLimit: 1000}))
+	one := WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{MinLimit: 1, MaxLimit: 1, InitialLimit: 1}))
+	run("concurrency limit", ctx, wide)
+	run("concurrency limit, criticality", crit, wide)
+	run("cpu shedding", ctx, WithLimits(Limits{CPU: &CPUShedding{CPU: func() float64 { return 0.5 }}}))
+	run("shed", ctx, one)
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	run("concurrency limit, SDK metrics", ctx, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MaxLimit: 1000, InitialLimit: 1000}),
-		WithServerMeterProvider(mp))
-	run("shed, SDK metrics", ctx, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MinLimit: 1, MaxLimit: 1, InitialLimit: 1}),
-		WithServerMeterProvider(mp))
+	run("concurrency limit, SDK metrics", ctx, wide, WithMeterProvider(mp))
+	run("shed, SDK metrics", ctx, one, WithMeterProvider(mp))
 }

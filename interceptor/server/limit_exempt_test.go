@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -18,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -48,7 +47,7 @@ func serveEchoAndHealth(t *testing.T, impl echov1.EchoServiceServer, srv *Server
 // the answer is SERVING.
 func checkServing(t *testing.T, hc healthpb.HealthClient, what string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ContextWithCriticality(context.Background(), Sheddable), time.Second)
+	ctx, cancel := context.WithTimeout(wire.ContextWithCriticality(context.Background(), wire.Sheddable), time.Second)
 	defer cancel()
 	r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -91,7 +90,7 @@ func TestOverloadProtectionNeverShedsHealthChecks(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			// Calls of 2s teach the door a service time of 2s: a probe's 1s
 			// deadline would be shorter.
-			srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+			srv, err := New(WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{})))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -110,15 +109,12 @@ func TestOverloadProtectionNeverShedsHealthChecks(t *testing.T) {
 	t.Run("CPU shedding", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			var hot atomic.Bool
-			srv, err := NewServer(WithCPUShedding(CPUShedding{CPU: func() float64 {
+			srv := newLimitServer(t, Limits{CPU: &CPUShedding{CPU: func() float64 {
 				if hot.Load() {
 					return 1
 				}
 				return 0
-			}}))
-			if err != nil {
-				t.Fatal(err)
-			}
+			}}})
 			impl := &blockingEcho{svc: 10 * time.Millisecond}
 			echo, hc := serveEchoAndHealth(t, impl, srv)
 			// One call at a time for 1.2s: a bandwidth-delay product of 1.
@@ -147,15 +143,12 @@ func TestOverloadProtectionNeverShedsHealthChecks(t *testing.T) {
 	})
 	t.Run("named by a method limit", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			srv, err := NewServer(WithMethodConcurrencyLimit("grpc.health.v1.Health",
-				serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}))
-			if err != nil {
-				t.Fatal(err)
-			}
+			srv := newLimitServer(t, Limits{Config: serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{
+				methodLimitOf(t, "grpc.health.v1.Health", serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1})}}})
 			_, hc := serveEchoAndHealth(t, &blockingEcho{}, srv)
 			checkServing(t, hc, "own limit")
 			st := srv.LimitStatuses()
-			if len(st) != 1 || st[0].Name != "grpc.health.v1.Health" || st[0].Admitted[Sheddable] != 1 {
+			if len(st) != 1 || st[0].Name != "grpc.health.v1.Health" || st[0].Admitted[wire.Sheddable] != 1 {
 				t.Errorf("LimitStatuses() = %+v, want the health service's limit to have admitted the probe", st)
 			}
 		})

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -16,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -27,19 +26,16 @@ import (
 func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reader, mp := newMeterReader()
-		srv, err := NewServer(
-			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
-				MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond}),
-			WithMethodConcurrencyLimit("/pkg.S/Other", serviceconfig.ConcurrencyLimit{InitialLimit: 2, MinLimit: 2, MaxLimit: 2}),
-			WithServerMeterProvider(mp))
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
+			MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond})
+		l.Config.MethodConfig = []serviceconfig.ServerMethodConfig{
+			methodLimitOf(t, "/pkg.S/Other", serviceconfig.ConcurrencyLimit{InitialLimit: 2, MinLimit: 2, MaxLimit: 2})}
+		srv := newLimitServer(t, l, WithMeterProvider(mp))
 		icpt := srv.UnaryServerInterceptor()
 		results := make(chan error, 3)
 		run := func(ctx context.Context, method, crit string, hold time.Duration) {
 			if crit != "" {
-				ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(CriticalityKey, crit))
+				ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(wire.CriticalityKey, crit))
 			}
 			go func() {
 				_, err := icpt(ctx, nil, &grpc.UnaryServerInfo{FullMethod: method}, func(context.Context, any) (any, error) {
@@ -111,10 +107,7 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 func TestLimitMetricsCPUShedding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reader, mp := newMeterReader()
-		srv, err := NewServer(WithCPUShedding(CPUShedding{CPU: func() float64 { return 1 }}), WithServerMeterProvider(mp))
-		if err != nil {
-			t.Fatal(err)
-		}
+		srv := newLimitServer(t, Limits{CPU: &CPUShedding{CPU: func() float64 { return 1 }}}, WithMeterProvider(mp))
 		icpt := srv.UnaryServerInterceptor()
 		info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
 		// One call of 10ms fills a bucket (500ms): the bandwidth-delay
@@ -126,7 +119,7 @@ func TestLimitMetricsCPUShedding(t *testing.T) {
 		done := make(chan error)
 		go func() { _, err := icpt(t.Context(), nil, info, sleepHandler(100*time.Millisecond)); done <- err }()
 		synctest.Wait()
-		ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(CriticalityKey, "SHEDDABLE"))
+		ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(wire.CriticalityKey, "SHEDDABLE"))
 		if _, err := icpt(ctx, nil, info, sleepHandler(0)); status.Code(err) != codes.ResourceExhausted {
 			t.Fatalf("hot CPU, one call in flight: %v, want RESOURCE_EXHAUSTED", err)
 		}
@@ -158,11 +151,11 @@ func TestLimitMetricsAllocateNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			opts := []ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{})}
+			opts := []Option{WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{}))}
 			if tt.mp != nil {
-				opts = append(opts, WithServerMeterProvider(tt.mp))
+				opts = append(opts, WithMeterProvider(tt.mp))
 			}
-			srv, err := NewServer(opts...)
+			srv, err := New(opts...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -21,6 +19,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/clock"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -93,10 +92,10 @@ func isDoorReject(err error) bool {
 	return status.Code(err) == codes.DeadlineExceeded && strings.Contains(err.Error(), "not started")
 }
 
-// newLimitServer is NewServer for the limit tests.
-func newLimitServer(t *testing.T, opts ...ServerOption) *Server {
+// newLimitServer is New for the limit tests: WithLimits(l), then opts.
+func newLimitServer(t *testing.T, l Limits, opts ...Option) *Server {
 	t.Helper()
-	srv, err := NewServer(opts...)
+	srv, err := New(append([]Option{WithLimits(l)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +116,7 @@ func TestLimitDoorReopensAfterSlowPhase(t *testing.T) {
 			time.Sleep(time.Duration(svc.Load()))
 			return &echov1.EchoResponse{}, nil
 		}}
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{}))
 		client := serveLimited(t, impl, srv)
 		for range 20 {
 			if err := echoWithin(client, 0, "slow"); err != nil {
@@ -164,7 +163,7 @@ func TestLimitProbeOnSlowCallKeepsTheDoorOpen(t *testing.T) {
 			}
 			return &echov1.EchoResponse{}, nil
 		}}
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}), WithServerRandSource(rand.NewPCG(1, 2)))
+		srv := newLimitServer(t, Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}, Rand: rand.NewPCG(1, 2)})
 		client := serveLimited(t, impl, srv)
 		failed, fast := 0, 0
 		for i := range 3000 {
@@ -205,7 +204,7 @@ func TestLimitFastFailuresDoNotPoisonTheBase(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 			return &echov1.EchoResponse{}, nil
 		}}
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{}))
 		client := serveLimited(t, impl, srv)
 		var honestFailed atomic.Int64
 		honest := func(d time.Duration) {
@@ -273,7 +272,7 @@ func TestLimitShortDeadlineCallerIsNoOverloadSignal(t *testing.T) {
 			}
 			return &echov1.EchoResponse{}, nil
 		}}
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{}))
 		client := serveLimited(t, impl, srv)
 		end := time.Now().Add(5 * time.Second)
 		var honestFailed, hostileCalls atomic.Int64
@@ -336,10 +335,9 @@ func TestLimitIdempotentDuplicatesHoldNoSlot(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 			return &echov1.EchoResponse{Message: req.GetMessage()}, nil
 		}}
-		srv := newLimitServer(t, WithIdempotencyStore(store), WithIdempotencySharedScope(),
-			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}))
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}), sharedIdempotency(store))
 		client := serveLimited(t, impl, srv)
-		keyed := metadata.AppendToOutgoingContext(context.Background(), IdempotencyKeyHeader, "k1")
+		keyed := metadata.AppendToOutgoingContext(context.Background(), wire.IdempotencyKeyHeader, "k1")
 		errs := make(chan error, 4)
 		go func() {
 			_, err := client.Echo(keyed, &echov1.EchoRequest{Message: "pay"})
@@ -389,7 +387,7 @@ func TestLimitQueueCriticalDisplacesSheddable(t *testing.T) {
 			}
 			return &echov1.EchoResponse{}, nil
 		}}
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{
 			InitialLimit: 4, MinLimit: 4, MaxLimit: 4, MaxQueue: 2, MaxQueueWait: time.Second}))
 		client := serveLimited(t, impl, srv)
 		type result struct {
@@ -399,23 +397,23 @@ func TestLimitQueueCriticalDisplacesSheddable(t *testing.T) {
 		}
 		t0 := time.Now()
 		results := make(chan result, 8)
-		call := func(msg string, c Criticality) {
+		call := func(msg string, c wire.Criticality) {
 			go func() {
-				_, err := client.Echo(ContextWithCriticality(context.Background(), c), &echov1.EchoRequest{Message: msg})
+				_, err := client.Echo(wire.ContextWithCriticality(context.Background(), c), &echov1.EchoRequest{Message: msg})
 				results <- result{msg, err, time.Since(t0)}
 			}()
 			synctest.Wait()
 		}
 		for i := range 4 {
-			call("hold"+string(rune('0'+i)), Critical)
+			call("hold"+string(rune('0'+i)), wire.Critical)
 		}
-		call("sheddable-a", Sheddable)
-		call("sheddable-b", Sheddable)
+		call("sheddable-a", wire.Sheddable)
+		call("sheddable-b", wire.Sheddable)
 		if q := srv.LimitStatuses()[0].Queued; q != 2 {
 			t.Fatalf("Queued = %d, want 2", q)
 		}
 		time.Sleep(10 * time.Millisecond)
-		call("critical", Critical)
+		call("critical", wire.Critical)
 		select {
 		case r := <-results:
 			if !strings.HasPrefix(r.msg, "sheddable") || status.Code(r.err) != codes.ResourceExhausted || r.at != 10*time.Millisecond {
@@ -517,7 +515,7 @@ func (nopStream) SetTrailer(md metadata.MD) error { return nil }
 
 // TestLimitReproducibleWithSeededSourceAndClock (issue 19, defect 6): the
 // server's limits read the time through the Server's clock and draw the
-// probes' jitter from WithServerRandSource, so the same calls on the same
+// probes' jitter from Limits.Rand, so the same calls on the same
 // clock with the same seed give the same limit, base RTT and probes: a
 // limit test can pin exact numbers. (Before, the jitter came from the
 // global random source and the time from time.Now.)
@@ -527,8 +525,8 @@ func TestLimitReproducibleWithSeededSourceAndClock(t *testing.T) {
 		probes uint64
 	}
 	run := func(seed uint64) result {
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}),
-			WithServerRandSource(rand.NewPCG(seed, 7)))
+		srv := newLimitServer(t, Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}},
+			Rand: rand.NewPCG(seed, 7)})
 		fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 		srv.limits.clk = fake
 		icpt := srv.UnaryServerInterceptor()
@@ -574,7 +572,7 @@ func TestOverloadSheddableFloodKeepsCritical(t *testing.T) {
 		measureFrom: time.Second,
 		ctx: func(ctx context.Context, i int) context.Context {
 			if i%every < 30 {
-				return ContextWithCriticality(ctx, Sheddable)
+				return wire.ContextWithCriticality(ctx, wire.Sheddable)
 			}
 			return ctx
 		},
@@ -589,7 +587,7 @@ func TestOverloadSheddableFloodKeepsCritical(t *testing.T) {
 	var st []LimitStatus
 	synctest.Test(t, func(t *testing.T) {
 		ce := newCapacityEcho(tokens, service)
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{}))
 		res = ld.run(serveEcho(t, ce, srv))
 		synctest.Wait()
 		ce.active.Wait()

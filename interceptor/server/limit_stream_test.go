@@ -1,10 +1,7 @@
-//go:build splittodo
-
 package server
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -14,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -26,13 +24,10 @@ import (
 // streams gave the limit no latency sample.
 func TestStreamConcurrencyLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		srv, err := NewServer(
-			WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
-				MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond}),
-			WithStreamConcurrencyLimit("pkg.S"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
+			MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond})
+		l.Streams = []string{"pkg.S"}
+		srv := newLimitServer(t, l)
 		sicpt := srv.StreamServerInterceptor()
 		results := make(chan error, 4)
 		stream := func(method string, life time.Duration) {
@@ -55,7 +50,7 @@ func TestStreamConcurrencyLimit(t *testing.T) {
 			t.Errorf("stream not opted in: %v after %v, want nil at once", err, time.Since(start))
 		}
 		stream("/pkg.S/Watch", 10*time.Millisecond) // queued; the queue then waits only 50ms
-		_, err = srv.UnaryServerInterceptor()(t.Context(), nil, &grpc.UnaryServerInfo{FullMethod: "/other.S/Get"},
+		_, err := srv.UnaryServerInterceptor()(t.Context(), nil, &grpc.UnaryServerInfo{FullMethod: "/other.S/Get"},
 			func(context.Context, any) (any, error) { return nil, nil })
 		if status.Code(err) != codes.ResourceExhausted || time.Since(start) != 0 {
 			t.Errorf("unary call while a stream holds the slot: %v, want RESOURCE_EXHAUSTED at once", err)
@@ -81,7 +76,7 @@ func TestStreamConcurrencyLimit(t *testing.T) {
 			t.Errorf("queued stream ended after %v, want 140ms", d)
 		}
 		st := srv.LimitStatuses()[0]
-		if st.InFlight != 0 || st.Queued != 0 || st.Admitted[Critical] != 3 || st.SmoothedRTT != 0 {
+		if st.InFlight != 0 || st.Queued != 0 || st.Admitted[wire.Critical] != 3 || st.SmoothedRTT != 0 {
 			t.Errorf("after: %+v, want nothing held, 3 admitted, no latency sample", st)
 		}
 	})
@@ -90,43 +85,39 @@ func TestStreamConcurrencyLimit(t *testing.T) {
 // TestStreamLimitReleasedOnPanic: a stream's slot is released when its
 // handler panics, and the panic goes on up.
 func TestStreamLimitReleasedOnPanic(t *testing.T) {
-	srv, err := NewServer(WithMethodConcurrencyLimit("/pkg.S/Watch", serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}),
-		WithStreamConcurrencyLimit("/pkg.S/Watch"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := newLimitServer(t, Limits{Streams: []string{"/pkg.S/Watch"}, Config: serviceconfig.ServerConfig{
+		MethodConfig: []serviceconfig.ServerMethodConfig{
+			methodLimitOf(t, "/pkg.S/Watch", serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1})}}})
 	func() {
 		defer func() {
 			if recover() == nil {
 				t.Error("the panic did not go on up")
 			}
 		}()
-		ss := &srvStream{ctx: metadata.NewIncomingContext(t.Context(), metadata.Pairs(CriticalityKey, "SHEDDABLE"))}
+		ss := &srvStream{ctx: metadata.NewIncomingContext(t.Context(), metadata.Pairs(wire.CriticalityKey, "SHEDDABLE"))}
 		_ = srv.StreamServerInterceptor()(nil, ss, &grpc.StreamServerInfo{FullMethod: "/pkg.S/Watch"}, func(any, grpc.ServerStream) error {
 			panic("stream handler panic")
 		})
 	}()
-	if st := srv.LimitStatuses()[0]; st.InFlight != 0 || st.Admitted[Sheddable] != 1 {
+	if st := srv.LimitStatuses()[0]; st.InFlight != 0 || st.Admitted[wire.Sheddable] != 1 {
 		t.Errorf("after the panic: %+v, want nothing held, 1 SHEDDABLE admitted", st)
 	}
 }
 
+// TestStreamConcurrencyLimitOptionErrors: the errors of Limits.Streams,
+// from Validate and New alike.
 func TestStreamConcurrencyLimitOptionErrors(t *testing.T) {
 	tests := []struct {
 		name string
-		opts []ServerOption
+		l    Limits
 		want string
 	}{
-		{"bad name", []ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}), WithStreamConcurrencyLimit("/pkg.S")}, `WithStreamConcurrencyLimit("/pkg.S")`},
-		{"no limit", []ServerOption{WithStreamConcurrencyLimit("pkg.S")}, "WithStreamConcurrencyLimit: no concurrency limit"},
-		{"only CPU shedding", []ServerOption{WithCPUShedding(CPUShedding{}), WithStreamConcurrencyLimit("pkg.S")}, "WithStreamConcurrencyLimit: no concurrency limit"},
+		{"bad name", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}, Streams: []string{"pkg.S", "/pkg.S"}},
+			`server: Limits.Streams[1]: `},
+		{"no limit", Limits{Streams: []string{"pkg.S"}}, "server: Limits.Streams: no concurrency limit"},
+		{"only CPU shedding", Limits{CPU: &CPUShedding{}, Streams: []string{"pkg.S"}}, "server: Limits.Streams: no concurrency limit"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := NewServer(tt.opts...)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("NewServer() error = %v, want one containing %q", err, tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { wantLimitsError(t, tt.l, tt.want) })
 	}
 }

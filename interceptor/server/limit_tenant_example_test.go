@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server_test
 
 import (
@@ -11,7 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -19,17 +17,21 @@ import (
 // fills with the caller's verified identity.
 type principal struct{}
 
-func ExampleWithTenantFairness() {
-	srv, err := interceptor.NewServer(
-		interceptor.WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4}),
+// A concurrency limit shared fairly among tenants: Config.TenantFairness
+// turns the fairness on, and Tenant names each call's tenant.
+func ExampleTenantFunc() {
+	srv, err := server.New(server.WithLimits(server.Limits{
+		Config: serviceconfig.ServerConfig{
+			ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4},
+			TenantFairness:   &serviceconfig.TenantFairness{MaxTenants: 100},
+		},
 		// The tenant is who the caller is, as authentication verified it:
 		// not a value the caller chooses.
-		interceptor.WithTenantFairness(serviceconfig.TenantFairness{MaxTenants: 100},
-			func(ctx context.Context) string {
-				p, _ := ctx.Value(principal{}).(string)
-				return p
-			}),
-	)
+		Tenant: func(ctx context.Context) string {
+			p, _ := ctx.Value(principal{}).(string)
+			return p
+		},
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,11 +1,8 @@
-//go:build splittodo
-
 package server
 
 import (
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -23,7 +20,7 @@ const tenantKey = "x-tenant-id"
 // TestTenantFairnessProtectsTheQuietTenant runs the fairness scenario of
 // issue 19 on fake time: a server of 20 tokens × 100ms (200 calls/s), two
 // tenants, each with a fair share of 100 calls/s; tenant A sends 10 times
-// its share, tenant B half of it. With WithTenantFairness, B keeps 99% or
+// its share, tenant B half of it. With tenant fairness, B keeps 99% or
 // more of its calls and their p99 within 1.5× the idle p99 (100ms); without
 // it, B is shed at A's rate.
 func TestTenantFairnessProtectsTheQuietTenant(t *testing.T) {
@@ -45,12 +42,12 @@ func TestTenantFairnessProtectsTheQuietTenant(t *testing.T) {
 		},
 	}
 	run := func(fair bool) (*loadResult, []LimitStatus) {
-		return runOverload(t, ld, func(*capacityEcho) []ServerOption {
-			opts := []ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{})}
+		return runOverload(t, ld, func(*capacityEcho) []Option {
+			l := limitsOf(serviceconfig.ConcurrencyLimit{})
 			if fair {
-				opts = append(opts, WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
+				l = fairLimitsOf(serviceconfig.ConcurrencyLimit{}, serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil)
 			}
-			return opts
+			return []Option{WithLimits(l)}
 		})
 	}
 	bLatency := func(r *loadResult) time.Duration { return r.p(0.99) }
@@ -82,8 +79,8 @@ func TestTenantFairnessBLatency(t *testing.T) {
 	var idle, loaded []time.Duration
 	synctest.Test(t, func(t *testing.T) {
 		ce := newCapacityEcho(ovTokens, ovService)
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
+		srv := newLimitServer(t, fairLimitsOf(serviceconfig.ConcurrencyLimit{},
+			serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil))
 		client := echov1.NewEchoServiceClient(serveEcho(t, ce, srv))
 		b := metadata.AppendToOutgoingContext(context.Background(), tenantKey, "b")
 		callB := func() time.Duration {
@@ -139,8 +136,8 @@ func TestTenantFairnessBLatency(t *testing.T) {
 // have been idle for IdleTimeout.
 func TestTenantsForgottenOverGRPC(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: tenantKey, MaxTenants: 100, IdleTimeout: time.Second}, nil))
+		srv := newLimitServer(t, fairLimitsOf(serviceconfig.ConcurrencyLimit{},
+			serviceconfig.TenantFairness{MetadataKey: tenantKey, MaxTenants: 100, IdleTimeout: time.Second}, nil))
 		client := serveLimited(t, &fnEcho{fn: func(context.Context, *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 			return &echov1.EchoResponse{}, nil
 		}}, srv)
@@ -163,33 +160,32 @@ func TestTenantsForgottenOverGRPC(t *testing.T) {
 	})
 }
 
-// TestTenantFairnessOptions: the option's errors, and the document's block.
+// TestTenantFairnessOptions: the errors of Limits' tenant fairness, from
+// Validate and New alike, and the document's block.
 func TestTenantFairnessOptions(t *testing.T) {
+	cl := serviceconfig.ConcurrencyLimit{}
 	tests := []struct {
 		name string
-		opts []ServerOption
+		l    Limits
 		want string
 	}{
-		{"no tenant", []ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-			WithTenantFairness(serviceconfig.TenantFairness{}, nil)}, "WithTenantFairness: no tenant function and no metadataKey"},
-		{"bad key", []ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-			WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: "X"}, nil)}, "WithTenantFairness: serviceconfig: metadataKey: must be a lower-case"},
-		{"no limit", []ServerOption{WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: "x"}, nil)}, "WithTenantFairness: no concurrency limit"},
-		{"only CPU shedding", []ServerOption{WithCPUShedding(CPUShedding{}), WithTenantFairness(serviceconfig.TenantFairness{MetadataKey: "x"}, nil)},
-			"WithTenantFairness: no concurrency limit"},
+		{"no tenant", fairLimitsOf(cl, serviceconfig.TenantFairness{}, nil),
+			"server: Limits: Config.TenantFairness has no metadataKey and Limits.Tenant is nil"},
+		{"bad key", fairLimitsOf(cl, serviceconfig.TenantFairness{MetadataKey: "X"}, nil),
+			"server: Limits.Config: serviceconfig: tenantFairness.metadataKey: must be a lower-case"},
+		{"no limit", Limits{Config: serviceconfig.ServerConfig{TenantFairness: &serviceconfig.TenantFairness{MetadataKey: "x"}}},
+			"server: Limits.Config.TenantFairness: no concurrency limit"},
+		{"only CPU shedding", Limits{CPU: &CPUShedding{}, Config: serviceconfig.ServerConfig{TenantFairness: &serviceconfig.TenantFairness{MetadataKey: "x"}}},
+			"server: Limits.Config.TenantFairness: no concurrency limit"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if _, err := NewServer(tt.opts...); err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("NewServer() = %v, want an error containing %q", err, tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { wantLimitsError(t, tt.l, tt.want) })
 	}
 	cfg, err := serviceconfig.ParseServer([]byte(`{"concurrencyLimit": {}, "tenantFairness": {"metadataKey": "x-tenant-id"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := newLimitServer(t, WithServerConfig(cfg))
+	srv := newLimitServer(t, Limits{Config: *cfg})
 	icpt := srv.UnaryServerInterceptor()
 	for _, tenant := range []string{"a", "b", "c"} {
 		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(tenantKey, tenant))
@@ -208,11 +204,10 @@ func TestTenantHotPathAllocatesNothing(t *testing.T) {
 		t.Skip("allocation counts are not exact under -race")
 	}
 	type principal struct{}
-	srv := newLimitServer(t, WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-		WithTenantFairness(serviceconfig.TenantFairness{}, func(ctx context.Context) string {
-			s, _ := ctx.Value(principal{}).(string)
-			return s
-		}))
+	srv := newLimitServer(t, fairLimitsOf(serviceconfig.ConcurrencyLimit{}, serviceconfig.TenantFairness{}, func(ctx context.Context) string {
+		s, _ := ctx.Value(principal{}).(string)
+		return s
+	}))
 	icpt := srv.UnaryServerInterceptor()
 	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
 	ctx := context.WithValue(metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-other", "v")), principal{}, "alice")

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -16,30 +14,35 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
+// TestConcurrencyLimitOptionErrors: the errors of Limits.Config, from
+// Validate and New alike, with the JSON path of the field at fault.
 func TestConcurrencyLimitOptionErrors(t *testing.T) {
+	method := func(n serviceconfig.Name, cfg serviceconfig.ConcurrencyLimit) Limits {
+		return Limits{Config: serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{
+			{Name: []serviceconfig.Name{n}, ConcurrencyLimit: &cfg}}}}
+	}
 	tests := []struct {
 		name string
-		opt  ServerOption
+		l    Limits
 		want string
 	}{
-		{"unknown algorithm", WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{Algorithm: "gradient"}), `WithConcurrencyLimit: serviceconfig: algorithm: must be "vegas" or "aimd"`},
-		{"min over max", WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MinLimit: 5, MaxLimit: 4}), "minLimit: must not exceed maxLimit"},
-		{"initial under min", WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{MinLimit: 5, InitialLimit: 4}), "initialLimit: must not be less than minLimit"},
-		{"negative window", WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{BaseWindow: -1}), "baseWindow: must not be negative"},
-		{"bad method name", WithMethodConcurrencyLimit("/svc", serviceconfig.ConcurrencyLimit{}), `WithMethodConcurrencyLimit("/svc")`},
-		{"bad method config", WithMethodConcurrencyLimit("pkg.S", serviceconfig.ConcurrencyLimit{MaxLimit: -1}), "maxLimit: must not be negative"},
+		{"unknown algorithm", limitsOf(serviceconfig.ConcurrencyLimit{Algorithm: "gradient"}),
+			`server: Limits.Config: serviceconfig: concurrencyLimit.algorithm: must be "vegas" or "aimd"`},
+		{"min over max", limitsOf(serviceconfig.ConcurrencyLimit{MinLimit: 5, MaxLimit: 4}), "server: Limits.Config: serviceconfig: concurrencyLimit.minLimit: must not exceed maxLimit"},
+		{"initial under min", limitsOf(serviceconfig.ConcurrencyLimit{MinLimit: 5, InitialLimit: 4}), "server: Limits.Config: serviceconfig: concurrencyLimit.initialLimit: must not be less than minLimit"},
+		{"negative window", limitsOf(serviceconfig.ConcurrencyLimit{BaseWindow: -1}), "server: Limits.Config: serviceconfig: concurrencyLimit.baseWindow: must not be negative"},
+		{"bad method name", method(serviceconfig.Name{Method: "svc"}, serviceconfig.ConcurrencyLimit{}),
+			"server: Limits.Config: serviceconfig: methodConfig[0].name[0].service: must not be empty"},
+		{"bad method config", method(serviceconfig.Name{Service: "pkg.S"}, serviceconfig.ConcurrencyLimit{MaxLimit: -1}),
+			"server: Limits.Config: serviceconfig: methodConfig[0].concurrencyLimit.maxLimit: must not be negative"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := NewServer(tt.opt)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("NewServer() error = %v, want one containing %q", err, tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { wantLimitsError(t, tt.l, tt.want) })
 	}
 }
 
@@ -76,13 +79,9 @@ func sleepHandler(d time.Duration) grpc.UnaryHandler {
 }
 
 // limitOfOne is a server whose limit is one call.
-func limitOfOne(t *testing.T, opts ...ServerOption) *Server {
+func limitOfOne(t *testing.T, opts ...Option) *Server {
 	t.Helper()
-	s, err := NewServer(append([]ServerOption{WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1})}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}), opts...)
 }
 
 // TestShedCarriesRetryInfoAndPushback: a call over the limit fails at once
@@ -124,7 +123,7 @@ func TestShedCarriesRetryInfoAndPushback(t *testing.T) {
 			t.Errorf("first call: %v", err)
 		}
 		ls := srv.LimitStatuses()
-		if len(ls) != 1 || ls[0].ShedLimit[Critical] != 1 || ls[0].Admitted[Critical] != 1 || ls[0].InFlight != 0 {
+		if len(ls) != 1 || ls[0].ShedLimit[wire.Critical] != 1 || ls[0].Admitted[wire.Critical] != 1 || ls[0].InFlight != 0 {
 			t.Errorf("LimitStatuses() = %+v, want 1 admitted, 1 shed, none in flight", ls)
 		}
 	})
@@ -167,7 +166,7 @@ func TestShedSaysDoNotRetryWhenMostAreShed(t *testing.T) {
 func TestDeadlineShorterThanServiceTimeRejectedAtTheDoor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		impl := &blockingEcho{started: make(chan struct{}, 10), svc: 100 * time.Millisecond}
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		srv, err := New(WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{})))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,8 +195,8 @@ func TestDeadlineShorterThanServiceTimeRejectedAtTheDoor(t *testing.T) {
 		if err := call(100 * time.Millisecond); status.Code(err) == codes.DeadlineExceeded && strings.Contains(err.Error(), "not started") {
 			t.Errorf("call with exactly the service time left was rejected at the door: %v", err)
 		}
-		if got := srv.LimitStatuses()[0].ShedDeadline[Critical]; got != 1 {
-			t.Errorf("ShedDeadline[Critical] = %d, want 1", got)
+		if got := srv.LimitStatuses()[0].ShedDeadline[wire.Critical]; got != 1 {
+			t.Errorf("ShedDeadline[wire.Critical] = %d, want 1", got)
 		}
 	})
 }
@@ -206,14 +205,12 @@ func TestDeadlineShorterThanServiceTimeRejectedAtTheDoor(t *testing.T) {
 // others, and the server's limit does not count the method's calls.
 func TestMethodLimitsAreSeparate(t *testing.T) {
 	one := serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}
-	srv, err := NewServer(
-		WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-		WithMethodConcurrencyLimit("/resilience.echo.v1.EchoService/Echo", one),
-		WithMethodConcurrencyLimit("other.Service", one),
-	)
-	if err != nil {
-		t.Fatal(err)
+	l := limitsOf(serviceconfig.ConcurrencyLimit{})
+	l.Config.MethodConfig = []serviceconfig.ServerMethodConfig{
+		methodLimitOf(t, "/resilience.echo.v1.EchoService/Echo", one),
+		methodLimitOf(t, "other.Service", one),
 	}
+	srv := newLimitServer(t, l)
 	tests := []struct {
 		method string
 		want   string // name of the limiter that applies
@@ -279,7 +276,7 @@ func TestLimitCancelledCallIsNoSample(t *testing.T) {
 // TestLimitHotPathAllocatesNothing: the limit adds no allocation to an
 // admitted call without criticality metadata.
 func TestLimitHotPathAllocatesNothing(t *testing.T) {
-	srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+	srv, err := New(WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,6 +289,7 @@ func TestLimitHotPathAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestWithServerConfig: Limits.Config takes the document ParseServer read.
 func TestWithServerConfig(t *testing.T) {
 	cfg, err := serviceconfig.ParseServer([]byte(`{"concurrencyLimit": {"maxLimit": 50},
 		"methodConfig": [{"name": [{"service": "shop.Orders", "method": "Report"}, {"service": "shop.Admin"}],
@@ -299,7 +297,7 @@ func TestWithServerConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(WithServerConfig(cfg))
+	srv, err := New(WithLimits(Limits{Config: *cfg}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,36 +314,27 @@ func TestWithServerConfig(t *testing.T) {
 			t.Errorf("limit %q = %d, want %d", k, got[k], v)
 		}
 	}
-	if _, err := NewServer(WithServerConfig(nil)); err == nil {
-		t.Errorf("WithServerConfig(nil): no error")
-	}
-	bad := &serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "a.B"}}}}}
-	if _, err := NewServer(WithServerConfig(bad)); err == nil || !strings.Contains(err.Error(), "methodConfig[0].concurrencyLimit: is required") {
-		t.Errorf("WithServerConfig(bad) = %v, want the JSON path", err)
-	}
+	bad := serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "a.B"}}}}}
+	wantLimitsError(t, Limits{Config: bad}, "server: Limits.Config: serviceconfig: methodConfig[0].concurrencyLimit: is required")
 }
 
 func TestCPUSheddingOptions(t *testing.T) {
-	if _, err := NewServer(WithCPUShedding(CPUShedding{}), WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{})); err == nil || !strings.Contains(err.Error(), "choose one") {
-		t.Errorf("both: %v, want an error", err)
-	}
-	if _, err := NewServer(WithCPUShedding(CPUShedding{CPUThreshold: 1.5})); err == nil || !strings.Contains(err.Error(), "WithCPUShedding: limit: cpuThreshold") {
-		t.Errorf("threshold 1.5: %v, want an error", err)
-	}
+	both := limitsOf(serviceconfig.ConcurrencyLimit{})
+	both.CPU = &CPUShedding{}
+	wantLimitsError(t, both, "server: Limits: Config.ConcurrencyLimit and CPU: choose one")
+	wantLimitsError(t, Limits{CPU: &CPUShedding{CPUThreshold: 1.5}}, "server: Limits.CPU: limit: cpuThreshold")
 	// With a method limit of its own, the method is not under the CPU
 	// shedder; the others are.
-	srv, err := NewServer(WithCPUShedding(CPUShedding{CPU: func() float64 { return 0 }}),
-		WithMethodConcurrencyLimit("a.B", serviceconfig.ConcurrencyLimit{}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := newLimitServer(t, Limits{CPU: &CPUShedding{CPU: func() float64 { return 0 }},
+		Config: serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{
+			methodLimitOf(t, "a.B", serviceconfig.ConcurrencyLimit{})}}})
 	icpt := srv.UnaryServerInterceptor()
 	h := func(context.Context, any) (any, error) { return nil, nil }
 	_, _ = icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/a.B/C"}, h)
 	_, _ = icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x.Y/Z"}, h)
 	got := map[string]uint64{}
 	for _, ls := range srv.LimitStatuses() {
-		got[ls.Name] = ls.Admitted[Critical]
+		got[ls.Name] = ls.Admitted[wire.Critical]
 	}
 	if got[CPUSheddingName] != 1 || got["a.B"] != 1 {
 		t.Errorf("admitted by limit = %v, want one each", got)
@@ -363,8 +352,8 @@ func TestCPUSheddingOptions(t *testing.T) {
 // shed with the pushback.
 func TestQueueWaitsForASlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{
-			InitialLimit: 1, MinLimit: 1, MaxLimit: 1, MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond}))
+		srv, err := New(WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{
+			InitialLimit: 1, MinLimit: 1, MaxLimit: 1, MaxQueue: 1, MaxQueueWait: 50 * time.Millisecond})))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -405,7 +394,7 @@ func TestQueueWaitsForASlot(t *testing.T) {
 		}
 		<-results
 		st := srv.LimitStatuses()[0]
-		if st.InFlight != 0 || st.Queued != 0 || st.Admitted[Critical] != 3 {
+		if st.InFlight != 0 || st.Queued != 0 || st.Admitted[wire.Critical] != 3 {
 			t.Errorf("after: %+v, want nothing held and 3 admitted", st)
 		}
 	})

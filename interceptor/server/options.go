@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -386,8 +386,19 @@ func (l *Limits) Validate() error {
 
 // apply sets o's limit fields from l, or appends an error.
 func (l *Limits) apply(o *options) {
-	cfg := &l.Config
-	if err := cfg.Validate(); err != nil {
+	cfg, checked := &l.Config, l.Config
+	if f := cfg.TenantFairness; f != nil && f.MetadataKey == "" {
+		if l.Tenant == nil {
+			o.errs = append(o.errs, errorf("Limits: Config.TenantFairness has no metadataKey and Limits.Tenant is nil"))
+			return
+		}
+		// Limits.Tenant names the tenants, so the block needs no metadataKey
+		// here (the document's JSON, which has no Tenant, does).
+		k := *f
+		k.MetadataKey = "tenant"
+		checked.TenantFairness = &k
+	}
+	if err := checked.Validate(); err != nil {
 		o.errs = append(o.errs, fmt.Errorf("server: Limits.Config: %v", err))
 		return
 	}
@@ -404,10 +415,6 @@ func (l *Limits) apply(o *options) {
 	if f := cfg.TenantFairness; f != nil {
 		tenant := l.Tenant
 		if tenant == nil {
-			if f.MetadataKey == "" {
-				o.errs = append(o.errs, errorf("Limits: Config.TenantFairness has no metadataKey and Limits.Tenant is nil"))
-				return
-			}
 			tenant = TenantFromMetadata(f.MetadataKey)
 		}
 		o.fairness = &srvFairness{cfg: *f, tenant: tenant}

@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server_test
 
 import (
@@ -11,19 +9,25 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-func ExampleWithConcurrencyLimit() {
-	srv, err := interceptor.NewServer(
+// Adding a concurrency limit: the server's calls under one adaptive limit,
+// and a method with a limit of its own. serviceconfig.ParseServer reads the
+// same Config from JSON.
+func ExampleWithLimits() {
+	srv, err := server.New(server.WithLimits(server.Limits{Config: serviceconfig.ServerConfig{
 		// One limit for the server, learned by Vegas between 1 and 1000
 		// calls in flight, starting at 20.
-		interceptor.WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
+		ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{},
 		// Reports gets a small limit of its own.
-		interceptor.WithMethodConcurrencyLimit("/shop.Orders/Report",
-			serviceconfig.ConcurrencyLimit{Algorithm: "aimd", InitialLimit: 1, MinLimit: 1, MaxLimit: 1}),
-	)
+		MethodConfig: []serviceconfig.ServerMethodConfig{{
+			Name:             []serviceconfig.Name{{Service: "shop.Orders", Method: "Report"}},
+			ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{Algorithm: "aimd", InitialLimit: 1, MinLimit: 1, MaxLimit: 1},
+		}},
+	}}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,7 +47,7 @@ func ExampleWithConcurrencyLimit() {
 	})
 	for _, ls := range srv.LimitStatuses() {
 		if ls.Name != "" {
-			fmt.Printf("%s: limit %d, admitted %d, shed %d\n", ls.Name, ls.Limit, ls.Admitted[interceptor.Critical], ls.ShedLimit[interceptor.Critical])
+			fmt.Printf("%s: limit %d, admitted %d, shed %d\n", ls.Name, ls.Limit, ls.Admitted[wire.Critical], ls.ShedLimit[wire.Critical])
 		}
 	}
 	// Output:
@@ -51,23 +55,12 @@ func ExampleWithConcurrencyLimit() {
 	// /shop.Orders/Report: limit 1, admitted 1, shed 1
 }
 
-func ExampleContextWithCriticality() {
-	ctx := interceptor.ContextWithCriticality(context.Background(), interceptor.Sheddable)
-	md, _ := metadata.FromOutgoingContext(ctx)
-	fmt.Println(interceptor.CriticalityKey, md.Get(interceptor.CriticalityKey))
-	c, ok := interceptor.ParseCriticality("critical_plus")
-	fmt.Println(c, ok)
-	// Output:
-	// resilience-criticality [SHEDDABLE]
-	// CRITICAL_PLUS true
-}
-
-func ExampleWithCPUShedding() {
-	srv, err := interceptor.NewServer(interceptor.WithCPUShedding(interceptor.CPUShedding{
+func ExampleCPUShedding() {
+	srv, err := server.New(server.WithLimits(server.Limits{CPU: &server.CPUShedding{
 		CPUThreshold: 0.8, // from 80% CPU, keep in flight ≤ max pass rate × min latency
 		// CPU: nil reads the process's cgroup (Linux); a function here
 		// drives it from another source.
-	}))
+	}}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -81,17 +74,17 @@ func ExampleWithCPUShedding() {
 // claim: here every caller may lower its own, but only callers that an
 // authentication interceptor marked as internal (standing in: the
 // x-internal metadata) may claim CRITICAL_PLUS.
-func ExampleWithCriticality() {
-	capped := interceptor.CapCriticality(interceptor.Critical)
-	srv, err := interceptor.NewServer(
-		interceptor.WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}),
-		interceptor.WithCriticality(func(ctx context.Context, sent interceptor.Criticality, ok bool) interceptor.Criticality {
+func ExampleCapCriticality() {
+	capped := server.CapCriticality(wire.Critical)
+	srv, err := server.New(server.WithLimits(server.Limits{
+		Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}},
+		Criticality: func(ctx context.Context, sent wire.Criticality, ok bool) wire.Criticality {
 			if len(metadata.ValueFromIncomingContext(ctx, "x-internal")) > 0 {
 				return sent
 			}
 			return capped(ctx, sent, ok)
-		}),
-	)
+		},
+	}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -99,14 +92,14 @@ func ExampleWithCriticality() {
 	info := &grpc.UnaryServerInfo{FullMethod: "/shop.Orders/Get"}
 	ok := func(context.Context, any) (any, error) { return nil, nil }
 	for _, md := range []metadata.MD{
-		metadata.Pairs(interceptor.CriticalityKey, "CRITICAL_PLUS"),                    // capped: CRITICAL
-		metadata.Pairs(interceptor.CriticalityKey, "CRITICAL_PLUS", "x-internal", "1"), // trusted
-		metadata.Pairs(interceptor.CriticalityKey, "SHEDDABLE"),                        // lowering is free
+		metadata.Pairs(wire.CriticalityKey, "CRITICAL_PLUS"),                    // capped: CRITICAL
+		metadata.Pairs(wire.CriticalityKey, "CRITICAL_PLUS", "x-internal", "1"), // trusted
+		metadata.Pairs(wire.CriticalityKey, "SHEDDABLE"),                        // lowering is free
 	} {
 		_, _ = icpt(metadata.NewIncomingContext(context.Background(), md), nil, info, ok)
 	}
 	ls := srv.LimitStatuses()[0]
-	for _, c := range []interceptor.Criticality{interceptor.CriticalPlus, interceptor.Critical, interceptor.Sheddable} {
+	for _, c := range []wire.Criticality{wire.CriticalPlus, wire.Critical, wire.Sheddable} {
 		fmt.Println(c, ls.Admitted[c])
 	}
 	// Output:

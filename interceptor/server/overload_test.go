@@ -1,5 +1,3 @@
-//go:build splittodo
-
 package server
 
 import (
@@ -18,6 +16,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -139,7 +139,7 @@ func capacityIn(d time.Duration) float64 { return float64(ovTokens) * float64(d)
 // server built from opts(ce) (opts nil: no server interceptor), waits until
 // every handler has returned, and gives the result with the server's limit
 // statuses (nil without a server).
-func runOverload(t *testing.T, ld load, opts func(ce *capacityEcho) []ServerOption) (*loadResult, []LimitStatus) {
+func runOverload(t *testing.T, ld load, opts func(ce *capacityEcho) []Option) (*loadResult, []LimitStatus) {
 	t.Helper()
 	var res *loadResult
 	var st []LimitStatus
@@ -148,7 +148,7 @@ func runOverload(t *testing.T, ld load, opts func(ce *capacityEcho) []ServerOpti
 		var srv *Server
 		if opts != nil {
 			var err error
-			if srv, err = NewServer(opts(ce)...); err != nil {
+			if srv, err = New(opts(ce)...); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -164,8 +164,8 @@ func runOverload(t *testing.T, ld load, opts func(ce *capacityEcho) []ServerOpti
 }
 
 // withLimit is runOverload's opts for a concurrency limit of cfg.
-func withLimit(cfg serviceconfig.ConcurrencyLimit) func(*capacityEcho) []ServerOption {
-	return func(*capacityEcho) []ServerOption { return []ServerOption{WithConcurrencyLimit(cfg)} }
+func withLimit(cfg serviceconfig.ConcurrencyLimit) func(*capacityEcho) []Option {
+	return func(*capacityEcho) []Option { return []Option{WithLimits(limitsOf(cfg))} }
 }
 
 // TestOverloadGoodput runs the open-loop scenario of the overload issue on
@@ -213,16 +213,16 @@ func TestOverloadRetriesDoNotAmplify(t *testing.T) {
 	var (
 		mu                         sync.Mutex
 		arrivals, retries, badCrit int
-		events                     []RetryEvent
+		events                     []interceptor.RetryEvent
 		res                        *loadResult
 	)
 	synctest.Test(t, func(t *testing.T) {
-		c := newTestClient(t, WithServiceConfig(cfg), WithOnRetry(func(_ context.Context, e RetryEvent) {
+		c := newTestClient(t, interceptor.WithServiceConfig(cfg), interceptor.WithOnRetry(func(_ context.Context, e interceptor.RetryEvent) {
 			mu.Lock()
 			events = append(events, e)
 			mu.Unlock()
 		}))
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		srv, err := New(WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{})))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +233,7 @@ func TestOverloadRetriesDoNotAmplify(t *testing.T) {
 			arrivals++
 			if len(md.Get(previousAttemptsKey)) > 0 {
 				retries++
-				if incomingCriticality(ctx) != SheddablePlus {
+				if incomingCriticality(ctx) != wire.SheddablePlus {
 					badCrit++
 				}
 			}
@@ -274,7 +274,7 @@ func TestOverloadCriticality(t *testing.T) {
 		gap: ovGap(2), dur: 3 * time.Second, deadline: ovDeadline, measureFrom: time.Second,
 		ctx: func(ctx context.Context, i int) context.Context {
 			if i%2 == 1 {
-				return ContextWithCriticality(ctx, Sheddable)
+				return wire.ContextWithCriticality(ctx, wire.Sheddable)
 			}
 			return ctx
 		},
@@ -343,9 +343,9 @@ func TestAdaptiveThrottlingSettlesAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var settled, recovered float64
-	var st MethodStatus
+	var st interceptor.MethodStatus
 	synctest.Test(t, func(t *testing.T) {
-		c := newTestClient(t, WithServiceConfig(cfg), WithRandSource(rand.NewPCG(1, 2)))
+		c := newTestClient(t, interceptor.WithServiceConfig(cfg), interceptor.WithRandSource(rand.NewPCG(1, 2)))
 		q := &quotaEcho{rate: 0.3 * rate, tokens: 0.3 * rate}
 		cc := serveEcho(t, q, nil, c.DialOptions()...)
 		gap := time.Duration(float64(time.Second) / rate)
@@ -378,10 +378,10 @@ func TestAdaptiveThrottlingSettlesAndRecovers(t *testing.T) {
 // p99 within twice the service time.
 func TestOverloadCPUShedding(t *testing.T) {
 	const dur, from = 6 * time.Second, 2 * time.Second
-	res, st := runOverload(t, load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}, func(ce *capacityEcho) []ServerOption {
-		return []ServerOption{WithCPUShedding(CPUShedding{
+	res, st := runOverload(t, load{gap: ovGap(3), dur: dur, deadline: ovDeadline, measureFrom: from}, func(ce *capacityEcho) []Option {
+		return []Option{WithLimits(Limits{CPU: &CPUShedding{
 			CPU: func() float64 { return float64(len(ce.tokens)) / ovTokens },
-		})}
+		}})}
 	})
 	window := capacityIn(dur - from)
 	good := float64(res.good[0]) / window
@@ -432,7 +432,7 @@ func TestSlowdownLimitRecovers(t *testing.T) {
 		st        []LimitStatus
 	)
 	synctest.Test(t, func(t *testing.T) {
-		srv, err := NewServer(WithConcurrencyLimit(serviceconfig.ConcurrencyLimit{}))
+		srv, err := New(WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{})))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,134 @@
+package server
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/grpc-resilience/resilience/interceptor/wire"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// TestLimitsValidateAgreesWithNew pins, for each way a Limits can be wrong,
+// the error that Limits.Validate and New(WithLimits(...)) both return,
+// naming the field at fault; and that the Limits that are right pass both.
+func TestLimitsValidateAgreesWithNew(t *testing.T) {
+	top := func() *serviceconfig.ConcurrencyLimit { return &serviceconfig.ConcurrencyLimit{} }
+	byKey := &serviceconfig.TenantFairness{MetadataKey: "x-tenant"}
+	anyone := func(context.Context) string { return "" }
+	bad := []struct {
+		name string
+		l    Limits
+		want string
+	}{
+		{"Config: a limit's field", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{MinLimit: -1}}},
+			"server: Limits.Config: serviceconfig: concurrencyLimit.minLimit: must not be negative"},
+		{"Config: a methodConfig entry without a limit", Limits{Config: serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{
+			{Name: []serviceconfig.Name{{Service: "a.B"}}}}}},
+			"server: Limits.Config: serviceconfig: methodConfig[0].concurrencyLimit: is required"},
+		{"Config: a bad tenant metadataKey", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top(),
+			TenantFairness: &serviceconfig.TenantFairness{MetadataKey: "X-Tenant"}}},
+			"server: Limits.Config: serviceconfig: tenantFairness.metadataKey: must be a lower-case metadata key"},
+		{"Config: a bad tenant metadataKey beside Tenant", Limits{Tenant: anyone, Config: serviceconfig.ServerConfig{ConcurrencyLimit: top(),
+			TenantFairness: &serviceconfig.TenantFairness{MetadataKey: "X-Tenant"}}},
+			"server: Limits.Config: serviceconfig: tenantFairness.metadataKey: must be a lower-case metadata key"},
+		{"tenant fairness without a metadataKey and without Tenant", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top(),
+			TenantFairness: &serviceconfig.TenantFairness{MaxTenants: 10}}},
+			"server: Limits: Config.TenantFairness has no metadataKey and Limits.Tenant is nil"},
+		{"tenant fairness without a limit", Limits{Config: serviceconfig.ServerConfig{TenantFairness: byKey}},
+			"server: Limits.Config.TenantFairness: no concurrency limit in Limits.Config to share"},
+		{"Streams: a bad name", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}, Streams: []string{"pkg.S", "/pkg.S/"}},
+			"server: Limits.Streams[1]: "},
+		{"Streams without any limit", Limits{Streams: []string{"pkg.S"}},
+			"server: Limits.Streams: no concurrency limit in Limits.Config to put streams under"},
+		{"Streams under CPU shedding only", Limits{CPU: &CPUShedding{}, Streams: []string{"pkg.S"}},
+			"server: Limits.Streams: no concurrency limit in Limits.Config to put streams under"},
+		{"CPU: a bad threshold", Limits{CPU: &CPUShedding{CPUThreshold: 2}}, "server: Limits.CPU: limit: cpuThreshold"},
+		{"CPU and a top-level limit at once", Limits{CPU: &CPUShedding{}, Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}},
+			"server: Limits: Config.ConcurrencyLimit and CPU: choose one for the server"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) { wantLimitsError(t, tt.l, tt.want) })
+	}
+	good := []struct {
+		name string
+		l    Limits
+	}{
+		{"zero: no protection", Limits{}},
+		{"a top-level limit", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}}},
+		{"CPU shedding beside a method's own limit", Limits{CPU: &CPUShedding{}, Config: serviceconfig.ServerConfig{
+			MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "a.B", serviceconfig.ConcurrencyLimit{})}}}},
+		{"Streams under a method's limit", Limits{Streams: []string{"/a.B/Watch"}, Config: serviceconfig.ServerConfig{
+			MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "a.B", serviceconfig.ConcurrencyLimit{})}}}},
+		{"tenant fairness by metadataKey", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top(), TenantFairness: byKey}}},
+		// WithTenantFairness(cfg, f) took a tenant function without a
+		// metadataKey; Limits must too (the document's JSON needs the key).
+		{"tenant fairness by Tenant, without a metadataKey", Limits{Tenant: anyone, Config: serviceconfig.ServerConfig{
+			ConcurrencyLimit: top(), TenantFairness: &serviceconfig.TenantFairness{MaxTenants: 10}}}},
+	}
+	for _, tt := range good {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.l.Validate(); err != nil {
+				t.Errorf("Limits.Validate() = %v, want nil", err)
+			}
+			if _, err := New(WithLimits(tt.l)); err != nil {
+				t.Errorf("New(WithLimits()) = %v, want nil", err)
+			}
+		})
+	}
+}
+
+// TestWithLimitsLastWins: of two WithLimits, the last one alone configures
+// the Server: nothing of the first remains (its tenant fairness, streams,
+// criticality, CPU shedding or method limits), so the second is judged as
+// if it were alone (a top-level limit after CPU shedding is no conflict).
+func TestWithLimitsLastWins(t *testing.T) {
+	seven := serviceconfig.ConcurrencyLimit{InitialLimit: 7, MinLimit: 7, MaxLimit: 7}
+	first := fairLimitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4},
+		serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil)
+	first.Streams = []string{"pkg.S"}
+	first.Criticality = CapCriticality(wire.CriticalPlus)
+	first.Rand = rand.NewPCG(1, 2)
+	first.Config.MethodConfig = []serviceconfig.ServerMethodConfig{methodLimitOf(t, "a.B", seven)}
+
+	srv, err := New(WithLimits(first), WithLimits(limitsOf(seven)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := srv.limits
+	if ls.tenant != nil || len(ls.streams) != 0 || ls.crit != nil || ls.cpu != nil || len(ls.all) != 1 {
+		t.Errorf("after a second WithLimits: tenant %v, streams %v, criticality %v, cpu %v, %d limits; want none of the first's, and 1 limit",
+			ls.tenant != nil, ls.streams, ls.crit != nil, ls.cpu, len(ls.all))
+	}
+	icpt := srv.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	for _, tenant := range []string{"a", "b"} {
+		md := metadata.Pairs(tenantKey, tenant, wire.CriticalityKey, "CRITICAL_PLUS")
+		_, _ = icpt(metadata.NewIncomingContext(context.Background(), md), nil, info, h)
+	}
+	st := srv.LimitStatuses()
+	if len(st) != 1 || st[0].Name != "" || st[0].Limit != 7 || st[0].Tenants > 1 || st[0].Admitted[wire.Critical] != 2 {
+		t.Errorf("LimitStatuses() = %+v, want the second's limit of 7 alone, one tenant, CRITICAL_PLUS capped at CRITICAL", st)
+	}
+
+	// CPU shedding, then a top-level limit: the second alone, no conflict.
+	srv, err = New(WithLimits(Limits{CPU: &CPUShedding{}}), WithLimits(limitsOf(seven)))
+	if err != nil {
+		t.Fatalf("CPU shedding, then a top-level limit: %v, want the second alone", err)
+	}
+	if st := srv.LimitStatuses(); len(st) != 1 || st[0].Name != "" {
+		t.Errorf("LimitStatuses() = %+v, want the top-level limit alone (no %s)", st, CPUSheddingName)
+	}
+	// A limit, then Limits{}: no protection at all.
+	srv, err = New(WithLimits(limitsOf(seven)), WithLimits(Limits{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srv.limits != nil {
+		t.Errorf("a limit, then Limits{}: %d limits, want none", len(srv.limits.all))
+	}
+}
