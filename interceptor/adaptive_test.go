@@ -120,8 +120,8 @@ func TestAdaptiveRejectionMetrics(t *testing.T) {
 	p := c.Status(echoMethod).Adaptive.RejectProbability
 	echo := echoMethodAttr
 	got := collect(t, reader)
-	got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=adaptive_throttle": 1})
-	got.expect(t, metricRejectProbability, "1", map[string]float64{echo: p})
+	got.Expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=adaptive_throttle": 1})
+	got.Expect(t, metricRejectProbability, "1", map[string]float64{echo: p})
 	if p <= 0 {
 		t.Errorf("reject probability %v, want > 0", p)
 	}

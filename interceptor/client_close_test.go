@@ -106,9 +106,9 @@ func TestClientCloseReleasesItFromTheMeterProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := collect(t, reader)
-	got.expect(t, metricBreakerState, "{state}", map[string]float64{echoMethodAttr: float64(BreakerForcedOpen)})
-	got.expect(t, metricInFlight, "{attempt}", map[string]float64{echoMethodAttr: 0})
-	if _, pts := got.points(t, metricBudget); len(pts) != 1 {
+	got.Expect(t, metricBreakerState, "{state}", map[string]float64{echoMethodAttr: float64(BreakerForcedOpen)})
+	got.Expect(t, metricInFlight, "{attempt}", map[string]float64{echoMethodAttr: 0})
+	if _, pts := got.Points(t, metricBudget); len(pts) != 1 {
 		t.Errorf("%s has %d points, want the live Client's one", metricBudget, len(pts))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -53,7 +54,11 @@ func TestKeyedRetryOfANonIdempotentCallExecutesOnce(t *testing.T) {
 		p.PerAttemptRecvTimeout = 200 * time.Millisecond
 		c := newTestClient(t, WithRetryPolicy(p), WithIdempotencyKeys(echoMethod))
 		orders := &slowOrders{}
-		cc := serveEchoWith(t, orders, srv, orders.spy, c.DialOptions()...)
+		spy := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			orders.spy(ctx)
+			return h(ctx, req)
+		}
+		cc := testserver.StartWith(t, orders, []grpc.ServerOption{grpc.ChainUnaryInterceptor(spy, srv.UnaryServerInterceptor())}, c.DialOptions()...)
 		resp, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{Message: "42"})
 		if err != nil || resp.GetMessage() != "order 42" {
 			t.Fatalf("Echo() = %v, %v, want order 42", resp, err)

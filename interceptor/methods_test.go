@@ -79,7 +79,7 @@ func TestCallerChosenMethodNamesKeepBoundedState(t *testing.T) {
 	}
 
 	got := collect(t, reader)
-	_, attempts := got.points(t, metricAttempts)
+	_, attempts := got.Points(t, metricAttempts)
 	methods := map[string]bool{}
 	for k := range attempts {
 		for _, kv := range strings.Split(k, ",") {
@@ -92,7 +92,7 @@ func TestCallerChosenMethodNamesKeepBoundedState(t *testing.T) {
 	if len(methods) != len(want) || !methods["other"] || !methods["resilience.echo.v1.EchoService/Lookup"] {
 		t.Errorf("grpc.method values of %s = %v, want %v: invented names are \"other\"", metricAttempts, methods, want)
 	}
-	_, states := got.points(t, metricBreakerState)
+	_, states := got.Points(t, metricBreakerState)
 	if len(states) > 3 {
 		t.Errorf("%s has %d series, want at most 3 (Echo, Lookup, other): %v", metricBreakerState, len(states), states)
 	}
@@ -290,9 +290,9 @@ func TestGaugesKeepEveryGuardAcrossAnUpdate(t *testing.T) {
 		}
 	}
 	got := collect(t, reader)
-	got.expect(t, metricBreakerState, "{state}", map[string]float64{
+	got.Expect(t, metricBreakerState, "{state}", map[string]float64{
 		echoMethodAttr: float64(BreakerClosed), "grpc.method=other": float64(BreakerForcedOpen)})
-	got.expect(t, metricInFlight, "{attempt}", map[string]float64{echoMethodAttr: 0, "grpc.method=other": 0})
+	got.Expect(t, metricInFlight, "{attempt}", map[string]float64{echoMethodAttr: 0, "grpc.method=other": 0})
 }
 
 // Item 2, the operator's calls: Status and HedgingDelay with names from

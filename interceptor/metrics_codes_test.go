@@ -32,7 +32,7 @@ func TestMetricsStatusLabelIsBoundedWhateverTheServerSends(t *testing.T) {
 		}
 	}
 	got := collect(t, reader)
-	got.expect(t, metricAttempts, "{attempt}", map[string]float64{
+	got.Expect(t, metricAttempts, "{attempt}", map[string]float64{
 		echoMethodAttr + ",grpc.status=UNKNOWN": calls,
 	})
 }

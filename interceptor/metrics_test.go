@@ -3,17 +3,13 @@ package interceptor
 import (
 	"context"
 	"io"
-	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -27,110 +23,6 @@ import (
 
 // echoMethodAttr is the grpc.method attribute of echoMethod.
 const echoMethodAttr = "grpc.method=resilience.echo.v1.EchoService/Echo"
-
-// newMeterReader returns a meter provider and the manual reader it feeds.
-func newMeterReader() (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
-	reader := sdkmetric.NewManualReader()
-	return reader, sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-}
-
-// collected is what a ManualReader collected, by instrument name.
-type collected map[string]metricdata.Metrics
-
-func collect(t *testing.T, r *sdkmetric.ManualReader) collected {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	out := collected{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			out[m.Name] = m
-		}
-	}
-	return out
-}
-
-// attrKey writes a set as "k=v,k=v" in the set's (sorted) order.
-func attrKey(s attribute.Set) string {
-	var b strings.Builder
-	for i, kv := range s.ToSlice() {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(string(kv.Key) + "=" + kv.Value.String())
-	}
-	return b.String()
-}
-
-// points returns the values of a sum or gauge by attribute set, and its
-// unit; histograms give their count under "count:" and sum under "sum:"
-// keys.
-func (c collected) points(t *testing.T, name string) (unit string, pts map[string]float64) {
-	t.Helper()
-	m, ok := c[name]
-	if !ok {
-		t.Errorf("metric %s not recorded", name)
-		return "", nil
-	}
-	pts = map[string]float64{}
-	switch d := m.Data.(type) {
-	case metricdata.Sum[int64]:
-		for _, p := range d.DataPoints {
-			pts[attrKey(p.Attributes)] += float64(p.Value)
-		}
-	case metricdata.Gauge[int64]:
-		for _, p := range d.DataPoints {
-			pts[attrKey(p.Attributes)] = float64(p.Value)
-		}
-	case metricdata.Gauge[float64]:
-		for _, p := range d.DataPoints {
-			pts[attrKey(p.Attributes)] = p.Value
-		}
-	case metricdata.Histogram[int64]:
-		for _, p := range d.DataPoints {
-			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
-			pts["sum:"+attrKey(p.Attributes)] = float64(p.Sum)
-		}
-	case metricdata.Histogram[float64]:
-		for _, p := range d.DataPoints {
-			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
-			pts["sum:"+attrKey(p.Attributes)] = p.Sum
-		}
-	default:
-		t.Errorf("metric %s: unexpected data %T", name, m.Data)
-	}
-	return m.Unit, pts
-}
-
-// expect checks a metric's unit and points against want, exactly: no point
-// missing, none more.
-func (c collected) expect(t *testing.T, name, unit string, want map[string]float64) {
-	t.Helper()
-	gotUnit, got := c.points(t, name)
-	if got == nil {
-		return
-	}
-	if gotUnit != unit {
-		t.Errorf("%s: unit %q, want %q", name, gotUnit, unit)
-	}
-	keys := make([]string, 0, len(got)+len(want))
-	for k := range got {
-		keys = append(keys, k)
-	}
-	for k := range want {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range slices.Compact(keys) {
-		g, gok := got[k]
-		w, wok := want[k]
-		if gok != wok || g < w-1e-9 || g > w+1e-9 {
-			t.Errorf("%s{%s} = %v (recorded %v), want %v (expected %v)", name, k, g, gok, w, wok)
-		}
-	}
-}
 
 // zeroSource makes every jitter draw 0.
 type zeroSource struct{}
@@ -207,32 +99,32 @@ func TestMetricsAfterAScriptedSequence(t *testing.T) {
 		}
 		// gRFC A96: retries recorded only for the call that had some;
 		// hedges for the hedged call; the delay for every call.
-		got.expect(t, metricCallRetries, "{retry}", map[string]float64{
+		got.Expect(t, metricCallRetries, "{retry}", map[string]float64{
 			"count:" + echo + "," + target: 1, "sum:" + echo + "," + target: 2,
 		})
-		got.expect(t, metricCallHedges, "{hedge}", map[string]float64{
+		got.Expect(t, metricCallHedges, "{hedge}", map[string]float64{
 			"count:" + lookup + "," + target: 1, "sum:" + lookup + "," + target: 1,
 		})
-		got.expect(t, metricCallRetryDelay, "s", map[string]float64{
+		got.Expect(t, metricCallRetryDelay, "s", map[string]float64{
 			"count:" + echo + "," + target: 4, "sum:" + echo + "," + target: delays.Seconds(),
 			"count:" + lookup + "," + target: 1, "sum:" + lookup + "," + target: 0,
 		})
-		got.expect(t, metricAttempts, "{attempt}", map[string]float64{
+		got.Expect(t, metricAttempts, "{attempt}", map[string]float64{
 			echo + ",grpc.status=UNAVAILABLE": 3, echo + ",grpc.status=OK": 2,
 			lookup + ",grpc.status=OK": 1, lookup + ",grpc.status=CANCELLED": 1,
 		})
-		got.expect(t, metricRetries, "{retry}", map[string]float64{echo: 2, lookup: 1})
-		got.expect(t, metricStops, "{call}", map[string]float64{
+		got.Expect(t, metricRetries, "{retry}", map[string]float64{echo: 2, lookup: 1})
+		got.Expect(t, metricStops, "{call}", map[string]float64{
 			echo + ",resilience.stop_reason=deadline": 1, echo + ",resilience.stop_reason=circuit_open": 1,
 		})
-		got.expect(t, metricDeadlineSkips, "{retry}", map[string]float64{echo: 1})
-		got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=circuit_open": 1})
-		got.expect(t, metricTransitions, "{transition}", map[string]float64{
+		got.Expect(t, metricDeadlineSkips, "{retry}", map[string]float64{echo: 1})
+		got.Expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=circuit_open": 1})
+		got.Expect(t, metricTransitions, "{transition}", map[string]float64{
 			echo + ",resilience.breaker.from=closed,resilience.breaker.to=forced-open": 1,
 		})
-		got.expect(t, metricBreakerState, "{state}", map[string]float64{echo: float64(BreakerForcedOpen)})
-		got.expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 0})
-		got.expect(t, metricQueued, "{attempt}", map[string]float64{echo: 0})
+		got.Expect(t, metricBreakerState, "{state}", map[string]float64{echo: float64(BreakerForcedOpen)})
+		got.Expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 0})
+		got.Expect(t, metricQueued, "{attempt}", map[string]float64{echo: 0})
 		if _, ok := got[metricDenials]; ok {
 			t.Errorf("%s recorded without a budget or throttle", metricDenials)
 		}
@@ -259,8 +151,8 @@ func TestMetricsCountThrottleDenials(t *testing.T) {
 		}
 		got := collect(t, reader)
 		echo := echoMethodAttr
-		got.expect(t, metricDenials, "{retry}", map[string]float64{echo + ",resilience.reason=throttled": 1})
-		got.expect(t, metricStops, "{call}", map[string]float64{echo + ",resilience.stop_reason=throttled": 1})
+		got.Expect(t, metricDenials, "{retry}", map[string]float64{echo + ",resilience.reason=throttled": 1})
+		got.Expect(t, metricStops, "{call}", map[string]float64{echo + ",resilience.stop_reason=throttled": 1})
 		if _, ok := got[metricCallRetries]; ok {
 			t.Errorf("%s recorded for a call without retries (gRFC A96: 0 is not reported)", metricCallRetries)
 		}
@@ -282,7 +174,7 @@ func TestMetricsMethodIsOtherWithoutStaticMethod(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := collect(t, reader)
-		got.expect(t, metricCallRetries, "{retry}", map[string]float64{
+		got.Expect(t, metricCallRetries, "{retry}", map[string]float64{
 			"count:grpc.method=other,grpc.target=passthrough:///bufnet": 1,
 			"sum:grpc.method=other,grpc.target=passthrough:///bufnet":   1,
 		})
@@ -303,10 +195,10 @@ func TestMetricsStateChangesAndBudgetGauge(t *testing.T) {
 	}
 	got := collect(t, reader)
 	echo := echoMethodAttr
-	got.expect(t, metricTransitions, "{transition}", map[string]float64{
+	got.Expect(t, metricTransitions, "{transition}", map[string]float64{
 		echo + ",resilience.breaker.from=closed,resilience.breaker.to=forced-open": 1,
 	})
-	got.expect(t, metricBudget, "{retry}", map[string]float64{"": 100}) // the default reserve
+	got.Expect(t, metricBudget, "{retry}", map[string]float64{"": 100}) // the default reserve
 }
 
 // TestMetricsRetriedStream checks gRFC A96's per-call metrics of a
@@ -337,8 +229,8 @@ func TestMetricsRetriedStream(t *testing.T) {
 		synctest.Wait()
 		const attrs = "grpc.method=resilience.echo.v1.EchoService/ServerStream,grpc.target=passthrough:///bufnet"
 		got := collect(t, reader)
-		got.expect(t, metricCallRetries, "{retry}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 2})
-		got.expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.024})
+		got.Expect(t, metricCallRetries, "{retry}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 2})
+		got.Expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.024})
 	})
 }
 
@@ -362,8 +254,8 @@ func TestMetricsHedgeRetryDelayIsTimeWithNoCopyRunning(t *testing.T) {
 		}
 		const attrs = "grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=passthrough:///bufnet"
 		got := collect(t, reader)
-		got.expect(t, metricCallHedges, "{hedge}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 1})
-		got.expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.05})
+		got.Expect(t, metricCallHedges, "{hedge}", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 1})
+		got.Expect(t, metricCallRetryDelay, "s", map[string]float64{"count:" + attrs: 1, "sum:" + attrs: 0.05})
 		if _, ok := got[metricCallRetries]; ok {
 			t.Errorf("%s recorded for a hedged call (A96 counts its copies as hedges)", metricCallRetries)
 		}
@@ -394,9 +286,9 @@ func TestMetricsBulkheadRejection(t *testing.T) {
 		}
 		echo := echoMethodAttr
 		got := collect(t, reader)
-		got.expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=bulkhead_full": 1})
-		got.expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 1})
-		got.expect(t, metricQueued, "{attempt}", map[string]float64{echo: 0})
+		got.Expect(t, metricRejections, "{attempt}", map[string]float64{echo + ",resilience.reason=bulkhead_full": 1})
+		got.Expect(t, metricInFlight, "{attempt}", map[string]float64{echo: 1})
+		got.Expect(t, metricQueued, "{attempt}", map[string]float64{echo: 0})
 		cancel()
 		<-done
 	})
@@ -421,7 +313,7 @@ func TestMetricsTargetPerConnection(t *testing.T) {
 			_ = cc.Close()
 		}
 		const m = "grpc.method=resilience.echo.v1.EchoService/Echo"
-		collect(t, reader).expect(t, metricCallRetryDelay, "s", map[string]float64{
+		collect(t, reader).Expect(t, metricCallRetryDelay, "s", map[string]float64{
 			// The first call fails twice, with one backoff of 10ms × 0.8.
 			"count:" + m + ",grpc.target=passthrough:///one": 2, "sum:" + m + ",grpc.target=passthrough:///one": 0.008,
 			"count:" + m + ",grpc.target=passthrough:///two": 1, "sum:" + m + ",grpc.target=passthrough:///two": 0,
@@ -439,8 +331,17 @@ func TestMetricsTargetIsCanonical(t *testing.T) {
 	defer cc.Close()
 	sets := newMethodMetrics(echoMethod).connSets(cc)
 	cfg := metric.NewRecordConfig(sets.set)
-	got := attrKey(cfg.Attributes())
+	got := testserver.AttrKey(cfg.Attributes())
 	if want := "grpc.method=resilience.echo.v1.EchoService/Echo,grpc.target=dns:///localhost:1"; got != want {
 		t.Errorf("A96 attributes of a call on %q = %s, want %s", cc.Target(), got, want)
 	}
 }
+
+// The metric readers of both packages' tests (see testserver.Collect).
+type collected = testserver.Collected
+
+func newMeterReader() (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
+	return testserver.NewMeterReader()
+}
+
+func collect(t *testing.T, r *sdkmetric.ManualReader) collected { return testserver.Collect(t, r) }

@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -375,7 +376,7 @@ type soakClient struct {
 func startSoak(t *testing.T, srv *soakServer) (*soakClient, func()) {
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(memoryIdemServer(t).UnaryServerInterceptor()))
 	echov1.RegisterEchoServiceServer(gs, srv)
-	addr, stopServer := serveLoopback(t, gs)
+	addr, stopServer := testserver.ServeLoopback(t, gs)
 	c := newTestClient(t, WithIdempotencyKeys("/resilience.echo.v1.EchoService/Echo"))
 	cc, err := grpc.NewClient("passthrough:///"+addr, append(c.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

@@ -56,8 +56,8 @@ func TestServerCloseStopsItsMetrics(t *testing.T) {
 	old, oldClient := newServer(7)
 	call(oldClient, "k1")
 	got := collect(t, reader)
-	got.expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 7})
-	got.expect(t, metricSrvExecutions, "{call}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
+	got.Expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 7})
+	got.Expect(t, metricSrvExecutions, "{call}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
 
 	for range 2 {
 		if err := old.Close(); err != nil {
@@ -74,7 +74,7 @@ func TestServerCloseStopsItsMetrics(t *testing.T) {
 	call(newClient, "k2")
 	call(oldClient, "k3")
 	got = collect(t, reader)
-	got.expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 9})
+	got.Expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 9})
 }
 
 // closeTestServe serves the echo service behind s on bufconn and returns a

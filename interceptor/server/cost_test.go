@@ -6,7 +6,6 @@ import (
 	"net"
 	"strconv"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
@@ -180,35 +180,6 @@ const (
 	maxReplayExtraAllocs = 9
 )
 
-// pairedCalls runs bare and ours alternately, b.N times each, the order
-// swapped every iteration so that neither gains from running second, and
-// reports each side's time per call and ours/bare: a ratio that holds on a
-// busy machine, where absolute times do not.
-func pairedCalls(b *testing.B, bare, ours func(i int)) {
-	var tb, to time.Duration
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if i%2 == 0 {
-			t0 := time.Now()
-			bare(i)
-			t1 := time.Now()
-			ours(i)
-			tb, to = tb+t1.Sub(t0), to+time.Since(t1)
-		} else {
-			t0 := time.Now()
-			ours(i)
-			t1 := time.Now()
-			bare(i)
-			to, tb = to+t1.Sub(t0), tb+time.Since(t1)
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(tb.Nanoseconds())/float64(b.N), "bare-ns/call")
-	b.ReportMetric(float64(to.Nanoseconds())/float64(b.N), "ours-ns/call")
-	b.ReportMetric(float64(to)/float64(tb), "ratio")
-}
-
 // BenchmarkIdempotencyCost measures the server idempotency interceptor on
 // the memory store as a ratio to a bare bufconn call to the same handler
 // (workEcho), with paired alternating calls: a first execution (a new key
@@ -222,24 +193,24 @@ func BenchmarkIdempotencyCost(b *testing.B) {
 	costCall(b, p.idem, bg)
 	b.Run("first execution", func(b *testing.B) {
 		bareCtxs, oursCtxs := keyedContexts("bare-", b.N), keyedContexts("first-", b.N)
-		pairedCalls(b,
+		testserver.PairedCalls(b,
 			func(i int) { costCall(b, p.bare, bareCtxs[i]) },
 			func(i int) { costCall(b, p.idem, oursCtxs[i]) })
 	})
 	b.Run("replay", func(b *testing.B) {
 		replay := keyedContexts("replay-", 1)[0]
 		costCall(b, p.idem, replay)
-		pairedCalls(b,
+		testserver.PairedCalls(b,
 			func(int) { costCall(b, p.bare, replay) },
 			func(int) { costCall(b, p.idem, replay) })
 	})
 	b.Run("no key", func(b *testing.B) {
-		pairedCalls(b,
+		testserver.PairedCalls(b,
 			func(int) { costCall(b, p.bare, bg) },
 			func(int) { costCall(b, p.idem, bg) })
 	})
 	b.Run("no key vs pass-through", func(b *testing.B) {
-		pairedCalls(b,
+		testserver.PairedCalls(b,
 			func(int) { costCall(b, p.noop, bg) },
 			func(int) { costCall(b, p.idem, bg) })
 	})

@@ -4,8 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 )
 
 func TestParseCriticality(t *testing.T) {

@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"math"
-	"net"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
@@ -32,7 +29,6 @@ func serveEcho(t *testing.T, impl echov1.EchoServiceServer, srv *Server, opts ..
 // before srv's interceptor.
 func serveEchoWith(t *testing.T, impl echov1.EchoServiceServer, srv *Server, spy func(context.Context), opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
 	var unary []grpc.UnaryServerInterceptor
 	if spy != nil {
 		unary = append(unary, func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -40,25 +36,12 @@ func serveEchoWith(t *testing.T, impl echov1.EchoServiceServer, srv *Server, spy
 			return h(ctx, req)
 		})
 	}
-	sopts := []grpc.ServerOption{}
+	var sopts []grpc.ServerOption
 	if srv != nil {
 		unary = append(unary, srv.UnaryServerInterceptor())
 		sopts = append(sopts, grpc.ChainStreamInterceptor(srv.StreamServerInterceptor()))
 	}
-	sopts = append(sopts, grpc.ChainUnaryInterceptor(unary...))
-	gs := grpc.NewServer(sopts...)
-	echov1.RegisterEchoServiceServer(gs, impl)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = gs.Serve(lis) }()
-	cc, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-	}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close(); gs.Stop(); <-done })
-	return cc
+	return testserver.StartWith(t, impl, append(sopts, grpc.ChainUnaryInterceptor(unary...)), opts...)
 }
 
 // deadlineEcho reports the time its handler's context has left, and whether

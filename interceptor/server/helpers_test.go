@@ -1,17 +1,13 @@
 package server
 
 import (
-	"context"
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -87,110 +83,6 @@ func newTestClient(t testing.TB, opts ...interceptor.ClientOption) *interceptor.
 	return c
 }
 
-// newMeterReader returns a meter provider and the manual reader it feeds.
-func newMeterReader() (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
-	reader := sdkmetric.NewManualReader()
-	return reader, sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-}
-
-// collected is what a ManualReader collected, by instrument name.
-type collected map[string]metricdata.Metrics
-
-func collect(t *testing.T, r *sdkmetric.ManualReader) collected {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	out := collected{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			out[m.Name] = m
-		}
-	}
-	return out
-}
-
-// points returns the values of a sum or gauge by attribute set, and its
-// unit; histograms give their count under "count:" and sum under "sum:"
-// keys.
-func (c collected) points(t *testing.T, name string) (unit string, pts map[string]float64) {
-	t.Helper()
-	m, ok := c[name]
-	if !ok {
-		t.Errorf("metric %s not recorded", name)
-		return "", nil
-	}
-	pts = map[string]float64{}
-	switch d := m.Data.(type) {
-	case metricdata.Sum[int64]:
-		for _, p := range d.DataPoints {
-			pts[attrKey(p.Attributes)] += float64(p.Value)
-		}
-	case metricdata.Gauge[int64]:
-		for _, p := range d.DataPoints {
-			pts[attrKey(p.Attributes)] = float64(p.Value)
-		}
-	case metricdata.Gauge[float64]:
-		for _, p := range d.DataPoints {
-			pts[attrKey(p.Attributes)] = p.Value
-		}
-	case metricdata.Histogram[int64]:
-		for _, p := range d.DataPoints {
-			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
-			pts["sum:"+attrKey(p.Attributes)] = float64(p.Sum)
-		}
-	case metricdata.Histogram[float64]:
-		for _, p := range d.DataPoints {
-			pts["count:"+attrKey(p.Attributes)] = float64(p.Count)
-			pts["sum:"+attrKey(p.Attributes)] = p.Sum
-		}
-	default:
-		t.Errorf("metric %s: unexpected data %T", name, m.Data)
-	}
-	return m.Unit, pts
-}
-
-// expect checks a metric's unit and points against want, exactly: no point
-// missing, none more.
-func (c collected) expect(t *testing.T, name, unit string, want map[string]float64) {
-	t.Helper()
-	gotUnit, got := c.points(t, name)
-	if got == nil {
-		return
-	}
-	if gotUnit != unit {
-		t.Errorf("%s: unit %q, want %q", name, gotUnit, unit)
-	}
-	keys := make([]string, 0, len(got)+len(want))
-	for k := range got {
-		keys = append(keys, k)
-	}
-	for k := range want {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range slices.Compact(keys) {
-		g, gok := got[k]
-		w, wok := want[k]
-		if gok != wok || g < w-1e-9 || g > w+1e-9 {
-			t.Errorf("%s{%s} = %v (recorded %v), want %v (expected %v)", name, k, g, gok, w, wok)
-		}
-	}
-}
-
-// attrKey writes a set as "k=v,k=v" in the set's (sorted) order.
-func attrKey(s attribute.Set) string {
-	var b strings.Builder
-	for i, kv := range s.ToSlice() {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(string(kv.Key) + "=" + kv.Value.String())
-	}
-	return b.String()
-}
-
 // quantile returns the q-quantile of lat (the ⌈q·n⌉-th smallest).
 func quantile(lat []time.Duration, q float64) time.Duration {
 	s := slices.Clone(lat)
@@ -226,3 +118,12 @@ func recovered(f func()) (p any) {
 	f()
 	return nil
 }
+
+// The metric readers of both packages' tests (see testserver.Collect).
+type collected = testserver.Collected
+
+func newMeterReader() (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
+	return testserver.NewMeterReader()
+}
+
+func collect(t *testing.T, r *sdkmetric.ManualReader) collected { return testserver.Collect(t, r) }

@@ -118,7 +118,7 @@ func TestClientSeesReplays(t *testing.T) {
 			t.Errorf("header %v: want the answer marked as a replay", header)
 		}
 		wantCalls(t, e, 1)
-		collect(t, reader).expect(t, clientMetricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
+		collect(t, reader).Expect(t, clientMetricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
 
 		header = nil
 		if _, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{Message: "order-2"}, grpc.Header(&header)); err != nil {
@@ -127,7 +127,7 @@ func TestClientSeesReplays(t *testing.T) {
 		if wire.IdempotencyReplayed(header) {
 			t.Errorf("a fresh call's header %v is marked as a replay", header)
 		}
-		collect(t, reader).expect(t, clientMetricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
+		collect(t, reader).Expect(t, clientMetricReplays, "{attempt}", map[string]float64{"grpc.method=resilience.echo.v1.EchoService/Echo": 1})
 	})
 }
 

@@ -65,9 +65,9 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 		run(t.Context(), m, "", 30*time.Millisecond)               // admitted
 		run(t.Context(), m, "SHEDDABLE_PLUS", 10*time.Millisecond) // queued, admitted after 30ms
 		mid := collect(t, reader)
-		mid.expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 2})
-		mid.expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 0})
-		mid.expect(t, metricSrvLimitQueued, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 0})
+		mid.Expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 2})
+		mid.Expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 0})
+		mid.Expect(t, metricSrvLimitQueued, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 0})
 		run(t.Context(), m, "SHEDDABLE_PLUS", time.Millisecond) // the queue is full of as critical a call: shed
 		wantCodes(codes.ResourceExhausted, codes.OK, codes.OK)
 
@@ -85,20 +85,20 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 
 		got := collect(t, reader)
 		const gm, gother = "grpc.method=pkg.S/M", "grpc.method=pkg.S/Other"
-		got.expect(t, metricSrvLimitAdmitted, "{call}", map[string]float64{
+		got.Expect(t, metricSrvLimitAdmitted, "{call}", map[string]float64{
 			gm + ",resilience.criticality=CRITICAL":       2,
 			gm + ",resilience.criticality=SHEDDABLE_PLUS": 1,
 			gother + ",resilience.criticality=CRITICAL":   1,
 		})
-		got.expect(t, metricSrvLimitShed, "{call}", map[string]float64{
+		got.Expect(t, metricSrvLimitShed, "{call}", map[string]float64{
 			gm + ",resilience.criticality=SHEDDABLE_PLUS,resilience.reason=limit":    1,
 			gm + ",resilience.criticality=SHEDDABLE,resilience.reason=queue_timeout": 1,
 			gm + ",resilience.criticality=CRITICAL,resilience.reason=deadline":       1,
 		})
-		got.expect(t, metricSrvLimitQueueWait, "s", map[string]float64{"count:" + gm: 2, "sum:" + gm: 0.080})
-		got.expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 2})
-		got.expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=server": 0, "resilience.limiter=pkg.S/Other": 0})
-		got.expect(t, metricSrvLimitQueued, "{call}", map[string]float64{"resilience.limiter=server": 0, "resilience.limiter=pkg.S/Other": 0})
+		got.Expect(t, metricSrvLimitQueueWait, "s", map[string]float64{"count:" + gm: 2, "sum:" + gm: 0.080})
+		got.Expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=server": 1, "resilience.limiter=pkg.S/Other": 2})
+		got.Expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=server": 0, "resilience.limiter=pkg.S/Other": 0})
+		got.Expect(t, metricSrvLimitQueued, "{call}", map[string]float64{"resilience.limiter=server": 0, "resilience.limiter=pkg.S/Other": 0})
 	})
 }
 
@@ -124,16 +124,16 @@ func TestLimitMetricsCPUShedding(t *testing.T) {
 			t.Fatalf("hot CPU, one call in flight: %v, want RESOURCE_EXHAUSTED", err)
 		}
 		mid := collect(t, reader)
-		mid.expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=cpu": 1})
-		mid.expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=cpu": 1})
+		mid.Expect(t, metricSrvLimitCurrent, "{call}", map[string]float64{"resilience.limiter=cpu": 1})
+		mid.Expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=cpu": 1})
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
 		got := collect(t, reader)
 		const gm = "grpc.method=pkg.S/M"
-		got.expect(t, metricSrvLimitAdmitted, "{call}", map[string]float64{gm + ",resilience.criticality=CRITICAL": 2})
-		got.expect(t, metricSrvLimitShed, "{call}", map[string]float64{gm + ",resilience.criticality=SHEDDABLE,resilience.reason=cpu": 1})
-		got.expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=cpu": 0})
+		got.Expect(t, metricSrvLimitAdmitted, "{call}", map[string]float64{gm + ",resilience.criticality=CRITICAL": 2})
+		got.Expect(t, metricSrvLimitShed, "{call}", map[string]float64{gm + ",resilience.criticality=SHEDDABLE,resilience.reason=cpu": 1})
+		got.Expect(t, metricSrvLimitInFlight, "{call}", map[string]float64{"resilience.limiter=cpu": 0})
 	})
 }
 

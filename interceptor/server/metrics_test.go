@@ -92,21 +92,21 @@ func TestServerMetricsAfterAScriptedSequence(t *testing.T) {
 
 		got := collect(t, reader)
 		const m = "grpc.method=resilience.echo.v1.EchoService/Echo"
-		got.expect(t, metricSrvExecutions, "{call}", map[string]float64{m: 3}) // a, b, c
-		got.expect(t, metricSrvReplays, "{call}", map[string]float64{
+		got.Expect(t, metricSrvExecutions, "{call}", map[string]float64{m: 3}) // a, b, c
+		got.Expect(t, metricSrvReplays, "{call}", map[string]float64{
 			m + ",resilience.idempotency.source=store": 1, m + ",resilience.idempotency.source=flight": 1,
 		})
-		got.expect(t, metricSrvWaits, "{call}", map[string]float64{m + ",resilience.idempotency.wait=flight": 1})
-		got.expect(t, metricSrvConflicts, "{call}", map[string]float64{
+		got.Expect(t, metricSrvWaits, "{call}", map[string]float64{m + ",resilience.idempotency.wait=flight": 1})
+		got.Expect(t, metricSrvConflicts, "{call}", map[string]float64{
 			m + ",resilience.idempotency.conflict=mismatch": 1, m + ",resilience.idempotency.conflict=in_progress": 1,
 		})
-		got.expect(t, metricSrvStoreErrors, "{error}", map[string]float64{
+		got.Expect(t, metricSrvStoreErrors, "{error}", map[string]float64{
 			m + ",resilience.idempotency.mode=fail_open,resilience.idempotency.op=claim":   1,
 			m + ",resilience.idempotency.mode=fail_closed,resilience.idempotency.op=claim": 1,
 		})
 		// Claims: a, a, a (mismatch), b, c, d, e; completions: a, b, c.
 		// Time stands still in the bubble: every duration is 0.
-		got.expect(t, metricSrvStoreDuration, "s", map[string]float64{
+		got.Expect(t, metricSrvStoreDuration, "s", map[string]float64{
 			"count:" + m + ",resilience.idempotency.op=claim": 7, "sum:" + m + ",resilience.idempotency.op=claim": 0,
 			"count:" + m + ",resilience.idempotency.op=complete": 3, "sum:" + m + ",resilience.idempotency.op=complete": 0,
 		})

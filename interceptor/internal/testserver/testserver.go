@@ -246,8 +246,13 @@ func (s *Server) BidiStream(stream grpc.BidiStreamingServer[echov1.BidiStreamReq
 // and insecure credentials) and a function that stops the server and waits
 // for it to end.
 func Listen(register func(*grpc.Server)) (dial []grpc.DialOption, stop func()) {
+	return listen(nil, register)
+}
+
+// listen is Listen with the grpc.Server's options.
+func listen(sopts []grpc.ServerOption, register func(*grpc.Server)) (dial []grpc.DialOption, stop func()) {
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(sopts...)
 	register(gs)
 	served := make(chan struct{})
 	go func() {
@@ -269,7 +274,14 @@ func Listen(register func(*grpc.Server)) (dial []grpc.DialOption, stop func()) {
 // connection dialed with opts. Everything is closed by t.Cleanup.
 func Start(t testing.TB, srv echov1.EchoServiceServer, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
-	dial, stop := Listen(func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, srv) })
+	return StartWith(t, srv, nil, opts...)
+}
+
+// StartWith is Start with the grpc.Server's options, such as the
+// interceptors under test.
+func StartWith(t testing.TB, srv echov1.EchoServiceServer, sopts []grpc.ServerOption, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	dial, stop := listen(sopts, func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, srv) })
 	cc, err := grpc.NewClient("passthrough:///bufnet", append(dial, opts...)...)
 	if err != nil {
 		stop()
@@ -309,4 +321,23 @@ func PairedCalls(b *testing.B, bare, ours func(i int)) {
 	b.ReportMetric(float64(tb.Nanoseconds())/float64(b.N), "bare-ns/call")
 	b.ReportMetric(float64(to.Nanoseconds())/float64(b.N), "ours-ns/call")
 	b.ReportMetric(float64(to)/float64(tb), "ratio")
+}
+
+// ServeLoopback serves gs on a loopback TCP port and returns its address;
+// stop stops gs and waits for Serve to return.
+func ServeLoopback(t *testing.T, gs *grpc.Server) (addr string, stop func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = gs.Serve(lis)
+	}()
+	return lis.Addr().String(), func() {
+		gs.Stop()
+		<-served
+	}
 }
