@@ -18,6 +18,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/internal/budget"
@@ -483,7 +484,7 @@ func (h *hedgeCall) onNonFatal(res *hedgeResult) {
 	if th := h.st.storm.throttle; th != nil && !th.OnFailure() && h.stopped == StopNone {
 		h.stopped = StopThrottled
 	}
-	switch hint, hinted, refuse := serverHint(res.err, res.trailer); {
+	switch hint, hinted, refuse := pushback.Hint(res.err, res.trailer); {
 	case refuse:
 		if h.stopped == StopNone {
 			h.stopped = StopPushback
@@ -692,7 +693,7 @@ func (j *hedgeJob) ends(res *hedgeResult) bool {
 	case !res.timedOut && !nonFatal(j.nonFatal, res.err):
 		return true
 	}
-	_, _, refuse := serverHint(res.err, res.trailer)
+	_, _, refuse := pushback.Hint(res.err, res.trailer)
 	return refuse
 }
 

@@ -5,10 +5,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -25,7 +24,7 @@ const (
 	previousAttemptsKey = "grpc-previous-rpc-attempts"
 	// pushbackKey is a server's trailer: wait that many milliseconds before
 	// retrying; a negative or malformed value means do not retry.
-	pushbackKey = rpcname.PushbackKey
+	pushbackKey = pushback.Key
 )
 
 // retrier is the state of one call's retry loop. It lives on the calling
@@ -90,7 +89,7 @@ type decision struct {
 // taken for a retry that will be sent.
 func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, attemptTimedOut bool) decision {
 	cerr := callerErr(ctx)
-	hint, hinted, refuse := serverHint(err, trailer)
+	hint, hinted, refuse := pushback.Hint(err, trailer)
 	retryable := r.retryableFailure(err, attemptTimedOut, cerr != nil)
 	throttled := r.failedForThrottle(refuse, retryable)
 	r.settle(retryable && cerr == nil)
@@ -167,7 +166,7 @@ func (r *retrier) failedForThrottle(refuse, retryable bool) (throttled bool) {
 // grpc-go; with one that the call options turned off, its retryable codes
 // count too.
 func (r *retrier) noRetryFailed(ctx context.Context, err error, trailer metadata.MD, attemptTimedOut bool) {
-	_, _, refuse := serverHint(err, trailer)
+	_, _, refuse := pushback.Hint(err, trailer)
 	retryable := r.wrap && r.retryableFailure(err, attemptTimedOut, callerErr(ctx) != nil)
 	r.failedForThrottle(refuse, retryable)
 }
@@ -203,52 +202,6 @@ func stopOfContext(err error) StopReason {
 		return StopDeadline
 	}
 	return StopCancelled
-}
-
-// serverHint reads a server's retry hint: the grpc-retry-pushback-ms trailer
-// (gRFC A6), or else a google.rpc.RetryInfo status detail. refuse is true
-// when the server said not to retry: a negative, malformed or repeated value.
-func serverHint(err error, trailer metadata.MD) (d time.Duration, ok, refuse bool) {
-	if vals := trailer[pushbackKey]; len(vals) > 0 {
-		if len(vals) > 1 {
-			return 0, false, true
-		}
-		ms, perr := strconv.ParseInt(vals[0], 10, 64)
-		if perr != nil || ms < 0 {
-			return 0, false, true
-		}
-		if ms > int64(time.Duration(1<<63-1)/time.Millisecond) {
-			return time.Duration(1<<63 - 1), true, false
-		}
-		return time.Duration(ms) * time.Millisecond, true, false
-	}
-	if _, isStatus := err.(interface{ GRPCStatus() *status.Status }); !isStatus {
-		return 0, false, false
-	}
-	st := status.Convert(err)
-	if len(st.Proto().GetDetails()) == 0 {
-		return 0, false, false
-	}
-	found := 0
-	for _, det := range st.Details() {
-		ri, isRI := det.(*errdetails.RetryInfo)
-		if !isRI || ri.GetRetryDelay() == nil {
-			continue
-		}
-		found++
-		dd := ri.GetRetryDelay()
-		if dd.CheckValid() != nil || dd.AsDuration() < 0 {
-			return 0, false, true
-		}
-		d = dd.AsDuration()
-	}
-	switch found {
-	case 0:
-		return 0, false, false
-	case 1:
-		return d, true, false
-	}
-	return 0, false, true
 }
 
 // wait sleeps for d, or until ctx is done. It uses package time, as the

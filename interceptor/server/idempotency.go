@@ -32,6 +32,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 )
@@ -252,7 +253,7 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 		omit:        o.omit,
 		exemptSvc:   slices.Clone(rpcname.ExemptServices),
 		detachMax:   o.detachMax,
-		pushbackMD:  metadata.Pairs(rpcname.PushbackKey, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
+		pushbackMD:  metadata.Pairs(pushback.Key, strconv.FormatInt(o.pushback.Milliseconds(), 10)),
 		retryHint:   &errdetails.RetryInfo{RetryDelay: durationpb.New(o.pushback)},
 		log:         log,
 		m:           &srvMetrics{},

@@ -1,14 +1,8 @@
 package server
 
 import (
-	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
@@ -51,51 +45,6 @@ func sharedIdempotency(store idempotency.Store) Option {
 // previousAttemptsKey is the header in which grpc (and our client) count
 // the attempts of a call before this one.
 const previousAttemptsKey = "grpc-previous-rpc-attempts"
-
-// serverHint reads a server's retry hint as the client does (the
-// interceptor package's serverHint, whose copy this is: the server's tests
-// check that what it sends reads as it means): the grpc-retry-pushback-ms
-// trailer, or else a google.rpc.RetryInfo status detail. refuse is true
-// when the server said not to retry: a negative, malformed or repeated
-// value.
-func serverHint(err error, trailer metadata.MD) (d time.Duration, ok, refuse bool) {
-	if vals := trailer[rpcname.PushbackKey]; len(vals) > 0 {
-		if len(vals) > 1 {
-			return 0, false, true
-		}
-		ms, perr := strconv.ParseInt(vals[0], 10, 64)
-		if perr != nil || ms < 0 {
-			return 0, false, true
-		}
-		if ms > int64(time.Duration(1<<63-1)/time.Millisecond) {
-			return time.Duration(1<<63 - 1), true, false
-		}
-		return time.Duration(ms) * time.Millisecond, true, false
-	}
-	if _, isStatus := err.(interface{ GRPCStatus() *status.Status }); !isStatus {
-		return 0, false, false
-	}
-	found := 0
-	for _, det := range status.Convert(err).Details() {
-		ri, isRI := det.(*errdetails.RetryInfo)
-		if !isRI || ri.GetRetryDelay() == nil {
-			continue
-		}
-		found++
-		dd := ri.GetRetryDelay()
-		if dd.CheckValid() != nil || dd.AsDuration() < 0 {
-			return 0, false, true
-		}
-		d = dd.AsDuration()
-	}
-	switch found {
-	case 0:
-		return 0, false, false
-	case 1:
-		return d, true, false
-	}
-	return 0, false, true
-}
 
 // wantLimitsError fails t unless l.Validate and New(WithLimits(l)) both
 // return an error that contains want.

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/clock"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -457,7 +458,7 @@ func TestLimitPushbackBeforeFirstCompletion(t *testing.T) {
 		<-impl.started
 		var trailer metadata.MD
 		_, err := client.Echo(context.Background(), &echov1.EchoRequest{}, grpc.Trailer(&trailer))
-		hint, ok, _ := serverHint(err, trailer)
+		hint, ok, _ := pushback.Hint(err, trailer)
 		if status.Code(err) != codes.ResourceExhausted || !ok || hint < 100*time.Millisecond {
 			t.Errorf("shed before the first completion: %v, pushback %v (ok %v), want at least 100ms", err, hint, ok)
 		}

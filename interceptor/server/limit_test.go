@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -114,7 +115,7 @@ func TestShedCarriesRetryInfoAndPushback(t *testing.T) {
 		if ri == nil {
 			t.Fatalf("second call: no RetryInfo in %v", st.Details())
 		}
-		hint, ok, refuse := serverHint(nil, trailer)
+		hint, ok, refuse := pushback.Hint(nil, trailer)
 		if !ok || refuse || hint != ri.GetRetryDelay().AsDuration() || hint < time.Millisecond {
 			t.Errorf("trailer %v gives %v (ok %v, refuse %v), want RetryInfo's %v", trailer, hint, ok, refuse, ri.GetRetryDelay().AsDuration())
 		}
@@ -149,7 +150,7 @@ func TestShedSaysDoNotRetryWhenMostAreShed(t *testing.T) {
 			trailer = nil
 			_, err = client.Echo(context.Background(), &echov1.EchoRequest{}, grpc.Trailer(&trailer))
 		}
-		if _, _, refuse := serverHint(nil, trailer); !refuse || status.Code(err) != codes.ResourceExhausted {
+		if _, _, refuse := pushback.Hint(nil, trailer); !refuse || status.Code(err) != codes.ResourceExhausted {
 			t.Errorf("50th shed call: %v, trailer %v, want RESOURCE_EXHAUSTED and do-not-retry", err, trailer)
 		}
 		if len(status.Convert(err).Details()) != 0 {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -258,7 +259,7 @@ func TestOverloadRetriesDoNotAmplify(t *testing.T) {
 		t.Errorf("OnRetry saw %d retries, the server %d", len(events), retries)
 	}
 	for _, e := range events {
-		d, ok, refuse := serverHint(e.Err, nil) // the RetryInfo detail
+		d, ok, refuse := pushback.Hint(e.Err, nil) // the RetryInfo detail
 		if !e.Pushback || !ok || refuse || e.Delay != d {
 			t.Errorf("retry after %v (pushback %v), want the server's RetryInfo %v (ok %v, refuse %v)", e.Delay, e.Pushback, d, ok, refuse)
 			break

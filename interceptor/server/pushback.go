@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/limit"
 )
@@ -31,7 +31,7 @@ func SetRetryPushback(ctx context.Context, d time.Duration) error {
 	if d >= 0 {
 		ms = strconv.FormatInt(d.Milliseconds(), 10)
 	}
-	return grpc.SetTrailer(ctx, metadata.Pairs(rpcname.PushbackKey, ms))
+	return grpc.SetTrailer(ctx, metadata.Pairs(pushback.Key, ms))
 }
 
 // shedError is the status of a call the limit shed, with the pushback as
@@ -66,16 +66,16 @@ type shedEntry struct {
 	trailer metadata.MD
 }
 
-func newShedEntry(crit wire.Criticality, pushback time.Duration) *shedEntry {
+func newShedEntry(crit wire.Criticality, wait time.Duration) *shedEntry {
 	e := &shedEntry{}
-	if pushback == limit.NoRetry {
+	if wait == limit.NoRetry {
 		e.trailer = noRetryTrailer
 		e.err = status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
 		return e
 	}
-	e.trailer = metadata.Pairs(rpcname.PushbackKey, strconv.FormatInt(pushback.Milliseconds(), 10))
-	st := status.New(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); retry after "+pushback.String())
-	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(pushback)}); err == nil {
+	e.trailer = metadata.Pairs(pushback.Key, strconv.FormatInt(wait.Milliseconds(), 10))
+	st := status.New(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); retry after "+wait.String())
+	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
 		st = withHint
 	}
 	e.err = st.Err()
@@ -83,4 +83,4 @@ func newShedEntry(crit wire.Criticality, pushback time.Duration) *shedEntry {
 }
 
 // noRetryTrailer is gRFC A6's "do not retry"; grpc only reads it.
-var noRetryTrailer = metadata.Pairs(rpcname.PushbackKey, "-1")
+var noRetryTrailer = metadata.Pairs(pushback.Key, "-1")

@@ -20,11 +20,6 @@ var ExemptServices = []string{
 	"grpc.reflection.v1alpha.ServerReflection",
 }
 
-// PushbackKey is gRFC A6's trailer with which a server tells a client how
-// long to wait before its next attempt, in milliseconds; a negative value
-// means do not retry.
-const PushbackKey = "grpc-retry-pushback-ms"
-
 // Parse turns "/pkg.S/M" into {pkg.S, M} and "pkg.S" into {pkg.S}, or
 // says what is wrong with n, quoting it.
 func Parse(n string) (serviceconfig.Name, error) {
