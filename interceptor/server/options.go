@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -275,7 +277,8 @@ func (c *Idempotency) normalize() (srvIdemOptions, error) {
 		}
 		o.omit[lk] = struct{}{}
 	}
-	for name, p := range c.KeyPolicies {
+	for _, name := range slices.Sorted(maps.Keys(c.KeyPolicies)) { // in order: the same first error every time
+		p := c.KeyPolicies[name]
 		if err := srvCheckPolicyName(name); err != nil {
 			return o, fmt.Errorf("server: Idempotency.KeyPolicies[%q]: %w", name, err)
 		}

@@ -92,6 +92,30 @@ func TestIdempotencyValidateNamesTheField(t *testing.T) {
 	}
 }
 
+// TestIdempotencyValidateKeyPoliciesInNameOrder: with several wrong
+// KeyPolicies entries, Validate and New report the same one every time,
+// the first in name order. KeyPolicies is a map: ranging over it reported a
+// different entry from one run to the next.
+func TestIdempotencyValidateKeyPoliciesInNameOrder(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Idempotency{Store: store, Scope: SharedScope, KeyPolicies: map[string]KeyPolicy{
+		"/a.S": KeyRequired, "/b.S": KeyRequired, "/c.S": KeyRequired, "d/e": KeyRequired,
+		"/f.S/M": 9, "/g.S/M": 9, "/h.S/M": 9, "i.S": 9,
+	}}
+	const want = `server: Idempotency.KeyPolicies["/a.S"]: a full method must be "/pkg.Service/Method"`
+	for range 50 {
+		if err := c.Validate(); err == nil || err.Error() != want {
+			t.Fatalf("Validate() = %v, want %s", err, want)
+		}
+		if _, err := New(WithIdempotency(c)); err == nil || err.Error() != want {
+			t.Fatalf("New(WithIdempotency(...)) = %v, want %s", err, want)
+		}
+	}
+}
+
 // TestIdempotencyZeroFieldsTakeTheDefaults pins the other half of
 // Validate: a zero field is the default its comment gives, not an error,
 // and the smallest values allowed are accepted as they are.
