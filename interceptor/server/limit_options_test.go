@@ -4,11 +4,15 @@ import (
 	"context"
 	"math/rand/v2"
 	"testing"
+	"testing/synctest"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/wire"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -131,4 +135,52 @@ func TestWithLimitsLastWins(t *testing.T) {
 	if srv.limits != nil {
 		t.Errorf("a limit, then Limits{}: %d limits, want none", len(srv.limits.all))
 	}
+}
+
+// TestWithLimitsTakesLimitsAsGiven: WithLimits, like WithIdempotency, takes
+// l as it is when it is called. Limits holds pointers and slices (the
+// document's limits, Streams, CPU); what they point to may change after
+// WithLimits, before New (an option list built once, a document parsed
+// into the same value again), and the Server must not see it: before,
+// New read them only when it ran, so a limit of 1 became one of 1000.
+func TestWithLimitsTakesLimitsAsGiven(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		one := serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}
+		l := limitsOf(one)
+		l.Streams = []string{"/resilience.echo.v1.EchoService/Watch"}
+		opt := WithLimits(l)
+		*l.Config.ConcurrencyLimit = serviceconfig.ConcurrencyLimit{MaxLimit: 1000, InitialLimit: 1000}
+		l.Streams[0] = "/not a method/"
+		srv := newServer(t, opt)
+
+		release := make(chan struct{})
+		impl := &fnEcho{fn: func(context.Context, *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			<-release
+			return &echov1.EchoResponse{}, nil
+		}}
+		client := serveLimited(t, impl, srv)
+		first := make(chan error, 1)
+		go func() { first <- echoWithin(client, 0, "first") }()
+		synctest.Wait() // the first call holds the one slot
+		if err := echoWithin(client, 0, "second"); status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("a second call while the first holds the limit of 1: %v, want RESOURCE_EXHAUSTED", err)
+		}
+		close(release)
+		if err := <-first; err != nil {
+			t.Errorf("first call: %v", err)
+		}
+		if st := srv.LimitStatuses(); len(st) != 1 || st[0].Limit != 1 {
+			t.Errorf("LimitStatuses() = %+v, want the limit of 1 given to WithLimits", st)
+		}
+	})
+}
+
+// newServer is New(opts...), failing t on an error.
+func newServer(t *testing.T, opts ...Option) *Server {
+	t.Helper()
+	srv, err := New(opts...)
+	if err != nil {
+		t.Fatalf("New() = %v", err)
+	}
+	return srv
 }

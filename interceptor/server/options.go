@@ -297,7 +297,9 @@ func (c *Idempotency) normalize() (srvIdemOptions, error) {
 }
 
 // WithIdempotency turns on server-side idempotency as c says (see
-// [Idempotency]). New returns c's Validate error, if any.
+// [Idempotency]). New returns c's Validate error, if any. c is taken as it
+// is now (KeyPolicies and OmitMetadata are copied). Give every setting in
+// one Idempotency: a later WithIdempotency replaces an earlier one.
 func WithIdempotency(c Idempotency) Option {
 	return optionFunc(func(o *options) {
 		idem, err := c.normalize()
@@ -464,7 +466,20 @@ func (l *Limits) apply(o *options) {
 }
 
 // WithLimits puts the Server's calls under the overload protection l
-// describes (see [Limits]). New returns l's Validate error, if any.
+// describes (see [Limits]). New returns l's Validate error, if any. l is
+// taken as it is now: what its pointers and slices point to may change
+// afterwards without reaching the Server. Give every setting in one
+// Limits: a later WithLimits replaces an earlier one entirely (its limits,
+// streams, CPU shedding and criticality included).
 func WithLimits(l Limits) Option {
-	return optionFunc(func(o *options) { l.apply(o) })
+	var set options
+	l.apply(&set)
+	return optionFunc(func(o *options) {
+		if len(set.errs) > 0 {
+			o.errs = append(o.errs, set.errs...)
+			return
+		}
+		o.limit, o.methodLimits, o.streamLimits, o.fairness, o.cpu = set.limit, set.methodLimits, set.streamLimits, set.fairness, set.cpu
+		o.criticality, o.limitRand = set.criticality, set.limitRand
+	})
 }
