@@ -160,13 +160,16 @@ type Idempotency struct {
 	// Pushback is the retry hint of the calls the server asks to retry: the
 	// grpc-retry-pushback-ms trailer of ABORTED under NoWait, and both that
 	// trailer and a google.rpc.RetryInfo detail of UNAVAILABLE when the
-	// store fails and the server fails closed. 0 means 100ms.
+	// store fails and the server fails closed. 0 means 100ms, and it must
+	// otherwise be at least 1ms (the trailer counts whole milliseconds).
 	Pushback time.Duration
 
 	// PollInitial and PollMax are the backoff of a duplicate polling the
 	// store while the first call runs in another process: PollInitial,
 	// then doubling up to PollMax, and never past the remaining lease.
-	// In-process duplicates do not poll. 0 means 10ms and 500ms.
+	// In-process duplicates do not poll. 0 means 10ms and 500ms; neither
+	// may be negative, and PollMax (given or default) must not be less than
+	// PollInitial.
 	PollInitial, PollMax time.Duration
 
 	// UnstoredCodes are the status codes whose outcomes are not stored: the
@@ -200,7 +203,8 @@ type Idempotency struct {
 	// server keeps working, up to DetachedMax, for a caller that has gone,
 	// and the caller's deadline no longer bounds the handler's downstream
 	// calls. A handler that needs longer gets DEADLINE_EXCEEDED, which is
-	// not stored. 0 means 30s.
+	// not stored. 0 means 30s, and it must otherwise be at least 1ms
+	// (AttachedHandler, not 0, puts the handler on the caller's context).
 	DetachedMax time.Duration
 
 	// AttachedHandler runs keyed handlers on the caller's context instead:
