@@ -559,3 +559,43 @@ func newMemoryIdempotency(t *testing.T) (*idempotency.MemoryStore, grpc.UnarySer
 	}
 	return store, s.UnaryServerInterceptor()
 }
+
+// TestIdempotencyIsCopiedByWithIdempotency pins that the Server keeps
+// copies of the map and slice of the Idempotency it was given: the caller
+// may change KeyPolicies and OmitMetadata afterwards, even while calls run
+// (go test -race checks that nothing reads them), and the Server goes on
+// as configured: the method still requires a key, and x-t is still never
+// stored.
+func TestIdempotencyIsCopiedByWithIdempotency(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Idempotency{Store: store, Scope: SharedScope,
+		KeyPolicies:  map[string]KeyPolicy{idemEchoMethod: KeyRequired},
+		OmitMetadata: []string{"x-t"}}
+	e := &idemEcho{}
+	cc := idemStart(t, e, c)
+	ctx := idemCtx(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			c.KeyPolicies[idemEchoMethod] = KeyIgnored
+			c.KeyPolicies["/x.S/M"+strconv.Itoa(i)] = KeyOptional
+			c.OmitMetadata[0] = "x-other"
+		}
+	}()
+	for range 20 {
+		wantCode(t, "keyless call", idemDo(ctx, cc, "", "m").err, codes.InvalidArgument, "")
+	}
+	<-done
+	first := idemDo(ctx, cc, "k", "m")
+	replay := idemDo(ctx, cc, "k", "m")
+	wantCode(t, "first", first.err, codes.OK, "")
+	wantCode(t, "replay", replay.err, codes.OK, "")
+	if !wire.IdempotencyReplayed(replay.header) || len(replay.trailer.Get("x-t")) != 0 {
+		t.Errorf("replay header %v, trailer %v: want replayed, without the omitted x-t", replay.header, replay.trailer)
+	}
+	wantCalls(t, e, 1)
+}
