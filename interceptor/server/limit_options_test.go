@@ -51,6 +51,8 @@ func TestLimitsValidateAgreesWithNew(t *testing.T) {
 		{"Streams under CPU shedding only", Limits{CPU: &CPUShedding{}, Streams: []string{"pkg.S"}},
 			"server: Limits.Streams: no concurrency limit in Limits.Config to put streams under"},
 		{"CPU: a bad threshold", Limits{CPU: &CPUShedding{CPUThreshold: 2}}, "server: Limits.CPU: limit: cpuThreshold"},
+		{"Rand: a nil pointer of a source type", Limits{Rand: (*rand.PCG)(nil), Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}},
+			"server: Limits.Rand is a nil *rand.PCG"},
 		{"CPU and a top-level limit at once", Limits{CPU: &CPUShedding{}, Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}},
 			"server: Limits: Config.ConcurrencyLimit and CPU: choose one for the server"},
 	}

@@ -395,6 +395,10 @@ func (l *Limits) Validate() error {
 
 // apply sets o's limit fields from l, or appends an error.
 func (l *Limits) apply(o *options) {
+	if l.Rand != nil && srvNilPointer(l.Rand) { // New would panic drawing from it
+		o.errs = append(o.errs, errorf("Limits.Rand is a nil %T: give a source, or nil for the runtime's", l.Rand))
+		return
+	}
 	cfg, checked := &l.Config, l.Config
 	if f := cfg.TenantFairness; f != nil && f.MetadataKey == "" {
 		if l.Tenant == nil {
