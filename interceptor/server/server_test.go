@@ -72,6 +72,10 @@ func TestIdempotencyValidateNamesTheField(t *testing.T) {
 			`server: Idempotency.KeyPolicies["/svc"]`},
 		{"service with slash", withStore(Idempotency{KeyPolicies: map[string]KeyPolicy{"a/b": KeyRequired}}),
 			`server: Idempotency.KeyPolicies["a/b"]`},
+		{"full method with a space", withStore(Idempotency{KeyPolicies: map[string]KeyPolicy{idemEchoMethod + " ": KeyRequired}}),
+			`server: Idempotency.KeyPolicies["/resilience.echo.v1.EchoService/Echo "]: `},
+		{"service with an empty part", withStore(Idempotency{KeyPolicies: map[string]KeyPolicy{"resilience..echo.v1.EchoService": KeyRequired}}),
+			`server: Idempotency.KeyPolicies["resilience..echo.v1.EchoService"]: `},
 		{"unknown policy", withStore(Idempotency{KeyPolicies: map[string]KeyPolicy{"": 7}}),
 			`server: Idempotency.KeyPolicies[""]: unknown policy 7`},
 	}
@@ -105,7 +109,7 @@ func TestIdempotencyValidateKeyPoliciesInNameOrder(t *testing.T) {
 		"/a.S": KeyRequired, "/b.S": KeyRequired, "/c.S": KeyRequired, "d/e": KeyRequired,
 		"/f.S/M": 9, "/g.S/M": 9, "/h.S/M": 9, "i.S": 9,
 	}}
-	const want = `server: Idempotency.KeyPolicies["/a.S"]: a full method must be "/pkg.Service/Method"`
+	const want = `server: Idempotency.KeyPolicies["/a.S"]: "/a.S" is not a full method: want "/package.Service/Method"`
 	for range 50 {
 		if err := c.Validate(); err == nil || err.Error() != want {
 			t.Fatalf("Validate() = %v, want %s", err, want)
