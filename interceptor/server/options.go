@@ -393,7 +393,8 @@ func (l *Limits) Validate() error {
 	return nil
 }
 
-// apply sets o's limit fields from l, or appends an error.
+// apply sets the limit fields of o, a fresh options (WithLimits,
+// Validate), from l, or appends an error.
 func (l *Limits) apply(o *options) {
 	if l.Rand != nil && srvNilPointer(l.Rand) { // New would panic drawing from it
 		o.errs = append(o.errs, errorf("Limits.Rand is a nil %T: give a source, or nil for the runtime's", l.Rand))
@@ -415,7 +416,6 @@ func (l *Limits) apply(o *options) {
 		o.errs = append(o.errs, fmt.Errorf("server: Limits.Config: %v", err))
 		return
 	}
-	o.limit, o.methodLimits, o.streamLimits, o.fairness, o.cpu = nil, nil, nil, nil, nil
 	if cl := cfg.ConcurrencyLimit; cl != nil {
 		c := *cl
 		o.limit = &c
@@ -461,7 +461,6 @@ func (l *Limits) apply(o *options) {
 		return
 	}
 	o.criticality = l.Criticality
-	o.limitRand = nil
 	if l.Rand != nil {
 		var mu sync.Mutex
 		r := rand.New(l.Rand)
