@@ -42,9 +42,9 @@ func ExampleWithIdempotency() {
 		Store: store,
 		Scope: principalScope, // keys are per authenticated caller
 		TTL:   time.Hour,
-		// Methods of shop.Orders must carry a key; Lookup-style methods
+		// Methods of the service called below must carry a key; methods
 		// without side effects could use KeyIgnored.
-		KeyPolicies: map[string]server.KeyPolicy{"shop.Orders": server.KeyRequired},
+		KeyPolicies: map[string]server.KeyPolicy{"resilience.echo.v1.EchoService": server.KeyRequired},
 	}))
 	if err != nil {
 		log.Fatal(err)
