@@ -3,14 +3,14 @@ package server
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"testing/synctest"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -87,55 +87,40 @@ func TestLimitsValidateAgreesWithNew(t *testing.T) {
 	}
 }
 
-// TestWithLimitsLastWins: of two WithLimits, the last one alone configures
-// the Server: nothing of the first remains (its tenant fairness, streams,
-// criticality, CPU shedding or method limits), so the second is judged as
-// if it were alone (a top-level limit after CPU shedding is no conflict).
-func TestWithLimitsLastWins(t *testing.T) {
+// TestOptionsGivenTwiceAreRefused: a second WithLimits or WithIdempotency
+// is refused by New, whatever the two hold, rather than replace the first
+// and drop its settings unseen (review r25: the old options translated one
+// by one, WithLimits(Limits{Config: doc}), WithLimits(Limits{Criticality:
+// f}), built a Server with no limit at all, and no error).
+func TestOptionsGivenTwiceAreRefused(t *testing.T) {
 	seven := serviceconfig.ConcurrencyLimit{InitialLimit: 7, MinLimit: 7, MaxLimit: 7}
-	first := fairLimitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 4, MinLimit: 4, MaxLimit: 4},
-		serviceconfig.TenantFairness{MetadataKey: tenantKey}, nil)
-	first.Streams = []string{"pkg.S"}
-	first.Criticality = CapCriticality(wire.CriticalPlus)
-	first.Rand = rand.NewPCG(1, 2)
-	first.Config.MethodConfig = []serviceconfig.ServerMethodConfig{methodLimitOf(t, "a.B", seven)}
-
-	srv, err := New(WithLimits(first), WithLimits(limitsOf(seven)))
+	store, err := idempotency.NewMemoryStore()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ls := srv.limits
-	if ls.tenant != nil || len(ls.streams) != 0 || ls.crit != nil || ls.cpu != nil || len(ls.all) != 1 {
-		t.Errorf("after a second WithLimits: tenant %v, streams %v, criticality %v, cpu %v, %d limits; want none of the first's, and 1 limit",
-			ls.tenant != nil, ls.streams, ls.crit != nil, ls.cpu, len(ls.all))
+	idem := Idempotency{Store: store, Scope: SharedScope}
+	tests := []struct {
+		name string
+		opts []Option
+		want string
+	}{
+		{"a document, then a criticality function", []Option{WithLimits(limitsOf(seven)),
+			WithLimits(Limits{Criticality: CapCriticality(wire.CriticalPlus)})}, "WithLimits given twice"},
+		{"CPU shedding, then a top-level limit", []Option{WithLimits(Limits{CPU: &CPUShedding{}}), WithLimits(limitsOf(seven))}, "WithLimits given twice"},
+		{"a limit, then Limits{}", []Option{WithLimits(limitsOf(seven)), WithHeadroom(0, 0), WithLimits(Limits{})}, "WithLimits given twice"},
+		{"idempotency twice", []Option{WithIdempotency(idem), WithIdempotency(idem)}, "WithIdempotency given twice"},
 	}
-	icpt := srv.UnaryServerInterceptor()
-	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
-	h := func(context.Context, any) (any, error) { return nil, nil }
-	for _, tenant := range []string{"a", "b"} {
-		md := metadata.Pairs(tenantKey, tenant, wire.CriticalityKey, "CRITICAL_PLUS")
-		_, _ = icpt(metadata.NewIncomingContext(context.Background(), md), nil, info, h)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, err := New(tt.opts...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New(...) = %v, %v; want an error containing %q", srv, err, tt.want)
+			}
+		})
 	}
-	st := srv.LimitStatuses()
-	if len(st) != 1 || st[0].Name != "" || st[0].Limit != 7 || st[0].Tenants > 1 || st[0].Admitted[wire.Critical] != 2 {
-		t.Errorf("LimitStatuses() = %+v, want the second's limit of 7 alone, one tenant, CRITICAL_PLUS capped at CRITICAL", st)
-	}
-
-	// CPU shedding, then a top-level limit: the second alone, no conflict.
-	srv, err = New(WithLimits(Limits{CPU: &CPUShedding{}}), WithLimits(limitsOf(seven)))
-	if err != nil {
-		t.Fatalf("CPU shedding, then a top-level limit: %v, want the second alone", err)
-	}
-	if st := srv.LimitStatuses(); len(st) != 1 || st[0].Name != "" {
-		t.Errorf("LimitStatuses() = %+v, want the top-level limit alone (no %s)", st, CPUSheddingName)
-	}
-	// A limit, then Limits{}: no protection at all.
-	srv, err = New(WithLimits(limitsOf(seven)), WithLimits(Limits{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if srv.limits != nil {
-		t.Errorf("a limit, then Limits{}: %d limits, want none", len(srv.limits.all))
+	// Each once, side by side: fine.
+	if _, err := New(WithLimits(limitsOf(seven)), WithIdempotency(idem)); err != nil {
+		t.Errorf("New(WithLimits, WithIdempotency) = %v, want no error", err)
 	}
 }
 

@@ -37,6 +37,8 @@ type options struct {
 	criticality     CriticalityFunc // nil: as sent, at most Critical
 	limitRand       func() float64  // the limits' probe jitter; nil: the runtime's (Limits.Rand)
 	fairness        *srvFairness    // nil: one tenant (Limits.Config.TenantFairness)
+	idemGiven       bool            // WithIdempotency was applied: a second one is refused
+	limitsGiven     bool            // WithLimits was applied: a second one is refused
 	errs            []error         // option errors found while applying, reported by New
 }
 
@@ -303,15 +305,20 @@ func (c *Idempotency) normalize() (srvIdemOptions, error) {
 // WithIdempotency turns on server-side idempotency as c says (see
 // [Idempotency]). New returns c's Validate error, if any. c is taken as it
 // is now (KeyPolicies and OmitMetadata are copied). Give every setting in
-// one Idempotency: a later WithIdempotency replaces an earlier one.
+// one Idempotency: New refuses WithIdempotency given twice, rather than
+// let a second one drop the first's settings unseen.
 func WithIdempotency(c Idempotency) Option {
+	idem, err := c.normalize()
 	return optionFunc(func(o *options) {
-		idem, err := c.normalize()
-		if err != nil {
+		switch {
+		case o.idemGiven:
+			o.errs = append(o.errs, errorf("WithIdempotency given twice: give every setting in one Idempotency"))
+		case err != nil:
 			o.errs = append(o.errs, err)
-			return
+		default:
+			o.idem = idem
 		}
-		o.idem = idem
+		o.idemGiven = true
 	})
 }
 
@@ -476,12 +483,17 @@ func (l *Limits) apply(o *options) {
 // describes (see [Limits]). New returns l's Validate error, if any. l is
 // taken as it is now: what its pointers and slices point to may change
 // afterwards without reaching the Server. Give every setting in one
-// Limits: a later WithLimits replaces an earlier one entirely (its limits,
-// streams, CPU shedding and criticality included).
+// Limits: New refuses WithLimits given twice, rather than let a second one
+// drop the first's limits unseen (a server-wide limit, then a method's).
 func WithLimits(l Limits) Option {
 	var set options
 	l.apply(&set)
 	return optionFunc(func(o *options) {
+		if o.limitsGiven {
+			o.errs = append(o.errs, errorf("WithLimits given twice: give every setting in one Limits"))
+			return
+		}
+		o.limitsGiven = true
 		if len(set.errs) > 0 {
 			o.errs = append(o.errs, set.errs...)
 			return
