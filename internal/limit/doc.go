@@ -88,7 +88,11 @@
 // and latencies 14 times the service time (TestNoRatchetUnderMildOverload,
 // interceptor.TestOverloadMildDoesNotRatchet). So there is no probe while
 // the limit sheds (one shed request in the last 30 or so admitted): there
-// a queue cannot be told from a slowdown by one latency.
+// a queue cannot be told from a slowdown by one latency. Nor is there a
+// probe on a latency under a tenth of the base RTT, an outlier as the base
+// judges them (a cached answer in microseconds, next to a service of
+// 100ms): the probe waits for the next latency that is not one
+// (TestVegasProbeSkipsOutliers).
 //
 // A slowdown that makes the limit shed is learned by the slowdown
 // detector instead: under overload, when the limit falls the queue

@@ -541,11 +541,15 @@ func (l *Limiter) updateLocked(now time.Time) {
 // observeBase folds rtt into the base RTT, or, at a Vegas probe, starts
 // the base RTT anew from it. There is no probe while the limit sheds: the
 // latest latency may then be a queued one, and taking it for the base
-// ratcheted the limit up under a mild overload (see the package doc).
+// ratcheted the limit up under a mild overload (see the package doc). Nor
+// is there one on a latency under a tenth of the base, an outlier (see
+// windowed): the probe waits for the next latency that is not one. A
+// probe on a cheap call's microseconds made them the base until four more
+// latencies came, and every call in flight looked queued.
 func (l *Limiter) observeBase(now time.Time, rtt time.Duration) {
 	if l.cfg.Algorithm == Vegas {
 		l.probeN++
-		if l.probeN >= l.probeAt*l.limit && l.shedEW < probeShedMax {
+		if l.probeN >= l.probeAt*l.limit && l.shedEW < probeShedMax && 10*rtt >= l.base.value() {
 			l.nextProbe()
 			l.probes++
 			l.base.reset(now, l.cfg.BaseWindow, rtt)

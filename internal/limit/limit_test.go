@@ -475,6 +475,37 @@ func TestVegasProbe(t *testing.T) {
 	}
 }
 
+// TestVegasProbeSkipsOutliers: a probe that falls on a latency under a
+// tenth of the base RTT (a cheap call next to a 100ms service) waits for
+// the next latency that is not one, so the base never becomes the cheap
+// call's. Before, the base was 1µs after the probe until four more
+// latencies came (interceptor/server's TestLimitFastFailuresDoNotPoisonTheBase
+// saw it once in about 60 runs).
+func TestVegasProbeSkipsOutliers(t *testing.T) {
+	ms := time.Millisecond
+	l := mustNew(t, Config{InitialLimit: 10, MinLimit: 10, MaxLimit: 10, ProbeMultiplier: 2,
+		Rand: func() float64 { return 0 }})
+	steps := []struct {
+		rtt, base time.Duration
+		probes    uint64
+	}{
+		{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+		{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+		{100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0}, {100 * ms, 100 * ms, 0},
+		{time.Microsecond, 100 * ms, 0}, // the 10th would probe: an outlier, no probe
+		{9 * ms, 100 * ms, 0},           // still under a tenth
+		{120 * ms, 120 * ms, 1},         // the probe, on the next latency that counts
+		{12 * ms, 12 * ms, 1},           // a tenth of the largest is no outlier: folded in
+	}
+	for i, s := range steps {
+		now := t0.Add(time.Duration(i) * ms)
+		complete(l, now, s.rtt)
+		if got := l.Snapshot(now); got.BaseRTT != s.base || got.Probes != s.probes {
+			t.Fatalf("sample %d (%v): base %v, probes %d; want %v, %d", i+1, s.rtt, got.BaseRTT, got.Probes, s.base, s.probes)
+		}
+	}
+}
+
 // TestAIMDDoesNotProbe: the probe is Vegas's; AIMD keeps the windowed
 // minimum.
 func TestAIMDDoesNotProbe(t *testing.T) {
