@@ -130,7 +130,6 @@ type srvIdemOptions struct {
 	policies    map[string]KeyPolicy // by "", service or full method
 	omit        map[string]struct{}  // metadata keys never stored, lower case
 	detachMax   time.Duration        // > 0: owned handlers run detached, at most this long; 0: on the caller's context
-	errs        []error
 }
 
 // DefaultUnstoredCodes are the status codes whose outcomes are not
@@ -223,13 +222,7 @@ type srvIdem struct {
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
-	if len(o.errs) > 0 {
-		return nil, o.errs[0]
-	}
-	if o.store == nil {
-		if o.policies != nil {
-			return nil, errors.New("server: Idempotency.KeyPolicies needs a Store")
-		}
+	if o.store == nil { // no WithIdempotency (which refuses a nil Store)
 		return nil, nil
 	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
