@@ -78,7 +78,7 @@
 // sample is the new service time: nothing looks queued any more and the
 // limit grows back, with 16 requests in flight at 200ms within about 2s of
 // fake time in the tests (TestVegasLearnsSlowdown,
-// interceptor.TestSlowdownLimitRecovers).
+// server.TestSlowdownLimitRecovers in interceptor/server).
 //
 // Under overload that sample is a queued one. When the overload is heavy
 // the limit swings around its settling point, the samples at its low points
@@ -86,7 +86,7 @@
 // overload (1.2 times the capacity) the queue never drains, each probe
 // raised the base RTT, and the limit grew without bound: 124 for 8 slots,
 // and latencies 14 times the service time (TestNoRatchetUnderMildOverload,
-// interceptor.TestOverloadMildDoesNotRatchet). So there is no probe while
+// server.TestOverloadMildDoesNotRatchet). So there is no probe while
 // the limit sheds (one shed request in the last 30 or so admitted): there
 // a queue cannot be told from a slowdown by one latency. Nor is there a
 // probe on a latency under a tenth of the base RTT, an outlier as the base
