@@ -80,16 +80,19 @@ func (e *contextError) Unwrap() []error { return []error{ErrContextDone, e.cause
 type Bulkhead struct {
 	// state is waiting<<32 | inFlight. inFlight changes by CAS, with or
 	// without mu; waiting changes only with mu held. While waiting > 0,
-	// inFlight == MaxConcurrent: a freed slot goes to the first waiter.
+	// inFlight ≥ MaxConcurrent, and only holders of mu change state: a
+	// freed slot goes to the first waiter, unless more than MaxConcurrent
+	// are in flight (a Resize lowered it).
 	state atomic.Uint64
 	// The padding keeps state off the cache line of the fields below.
 	_ [56]byte
 
-	// Fixed by New.
-	max      uint32 // MaxConcurrent
-	maxQueue uint32 // MaxQueue
-	maxWait  time.Duration
-	clk      clock.Clock
+	// The limits, set by New and changed by Resize with mu held; read
+	// without a lock.
+	max      atomic.Uint32 // MaxConcurrent
+	maxQueue atomic.Uint32 // MaxQueue
+	maxWait  atomic.Int64  // MaxQueueWait, in nanoseconds
+	clk      clock.Clock   // fixed by New
 
 	mu         sync.Mutex
 	head, tail *waiter // the queue, oldest first; guarded by mu, as long as waiting
@@ -118,12 +121,49 @@ func New(cfg Config, clk clock.Clock) (*Bulkhead, error) {
 	if clk == nil {
 		clk = clock.Real
 	}
-	return &Bulkhead{
-		max:      uint32(cfg.MaxConcurrent),
-		maxQueue: uint32(cfg.MaxQueue),
-		maxWait:  cfg.MaxQueueWait,
-		clk:      clk,
-	}, nil
+	b := &Bulkhead{clk: clk}
+	b.setLimits(cfg)
+	return b, nil
+}
+
+func (b *Bulkhead) setLimits(cfg Config) {
+	b.max.Store(uint32(cfg.MaxConcurrent))
+	b.maxQueue.Store(uint32(cfg.MaxQueue))
+	b.maxWait.Store(int64(cfg.MaxQueueWait))
+}
+
+// Resize gives b the limits of cfg, or returns an error if cfg is out of
+// range, keeping the slots taken and the queue, so that the new limits
+// count the attempts already in flight and waiting:
+//   - a raised MaxConcurrent hands its new slots to the waiters at once,
+//     oldest first;
+//   - a lowered MaxConcurrent takes no slot back: the holders keep theirs,
+//     and no one gets a slot (nor does Release hand one to a waiter) until
+//     fewer than the new MaxConcurrent are in flight;
+//   - under a lowered MaxQueue, the attempts already waiting keep their
+//     places; newcomers are refused with ErrQueueFull until fewer than the
+//     new MaxQueue wait;
+//   - a new MaxQueueWait bounds the waits that begin after Resize; a wait
+//     under way keeps the bound it began with.
+//
+// Resize takes b's lock; Acquire and Release stay as cheap as they were.
+// An Acquire under way while Resize runs may take a slot under either
+// MaxConcurrent.
+func (b *Bulkhead) Resize(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.setLimits(cfg)
+	// While someone waits, only holders of mu change state.
+	for w := b.head; w != nil && uint32(b.state.Load()) < b.max.Load(); w = b.head {
+		b.unlinkLocked(w)
+		w.granted = true
+		close(w.ready)
+		b.state.Add(1 + minusOneWaiting) // one more in flight, one fewer waiting
+	}
+	return nil
 }
 
 // Acquire takes a slot, waiting in the queue if every slot is taken. It
@@ -151,7 +191,7 @@ func (b *Bulkhead) Acquire(ctx context.Context) error {
 func (b *Bulkhead) TryAcquire() bool {
 	for {
 		s := b.state.Load()
-		if uint32(s) >= b.max || s >= oneWaiting {
+		if uint32(s) >= b.max.Load() || s >= oneWaiting {
 			return false
 		}
 		if b.state.CompareAndSwap(s, s+1) {
@@ -166,11 +206,11 @@ func (b *Bulkhead) TryAcquire() bool {
 // moment after it answers, as it may after Acquire refuses.
 func (b *Bulkhead) Full() bool {
 	s := b.state.Load()
-	return (uint32(s) >= b.max || s >= oneWaiting) && uint32(s>>32) >= b.maxQueue
+	return (uint32(s) >= b.max.Load() || s >= oneWaiting) && uint32(s>>32) >= b.maxQueue.Load()
 }
 
 func (b *Bulkhead) acquireSlow(ctx context.Context) error {
-	if uint32(b.state.Load()>>32) >= b.maxQueue {
+	if uint32(b.state.Load()>>32) >= b.maxQueue.Load() {
 		return ErrQueueFull // needs no lock: the queue is at most as long
 	}
 	if err := ctx.Err(); err != nil {
@@ -180,14 +220,14 @@ func (b *Bulkhead) acquireSlow(ctx context.Context) error {
 	for {
 		s := b.state.Load()
 		inFlight, waiting := uint32(s), uint32(s>>32)
-		if waiting == 0 && inFlight < b.max {
+		if waiting == 0 && inFlight < b.max.Load() {
 			if b.state.CompareAndSwap(s, s+1) {
 				b.mu.Unlock()
 				return nil // a slot was freed meanwhile
 			}
 			continue
 		}
-		if waiting >= b.maxQueue {
+		if waiting >= b.maxQueue.Load() {
 			b.mu.Unlock()
 			return ErrQueueFull
 		}
@@ -201,8 +241,8 @@ func (b *Bulkhead) acquireSlow(ctx context.Context) error {
 	b.mu.Unlock()
 
 	var timeout <-chan time.Time
-	if b.maxWait > 0 {
-		t := b.clk.NewTimer(b.maxWait)
+	if d := time.Duration(b.maxWait.Load()); d > 0 {
+		t := b.clk.NewTimer(d)
 		defer t.Stop()
 		timeout = t.C()
 	}
@@ -257,7 +297,7 @@ func (b *Bulkhead) Release() {
 func (b *Bulkhead) releaseSlow() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if w := b.head; w != nil {
+	if w := b.head; w != nil && uint32(b.state.Load()) <= b.max.Load() {
 		// Hand the slot over: inFlight stays, waiting drops.
 		b.unlinkLocked(w)
 		w.granted = true
@@ -265,7 +305,8 @@ func (b *Bulkhead) releaseSlow() {
 		b.state.Add(minusOneWaiting)
 		return
 	}
-	// The waiters gave up since Release looked.
+	// The waiters gave up since Release looked, or more than MaxConcurrent
+	// are in flight (a Resize lowered it): the slot is not handed over.
 	for {
 		s := b.state.Load()
 		if uint32(s) == 0 {
@@ -303,9 +344,11 @@ func (b *Bulkhead) unlinkLocked(w *waiter) {
 
 // Snapshot describes a Bulkhead at one instant.
 type Snapshot struct {
-	// InFlight is the number of slots taken, at most MaxConcurrent.
+	// InFlight is the number of slots taken, at most MaxConcurrent (more
+	// after a Resize lowered it, until the holders release).
 	InFlight int
-	// Queued is the number of attempts waiting, at most MaxQueue.
+	// Queued is the number of attempts waiting, at most MaxQueue (more after
+	// a Resize lowered it, until the waiters leave).
 	Queued int
 }
 
