@@ -34,7 +34,16 @@
 // carry over when their blocks are unchanged. A breaker whose block changed
 // is new but keeps what the old one was doing: a forced state stays, an
 // open period ends when the old one's would, at most the new block's
-// maxOpenDuration after the update; its counts start afresh. WrapResolver
+// maxOpenDuration after the update; its counts start afresh. A bulkhead
+// whose block changed stays, with the new limits, so they count the
+// attempts already in flight and queued (Statuses and the gauges too): a
+// raised maxConcurrent lets queued attempts in at once; a lowered one
+// stops no attempt in flight and admits none until fewer than it are in
+// flight; under a lowered maxQueue the attempts queued keep their places
+// and new ones are refused until fewer than it wait; a new maxQueueWait
+// bounds the waits that begin after the update. A bulkhead block removed
+// drops the bulkhead (its attempts in flight still release into it); one
+// added again starts empty. WrapResolver
 // passes the service config a resolver delivers (DNS TXT records, a control
 // plane) to UpdateServiceConfig; the resolver's config then wins over the
 // one given to NewClient, which stays the default (see WrapResolver).

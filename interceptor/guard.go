@@ -20,7 +20,8 @@ import (
 
 // guards are the per-method breaker and bulkhead, shared by every call of
 // the method under one config (and carried over to the next config when
-// their blocks are unchanged).
+// their blocks are unchanged; the bulkhead also when its block changed,
+// with the new limits: clientState.guards).
 type guards struct {
 	breakerCfg  *serviceconfig.CircuitBreaker // as configured, for carry-over
 	bulkheadCfg *serviceconfig.Bulkhead
@@ -269,11 +270,16 @@ func isRejection(err error) (StopReason, bool) {
 }
 
 func newBulkhead(b *serviceconfig.Bulkhead) (*bulkhead.Bulkhead, error) {
-	return bulkhead.New(bulkhead.Config{
+	return bulkhead.New(bulkheadConfig(b), nil)
+}
+
+// bulkheadConfig is the engine's config of a bulkhead block.
+func bulkheadConfig(b *serviceconfig.Bulkhead) bulkhead.Config {
+	return bulkhead.Config{
 		MaxConcurrent: b.MaxConcurrent,
 		MaxQueue:      b.MaxQueue,
 		MaxQueueWait:  b.MaxQueueWait,
-	}, nil)
+	}
 }
 
 // validateGuards checks cfg's breaker and bulkhead blocks against the

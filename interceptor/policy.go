@@ -235,8 +235,11 @@ func sameBreaker(a, b serviceconfig.CircuitBreaker) bool {
 // guards builds the breaker and bulkhead of fullMethod from mc, or carries
 // them over from old, its policy under the config before, when their blocks
 // are unchanged; a breaker built for a changed block adopts the state of
-// old's (breaker.Adopt). The blocks were validated with the config, so
-// construction cannot fail.
+// old's (breaker.Adopt), and old's bulkhead takes a changed block's limits
+// (bulkhead.Resize), so it is shared by old and the new policy. The blocks
+// were validated with the config, so construction cannot fail. Only
+// populate passes an old (itself or through sharedPolicy), once per
+// update, for the state it publishes.
 func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, old *methodPolicy) guards {
 	var g guards
 	if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
@@ -265,7 +268,12 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, o
 	}
 	if bh := mc.Bulkhead; bh != nil {
 		g.bulkheadCfg = bh
-		if old != nil && old.g.bulkheadCfg != nil && *old.g.bulkheadCfg == *bh {
+		if old != nil && old.g.bulkhead != nil {
+			// The same bulkhead under the new block's limits, so that they
+			// count the attempts in flight and queued (bulkhead.Resize).
+			if *old.g.bulkheadCfg != *bh {
+				_ = old.g.bulkhead.Resize(bulkheadConfig(bh))
+			}
 			g.bulkhead = old.g.bulkhead
 		} else if b, err := newBulkhead(bh); err == nil {
 			g.bulkhead = b

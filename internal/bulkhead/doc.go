@@ -40,6 +40,12 @@
 // is one load of it: no lock, no allocation. Waiting and handing a slot to a waiter take a mutex;
 // a waiter allocates its queue entry and a timer.
 //
+// Resize changes the limits of a bulkhead in use, keeping its slots taken
+// and its queue: it takes the mutex, and the limits are atomics read on
+// the fast paths, which stay as cheap. A raised MaxConcurrent admits
+// waiters at once; a lowered one takes no slot back, and no one gets a
+// slot until fewer than it are in flight.
+//
 // Every successful Acquire must be matched by exactly one Release; Release
 // without a slot held panics.
 package bulkhead
