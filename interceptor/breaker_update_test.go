@@ -366,3 +366,38 @@ func TestBulkheadUpdatesUnderLoadNeverExceedTheCap(t *testing.T) {
 		t.Errorf("%d calls succeeded over %d updates: the test exercised nothing", ok.Load(), epoch.Load())
 	}
 }
+
+// TestResizedBulkheadAllocatesNothing: a call admitted by, or rejected by,
+// a bulkhead that an update resized allocates nothing, as under a new one.
+func TestResizedBulkheadAllocatesNothing(t *testing.T) {
+	c := newTestClient(t, WithServiceConfig(echoBulkheadConfig(&serviceconfig.Bulkhead{MaxConcurrent: 4})))
+	ic := c.UnaryClientInterceptor()
+	ctx := context.Background()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	static := []grpc.CallOption{grpc.StaticMethod()}
+	_ = ic(ctx, echoMethod, req, reply, nil, okInvoker, static...) // resolve the method's policy once
+	if err := c.UpdateServiceConfig(echoBulkheadConfig(&serviceconfig.Bulkhead{MaxConcurrent: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if allocs := testing.AllocsPerRun(1000, func() {
+		if err := ic(ctx, echoMethod, req, reply, nil, okInvoker, static...); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs != 0 {
+		t.Errorf("call admitted by a resized bulkhead: %v allocs, want 0", allocs)
+	}
+	hold := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+		allocs := testing.AllocsPerRun(1000, func() {
+			if err := ic(ctx, echoMethod, req, reply, nil, okInvoker, static...); !errors.Is(err, ErrBulkheadFull) {
+				t.Fatalf("call with the one slot taken = %v, want ErrBulkheadFull", err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("call rejected by a resized bulkhead: %v allocs, want 0", allocs)
+		}
+		return nil
+	}
+	if err := ic(ctx, echoMethod, req, reply, nil, hold, static...); err != nil {
+		t.Fatal(err)
+	}
+}
