@@ -36,7 +36,8 @@
 // open period ends when the old one's would, at most the new block's
 // maxOpenDuration after the update; its counts start afresh. A bulkhead
 // whose block changed stays, with the new limits, so they count the
-// attempts already in flight and queued (Statuses and the gauges too): a
+// attempts already in flight and queued (Statuses and the gauges too),
+// and admit the later attempts of calls begun before the update: a
 // raised maxConcurrent lets queued attempts in at once; a lowered one
 // stops no attempt in flight and admits none until fewer than it are in
 // flight; under a lowered maxQueue the attempts queued keep their places
