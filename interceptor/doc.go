@@ -399,17 +399,31 @@
 // and for at most 1024 other methods, resolved on their first call: names a
 // proxy forwards from its callers, or that Status, ForceOpen or
 // HedgingDelay were given (Status and HedgingDelay keep nothing for a
-// method no call has resolved). Past that bound a method keeps nothing of
-// its own: each call resolves its policy, and runs under the breaker,
-// bulkhead and latency its config entry keeps for all such methods, which
-// Statuses reports as "/pkg.Service/*" (or "/*" for the default entry)
-// once a call used it. No breaker is ever dropped for room: the state of a
-// configured method lives as long as its config entry, across updates.
-// With metrics on, a kept method not named costs about 2 KiB; 100,000
-// invented names keep about 2 MiB (TestPerMethodMemoryUnder100kCallerNames).
+// method no call has resolved), and methods that only an earlier config
+// named. Past that bound a method keeps nothing of its own: each call
+// resolves its policy, and runs under the breaker, bulkhead and latency its
+// config entry keeps for all such methods, which Statuses reports as
+// "/pkg.Service/*" (or "/*" for the default entry) once a call used it. No
+// breaker is dropped for room while the config names its method exactly or
+// a generated stub called it. With metrics on, a kept method not named
+// costs about 2 KiB; 100,000 invented names keep about 2 MiB
+// (TestPerMethodMemoryUnder100kCallerNames).
+//
 // A config update resolves every kept method under the new config at once,
-// so Statuses and the gauges never lose a breaker (a forced-open one
-// included) while the method's config has one.
+// so Statuses and the gauges never lose the breaker (a forced-open one
+// included) of a kept method whose config has one. A method the update no
+// longer names exactly, and no generated stub called, joins the other
+// methods under the bound: it keeps its state (a forced-open breaker
+// stays forced open) while the bound has room, taken in the order the
+// config before named them; else, or when it has no state of its own under
+// the new config (no breaker, bulkhead or latency to keep), it is let go,
+// and its next call resolves it as a method never called, with the default
+// policy where no entry applies. So a control plane whose every push names
+// new methods keeps at most 1024 of those it dropped: 3000 such updates
+// keep 1 method and take 40 ms, where they kept 3000 and took 6 s
+// (TestMethodsNamedOnlyByOldConfigsAreBounded). An update costs a
+// resolution per method the new config names and per method kept, about
+// 1–2 µs each, so about 2 ms with the bound full.
 //
 // # Concurrency and cost
 //
@@ -444,8 +458,8 @@
 // grpc.status (the code's name, as in A66). grpc.method follows the same
 // rule on every instrument: per call, the method for a generated stub's
 // call and "other" for the rest; on the gauges and breaker transitions,
-// which are per method, the method once a generated stub called it or a
-// config entry names it exactly, and "other" for the rest, reported
+// which are per method, the method once a generated stub called it or
+// while a config entry names it exactly, and "other" for the rest, reported
 // together (bulkhead occupancy summed, the highest rejection probability,
 // the breaker state that refuses most: forced open, open, half-open,
 // closed). Label values are thus bounded by the code and the config, never

@@ -6,16 +6,19 @@ import (
 
 // maxMethods bounds the methods a client keeps state for (policy, breaker,
 // bulkhead, latency) beyond two kinds whose number the code bounds, not the
-// callers: the methods the config names exactly, resolved with the config,
-// and the methods a generated stub calls (grpc.StaticMethod). A proxy that
-// forwards whatever method names its callers send, or an admin page that
-// calls ForceOpen with a name from a request, adds at most maxMethods more.
-// Past the bound, a method keeps nothing of its own: each call resolves its
-// policy (its retry or hedging policy, timeout, idempotency, fallback) and
-// runs under the state its config entry keeps for all such methods, its
-// shared policy, reported as "/pkg.Service/*" (or "/*" for the default
-// entry). No state is ever dropped: a method's breaker lives as long as
-// its config entry.
+// callers: the methods the config in force names exactly, resolved with the
+// config, and the methods a generated stub calls (grpc.StaticMethod). A
+// proxy that forwards whatever method names its callers send, an admin page
+// that calls ForceOpen with a name from a request, or a control plane whose
+// every config names new methods (a method only an earlier config named is
+// one of these), adds at most maxMethods more. Past the bound, a method
+// keeps nothing of its own: each call resolves its policy (its retry or
+// hedging policy, timeout, idempotency, fallback) and runs under the state
+// its config entry keeps for all such methods, its shared policy, reported
+// as "/pkg.Service/*" (or "/*" for the default entry). A kept method's
+// state lives across updates while it is kept; a method is let go only
+// when an update drops its config's name for it and the bound has no room
+// left or it has no state of its own to keep (carry).
 const maxMethods = 1024
 
 // policy returns the policy of fullMethod, resolving and keeping it on the
@@ -24,8 +27,8 @@ const maxMethods = 1024
 func (s *clientState) policy(fullMethod string, static bool) *methodPolicy {
 	if v, ok := s.methods.Load(fullMethod); ok {
 		p := v.(*methodPolicy)
-		if static {
-			s.name(p)
+		if static && !p.static.Load() {
+			s.markStatic(p)
 		}
 		return p
 	}
@@ -43,8 +46,8 @@ func (s *clientState) add(fullMethod string, static bool) *methodPolicy {
 	defer s.mu.Unlock()
 	if v, ok := s.methods.Load(fullMethod); ok {
 		p := v.(*methodPolicy)
-		if static {
-			s.name(p)
+		if static && !p.static.Load() {
+			s.markStatic(p)
 		}
 		return p
 	}
@@ -53,18 +56,18 @@ func (s *clientState) add(fullMethod string, static bool) *methodPolicy {
 	}
 	p := s.resolve(fullMethod, nil)
 	if static {
-		s.name(p)
+		s.markStatic(p)
 	}
 	s.keep(p)
 	return p
 }
 
 // keep adds p to the methods, counting it against the bound unless its
-// method is named (a config entry names it exactly, or a generated stub
-// called it). s.mu is held, or s is not yet published.
+// method is named (the config names it exactly, or a generated stub called
+// it). s.mu is held, or s is not yet published.
 func (s *clientState) keep(p *methodPolicy) {
 	s.methods.Store(p.fullMethod, p)
-	if !p.named.Load() {
+	if !p.configured && !p.static.Load() {
 		s.unnamed++
 		if s.unnamed >= maxMethods {
 			s.full.Store(true)
@@ -112,25 +115,23 @@ func (s *clientState) peek(fullMethod string) *methodPolicy {
 	return s.resolve(fullMethod, nil)
 }
 
-// name marks p's method as named, for the bound and for metrics: a
-// generated stub called it, or a config entry names it exactly (see
-// instruments.named). The fast path is one atomic load.
-func (s *clientState) name(p *methodPolicy) {
-	if p.named.Load() {
-		return
-	}
-	if s.metrics.on {
+// markStatic marks p's method as called by a generated stub: named (for
+// the bound and for metrics, see instruments.named) under this config and
+// every later one. Its callers check p.static first, so that a known
+// method's call costs one atomic load.
+func (s *clientState) markStatic(p *methodPolicy) {
+	if s.metrics.on && p.mm.Load() == nil {
 		p.mm.Store(s.metrics.named(p.fullMethod))
 	}
-	p.named.Store(true)
+	p.static.Store(true)
 }
 
 // populate fills a new state s: the methods its config names exactly, the
-// shared policies of its entries, and every method prev kept, resolved under
-// s with prev's state where their blocks are unchanged. So Statuses, the
-// gauges and the breakers' state (a forced-open breaker too) carry over an
-// update whatever came before it, and a method whose block changed starts
-// afresh.
+// shared policies of its entries, and the methods prev kept (carry),
+// resolved under s with prev's state where their blocks are unchanged. So
+// Statuses, the gauges and the breakers' state (a forced-open breaker too)
+// carry over an update while the method is kept, and a method whose block
+// changed starts afresh.
 func (s *clientState) populate(prev *clientState) {
 	prevShared := make(map[string]*methodPolicy)
 	if prev != nil {
@@ -145,12 +146,7 @@ func (s *clientState) populate(prev *clientState) {
 		for _, n := range mc.Name {
 			switch {
 			case n.Method != "":
-				m := exactName(n)
-				if _, ok := s.methods.Load(m); !ok {
-					p := s.resolve(m, prev.kept(m))
-					s.name(p)
-					s.methods.Store(m, p)
-				}
+				s.configure(exactName(n), prev.kept(exactName(n)))
 			case label == "":
 				label = sharedName(n)
 			}
@@ -159,22 +155,99 @@ func (s *clientState) populate(prev *clientState) {
 			s.shared[&mc.Name[0]] = s.sharedPolicy(label, *mc, prevShared[label])
 		}
 	}
-	if prev == nil {
+	if prev != nil {
+		s.carry(prev)
+	}
+}
+
+// configure keeps fullMethod, which the config of s names exactly, with
+// the state of old, its policy under the config before (or nil).
+func (s *clientState) configure(fullMethod string, old *methodPolicy) {
+	if _, ok := s.methods.Load(fullMethod); ok {
 		return
 	}
+	p := s.resolve(fullMethod, old)
+	p.configured = true
+	if s.metrics.on {
+		p.mm.Store(s.metrics.named(fullMethod))
+	}
+	if old != nil && old.static.Load() {
+		p.static.Store(true)
+	}
+	s.methods.Store(fullMethod, p)
+}
+
+// carry keeps in s, resolved under its config with their state, the
+// methods prev kept that s's config does not name exactly. First those
+// prev counted against the bound and those generated stubs called: the
+// former fit (prev held at most maxMethods of them), the latter are not
+// counted. Then, in the order of prev's config, those only prev's config
+// named, each counting against the bound: kept while there is room and
+// while it has state of its own to keep (stateful), else let go (forget).
+// So an update costs O(the methods prev kept), which is O(the names of
+// prev's config + the bound), whatever names earlier configs held.
+func (s *clientState) carry(prev *clientState) {
 	prev.methods.Range(func(k, v any) bool {
-		m, old := k.(string), v.(*methodPolicy)
-		if _, ok := s.methods.Load(m); ok {
-			return true
+		if old := v.(*methodPolicy); !old.configured || old.static.Load() {
+			s.carryOne(k.(string), old)
 		}
-		p := s.resolve(m, old)
-		if old.named.Load() {
-			p.mm.Store(old.mm.Load())
-			p.named.Store(true)
-		}
-		s.keep(p)
 		return true
 	})
+	for i := range prev.cfg.MethodConfig {
+		for _, n := range prev.cfg.MethodConfig[i].Name {
+			if n.Method == "" {
+				continue
+			}
+			m := exactName(n)
+			if old := prev.kept(m); old != nil {
+				s.carryOne(m, old)
+			}
+		}
+	}
+}
+
+// carryOne keeps fullMethod in s with the state of old, its policy under
+// the config before, unless s keeps it already, or the method is not named
+// and there is no room for it, or it is only dropped from the config and
+// has no state to keep under s: then it is let go, and its next call
+// resolves it as a method never called (add), with the default policy
+// where no entry of s applies.
+func (s *clientState) carryOne(fullMethod string, old *methodPolicy) {
+	if _, ok := s.methods.Load(fullMethod); ok {
+		return
+	}
+	static := old.static.Load()
+	if !static && s.unnamed >= maxMethods {
+		s.forget(old)
+		return
+	}
+	p := s.resolve(fullMethod, old)
+	if static {
+		p.mm.Store(old.mm.Load())
+		p.static.Store(true)
+	} else if old.configured {
+		s.forget(old) // no longer named, kept or not
+		if !p.stateful() {
+			return
+		}
+	}
+	s.keep(p)
+}
+
+// stateful reports whether p holds state that a call builds up: a guard,
+// a latency estimator, a hedging window.
+func (p *methodPolicy) stateful() bool {
+	return p.g.any() || p.latency != nil || p.hedgeWindow != nil
+}
+
+// forget lets old's method go from the metrics' names when only a config
+// named it (a generated stub never called it): its calls and gauges are
+// recorded as "other" from now on, so names does not grow with every name
+// a config ever held.
+func (s *clientState) forget(old *methodPolicy) {
+	if s.metrics.on && old.configured && !old.static.Load() {
+		s.metrics.names.Delete(old.fullMethod)
+	}
 }
 
 // kept returns the policy s keeps for fullMethod, or nil; s may be nil.

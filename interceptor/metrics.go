@@ -108,8 +108,9 @@ type instruments struct {
 	on bool
 	// names maps the named methods (see WithMeterProvider) to their
 	// attribute sets, built once per method; other is the sets of the
-	// rest. names grows only with the config's exact names and the
-	// methods generated stubs call.
+	// rest. names holds only the exact names of the config in force and
+	// the methods generated stubs call: an update lets go the names only
+	// an earlier config held (clientState.forget).
 	names       *sync.Map // full method → *methodMetrics
 	other       *methodMetrics
 	retriesHist metric.Int64Histogram

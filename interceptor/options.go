@@ -355,8 +355,8 @@ func WithRandSource(src rand.Source) ClientOption {
 // grpc.method follows gRFC A66 on every instrument: the method's name for
 // calls of a generated stub (grpc.StaticMethod), "other" for the rest (a
 // proxy's calls, conn.Invoke with a name from elsewhere); the gauges and
-// breaker transitions name a method once a generated stub called it or a
-// config entry names it exactly, and report the others together as
+// breaker transitions name a method once a generated stub called it or
+// while a config entry names it exactly, and report the others together as
 // "other". So the labels are bounded by the code and the config, never by
 // callers. Attribute sets are built once per named method (and per target,
 // for grpc.target), so recording allocates nothing on the success path.

@@ -63,7 +63,7 @@ func jitterOf(j serviceconfig.Jitter) backoff.Jitter {
 }
 
 // methodPolicy is what one method runs under, resolved once per method and
-// config. It is immutable once published, but for named and mm (set once)
+// config. It is immutable once published, but for static and mm (set once)
 // and used.
 type methodPolicy struct {
 	fullMethod   string
@@ -76,13 +76,17 @@ type methodPolicy struct {
 	g            guards             // breaker and bulkhead; zero when none
 	latency      *latency.Estimator // attempt durations; nil without a retry policy
 	fallback     Fallback           // answers local rejections of unary calls; nil: none
-	// named is set once the method is named: a config entry names it
-	// exactly, or a generated stub called it (grpc.StaticMethod). Such
-	// methods do not count against maxMethods, and may be named in
-	// metrics; mm then holds their attribute sets (nil when metrics are
-	// off). A method not named is recorded as "other" (instruments.named).
-	named atomic.Bool
-	mm    atomic.Pointer[methodMetrics]
+	// A method is named when the config of this state names it exactly
+	// (configured, set before the state is published) or a generated stub
+	// called it, under this config or one before (static, set once and
+	// carried across updates: grpc.StaticMethod). A named method does not
+	// count against maxMethods and may be named in metrics: mm then holds
+	// its attribute sets (nil when metrics are off), set before static.
+	// A method not named is recorded as "other" (instruments.named); one
+	// that only an earlier config named is not named (methods.go).
+	configured bool
+	static     atomic.Bool
+	mm         atomic.Pointer[methodMetrics]
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
@@ -118,7 +122,7 @@ type clientState struct {
 	// (methods.go). Lock-free to read; additions take mu.
 	methods sync.Map
 	mu      sync.Mutex
-	unnamed int         // methods added for calls without grpc.StaticMethod; guarded by mu
+	unnamed int         // methods kept that are not named (methodPolicy.configured, static); guarded by mu
 	full    atomic.Bool // unnamed reached maxMethods
 	// shared holds, for each config entry that names a service or is the
 	// default, the state its methods past the bound share (breaker,
@@ -280,7 +284,13 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, o
 		}
 	}
 	if g.any() {
-		g.rejections = newRejections(fullMethod)
+		// A method's rejections depend on its name alone: old's serve,
+		// so that an update does not rebuild them for every kept method.
+		if old != nil && old.g.rejections != nil {
+			g.rejections = old.g.rejections
+		} else {
+			g.rejections = newRejections(fullMethod)
+		}
 	}
 	return g
 }
