@@ -1,6 +1,9 @@
 package interceptor
 
 import (
+	"math"
+
+	"github.com/grpc-resilience/resilience/internal/bulkhead"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -175,6 +178,32 @@ func (s *clientState) populate(prev *clientState) {
 		s.keep(p)
 		return true
 	})
+	s.unbound(prev)
+}
+
+// unbound lifts the limits of the bulkheads prev had and s dropped (a
+// bulkhead block or its entry removed): the attempts queued in them go at
+// once, as a new call would, rather than wait behind a limit no longer
+// configured; the attempts in flight still release into them.
+func (s *clientState) unbound(prev *clientState) {
+	live := make(map[*bulkhead.Bulkhead]bool)
+	s.all(func(p *methodPolicy) { live[p.g.bulkhead] = true })
+	prev.all(func(p *methodPolicy) {
+		if b := p.g.bulkhead; b != nil && !live[b] {
+			_ = b.Resize(bulkhead.Config{MaxConcurrent: math.MaxInt32})
+		}
+	})
+}
+
+// all calls f with every policy s keeps and every shared policy.
+func (s *clientState) all(f func(p *methodPolicy)) {
+	s.methods.Range(func(_, v any) bool {
+		f(v.(*methodPolicy))
+		return true
+	})
+	for _, sh := range s.shared {
+		f(sh)
+	}
 }
 
 // kept returns the policy s keeps for fullMethod, or nil; s may be nil.
