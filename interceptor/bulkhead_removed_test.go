@@ -1,11 +1,13 @@
 package interceptor
 
 import (
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -54,4 +56,33 @@ func TestBulkheadRemovedLetsTheQueuedCallsInAtOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A bulkhead block removed and added again started a new, empty bulkhead:
+// a call in flight since before the removal (a long call or stream) was
+// not counted, so a cap of 1 re-added admitted a second call at once, as
+// the lowered cap of an edited block did before bulkhead.Resize. The
+// bulkhead dropped is now kept by the method's policy and takes the
+// re-added block's limits.
+func TestBulkheadAddedAgainCountsTheCallsInFlightSinceBefore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: 10 * time.Second} })
+		one := &serviceconfig.Bulkhead{MaxConcurrent: 1}
+		stub, c := newEcho(t, srv, WithServiceConfig(echoBulkheadConfig(one)))
+		before := echoAsync(t, stub, 1)
+		for _, cfg := range []*serviceconfig.Config{echoBulkheadConfig(nil), {}, echoBulkheadConfig(one)} {
+			if err := c.UpdateServiceConfig(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wantBulkhead(t, c, 1, 0)
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); !errors.Is(err, ErrBulkheadFull) {
+			t.Errorf("Echo with a call in flight since before the cap of 1 was removed and added again = %v, want ErrBulkheadFull", err)
+		}
+		if err := <-before; err != nil {
+			t.Errorf("Echo in flight across the updates = %v, want nil", err)
+		}
+		wantBulkhead(t, c, 0, 0)
+	})
 }

@@ -239,6 +239,7 @@ func (s *clientState) sharedPolicy(label string, mc serviceconfig.MethodConfig, 
 		sh.hedge = newHedgePolicy(mc.HedgingPolicy, s.storm.budgetRatio())
 	}
 	sh.g = s.guards(label, mc, old)
+	sh.g.keepDropped(old)
 	s.giveState(sh, old)
 	if old != nil && old.used.Load() {
 		sh.used.Store(true)
