@@ -215,8 +215,9 @@ func TestLoweredBulkheadQueueKeepsTheQueuedCalls(t *testing.T) {
 
 // A bulkhead block removed leaves the calls in flight to release into the
 // bulkhead they took their slots in, each once, and new calls unbounded; a
-// block added again starts a new, empty bulkhead, which counts only the
-// calls it admits.
+// block added again takes that bulkhead back, so that its limits count the
+// calls in flight since before the removal (and only those, not the calls
+// made while there was no block).
 func TestBulkheadRemovedAndAddedAgainReleasesEverySlotOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &testserver.Server{}
@@ -238,16 +239,20 @@ func TestBulkheadRemovedAndAddedAgainReleasesEverySlotOnce(t *testing.T) {
 		if err := c.UpdateServiceConfig(echoBulkheadConfig(one)); err != nil {
 			t.Fatal(err)
 		}
-		wantBulkhead(t, c, 0, 0)
-		after := echoAsync(t, stub, 1)
 		wantBulkhead(t, c, 1, 0)
 		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); !errors.Is(err, ErrBulkheadFull) {
-			t.Errorf("Echo with the block added again and its one slot taken = %v, want ErrBulkheadFull", err)
+			t.Errorf("Echo with the block added again and its one slot held since before = %v, want ErrBulkheadFull", err)
 		}
-		for _, ch := range []<-chan error{before, unbounded, unbounded, after} {
+		for _, ch := range []<-chan error{before, unbounded, unbounded} {
 			if err := <-ch; err != nil {
 				t.Errorf("Echo = %v, want nil", err)
 			}
+		}
+		wantBulkhead(t, c, 0, 0)
+		after := echoAsync(t, stub, 1)
+		wantBulkhead(t, c, 1, 0)
+		if err := <-after; err != nil {
+			t.Errorf("Echo = %v, want nil", err)
 		}
 		if s := first.Snapshot(); s.InFlight != 0 || s.Queued != 0 {
 			t.Errorf("the removed bulkhead holds %+v, want nothing", s)

@@ -43,8 +43,9 @@
 // flight; under a lowered maxQueue the attempts queued keep their places
 // and new ones are refused until fewer than it wait; a new maxQueueWait
 // bounds the waits that begin after the update. A bulkhead block removed
-// drops the bulkhead (its attempts in flight still release into it); one
-// added again starts empty. WrapResolver
+// drops the bulkhead (its attempts in flight still release into it, and
+// its queued attempts go at once); one added again takes it back, so that
+// its limits count the attempts in flight since before the removal. WrapResolver
 // passes the service config a resolver delivers (DNS TXT records, a control
 // plane) to UpdateServiceConfig; the resolver's config then wins over the
 // one given to NewClient, which stays the default (see WrapResolver).

@@ -28,8 +28,13 @@ type guards struct {
 	breaker     *breaker.Breaker   // nil: none
 	adaptive    *adaptive.Throttle // the breaker in mode "adaptive"; nil: none
 	bulkhead    *bulkhead.Bulkhead // nil: none
-	failures    rescodes.Set       // codes that count against the breaker
-	rejections  *rejections        // set with either guard
+	// dropped is the bulkhead of the method under a config before, whose
+	// block an update removed: its attempts in flight still release into
+	// it, and a block added again takes it over (clientState.guards), so
+	// that the new limits count them.
+	dropped    *bulkhead.Bulkhead
+	failures   rescodes.Set // codes that count against the breaker
+	rejections *rejections  // set with either guard
 }
 
 // any reports whether the method has a guard: a breaker of either mode or

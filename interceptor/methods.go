@@ -1,6 +1,9 @@
 package interceptor
 
 import (
+	"math"
+
+	"github.com/grpc-resilience/resilience/internal/bulkhead"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -157,6 +160,7 @@ func (s *clientState) populate(prev *clientState) {
 	}
 	if prev != nil {
 		s.carry(prev)
+		s.unbound(prev)
 	}
 }
 
@@ -250,6 +254,31 @@ func (s *clientState) forget(old *methodPolicy) {
 	}
 }
 
+// unbound lifts the limits of the bulkheads prev had and s dropped (a
+// bulkhead block or its entry removed): the attempts queued in them go at
+// once, as a new call would, rather than wait behind a limit no longer
+// configured; the attempts in flight still release into them.
+func (s *clientState) unbound(prev *clientState) {
+	live := make(map[*bulkhead.Bulkhead]bool)
+	s.all(func(p *methodPolicy) { live[p.g.bulkhead] = true })
+	prev.all(func(p *methodPolicy) {
+		if b := p.g.bulkhead; b != nil && !live[b] {
+			_ = b.Resize(bulkhead.Config{MaxConcurrent: math.MaxInt32})
+		}
+	})
+}
+
+// all calls f with every policy s keeps and every shared policy.
+func (s *clientState) all(f func(p *methodPolicy)) {
+	s.methods.Range(func(_, v any) bool {
+		f(v.(*methodPolicy))
+		return true
+	})
+	for _, sh := range s.shared {
+		f(sh)
+	}
+}
+
 // kept returns the policy s keeps for fullMethod, or nil; s may be nil.
 func (s *clientState) kept(fullMethod string) *methodPolicy {
 	if s == nil {
@@ -283,6 +312,7 @@ func (s *clientState) sharedPolicy(label string, mc serviceconfig.MethodConfig, 
 		sh.hedge = newHedgePolicy(mc.HedgingPolicy, s.storm.budgetRatio())
 	}
 	sh.g = s.guards(label, mc, old)
+	sh.g.keepDropped(old)
 	s.giveState(sh, old)
 	if old != nil && old.used.Load() {
 		sh.used.Store(true)

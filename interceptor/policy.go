@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"cmp"
 	"reflect"
 	"strings"
 	"sync"
@@ -149,9 +150,19 @@ func (s *clientState) resolve(fullMethod string, old *methodPolicy) *methodPolic
 	if ok && !matchName(s.opts.exempt, fullMethod) {
 		p.g = s.guards(fullMethod, mc, old)
 	}
+	p.g.keepDropped(old)
 	s.giveState(p, old)
 	s.settle(p)
 	return p
+}
+
+// keepDropped keeps in g, which has no bulkhead, the bulkhead of old (the
+// method's policy under the config before) or the one old kept, for a
+// block added again (clientState.guards).
+func (g *guards) keepDropped(old *methodPolicy) {
+	if g.bulkhead == nil && old != nil {
+		g.dropped = cmp.Or(old.g.bulkhead, old.g.dropped)
+	}
 }
 
 // shape returns the policy of fullMethod without its state (guards,
@@ -279,6 +290,11 @@ func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, o
 				_ = old.g.bulkhead.Resize(bulkheadConfig(bh))
 			}
 			g.bulkhead = old.g.bulkhead
+		} else if old != nil && old.g.dropped != nil {
+			// A block added again: the bulkhead dropped, which the
+			// attempts begun before still hold.
+			_ = old.g.dropped.Resize(bulkheadConfig(bh))
+			g.bulkhead = old.g.dropped
 		} else if b, err := newBulkhead(bh); err == nil {
 			g.bulkhead = b
 		}
