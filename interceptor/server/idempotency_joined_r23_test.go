@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -219,10 +220,6 @@ func TestIdempotencyJoinedNestedPhaseIsRefused(t *testing.T) {
 // a statement that may land in the next call's transaction once the
 // connection is back in the pool).
 func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
-	t.Skip("known gap (r23): joinedTx takes the current transaction under the txn's lock but runs the statement " +
-		"outside it, so a straggler's Exec in flight when the handler returns runs concurrently with Commit's batch: " +
-		"-race reports a DATA RACE in pgconn (status, IsClosed) within 20 calls. Fix: handler statements hold a " +
-		"read lock for their round trip and end() takes it for writing (Query/QueryRow/SendBatch need their rows wrapped)")
 	p := newPgJoined(t)
 	stopped := make(chan error, 1)
 	e := p.chargeEcho(func(_ context.Context, tx pgx.Tx) error {
@@ -243,6 +240,110 @@ func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
 		}
 		if err := <-stopped; !errors.Is(err, pgx.ErrTxClosed) {
 			t.Errorf("the straggler's statement after the handler returned: %v, want pgx.ErrTxClosed", err)
+		}
+	}
+}
+
+// TestIdempotencyJoinedLeakedRowsDoNotHoldTheEndForever: the end of a
+// joined transaction waits for the handler's statements under way (see
+// TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit), but a
+// statement that never ends (rows never closed, a row never scanned) must
+// not hold it: past the lock timeout the store closes the connection,
+// which rolls the transaction back (no charge), logs it, and the call gets
+// UNAVAILABLE; its retry runs the call once.
+func TestIdempotencyJoinedLeakedRowsDoNotHoldTheEndForever(t *testing.T) {
+	tests := []struct {
+		name string
+		leak func(ctx context.Context, tx pgx.Tx) error
+	}{
+		{"RowsNotClosed", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Query(ctx, "SELECT generate_series(1, 10)")
+			return err
+		}},
+		{"RowNotScanned", func(ctx context.Context, tx pgx.Tx) error {
+			tx.QueryRow(ctx, "SELECT 1")
+			return nil
+		}},
+	}
+	p := newPgJoined(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := p.chargeEcho(func(ctx context.Context, tx pgx.Tx) error {
+				if md, _ := metadata.FromIncomingContext(ctx); md.Get("x-leak") != nil {
+					return tt.leak(ctx, tx)
+				}
+				return nil
+			})
+			var log idemLog
+			const lockTimeout = 200 * time.Millisecond
+			store := p.store(t, nil, pgstore.WithLockTimeout(lockTimeout), pgstore.WithLogger(log.logger()))
+			cc := idemStart(t, e, Idempotency{Store: store})
+			ctx := idemCtx(t)
+			key := "leak-" + tt.name
+			start := time.Now()
+			first := idemDo(ctx, cc, key, "m", "x-leak", "1")
+			if took := time.Since(start); took > lockTimeout+5*time.Second {
+				t.Errorf("the call took %v with a statement left open; want about the lock timeout (%v)", took, lockTimeout)
+			}
+			wantCode(t, "call whose handler left a statement open", first.err, codes.Unavailable, "")
+			if !strings.Contains(log.String(), "connection was closed") {
+				t.Errorf("log = %q, want the abandoned connection logged", log.String())
+			}
+			if n := p.rows(t, key); n != 0 {
+				t.Errorf("charges after an abandoned transaction = %d, want 0 (rolled back)", n)
+			}
+			var retry idemCall
+			for range 50 { // the session's end reaches PostgreSQL soon after; until then the key is in progress
+				if retry = idemDo(ctx, cc, key, "m"); status.Code(retry.err) != codes.Aborted {
+					break
+				}
+			}
+			if retry.err != nil {
+				t.Fatalf("retry: %v", retry.err)
+			}
+			wantCalls(t, e, 2)
+			if n := p.rows(t, key); n != 1 {
+				t.Errorf("charges = %d, want 1", n)
+			}
+		})
+	}
+}
+
+// TestIdempotencyJoinedStragglerGoroutineDoesNotRaceAPhaseCommit: a
+// goroutine of the handler that sends statements while the handler commits
+// a Phase must not run them on the connection at the same time as the
+// phase's commit and next BEGIN: they wait for it, then go on in the next
+// transaction, and end with pgx.ErrTxClosed once the handler returned.
+func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceAPhaseCommit(t *testing.T) {
+	p := newPgJoined(t)
+	stopped := make(chan error, 1)
+	e := p.chargeEcho(func(ctx context.Context, tx pgx.Tx) error {
+		go func() { // after the handler's own statements: it orders those
+			for {
+				if _, err := tx.Exec(context.Background(), "SELECT 1"); err != nil {
+					stopped <- err
+					return
+				}
+			}
+		}()
+		for _, name := range []string{"a", "b"} {
+			if _, err := pgstore.Phase(ctx, name, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
+	for i := range 10 {
+		key := "phase" + strconv.Itoa(i)
+		if r := idemDo(idemCtx(t), cc, key, "m"); r.err != nil {
+			t.Errorf("call %d: %v", i, r.err)
+		}
+		if err := <-stopped; !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("the straggler's statement after the handler returned: %v, want pgx.ErrTxClosed", err)
+		}
+		if n := p.rows(t, key); n != 1 {
+			t.Errorf("charges for %s = %d, want 1", key, n)
 		}
 	}
 }

@@ -53,7 +53,19 @@
 //     before it: a retry runs the handler again, and what it wrote after
 //     its ROLLBACK, in autocommit, stays.) The transaction, and
 //     Tx(ctx).Conn(), are the handler's only until it returns (Conn is nil
-//     after).
+//     after). A goroutine the handler started that goes on using the
+//     transaction takes turns with the store: each statement holds the
+//     connection for its round trip (Exec until it returns, Query until its
+//     rows are closed, QueryRow until Scan, SendBatch until its results are
+//     closed); a Phase's commit waits for the statements under way and holds
+//     back new ones; the settle step waits for them, then every statement
+//     fails with pgx.ErrTxClosed. That wait is bounded by the lock timeout:
+//     a statement still under way then (rows never closed, a long query)
+//     has its connection taken out of the pool and closed, which rolls the
+//     transaction back, with an error logged; the call gets UNAVAILABLE and
+//     its retry runs it again. (Statements sent on Tx(ctx).Conn() or
+//     LargeObjects directly do not take turns: use them from the handler's
+//     goroutine.)
 //  4. Settle, when the handler returns. Success, or an error whose code is
 //     stored (FAILED_PRECONDITION, INVALID_ARGUMENT, ...): the record is
 //     written and COMMIT sent in one round trip, and only then is the reply
@@ -192,6 +204,8 @@
 // # Concurrency
 //
 // Stores are safe for concurrent use by many goroutines and processes.
-// The transaction [Tx] returns belongs to one call: use it from the
-// handler's goroutine, until the handler returns.
+// The transaction [Tx] returns belongs to one call, until its handler
+// returns: its statements take turns with the store's (step 3 above), and
+// fail with pgx.ErrTxClosed after. Statements of the handler's goroutines
+// at once are its own to order, as on any pgx connection.
 package pgstore
