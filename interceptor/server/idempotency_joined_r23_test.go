@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -100,14 +101,12 @@ func TestIdempotencyJoinedHandlerEndingItsTransactionBySQLNeverRunsTwice(t *test
 // TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections: each
 // keyed call in joined mode holds a pool connection while its handler
 // runs. One caller's slow keyed calls (here two, on a pool of two) must
-// not take every connection: another caller's call, and a replay of a
-// completed key (one lookup), must still be answered, or refused at once,
-// not left waiting for a connection until their deadline.
+// not take every connection: the one past its scope's share is refused at
+// once (RESOURCE_EXHAUSTED with a RetryInfo), another caller's call is
+// answered or refused at once, and a replay of a completed key (one
+// lookup) is answered, none left waiting for a connection until its
+// deadline.
 func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.T) {
-	t.Skip("known gap (r23): no per-scope bound on the joined transactions open at once; " +
-		"two slow keyed calls on a pool of MaxConns=2 leave a third key's call waiting in pool.Acquire " +
-		"until its 1s deadline (DEADLINE_EXCEEDED), and a replay likewise. Fix: a per-scope cap on open " +
-		"joined transactions (a share of the pool's MaxConns), refusing past it with RESOURCE_EXHAUSTED and a pushback")
 	p := newPgJoined(t)
 	gate, entered := make(chan struct{}), make(chan struct{}, 2)
 	e := p.chargeEcho(func(ctx context.Context, _ pgx.Tx) error {
@@ -117,27 +116,60 @@ func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.
 		}
 		return nil
 	})
-	cc := idemStart(t, e, Idempotency{Store: p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 })})
+	tenant := func(ctx context.Context) (string, error) {
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("x-tenant")) > 0 {
+			return md.Get("x-tenant")[0], nil
+		}
+		return "a", nil
+	}
+	store := p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 })
+	cc := idemStart(t, e, Idempotency{Store: store, Scope: tenant})
 	ctx := idemCtx(t)
 	if r := idemDo(ctx, cc, "done", "m"); r.err != nil {
 		t.Fatal(r.err)
 	}
 	var wg sync.WaitGroup
+	refused := make(chan error, 2)
 	for i := range 2 {
-		wg.Go(func() { idemDo(ctx, cc, "slow"+strconv.Itoa(i), "m", "x-slow", "1") })
+		wg.Go(func() {
+			if r := idemDo(ctx, cc, "slow"+strconv.Itoa(i), "m", "x-slow", "1"); r.err != nil {
+				refused <- r.err
+			}
+		})
 	}
 	defer wg.Wait()
 	defer close(gate)
-	<-entered
-	<-entered
-	for _, key := range []string{"other", "done"} {
-		short, cancel := context.WithTimeout(ctx, time.Second)
-		r := idemDo(short, cc, key, "m")
-		cancel()
-		if c := status.Code(r.err); c == codes.DeadlineExceeded {
-			t.Errorf("call with key %q while two slow keys hold the pool: %v; want an answer or a prompt refusal", key, r.err)
+	for range 2 { // one slow call enters; the other is refused, at once
+		select {
+		case <-entered:
+		case err := <-refused:
+			wantCode(t, "a slow call past its scope's share of the pool", err, codes.ResourceExhausted, "")
+			if d := retryDelay(err); d <= 0 {
+				t.Errorf("refusal %v carries no RetryInfo; want one, which clients honour as a pushback", err)
+			}
 		}
 	}
+	for _, c := range []struct{ key, tenant string }{{"other", "b"}, {"done", "a"}} {
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		r := idemDo(short, cc, c.key, "m", "x-tenant", c.tenant)
+		cancel()
+		switch code := status.Code(r.err); {
+		case code == codes.DeadlineExceeded:
+			t.Errorf("call with key %q while slow keys hold the pool: %v; want an answer or a prompt refusal", c.key, r.err)
+		case c.key == "done" && r.err != nil:
+			t.Errorf("replay of a completed key while slow keys hold the pool: %v; want the reply", r.err)
+		}
+	}
+}
+
+// retryDelay returns the RetryInfo delay of err's status, or 0.
+func retryDelay(err error) time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
 }
 
 // TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer: a
@@ -250,7 +282,8 @@ func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
 // statement that never ends (rows never closed, a row never scanned) must
 // not hold it: past the lock timeout the store closes the connection,
 // which rolls the transaction back (no charge), logs it, and the call gets
-// UNAVAILABLE; its retry runs the call once.
+// UNAVAILABLE; its retry runs the call once (the abandoned transaction
+// holds no slot of WithJoinedTxLimit).
 func TestIdempotencyJoinedLeakedRowsDoNotHoldTheEndForever(t *testing.T) {
 	tests := []struct {
 		name string
@@ -276,7 +309,10 @@ func TestIdempotencyJoinedLeakedRowsDoNotHoldTheEndForever(t *testing.T) {
 			})
 			var log idemLog
 			const lockTimeout = 200 * time.Millisecond
-			store := p.store(t, nil, pgstore.WithLockTimeout(lockTimeout), pgstore.WithLogger(log.logger()))
+			// A pool of two: one joined transaction at once (WithJoinedTxLimit's
+			// default), so the retry also shows the abandoned one gave its slot back.
+			store := p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 }, pgstore.WithLockTimeout(lockTimeout),
+				pgstore.WithLogger(log.logger()))
 			cc := idemStart(t, e, Idempotency{Store: store})
 			ctx := idemCtx(t)
 			key := "leak-" + tt.name

@@ -79,7 +79,13 @@
 // A first execution thus costs one round trip more than the handler's own
 // transaction would (BEGIN, its statements, COMMIT): the lookup (a test
 // counts 4 against 3 at the socket). The transaction holds a pool
-// connection while the handler runs. The claim (steps 1 and 2, with the
+// connection while the handler runs, slow or not, so their number is
+// bounded ([WithJoinedTxLimit]): by default at most half the pool's
+// MaxConns for the calls of one scope, and all but a quarter of it in all.
+// A claim past a bound is refused at once, after its lookup, with
+// RESOURCE_EXHAUSTED and a RetryInfo of the lock timeout (a pushback to
+// clients): one caller's slow calls never take every connection, and a
+// replay of a completed key (one lookup) always finds one. The claim (steps 1 and 2, with the
 // pool's acquisition) is bounded by three lock timeouts plus 5 s whatever
 // the caller's deadline: a database that does not answer (a partition, a
 // migration's lock on the table) gets the call UNAVAILABLE with the retry

@@ -87,6 +87,14 @@ func (j *JoinedStore) claimOn(ctx context.Context, conn *pgxpool.Conn, k *record
 	if cl, found, err := j.lookup(ctx, conn, k, fp); err != nil || found {
 		return cl, nil, false, err
 	}
+	if err := j.slots.take(k.scope); err != nil {
+		return idempotency.Claim{}, nil, false, err
+	}
+	defer func() {
+		if owned == nil {
+			j.slots.put(k.scope)
+		}
+	}()
 	token := newToken()
 	b := &pgx.Batch{}
 	b.BeginTx(j.opts.txOptions)
@@ -269,6 +277,14 @@ func (t *txn) end() (tx pgx.Tx, bad error, quiet bool) {
 	return t.tx, t.bad, quiet
 }
 
+// release gives the txn's slot (see WithJoinedTxLimit) back, then its
+// connection, so that a claim that gets the connection finds the slot
+// free; abandon is the other way a txn ends.
+func (t *txn) release() {
+	t.j.slots.put(t.k.scope)
+	t.conn.Release()
+}
+
 // commitTimeout bounds a joined commit or rollback: past it the outcome is
 // unknown, as when the connection breaks.
 const commitTimeout = 10 * time.Second
@@ -286,7 +302,7 @@ func (t *txn) Commit(ctx context.Context, rec *idempotency.Record, ttl time.Dura
 	if !quiet {
 		return fmt.Errorf("pgstore: not committed: %w", t.abandon("commit"))
 	}
-	defer t.conn.Release()
+	defer t.release()
 	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
 	defer cancel()
 	if err != nil {
@@ -388,7 +404,7 @@ func (t *txn) Rollback(ctx context.Context) error {
 		_ = t.abandon("rollback")
 		return nil
 	}
-	defer t.conn.Release()
+	defer t.release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	if bad == nil && endedBySQL(tx) {

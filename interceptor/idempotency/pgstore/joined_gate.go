@@ -127,6 +127,7 @@ func (t *txn) endExclusive() {
 // way fail. What the goroutine does with the pgx connection after that is
 // its own: nothing else holds it.
 func (t *txn) abandon(op string) error {
+	t.j.slots.put(t.k.scope) // first, as in release
 	c := t.conn.Hijack()
 	_ = c.PgConn().Conn().Close()
 	err := fmt.Errorf("pgstore: %s: a statement of the handler (rows not closed, or a goroutine it started) was still under way "+
