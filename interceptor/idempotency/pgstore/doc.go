@@ -85,7 +85,9 @@
 // A claim past a bound is refused at once, after its lookup, with
 // RESOURCE_EXHAUSTED and a RetryInfo of the lock timeout (a pushback to
 // clients): one caller's slow calls never take every connection, and a
-// replay of a completed key (one lookup) always finds one. The claim (steps 1 and 2, with the
+// replay of a completed key (one lookup) always finds one. A burst of fast
+// first executions past the bound is refused too, rather than queued for
+// a connection: size the pool, or the bound, for a scope's bursts. The claim (steps 1 and 2, with the
 // pool's acquisition) is bounded by three lock timeouts plus 5 s whatever
 // the caller's deadline: a database that does not answer (a partition, a
 // migration's lock on the table) gets the call UNAVAILABLE with the retry
