@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -99,14 +101,12 @@ func TestIdempotencyJoinedHandlerEndingItsTransactionBySQLNeverRunsTwice(t *test
 // TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections: each
 // keyed call in joined mode holds a pool connection while its handler
 // runs. One caller's slow keyed calls (here two, on a pool of two) must
-// not take every connection: another caller's call, and a replay of a
-// completed key (one lookup), must still be answered, or refused at once,
-// not left waiting for a connection until their deadline.
+// not take every connection: the one past its scope's share is refused at
+// once (RESOURCE_EXHAUSTED with a RetryInfo), another caller's call is
+// answered or refused at once, and a replay of a completed key (one
+// lookup) is answered, none left waiting for a connection until its
+// deadline.
 func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.T) {
-	t.Skip("known gap (r23): no per-scope bound on the joined transactions open at once; " +
-		"two slow keyed calls on a pool of MaxConns=2 leave a third key's call waiting in pool.Acquire " +
-		"until its 1s deadline (DEADLINE_EXCEEDED), and a replay likewise. Fix: a per-scope cap on open " +
-		"joined transactions (a share of the pool's MaxConns), refusing past it with RESOURCE_EXHAUSTED and a pushback")
 	p := newPgJoined(t)
 	gate, entered := make(chan struct{}), make(chan struct{}, 2)
 	e := p.chargeEcho(func(ctx context.Context, _ pgx.Tx) error {
@@ -116,27 +116,60 @@ func TestIdempotencyJoinedSlowKeysDoNotStarveOtherCallsOfConnections(t *testing.
 		}
 		return nil
 	})
-	cc := idemStart(t, e, Idempotency{Store: p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 })})
+	tenant := func(ctx context.Context) (string, error) {
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("x-tenant")) > 0 {
+			return md.Get("x-tenant")[0], nil
+		}
+		return "a", nil
+	}
+	store := p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 })
+	cc := idemStart(t, e, Idempotency{Store: store, Scope: tenant})
 	ctx := idemCtx(t)
 	if r := idemDo(ctx, cc, "done", "m"); r.err != nil {
 		t.Fatal(r.err)
 	}
 	var wg sync.WaitGroup
+	refused := make(chan error, 2)
 	for i := range 2 {
-		wg.Go(func() { idemDo(ctx, cc, "slow"+strconv.Itoa(i), "m", "x-slow", "1") })
+		wg.Go(func() {
+			if r := idemDo(ctx, cc, "slow"+strconv.Itoa(i), "m", "x-slow", "1"); r.err != nil {
+				refused <- r.err
+			}
+		})
 	}
 	defer wg.Wait()
 	defer close(gate)
-	<-entered
-	<-entered
-	for _, key := range []string{"other", "done"} {
-		short, cancel := context.WithTimeout(ctx, time.Second)
-		r := idemDo(short, cc, key, "m")
-		cancel()
-		if c := status.Code(r.err); c == codes.DeadlineExceeded {
-			t.Errorf("call with key %q while two slow keys hold the pool: %v; want an answer or a prompt refusal", key, r.err)
+	for range 2 { // one slow call enters; the other is refused, at once
+		select {
+		case <-entered:
+		case err := <-refused:
+			wantCode(t, "a slow call past its scope's share of the pool", err, codes.ResourceExhausted, "")
+			if d := retryDelay(err); d <= 0 {
+				t.Errorf("refusal %v carries no RetryInfo; want one, which clients honour as a pushback", err)
+			}
 		}
 	}
+	for _, c := range []struct{ key, tenant string }{{"other", "b"}, {"done", "a"}} {
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		r := idemDo(short, cc, c.key, "m", "x-tenant", c.tenant)
+		cancel()
+		switch code := status.Code(r.err); {
+		case code == codes.DeadlineExceeded:
+			t.Errorf("call with key %q while slow keys hold the pool: %v; want an answer or a prompt refusal", c.key, r.err)
+		case c.key == "done" && r.err != nil:
+			t.Errorf("replay of a completed key while slow keys hold the pool: %v; want the reply", r.err)
+		}
+	}
+}
+
+// retryDelay returns the RetryInfo delay of err's status, or 0.
+func retryDelay(err error) time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
 }
 
 // TestIdempotencyJoinedClaimIsBoundedWhenTheDatabaseDoesNotAnswer: a
@@ -219,10 +252,6 @@ func TestIdempotencyJoinedNestedPhaseIsRefused(t *testing.T) {
 // a statement that may land in the next call's transaction once the
 // connection is back in the pool).
 func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
-	t.Skip("known gap (r23): joinedTx takes the current transaction under the txn's lock but runs the statement " +
-		"outside it, so a straggler's Exec in flight when the handler returns runs concurrently with Commit's batch: " +
-		"-race reports a DATA RACE in pgconn (status, IsClosed) within 20 calls. Fix: handler statements hold a " +
-		"read lock for their round trip and end() takes it for writing (Query/QueryRow/SendBatch need their rows wrapped)")
 	p := newPgJoined(t)
 	stopped := make(chan error, 1)
 	e := p.chargeEcho(func(_ context.Context, tx pgx.Tx) error {
@@ -243,6 +272,114 @@ func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit(t *testing.T) {
 		}
 		if err := <-stopped; !errors.Is(err, pgx.ErrTxClosed) {
 			t.Errorf("the straggler's statement after the handler returned: %v, want pgx.ErrTxClosed", err)
+		}
+	}
+}
+
+// TestIdempotencyJoinedLeakedRowsDoNotHoldTheEndForever: the end of a
+// joined transaction waits for the handler's statements under way (see
+// TestIdempotencyJoinedStragglerGoroutineDoesNotRaceTheCommit), but a
+// statement that never ends (rows never closed, a row never scanned) must
+// not hold it: past the lock timeout the store closes the connection,
+// which rolls the transaction back (no charge), logs it, and the call gets
+// UNAVAILABLE; its retry runs the call once (the abandoned transaction
+// holds no slot of WithJoinedTxLimit).
+func TestIdempotencyJoinedLeakedRowsDoNotHoldTheEndForever(t *testing.T) {
+	tests := []struct {
+		name string
+		leak func(ctx context.Context, tx pgx.Tx) error
+	}{
+		{"RowsNotClosed", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Query(ctx, "SELECT generate_series(1, 10)")
+			return err
+		}},
+		{"RowNotScanned", func(ctx context.Context, tx pgx.Tx) error {
+			tx.QueryRow(ctx, "SELECT 1")
+			return nil
+		}},
+	}
+	p := newPgJoined(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := p.chargeEcho(func(ctx context.Context, tx pgx.Tx) error {
+				if md, _ := metadata.FromIncomingContext(ctx); md.Get("x-leak") != nil {
+					return tt.leak(ctx, tx)
+				}
+				return nil
+			})
+			var log idemLog
+			const lockTimeout = 200 * time.Millisecond
+			// A pool of two: one joined transaction at once (WithJoinedTxLimit's
+			// default), so the retry also shows the abandoned one gave its slot back.
+			store := p.store(t, func(c *pgxpool.Config) { c.MaxConns = 2 }, pgstore.WithLockTimeout(lockTimeout),
+				pgstore.WithLogger(log.logger()))
+			cc := idemStart(t, e, Idempotency{Store: store})
+			ctx := idemCtx(t)
+			key := "leak-" + tt.name
+			start := time.Now()
+			first := idemDo(ctx, cc, key, "m", "x-leak", "1")
+			if took := time.Since(start); took > lockTimeout+5*time.Second {
+				t.Errorf("the call took %v with a statement left open; want about the lock timeout (%v)", took, lockTimeout)
+			}
+			wantCode(t, "call whose handler left a statement open", first.err, codes.Unavailable, "")
+			if !strings.Contains(log.String(), "connection was closed") {
+				t.Errorf("log = %q, want the abandoned connection logged", log.String())
+			}
+			if n := p.rows(t, key); n != 0 {
+				t.Errorf("charges after an abandoned transaction = %d, want 0 (rolled back)", n)
+			}
+			var retry idemCall
+			for range 50 { // the session's end reaches PostgreSQL soon after; until then the key is in progress
+				if retry = idemDo(ctx, cc, key, "m"); status.Code(retry.err) != codes.Aborted {
+					break
+				}
+			}
+			if retry.err != nil {
+				t.Fatalf("retry: %v", retry.err)
+			}
+			wantCalls(t, e, 2)
+			if n := p.rows(t, key); n != 1 {
+				t.Errorf("charges = %d, want 1", n)
+			}
+		})
+	}
+}
+
+// TestIdempotencyJoinedStragglerGoroutineDoesNotRaceAPhaseCommit: a
+// goroutine of the handler that sends statements while the handler commits
+// a Phase must not run them on the connection at the same time as the
+// phase's commit and next BEGIN: they wait for it, then go on in the next
+// transaction, and end with pgx.ErrTxClosed once the handler returned.
+func TestIdempotencyJoinedStragglerGoroutineDoesNotRaceAPhaseCommit(t *testing.T) {
+	p := newPgJoined(t)
+	stopped := make(chan error, 1)
+	e := p.chargeEcho(func(ctx context.Context, tx pgx.Tx) error {
+		go func() { // after the handler's own statements: it orders those
+			for {
+				if _, err := tx.Exec(context.Background(), "SELECT 1"); err != nil {
+					stopped <- err
+					return
+				}
+			}
+		}()
+		for _, name := range []string{"a", "b"} {
+			if _, err := pgstore.Phase(ctx, name, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	cc := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
+	for i := range 10 {
+		key := "phase" + strconv.Itoa(i)
+		if r := idemDo(idemCtx(t), cc, key, "m"); r.err != nil {
+			t.Errorf("call %d: %v", i, r.err)
+		}
+		if err := <-stopped; !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("the straggler's statement after the handler returned: %v, want pgx.ErrTxClosed", err)
+		}
+		if n := p.rows(t, key); n != 1 {
+			t.Errorf("charges for %s = %d, want 1", key, n)
 		}
 	}
 }

@@ -47,8 +47,11 @@ func pgSUT(t *testing.T, joined bool) func(*testing.T, func(*testing.T, *idemEnv
 			}
 			cfg.MaxConns = 64
 			pool := pgtest.PoolConfig(t, cfg)
+			// The semantics tests send bursts (a thousand keys at once) of
+			// fast calls in one scope: no bound on the joined transactions
+			// open but the pool's (WithJoinedTxLimit's own tests pin it).
 			s, err := pgstore.New(pool, pgstore.WithSchema(schema), pgstore.WithMaxRecordBytes(idemMaxRecord),
-				pgstore.WithLockTimeout(pgLockTimeout))
+				pgstore.WithLockTimeout(pgLockTimeout), pgstore.WithJoinedTxLimit(int(cfg.MaxConns), int(cfg.MaxConns)))
 			if err != nil {
 				t.Fatal(err)
 			}

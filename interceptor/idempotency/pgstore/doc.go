@@ -53,7 +53,19 @@
 //     before it: a retry runs the handler again, and what it wrote after
 //     its ROLLBACK, in autocommit, stays.) The transaction, and
 //     Tx(ctx).Conn(), are the handler's only until it returns (Conn is nil
-//     after).
+//     after). A goroutine the handler started that goes on using the
+//     transaction takes turns with the store: each statement holds the
+//     connection for its round trip (Exec until it returns, Query until its
+//     rows are closed, QueryRow until Scan, SendBatch until its results are
+//     closed); a Phase's commit waits for the statements under way and holds
+//     back new ones; the settle step waits for them, then every statement
+//     fails with pgx.ErrTxClosed. That wait is bounded by the lock timeout:
+//     a statement still under way then (rows never closed, a long query)
+//     has its connection taken out of the pool and closed, which rolls the
+//     transaction back, with an error logged; the call gets UNAVAILABLE and
+//     its retry runs it again. (Statements sent on Tx(ctx).Conn() or
+//     LargeObjects directly do not take turns: use them from the handler's
+//     goroutine.)
 //  4. Settle, when the handler returns. Success, or an error whose code is
 //     stored (FAILED_PRECONDITION, INVALID_ARGUMENT, ...): the record is
 //     written and COMMIT sent in one round trip, and only then is the reply
@@ -67,7 +79,15 @@
 // A first execution thus costs one round trip more than the handler's own
 // transaction would (BEGIN, its statements, COMMIT): the lookup (a test
 // counts 4 against 3 at the socket). The transaction holds a pool
-// connection while the handler runs. The claim (steps 1 and 2, with the
+// connection while the handler runs, slow or not, so their number is
+// bounded ([WithJoinedTxLimit]): by default at most half the pool's
+// MaxConns for the calls of one scope, and all but a quarter of it in all.
+// A claim past a bound is refused at once, after its lookup, with
+// RESOURCE_EXHAUSTED and a RetryInfo of the lock timeout (a pushback to
+// clients): one caller's slow calls never take every connection, and a
+// replay of a completed key (one lookup) always finds one. A burst of fast
+// first executions past the bound is refused too, rather than queued for
+// a connection: size the pool, or the bound, for a scope's bursts. The claim (steps 1 and 2, with the
 // pool's acquisition) is bounded by three lock timeouts plus 5 s whatever
 // the caller's deadline: a database that does not answer (a partition, a
 // migration's lock on the table) gets the call UNAVAILABLE with the retry
@@ -192,6 +212,8 @@
 // # Concurrency
 //
 // Stores are safe for concurrent use by many goroutines and processes.
-// The transaction [Tx] returns belongs to one call: use it from the
-// handler's goroutine, until the handler returns.
+// The transaction [Tx] returns belongs to one call, until its handler
+// returns: its statements take turns with the store's (step 3 above), and
+// fail with pgx.ErrTxClosed after. Statements of the handler's goroutines
+// at once are its own to order, as on any pgx connection.
 package pgstore

@@ -87,6 +87,14 @@ func (j *JoinedStore) claimOn(ctx context.Context, conn *pgxpool.Conn, k *record
 	if cl, found, err := j.lookup(ctx, conn, k, fp); err != nil || found {
 		return cl, nil, false, err
 	}
+	if err := j.slots.take(k.scope); err != nil {
+		return idempotency.Claim{}, nil, false, err
+	}
+	defer func() {
+		if owned == nil {
+			j.slots.put(k.scope)
+		}
+	}()
 	token := newToken()
 	b := &pgx.Batch{}
 	b.BeginTx(j.opts.txOptions)
@@ -229,6 +237,9 @@ type txn struct {
 	bad     error             // a phase's commit failed: the txn can only roll back
 	inPhase bool              // a Phase's fn runs: another Phase is refused
 	phases  map[string][]byte // phases committed, by this call or the one it resumes
+	busy    int               // the handler's statements under way, and a phase's commit (see joined_gate.go)
+	idle    chan struct{}     // closed when busy drops to 0; made by a wait for it
+	excl    chan struct{}     // set while a phase commits, closed when it has: statements wait for it
 }
 
 var _ idempotency.Txn = (*txn)(nil)
@@ -251,15 +262,27 @@ func (t *txn) current() (pgx.Tx, int, error) {
 	return t.tx, t.gen, nil
 }
 
-// end marks t done and returns its transaction and whether it may commit.
-func (t *txn) end() (pgx.Tx, error) {
+// end marks t done, which closes the handler's view, and waits up to the
+// lock timeout for its statements under way (see joined_gate.go). It
+// returns the transaction, whether it may commit (bad), and whether those
+// statements ended (quiet): if not, the caller abandons the connection.
+func (t *txn) end() (tx pgx.Tx, bad error, quiet bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.done {
-		return nil, pgx.ErrTxClosed
+		return nil, pgx.ErrTxClosed, false
 	}
 	t.done = true
-	return t.tx, t.bad
+	quiet = t.quiesce()
+	return t.tx, t.bad, quiet
+}
+
+// release gives the txn's slot (see WithJoinedTxLimit) back, then its
+// connection, so that a claim that gets the connection finds the slot
+// free; abandon is the other way a txn ends.
+func (t *txn) release() {
+	t.j.slots.put(t.k.scope)
+	t.conn.Release()
 }
 
 // commitTimeout bounds a joined commit or rollback: past it the outcome is
@@ -272,11 +295,14 @@ const commitTimeout = 10 * time.Second
 // COMMIT, and, after it, the row's charge to the quota (see WithScopeQuota)
 // in a transaction of its own.
 func (t *txn) Commit(ctx context.Context, rec *idempotency.Record, ttl time.Duration) error {
-	tx, err := t.end()
+	tx, err, quiet := t.end()
 	if tx == nil {
 		return err
 	}
-	defer t.conn.Release()
+	if !quiet {
+		return fmt.Errorf("pgstore: not committed: %w", t.abandon("commit"))
+	}
+	defer t.release()
 	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
 	defer cancel()
 	if err != nil {
@@ -368,11 +394,17 @@ func endedBySQL(tx pgx.Tx) bool {
 // kept it, is held for WithPhaseRetention, so that no retry runs the
 // handler a second time, and Rollback returns an error that says so.
 func (t *txn) Rollback(ctx context.Context) error {
-	tx, bad := t.end()
+	tx, bad, quiet := t.end()
 	if tx == nil {
 		return pgx.ErrTxClosed
 	}
-	defer t.conn.Release()
+	if !quiet {
+		// Rolled back by the session's end. A lease that phases renewed
+		// is not ended: a retry waits it out.
+		_ = t.abandon("rollback")
+		return nil
+	}
+	defer t.release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	if bad == nil && endedBySQL(tx) {
@@ -423,17 +455,12 @@ type joinedTx struct{ t *txn }
 
 var _ pgx.Tx = (*joinedTx)(nil)
 
-// tx returns the current transaction, or a closed one.
-func (v *joinedTx) tx() (pgx.Tx, int) {
-	tx, gen, err := v.t.current()
-	if err != nil {
-		return closedTx(), 0
-	}
-	return tx, gen
-}
-
 func (v *joinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, gen := v.tx()
+	tx, gen, err := v.t.enter()
+	if err != nil {
+		return closedTx().Begin(ctx)
+	}
+	defer v.t.exit()
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -445,48 +472,52 @@ func (v *joinedTx) Commit(context.Context) error   { return ErrHandlerCommit }
 func (v *joinedTx) Rollback(context.Context) error { return ErrHandlerCommit }
 
 func (v *joinedTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	tx, _ := v.tx()
-	return tx.CopyFrom(ctx, table, cols, src)
+	return gatedCopyFrom(v, ctx, table, cols, src)
 }
 
 func (v *joinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, _ := v.tx()
-	return tx.SendBatch(ctx, b)
+	return gatedSendBatch(v, ctx, b)
 }
 
 // LargeObjects returns the large objects of the current transaction:
 // valid, as the transaction, until the handler returns or its next phase.
+// Their statements do not take turns with the store's (see Tx): use them
+// from the handler's goroutine only.
 func (v *joinedTx) LargeObjects() pgx.LargeObjects {
-	tx, _ := v.tx()
-	return tx.LargeObjects()
+	return v.current().LargeObjects()
 }
 
 func (v *joinedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, _ := v.tx()
-	return tx.Prepare(ctx, name, sql)
+	return gatedPrepare(v, ctx, name, sql)
 }
 
 func (v *joinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, _ := v.tx()
-	return tx.Exec(ctx, sql, args...)
+	return gatedExec(v, ctx, sql, args...)
 }
 
 func (v *joinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, _ := v.tx()
-	return tx.Query(ctx, sql, args...)
+	return gatedQuery(v, ctx, sql, args...)
 }
 
 func (v *joinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, _ := v.tx()
-	return tx.QueryRow(ctx, sql, args...)
+	return gatedQueryRow(v, ctx, sql, args...)
 }
 
 // Conn returns the transaction's connection: valid, as the transaction,
 // until the handler returns; nil after (the connection is back in the
-// pool, another call's).
+// pool, another call's). Statements sent on it directly do not take turns
+// with the store's (see Tx): use it from the handler's goroutine only.
 func (v *joinedTx) Conn() *pgx.Conn {
-	tx, _ := v.tx()
-	return tx.Conn()
+	return v.current().Conn()
+}
+
+// current returns the current transaction, or a closed one.
+func (v *joinedTx) current() pgx.Tx {
+	tx, _, err := v.t.current()
+	if err != nil {
+		return closedTx()
+	}
+	return tx
 }
 
 // closedTx returns a pgx.Tx that is closed: its methods, and those of its
@@ -508,8 +539,8 @@ type savepointTx struct {
 
 var _ pgx.Tx = (*savepointTx)(nil)
 
-// tx returns the savepoint's transaction, or a closed one.
-func (s *savepointTx) tx() pgx.Tx {
+// current returns the savepoint's transaction, or a closed one.
+func (s *savepointTx) current() pgx.Tx {
 	if _, gen, err := s.t.current(); err != nil || gen != s.gen {
 		return closedTx()
 	}
@@ -517,42 +548,63 @@ func (s *savepointTx) tx() pgx.Tx {
 }
 
 func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	sp, err := s.tx().Begin(ctx)
+	sp, err := s.enter()
+	if err != nil {
+		return closedTx().Begin(ctx)
+	}
+	defer s.exit()
+	inner, err := sp.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &savepointTx{t: s.t, gen: s.gen, sp: sp}, nil
+	return &savepointTx{t: s.t, gen: s.gen, sp: inner}, nil
 }
 
-func (s *savepointTx) Commit(ctx context.Context) error   { return s.tx().Commit(ctx) }
-func (s *savepointTx) Rollback(ctx context.Context) error { return s.tx().Rollback(ctx) }
+func (s *savepointTx) Commit(ctx context.Context) error {
+	sp, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer s.exit()
+	return sp.Commit(ctx)
+}
+
+func (s *savepointTx) Rollback(ctx context.Context) error {
+	sp, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer s.exit()
+	return sp.Rollback(ctx)
+}
 
 func (s *savepointTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	return s.tx().CopyFrom(ctx, table, cols, src)
+	return gatedCopyFrom(s, ctx, table, cols, src)
 }
 
 func (s *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	return s.tx().SendBatch(ctx, b)
+	return gatedSendBatch(s, ctx, b)
 }
 
-func (s *savepointTx) LargeObjects() pgx.LargeObjects { return s.tx().LargeObjects() }
+// LargeObjects: see joinedTx.LargeObjects.
+func (s *savepointTx) LargeObjects() pgx.LargeObjects { return s.current().LargeObjects() }
 
 func (s *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	return s.tx().Prepare(ctx, name, sql)
+	return gatedPrepare(s, ctx, name, sql)
 }
 
 func (s *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return s.tx().Exec(ctx, sql, args...)
+	return gatedExec(s, ctx, sql, args...)
 }
 
 func (s *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return s.tx().Query(ctx, sql, args...)
+	return gatedQuery(s, ctx, sql, args...)
 }
 
 func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return s.tx().QueryRow(ctx, sql, args...)
+	return gatedQueryRow(s, ctx, sql, args...)
 }
 
 // Conn returns the savepoint's connection; nil once it is closed (see
 // joinedTx.Conn).
-func (s *savepointTx) Conn() *pgx.Conn { return s.tx().Conn() }
+func (s *savepointTx) Conn() *pgx.Conn { return s.current().Conn() }

@@ -407,6 +407,9 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		{pgstore.WithReaper(time.Second, 0), "WithReaper(1s, 0)"},
 		{pgstore.WithLogger(nil), "WithLogger(nil)"},
 		{pgstore.WithTxOptions(pgx.TxOptions{BeginQuery: "BEGIN"}), "BeginQuery"},
+		{pgstore.WithJoinedTxLimit(-1, 0), "WithJoinedTxLimit(-1, 0)"},
+		{pgstore.WithJoinedTxLimit(3, 2), "WithJoinedTxLimit(3, 2)"},
+		{pgstore.WithJoinedTxLimit(0, 1000), "WithJoinedTxLimit(0, 1000)"},
 	}
 	for _, tt := range tests {
 		if _, err := pgstore.New(pool, tt.opt); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -419,5 +422,93 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	var nilStore *pgstore.Store
 	if j := nilStore.Joined(); j != nil {
 		t.Errorf("(*Store)(nil).Joined() = %v, want nil", j)
+	}
+}
+
+// TestJoinedTxLimitIsAShareOfThePool: by default a scope holds at most half
+// the pool's connections in joined transactions, and all scopes together
+// all but a quarter (WithJoinedTxLimit's doc: MaxConns 2 → 1 and 1, 4 → 2
+// and 3, 10 → 5 and 8); a claim past either is refused at once with a
+// FullError, after its lookup, so a completed key still replays; and every
+// way a transaction ends (Commit, Rollback) gives its slot back.
+func TestJoinedTxLimitIsAShareOfThePool(t *testing.T) {
+	tests := []struct {
+		maxConns        int32
+		perScope, total int
+	}{
+		{2, 1, 1},
+		{4, 2, 3},
+		{10, 5, 8},
+	}
+	pool, schema := migrated(t)
+	ctx := context.Background()
+	for _, tt := range tests {
+		t.Run(fmt.Sprint("MaxConns=", tt.maxConns), func(t *testing.T) {
+			cfg := pool.Config()
+			cfg.MaxConns = tt.maxConns
+			small := pgtest.PoolConfig(t, cfg)
+			s, err := pgstore.New(small, pgstore.WithSchema(schema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			j := s.Joined()
+			key := func(scope string, i int) idempotency.RecordKey {
+				return idempotency.RecordKey{Scope: scope, FullMethod: "/shop.v1.Shop/Order", Key: fmt.Sprint(tt.maxConns, "-", i)}
+			}
+			done := key("a", -1)
+			if _, txn, err := j.ClaimTx(ctx, done, fp, time.Minute); err != nil {
+				t.Fatal(err)
+			} else if err := txn.Commit(ctx, ok(), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			var open []idempotency.Txn
+			claim := func(k idempotency.RecordKey) error {
+				cl, txn, err := j.ClaimTx(ctx, k, fp, time.Minute)
+				if err == nil && cl.State == idempotency.Owned {
+					open = append(open, txn)
+				}
+				return err
+			}
+			held := func(scope string, from int) int {
+				n := 0
+				for i := from; i < from+int(tt.maxConns)+1; i++ {
+					err := claim(key(scope, i))
+					if err == nil {
+						n++
+						continue
+					}
+					var full *idempotency.FullError
+					if !errors.As(err, &full) || full.RetryAfter <= 0 {
+						t.Fatalf("claim past the bound = %v, want a FullError with a RetryAfter", err)
+					}
+					break
+				}
+				return n
+			}
+			for round := range 2 { // the second after every transaction ended: nothing held
+				open = open[:0]
+				a := held("a", 100*round)
+				if a != tt.perScope {
+					t.Errorf("round %d: transactions of one scope open at once = %d, want %d", round, a, tt.perScope)
+				}
+				if b := held("b", 100*round); a+b != tt.total {
+					t.Errorf("round %d: transactions open at once in all = %d, want %d", round, a+b, tt.total)
+				}
+				cl, _, err := j.ClaimTx(ctx, done, fp, time.Minute)
+				if err != nil || cl.State != idempotency.Completed {
+					t.Errorf("round %d: replay at the bounds = %v, %v; want Completed", round, cl.State, err)
+				}
+				for i, txn := range open {
+					if i%2 == 0 {
+						err = txn.Commit(ctx, ok(), time.Hour)
+					} else {
+						err = txn.Rollback(ctx)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }

@@ -80,6 +80,8 @@ type options struct {
 	reapBatch      int
 	txOptions      pgx.TxOptions
 	logger         *slog.Logger
+	txPerScope     int // 0: the default share of the pool
+	txTotal        int // 0: the default share of the pool
 }
 
 // WithSchema sets the schema that holds the store's tables and functions
@@ -193,6 +195,31 @@ func WithTxOptions(opts pgx.TxOptions) Option {
 	return optionFunc(func(o *options) { o.txOptions = opts })
 }
 
+// WithJoinedTxLimit bounds the transactions that joined mode holds open at
+// once: at most perScope for the keyed calls of one scope
+// (idempotency.RecordKey.Scope: one caller or tenant, or every caller with
+// server.SharedScope), and at most total in all. Each holds a pool
+// connection while its handler runs, slow or not. A claim past a bound is
+// refused at once, after its lookup (so a replay of a completed key is
+// never refused), with an [*idempotency.FullError] (Scope true when the
+// scope's bound is what is full, RetryAfter the lock timeout): the
+// interceptor answers RESOURCE_EXHAUSTED with a RetryInfo, which clients
+// honour as a pushback.
+//
+// 0 takes the default, a share of the pool's MaxConns: half of it per scope,
+// so that one caller's slow calls never hold more than half the
+// connections; and all but a quarter of it in all, so that some
+// connections are always left for lookups (a replay is one, and so is the
+// first step of every claim) and the application's own statements, however
+// many scopes are slow at once. Both are at least 1: MaxConns 2 gives 1 and
+// 1; 4 (pgxpool's least default) 2 and 3; 10 gives 5 and 8. Neither may
+// pass MaxConns, nor perScope total; perScope = total = MaxConns turns the
+// bounds off (the risky choice: slow calls may then take every connection,
+// and other calls wait for one in the pool until their deadline).
+func WithJoinedTxLimit(perScope, total int) Option {
+	return optionFunc(func(o *options) { o.txPerScope, o.txTotal = perScope, total })
+}
+
 // WithLogger sets the logger of the store's warnings and of its reaper
 // (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(o *options) { o.logger = l }) }
@@ -206,6 +233,7 @@ type Store struct {
 	opts  options       // immutable
 	sql   statements    // immutable
 	quota quota         // each partition's share; immutable
+	slots *txSlots      // joined transactions open; immutable pointer
 
 	reaper *reaper // nil without one; set by Open
 	close  sync.Once
@@ -235,7 +263,27 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err := o.validate(pool); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, opts: o, sql: newStatements(o.schema), quota: o.share()}, nil
+	slots, err := o.slots(int(pool.Config().MaxConns))
+	if err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, opts: o, sql: newStatements(o.schema), quota: o.share(), slots: slots}, nil
+}
+
+// slots returns the bounds of WithJoinedTxLimit for a pool of maxConns.
+func (o *options) slots(maxConns int) (*txSlots, error) {
+	perScope, total := joinedTxDefaults(maxConns)
+	if o.txPerScope != 0 {
+		perScope = o.txPerScope
+	}
+	if o.txTotal != 0 {
+		total = o.txTotal
+	}
+	if o.txPerScope < 0 || o.txTotal < 0 || total > maxConns || perScope > total {
+		return nil, fmt.Errorf("pgstore: WithJoinedTxLimit(%d, %d): need 0 (the default) or 1 to the pool's MaxConns (%d) "+
+			"for each, and perScope no more than total (%d and %d with the defaults)", o.txPerScope, o.txTotal, maxConns, perScope, total)
+	}
+	return &txSlots{perScope: perScope, total: total, retryAfter: o.lockTimeout}, nil
 }
 
 func (o *options) validate(pool *pgxpool.Pool) error {

@@ -126,12 +126,14 @@ func foreignKey(k *recordKey, phase string) string {
 
 // commitPhase commits the current transaction with the phase's recovery
 // point, then begins the next one, which takes the row's lock again. On
-// error the txn can only roll back (t.bad).
+// error the txn can only roll back (t.bad). The handler's statements wait
+// meanwhile (see joined_gate.go).
 func (t *txn) commitPhase(ctx context.Context, name string, res []byte) error {
-	tx, _, err := t.current()
+	tx, err := t.exclusive()
 	if err != nil {
-		return err
+		return t.fail(fmt.Errorf("pgstore: committing phase %q: %w", name, err))
 	}
+	defer t.endExclusive()
 	j := t.j
 	b := &pgx.Batch{}
 	b.Queue(j.sql.phase, t.k.id, t.token, name, res, millis(t.lease), millis(j.opts.phaseRetention))
