@@ -120,3 +120,49 @@ func TestBulkheadOfAMethodLetGoCountsTheCallsInFlightWhenAddedAgain(t *testing.T
 		wantBulkhead(t, c, 0, 0)
 	})
 }
+
+// The same for a method no generated stub calls, whose entry an update
+// removes while one call holds its slot and two are queued: the queued two
+// go at once, the method is kept while its holder runs (so a cap added
+// again counts it), and nothing is held at the end.
+func TestBulkheadOfAMethodLetGoLetsItsQueuedCallsIn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Delay: 10 * time.Second}
+			}
+			return testserver.Outcome{}
+		})
+		c := newTestClient(t, WithServiceConfig(echoBulkheadConfig(&serviceconfig.Bulkhead{MaxConcurrent: 1, MaxQueue: 4})))
+		cc := testserver.Start(t, srv, c.DialOptions()...)
+		done := make(chan error, 3)
+		for range 3 {
+			go func() {
+				done <- cc.Invoke(t.Context(), echoMethod, &echov1.EchoRequest{}, &echov1.EchoResponse{})
+			}()
+			synctest.Wait()
+		}
+		wantBulkhead(t, c, 1, 2)
+		start := time.Now()
+		if err := c.UpdateServiceConfig(&serviceconfig.Config{}); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Errorf("Echo queued when its entry was removed = %v, want nil", err)
+			}
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("the queued calls ended %v after the entry was removed, want at once", d)
+		}
+		if err := c.UpdateServiceConfig(echoBulkheadConfig(&serviceconfig.Bulkhead{MaxConcurrent: 1})); err != nil {
+			t.Fatal(err)
+		}
+		wantBulkhead(t, c, 1, 0)
+		if err := <-done; err != nil {
+			t.Errorf("Echo in flight when its entry was removed = %v, want nil", err)
+		}
+		wantBulkhead(t, c, 0, 0)
+	})
+}
