@@ -28,7 +28,7 @@ type Client struct {
 	opts     clientOptions
 	metrics  instruments
 	state    atomic.Pointer[clientState]
-	updateMu sync.Mutex // serializes UpdateServiceConfig
+	updateMu sync.Mutex // serializes UpdateServiceConfig, and ForceOpen and the like with it
 
 	closeOnce sync.Once
 	closeErr  error // of the first Close; written once, inside closeOnce

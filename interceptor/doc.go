@@ -417,7 +417,8 @@
 // methods under the bound: it keeps its state (a forced-open breaker
 // stays forced open) while the bound has room, taken in the order the
 // config before named them; else, or when it has no state of its own under
-// the new config (no breaker, bulkhead or latency to keep), it is let go,
+// the new config (no breaker, bulkhead or latency to keep, nor a
+// dropped bulkhead that attempts still hold), it is let go,
 // and its next call resolves it as a method never called, with the default
 // policy where no entry applies. So a control plane whose every push names
 // new methods keeps at most 1024 of those it dropped: 3000 such updates

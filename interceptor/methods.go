@@ -239,9 +239,12 @@ func (s *clientState) carryOne(fullMethod string, old *methodPolicy) {
 }
 
 // stateful reports whether p holds state that a call builds up: a guard,
-// a latency estimator, a hedging window.
+// a latency estimator, a hedging window, or a bulkhead dropped by an
+// update that attempts begun before still hold (a block added again takes
+// it back, so that its limits count them: guards.dropped).
 func (p *methodPolicy) stateful() bool {
-	return p.g.any() || p.latency != nil || p.hedgeWindow != nil
+	return p.g.any() || p.latency != nil || p.hedgeWindow != nil ||
+		p.g.dropped != nil && p.g.dropped.Snapshot() != (bulkhead.Snapshot{})
 }
 
 // forget lets old's method go from the metrics' names when only a config

@@ -150,12 +150,17 @@ func (c *Client) ResetBreaker(fullMethod string) error {
 
 // control applies f to the breaker that fullMethod's calls go through,
 // keeping the method's state as a call would (within the bound; past it,
-// the breaker its config entry shares).
+// the breaker its config entry shares). It waits for an update in
+// progress, which may have copied the breaker's state into the next
+// config's already (breaker.Adopt): f applies to the breaker of the config
+// in force, and the next update carries it over.
 func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Time)) error {
 	fullMethod, err := rpcname.FullMethod(op, fullMethod)
 	if err != nil {
 		return err
 	}
+	c.updateMu.Lock()
+	defer c.updateMu.Unlock()
 	p := c.state.Load().policy(fullMethod, false)
 	if p.g.breaker == nil {
 		return fmt.Errorf("interceptor: %s has no circuit breaker", fullMethod)
