@@ -1,11 +1,9 @@
 package interceptor
 
 import (
-	"context"
 	"testing"
 	"testing/synctest"
 
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/codes"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
@@ -28,21 +26,6 @@ func TestClientMetricsKeepTheirScope(t *testing.T) {
 		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{Message: "hi"}); err != nil {
 			t.Fatal(err)
 		}
-		var rm metricdata.ResourceMetrics
-		if err := reader.Collect(context.Background(), &rm); err != nil {
-			t.Fatal(err)
-		}
-		names := 0
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				names++
-				if sm.Scope.Name != scope {
-					t.Errorf("%s recorded in scope %q, want %q", m.Name, sm.Scope.Name, scope)
-				}
-			}
-		}
-		if names == 0 {
-			t.Fatal("no metric recorded")
-		}
+		testserver.WantScope(t, reader, scope)
 	})
 }

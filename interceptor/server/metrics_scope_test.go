@@ -4,9 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -33,20 +32,5 @@ func TestServerMetricsKeepTheirScope(t *testing.T) {
 	if _, err := client.Echo(context.Background(), &echov1.EchoRequest{Message: "m"}); err != nil {
 		t.Fatal(err)
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	names := 0
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			names++
-			if sm.Scope.Name != scope {
-				t.Errorf("%s recorded in scope %q, want %q", m.Name, sm.Scope.Name, scope)
-			}
-		}
-	}
-	if names == 0 {
-		t.Fatal("no metric recorded")
-	}
+	testserver.WantScope(t, reader, scope)
 }

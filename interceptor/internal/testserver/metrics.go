@@ -117,3 +117,25 @@ func (c Collected) Expect(t *testing.T, name, unit string, want map[string]float
 		}
 	}
 }
+
+// WantScope fails t unless r collected at least one metric, and every one
+// in the instrumentation scope named scope.
+func WantScope(t *testing.T, r *sdkmetric.ManualReader, scope string) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	names := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			names++
+			if sm.Scope.Name != scope {
+				t.Errorf("%s recorded in scope %q, want %q", m.Name, sm.Scope.Name, scope)
+			}
+		}
+	}
+	if names == 0 {
+		t.Fatal("no metric recorded")
+	}
+}
