@@ -2,17 +2,15 @@ package server
 
 import (
 	"context"
-	"net"
 	"testing"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -81,24 +79,5 @@ func TestServerCloseStopsItsMetrics(t *testing.T) {
 // connection to it, both closed when t ends.
 func closeTestServe(t *testing.T, s *Server) *grpc.ClientConn {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()))
-	echov1.RegisterEchoServiceServer(gs, &idemEcho{})
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = gs.Serve(lis)
-	}()
-	cc, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cc.Close()
-		gs.Stop()
-		<-served
-	})
-	return cc
+	return testserver.StartWith(t, &idemEcho{}, []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor())})
 }

@@ -3,14 +3,11 @@ package server
 import (
 	"context"
 	"crypto/sha256"
-	"net"
 	"strconv"
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
@@ -50,26 +47,7 @@ func startCostServer(tb testing.TB, icpt grpc.UnaryServerInterceptor) echov1.Ech
 	if icpt != nil {
 		opts = append(opts, grpc.UnaryInterceptor(icpt))
 	}
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(opts...)
-	echov1.RegisterEchoServiceServer(gs, workEcho{})
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = gs.Serve(lis)
-	}()
-	cc, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		tb.Fatalf("grpc.NewClient: %v", err)
-	}
-	tb.Cleanup(func() {
-		_ = cc.Close()
-		gs.Stop()
-		<-served
-	})
-	return echov1.NewEchoServiceClient(cc)
+	return echov1.NewEchoServiceClient(testserver.StartWith(tb, workEcho{}, opts))
 }
 
 // costPair is a bare server, one with an interceptor that does nothing

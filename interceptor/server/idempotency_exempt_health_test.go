@@ -1,20 +1,17 @@
 package server
 
 import (
-	"context"
-	"net"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 )
 
 // serveHealthIdem serves grpc's health service behind a Server with
@@ -31,25 +28,8 @@ func serveHealthIdem(t *testing.T, policies map[string]KeyPolicy) (healthpb.Heal
 		t.Fatal(err)
 	}
 	hs := health.NewServer()
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(s.StreamServerInterceptor()))
-	healthpb.RegisterHealthServer(gs, hs)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = gs.Serve(lis)
-	}()
-	cc, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cc.Close()
-		gs.Stop()
-		<-served
-	})
+	cc := testserver.ServeWith(t, []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(s.StreamServerInterceptor())}, func(gs *grpc.Server) { healthpb.RegisterHealthServer(gs, hs) })
 	return healthpb.NewHealthClient(cc), hs
 }
 

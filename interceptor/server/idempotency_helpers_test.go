@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,15 +15,14 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -273,26 +271,8 @@ func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.Dial
 	if err != nil {
 		t.Fatalf("New() error = %v", err)
 	}
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(idemRecover, idemInject, s.UnaryServerInterceptor()))
-	echov1.RegisterEchoServiceServer(gs, impl)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = gs.Serve(lis)
-	}()
-	cc, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cc.Close()
-		gs.Stop()
-		<-served
-	})
-	return cc
+	sopts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(idemRecover, idemInject, s.UnaryServerInterceptor())}
+	return testserver.StartWith(t, impl, sopts, dial...)
 }
 
 // idemCall is one Echo call's result, as raw reply bytes and metadata.

@@ -281,7 +281,15 @@ func Start(t testing.TB, srv echov1.EchoServiceServer, opts ...grpc.DialOption) 
 // interceptors under test.
 func StartWith(t testing.TB, srv echov1.EchoServiceServer, sopts []grpc.ServerOption, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
-	dial, stop := listen(sopts, func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, srv) })
+	return ServeWith(t, sopts, func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, srv) }, opts...)
+}
+
+// ServeWith serves, over bufconn until the test ends, the services register
+// installs on a grpc.Server built with sopts, and returns a client
+// connection dialed with opts. Everything is closed by t.Cleanup.
+func ServeWith(t testing.TB, sopts []grpc.ServerOption, register func(*grpc.Server), opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	dial, stop := listen(sopts, register)
 	cc, err := grpc.NewClient("passthrough:///bufnet", append(dial, opts...)...)
 	if err != nil {
 		stop()
