@@ -1,14 +1,12 @@
 package pgtest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +20,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/internal/proctest"
 )
 
 // Bounds of a cluster's start and stop.
@@ -40,7 +40,7 @@ type Server struct {
 
 	dir  string // the cluster's directory: data/ and the Unix socket; removed by Stop
 	cmd  *exec.Cmd
-	done chan struct{} // closed when the postmaster has exited and its log is drained
+	done <-chan struct{} // closed when the postmaster has exited and its log is drained
 	once sync.Once
 }
 
@@ -210,17 +210,8 @@ func start(bin string, args ...string) (*Server, error) {
 	return nil, lastErr
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func startOn(bin, dir, data string, cred *credential, extra []string) (*Server, error) {
-	port, err := freePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -236,56 +227,14 @@ func startOn(bin, dir, data string, cred *credential, extra []string) (*Server, 
 		return nil, err
 	}
 	cmd.Stdout = io.Discard
-	if err := cmd.Start(); err != nil {
+	done, err := proctest.Start(cmd, out, "postgres", "ready to accept connections", startTimeout)
+	if err != nil {
 		return nil, err
 	}
-	// Read the log until the server says it is ready, then keep draining it
-	// so the server never blocks on a full pipe.
-	ready := make(chan error, 1)
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		notify := ready
-		sc := bufio.NewScanner(out)
-		var log strings.Builder
-		for sc.Scan() {
-			if notify == nil {
-				continue
-			}
-			line := sc.Text()
-			log.WriteString(line + "\n")
-			if strings.Contains(line, "ready to accept connections") {
-				notify <- nil
-				notify = nil
-			}
-		}
-		if notify != nil {
-			notify <- fmt.Errorf("postgres exited before it was ready:\n%s", log.String())
-		}
-	}()
-	s := &Server{
+	return &Server{
 		DSN:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-		Port: port, dir: dir, cmd: cmd, done: make(chan struct{}),
-	}
-	go func() {
-		<-drained
-		_ = cmd.Wait()
-		close(s.done)
-	}()
-	timer := time.NewTimer(startTimeout)
-	defer timer.Stop()
-	select {
-	case err := <-ready:
-		if err == nil {
-			return s, nil
-		}
-		<-s.done
-		return nil, err
-	case <-timer.C:
-		_ = cmd.Process.Kill()
-		<-s.done
-		return nil, fmt.Errorf("postgres not ready after %v", startTimeout)
-	}
+		Port: port, dir: dir, cmd: cmd, done: done,
+	}, nil
 }
 
 // Pool returns a pool on dsn, closed when t ends.
@@ -338,7 +287,7 @@ func Ident(name string) string { return pgx.Identifier{name}.Sanitize() }
 // listens on, for tests of a database outage.
 func ClosedDSN(t testing.TB) string {
 	t.Helper()
-	port, err := freePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/internal/proctest"
 )
 
 // clusterTimeout bounds how long a cluster may take to agree that it is
@@ -46,7 +48,7 @@ func StartCluster(t testing.TB, n int, args ...string) *Cluster {
 	addrs := make([]string, n)
 	for i := range n {
 		dir := t.TempDir()
-		bus, err := freePort()
+		bus, err := proctest.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}

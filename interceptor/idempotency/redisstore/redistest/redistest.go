@@ -1,13 +1,11 @@
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/internal/proctest"
 )
 
 // startTimeout bounds how long a redis-server may take to become ready.
@@ -126,17 +126,8 @@ func Launch(args ...string) (*Server, error) {
 	return nil, fmt.Errorf("redistest: starting redis-server: %w", lastErr)
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func start(path string, args ...string) (*Server, error) {
-	port, err := freePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -152,49 +143,13 @@ func startOn(path string, port int, args ...string) (*Server, error) {
 		return nil, err
 	}
 	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
+	done, err := proctest.Start(cmd, out, "redis-server", "Ready to accept connections", startTimeout)
+	if err != nil {
 		return nil, err
 	}
-	// Read the log until the server says it is ready, then keep draining it
-	// so the server never blocks on a full pipe.
-	ready := make(chan error, 1)
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		notify := ready // set to nil once used
-		sc := bufio.NewScanner(out)
-		var log strings.Builder
-		for sc.Scan() {
-			line := sc.Text()
-			if notify != nil {
-				log.WriteString(line + "\n")
-				if strings.Contains(line, "Ready to accept connections") {
-					notify <- nil
-					notify = nil
-				}
-			}
-		}
-		if notify != nil {
-			notify <- fmt.Errorf("redis-server exited before it was ready:\n%s", log.String())
-		}
-		_, _ = io.Copy(io.Discard, out)
-	}()
 	stop := func() {
 		_ = cmd.Process.Kill()
-		<-drained
-		_ = cmd.Wait()
-	}
-	timer := time.NewTimer(startTimeout)
-	defer timer.Stop()
-	select {
-	case err := <-ready:
-		if err != nil {
-			stop()
-			return nil, err
-		}
-	case <-timer.C:
-		stop()
-		return nil, fmt.Errorf("redis-server not ready after %v", startTimeout)
+		<-done
 	}
 	return &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), stop: stop, path: path, port: port, args: args}, nil
 }
@@ -248,7 +203,7 @@ func Client(t testing.TB, addr string) *redis.Client {
 // store outage.
 func ClosedAddr(t testing.TB) string {
 	t.Helper()
-	port, err := freePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
