@@ -506,6 +506,33 @@ func TestVegasProbeSkipsOutliers(t *testing.T) {
 	}
 }
 
+// TestVegasProbeResumesWhenTheServiceGetsFaster (REVIEW class 1): the
+// probe skips latencies under a tenth of the base, so a service that
+// becomes 20 times faster must not silence it for good: its latencies fold
+// into the base as the minimum once five of them agree (they are no
+// outliers of each other), and the next probe comes on schedule.
+func TestVegasProbeResumesWhenTheServiceGetsFaster(t *testing.T) {
+	l := mustNew(t, Config{InitialLimit: 10, MinLimit: 10, MaxLimit: 10, ProbeMultiplier: 2,
+		Rand: func() float64 { return 0 }})
+	i := 0
+	sample := func(rtt time.Duration) Snapshot {
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		i++
+		complete(l, now, rtt)
+		return l.Snapshot(now)
+	}
+	for range 5 {
+		sample(100 * time.Millisecond)
+	}
+	var got Snapshot
+	for range 25 { // 5ms: 20 times faster
+		got = sample(5 * time.Millisecond)
+	}
+	if got.BaseRTT != 5*time.Millisecond || got.Probes == 0 {
+		t.Fatalf("after 25 samples of 5ms: base %v, probes %d; want 5ms and a probe", got.BaseRTT, got.Probes)
+	}
+}
+
 // TestAIMDDoesNotProbe: the probe is Vegas's; AIMD keeps the windowed
 // minimum.
 func TestAIMDDoesNotProbe(t *testing.T) {
