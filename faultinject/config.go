@@ -101,6 +101,8 @@ type Error struct {
 	Err  error
 }
 
+// Error returns "faultinject: ", the path when there is one, and what is
+// wrong.
 func (e *Error) Error() string {
 	if e.Path == "" {
 		return "faultinject: " + e.Err.Error()
@@ -108,6 +110,7 @@ func (e *Error) Error() string {
 	return "faultinject: " + e.Path + ": " + e.Err.Error()
 }
 
+// Unwrap returns what is wrong, for errors.Is and errors.As.
 func (e *Error) Unwrap() error { return e.Err }
 
 func errAt(path, format string, args ...any) error {
