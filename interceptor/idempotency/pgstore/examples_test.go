@@ -102,3 +102,28 @@ func ExampleSQL() {
 	fmt.Println(len(sql) > 0)
 	// Output: true
 }
+
+// A pool of 20 connections serving joined-mode calls: one caller (scope)
+// may hold at most 5 of them in open transactions, and all callers together
+// 15, so that 5 are always left for lookups (every replay is one) and for
+// the application's own statements. A claim past a bound is refused at once
+// with RESOURCE_EXHAUSTED and a retry hint; a replay is still answered.
+func ExampleWithJoinedTxLimit() {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig("postgres://app@db.internal/shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgstore.Open(ctx, pool, pgstore.WithJoinedTxLimit(5, 15))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	_ = store.Joined() // give it to server.Idempotency.Store
+}
