@@ -13,7 +13,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // Messages the capacity server answers specially.
@@ -98,6 +100,20 @@ func serve(impl echov1.EchoServiceServer, opts ...grpc.ServerOption) (*served, e
 // dial returns a connection to s with the dial options given.
 func (s *served) dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	return grpc.NewClient(s.addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+}
+
+// client dials s through a Client configured by mc; closing the
+// connection is the caller's (cc.Close).
+func (s *served) client(mc serviceconfig.MethodConfig) (echov1.EchoServiceClient, *grpc.ClientConn, error) {
+	c, err := interceptor.NewClient(interceptor.WithMethodConfig(mc))
+	if err != nil {
+		return nil, nil, err
+	}
+	cc, err := s.dial(c.DialOptions()...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return echov1.NewEchoServiceClient(cc), cc, nil
 }
 
 func (s *served) stop() {

@@ -59,16 +59,11 @@ func RunIsolation(adaptive, bulkhead bool) (IsolationResult, error) {
 	if bulkhead {
 		mc.Bulkhead = &serviceconfig.Bulkhead{MaxConcurrent: isoBulkhead, MaxQueue: isoCallers, MaxQueueWait: time.Second}
 	}
-	c, err := interceptor.NewClient(interceptor.WithMethodConfig(mc))
-	if err != nil {
-		return r, err
-	}
-	cc, err := srv.dial(c.DialOptions()...)
+	client, cc, err := srv.client(mc)
 	if err != nil {
 		return r, err
 	}
 	defer cc.Close()
-	client := echov1.NewEchoServiceClient(cc)
 	fast := func(least time.Duration) (time.Duration, int) {
 		var lat []time.Duration
 		failed := 0
@@ -155,19 +150,14 @@ func RunOutage(fresh bool) (OutageResult, error) {
 		return r, err
 	}
 	defer srv.stop()
-	c, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+	client, cc, err := srv.client(serviceconfig.MethodConfig{
 		Name:           []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
 		CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: serviceconfig.ModeAdaptive},
-	}))
-	if err != nil {
-		return r, err
-	}
-	cc, err := srv.dial(c.DialOptions()...)
+	})
 	if err != nil {
 		return r, err
 	}
 	defer cc.Close()
-	client := echov1.NewEchoServiceClient(cc)
 	var rec recorder
 	t0 := time.Now()
 	var inOutage atomic.Int64
@@ -251,19 +241,14 @@ func RunQuota() (QuotaResult, error) {
 		return r, err
 	}
 	defer srv.stop()
-	c, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+	client, cc, err := srv.client(serviceconfig.MethodConfig{
 		Name:           []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
 		CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: serviceconfig.ModeAdaptive, K: r.K, Window: 10 * time.Second},
-	}))
-	if err != nil {
-		return r, err
-	}
-	cc, err := srv.dial(c.DialOptions()...)
+	})
 	if err != nil {
 		return r, err
 	}
 	defer cc.Close()
-	client := echov1.NewEchoServiceClient(cc)
 	t0 := time.Now()
 	mark := make(chan [2]int64, 1) // the counts when the measurement starts
 	go func() {
