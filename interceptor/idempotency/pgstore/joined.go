@@ -226,16 +226,8 @@ func (j *JoinedStore) lookup(ctx context.Context, conn *pgxpool.Conn, k *recordK
 		leaseLive, rowLive, jnd, pndng *bool
 		free                           bool
 	)
-	// The lookup waits for a lock on the table (a migration's, an
-	// operator's) up to the lock timeout, not the session's: it is one
-	// implicit transaction with the setting.
-	b := &pgx.Batch{}
-	b.Queue(setLockTimeout, j.lockTimeoutMs)
-	b.Queue(j.sql.lookup, k.id)
-	br := conn.SendBatch(ctx, b)
-	err = readBatch(br, 1, func() error {
-		return br.QueryRow().Scan(&storedFP, &record, &waitMs, &leaseLive, &rowLive, &jnd, &pndng, &free)
-	}, 0)
+	err = conn.QueryRow(ctx, j.sql.lookup, k.id, millis(j.opts.lockTimeout)).Scan(&storedFP, &record, &waitMs, &leaseLive,
+		&rowLive, &jnd, &pndng, &free)
 	if err != nil {
 		return idempotency.Claim{}, false, fmt.Errorf("pgstore: claim: %w", err)
 	}
@@ -263,10 +255,6 @@ func (j *JoinedStore) lookup(ctx context.Context, conn *pgxpool.Conn, k *recordK
 	}
 	return idempotency.Claim{}, false, nil
 }
-
-// setLockTimeout sets lock_timeout for the transaction (implicit in a
-// batch) of the statements that follow.
-const setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
 
 // rollback rolls back the transaction open on c, if any, on a context
 // detached from ctx (whose end may be why), bounded by cleanupTimeout. A

@@ -128,7 +128,7 @@ func migrateOnce(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 // storeFunctions are the functions of the schema that the store calls.
 var storeFunctions = []string{
 	"resilience_idem_claim", "resilience_idem_complete", "resilience_idem_release", "resilience_idem_charge",
-	"resilience_idem_reap", "resilience_idem_room", "resilience_idem_lock_key", "resilience_idem_pin",
+	"resilience_idem_reap", "resilience_idem_room", "resilience_idem_lock_key", "resilience_idem_lookup", "resilience_idem_pin",
 	"resilience_idem_claim_joined", "resilience_idem_owns", "resilience_idem_complete_joined",
 	"resilience_idem_phase_joined", "resilience_idem_relock_joined", "resilience_idem_poison",
 	"resilience_idem_abandoned",
@@ -179,16 +179,14 @@ SELECT
 	fix := fmt.Sprintf("run pgstore.Migrate(ctx, pool, %q) or `go run %s migrate -schema %q`, "+
 		"or apply the SQL of `go run %[2]s sql -schema %[3]q` with your migration tool", schema, checkCommand, schema)
 	switch {
+	case version != nil && *version != SchemaVersion:
+		return fmt.Errorf("%w: schema %q is at version %d, this package needs %d; %s", ErrNotMigrated, schema, *version, SchemaVersion, fix)
 	case len(missingTables) > 0:
 		return fmt.Errorf("%w: schema %q lacks the tables %s; %s", ErrNotMigrated, schema, strings.Join(missingTables, ", "), fix)
 	case len(missingFuncs) > 0:
 		return fmt.Errorf("%w: schema %q lacks the functions %s; %s", ErrNotMigrated, schema, strings.Join(missingFuncs, ", "), fix)
-	case version == nil || *version != SchemaVersion:
-		v := "none"
-		if version != nil {
-			v = fmt.Sprint(*version)
-		}
-		return fmt.Errorf("%w: schema %q is at version %s, this package needs %d; %s", ErrNotMigrated, schema, v, SchemaVersion, fix)
+	case version == nil:
+		return fmt.Errorf("%w: schema %q has no version; %s", ErrNotMigrated, schema, fix)
 	}
 	return nil
 }
@@ -219,13 +217,8 @@ func newStatements(schema string, txOptions pgx.TxOptions) statements {
 			"WHERE id = $1 AND token = $2 AND record IS NULL",
 		release: "SELECT " + s + "resilience_idem_release($1, $2)",
 		reap:    "SELECT " + s + "resilience_idem_reap($1)",
-		// The lookup of joined mode: the key's row, if any, and whether an
-		// owner holds the key's advisory lock (a SHARE try: lookups never
-		// stop each other, and hold it for this statement only).
-		lookup: "SELECT r.fingerprint, r.record, " + s + "resilience_idem_ms(r.lease_until - statement_timestamp()), " +
-			"r.lease_until > statement_timestamp(), r.expires_at > statement_timestamp(), r.joined, r.pending, " +
-			"pg_try_advisory_xact_lock_shared(" + s + "resilience_idem_lock_key($1)) " +
-			"FROM (VALUES (1)) v LEFT JOIN " + s + "resilience_idempotency r ON r.id = $1",
+		lookup: "SELECT fingerprint, record, wait_ms, lease_live, row_live, joined, pending, free FROM " + s +
+			"resilience_idem_lookup($1, $2)",
 		begin: beginSQL(txOptions),
 		claimJoined: "SELECT state, record, wait_ms, phases, phase_results, xid FROM " + s +
 			"resilience_idem_claim_joined($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",

@@ -275,8 +275,6 @@ type Store struct {
 	quota quota         // each partition's share; immutable
 	slots *txSlots      // joined transactions open; immutable pointer
 
-	lockTimeoutMs string // the lock timeout, as lock_timeout takes it; immutable
-
 	reaper *reaper // nil without one; set by Open
 	close  sync.Once
 }
@@ -309,8 +307,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, opts: o, sql: newStatements(o.schema, o.txOptions), quota: o.share(), slots: slots,
-		lockTimeoutMs: strconv.FormatInt(millis(o.lockTimeout), 10)}, nil
+	return &Store{pool: pool, opts: o, sql: newStatements(o.schema, o.txOptions), quota: o.share(), slots: slots}, nil
 }
 
 // slots returns the bounds of WithJoinedTxLimit for a pool of maxConns.

@@ -490,6 +490,25 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT ('x' || encode(substring(p_id FROM 1 FOR 8), 'hex'))::bit(64)::bigint # hashtextextended(__SCHEMA_LITERAL__, 0)
 $$;
 
+-- resilience_idem_lookup is the lookup of joined mode, one autocommit statement: the key's row, if any, and
+-- whether an owner holds the key's advisory lock (a SHARE try: lookups never stop each other, and hold it for
+-- this statement only). It waits for a lock on the table (a migration's, an operator's) up to p_lock_ms, not
+-- the session's lock_timeout.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_lookup(p_id bytea, p_lock_ms bigint,
+    OUT fingerprint bytea, OUT record bytea, OUT wait_ms bigint, OUT lease_live boolean, OUT row_live boolean,
+    OUT joined boolean, OUT pending boolean, OUT free boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now timestamptz := statement_timestamp();
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    SELECT r.fingerprint, r.record, __SCHEMA__.resilience_idem_ms(r.lease_until - now), r.lease_until > now,
+        r.expires_at > now, r.joined, r.pending
+    INTO fingerprint, record, wait_ms, lease_live, row_live, joined, pending
+    FROM __SCHEMA__.resilience_idempotency r WHERE r.id = p_id;
+    free := pg_try_advisory_xact_lock_shared(__SCHEMA__.resilience_idem_lock_key(p_id));
+END $$;
+
 -- resilience_idem_pin sets, for the rest of the joined transaction only (SET LOCAL), what the guarantee rests
 -- on whatever the server's, database's or role's settings: synchronous_commit on, so that a commit that was
 -- acknowledged survives a crash of the database; the idle timeout that frees the key of an owner cut off in
