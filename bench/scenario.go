@@ -73,6 +73,7 @@ func All() []Scenario {
 		SlowTailTriples(),
 		Idempotency(),
 		IdempotencyStores(),
+		JoinedUnderLoad(),
 		Overload(),
 		EndpointFailing(),
 		EndpointRecovery(),

@@ -239,12 +239,15 @@ func WithTxOptions(opts pgx.TxOptions) Option {
 // once: at most perScope for the keyed calls of one scope
 // (idempotency.RecordKey.Scope: one caller or tenant, or every caller with
 // server.SharedScope), and at most total in all. Each holds a pool
-// connection while its handler runs, slow or not. A claim past a bound is
-// refused at once, after its lookup (so a replay of a completed key is
-// never refused), with an [*idempotency.FullError] (Scope true when the
-// scope's bound is what is full, RetryAfter the lock timeout): the
-// interceptor answers RESOURCE_EXHAUSTED with a RetryInfo, which clients
-// honour as a pushback.
+// connection while its handler runs, slow or not. A claim past a bound,
+// after its lookup (so a replay of a completed key, or a duplicate of a
+// call in progress, never counts), waits for a slot, holding no pool
+// connection, up to the lock timeout: a burst of fast calls queues for a
+// moment. Past it, the claim is refused with an [*idempotency.FullError]
+// (Scope true when the scope's bound is what is full, RetryAfter the lock
+// timeout): the interceptor answers RESOURCE_EXHAUSTED with a RetryInfo,
+// which clients honour as a pushback. See the package documentation for
+// sizing the pool.
 //
 // 0 takes the default, a share of the pool's MaxConns: half of it per scope,
 // so that one caller's slow calls never hold more than half the
