@@ -365,6 +365,21 @@ func TestJoinedTxHandsOutNothingThatOutlivesTheCall(t *testing.T) {
 		if conn != nil {
 			return nil, status.Error(codes.Internal, "rows.Conn() is not nil")
 		}
+		b := &pgx.Batch{}
+		b.Queue("SELECT 1")
+		br := tx.SendBatch(ctx, b)
+		brows, err := br.Query()
+		if err != nil {
+			return nil, err
+		}
+		conn = brows.Conn()
+		brows.Close()
+		if err := br.Close(); err != nil {
+			return nil, err
+		}
+		if conn != nil {
+			return nil, status.Error(codes.Internal, "a batch's rows.Conn() is not nil")
+		}
 		lo := tx.LargeObjects()
 		oid, err := lo.Create(ctx, 0)
 		if err != nil {

@@ -324,8 +324,14 @@ func (b *gatedBatch) Exec() (pgconn.CommandTag, error) {
 func (b *gatedBatch) Query() (pgx.Rows, error) {
 	rows, err := b.BatchResults.Query()
 	b.keep(err)
-	return rows, err
+	return noConnRows{rows}, err
 }
+
+// noConnRows are rows of a batch of the handler's, whose Conn is nil (see
+// Tx).
+type noConnRows struct{ pgx.Rows }
+
+func (noConnRows) Conn() *pgx.Conn { return nil }
 
 func (b *gatedBatch) QueryRow() pgx.Row {
 	return batchRow{row: b.BatchResults.QueryRow(), b: b}

@@ -502,11 +502,13 @@ DECLARE
     now timestamptz := statement_timestamp();
 BEGIN
     PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    -- The lock first, then the row, read with a snapshot taken after it: an owner's commit is visible before
+    -- its lock is released, so a lock found free comes with the row that owner committed, if any.
+    free := pg_try_advisory_xact_lock_shared(__SCHEMA__.resilience_idem_lock_key(p_id));
     SELECT r.fingerprint, r.record, __SCHEMA__.resilience_idem_ms(r.lease_until - now), r.lease_until > now,
         r.expires_at > now, r.joined, r.pending
     INTO fingerprint, record, wait_ms, lease_live, row_live, joined, pending
     FROM __SCHEMA__.resilience_idempotency r WHERE r.id = p_id;
-    free := pg_try_advisory_xact_lock_shared(__SCHEMA__.resilience_idem_lock_key(p_id));
 END $$;
 
 -- resilience_idem_pin sets, for the rest of the joined transaction only (SET LOCAL), what the guarantee rests
