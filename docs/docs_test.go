@@ -415,3 +415,70 @@ func TestQuickStartIsExamplesQuickstart(t *testing.T) {
 	}
 	t.Errorf("README.md has no Go block: its quick start is %s", program)
 }
+
+// link matches a Markdown link's target: [text](target).
+var link = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// slug is the anchor GitHub gives a heading: lower case, punctuation other
+// than hyphens and underscores dropped, spaces made hyphens.
+func slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 0x7f && r != '—' && r != '–' && r != '→':
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// anchors returns the anchors of the headings of the Markdown file at path.
+func anchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	inCode := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		if !inCode && strings.HasPrefix(line, "#") {
+			out[slug(strings.TrimSpace(strings.TrimLeft(line, "#")))] = true
+		}
+	}
+	return out
+}
+
+// TestLinksResolve: every relative link of README.md and docs/*.md names a
+// file of the repository, and every #anchor a heading of its page.
+func TestLinksResolve(t *testing.T) {
+	for _, page := range pages(t) {
+		data, err := os.ReadFile(filepath.Join(root, page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(data), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			path := filepath.Join(root, page) // a bare #anchor is on the page itself
+			if file != "" {
+				path = filepath.Join(root, filepath.Dir(page), file)
+				if !fileExists(path) {
+					t.Errorf("%s: the link %s names no file (%s)", page, target, path)
+					continue
+				}
+			}
+			if anchor != "" && strings.HasSuffix(path, ".md") && !anchors(t, path)[anchor] {
+				t.Errorf("%s: the link %s names no heading of %s", page, target, path)
+			}
+		}
+	}
+}
