@@ -13,9 +13,10 @@ import (
 // WithJoinedTxLimit): each holds a pool connection while its handler runs,
 // so that one scope's slow calls cannot take every connection, and some
 // are always left for lookups (a replay is one). A claim past a bound waits
-// for a slot, holding no connection, up to the lock timeout, then is
-// refused: a burst of fast calls queues for a moment; slow calls that hold
-// their slots turn the claims past them away, with a retry hint.
+// for a slot, holding no connection, up to the lock timeout (and half the
+// caller's time left), then is refused: a burst of fast calls queues for a
+// moment; slow calls that hold their slots turn the claims past them away,
+// with a retry hint, within the callers' deadlines.
 type txSlots struct {
 	perScope, total int           // immutable
 	retryAfter      time.Duration // the refusal's hint, and the bound of a wait: the lock timeout; immutable
@@ -63,9 +64,15 @@ func (s *txSlots) takeLocked(scope []byte) (freed <-chan struct{}, err error) {
 }
 
 // wait takes a slot for scope, waiting for one to be given back up to the
-// lock timeout (and ctx); past it, it returns take's refusal.
+// lock timeout, and half of what is left of ctx's deadline, so that a
+// caller whose slots stay held (slow calls) gets the refusal and its retry
+// hint in time, not its deadline; past it, it returns take's refusal.
 func (s *txSlots) wait(ctx context.Context, scope []byte) error {
-	timer := time.NewTimer(s.retryAfter)
+	limit := s.retryAfter
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(dl)/2)
+	}
+	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	for {
 		s.mu.Lock()

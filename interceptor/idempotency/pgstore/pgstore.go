@@ -242,8 +242,8 @@ func WithTxOptions(opts pgx.TxOptions) Option {
 // connection while its handler runs, slow or not. A claim past a bound,
 // after its lookup (so a replay of a completed key, or a duplicate of a
 // call in progress, never counts), waits for a slot, holding no pool
-// connection, up to the lock timeout: a burst of fast calls queues for a
-// moment. Past it, the claim is refused with an [*idempotency.FullError]
+// connection, up to the lock timeout and half of the caller's time left: a
+// burst of fast calls queues for a moment. Past it, the claim is refused with an [*idempotency.FullError]
 // (Scope true when the scope's bound is what is full, RetryAfter the lock
 // timeout): the interceptor answers RESOURCE_EXHAUSTED with a RetryInfo,
 // which clients honour as a pushback. See the package documentation for
