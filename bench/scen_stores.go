@@ -433,7 +433,12 @@ func dupInProgress(ctx context.Context, env *storesEnv, n int) (roundTrips float
 	defer stopDup()
 	key := "dup-in-progress"
 	ownerDone := make(chan error, 1)
-	go func() { _, err := storesCall(ownerClient, key); ownerDone <- err }()
+	go func() { // held until the gate closes, however long the duplicates take
+		octx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, key), 10*time.Minute)
+		defer cancel()
+		_, err := ownerClient.Echo(octx, &echov1.EchoRequest{Message: key})
+		ownerDone <- err
+	}()
 	defer func() {
 		close(gate)
 		if oerr := <-ownerDone; oerr != nil && err == nil {
