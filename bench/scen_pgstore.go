@@ -67,9 +67,10 @@ func (s *timedJoined) take() []time.Duration {
 // it for hold, or, with a gate, until the gate is closed.
 type holdServer struct {
 	echov1.UnimplementedEchoServiceServer
-	q    string
-	hold time.Duration
-	gate chan struct{}
+	q       string
+	hold    time.Duration
+	gate    chan struct{}
+	entered chan struct{} // with a gate: receives once a call holds it
 }
 
 func (h *holdServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
@@ -81,6 +82,10 @@ func (h *holdServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	if h.gate != nil {
+		select {
+		case h.entered <- struct{}{}:
+		default:
+		}
 		<-h.gate
 	} else {
 		time.Sleep(h.hold) // the handler's own work, its transaction open
@@ -144,7 +149,7 @@ func keyedLoad(ctx context.Context, c echov1.EchoServiceClient, callers, dup int
 
 // joinedServer serves holdServer behind a joined store on a pool of
 // maxConns, and returns its client, the timed store and a stop func.
-func (e *storesEnv) joinedServer(ctx context.Context, maxConns int32, hold time.Duration, gate chan struct{}, noWait bool) (echov1.EchoServiceClient,
+func (e *storesEnv) joinedServer(ctx context.Context, maxConns int32, hold time.Duration, gate, entered chan struct{}, noWait bool) (echov1.EchoServiceClient,
 	*timedJoined, *pgxpool.Pool, func(), error) {
 	cfg, err := pgxpool.ParseConfig(e.dsn)
 	if err != nil {
@@ -166,7 +171,7 @@ func (e *storesEnv) joinedServer(ctx context.Context, maxConns int32, hold time.
 		pool.Close()
 		return nil, nil, nil, nil, err
 	}
-	client, stopServer, err := serveHandler(&holdServer{q: pgx.Identifier{e.schema}.Sanitize(), hold: hold, gate: gate}, srv)
+	client, stopServer, err := serveHandler(&holdServer{q: pgx.Identifier{e.schema}.Sanitize(), hold: hold, gate: gate, entered: entered}, srv)
 	if err != nil {
 		_ = srv.Close()
 		pool.Close()
@@ -202,7 +207,7 @@ func runJoinedUnderLoad(ctx context.Context, sz Size) ([]Table, error) {
 func migrateUnderLoad(ctx context.Context, env *storesEnv, sz Size) (Table, error) {
 	t := Table{Title: "Claims while Migrate runs (16 callers, 100 ms handlers)",
 		Header: []string{"case", "claims", "claim p50 (ms)", "claim p99 (ms)", "p99 vs none", "ABORTED", "other errors"}}
-	client, store, pool, stop, err := env.joinedServer(ctx, 48, 100*time.Millisecond, nil, false)
+	client, store, pool, stop, err := env.joinedServer(ctx, 48, 100*time.Millisecond, nil, nil, false)
 	if err != nil {
 		return t, err
 	}
@@ -266,7 +271,7 @@ func poolSizing(ctx context.Context, env *storesEnv, sz Size) (Table, error) {
 		dup      int
 	}{{4, 1}, {8, 1}, {16, 1}, {32, 1}, {4, 2}, {16, 2}}
 	for i, c := range cases {
-		client, _, _, stop, err := env.joinedServer(ctx, c.maxConns, 5*time.Millisecond, nil, false)
+		client, _, _, stop, err := env.joinedServer(ctx, c.maxConns, 5*time.Millisecond, nil, nil, false)
 		if err != nil {
 			return t, err
 		}
