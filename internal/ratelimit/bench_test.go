@@ -123,6 +123,6 @@ func cpuNS(b *testing.B, f func()) {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
 	f()
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
-	cpu := time.Duration(r1.Utime.Nano()+r1.Stime.Nano()-r0.Utime.Nano()-r0.Stime.Nano())
+	cpu := time.Duration(r1.Utime.Nano() + r1.Stime.Nano() - r0.Utime.Nano() - r0.Stime.Nano())
 	b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
 }
