@@ -17,15 +17,17 @@ const (
 	fresh = math.MinInt64 + 1
 )
 
-// entry is one key's bucket. Its TAT is the only state a decision reads
-// and writes, by compare-and-swap; key is written before the entry is
-// published in a table and never after. A key of up to inlineKey bytes is
-// held in inline, so that the entry and its key are one allocation and,
-// for a lookup, one cache line.
-type entry struct {
+// entry is one key's state: for a Limiter, its TAT, the only state a
+// decision reads and writes, by compare-and-swap; for a Shared limiter, v
+// under its own lock. key is written before the entry is published in a
+// table and never after. A key of up to inlineKey bytes is held in inline,
+// so that the entry and its key are one allocation and, for a lookup, one
+// cache line.
+type entry[V any] struct {
 	tat    atomic.Int64 // theoretical arrival time, ns after the Limiter's epoch; dead once forgotten
 	key    string
 	inline [inlineKey]byte
+	v      V
 }
 
 // inlineKey is the longest key held within its entry (an entry is then 64
@@ -34,8 +36,8 @@ const inlineKey = 40
 
 // newEntry returns a fresh entry holding a copy of key: a Limiter never
 // keeps the caller's backing array.
-func newEntry(key string) *entry {
-	e := &entry{}
+func newEntry[V any](key string) *entry[V] {
+	e := &entry[V]{}
 	if len(key) <= inlineKey {
 		n := copy(e.inline[:], key)
 		e.key = unsafe.String(&e.inline[0], n)
@@ -46,9 +48,17 @@ func newEntry(key string) *entry {
 	return e
 }
 
-// idle reports whether e, read at now, holds nothing: its bucket is full,
-// so a fresh entry would decide every call exactly as it does.
-func idle(tat, now int64) bool { return tat != dead && tat <= now }
+// forgetTAT is the forget of a Limiter's keys: an entry whose bucket is
+// full again (TAT ≤ now) holds nothing, since a fresh entry would decide
+// every call exactly as it does; the compare-and-swap to dead races with
+// decisions, which either move the TAT first or find it dead.
+func forgetTAT[V any](e *entry[V], now int64) (bool, int64) {
+	tat := e.tat.Load()
+	if tat != dead && tat <= now && e.tat.CompareAndSwap(tat, dead) {
+		return true, 0
+	}
+	return false, e.tat.Load()
+}
 
 // table is an open-addressing hash table of entries with linear probing,
 // at most half full, so that a probe always ends on an empty slot. Readers
@@ -56,8 +66,8 @@ func idle(tat, now int64) bool { return tat != dead && tat <= now }
 // by storing a new entry into an empty slot (a reader sees the slot empty
 // or the entry whole), and the set only shrinks by replacing the whole
 // table (rebuild).
-type table struct {
-	slots []slot
+type table[V any] struct {
+	slots []slot[V]
 	mask  uint64
 	n     int // entries stored; guarded by keys.mu
 }
@@ -66,17 +76,17 @@ type table struct {
 // entry of a key whose hash is hash (stored before hash, so a reader that
 // sees the hash sees the entry), so that a probe compares keys only when
 // their hashes match.
-type slot struct {
+type slot[V any] struct {
 	hash atomic.Uint64
-	e    atomic.Pointer[entry]
+	e    atomic.Pointer[entry[V]]
 }
 
-func newTable(size int) *table {
-	return &table{slots: make([]slot, size), mask: uint64(size - 1)}
+func newTable[V any](size int) *table[V] {
+	return &table[V]{slots: make([]slot[V], size), mask: uint64(size - 1)}
 }
 
 // find returns the entry of key, whose hash is h (never 0), or nil.
-func (t *table) find(h uint64, key string) *entry {
+func (t *table[V]) find(h uint64, key string) *entry[V] {
 	for i := h & t.mask; ; i = (i + 1) & t.mask {
 		switch t.slots[i].hash.Load() {
 		case 0:
@@ -92,7 +102,7 @@ func (t *table) find(h uint64, key string) *entry {
 // put stores e, whose key's hash is h, in the first empty slot of its
 // probe sequence. The caller holds keys.mu and has made sure that e's key
 // is not stored and that the table stays at most half full.
-func (t *table) put(h uint64, e *entry) {
+func (t *table[V]) put(h uint64, e *entry[V]) {
 	i := h & t.mask
 	for t.slots[i].hash.Load() != 0 {
 		i = (i + 1) & t.mask
@@ -115,13 +125,17 @@ func (t *table) put(h uint64, e *entry) {
 // against a full set costs each one O(1) and they share the overflow
 // bucket meanwhile. Below the bound nothing is forgotten, so a key set
 // that fits stays allocated once and for all.
-type keys struct {
+type keys[V any] struct {
 	seed maphash.Seed // immutable
 	max  int          // immutable
+	// forget marks e dead and returns true when it holds nothing at now;
+	// otherwise it returns false and the earliest instant at which e can
+	// hold nothing (for a Limiter, its TAT). Called under mu, by sweeps.
+	forget func(e *entry[V], now int64) (dead bool, idleAt int64) // immutable
 
-	tab      atomic.Pointer[table]
-	def      entry         // the empty key's bucket
-	over     entry         // the bucket of the keys beyond max or MaxKeyLen
+	tab      atomic.Pointer[table[V]]
+	def      entry[V]      // the empty key's bucket
+	over     entry[V]      // the bucket of the keys beyond max or MaxKeyLen
 	overflow atomic.Uint64 // decisions on keys that went to the overflow bucket
 
 	mu sync.Mutex
@@ -134,10 +148,11 @@ type keys struct {
 
 const minTable = 16
 
-func (k *keys) init(max int) {
+func (k *keys[V]) init(max int, forget func(*entry[V], int64) (bool, int64)) {
 	k.seed = maphash.MakeSeed()
 	k.max = max
-	k.tab.Store(newTable(minTable))
+	k.forget = forget
+	k.tab.Store(newTable[V](minTable))
 	k.def.tat.Store(fresh)
 	k.over.tat.Store(fresh)
 	k.nextSweep = math.MaxInt64
@@ -147,7 +162,7 @@ func (k *keys) init(max int) {
 // is room. now (ns after the epoch) is when the caller decides, and t the
 // emission interval (for the sweep schedule). It allocates only for a key
 // it remembers anew.
-func (k *keys) get(now, t int64, key string) *entry {
+func (k *keys[V]) get(now, t int64, key string) *entry[V] {
 	if key == "" {
 		return &k.def
 	}
@@ -163,7 +178,7 @@ func (k *keys) get(now, t int64, key string) *entry {
 }
 
 // insert is get's slow path, for a key not found in the table.
-func (k *keys) insert(now, t int64, h uint64, key string) *entry {
+func (k *keys[V]) insert(now, t int64, h uint64, key string) *entry[V] {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	tab := k.tab.Load()
@@ -182,20 +197,20 @@ func (k *keys) insert(now, t int64, h uint64, key string) *entry {
 	if 2*(tab.n+1) > len(tab.slots) {
 		tab = k.rebuild(now, 2*len(tab.slots), false) // below the bound, the table stays at most half full
 	}
-	e := newEntry(key)
+	e := newEntry[V](key)
 	tab.put(h, e)
 	k.nextSweep = min(k.nextSweep, now+t)
 	return e
 }
 
 // rebuild replaces the table by one of size slots holding the same
-// entries, less, when sweep is set, the idle ones, which it marks dead
-// first (a decision that races with the sweep either moves the TAT first,
-// and the entry stays, or finds it dead and looks its key up again). It
+// entries, less, when sweep is set, the idle ones, which forget marks dead
+// first (a decision that races with the sweep either moves the entry
+// first, and it stays, or finds it dead and looks its key up again). It
 // sets nextSweep after a sweep. The caller holds mu.
-func (k *keys) rebuild(now int64, size int, sweep bool) *table {
+func (k *keys[V]) rebuild(now int64, size int, sweep bool) *table[V] {
 	old := k.tab.Load()
-	nt := newTable(size)
+	nt := newTable[V](size)
 	next := int64(math.MaxInt64)
 	for i := range old.slots {
 		h := old.slots[i].hash.Load()
@@ -204,11 +219,11 @@ func (k *keys) rebuild(now int64, size int, sweep bool) *table {
 		}
 		e := old.slots[i].e.Load()
 		if sweep {
-			tat := e.tat.Load()
-			if idle(tat, now) && e.tat.CompareAndSwap(tat, dead) {
+			forgotten, idleAt := k.forget(e, now)
+			if forgotten {
 				continue
 			}
-			next = min(next, e.tat.Load())
+			next = min(next, idleAt)
 		}
 		nt.put(h, e)
 	}
@@ -220,7 +235,7 @@ func (k *keys) rebuild(now int64, size int, sweep bool) *table {
 }
 
 // len returns the keys remembered.
-func (k *keys) len() int {
+func (k *keys[V]) len() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.tab.Load().n

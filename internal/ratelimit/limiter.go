@@ -10,7 +10,7 @@ import (
 type Limiter struct {
 	p     params    // immutable
 	epoch time.Time // immutable: the instant TATs count from
-	keys  keys
+	keys  keys[struct{}]
 }
 
 // New returns a Limiter for cfg. now is its epoch: the instants given to
@@ -28,7 +28,7 @@ func New(cfg Config, now time.Time) (*Limiter, error) {
 	if max == 0 {
 		max = DefaultMaxKeys
 	}
-	l.keys.init(max)
+	l.keys.init(max, forgetTAT[struct{}])
 	return l, nil
 }
 
