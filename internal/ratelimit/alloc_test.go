@@ -35,3 +35,27 @@ func TestAllowAllocations(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedDecideAllocations pins 0 allocations for a decision a Shared
+// limiter makes from the tokens it holds (admitted or refused); only a
+// decision that asks for a lease allocates (the Lease).
+func TestSharedDecideAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are checked without -race")
+	}
+	s, err := NewShared(SharedConfig{Config: Config{Rate: 1e6, Burst: 10}}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, l := s.Decide(t0, "k", Critical)
+	s.Deliver(l, t0, Grant{Tokens: 1 << 30, FirstSlot: -time.Second, Left: 10, Replicas: 1}, nil)
+	now := t0
+	if n := testing.AllocsPerRun(1000, func() {
+		now = now.Add(time.Microsecond)
+		if d, l := s.Decide(now, "k", Critical); !d.OK || l != nil {
+			t.Fatalf("decision %+v, lease %v", d, l)
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per decision from held tokens, want 0", n)
+	}
+}

@@ -75,6 +75,75 @@
 // key of up to 40 bytes (held within its entry) and 32 per table slot,
 // twice MaxKeys at most.
 //
+// # Shared limits: token leasing
+//
+// A Shared limiter is one replica's side of a limit whose rate is the
+// total of every replica of a server. A store (Redis, in package
+// interceptor/ratelimit/redisquota) runs GCRA on the whole quota, on its
+// own clock, exactly as above; a replica does not ask it about each call
+// but leases runs of tokens, and decides calls from what it holds.
+//
+//   - A lease of k tokens moves the store's TAT by k·t. The store grants
+//     Want tokens, or as many as fit within the burst plus the lease period
+//     L (TAT − now ≤ Burst·t + L after the grant), if at least Min fit;
+//     otherwise none, and says when Min will. The tokens keep their slots
+//     on the store's schedule: the i-th may be spent from its GCRA
+//     admission time, TAT_before + i·t − Burst·t, on (at once, for a
+//     burst), read on the replica's clock from the moment the answer
+//     arrived, so never early. A lease reaching into the future is a
+//     reservation: the replica admits its calls as the slots come.
+//   - Want is the replica's demand over the last L/2 (its calls, admitted
+//     or not), at most L of the rate; Min is L/10 of the rate, or Want if
+//     less. A replica slower than the rate spends its run of slots late, at
+//     its own pace: it asks for no more than it spends within L/4 of their
+//     slots. So a quiet replica leases small batches and hoards nothing,
+//     and a busy one leases large ones.
+//   - A replica asks for its next lease when it holds less than half of
+//     Want: one lease in flight per key, two held at most. A call that finds
+//     nothing held and a lease on its way waits for it (Pending), bounded
+//     by the caller. Tokens unspent 3·L/2 after their last slot are
+//     forfeited (Forfeited counts them).
+//
+// Bounds. The store's schedule is exact, and a token is never spent
+// before its slot, so the calls the replicas admit in any interval of
+// length d are at most Burst + d/t plus the tokens whose slot came before
+// the interval and that were still held when it began: at most the
+// leased batches the replicas held, two leases of at most L of the rate
+// each. On fake time, 4 replicas offered 4 times a per-tenant rate of
+// 1,000/s, 70/10/10/10, admit 1,000 ± 12 calls each second after the first,
+// at one round trip per 27 admitted calls, and a second tenant at its own
+// limit on the same replicas gets, second by second, exactly what one local
+// limiter gives the same calls (TestSharedFourReplicasExactEachSecond). A
+// replica that dies takes with it the slots it held, at most one lease
+// period of the rate; the others lease the rest (TestSharedReplicaKilled).
+//
+// A store that does not answer (a lease failed, or a caller gave up
+// waiting for one: Expire) puts the limiter in fallback until a lease is
+// answered again; in fallback it asks one lease per ProbeInterval (250ms),
+// and decides by its FallbackMode: FallbackLocalShare (the default) gives
+// each key a local bucket of the rate and burst divided by the replicas
+// that leased tokens of the key within the ReplicaWindow (10 s, as the
+// store counted them at the last grant), starting empty, and ignores the
+// tokens held (spent beside the share they would count twice);
+// FallbackOpen admits everything; FallbackClosed admits only what the held
+// tokens cover. With the local share, the replicas together admit about
+// the rate while they are as many as they were, and in the second the
+// outage begins at most one lease period of the rate more (what they spent
+// of their leases before they noticed); when the store is back its bucket
+// is full and the replicas still in fallback keep their shares until their
+// next probe, so at most the burst and a probe interval of the rate more
+// (TestSharedOutageBoundAndReturn: 1,043 and 1,143 against 1,000; exact
+// again the second after).
+//
+// Criticality holds in a shared limit too: a call leaves at least its
+// reserve, counted in the tokens whose slot has come and those the store's
+// bucket held at the last grant, so on a saturated key Sheddable calls are
+// refused while Critical ones take the slots as they come.
+//
+// A Shared limiter bounds its keys as a Limiter does; a key is forgotten
+// when it holds no lease, has none in flight, the store set it no wait,
+// its demand is a lease period old and its local share is full.
+//
 // # Concurrency
 //
 // A Limiter is safe for concurrent use. A decision on a remembered key
@@ -84,5 +153,8 @@
 // whatever the interleaving. A sweep forgets an entry by swapping its TAT
 // to a dead mark, so a decision racing with it either moves the TAT
 // first (and the entry is kept) or finds it dead and looks the key up
-// again; no admission is ever lost in a forgotten entry.
+// again; no admission is ever lost in a forgotten entry. A Shared limiter
+// takes one mutex per key for a decision, held for a few comparisons, and
+// allocates nothing unless it asks for a lease; it does no I/O and starts
+// no goroutine: its caller sends the leases.
 package ratelimit

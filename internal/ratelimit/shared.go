@@ -28,7 +28,7 @@ const (
 
 // Defaults of SharedConfig.
 const (
-	DefaultLeasePeriod   = 100 * time.Millisecond
+	DefaultLeasePeriod   = 200 * time.Millisecond
 	DefaultProbeInterval = 250 * time.Millisecond
 	DefaultReplicaWindow = 10 * time.Second
 )
@@ -37,10 +37,11 @@ const (
 // a store that leases its tokens (see the package doc, "Shared limits").
 type SharedConfig struct {
 	Config
-	// LeasePeriod is P: a replica asks for what it expects to need for P,
-	// at most 2P of the rate, never more than 2P ahead of the store's
-	// schedule, and forfeits a leased token P after its slot. 0 means
-	// DefaultLeasePeriod (100ms).
+	// LeasePeriod is L: how far ahead of the store's clock the leases of
+	// a key may reach (the store's schedule runs at most L past the
+	// burst), so a replica that dies takes at most L of the quota with
+	// it. A replica asks for what it expects to spend in L/2, at most L of
+	// the rate. 0 means DefaultLeasePeriod (200ms).
 	LeasePeriod time.Duration
 	// Fallback is what the limiter does while the store is unreachable.
 	Fallback FallbackMode
@@ -147,6 +148,7 @@ type sharedKey struct {
 	fetch              *Lease // in flight; nil when none
 	retryAt            int64  // the store refused: no lease asked before
 	fbTAT              int64  // the local share's TAT, in fallback
+	fbSince            int64  // the fallback fbTAT belongs to (Shared.failSince)
 	replicas           int    // at the last grant; 0: none yet
 	storeLeft          int64  // tokens the store held after the last grant
 }
@@ -161,12 +163,12 @@ type Shared struct {
 	p        params
 	epoch    time.Time
 	fallback FallbackMode
-	period   int64 // P, ns
+	period   int64 // the demand window, L/2, ns
 	probe    int64 // ns
 	window   time.Duration
-	horizon  int64 // 2P, ns
-	maxBatch int64 // tokens: 2P at the rate, at least 1
-	minGrant int64 // tokens: P/5 at the rate, at least 1
+	horizon  int64 // L, the lease period, ns
+	maxBatch int64 // tokens: L at the rate, at least 1
+	minGrant int64 // tokens: L/10 at the rate, at least 1
 	// reserve[c] is, in tokens, what a call of c must leave (package doc,
 	// "Criticality").
 	reserve [NumCriticalities]float64
@@ -175,6 +177,7 @@ type Shared struct {
 	keys keys[sharedKey]
 
 	failing   atomic.Bool
+	failSince atomic.Int64 // when the fallback began
 	probeAt   atomic.Int64 // in fallback: no lease asked before
 	replicas  atomic.Int64 // the most replicas any grant reported
 	forfeited atomic.Int64 // tokens leased and never spent
@@ -197,10 +200,10 @@ func NewShared(cfg SharedConfig, now time.Time) (*Shared, error) {
 		return nil, errors.New("ratelimit: unknown Fallback")
 	}
 	s := &Shared{p: p, epoch: now, fallback: cfg.Fallback, burst: int64(cfg.Burst),
-		period: int64(orDefault(cfg.LeasePeriod, DefaultLeasePeriod)),
-		probe:  int64(orDefault(cfg.ProbeInterval, DefaultProbeInterval)),
-		window: orDefault(cfg.ReplicaWindow, DefaultReplicaWindow)}
-	s.horizon = 2 * s.period
+		horizon: int64(orDefault(cfg.LeasePeriod, DefaultLeasePeriod)),
+		probe:   int64(orDefault(cfg.ProbeInterval, DefaultProbeInterval)),
+		window:  orDefault(cfg.ReplicaWindow, DefaultReplicaWindow)}
+	s.period = max(1, s.horizon/2)
 	perPeriod := float64(s.period) / float64(p.t)
 	s.maxBatch = max(1, int64(math.Ceil(2*perPeriod)))
 	s.minGrant = max(1, int64(math.Ceil(perPeriod/5)))
@@ -253,18 +256,30 @@ func (s *Shared) decideLocked(n int64, key string, e *entry[sharedKey], c Critic
 		s.forfeited.Add(lost)
 	}
 	var d SharedDecision
+	failing := s.failing.Load()
+	if failing && s.fallback != FallbackClosed {
+		// The local share (or no limit) decides alone: held tokens spent
+		// beside it would count twice.
+		req := s.ask(n, key, e)
+		d.Fallback = true
+		var wait int64
+		d.OK, wait = s.fallbackTake(n, st, c)
+		d.Wait = time.Duration(max(wait, 0))
+		return d, req
+	}
 	ok, wait := st.take(n, s.p.t, s.reserve[c])
 	d.OK = ok
 	req := s.ask(n, key, e)
 	switch {
 	case ok:
-	case s.failing.Load():
+		d.Fallback = failing
+	case failing: // closed: the held tokens only
 		d.Fallback = true
-		d.OK, wait = s.fallbackTake(n, st, c)
-		if st.nl > 0 && !d.OK {
-			wait = min(wait, st.leases[0].next-n)
+		_, w := s.fallbackTake(n, st, c)
+		if st.nl > 0 {
+			w = min(w, max(wait, 0))
 		}
-		d.Wait = time.Duration(max(wait, 0))
+		d.Wait = time.Duration(max(w, 0))
 	case st.nl > 0:
 		d.Wait = time.Duration(max(wait, 0))
 	case st.fetch != nil:
@@ -414,6 +429,12 @@ func (s *Shared) fallbackTake(n int64, st *sharedKey, c Criticality) (bool, int6
 	}
 	t := s.p.t * r
 	b := max(1, s.burst/r)
+	if since := s.failSince.Load(); st.fbSince != since {
+		// A fallback starts with an empty local bucket: the replicas spent
+		// their leases up to its start, so a burst on top would pass the
+		// rate by the sum of the local bursts.
+		st.fbSince, st.fbTAT = since, since+b*t
+	}
 	room := b*t - int64(math.Round((1-BurstShare[c])*float64(b-1)*float64(t)))
 	next := max(st.fbTAT, n) + t
 	if wait := next - n - room; wait > 0 {
@@ -499,6 +520,7 @@ func (s *Shared) fail(n int64) Transition {
 	if s.failing.Load() || !s.failing.CompareAndSwap(false, true) {
 		return NoTransition
 	}
+	s.failSince.Store(n)
 	s.probeAt.Store(n + s.probe)
 	return EnteredFallback
 }

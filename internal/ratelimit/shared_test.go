@@ -3,7 +3,11 @@ package ratelimit
 import (
 	"container/heap"
 	"errors"
+	"hash/maphash"
 	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -137,6 +141,17 @@ func (c *cluster) arrivals(rng *rand.Rand, r int, key string, rate float64, star
 func (c *cluster) run() {
 	for c.q.Len() > 0 {
 		e := heap.Pop(&c.q).(event)
+		switch e.replica {
+		case -1: // the store goes down
+			c.store.down = true
+			continue
+		case -2: // and comes back
+			c.store.down = false
+			continue
+		case -3: // replica 0 dies
+			c.killed[0] = true
+			continue
+		}
 		if c.killed[e.replica] {
 			continue
 		}
@@ -244,4 +259,314 @@ func localBaseline(t *testing.T, c *cluster, key string, cfg Config) []int {
 		}
 	}
 	return out
+}
+
+// TestSharedColdKeyWaitsForItsFirstLease: a key's first call holds no
+// token: it is told Pending, with a lease to send; once the grant is
+// delivered, deciding again admits it. No second lease is asked while one
+// is in flight.
+func TestSharedColdKeyWaitsForItsFirstLease(t *testing.T) {
+	s, err := NewShared(sharedCfg(100, 10), t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, l := s.Decide(t0, "k", Critical)
+	if d.OK || d.Pending == nil || l == nil {
+		t.Fatalf("first call: %+v, lease %v; want Pending and a lease", d, l)
+	}
+	if l.Want != 1 || l.Min != 1 || l.Interval != 10*time.Millisecond || l.Tau != 100*time.Millisecond || l.Horizon != 200*time.Millisecond {
+		t.Fatalf("lease %+v: want 1 token, t 10ms, tau 100ms, horizon 2 lease periods", l)
+	}
+	if d2, l2 := s.Decide(t0, "k", Critical); l2 != nil || d2.Pending != d.Pending {
+		t.Fatalf("second call while the lease is in flight: %+v, lease %v; want the same Pending, no new lease", d2, l2)
+	}
+	st := newFakeStore()
+	g, _ := st.lease(0, 0, l)
+	if tr := s.Deliver(l, t0.Add(time.Millisecond), g, nil); tr != NoTransition {
+		t.Fatalf("Deliver: transition %v", tr)
+	}
+	select {
+	case <-d.Pending:
+	default:
+		t.Fatal("Pending not closed by Deliver")
+	}
+	if d, _ := s.Decide(t0.Add(time.Millisecond), "k", Critical); !d.OK {
+		t.Fatalf("after the grant: %+v, want admitted", d)
+	}
+}
+
+// TestSharedFallbackModes: the store fails, the limiter enters fallback
+// (once, for the log), decides by its mode without waiting, asks the store
+// again only once per probe interval, and leaves fallback on the first
+// answer.
+func TestSharedFallbackModes(t *testing.T) {
+	for _, tt := range []struct {
+		mode FallbackMode
+		// admitted of 40 calls 1ms apart at 100/s, burst 10, 2 replicas
+		// seen: the local share is 50/s with bursts of 5: the burst at
+		// 0ms and a token at 20ms
+		want int
+	}{{FallbackLocalShare, 6}, {FallbackOpen, 40}, {FallbackClosed, 0}} {
+		cfg := sharedCfg(100, 10)
+		cfg.Fallback = tt.mode
+		s, err := NewShared(cfg, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A grant that says two replicas share the key, then an outage.
+		_, l := s.Decide(t0, "k", Critical)
+		s.Deliver(l, t0, Grant{Tokens: 1, FirstSlot: -time.Second, Replicas: 2, Left: 9}, nil)
+		d, l := s.Decide(t0, "k", Critical)
+		if !d.OK {
+			t.Fatalf("%v: the held token refused", tt.mode)
+		}
+		if l == nil {
+			t.Fatalf("%v: no lease asked once nothing is held", tt.mode)
+		}
+		if tr := s.Deliver(l, t0, Grant{}, errors.New("connection refused")); tr != EnteredFallback {
+			t.Fatalf("%v: transition %v, want EnteredFallback", tt.mode, tr)
+		}
+		admitted, leases := 0, 0
+		for i := range 40 {
+			now := t0.Add(time.Duration(i) * time.Millisecond)
+			d, l := s.Decide(now, "k", Critical)
+			if d.Pending != nil || !d.Fallback {
+				t.Fatalf("%v call %d: %+v; want a fallback decision, never a wait on the store", tt.mode, i, d)
+			}
+			if d.OK {
+				admitted++
+			} else if tt.mode == FallbackClosed && d.Wait <= 0 {
+				t.Fatalf("%v: refused with no wait", tt.mode)
+			}
+			if l != nil {
+				leases++
+				s.Deliver(l, now, Grant{}, errors.New("still down"))
+			}
+		}
+		if admitted != tt.want {
+			t.Errorf("%v: %d of 40 admitted in fallback, want %d", tt.mode, admitted, tt.want)
+		}
+		if leases != 0 { // the probe interval (250ms) has not passed
+			t.Errorf("%v: %d probes within 40ms, want none before the probe interval", tt.mode, leases)
+		}
+		now := t0.Add(250 * time.Millisecond)
+		_, l = s.Decide(now, "k", Critical)
+		if l == nil {
+			t.Fatalf("%v: no probe after the probe interval", tt.mode)
+		}
+		if tr := s.Deliver(l, now, Grant{Tokens: 5, Replicas: 2}, nil); tr != LeftFallback || s.InFallback() {
+			t.Fatalf("%v: the store answered: transition %v, in fallback %v", tt.mode, tr, s.InFallback())
+		}
+	}
+}
+
+// TestSharedExpireEntersFallback: a store that does not answer within the
+// caller's wait is given up on (Expire): the calls stop waiting and use
+// the fallback; the late answer's tokens are still held.
+func TestSharedExpireEntersFallback(t *testing.T) {
+	s, _ := NewShared(sharedCfg(100, 10), t0)
+	d, l := s.Decide(t0, "k", Critical)
+	if d.Pending == nil {
+		t.Fatal("no Pending")
+	}
+	if tr := s.Expire(l, t0.Add(50*time.Millisecond)); tr != EnteredFallback {
+		t.Fatalf("Expire: %v", tr)
+	}
+	// The local share (one replica: the whole rate) starts empty, and
+	// admits one call per interval (10ms).
+	if d, _ := s.Decide(t0.Add(50*time.Millisecond), "k", Critical); d.Pending != nil || !d.Fallback || d.OK || d.Wait != 10*time.Millisecond {
+		t.Fatalf("after Expire: %+v; want a fallback decision, refused for one interval (10ms), no wait on the store", d)
+	}
+	if d, _ := s.Decide(t0.Add(60*time.Millisecond), "k", Critical); !d.OK || !d.Fallback {
+		t.Fatalf("one interval later: %+v; want admitted by the local share", d)
+	}
+	s.Deliver(l, t0.Add(3*time.Second), Grant{Tokens: 3, FirstSlot: -time.Second, Replicas: 1, Left: 7}, nil)
+	if s.InFallback() {
+		t.Fatal("still in fallback after the store answered")
+	}
+	for i := range 3 {
+		if d, _ := s.Decide(t0.Add(3*time.Second), "k", Critical); !d.OK || d.Fallback {
+			t.Fatalf("held token %d: %+v; want admitted from the late lease", i, d)
+		}
+	}
+}
+
+// TestSharedOutageBoundAndReturn: 4 replicas at 4× load, the store down
+// from 3 s to 6 s. In the second the outage starts, the replicas spend
+// what they held before they notice (the bound: at most one lease period
+// of the rate, 200 calls, over it); then each admits its local share, a
+// quarter of the rate, so the total is the rate. When the store is back,
+// its full bucket and the local shares until each replica's next probe
+// add at most the burst and a probe interval of the rate; within 2 s of
+// the store's return the count is exact again.
+func TestSharedOutageBoundAndReturn(t *testing.T) {
+	c := newCluster(t, 4, sharedCfg(1000, 100), 500*time.Microsecond)
+	rng := rand.New(rand.NewPCG(7, 7))
+	for r := range 4 {
+		c.arrivals(rng, r, "tenant", 1000, 0, 10*time.Second)
+	}
+	c.push(event{at: int64(3 * time.Second), replica: -1})
+	c.push(event{at: int64(6 * time.Second), replica: -2})
+	c.run()
+	a := c.admitted["tenant"]
+	for sec, n := range a {
+		switch {
+		case sec == 0:
+		case sec == 3: // the outage starts
+			if n > 1000+200 {
+				t.Errorf("second 3 (the store went down): %d admitted, over the bound (the rate and one lease period of it)", n)
+			}
+		case sec == 4 || sec == 5: // fallback: 4 local shares of 250/s
+			if n < 970 || n > 1030 {
+				t.Errorf("second %d (store down): %d admitted: the local shares should keep the rate ± 3%%", sec, n)
+			}
+		case sec == 6: // the store's return: its bucket is full again (the burst), and
+			// the replicas still in fallback keep their local shares until
+			// their next probe (at most a probe interval of the rate)
+			if n > 1000+100+250 {
+				t.Errorf("second 6 (the store came back): %d admitted, over the bound (the rate, the burst and a probe interval of the rate)", n)
+			}
+		default:
+			if n < 970 || n > 1030 {
+				t.Errorf("second %d: %d admitted, want 1000 ± 3%%", sec, n)
+			}
+		}
+	}
+	t.Logf("per second %v; %d decided by the fallback", a, c.fallback)
+}
+
+// TestSharedReplicaKilled: one of 4 replicas stops at 4 s; the others take
+// its share within one lease period: the quota it held when it died (its
+// leases reach at most a lease period, 200ms, ahead) is lost, and the
+// next second is exact again.
+func TestSharedReplicaKilled(t *testing.T) {
+	c := newCluster(t, 4, sharedCfg(1000, 100), 500*time.Microsecond)
+	rng := rand.New(rand.NewPCG(8, 8))
+	for r, share := range []float64{0.7, 0.1, 0.1, 0.1} {
+		c.arrivals(rng, r, "tenant", 4000*share, 0, 8*time.Second)
+	}
+	c.push(event{at: int64(4 * time.Second), replica: -3}) // kill replica 0, the busiest
+	c.run()
+	a := c.admitted["tenant"]
+	if a[4] < 1000-200-30 {
+		t.Errorf("second 4, replica 0 died at its start: %d admitted; it can have taken at most a lease period (200 tokens) with it", a[4])
+	}
+	for sec := 5; sec < 8; sec++ {
+		if n := a[sec]; n < 970 || n > 1030 {
+			t.Errorf("second %d after replica 0 died: %d admitted, want 1000 ± 3%% (the others at 1,200/s offered)", sec, n)
+		}
+	}
+	t.Logf("per second %v", a)
+}
+
+// TestSharedSheddableYieldsUnderExcess: with the store's bucket empty
+// (the key saturated), Sheddable calls are refused while Critical ones
+// take the tokens as they come; with a full bucket, Sheddable calls pass.
+func TestSharedSheddableYieldsUnderExcess(t *testing.T) {
+	c := newCluster(t, 2, sharedCfg(1000, 100), 500*time.Microsecond)
+	rng := rand.New(rand.NewPCG(9, 9))
+	c.arrivals(rng, 0, "tenant", 3000, 0, 3*time.Second)
+	c.run()
+	s := c.replicas[0]
+	now := t0.Add(3 * time.Second)
+	shed := 0
+	for i := range 100 {
+		d, l := s.Decide(now.Add(time.Duration(i)*100*time.Microsecond), "tenant", Sheddable)
+		if d.OK {
+			shed++
+		}
+		if l != nil {
+			g, err := c.store.lease(int64(3*time.Second)+int64(i)*int64(100*time.Microsecond), 0, l)
+			s.Deliver(l, now.Add(time.Duration(i)*100*time.Microsecond), g, err)
+		}
+	}
+	if shed > 0 {
+		t.Errorf("%d Sheddable calls admitted on a saturated key, want none: the reserve is half the burst", shed)
+	}
+	quiet, _ := NewShared(sharedCfg(1000, 100), t0)
+	d, l := quiet.Decide(t0, "tenant", Sheddable)
+	g, _ := newFakeStore().lease(0, 0, l)
+	quiet.Deliver(l, t0, g, nil)
+	if d, _ = quiet.Decide(t0, "tenant", Sheddable); !d.OK {
+		t.Errorf("Sheddable on a quiet key (the store's bucket full): %+v, want admitted", d)
+	}
+}
+
+// TestSharedKeysBoundAndSweep: at MaxKeys, a new key takes the place of one
+// that holds nothing (no lease held or in flight, its demand old), and
+// shares the overflow bucket while none does.
+func TestSharedKeysBoundAndSweep(t *testing.T) {
+	cfg := sharedCfg(1000, 10)
+	cfg.MaxKeys = 2
+	s, _ := NewShared(cfg, t0)
+	st := newFakeStore()
+	call := func(at time.Duration, key string) SharedDecision {
+		d, l := s.Decide(t0.Add(at), key, Critical)
+		if l != nil {
+			g, _ := st.lease(int64(at), 0, l)
+			s.Deliver(l, t0.Add(at), g, nil)
+		}
+		return d
+	}
+	call(0, "a")
+	call(0, "b")
+	call(0, "c") // the bound: c shares the overflow bucket
+	if got := s.Keys(); got != 2 {
+		t.Fatalf("%d keys remembered at the bound of 2", got)
+	}
+	// Much later, a and b hold nothing: their leases ended, their demand
+	// is old. A new key takes a place.
+	call(10*time.Second, "d")
+	s.keys.mu.Lock()
+	found := s.keys.tab.Load().find(maphashOf(s, "d"), "d") != nil
+	s.keys.mu.Unlock()
+	if !found {
+		t.Fatal(`key "d" not remembered after the idle keys were forgotten`)
+	}
+}
+
+func maphashOf(s *Shared, key string) uint64 { return maphash.String(s.keys.seed, key) | 1 }
+
+// TestSharedConcurrent races decisions on a few keys with deliveries from
+// other goroutines (a store answering asynchronously), on a small key
+// bound; it ends with no lease left in flight.
+func TestSharedConcurrent(t *testing.T) {
+	cfg := sharedCfg(1e5, 100)
+	cfg.MaxKeys = 4
+	s, _ := NewShared(cfg, t0)
+	var mu sync.Mutex
+	st := newFakeStore()
+	var wg sync.WaitGroup
+	var clock atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				n := clock.Add(int64(10 * time.Microsecond))
+				d, l := s.Decide(t0.Add(time.Duration(n)), "k"+strconv.Itoa((g+i)%6), Criticality(i%4))
+				if l != nil {
+					wg.Go(func() {
+						mu.Lock()
+						gr, err := st.lease(n, g, l)
+						mu.Unlock()
+						s.Deliver(l, t0.Add(time.Duration(clock.Load())), gr, err)
+					})
+				}
+				if d.Pending != nil {
+					<-d.Pending
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, tab := range []*table[sharedKey]{s.keys.tab.Load()} {
+		for i := range tab.slots {
+			if e := tab.slots[i].e.Load(); e != nil {
+				e.v.mu.Lock()
+				if e.v.fetch != nil {
+					t.Errorf("key %q: a lease left in flight", e.key)
+				}
+				e.v.mu.Unlock()
+			}
+		}
+	}
 }
