@@ -509,10 +509,10 @@ func (st *sharedKey) add(l lease) {
 	}
 }
 
-// Expire gives up waiting for l at now, as if the store had failed: the
-// limiter enters fallback, so calls stop waiting for a store that does not
-// answer in time. l stays in flight until it is delivered.
-func (s *Shared) Expire(l *Lease, now time.Time) Transition {
+// Expire gives up waiting for a lease at now, as if the store had failed:
+// the limiter enters fallback, so calls stop waiting for a store that does
+// not answer in time. The lease stays in flight until it is delivered.
+func (s *Shared) Expire(now time.Time) Transition {
 	return s.fail(int64(now.Sub(s.epoch)))
 }
 

@@ -369,7 +369,7 @@ func TestSharedExpireEntersFallback(t *testing.T) {
 	if d.Pending == nil {
 		t.Fatal("no Pending")
 	}
-	if tr := s.Expire(l, t0.Add(50*time.Millisecond)); tr != EnteredFallback {
+	if tr := s.Expire(t0.Add(50 * time.Millisecond)); tr != EnteredFallback {
 		t.Fatalf("Expire: %v", tr)
 	}
 	// The local share (one replica: the whole rate) starts empty, and
