@@ -43,13 +43,19 @@ func DefaultAccuracy() AccuracyConfig {
 type AccuracyResult struct {
 	Offered, Admitted int64
 	Elapsed           time.Duration // from the first call to the last
-	// Ratio is the admitted rate over the elapsed time against the
-	// configured rate, the burst taken out: (Admitted − Burst) /
-	// (Rate × Elapsed).
+	// Ratio is the admitted rate against the configured rate, from the
+	// first refused call (the burst spent: the bucket empty) to the last
+	// call: the calls admitted after the first refusal over Rate × that
+	// time. Counting from the first call instead would count the burst,
+	// and lose what a stall of the senders while the bucket was still
+	// full lets spill over (tokens of a full bucket are lost in any
+	// implementation).
 	Ratio float64
 	// XAdmitted and XRatio are x/time/rate's, on the same calls.
 	XAdmitted int64
 	XRatio    float64
+	// Window is the time from the first refusal to the last call.
+	Window time.Duration
 	// MaxGap is the longest time between two consecutive calls.
 	MaxGap time.Duration
 }
@@ -67,6 +73,10 @@ func Accuracy(ctx context.Context, cfg AccuracyConfig) (AccuracyResult, error) {
 	gap := time.Duration(float64(time.Second) * float64(cfg.Senders) / (cfg.Load * cfg.Rate))
 	x := rate.NewLimiter(rate.Limit(cfg.Rate), cfg.Burst)
 	var offered, admitted, xadmitted atomic.Int64
+	// After the first refusal (by ours; x/time/rate refuses the same
+	// calls), in ns after start; 0 before.
+	var refusedAt atomic.Int64
+	var after, xafter atomic.Int64
 	var mu sync.Mutex // orders the calls, for the gaps
 	var prev time.Time
 	var maxGap time.Duration
@@ -88,11 +98,20 @@ func Accuracy(ctx context.Context, cfg AccuracyConfig) (AccuracyResult, error) {
 				}
 				prev = now
 				mu.Unlock()
+				counting := refusedAt.Load() != 0
 				if ok, _ := l.Allow(now, "tenant", ours.Critical); ok {
 					admitted.Add(1)
+					if counting {
+						after.Add(1)
+					}
+				} else if !counting {
+					refusedAt.CompareAndSwap(0, int64(now.Sub(start)))
 				}
 				if x.AllowN(now, 1) {
 					xadmitted.Add(1)
+					if counting {
+						xafter.Add(1)
+					}
 				}
 				offered.Add(1)
 				n := int64(now.Sub(start))
@@ -109,8 +128,9 @@ func Accuracy(ctx context.Context, cfg AccuracyConfig) (AccuracyResult, error) {
 		return AccuracyResult{}, err
 	}
 	r := AccuracyResult{Offered: offered.Load(), Admitted: admitted.Load(), XAdmitted: xadmitted.Load(),
-		Elapsed: time.Duration(last.Load() - first.Load()), MaxGap: maxGap}
-	r.Ratio = float64(r.Admitted-int64(cfg.Burst)) / (cfg.Rate * r.Elapsed.Seconds())
-	r.XRatio = float64(r.XAdmitted-int64(cfg.Burst)) / (cfg.Rate * r.Elapsed.Seconds())
+		Elapsed: time.Duration(last.Load() - first.Load()), MaxGap: maxGap,
+		Window: time.Duration(last.Load() - refusedAt.Load())}
+	r.Ratio = float64(after.Load()) / (cfg.Rate * r.Window.Seconds())
+	r.XRatio = float64(xafter.Load()) / (cfg.Rate * r.Window.Seconds())
 	return r, nil
 }

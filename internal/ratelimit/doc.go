@@ -123,17 +123,18 @@
 // and decides by its FallbackMode: FallbackLocalShare (the default) gives
 // each key a local bucket of the rate and burst divided by the replicas
 // that leased tokens of the key within the ReplicaWindow (10 s, as the
-// store counted them at the last grant), starting empty, and ignores the
-// tokens held (spent beside the share they would count twice);
+// store counted them at the last grant), starting empty, for the calls
+// the tokens it holds (its own: the store counted them) do not cover;
 // FallbackOpen admits everything; FallbackClosed admits only what the held
 // tokens cover. With the local share, the replicas together admit about
 // the rate while they are as many as they were, and in the second the
-// outage begins at most one lease period of the rate more (what they spent
-// of their leases before they noticed); when the store is back its bucket
-// is full and the replicas still in fallback keep their shares until their
+// outage begins at most one lease period of the rate more (the leases they
+// held, spent beside their shares); when the store is back its bucket is
+// full and the replicas still in fallback keep their shares until their
 // next probe, so at most the burst and a probe interval of the rate more
-// (TestSharedOutageBoundAndReturn: 1,043 and 1,143 against 1,000; exact
-// again the second after).
+// (TestSharedOutageBoundAndReturn: 1,138 and 1,143 against 1,000; exact
+// again the second after). Spending the held tokens keeps a brief blip (one
+// lease answered late) from costing the replica its reserved slots.
 //
 // Criticality holds in a shared limit too: a call leaves at least its
 // reserve, counted in the tokens whose slot has come and those the store's

@@ -257,26 +257,16 @@ func (s *Shared) decideLocked(n int64, key string, e *entry[sharedKey], c Critic
 	}
 	var d SharedDecision
 	failing := s.failing.Load()
-	if failing && s.fallback != FallbackClosed {
-		// The local share (or no limit) decides alone: held tokens spent
-		// beside it would count twice.
-		req := s.ask(n, key, e)
-		d.Fallback = true
-		var wait int64
-		d.OK, wait = s.fallbackTake(n, st, c)
-		d.Wait = time.Duration(max(wait, 0))
-		return d, req
-	}
 	ok, wait := st.take(n, s.p.t, s.reserve[c])
 	d.OK = ok
 	req := s.ask(n, key, e)
 	switch {
-	case ok:
-		d.Fallback = failing
-	case failing: // closed: the held tokens only
+	case ok: // a held token: this replica's, in fallback too
+	case failing:
 		d.Fallback = true
-		_, w := s.fallbackTake(n, st, c)
-		if st.nl > 0 {
+		var w int64
+		d.OK, w = s.fallbackTake(n, st, c)
+		if !d.OK && st.nl > 0 {
 			w = min(w, max(wait, 0))
 		}
 		d.Wait = time.Duration(max(w, 0))
@@ -430,9 +420,9 @@ func (s *Shared) fallbackTake(n int64, st *sharedKey, c Criticality) (bool, int6
 	t := s.p.t * r
 	b := max(1, s.burst/r)
 	if since := s.failSince.Load(); st.fbSince != since {
-		// A fallback starts with an empty local bucket: the replicas spent
-		// their leases up to its start, so a burst on top would pass the
-		// rate by the sum of the local bursts.
+		// A fallback starts with an empty local bucket: the replicas spend
+		// the leases they hold first, so a burst on top would pass the
+		// rate by the sum of the local bursts too.
 		st.fbSince, st.fbTAT = since, since+b*t
 	}
 	room := b*t - int64(math.Round((1-BurstShare[c])*float64(b-1)*float64(t)))
@@ -530,6 +520,36 @@ func (s *Shared) recover() Transition {
 		return NoTransition
 	}
 	return LeftFallback
+}
+
+// Refund gives back the token of a call Decide admitted at now and that
+// did not go (another limit refused it): the earliest lease takes it back
+// at the slot before its next, or, when the call was admitted by the local
+// share, the share does. A token whose lease has ended since is lost, as
+// is a refund in FallbackOpen.
+func (s *Shared) Refund(now time.Time, key string) {
+	n := int64(now.Sub(s.epoch))
+	for {
+		e := s.keys.get(n, s.p.t, key)
+		st := &e.v
+		st.mu.Lock()
+		if st.dead {
+			st.mu.Unlock()
+			continue
+		}
+		switch {
+		case s.failing.Load() && s.fallback == FallbackLocalShare:
+			if st.fbTAT > n {
+				r := max(int64(st.replicas), 1)
+				st.fbTAT -= s.p.t * r
+			}
+		case st.nl > 0:
+			st.leases[0].next -= s.p.t
+			st.leases[0].n++
+		}
+		st.mu.Unlock()
+		return
+	}
 }
 
 // Forfeited returns the tokens leased and never spent: their lease ended

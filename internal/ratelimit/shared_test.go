@@ -570,3 +570,21 @@ func TestSharedConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedRefund: a token given back goes to the held lease, and the
+// next call takes it.
+func TestSharedRefund(t *testing.T) {
+	s, _ := NewShared(sharedCfg(10, 1), t0)
+	_, l := s.Decide(t0, "k", Critical)
+	s.Deliver(l, t0, Grant{Tokens: 2, FirstSlot: 0, Replicas: 1}, nil)
+	if d, _ := s.Decide(t0, "k", Critical); !d.OK {
+		t.Fatal("the first held token refused")
+	}
+	if d, _ := s.Decide(t0, "k", Critical); d.OK || d.Wait != 100*time.Millisecond {
+		t.Fatalf("the second token's slot is 100ms on: %+v", d)
+	}
+	s.Refund(t0, "k")
+	if d, _ := s.Decide(t0, "k", Critical); !d.OK {
+		t.Fatal("the refunded token refused")
+	}
+}

@@ -63,10 +63,10 @@
 // probe interval (250ms) to find out whether it is back, and the calls are
 // decided by the limit's Fallback:
 //
-//   - FallbackLocalShare, the default: each key gets a local bucket of the
-//     rate and burst divided by the replicas that leased it within the
-//     replica window, as Redis counted them at the last lease, starting
-//     empty. The replicas together keep about the rate while they are as
+//   - FallbackLocalShare, the default: the tokens a replica holds are
+//     spent first, then each key gets a local bucket of the rate and burst
+//     divided by the replicas that leased it within the replica window, as
+//     Redis counted them at the last lease, starting empty. The replicas together keep about the rate while they are as
 //     many as they were; in the second an outage begins, at most a lease
 //     period of the rate more (what they held), and when Redis is back at
 //     most its burst and a probe interval of the rate more. A replica alone
