@@ -145,6 +145,15 @@
 // when it holds no lease, has none in flight, the store set it no wait,
 // its demand is a lease period old and its local share is full.
 //
+// # Pacing a client
+//
+// Pace is the client's side of a server's pushback: after an answer that
+// says to come back after w, the attempts of the method go one per w, each
+// in a slot of its own, until one succeeds; an attempt whose slot is
+// further than its caller may wait fails at once, locally. So a method
+// sends at most one attempt per pushback period into a limit, where a
+// plain retry loop sends one per call (TestPaceOneAttemptPerPushback).
+//
 // # Concurrency
 //
 // A Limiter is safe for concurrent use. A decision on a remembered key
