@@ -51,6 +51,11 @@
 // while its bucket refills or a replica counts among its sharers (the
 // replica window, 10 s); an idle key costs nothing. This replica remembers
 // at most MaxKeys keys of a limit (10,000); the keys beyond share one.
+// A key's first call on a replica costs a round trip, so a caller who may
+// name any tenant can make the replica ask Redis once per new name, up to
+// MaxKeys names at a time (a name is forgotten a few lease periods after
+// its last call, when the replica holds nothing of it): key a limit by a
+// tenant the server verified (server.Limits.Tenant), or keep MaxKeys low.
 //
 // # When Redis is unreachable
 //

@@ -272,7 +272,13 @@ func (l *Limiter) Allow(ctx context.Context, key string, c wire.Criticality) (De
 		if lease != nil {
 			l.send(lease)
 		}
-		if d.Pending == nil || waited {
+		if d.Pending != nil && waited {
+			// Another lease is on its way already (another call asked for
+			// it): refuse rather than wait twice, told to come back after
+			// an interval.
+			return Decision{Wait: l.shared.Interval()}, nil
+		}
+		if d.Pending == nil {
 			return Decision{OK: d.OK, Wait: d.Wait, Fallback: d.Fallback}, nil
 		}
 		timer := time.NewTimer(l.store.opts.timeout)
