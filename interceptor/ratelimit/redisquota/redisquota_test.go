@@ -100,9 +100,13 @@ func TestLeaseScript(t *testing.T) {
 }
 
 // TestReplicasShareTheRate: three replicas (stores) on one Redis flood one
-// key; together they admit no more than the burst and the rate over the
-// time, and at least half of it (a busy machine may starve a sender), at
-// fewer round trips than admitted calls by far.
+// key; the calls they admit by leases are no more than the burst and the
+// rate over the time (a token is never spent before its slot on Redis's
+// schedule), all of them at least half of it (a busy machine may starve a
+// sender), at fewer round trips than admitted calls by far. A lease that a
+// busy machine delays past the lease timeout puts a replica in fallback
+// for a probe interval, whose local share comes on top: those calls are
+// counted apart.
 func TestReplicasShareTheRate(t *testing.T) {
 	const rate, burst = 400, 20
 	addr := redistest.Addr(t)
@@ -114,7 +118,7 @@ func TestReplicasShareTheRate(t *testing.T) {
 		trips = append(trips, redistest.CountRoundTrips(c))
 		lims = append(lims, newLimiter(t, newStore(t, c, prefix), "share", Limit{Rate: rate, Burst: burst}))
 	}
-	var admitted atomic.Int64
+	var admitted, fallback atomic.Int64
 	start := time.Now()
 	deadline := start.Add(time.Second)
 	var wg sync.WaitGroup
@@ -128,15 +132,18 @@ func TestReplicasShareTheRate(t *testing.T) {
 				}
 				if d.OK {
 					admitted.Add(1)
+					if d.Fallback {
+						fallback.Add(1)
+					}
 				}
 			}
 		})
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	n := admitted.Load()
-	if max := int64(burst + rate*elapsed.Seconds() + 1); n > max {
-		t.Errorf("%d admitted in %v: more than the burst and the rate allow (%d)", n, elapsed, max)
+	n, fb := admitted.Load(), fallback.Load()
+	if max := int64(burst + rate*elapsed.Seconds() + 1); n-fb > max {
+		t.Errorf("%d admitted by leases in %v: more than the burst and the rate allow (%d)", n-fb, elapsed, max)
 	}
 	if min := int64(rate * elapsed.Seconds() / 2); n < min {
 		t.Errorf("%d admitted in %v: less than half the rate (%d)", n, elapsed, min)
@@ -148,7 +155,7 @@ func TestReplicasShareTheRate(t *testing.T) {
 	if rt*5 > n {
 		t.Errorf("%d round trips for %d admitted calls: more than one per 5", rt, n)
 	}
-	t.Logf("%d admitted in %v (rate %d/s, burst %d), %d round trips", n, elapsed, rate, burst, rt)
+	t.Logf("%d admitted in %v (rate %d/s, burst %d; %d by the fallback), %d round trips", n, elapsed, rate, burst, fb, rt)
 }
 
 // TestFirstCallWaitsForItsLease: a key's first call on a replica waits
@@ -195,13 +202,21 @@ func TestOutageFallbackAndReturn(t *testing.T) {
 	s := newStore(t, c, redistest.Prefix(t), WithLogger(logger), WithMeterProvider(mp), WithLeaseTimeout(50*time.Millisecond))
 	l := newLimiter(t, s, "outage", Limit{Rate: 1000, Burst: 10, ProbeInterval: 100 * time.Millisecond})
 	ctx := context.Background()
-	for range 20 {
-		if _, err := l.Allow(ctx, "k", wire.Critical); err != nil {
+	// Warm up until a call is decided by a lease: on a busy machine a lease
+	// may take longer than the timeout, and the limiter then starts in
+	// fallback; its next probe leases.
+	for warm := time.Now(); ; {
+		d, err := l.Allow(ctx, "k", wire.Critical)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if l.InFallback() {
-		t.Fatal("in fallback with Redis up")
+		if !d.Fallback && !l.InFallback() {
+			break
+		}
+		if time.Since(warm) > 5*time.Second {
+			t.Fatal("no call decided by a lease in 5s with Redis up")
+		}
+		time.Sleep(time.Millisecond) // polling interval: the limiter probes on calls
 	}
 	srv.Stop()
 	// The limiter notices when it needs a lease: once the tokens it holds
@@ -242,18 +257,18 @@ func TestOutageFallbackAndReturn(t *testing.T) {
 	mu.Lock()
 	out := logs.String()
 	mu.Unlock()
-	if n := strings.Count(out, "Redis is unreachable"); n != 1 {
-		t.Errorf("%d log lines on entering fallback, want 1:\n%s", n, out)
-	}
-	if n := strings.Count(out, "Redis answers again"); n != 1 {
-		t.Errorf("%d log lines on leaving fallback, want 1:\n%s", n, out)
+	// One line per transition, each entry followed by its exit: the warm-up
+	// may have seen a slow lease too.
+	in, left := strings.Count(out, "Redis is unreachable"), strings.Count(out, "Redis answers again")
+	if in < 1 || in != left {
+		t.Errorf("%d log lines on entering fallback, %d on leaving it, want one of each per outage:\n%s", in, left, out)
 	}
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(ctx, &rm); err != nil {
 		t.Fatal(err)
 	}
-	if got := sumInt(rm, metricFallbacks); got != 1 {
-		t.Errorf("%s = %d, want 1", metricFallbacks, got)
+	if got := sumInt(rm, metricFallbacks); got != int64(in) {
+		t.Errorf("%s = %d, want %d (the log's)", metricFallbacks, got, in)
 	}
 	if got := sumInt(rm, metricInFallback); got != 0 {
 		t.Errorf("%s = %d after the return, want 0", metricInFallback, got)
