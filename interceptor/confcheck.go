@@ -135,7 +135,6 @@ func (og entryOrigin) errAt(rel, msg string) error {
 	return &configError{msg: "interceptor: " + og.at(rel) + ": " + msg}
 }
 
-
 // checkEntries checks mcs, entries of a client's method config, each
 // against where it came from (origins[i]): a name list (for an entry built
 // in Go), names that a call can carry, given once across all entries,
