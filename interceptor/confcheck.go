@@ -235,9 +235,10 @@ func checkCap(mc *serviceconfig.MethodConfig, og entryOrigin, clientCap int) err
 
 // checkRegistered checks the names of mc against the services and methods
 // linked into the program (see registered), and a hedging policy against
-// the streaming methods mc names exactly: a stream is never hedged. What
-// cannot be right is an error when direct, else a warning; a service the
-// program does not register is a warning.
+// the streaming methods mc names: a stream is never hedged. What cannot be
+// right (a stream named exactly) is an error when direct, else a warning;
+// a service the program does not register, and the streams of a service
+// an entry hedges, are warnings.
 func checkRegistered(mc *serviceconfig.MethodConfig, og entryOrigin, direct bool) (warnings []string, err error) {
 	for j, n := range mc.Name {
 		at := og.atName(j, n)
@@ -254,6 +255,13 @@ func checkRegistered(mc *serviceconfig.MethodConfig, og entryOrigin, direct bool
 			return nil, errors.New("interceptor: " + at + ": " + msg)
 		default:
 			warnings = append(warnings, "interceptor: "+at+": "+msg)
+		}
+		if n.Method == "" && mc.HedgingPolicy != nil {
+			if streams := streamMethods(n.Service); len(streams) > 0 {
+				warnings = append(warnings, fmt.Sprintf("interceptor: %s: service %s has streaming methods (%s), "+
+					"which are never hedged: under this entry they run one attempt, without retries",
+					og.at("hedgingPolicy"), n.Service, strings.Join(streams, ", ")))
+			}
 		}
 	}
 	return warnings, nil

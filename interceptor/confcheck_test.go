@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -254,17 +255,19 @@ func TestUpdateServiceConfigRefusesWhatNewClientRefuses(t *testing.T) {
 }
 
 // TestNamesNoCodeRegistersAreLoggedOnce pins the settings that may yet be
-// right, a service no code linked into the program registers (a call
-// made without generated code may carry it): accepted, and logged once
-// each, naming the setting; a resolver's config that NewClient would
-// refuse for the registry's sake is applied and logged, as grpc-go applies
-// it.
+// right, or are right for some methods only: a service no code linked into
+// the program registers (a call made without generated code may carry
+// it), a hedging policy for a service with streaming methods (which it
+// leaves without retries): accepted, and logged once each, naming the
+// setting; a resolver's config that NewClient would refuse for the
+// registry's sake is applied and logged, as grpc-go applies it.
 func TestNamesNoCodeRegistersAreLoggedOnce(t *testing.T) {
 	logger, rec := withRecorder()
 	c := newTestClient(t, logger,
 		WithRetryPolicy(fastPolicy(3), "shop.Orders"),
 		WithMethodConfig(serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoServce", Method: "Echo"}},
-			Timeout: 1}),
+			Timeout: 1}, serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
+			HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2}}),
 		WithIdempotencyKeys("/shop.Orders/Pay"),
 		WithExemptMethods("grpc.health.v1.Health", "shop.Carts"))
 	for range 2 {
@@ -275,10 +278,14 @@ func TestNamesNoCodeRegistersAreLoggedOnce(t *testing.T) {
 	e := newResolverEnv(t, c, true)
 	e.deliver(`{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService", "method": "BidiStream"}], "hedgingPolicy": {"maxAttempts": 2}},
 		{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Ecko"}], "timeout": "1s"}]}`)
+	if got := c.state.Load().policy("/resilience.echo.v1.EchoService/Ecko", false).timeout; got != time.Second {
+		t.Errorf("timeout of Ecko under the resolver's config = %v, want 1s: the config is applied, as grpc-go applies it", got)
+	}
 	e.deliver("")
 	want := []string{
 		`interceptor: WithRetryPolicy("shop.Orders"): service "shop.Orders" is not registered in this program (protoregistry.GlobalFiles): the name applies to no call made with generated code`,
 		`interceptor: WithMethodConfig: entry 0: Name[0]: service "resilience.echo.v1.EchoServce" is not registered in this program (protoregistry.GlobalFiles) (did you mean "resilience.echo.v1.EchoService"?): the name applies to no call made with generated code`,
+		`interceptor: WithMethodConfig: entry 1: HedgingPolicy: service resilience.echo.v1.EchoService has streaming methods (ServerStream, ClientStream, BidiStream), which are never hedged: under this entry they run one attempt, without retries`,
 		`interceptor: WithIdempotencyKeys("/shop.Orders/Pay"): service "shop.Orders" is not registered in this program (protoregistry.GlobalFiles): the name applies to no call made with generated code`,
 		`interceptor: WithExemptMethods("grpc.health.v1.Health"): service "grpc.health.v1.Health" is not registered in this program (protoregistry.GlobalFiles): the name applies to no call made with generated code`,
 		`interceptor: WithExemptMethods("shop.Carts"): service "shop.Carts" is not registered in this program (protoregistry.GlobalFiles): the name applies to no call made with generated code`,
@@ -288,8 +295,5 @@ func TestNamesNoCodeRegistersAreLoggedOnce(t *testing.T) {
 	}
 	if got := rec.logged(); !slices.Equal(got, want) {
 		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
-	if d, ok := c.HedgingDelay("/resilience.echo.v1.EchoService/BidiStream"); ok {
-		t.Errorf("HedgingDelay(BidiStream) = %v after the withdrawal, want none", d)
 	}
 }

@@ -16,11 +16,12 @@ import (
 // name whose form is right but that names nothing linked into the program
 // is checked against the registry of generated code (see confcheck.go).
 
-// registered and streamKind read the registry of the program's generated
+// registered, streamKind and streamMethods read the registry of the program's generated
 // code: see rpcname.Registered and rpcname.StreamKind.
 var (
-	registered = rpcname.Registered
-	streamKind = rpcname.StreamKind
+	registered    = rpcname.Registered
+	streamKind    = rpcname.StreamKind
+	streamMethods = rpcname.StreamMethods
 )
 
 // grpcLog is where a Client writes its warnings without WithLogger.

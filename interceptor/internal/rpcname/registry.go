@@ -88,6 +88,28 @@ func StreamKind(n serviceconfig.Name) string {
 	return ""
 }
 
+// StreamMethods returns the names of the streaming methods of service, as
+// the registry describes it, in declaration order; nil for a service
+// without any, or one the registry does not know.
+func StreamMethods(service string) []string {
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return nil
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return nil
+	}
+	var out []string
+	ms := sd.Methods()
+	for i := range ms.Len() {
+		if md := ms.Get(i); md.IsStreamingClient() || md.IsStreamingServer() {
+			out = append(out, string(md.Name()))
+		}
+	}
+	return out
+}
+
 // kindOf names the kind of a descriptor that is not a service.
 func kindOf(d protoreflect.Descriptor) string {
 	switch d.(type) {

@@ -1,6 +1,7 @@
 package rpcname
 
 import (
+	"slices"
 	"testing"
 
 	_ "github.com/grpc-resilience/resilience/proto/resilience/echo/v1" // registers resilience.echo.v1.EchoService
@@ -72,6 +73,17 @@ func TestStreamKind(t *testing.T) {
 	for _, tt := range tests {
 		if got := StreamKind(tt.n); got != tt.want {
 			t.Errorf("StreamKind(%+v) = %q, want %q", tt.n, got, tt.want)
+		}
+	}
+}
+
+func TestStreamMethods(t *testing.T) {
+	if got, want := StreamMethods(echo), []string{"ServerStream", "ClientStream", "BidiStream"}; !slices.Equal(got, want) {
+		t.Errorf("StreamMethods(%q) = %q, want %q", echo, got, want)
+	}
+	for _, s := range []string{"shop.Orders", "resilience.echo.v1.EchoRequest", ""} {
+		if got := StreamMethods(s); got != nil {
+			t.Errorf("StreamMethods(%q) = %q, want none", s, got)
 		}
 	}
 }
