@@ -91,7 +91,10 @@ func (og entryOrigin) atName(j int, n serviceconfig.Name) string {
 		return og.at(fmt.Sprintf("name[%d]", j))
 	}
 	s := n.Service
-	if n.Method != "" {
+	switch {
+	case n.Service == "" && n.Method == "":
+		return og.option + " without names (the default of every method)"
+	case n.Method != "":
 		s = "/" + n.Service + "/" + n.Method
 	}
 	return fmt.Sprintf("%s(%q)", og.option, s)

@@ -213,6 +213,9 @@ func TestSettingsThatDoNothingAreRefused(t *testing.T) {
 		{"a name given twice", []ClientOption{WithRetryPolicy(p, echoService), WithMethodConfig(serviceconfig.MethodConfig{
 			Name: []serviceconfig.Name{{Service: echoService}}, Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 1}})},
 			`interceptor: WithMethodConfig: entry 0: Name[0]: duplicates the name at WithRetryPolicy("resilience.echo.v1.EchoService")`},
+		{"the default given twice", []ClientOption{WithRetryPolicy(p), WithMethodConfig(serviceconfig.MethodConfig{
+			Name: []serviceconfig.Name{{}}, Timeout: time.Second})},
+			`interceptor: WithMethodConfig: entry 0: Name[0]: duplicates the name at WithRetryPolicy without names (the default of every method)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
