@@ -28,8 +28,8 @@
 // busy as the rate, fewer calls when a replica is slower. On fake time, 4
 // replicas offered 4 times a per-tenant rate of 1,000/s, 70/10/10/10, admit
 // 1,000 ± 12 calls each second at one round trip per 27 admitted calls;
-// against a real redis-server, three replicas flooding one key admit no
-// more than the burst and the rate (TestReplicasShareTheRate).
+// against a real redis-server, tests hold three replicas flooding one key
+// to no more than the burst and the rate by their leases.
 //
 // A key's first call on a replica waits for its first lease (one round
 // trip); a call that finds the replica's tokens spent and the next lease on
@@ -47,7 +47,9 @@
 // primary that serves the slot; during a slot migration it follows the
 // ASK and MOVED redirections like any command (go-redis does; keep
 // MaxRedirects at its default or above), atomic on whichever node holds
-// the key at that moment (TestClusterSlotMigrating). A key lives in Redis
+// the key at that moment (a test migrates a key's slot while two replicas
+// lease it: no call waits past the lease timeout, and the count stays
+// within the burst and the rate). A key lives in Redis
 // while its bucket refills or a replica counts among its sharers (the
 // replica window, 10 s); an idle key costs nothing. This replica remembers
 // at most MaxKeys keys of a limit (10,000); the keys beyond share one.
