@@ -190,7 +190,7 @@ func TestSheddableRefusedUnderSustainedExcess(t *testing.T) {
 // fake time, with random (seeded) arrivals, the admitted count is the
 // rate × 10 s plus the burst, to one token.
 func TestAdmittedRateAtThreeTimesLoad(t *testing.T) {
-	for _, rate := range []float64{10, 1000, 33333} {
+	for _, rate := range []float64{7, 1000, 3333} {
 		l := mustNew(t, Config{Rate: rate, Burst: 10})
 		rng := rand.New(rand.NewPCG(1, uint64(rate)))
 		admitted := 0

@@ -123,7 +123,10 @@ func TestClusterSlotMigrating(t *testing.T) {
 	if n, _ := cluster.Admin(to).Exists(ctx, rkey).Result(); n != 1 {
 		t.Errorf("the key is not on its new node")
 	}
-	if took := time.Duration(slowest.Load()); took > 200*time.Millisecond+300*time.Millisecond {
+	// No call waits for Redis past the lease timeout (200ms) and the
+	// scheduling of a busy machine (up to 1s here): none waits for
+	// go-redis's own timeouts or for the migration to end.
+	if took := time.Duration(slowest.Load()); took > 200*time.Millisecond+time.Second {
 		t.Errorf("a call took %v: past the lease timeout (200ms)", took)
 	}
 	// Decided by leases, the count is within the burst and the rate; a

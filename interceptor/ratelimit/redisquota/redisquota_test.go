@@ -232,7 +232,9 @@ func TestOutageFallbackAndReturn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if took := time.Since(start); took > 50*time.Millisecond+200*time.Millisecond {
+		// Past the lease timeout, only a busy machine's scheduling (up to
+		// 1s here): no call waits for go-redis's dials or timeouts.
+		if took := time.Since(start); took > 50*time.Millisecond+time.Second {
 			t.Fatalf("call %d took %v with Redis down: past the lease timeout (50ms)", i, took)
 		}
 		if d.Fallback {
