@@ -335,9 +335,16 @@ func (st *sharedKey) take(n, t int64, reserve float64) (bool, int64) {
 			avail += min(l.n, (n-l.next)/t+1)
 		}
 	}
-	if avail == 0 || float64(avail-1+st.storeLeft) < reserve {
-		need := int64(math.Ceil(reserve)) - st.storeLeft // tokens to come after the first
-		return false, st.leases[0].next + max(need, 0)*t - n
+	if avail == 0 {
+		return false, st.leases[0].next - n
+	}
+	if float64(avail-1+st.storeLeft) < reserve {
+		// The reserve is short by k tokens: they come with the next k
+		// slots after those that have come (of the earliest lease; a
+		// later one only shortens the wait), at least an interval away.
+		k := int64(math.Ceil(reserve - float64(avail-1+st.storeLeft)))
+		l := &st.leases[0]
+		return false, max(l.next+(min(avail, l.n)+k-1)*t-n, t)
 	}
 	for i := range st.nl {
 		l := &st.leases[i]

@@ -588,3 +588,19 @@ func TestSharedRefund(t *testing.T) {
 		t.Fatal("the refunded token refused")
 	}
 }
+
+// TestSharedReserveWaitIsNeverZero: a Sheddable call refused for the
+// reserve while a token is there is told to come back when the reserve
+// can be met, never after 0 (a client would come back at once).
+func TestSharedReserveWaitIsNeverZero(t *testing.T) {
+	s, _ := NewShared(sharedCfg(10, 11), t0) // Sheddable keeps 5 of the burst above one
+	_, l := s.Decide(t0, "k", Critical)
+	s.Deliver(l, t0, Grant{Tokens: 3, FirstSlot: -time.Second, Replicas: 1, Left: 0}, nil)
+	d, _ := s.Decide(t0, "k", Sheddable)
+	if d.OK || d.Wait <= 0 {
+		t.Fatalf("Sheddable with 3 tokens held, the store empty, a reserve of 5: %+v; want refused with a wait", d)
+	}
+	if d, _ := s.Decide(t0, "k", Critical); !d.OK {
+		t.Fatalf("Critical refused a held token: %+v", d)
+	}
+}
