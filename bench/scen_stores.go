@@ -446,7 +446,8 @@ func dupInProgress(ctx context.Context, env *storesEnv, n int) (roundTrips float
 		}
 	}()
 	<-entered // the owner holds the key: its handler runs in its transaction
-	for range 3 { // warm-up: the connection made, the lookup prepared
+	// Warm-up: the connection made, the lookup prepared.
+	for range 3 {
 		if _, derr := storesCall(dup, key); status.Code(derr) != codes.Aborted {
 			return 0, 0, fmt.Errorf("duplicate in progress = %v, want ABORTED", derr)
 		}
