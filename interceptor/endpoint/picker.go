@@ -48,11 +48,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		return p.fallback.Pick(info)
 	}
 	tr := trail.FromContext(info.Ctx)
-	var now time.Time // read only when an endpoint may be ejected, or for peak_ewma
+	var now time.Time // read only when an endpoint may be ejected
 	var k, r int
+	var mono int64 // peak_ewma's instant: the monotonic clock alone
 	if p.mode == p2c {
-		now = time.Now()
-		k, r = p.twoChoices(tr, &now)
+		mono = nanotimeNow()
+		k, r = p.twoChoices(tr, &now, mono)
 	} else {
 		k, r = p.inTurn(tr, &now)
 	}
@@ -70,9 +71,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			a.end.own = tr.OwnDeadline(dl)
 		}
 	}
-	if p.mode == p2c {
-		a.start = nanotime(now)
-	}
+	a.start = mono
 	c.e.outstanding.Add(1)
 	res.Done = a.done
 	return res, nil
@@ -145,7 +144,7 @@ func (p *picker) nthOfRank(first, rank, j int, tr *trail.Trail, now *time.Time) 
 // two distinct endpoints drawn at random among those of the best rank (on
 // the common path, two drawn among all that both rank best), the one of
 // lower cost (peakewma.Estimator.Cost: latency × (outstanding + 1)).
-func (p *picker) twoChoices(tr *trail.Trail, now *time.Time) (int, int) {
+func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, int) {
 	n := len(p.ready)
 	x := p.b.rand()
 	if n == 1 {
@@ -158,7 +157,7 @@ func (p *picker) twoChoices(tr *trail.Trail, now *time.Time) (int, int) {
 	}
 	ri, rj := p.rank(i, tr, now), p.rank(j, tr, now)
 	if ri == 0 && rj == 0 {
-		return p.cheaper(i, j, *now), 0
+		return p.cheaper(i, j, mono), 0
 	}
 	rank, count, first := p.best(tr, now)
 	p.noteAvoided(tr, ri|rj, rank)
@@ -170,12 +169,12 @@ func (p *picker) twoChoices(tr *trail.Trail, now *time.Time) (int, int) {
 	if b >= a {
 		b++
 	}
-	return p.cheaper(p.nthOfRank(first, rank, a, tr, now), p.nthOfRank(first, rank, b, tr, now), *now), rank
+	return p.cheaper(p.nthOfRank(first, rank, a, tr, now), p.nthOfRank(first, rank, b, tr, now), mono), rank
 }
 
-// cheaper returns i or j, whichever costs less at now (i on a tie).
-func (p *picker) cheaper(i, j int, now time.Time) int {
-	t := nanotime(now)
+// cheaper returns i or j, whichever costs less at the instant t (i on a
+// tie).
+func (p *picker) cheaper(i, j int, t int64) int {
 	ei, ej := p.ready[i].e, p.ready[j].e
 	ci := ei.lat.Cost(t, int(ei.outstanding.Load()), p.decay)
 	cj := ej.lat.Cost(t, int(ej.outstanding.Load()), p.decay)
@@ -217,6 +216,11 @@ var epoch = time.Now()
 // nanotime returns now in nanoseconds since epoch on the monotonic clock,
 // the unit of peak_ewma's instants.
 func nanotime(now time.Time) int64 { return int64(now.Sub(epoch)) }
+
+// nanotimeNow is nanotime(time.Now()), reading the monotonic clock alone:
+// about half the cost of time.Now where the wall clock is slow to read.
+// Never 0, which means "not timed" in a pick.
+func nanotimeNow() int64 { return max(int64(time.Since(epoch)), 1) }
 
 // pick is one attempt's record, from its pick to its Done callback: what
 // the outcome needs that grpc's DoneInfo does not say. Pooled: a pick
@@ -275,9 +279,8 @@ func (e *entry) record(di balancer.DoneInfo, a *pick) {
 	if lat == latencyNone && (o == outlier.Ignored || o == outlier.Busy) {
 		return
 	}
-	now := time.Now()
 	if a.start != 0 {
-		t := nanotime(now)
+		t := nanotimeNow()
 		switch lat {
 		case latencySample:
 			e.lat.Observe(t, time.Duration(t-a.start), cfg.decay)
@@ -285,6 +288,10 @@ func (e *entry) record(di balancer.DoneInfo, a *pick) {
 			e.lat.ObservePeak(t, time.Duration(t-a.start), cfg.decay)
 		}
 	}
+	if o == outlier.Ignored || o == outlier.Busy {
+		return
+	}
+	now := time.Now()
 	var ch outlier.Change
 	if a.lastResort {
 		ch = e.out.RecordLastResort(now, o)

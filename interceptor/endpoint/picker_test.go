@@ -3,6 +3,7 @@ package endpoint
 import (
 	"context"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -345,5 +346,50 @@ func TestPeakEWMAMeasuresTimeoutsAsAPeak(t *testing.T) {
 	}
 	if s := e.out.State(time.Now()); s.ConsecutiveFailures != 1 {
 		t.Fatalf("a per-attempt timeout did not count as a failure: %+v", s)
+	}
+}
+
+// TestEndpointLabelIsBoundedPerChannel pins REVIEW class 4 for the
+// optional endpoint metric label: a channel gives out at most maxLabels
+// distinct values over its life (endpoints come and go with deployments),
+// then "other"; an endpoint seen before keeps its label.
+func TestEndpointLabelIsBoundedPerChannel(t *testing.T) {
+	b := newLB("t", nil)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ep := func(i int) resolver.Endpoint {
+		return resolver.Endpoint{Addresses: []resolver.Address{{Addr: "10.1." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) + ":443"}}}
+	}
+	for i := range maxLabels + 5 {
+		e, _ := b.newEntryLocked(ep(i))
+		if want := i < maxLabels; (e.label == e.name) != want || !want && e.label != "other" {
+			t.Fatalf("endpoint %d: label %q, name %q", i, e.label, e.name)
+		}
+	}
+	if e, _ := b.newEntryLocked(ep(3)); e.label != e.name {
+		t.Fatalf("an endpoint seen before lost its label: %q", e.label)
+	}
+}
+
+// BenchmarkPick measures a pick and its Done on the success path, each
+// child, from parallel callers (the rotation's counter and the records'
+// pool are the shared state).
+func BenchmarkPick(b *testing.B) {
+	for _, child := range []string{"round_robin", "pick_first", "peak_ewma"} {
+		b.Run(child, func(b *testing.B) {
+			pk, lb := newTestPicker(b, 3, serviceconfig.EndpointPolicy{ChildPolicy: child})
+			lb.rand = rand.Uint64 // the seeded source is not safe for parallel use
+			info := balancer.PickInfo{FullMethodName: "/s/M", Ctx: context.Background()}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					res, err := pk.Pick(info)
+					if err != nil {
+						b.Fatal(err)
+					}
+					res.Done(ok)
+				}
+			})
+		})
 	}
 }
