@@ -163,7 +163,7 @@
 // does: the same attempts, grpc-previous-rpc-attempts, final codes,
 // responses, headers and trailers, and the same A6 throttle accounting. A
 // differential test in this package runs both against the same scripted
-// servers (TestParityWithGRPCRetry) and compares, call by call, what the
+// servers and compares, call by call, what the
 // server and the caller saw and the A6 throttle's token count. The
 // differences are intended:
 //
@@ -240,7 +240,7 @@
 // after failures) are rationed to twice the share 1 − quantile of the
 // method's calls, in bursts of at most 4 (a copy refused counts as a budget
 // denial). On a model of bench/'s slow tail that triples (the base latency
-// triples halfway, 5% of attempts 20× slower; TestHedgingBuysTheTailWhenLatencyTriples),
+// triples halfway, 5% of attempts 20× slower; a test of this package runs it),
 // the adaptive p95 keeps the p99 at 0.14× the unhedged for 4.8% extra
 // attempts (0.18× for 6.0% before), and a fixed 5ms delay set for the first
 // half at 0.13× for 7.5% (1.00× for 23%, no gain, before rationing).
@@ -409,8 +409,8 @@
 // "/pkg.Service/*" (or "/*" for the default entry) once a call used it. No
 // breaker is dropped for room while the config names its method exactly or
 // a generated stub called it. With metrics on, a kept method not named
-// costs about 2 KiB; 100,000 invented names keep about 2 MiB
-// (TestPerMethodMemoryUnder100kCallerNames).
+// costs about 2 KiB; 100,000 invented names keep about 2 MiB (measured by a
+// test of this package).
 //
 // A config update resolves every kept method under the new config at once,
 // so Statuses and the gauges never lose the breaker (a forced-open one
@@ -424,8 +424,8 @@
 // and its next call resolves it as a method never called, with the default
 // policy where no entry applies. So a control plane whose every push names
 // new methods keeps at most 1024 of those it dropped: 3000 such updates
-// keep 1 method and take 40 ms, where they kept 3000 and took 6 s
-// (TestMethodsNamedOnlyByOldConfigsAreBounded). An update costs a
+// keep 1 method and take 40 ms, where they kept 3000 and took 6 s (a test
+// of this package pins it). An update costs a
 // resolution per method the new config names and per method kept, about
 // 1–2 µs each, so about 2 ms with the bound full.
 //
