@@ -78,6 +78,11 @@ func All() []Scenario {
 		EndpointRecovery(),
 		EndpointHedge(),
 		EndpointOutage(),
+		EndpointSlow(),
+		EndpointRestart(),
+		EndpointScaleDown(),
+		EndpointHealthy(),
+		EndpointEjectedP50(),
 	}
 }
 
