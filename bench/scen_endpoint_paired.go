@@ -116,7 +116,9 @@ func pairedLatency(ctx context.Context, n int, ref, x echov1.EchoServiceClient) 
 	slices.Sort(xLat)
 	r50, x50 := quantile(refLat, 0.5), quantile(xLat, 0.5)
 	r99, x99 := quantile(refLat, 0.99), quantile(xLat, 0.99)
-	us := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 0, 64) }
+	us := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 0, 64)
+	}
 	return []string{durRatio(x50, r50), durRatio(x99, r99), strconv.FormatFloat(median(ratios), 'f', 2, 64), us(x50), us(r50)}, nil
 }
 
