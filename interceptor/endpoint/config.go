@@ -147,7 +147,9 @@ type attemptEnd struct {
 //     e.g. a request that does not marshal, which a caller can send);
 //   - a code in failures: a failure;
 //   - the caller's cancellation or deadline: nothing;
-//   - another code (an application's answer): nothing, and a latency.
+//   - another code (an application's answer): nothing, and its time only
+//     raises the latency estimate: a caller could provoke quick errors on a
+//     slow endpoint, which must not make it look fast.
 func classify(di balancer.DoneInfo, failures rescodes.Set, end attemptEnd) (outlier.Outcome, latencyUse) {
 	if !di.BytesSent {
 		return outlier.Ignored, latencyNone
@@ -172,7 +174,7 @@ func classify(di balancer.DoneInfo, failures rescodes.Set, end attemptEnd) (outl
 	case c == codes.Canceled || c == codes.DeadlineExceeded:
 		return outlier.Ignored, latencyNone
 	}
-	return outlier.Ignored, latencySample
+	return outlier.Ignored, latencyPeak
 }
 
 // pushbackKey is gRFC A6's server pushback trailer.

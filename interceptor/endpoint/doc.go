@@ -135,10 +135,11 @@
 //     because it looked slow is tried again in time (after about
 //     τ·ln(its latency / the others') when idle), and an endpoint with
 //     attempts outstanding and no sample within τ gets one at a time. A
-//     success or an application's answer is a latency sample; the
-//     Client's per-attempt timeout, and a failure, only raise the
-//     estimate; a local-origin failure, the caller's cancellation and a
-//     busy answer say nothing of latency. The latency is the attempt's, from
+//     success is a latency sample; an error answer (a failure or an
+//     application's), and the Client's per-attempt timeout, only raise
+//     the estimate (a caller provoking quick errors must not make a slow
+//     endpoint look fast); a local-origin failure, the caller's
+//     cancellation and a busy answer say nothing of latency. The latency is the attempt's, from
 //     pick to end: a long-lived stream measures its lifetime, so use
 //     peak_ewma for unary calls and short streams.
 //

@@ -103,8 +103,9 @@ func ExampleSetLogger() {
 }
 
 // The peak_ewma child picks the cheaper of two random endpoints by their
-// latency: a backend 100× slower than the others gets almost no call,
-// with no retry, hedge or error involved.
+// latency: a backend 500× slower than the others gets almost no call,
+// with no retry, hedge or error involved. (It is measured by the calls it
+// gets: its first, or one while the others' estimates are still unknown.)
 func Example_peakEWMA() {
 	cluster, stop, err := resiliencetest.ServeCluster(3, []grpc.DialOption{grpc.WithDefaultServiceConfig(
 		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s"}}]}}]}`)})
@@ -116,7 +117,7 @@ func Example_peakEWMA() {
 	for i, b := range cluster.Backends {
 		d := 2 * time.Millisecond
 		if i == 1 {
-			d = 200 * time.Millisecond
+			d = time.Second
 		}
 		b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: d} })
 	}

@@ -236,7 +236,7 @@ func TestClassify(t *testing.T) {
 		{"unavailable answered", sent(st(codes.Unavailable), true), attemptEnd{}, outlier.Failure, latencyPeak},
 		{"reset before any response", sent(st(codes.Unavailable), false), attemptEnd{}, outlier.LocalFailure, latencyNone},
 		{"internal", sent(st(codes.Internal), true), attemptEnd{}, outlier.Failure, latencyPeak},
-		{"unknown (an application's plain error)", sent(st(codes.Unknown), true), attemptEnd{}, outlier.Ignored, latencySample},
+		{"unknown (an application's plain error)", sent(st(codes.Unknown), true), attemptEnd{}, outlier.Ignored, latencyPeak},
 		{"client's own internal (no marshal)", sent(st(codes.Internal), false), attemptEnd{}, outlier.Ignored, latencyNone},
 		{"resource exhausted", sent(st(codes.ResourceExhausted), true), attemptEnd{}, outlier.Busy, latencyNone},
 		{"unavailable with pushback", balancer.DoneInfo{Err: st(codes.Unavailable), BytesSent: true, BytesReceived: true,
@@ -247,7 +247,7 @@ func TestClassify(t *testing.T) {
 		{"per-attempt timeout, server's status", sent(st(codes.DeadlineExceeded), true), own, outlier.Failure, latencyPeak},
 		{"stream's per-attempt timer", sent(st(codes.Canceled), true), timer, outlier.Failure, latencyPeak},
 		{"cancel, not the timer", sent(st(codes.Canceled), true), own, outlier.Ignored, latencyNone},
-		{"application error", sent(st(codes.NotFound), true), attemptEnd{}, outlier.Ignored, latencySample},
+		{"application error", sent(st(codes.NotFound), true), attemptEnd{}, outlier.Ignored, latencyPeak},
 	}
 	for _, tt := range tests {
 		if got, lat := classify(tt.di, defaultFailures, tt.end); got != tt.want || lat != tt.lat {
