@@ -660,7 +660,7 @@ func EndpointScaleDown() Scenario {
 	return Scenario{
 		Name: "endpoint-scaledown",
 		Workload: "Four backends on loopback TCP answering in 1 ms; backends 0 and 1 fail every call with UNAVAILABLE for " +
-			"the first phase (ours ejects both: 50% of 4), backend 0 first. At one phase they recover and the resolver " +
+			"the first phase (ours ejects both: 50% of 4). At one phase they recover and the resolver " +
 			"drops backend 3 (healthy): three endpoints, two of them ejected under ours. maxAttempts 2, 16 closed-loop " +
 			"callers for 3 phases. Shares are of first attempts from 1.2 phases on; 'most ejected after' samples the " +
 			"policy's snapshot every 5 ms after the scale-down.",
@@ -714,6 +714,6 @@ func runEndpointScaleDown(ctx context.Context, sz Size) ([]Table, error) {
 		t.Rows = append(t.Rows, []string{p.name, percent(ok, n), sh[0], sh[1], sh[2], mostS})
 		c.stop()
 	}
-	t.Notes = append(t.Notes, "target (issue 30): with 3 endpoints at 50%, at most 1 ejected after the scale-down (the longest-ejected, backend 0, returns at once); before: 2 of 3 stayed out and backend 2 took every call.")
+	t.Notes = append(t.Notes, "target (issue 30): with 3 endpoints at 50%, at most 1 ejected after the scale-down (the longest-ejected of backends 0 and 1 returns at once, whichever crossed its threshold first); before: 2 of 3 stayed out and backend 2 took every call.")
 	return []Table{t}, nil
 }

@@ -128,8 +128,9 @@ func pairedLatency(ctx context.Context, n int, ref, x echov1.EchoServiceClient) 
 func EndpointEjectedP50() Scenario {
 	return Scenario{
 		Name: "endpoint-ejected-p50",
-		Workload: "Backends on loopback TCP answering at once, 16 closed-loop callers for 2 phases, maxAttempts 2; latencies " +
-			"of the successful calls. Rows: ours under resilience_endpoint with backend 0 of 3 failing (measured once it is " +
+		Workload: "Backends on loopback TCP answering at once, maxAttempts 2; latencies of the successful calls, first with " +
+			"16 closed-loop callers for 2 phases (as issue 30 measured), then open loop at 5 × Size.Rate calls per second (1000 at " +
+			"the default size) for 2 phases, so that every row does the same work per second. Rows: ours under resilience_endpoint with backend 0 of 3 failing (measured once it is " +
 			"ejected, so every call runs on backends 1 and 2); the same policy and plain round_robin with only backends 1 and " +
 			"2 listed (the same two backends' load, nothing ejected); ours under round_robin on 3 healthy backends; grpc-go's " +
 			"retry under round_robin with backend 0 of 3 failing (its p50 is of the calls that did not meet backend 0).",
@@ -138,62 +139,99 @@ func EndpointEjectedP50() Scenario {
 }
 
 func runEndpointEjectedP50(ctx context.Context, sz Size) ([]Table, error) {
-	type row struct {
-		p       epPeer
-		listed  int  // backends the resolver lists, from 0 (or from 1, with skip0)
-		skip0   bool // list backends 1 and 2 only
-		failing bool // backend 0 fails every call
-	}
-	rows := []row{
-		{oursLB(epOursRR+", backend 0 of 3 ejected", lbOursRR), 3, false, true},
-		{oursLB(epOursRR+", backends 1 and 2 only", lbOursRR), 3, true, false},
-		{oursLB("grpc-resilience, round_robin, backends 1 and 2 only", lbRR), 3, true, false},
-		{oursLB("grpc-resilience, round_robin, 3 healthy backends", lbRR), 3, false, false},
-		{grpcLB("grpc-go retry, round_robin, backend 0 of 3 failing", lbRR), 3, false, true},
+	rows := []ejectedP50Case{
+		{oursLB(epOursRR+", backend 0 of 3 ejected", lbOursRR), false, true},
+		{oursLB(epOursRR+", backends 1 and 2 only", lbOursRR), true, false},
+		{oursLB("grpc-resilience, round_robin, backends 1 and 2 only", lbRR), true, false},
+		{oursLB("grpc-resilience, round_robin, 3 healthy backends", lbRR), false, false},
+		{grpcLB("grpc-go retry, round_robin, backend 0 of 3 failing", lbRR), false, true},
 	}
 	d := 2 * sz.Phase
-	t := Table{Title: "Where the p50 goes with one backend ejected",
+	closed := Table{Title: "Where the p50 goes with one backend ejected, 16 closed-loop callers",
 		Header: []string{"peer", "calls/s", "p50 (ms)", "p90 (ms)", "p99 (ms)", "attempts/call"}}
+	open := Table{Title: "Where the p50 goes with one backend ejected, open loop at a fixed rate",
+		Header: closed.Header}
 	for _, r := range rows {
-		c, err := epStart(ctx, r.p, epRetry, "", epBackends, epBackends, false)
-		if err != nil {
-			return nil, err
-		}
-		if r.skip0 {
-			c.setEndpoints(1, 2)
-			c.warmListed(ctx, 1, 2)
-		}
-		if r.failing {
-			c.setBehavior(func(b int, _ time.Duration) resiliencetest.Step {
-				if b == 0 {
-					return failing(codes.Unavailable)
-				}
-				return resiliencetest.Step{}
-			})
-			if r.p.ours { // measure once backend 0 is out
-				echo := echov1.NewEchoServiceClient(c.Conn)
-				for i := 0; i < 200; i++ {
-					if s, ok := c.snapshot(); ok && !s.Endpoints[0].EjectedUntil.IsZero() {
-						break
-					}
-					_, _ = echo.Echo(ctx, &echov1.EchoRequest{Message: "w"})
-				}
-				c.mu.Lock()
-				c.seen = make([][]epArrival, len(c.backends))
-				c.mu.Unlock()
+		for _, t := range []*Table{&closed, &open} {
+			row, err := r.run(ctx, d, t == &open, 5*sz.Rate)
+			if err != nil {
+				return nil, err
 			}
+			t.Rows = append(t.Rows, row)
 		}
-		l := c.run(ctx, d)
-		lat := l.okLatencies(0, 0)
-		_, n := successRate(l)
-		t.Rows = append(t.Rows, []string{r.p.name, strconv.FormatFloat(float64(len(lat))/d.Seconds(), 'f', 0, 64),
-			ms(quantile(lat, 0.5)), ms(quantile(lat, 0.9)), ms(quantile(lat, 0.99)),
-			strconv.FormatFloat(float64(c.attempts())/float64(max(n, 1)), 'f', 2, 64)})
-		c.stop()
 	}
-	t.Notes = append(t.Notes, fmt.Sprintf("read: if ours with backend 0 ejected matches ours with backends 1 and 2 listed (and round_robin on them), "+
-		"the gap to grpc-go's row is the load of %d callers on two backends instead of three, not the pick.", epCallers))
-	return []Table{t}, nil
+	closed.Notes = append(closed.Notes, fmt.Sprintf("read: if ours with backend 0 ejected matches ours with backends 1 and 2 listed (and round_robin on them), "+
+		"the gap to grpc-go's row is not the pick; closed loop, a row that completes more calls per second (no retry, no backoff) "+
+		"loads the %d callers' shared CPUs more, and each call waits longer: compare the open-loop table, where every row does the same work.", epCallers))
+	return []Table{closed, open}, nil
+}
+
+// ejectedP50Case is one row of EndpointEjectedP50.
+type ejectedP50Case struct {
+	p       epPeer
+	skip0   bool // the resolver lists backends 1 and 2 only
+	failing bool // backend 0 fails every call
+}
+
+// run measures the row for d, closed loop or open loop at rate.
+func (r ejectedP50Case) run(ctx context.Context, d time.Duration, openLoop bool, rate float64) ([]string, error) {
+	c, err := epStart(ctx, r.p, epRetry, "", epBackends, epBackends, false)
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	if r.skip0 {
+		c.setEndpoints(1, 2)
+		c.warmListed(ctx, 1, 2)
+	}
+	if r.failing {
+		c.setBehavior(func(b int, _ time.Duration) resiliencetest.Step {
+			if b == 0 {
+				return failing(codes.Unavailable)
+			}
+			return resiliencetest.Step{}
+		})
+		if r.p.ours { // measure once backend 0 is out
+			echo := echov1.NewEchoServiceClient(c.Conn)
+			for i := 0; i < 200; i++ {
+				if s, ok := c.snapshot(); ok && !s.Endpoints[0].EjectedUntil.IsZero() {
+					break
+				}
+				_, _ = echo.Echo(ctx, &echov1.EchoRequest{Message: "w"})
+			}
+			c.mu.Lock()
+			c.seen = make([][]epArrival, len(c.backends))
+			c.mu.Unlock()
+		}
+	}
+	var l *load
+	if openLoop {
+		l = c.runOpen(ctx, rate, d)
+	} else {
+		l = c.run(ctx, d)
+	}
+	lat := l.okLatencies(0, 0)
+	_, n := successRate(l)
+	return []string{r.p.name, strconv.FormatFloat(float64(len(lat))/d.Seconds(), 'f', 0, 64),
+		ms(quantile(lat, 0.5)), ms(quantile(lat, 0.9)), ms(quantile(lat, 0.99)),
+		strconv.FormatFloat(float64(c.attempts())/float64(max(n, 1)), 'f', 2, 64)}, nil
+}
+
+// runOpen starts rate calls per second for d, each with a 2 s deadline.
+func (c *epCluster) runOpen(ctx context.Context, rate float64, d time.Duration) *load {
+	echo := echov1.NewEchoServiceClient(c.Conn)
+	var l load
+	start := time.Now()
+	c.mu.Lock()
+	c.start = start
+	c.mu.Unlock()
+	l.openLoop(ctx, rate, start.Add(d), func(ctx context.Context, i int) error {
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		_, err := echo.Echo(ctx, &echov1.EchoRequest{Message: "e"})
+		return err
+	})
+	return &l
 }
 
 // warmListed waits until the listed backends have each answered a call.
