@@ -68,7 +68,7 @@ func (builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balance
 // newLB returns the policy's state with the default configuration, before
 // grpc gives it one; recorder may be nil.
 func newLB(target string, recorder estats.MetricsRecorder) *lb {
-	b := &lb{target: target, targetLabel: []string{target}, recorder: recorder, entries: resolver.NewEndpointMap[*entry](),
+	b := &lb{target: target, targetLabel: []string{target}, recorder: recorder, epoch: time.Now(), entries: resolver.NewEndpointMap[*entry](),
 		byOut: map[*outlier.Endpoint]*entry{}, labels: map[string]struct{}{}, rand: rand.Uint64}
 	cfg := newConfig(&serviceconfig.EndpointPolicy{})
 	b.cfg.Store(cfg)
@@ -91,6 +91,8 @@ type lb struct {
 	// rand draws the peak_ewma picker's candidates: math/rand/v2's, which
 	// takes no lock; a test's seeded source.
 	rand func() uint64
+	// epoch is the origin of peak_ewma's instants (nanotime).
+	epoch time.Time
 
 	cfg atomic.Pointer[lbConfig] // read by pickers and Done callbacks
 	// group is the channel's ejection state, for the channel's life: a new

@@ -84,7 +84,7 @@ func TestEjectionAndReturnAreLoggedOnce(t *testing.T) {
 			}
 		}
 		time.Sleep(11 * time.Second)
-		cl.Backends[0].OnCall(nil) // healthy again: the next call's outcome, wherever it lands, ejects nothing
+		cl.Backends[0].OnCall(nil)     // healthy again: the next call's outcome, wherever it lands, ejects nothing
 		endpoint.Snapshots(time.Now()) // notices the expiry
 		endpoint.Snapshots(time.Now())
 		_, _ = echo.Echo(t.Context(), &echov1.EchoRequest{Message: "x"}, grpc.WaitForReady(true))

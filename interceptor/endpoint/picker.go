@@ -52,7 +52,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	var k, r int
 	var mono int64 // peak_ewma's instant: the monotonic clock alone
 	if p.mode == p2c {
-		mono = nanotimeNow()
+		mono = p.b.nanotimeNow()
 		k, r = p.twoChoices(tr, &now, mono)
 	} else {
 		k, r = p.inTurn(tr, &now)
@@ -210,17 +210,16 @@ func (p *picker) rank(k int, tr *trail.Trail, now *time.Time) int {
 	return r
 }
 
-// epoch is the origin of nanotime.
-var epoch = time.Now()
-
-// nanotime returns now in nanoseconds since epoch on the monotonic clock,
-// the unit of peak_ewma's instants.
-func nanotime(now time.Time) int64 { return int64(now.Sub(epoch)) }
+// nanotime returns now in nanoseconds since the policy's epoch on the
+// monotonic clock, plus one: the unit of peak_ewma's instants, never 0
+// (which means "not timed" in a pick). The epoch is the policy's own, read
+// where it was built, so that both ends of every difference come from one
+// clock (inside a testing/synctest bubble, its fake clock).
+func (b *lb) nanotime(now time.Time) int64 { return max(int64(now.Sub(b.epoch)), 0) + 1 }
 
 // nanotimeNow is nanotime(time.Now()), reading the monotonic clock alone:
 // about half the cost of time.Now where the wall clock is slow to read.
-// Never 0, which means "not timed" in a pick.
-func nanotimeNow() int64 { return max(int64(time.Since(epoch)), 1) }
+func (b *lb) nanotimeNow() int64 { return max(int64(time.Since(b.epoch)), 0) + 1 }
 
 // pick is one attempt's record, from its pick to its Done callback: what
 // the outcome needs that grpc's DoneInfo does not say. Pooled: a pick
@@ -280,7 +279,7 @@ func (e *entry) record(di balancer.DoneInfo, a *pick) {
 		return
 	}
 	if a.start != 0 {
-		t := nanotimeNow()
+		t := b.nanotimeNow()
 		switch lat {
 		case latencySample:
 			e.lat.Observe(t, time.Duration(t-a.start), cfg.decay)

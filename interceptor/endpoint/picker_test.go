@@ -270,7 +270,7 @@ func TestParseConfigErrorNamesThePolicyAndPath(t *testing.T) {
 // load spreads over the others by their outstanding attempts.
 func TestPeakEWMAPicksTheCheaperOfTwo(t *testing.T) {
 	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma"})
-	now := nanotime(time.Now())
+	now := pk.b.nanotime(time.Now())
 	for i, d := range []time.Duration{time.Millisecond, 10 * time.Millisecond, time.Millisecond} {
 		pk.ready[i].e.lat.Observe(now, d, pk.decay)
 	}
@@ -308,7 +308,7 @@ func TestPeakEWMAPicksTheCheaperOfTwo(t *testing.T) {
 // ep1 used by the call, a retry goes to ep2 even when ep2 is the slowest.
 func TestPeakEWMASkipsEjectedAndUsedEndpoints(t *testing.T) {
 	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma", ConsecutiveFailures: 1, MaxEjectionPercent: ptr(50)})
-	now := nanotime(time.Now())
+	now := pk.b.nanotime(time.Now())
 	for i, d := range []time.Duration{time.Millisecond, time.Millisecond, time.Second} {
 		pk.ready[i].e.lat.Observe(now, d, pk.decay)
 	}
@@ -341,7 +341,7 @@ func TestPeakEWMAMeasuresTimeoutsAsAPeak(t *testing.T) {
 	for time.Since(start) < 2*time.Millisecond { // let the attempt run a little
 	}
 	res.Done(balancer.DoneInfo{Err: status.Error(codes.DeadlineExceeded, ""), BytesSent: true})
-	if got := e.lat.Estimate(nanotime(time.Now()), pk.decay); got < 2*time.Millisecond {
+	if got := e.lat.Estimate(pk.b.nanotime(time.Now()), pk.decay); got < 2*time.Millisecond {
 		t.Fatalf("estimate after a per-attempt timeout of ≥2ms = %v", got)
 	}
 	if s := e.out.State(time.Now()); s.ConsecutiveFailures != 1 {

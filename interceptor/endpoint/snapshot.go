@@ -112,7 +112,7 @@ func (b *lb) snapshot(now time.Time) Snapshot {
 		es = append(es, e)
 	}
 	slices.SortFunc(es, func(x, y *entry) int { return x.order - y.order })
-	t := nanotime(now)
+	t := b.nanotime(now)
 	for _, e := range es {
 		c, ok := conn[e]
 		if !ok {
