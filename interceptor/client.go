@@ -217,13 +217,13 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		// server's pushback (trailer) and whether the attempt committed
 		// (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
+	} else if u.r.keyed && c.metrics.on {
+		s.opts = append(s.opts, s.withHeader) // for the replays metric
 	}
 	if u.r.rp.maxAttempts > 1 && cc != nil && trail.Wanted(cc.Target()) {
 		// Every attempt, the first included, carries the call's trail,
 		// when the channel's policy reads it (see unaryCall.trailed).
 		u.trailed = trail.NewContext(ctx, u.r.trailBound(ctx))
-	} else if u.r.keyed && c.metrics.on {
-		s.opts = append(s.opts, s.withHeader) // for the replays metric
 	}
 	err := u.run()
 	u.r.callEnded(cc)
