@@ -79,6 +79,11 @@ func All() []Scenario {
 		EndpointRecovery(),
 		EndpointHedge(),
 		EndpointOutage(),
+		EndpointSlow(),
+		EndpointRestart(),
+		EndpointScaleDown(),
+		EndpointHealthy(),
+		EndpointEjectedP50(),
 	}
 }
 
