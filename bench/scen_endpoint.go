@@ -36,33 +36,35 @@ const (
 // epPeer is one client setup of the endpoint scenarios.
 type epPeer struct {
 	name string
-	// dial returns the dial options; lb is the loadBalancingConfig entry,
-	// methods the methodConfig's extra fields (after the name).
-	dial func(lb, methods, extra string) ([]grpc.DialOption, error)
+	// dial returns the dial options and the connection's service config
+	// (for resiliencetest.WithServiceConfig); lb is the
+	// loadBalancingConfig entry, methods the methodConfig's extra fields
+	// (after the name).
+	dial func(lb, methods, extra string) ([]grpc.DialOption, string, error)
 	lb   string
 }
 
 // oursLB is ours with a load-balancing config.
 func oursLB(name, lb string) epPeer {
-	return epPeer{name: name, lb: lb, dial: func(lb, methods, extra string) ([]grpc.DialOption, error) {
+	return epPeer{name: name, lb: lb, dial: func(lb, methods, extra string) ([]grpc.DialOption, string, error) {
 		doc := fmt.Sprintf(`{"methodConfig":[{"name":[{"service":%q}],%s}]%s}`, echoService, methods, extra)
 		cfg, err := serviceconfig.Parse([]byte(doc))
 		if err != nil {
-			return nil, fmt.Errorf("bench: %s: %w", name, err)
+			return nil, "", fmt.Errorf("bench: %s: %w", name, err)
 		}
 		c, err := interceptor.NewClient(interceptor.WithServiceConfig(cfg))
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		return append(c.DialOptions(), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[`+lb+`]}`)), nil
+		return c.DialOptions(), `{"loadBalancingConfig":[` + lb + `]}`, nil
 	}}
 }
 
 // grpcLB is grpc-go's built-in retry with a load-balancing config.
 func grpcLB(name, lb string) epPeer {
-	return epPeer{name: name, lb: lb, dial: func(lb, methods, _ string) ([]grpc.DialOption, error) {
-		return []grpc.DialOption{grpc.WithDefaultServiceConfig(fmt.Sprintf(
-			`{"loadBalancingConfig":[%s],"methodConfig":[{"name":[{"service":%q}],%s}]}`, lb, echoService, methods))}, nil
+	return epPeer{name: name, lb: lb, dial: func(lb, methods, _ string) ([]grpc.DialOption, string, error) {
+		return nil, fmt.Sprintf(`{"loadBalancingConfig":[%s],"methodConfig":[{"name":[{"service":%q}],%s}]}`,
+			lb, echoService, methods), nil
 	}}
 }
 
@@ -100,8 +102,9 @@ type epArrival struct {
 	call  string // the call-id header, when sent
 }
 
-func startEPCluster(opts []grpc.DialOption) (*epCluster, error) {
-	cl, stop, err := resiliencetest.ServeCluster(epBackends, opts, resiliencetest.WithLoopbackTCP())
+func startEPCluster(opts []grpc.DialOption, serviceConfig string) (*epCluster, error) {
+	cl, stop, err := resiliencetest.ServeCluster(epBackends, opts, resiliencetest.WithLoopbackTCP(),
+		resiliencetest.WithServiceConfig(serviceConfig))
 	if err != nil {
 		return nil, err
 	}
@@ -289,11 +292,11 @@ func runEndpointFailing(ctx context.Context, sz Size) ([]Table, error) {
 	t := Table{Title: "One backend of three failing every call (maxAttempts 2, 16 callers)",
 		Header: []string{"peer", "calls", "success", "bad share of first attempts, 0–2 s", "after 2 s", "under 1% from (ms)", "retries to the bad backend", "retries", "attempts/call"}}
 	for _, p := range peers {
-		opts, err := p.dial(p.lb, epRetryPolicy, "")
+		opts, sc, err := p.dial(p.lb, epRetryPolicy, "")
 		if err != nil {
 			return nil, err
 		}
-		c, err := startEPCluster(opts)
+		c, err := startEPCluster(opts, sc)
 		if err != nil {
 			return nil, err
 		}
@@ -345,11 +348,11 @@ func runEndpointRecovery(ctx context.Context, sz Size) ([]Table, error) {
 	t := Table{Title: "A backend bad for one phase, then healthy (ejection time: one phase)",
 		Header: []string{"peer", "success", "bad share of first attempts while bad", "back after (ms)", "share after"}}
 	for _, p := range peers {
-		opts, err := p.dial(p.lb, epRetryPolicy, "")
+		opts, sc, err := p.dial(p.lb, epRetryPolicy, "")
 		if err != nil {
 			return nil, err
 		}
-		c, err := startEPCluster(opts)
+		c, err := startEPCluster(opts, sc)
 		if err != nil {
 			return nil, err
 		}
@@ -411,11 +414,11 @@ func runEndpointHedge(ctx context.Context, sz Size) ([]Table, error) {
 		Header: []string{"peer", "calls", "p50 (ms)", "p99 (ms)", "p99 / unhedged p99", "hedged calls", "hedges elsewhere"}}
 	var baseP99 time.Duration
 	for _, r := range rows {
-		opts, err := r.p.dial(r.p.lb, r.methods, budget)
+		opts, sc, err := r.p.dial(r.p.lb, r.methods, budget)
 		if err != nil {
 			return nil, err
 		}
-		c, err := startEPCluster(opts)
+		c, err := startEPCluster(opts, sc)
 		if err != nil {
 			return nil, err
 		}
@@ -502,11 +505,11 @@ func runEndpointOutage(ctx context.Context, sz Size) ([]Table, error) {
 	t := Table{Title: "Whole-cluster outage",
 		Header: []string{"peer", "calls", "most ejected at once", "ejections refused", "attempts/call", "calls refused by the breaker"}}
 	for _, p := range peers {
-		opts, err := p.dial(p.lb, methods, "")
+		opts, sc, err := p.dial(p.lb, methods, "")
 		if err != nil {
 			return nil, err
 		}
-		c, err := startEPCluster(opts)
+		c, err := startEPCluster(opts, sc)
 		if err != nil {
 			return nil, err
 		}
