@@ -9,7 +9,11 @@ import (
 	"testing/synctest"
 
 	"google.golang.org/grpc"
+	_ "google.golang.org/grpc/balancer/leastrequest"
+	_ "google.golang.org/grpc/balancer/weightedroundrobin"
 	"google.golang.org/grpc/peer"
+
+	_ "github.com/grpc-resilience/resilience/interceptor/endpoint"
 
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
@@ -179,4 +183,34 @@ func TestClusterInSynctest(t *testing.T) {
 			t.Fatalf("in a bubble, the first 2 calls reached %d backends, want 2", got)
 		}
 	})
+}
+
+// TestClusterWaitsUnderEachPolicy pins the wait under grpc's policies and
+// ours: ServeCluster returns, with every backend the policy connects to
+// READY, and calls succeed; the policies that spread reach every backend
+// with their first calls. Policies that wrap SubConns or build producers
+// on them (weighted_round_robin's ORCA listener) work behind the
+// cluster's parent policy.
+func TestClusterWaitsUnderEachPolicy(t *testing.T) {
+	for _, tt := range []struct {
+		policy string
+		spread int // backends the first 3 calls reach; 0: not checked
+	}{
+		{`[{"round_robin": {}}]`, 3},
+		{`[{"pick_first": {}}]`, 1},
+		{`[{"resilience_endpoint": {}}]`, 3},
+		{`[{"resilience_endpoint": {"childPolicy": [{"pick_first": {}}]}}]`, 0},
+		{`[{"weighted_round_robin": {}}]`, 0},
+		{`[{"least_request_experimental": {}}]`, 0},
+		{`[{"no_such_policy": {}}, {"round_robin": {}}]`, 3},
+	} {
+		t.Run(tt.policy, func(t *testing.T) {
+			cl := resiliencetest.StartCluster(t, 3, nil,
+				resiliencetest.WithServiceConfig(`{"loadBalancingConfig": `+tt.policy+`}`))
+			if got := distinctPeers(t, cl, 3); tt.spread > 0 && got != tt.spread {
+				t.Errorf("the first 3 calls reached %d backends, want %d", got, tt.spread)
+			}
+			distinctPeers(t, cl, 6)
+		})
+	}
 }
