@@ -80,7 +80,8 @@ const (
 	// but which methods each policy covers does not change.
 	WarningIgnoredKey WarningKind = iota + 1
 	// WarningCoverage changes which methods a policy covers: a typo that
-	// widens an entry to every method (a name holding an unknown key), or
+	// widens an entry to every method (a name holding an unknown key, or
+	// null, or a key given twice), or
 	// leaves a policy applying to no method (an entry without a name, a
 	// misspelt methodConfig). Parse refuses these unless given [Lenient].
 	WarningCoverage
