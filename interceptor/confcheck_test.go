@@ -161,7 +161,9 @@ func TestAResolverConfigKeepsGRPCsLeniency(t *testing.T) {
 // parsed document. Before, each was accepted: an entry without a Name and
 // a misspelt method applied to no call, hedging on a stream and keys or a
 // fallback for a stream did nothing, and errors of Go options named JSON
-// paths the caller never wrote (methodConfig[0].retryPolicy...).
+// paths the caller never wrote (methodConfig[0].retryPolicy...). And
+// WithRetryPolicy(nil, names...), a policy variable never set, made an
+// entry without a policy: the names lost the default policy, in silence.
 func TestSettingsThatDoNothingAreRefused(t *testing.T) {
 	p := fastPolicy(3)
 	echo := func(m string) []serviceconfig.Name { return []serviceconfig.Name{{Service: echoService, Method: m}} }
@@ -199,6 +201,10 @@ func TestSettingsThatDoNothingAreRefused(t *testing.T) {
 			`interceptor: WithIdempotentMethods("/resilience.echo.v1.EchoService/Echoo"): service resilience.echo.v1.EchoService has no method "Echoo" (did you mean "Echo"?)`},
 		{"a message for a service", []ClientOption{WithExemptMethods("resilience.echo.v1.EchoRequest")},
 			`interceptor: WithExemptMethods("resilience.echo.v1.EchoRequest"): "resilience.echo.v1.EchoRequest" is not a service but a message`},
+		{"a nil retry policy", []ClientOption{WithRetryPolicy(nil, echoService)},
+			"interceptor: WithRetryPolicy: nil policy (to run methods without retries, give them an entry without a retryPolicy: WithMethodConfig)"},
+		{"a nil default retry policy", []ClientOption{WithRetryPolicy(nil)},
+			"interceptor: WithRetryPolicy: nil policy"},
 		{"a negative backoff", []ClientOption{WithRetryPolicy(&serviceconfig.RetryPolicy{InitialBackoff: -1})},
 			"interceptor: WithRetryPolicy: InitialBackoff: must not be negative"},
 		{"a bad bulkhead", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{Name: echo("Echo"), Bulkhead: &serviceconfig.Bulkhead{}})},

@@ -134,9 +134,18 @@ func WithMethodConfig(mcs ...serviceconfig.MethodConfig) ClientOption {
 
 // WithRetryPolicy retries the methods named by names with p: full methods
 // ("/pkg.Service/Method") or services ("pkg.Service"). Without names, p is
-// the default policy of every method that has no entry of its own.
+// the default policy of every method that has no entry of its own. p must
+// not be nil: to run some methods without retries under a default policy,
+// give them an entry without one (WithMethodConfig).
 func WithRetryPolicy(p *serviceconfig.RetryPolicy, names ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
+		if p == nil {
+			// An entry without a policy: no retries for the names, and
+			// nothing at all without names; most likely a policy never set.
+			o.errorf("WithRetryPolicy: nil policy (to run methods without retries, " +
+				"give them an entry without a retryPolicy: WithMethodConfig)")
+			return
+		}
 		mc := serviceconfig.MethodConfig{RetryPolicy: p}
 		if len(names) == 0 {
 			mc.Name = []serviceconfig.Name{{}}
