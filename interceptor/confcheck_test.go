@@ -306,3 +306,32 @@ func TestNamesNoCodeRegistersAreLoggedOnce(t *testing.T) {
 		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestWarningsWithoutALoggerReachSlogDefault pins where a Client that was
+// given no WithLogger writes its warnings: slog.Default(), as it is when
+// the warning is written. Before, they went to grpclog's "resilience"
+// component, whose default logger discards warnings (it writes errors only
+// unless GRPC_GO_LOG_SEVERITY_LEVEL asks for more): a resolver's config
+// whose typo widened a retry policy to every method was applied and said
+// so to no one. Not parallel: it replaces slog's default logger.
+func TestWarningsWithoutALoggerReachSlogDefault(t *testing.T) {
+	rec := &logRecorder{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(rec))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	c := newTestClient(t, WithRetryBudget(nil), WithRetryPolicy(fastPolicy(2), "zz.slogdefault.Unregistered"))
+	e := newResolverEnv(t, c, true)
+	e.deliver(typoDoc)
+	if n := e.attempts(); n != 5 {
+		t.Errorf("server saw %d attempts, want 5: the resolver's config as grpc-go reads it", n)
+	}
+	for _, want := range []string{
+		`interceptor: WithRetryPolicy("zz.slogdefault.Unregistered"): service "zz.slogdefault.Unregistered" is not registered in this program`,
+		`interceptor: the resolver's service config: methodConfig[0].name[0].services: unknown key: did you mean "service"?`,
+	} {
+		if n := rec.count(want); n != 1 {
+			t.Errorf("slog.Default() got %q %d times, want once; it got:\n%s", want, n, strings.Join(rec.logged(), "\n"))
+		}
+	}
+}

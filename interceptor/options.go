@@ -446,8 +446,9 @@ func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientO
 // cannot be sure of (a name no code linked into the program registers, a
 // resolver's config with a typo grpc-go applies anyway, each warning of a
 // parsed config it is given), and the names Status and HedgingDelay cannot
-// read. Each text is logged once. By default they go to grpclog
-// (component "resilience").
+// read. Each text is logged once, at level Warn. By default they go to
+// slog.Default(), as it is when each is logged; not to grpclog, whose
+// default logger discards warnings.
 func WithLogger(l *slog.Logger) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.logger = l })
 }

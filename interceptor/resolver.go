@@ -40,7 +40,7 @@ import (
 // the program's generated code lacks, a hedging policy on a stream are
 // applied as grpc-go would apply them, where NewClient and
 // UpdateServiceConfig refuse them, and logged. Logs go to WithLogger's
-// logger (grpclog's "resilience" component without it), each text once
+// logger (slog.Default() without it), each text once
 // per Client, however often the resolver delivers it. A config equal to
 // the one in force is not applied again, so breakers keep their state
 // across the resolver's periodic re-resolutions, and across the resolvers
