@@ -3,7 +3,9 @@ package interceptor
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -334,4 +336,41 @@ func TestWarningsWithoutALoggerReachSlogDefault(t *testing.T) {
 			t.Errorf("slog.Default() got %q %d times, want once; it got:\n%s", want, n, strings.Join(rec.logged(), "\n"))
 		}
 	}
+}
+
+// TestWarnLogIsBoundedInCountAndBytes pins the memory of a Client's
+// warn-once log against texts its callers choose: names given to Status or
+// HedgingDelay, the keys of the documents a resolver delivers. It holds at
+// most maxWarned entries, and each is a hash, not the text: before, it
+// kept each text whole, so maxWarned names of 64 KiB each held 16 MiB.
+// Each text is still written once until the log forgets.
+func TestWarnLogIsBoundedInCountAndBytes(t *testing.T) {
+	rec := &logRecorder{}
+	w := &warnLog{l: slog.New(rec)}
+	for i := range 10 * maxWarned {
+		w.warn("short " + strconv.Itoa(i))
+		if n := len(w.seen); n > maxWarned {
+			t.Fatalf("after %d texts the log remembers %d, want at most %d", i+1, n, maxWarned)
+		}
+	}
+	w.warn("again")
+	w.warn("again")
+	if n := rec.count("again"); n != 1 {
+		t.Errorf("a text given twice was written %d times, want once", n)
+	}
+
+	const size = 64 << 10
+	quiet := &warnLog{l: slog.New(slog.DiscardHandler)}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range maxWarned {
+		quiet.warn(strings.Repeat("x", size) + strconv.Itoa(i))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if held := int64(after.HeapAlloc) - int64(before.HeapAlloc); held > maxWarned*size/4 {
+		t.Errorf("the log holds %d bytes after %d texts of %d bytes, want far less than their %d", held, maxWarned, size, maxWarned*size)
+	}
+	runtime.KeepAlive(quiet)
 }

@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"hash/maphash"
 	"log/slog"
 	"sync"
 
@@ -24,7 +25,9 @@ var (
 
 // maxWarned bounds the warnings a warnLog remembers having written; past
 // it, it forgets them all and starts again, so a resolver delivering ever
-// new configs cannot grow it.
+// new configs cannot grow it. It remembers a hash of each text, not the
+// text, whose length the caller chooses (a name given to Status, a key of
+// a resolver's document): its memory is bounded in bytes too.
 const maxWarned = 256
 
 // warnLog writes a Client's warnings, each text once: to its slog.Logger
@@ -38,18 +41,23 @@ const maxWarned = 256
 type warnLog struct {
 	l    *slog.Logger // nil: slog.Default()
 	mu   sync.Mutex
-	seen map[string]struct{} // the texts written; guarded by mu
+	seed maphash.Seed        // of the hashes in seen; set with seen
+	seen map[uint64]struct{} // the hashes of the texts written; guarded by mu
 }
 
 // warn writes msg, unless it was written before.
 func (w *warnLog) warn(msg string) {
 	w.mu.Lock()
-	_, dup := w.seen[msg]
+	if w.seen == nil {
+		w.seed, w.seen = maphash.MakeSeed(), make(map[uint64]struct{})
+	}
+	h := maphash.String(w.seed, msg)
+	_, dup := w.seen[h]
 	if !dup {
-		if w.seen == nil || len(w.seen) >= maxWarned {
-			w.seen = make(map[string]struct{})
+		if len(w.seen) >= maxWarned {
+			clear(w.seen)
 		}
-		w.seen[msg] = struct{}{}
+		w.seen[h] = struct{}{}
 	}
 	w.mu.Unlock()
 	switch {
