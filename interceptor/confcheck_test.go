@@ -374,3 +374,17 @@ func TestWarnLogIsBoundedInCountAndBytes(t *testing.T) {
 	}
 	runtime.KeepAlive(quiet)
 }
+
+// TestIdempotencyKeysWithoutNamesAreLogged pins WithIdempotencyKeys given
+// no names (an empty list from a config, or a call meant as "every
+// method", as WithFallback without names is): it keys nothing, which is
+// legal, and says so once. Before, it was accepted in silence.
+func TestIdempotencyKeysWithoutNamesAreLogged(t *testing.T) {
+	logger, rec := withRecorder()
+	newTestClient(t, logger, WithIdempotencyKeys())
+	const want = "interceptor: WithIdempotencyKeys without names: no method gets keys " +
+		"(WithAutomaticIdempotencyKeys keys every method not known to be idempotent)"
+	if got := rec.logged(); !slices.Equal(got, []string{want}) {
+		t.Errorf("logged %q, want %q", got, want)
+	}
+}

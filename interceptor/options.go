@@ -323,9 +323,17 @@ func WithFallback(f Fallback, names ...string) ClientOption {
 // A keyed call is safe to retry even when its method has side effects, so
 // the default retry rules treat it as idempotent: ABORTED and
 // DEADLINE_EXCEEDED are retried too (the latter while the caller's own
-// deadline holds).
+// deadline holds). Without names it keys nothing, unlike WithFallback
+// without names, and says so in the client's log: WithAutomaticIdempotencyKeys
+// keys every method.
 func WithIdempotencyKeys(names ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
+		if len(names) == 0 {
+			// Legal (an empty list from a config), but likely meant as
+			// "every method", as WithFallback without names is.
+			o.warnings = append(o.warnings, "interceptor: WithIdempotencyKeys without names: no method gets keys "+
+				"(WithAutomaticIdempotencyKeys keys every method not known to be idempotent)")
+		}
 		for _, n := range names {
 			if _, err := rpcname.Parse(n); err != nil {
 				o.errorf("WithIdempotencyKeys: %v", err)
