@@ -35,7 +35,8 @@ import (
 // warningsOf returns the warnings of the decoded document w whose unknown
 // keys are unknown: the unknown keys in document order, each of kind
 // WarningCoverage when it changes which methods a policy covers, else
-// WarningIgnoredKey; then the entries that select no method, in entry order.
+// WarningIgnoredKey; then, in entry order, a negative timeout (ignored)
+// and the entries that select no method.
 func warningsOf(w *wireConfig, unknown []unknownKey) []*Warning {
 	root := schemaOf(reflect.TypeFor[wireConfig](), "the top level")
 	entrySchema := childSchema(root, "methodConfig")
@@ -73,6 +74,10 @@ func warningsOf(w *wireConfig, unknown []unknownKey) []*Warning {
 		return out
 	}
 	for i, m := range *w.MethodConfig {
+		if t := m.Timeout.v; t != nil && *t < 0 && m.Name != nil {
+			out = append(out, &Warning{Kind: WarningIgnoredKey, Path: index("methodConfig", i) + ".timeout", Err: errors.New(
+				"is negative, which grpc-go ignores, and so does Parse: the methods get no timeout")})
+		}
 		switch {
 		case m.Name == nil && !misspeltName[i]:
 			out = append(out, &Warning{Kind: WarningCoverage, Path: index("methodConfig", i), Err: errors.New(

@@ -61,7 +61,8 @@
 //     errors. More than 315,576,000,000 s is an error; past the ~292 years a
 //     time.Duration holds the value is clamped. Like grpc-go, the parser
 //     takes a sign after the "-" or the "." as written ("+1s" is 1s).
-//   - A negative timeout is accepted and, as in grpc-go, means no timeout.
+//   - A negative timeout is accepted and, as in grpc-go, means no timeout;
+//     [Config.Warnings] reports it.
 //   - maxAttempts is a JSON integer greater than 1 (2.0 and "3" are errors)
 //     and is lowered to the cap, 5 unless [WithMaxAttemptsCap] raises it.
 //     initialBackoff and maxBackoff must be greater than 0, backoffMultiplier
@@ -109,7 +110,7 @@
 // (zero means no timeout in MethodConfig, so "0s" cannot parse to zero),
 // which the interceptor package runs the same way: a call under it fails
 // at once, before any attempt. A negative timeout is ignored, as grpc-go
-// ignores it: it parses to a Timeout of 0, no timeout.
+// ignores it: it parses to a Timeout of 0, no timeout, with a warning.
 //
 // # Where Parse differs from grpc-go
 //
