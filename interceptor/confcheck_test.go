@@ -237,7 +237,9 @@ func TestSettingsThatDoNothingAreRefused(t *testing.T) {
 
 // TestUpdateServiceConfigRefusesWhatNewClientRefuses pins that a config
 // handed over later is held to NewClient's rules, and that the old config
-// stays.
+// stays. A nil config too, as WithServiceConfig(nil) is refused: before,
+// UpdateServiceConfig(nil) (a Parse whose error was dropped) removed every
+// policy in silence.
 func TestUpdateServiceConfigRefusesWhatNewClientRefuses(t *testing.T) {
 	c := newTestClient(t, WithRetryPolicy(fastPolicy(3)))
 	tests := []struct {
@@ -245,6 +247,7 @@ func TestUpdateServiceConfigRefusesWhatNewClientRefuses(t *testing.T) {
 		cfg     *serviceconfig.Config
 		wantErr string
 	}{
+		{"nil config", nil, "interceptor: UpdateServiceConfig: nil config (pass &serviceconfig.Config{} to remove every policy)"},
 		{"no name", &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: fastPolicy(2)}}},
 			"interceptor: UpdateServiceConfig: MethodConfig[0]: has no Name, so it applies to no method"},
 		{"hedged stream", &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
