@@ -157,6 +157,31 @@ func TestAResolverConfigKeepsGRPCsLeniency(t *testing.T) {
 	}
 }
 
+// TestAResolverConfigWithoutEntriesStillLogsItsTypo pins the issue's
+// second typo on the resolver's path: {"methodConfigs": [...]} leaves a
+// document with nothing for the client (grpc-go's reading), so the client
+// keeps its own config, and says why. Before, the warning was never
+// logged: a document the client does not run skipped updateFrom, where
+// Parse's warnings are logged, and the platform's policies were dropped
+// in silence.
+func TestAResolverConfigWithoutEntriesStillLogsItsTypo(t *testing.T) {
+	logger, rec := withRecorder()
+	c := newTestClient(t, logger, WithRetryBudget(nil), WithRetryPolicy(fastPolicy(2)))
+	e := newResolverEnv(t, c, true)
+	for range 2 {
+		e.deliver(`{"loadBalancingConfig": [{"round_robin": {}}],
+			"methodConfigs": [{"name": [{"service": "resilience.echo.v1.EchoService"}], "timeout": "1s"}]}`)
+	}
+	if n := e.attempts(); n != 2 {
+		t.Errorf("server saw %d attempts, want 2: the client's own policy, as the document holds nothing for it", n)
+	}
+	const want = `interceptor: the resolver's service config: methodConfigs: unknown key: did you mean "methodConfig"? ` +
+		`grpc-go ignores it, so the entries it holds apply to no method (coverage)`
+	if got := rec.logged(); !slices.Equal(got, []string{want}) {
+		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), want)
+	}
+}
+
 // TestSettingsThatDoNothingAreRefused pins NewClient's refusals of
 // settings that cannot be right, each naming where it was written: the
 // option and its Go fields for a policy written in Go, the JSON path for a

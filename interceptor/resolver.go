@@ -178,6 +178,12 @@ func (r *configResolver) apply(sc *grpcsc.ParseResult) {
 		log.warn("interceptor: the resolver's service config is refused, the client's config is left as it is: " + p.err.Error())
 		return
 	case p == nil || !forClient(p.cfg):
+		if p != nil {
+			// Nothing the client runs, but what Parse found still
+			// matters: a misspelt methodConfig is what leaves a document
+			// without entries.
+			log.warnAll(parseWarnings(resolverOrigin, p.cfg))
+		}
 		if r.applied != "" {
 			if err := r.c.restore(); err != nil {
 				log.warn("interceptor: restoring the client's own config: " + err.Error())
