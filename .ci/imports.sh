@@ -9,7 +9,8 @@
 #                 our packages but other internal engines
 #   examples/...  public packages only (nothing internal)
 #   interceptor   (the client) not interceptor/server, nor the server's stores
-#                 (interceptor/idempotency/...): neither side imports the other
+#                 (interceptor/idempotency/..., interceptor/ratelimit/redisquota):
+#                 neither side imports the other
 #   interceptor/server
 #                 not interceptor (the client package itself; its sub-packages
 #                 wire, idempotency and internal/... are fine)
@@ -66,7 +67,7 @@ while read -r pkg imports; do
 			;;
 		interceptor)
 			case "$imp" in
-			"$mod"/interceptor/server | "$mod"/interceptor/server/* | "$mod"/interceptor/idempotency | "$mod"/interceptor/idempotency/*)
+			"$mod"/interceptor/server | "$mod"/interceptor/server/* | "$mod"/interceptor/idempotency | "$mod"/interceptor/idempotency/* | "$mod"/interceptor/ratelimit/redisquota)
 				check "$rel" "$imp" "the client imports nothing of the server's: neither side imports the other"
 				;;
 			esac

@@ -98,12 +98,19 @@
 // # server
 //
 // server reads a server document (serviceconfig.ParseServer: the
-// concurrency limits of server.Limits.Config). Without a method it
-// prints "ok" and one line per limit; with one, the limit that applies (the
-// method's own, its service's, or the server's), its settings with the
-// defaults marked, the in-flight count at which each criticality is shed,
-// and what a shed call receives. An invalid document gets its error with
-// the JSON path, and exit status 1.
+// concurrency and rate limits of server.Limits.Config). Without a method it
+// prints "ok" and one line per limit, and warns about a per-tenant rate
+// limit in a document that names no tenant and about per-peer rate limits
+// (behind a proxy every caller has its address); with one, the concurrency
+// limit that applies (the method's own, its service's, or the server's),
+// its settings with the defaults marked, the in-flight count at which each
+// criticality is shed, and what a shed call receives; then every rate
+// limit the call must pass (its method's, its service's, the server's),
+// what it counts by and shares with, whether it is distributed and what it
+// does while Redis is unreachable, the tokens each criticality leaves for
+// the more critical ones, and that health checks and reflection are exempt
+// from the top-level limits. An invalid document gets its error with the
+// JSON path, and exit status 1.
 //
 // # Warnings
 //
