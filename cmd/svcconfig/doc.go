@@ -48,10 +48,13 @@
 //
 // When loadBalancingConfig selects the endpoint policy (resilience_endpoint,
 // package interceptor/endpoint), check and explain describe it too: the
-// order of picks, the ejection conditions and times with their defaults,
-// and the strict maxEjectionPercent bound with 3 endpoints; A50's interval
-// (ignored by the passive policy) and a percentage that ejects nothing with
-// fewer than a few endpoints are warnings.
+// order of picks (round_robin, pick_first, or peak_ewma with its decay
+// time), the failures that count (and UNKNOWN's default), the local-origin
+// threshold and when its ejections end, the ejection conditions and times
+// with their defaults, and the strict maxEjectionPercent bound with 3
+// endpoints (0: nothing ejected); A50's interval (ignored by the passive
+// policy) and a percentage that ejects nothing with fewer than a few
+// endpoints are warnings.
 //
 // # explain
 //

@@ -79,6 +79,10 @@ func TestRun(t *testing.T) {
 		{name: "explain_endpoint", args: []string{"explain", "testdata/endpoint.json", "/shop.Orders/Get"}},
 		{name: "check_endpoint_defaults", args: []string{"check", "-"},
 			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"maxEjectionPercent": 10}}]}`},
+		{name: "check_endpoint_peak_ewma", args: []string{"check", "-"},
+			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "5s"}}], "consecutiveLocalOriginFailures": -1, "maxEjectionPercent": 0}}]}`},
+		{name: "check_endpoint_local_origin", args: []string{"check", "-"},
+			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {}}], "consecutiveLocalOriginFailures": 3, "failureStatusCodes": ["UNAVAILABLE", "UNKNOWN"]}}]}`},
 		{name: "check_endpoint_invalid", args: []string{"check", "-"},
 			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"failurePercentageEjection": {"threshold": 0}}}]}`},
 
