@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -101,7 +102,14 @@ func (c *Client) Close() error {
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
 // applied its cap); in a config built in Go, a MaxAttempts above the
 // client's cap (WithMaxAttemptsCap) is an error.
+//
+// A nil cfg is refused, as WithServiceConfig refuses it: it is most likely
+// the result of a Parse whose error was dropped, and would remove every
+// policy. Pass &serviceconfig.Config{} to remove them.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
+	if cfg == nil {
+		return errors.New("interceptor: UpdateServiceConfig: nil config (pass &serviceconfig.Config{} to remove every policy)")
+	}
 	return c.updateFrom("UpdateServiceConfig", cfg, true)
 }
 

@@ -97,8 +97,8 @@
 // generated code registers with protoregistry.GlobalFiles. A service that
 // is not registered may still be called without generated code, so its
 // name is only logged, once, as are the warnings of a parsed config
-// (serviceconfig.Config.Warnings), through WithLogger's logger or grpclog's
-// "resilience" component. serviceconfig.Parse itself refuses a typo that
+// (serviceconfig.Config.Warnings), through WithLogger's logger or
+// slog.Default(). serviceconfig.Parse itself refuses a typo that
 // changes which methods a policy covers ({"services": ...} in a name);
 // WrapResolver reads a resolver's config as grpc-go does
 // (serviceconfig.Lenient) and applies what grpc-go would apply, logging

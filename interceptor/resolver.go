@@ -40,7 +40,7 @@ import (
 // the program's generated code lacks, a hedging policy on a stream are
 // applied as grpc-go would apply them, where NewClient and
 // UpdateServiceConfig refuse them, and logged. Logs go to WithLogger's
-// logger (grpclog's "resilience" component without it), each text once
+// logger (slog.Default() without it), each text once
 // per Client, however often the resolver delivers it. A config equal to
 // the one in force is not applied again, so breakers keep their state
 // across the resolver's periodic re-resolutions, and across the resolvers
@@ -178,6 +178,12 @@ func (r *configResolver) apply(sc *grpcsc.ParseResult) {
 		log.warn("interceptor: the resolver's service config is refused, the client's config is left as it is: " + p.err.Error())
 		return
 	case p == nil || !forClient(p.cfg):
+		if p != nil {
+			// Nothing the client runs, but what Parse found still
+			// matters: a misspelt methodConfig is what leaves a document
+			// without entries.
+			log.warnAll(parseWarnings(resolverOrigin, p.cfg))
+		}
 		if r.applied != "" {
 			if err := r.c.restore(); err != nil {
 				log.warn("interceptor: restoring the client's own config: " + err.Error())

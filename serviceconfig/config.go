@@ -50,7 +50,9 @@ type Config struct {
 // document order: grpc-go ignores them, and so does Parse (a key that is
 // one of this module's own misspelt or misplaced is an error instead),
 // each with the known key it most likely misspells. Those are of kind
-// [WarningIgnoredKey]. Then, only in a Config parsed with [Lenient], the
+// [WarningIgnoredKey], and so is a negative timeout, which grpc-go
+// ignores (the methods get no timeout). Then, only in a Config parsed with
+// [Lenient], the
 // problems that change which methods a policy covers, of kind
 // [WarningCoverage], which Parse otherwise refuses. svcconfig check prints
 // the warnings, and fails on them with -strict; a Client logs them once.
@@ -76,11 +78,13 @@ type WarningKind uint8
 
 const (
 	// WarningIgnoredKey is an unknown key in gRFC A6's objects, ignored as
-	// grpc-go ignores it. The field it likely misspells keeps its default,
-	// but which methods each policy covers does not change.
+	// grpc-go ignores it, or a value grpc-go ignores (a negative timeout).
+	// The field keeps its default, but which methods each policy covers
+	// does not change.
 	WarningIgnoredKey WarningKind = iota + 1
 	// WarningCoverage changes which methods a policy covers: a typo that
-	// widens an entry to every method (a name holding an unknown key), or
+	// widens an entry to every method (a name holding an unknown key, or
+	// null, or a key given twice), or
 	// leaves a policy applying to no method (an entry without a name, a
 	// misspelt methodConfig). Parse refuses these unless given [Lenient].
 	WarningCoverage

@@ -19,7 +19,7 @@
 //	WithLimits(Limits{...})            overload protection: adaptive limits, criticality, CPU, tenants
 //	WithHeadroom(headroom, floor)      handlers' deadlines end headroom before the caller's
 //	WithMeterProvider(mp)              OpenTelemetry metrics (the table under Metrics)
-//	WithLogger(l)                      where warnings go (grpclog's "resilience" component by default)
+//	WithLogger(l)                      where warnings go (slog.Default() by default)
 //
 // [Idempotency] and [Limits] are plain structs with Validate, like the
 // structs of package serviceconfig: zero fields are off or take the

@@ -26,7 +26,7 @@ type Option interface{ apply(*options) }
 
 // options collects the options of New before validation.
 type options struct {
-	logger          *slog.Logger         // nil: grpclog
+	logger          *slog.Logger         // nil: slog.Default()
 	meterProvider   metric.MeterProvider // nil: no metrics
 	headroom, floor time.Duration
 	idem            srvIdemOptions                  // store nil: idempotency off
@@ -47,7 +47,8 @@ type optionFunc func(*options)
 func (f optionFunc) apply(o *options) { f(o) }
 
 // WithLogger sets the logger of the Server's warnings, such as a reply too
-// large to store. By default they go to grpclog (component "resilience").
+// large to store. By default they go to slog.Default(), as it is when each
+// is logged; not to grpclog, whose default logger discards warnings.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(o *options) { o.logger = l })
 }

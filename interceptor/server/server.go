@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/grpclog"
 )
 
 // Server is the server side of grpc-resilience: it gives the interceptors
@@ -177,17 +176,20 @@ type srvStream struct {
 
 func (s *srvStream) Context() context.Context { return s.ctx }
 
-// srvLogger writes the Server's warnings to an slog.Logger or to grpclog.
+// srvLogger writes the Server's warnings to its slog.Logger (WithLogger),
+// or to slog.Default(), read at each warning so that a program's
+// slog.SetDefault applies whenever it runs. Not to grpclog: its default
+// logger discards warnings (it writes errors only, unless
+// GRPC_GO_LOG_SEVERITY_LEVEL asks for more), and it formats slog's
+// key-value pairs as one run of text.
 type srvLogger struct{ l *slog.Logger }
-
-var srvGRPCLog = grpclog.Component("resilience")
 
 func (l srvLogger) warn(msg string, args ...any) {
 	if l.l != nil {
 		l.l.Warn(msg, args...)
 		return
 	}
-	srvGRPCLog.Warning(append([]any{msg + ": "}, args...)...)
+	slog.Warn(msg, args...)
 }
 
 // errorf returns an error of this package's options.
