@@ -363,6 +363,13 @@ func (s *retryStream) CloseSend() error {
 	return err
 }
 
+// halfClosed reports whether the caller has closed its sending side.
+func (s *retryStream) halfClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closeSent
+}
+
 // Trailer returns the trailer of the live attempt, or of the latest.
 func (s *retryStream) Trailer() metadata.MD {
 	return s.latest().cs.Trailer()
