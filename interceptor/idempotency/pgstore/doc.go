@@ -127,8 +127,12 @@
 //   - synchronous_commit on: a commit is acknowledged only once its WAL is
 //     on disk. With it off (a common tuning), a crash of PostgreSQL loses
 //     acknowledged commits: a reply sent, its record and writes gone, and
-//     the retry runs the call again. The store's own bookkeeping outside
-//     the joined transaction (the quota's count, the reaper) keeps it off.
+//     the retry runs the call again. The record's statement, right before
+//     COMMIT (and a phase's), sets it on again, so that the handler's own
+//     SET LOCAL synchronous_commit = off, SET or RESET ALL in the
+//     transaction cannot undo it for the commit. The store's own
+//     bookkeeping outside the joined transaction (the quota's count, the
+//     reaper) keeps it off.
 //   - idle_in_transaction_session_timeout ([WithTxIdleTimeout], 1 minute):
 //     it ends the session of an owner cut off inside its transaction (a
 //     partition, a frozen process), which frees its key; PostgreSQL's

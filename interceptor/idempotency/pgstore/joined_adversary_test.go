@@ -1,0 +1,103 @@
+package pgstore_test
+
+import (
+	"context"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
+)
+
+// Adversarial review of issue 31: handlers that do what the documentation
+// forbids, or does not mention, and settings at their worst.
+
+// TestJoinedCommitIsDurableWhateverTheHandlerSetsInItsTransaction: the
+// claim pins synchronous_commit on, but a statement of the handler comes
+// after it in the same transaction: SET LOCAL synchronous_commit = off (a
+// library's "fast audit insert"), a plain SET of it (which overrides a SET
+// LOCAL for the rest of the transaction), or RESET ALL (which goes back to
+// the database's setting, here off). The call's record and writes are
+// acknowledged; a crash of PostgreSQL must not lose them. Before the fix,
+// all 15 acknowledged calls were lost: the store's pin was undone by the
+// handler, and nothing pinned it again before COMMIT.
+func TestJoinedCommitIsDurableWhateverTheHandlerSetsInItsTransaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and crashes a cluster of its own")
+	}
+	srv := pgtest.StartWith(t, "-c", "bgwriter_lru_maxpages=0")
+	ctx := context.Background()
+	admin := pgtest.Pool(t, srv.DSN)
+	schema := pgtest.Schema(t, admin)
+	if err := pgstore.Migrate(ctx, admin, schema); err != nil {
+		t.Fatal(err)
+	}
+	table := pgtest.Ident(schema) + ".charges"
+	for _, sql := range []string{"CREATE TABLE " + table + " (key text NOT NULL)",
+		"ALTER DATABASE postgres SET synchronous_commit = off"} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j, pool := joinedStore(t, srv.DSN, schema, nil)
+	var walWriter int
+	if err := admin.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&walWriter); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(walWriter, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stopping the WAL writer: %v", err)
+	}
+	handlers := []string{
+		"SET LOCAL synchronous_commit = off",
+		"SET synchronous_commit = off",
+		"RESET ALL",
+	}
+	const n = 5
+	for h, stmt := range handlers {
+		for i := range n {
+			key := "joined-" + strconv.Itoa(h) + "-" + strconv.Itoa(i)
+			cl, txn, err := j.ClaimTx(ctx, rk(key), fp, time.Minute)
+			if err != nil || cl.State != idempotency.Owned {
+				t.Fatalf("ClaimTx(%s) = %v, %v, want Owned", key, cl.State, err)
+			}
+			tx, _ := pgstore.Tx(txn.Context(ctx))
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				t.Fatalf("the handler's %q: %v", stmt, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+table+" (key) VALUES ($1)", key); err != nil {
+				t.Fatal(err)
+			}
+			if err := txn.Commit(ctx, ok(), time.Hour); err != nil {
+				t.Fatalf("Commit(%s) = %v", key, err)
+			}
+		}
+	}
+	for i := range n { // plain commits after the joined ones: the control
+		if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (key) VALUES ($1)", "control-"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := srv.Restart(true); err != nil {
+		t.Fatal(err)
+	}
+	after := pgtest.Pool(t, srv.DSN)
+	for h, stmt := range handlers {
+		var got int
+		if err := after.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE key LIKE $1", "joined-"+strconv.Itoa(h)+"-%").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != n {
+			t.Errorf("handler that ran %q: %d of %d acknowledged calls survived the crash, want all", stmt, got, n)
+		}
+	}
+	var control int
+	if err := after.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE key LIKE 'control-%'").Scan(&control); err != nil {
+		t.Fatal(err)
+	}
+	if control == n {
+		t.Fatalf("the crash lost none of the %d plain commits made with synchronous_commit off: the test does not reach the danger", n)
+	}
+}
