@@ -243,7 +243,9 @@
 // trip), on the same table, under a lease renewed by the interceptor, as
 // with Redis, for teams with PostgreSQL and no Redis. Its guarantee is the
 // Redis store's: the record commits apart from the handler's writes, so a
-// crash between the two runs the call again once the lease has ended. A
+// crash between the two runs the call again once the lease has ended. Its
+// claim and its record are durable whatever the server's
+// synchronous_commit (their statements set it on). A
 // lease-mode claim of a key that a joined transaction holds waits for it up
 // to the lock timeout, then reports it in progress; the two modes may share
 // one schema.

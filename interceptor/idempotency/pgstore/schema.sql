@@ -198,6 +198,8 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    -- A claim acknowledged and then lost in a crash of the database would let a duplicate run beside its owner.
+    PERFORM set_config('synchronous_commit', 'on', true);
     FOR attempt IN 1..3 LOOP
         SELECT * INTO r FROM __SCHEMA__.resilience_idempotency WHERE id = p_id FOR UPDATE;
         IF FOUND AND r.expires_at > now THEN
@@ -249,6 +251,9 @@ DECLARE
     now timestamptz := statement_timestamp();
     r __SCHEMA__.resilience_idempotency%ROWTYPE;
 BEGIN
+    -- The record is acknowledged to the interceptor, which answers the caller: whatever the server's
+    -- synchronous_commit, a crash of the database must not lose it (the next duplicate would run again).
+    PERFORM set_config('synchronous_commit', 'on', true);
     SELECT * INTO r FROM __SCHEMA__.resilience_idempotency WHERE id = p_id FOR UPDATE;
     IF FOUND AND r.token = p_token AND r.record IS NULL THEN
         UPDATE __SCHEMA__.resilience_idempotency SET record = p_record, token = NULL, lease_until = NULL,
