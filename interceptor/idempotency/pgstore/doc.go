@@ -76,9 +76,12 @@
 //     work behind. An unstored code (UNAVAILABLE, ABORTED, ...; see
 //     server.Idempotency.UnstoredCodes) or a panic rolls back everything,
 //     writes and claim: the retry runs the call again. So does a
-//     serialization failure or a deadlock (SQLSTATE 40001, 40P01) that the
-//     handler met, whatever it returned, or that COMMIT met: the call gets
-//     ABORTED with the retry hint, and nothing is stored.
+//     serialization failure or a deadlock (SQLSTATE 40001, 40P01), or a
+//     wait cut short by lock_timeout or statement_timeout (55P03, 57014),
+//     that the handler met and did not recover from (in a savepoint), or
+//     that COMMIT met: the call gets ABORTED with the retry hint, and
+//     nothing is stored (stored, the error would be replayed for the TTL,
+//     long after the other transaction had gone).
 //
 // A first execution thus costs one round trip more than the handler's own
 // transaction would (BEGIN, its statements, COMMIT): the lookup (a test

@@ -7,9 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
+	"github.com/grpc-resilience/resilience/interceptor/server"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
 // Adversarial review of issue 31: handlers that do what the documentation
@@ -157,5 +161,72 @@ func TestLeaseCompleteIsDurableUnderSynchronousCommitOff(t *testing.T) {
 	}
 	if completed != n {
 		t.Errorf("acknowledged lease-mode records that survived the crash = %d of %d, want all: the others run again", completed, n)
+	}
+}
+
+// TestJoinedTimeoutIsNeverStored: under a session's lock_timeout or
+// statement_timeout (a role's default, a common guard), the handler's own
+// statement fails with 55P03 (a row held by another transaction) or 57014,
+// and the handler returns the database's error, as handlers do: UNKNOWN.
+// Before the fix, that UNKNOWN was stored with the key and replayed for the
+// TTL, though a retry, once the other transaction had ended, would have
+// succeeded (as for a serialization failure, which is never stored). The
+// call is ABORTED with the retry hint, nothing is stored, and the retry
+// runs: one charge.
+func TestJoinedTimeoutIsNeverStored(t *testing.T) {
+	tests := []struct {
+		name    string
+		session map[string]string
+		stmt    func(b *bank) string
+	}{
+		{"LockTimeout", map[string]string{"lock_timeout": "100ms"},
+			func(b *bank) string { return "UPDATE " + b.account + " SET n = n + 1 WHERE id = 1" }},
+		{"StatementTimeout", map[string]string{"statement_timeout": "100ms"},
+			func(b *bank) string { return "UPDATE " + b.account + " SET n = n + 1 WHERE id = 1" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBank(t)
+			j, _ := joinedStore(t, pgtest.DSN(t), b.schema, func(c *pgxpool.Config) {
+				for k, v := range tt.session {
+					c.ConnConfig.RuntimeParams[k] = v
+				}
+			})
+			ctx := context.Background()
+			holder, err := b.admin.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = holder.Rollback(ctx) }()
+			if _, err := holder.Exec(ctx, "SELECT FROM "+b.account+" WHERE id = 1 FOR UPDATE"); err != nil {
+				t.Fatal(err)
+			}
+			e := &echoFunc{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+				tx, _ := pgstore.Tx(ctx)
+				if err := b.charge(ctx, tx, req.Message, "charge"); err != nil {
+					return nil, err
+				}
+				if _, err := tx.Exec(ctx, tt.stmt(b)); err != nil {
+					return nil, err // UNKNOWN, the database's error
+				}
+				return &echov1.EchoResponse{Message: "charged"}, nil
+			}}
+			c := serve(t, e, server.Idempotency{Store: j})
+			key := "timeout-" + tt.name
+			_, err = call(t, c, key, key)
+			wantAborted(t, "the call whose statement timed out", err)
+			if err := holder.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := call(t, c, key, key); err != nil {
+				t.Fatalf("retry once the row is free = %v, want it run again and answered", err)
+			}
+			if got := e.calls.Load(); got != 2 {
+				t.Errorf("handler ran %d times, want 2 (the timeout, the retry)", got)
+			}
+			if n := b.rows(t, key, "charge"); n != 1 {
+				t.Errorf("charges = %d, want 1", n)
+			}
+		})
 	}
 }

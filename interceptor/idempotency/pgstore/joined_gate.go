@@ -36,8 +36,9 @@ import (
 // When a statement's round trip ends (txn.exit), the gate reads what it
 // did to the transaction (txn.observe): the connection left outside any
 // transaction (the handler's COMMIT or ROLLBACK: every statement after is
-// refused with ErrTxEnded), a serialization failure or deadlock, the
-// failure that aborted the transaction. The commit reads them.
+// refused with ErrTxEnded), a serialization failure, a deadlock, or a lock
+// or statement timeout (isTransient), the failure that aborted the
+// transaction. The commit reads them.
 
 // enter admits a statement of the handler: it returns the connection and
 // the transaction's generation; the caller calls exit once the statement's
@@ -82,7 +83,7 @@ var errAbortedUnseen = errors.New("a statement failed")
 // observe records what a statement of the handler, whose error was err,
 // did to the transaction. t.mu is held.
 func (t *txn) observe(err error) {
-	if err != nil && t.conflict == nil && isConflict(err) {
+	if err != nil && t.conflict == nil && isTransient(err) {
 		t.conflict = err
 	}
 	pc := t.conn.Conn().PgConn()
