@@ -301,7 +301,9 @@
 // Stores are safe for concurrent use by many goroutines and processes.
 // The transaction [Tx] returns belongs to one call, until its handler
 // returns: its statements take turns with the store's (step 3 above), and
-// fail with pgx.ErrTxClosed after. Statements of the handler's goroutines
-// at once are its own to order, as on any pgx connection. A [Completer]
+// fail with pgx.ErrTxClosed after. It runs one statement at a time, as a
+// pgx connection does: a statement sent while another is under way (the
+// handler's goroutines at once) fails with [ErrTxBusy] and sends nothing,
+// so the handler orders them. A [Completer]
 // and its CompleteFunc may run on many replicas at once.
 package pgstore

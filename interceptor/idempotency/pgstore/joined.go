@@ -596,6 +596,16 @@ var ErrHandlerCommit = errors.New("pgstore: the joined transaction is committed 
 var ErrTxEnded = errors.New("pgstore: the handler ended its joined transaction itself (COMMIT or ROLLBACK through Tx); " +
 	"no statement runs after it, and the call's outcome is an INTERNAL error stored for its key")
 
+// ErrTxBusy is returned by a statement of a joined transaction sent while
+// another statement of it is under way: from another goroutine of the
+// handler's, or from the same one with rows not yet closed (Query until
+// Close, QueryRow until Scan, SendBatch until Close). A PostgreSQL
+// connection runs one statement at a time; the statement is not sent. pgx
+// answers "conn busy" in the same case when it notices, but two goroutines
+// at once on one connection race, and can leave it unable to commit.
+var ErrTxBusy = errors.New("pgstore: another statement of the joined transaction is under way " +
+	"(a connection runs one at a time: wait for it, and close its rows)")
+
 // Tx returns the transaction of a keyed call in joined mode, for its
 // handler: its writes commit with the call's record, or not at all. ok is
 // false when ctx has none: a call without a key, a store not in joined

@@ -2,7 +2,9 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -229,4 +231,73 @@ func TestJoinedTimeoutIsNeverStored(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestJoinedTxRunsOneStatementAtATime: two goroutines of a handler that use
+// its transaction at once (a fan-out of inserts) raced on the store's pgx
+// connection (the race detector reports it in pgconn), and every other call
+// failed at its commit, UNAVAILABLE with "failed to deallocate cached
+// statement(s): conn busy", the connection left unable to commit. A
+// statement sent while another is under way fails with ErrTxBusy and sends
+// nothing; every call is answered, and commits exactly the statements that
+// succeeded.
+func TestJoinedTxRunsOneStatementAtATime(t *testing.T) {
+	b := newBank(t)
+	j, _ := joinedStore(t, pgtest.DSN(t), b.schema, nil)
+	var (
+		mu            sync.Mutex
+		inserted      = map[string]int{} // statements that succeeded, by key
+		busy          int
+	)
+	e := &echoFunc{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		tx, _ := pgstore.Tx(ctx)
+		// The same goroutine, rows open: the next statement is refused.
+		rows, err := tx.Query(ctx, "SELECT generate_series(1, 3)")
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1"); !errors.Is(err, pgstore.ErrTxBusy) {
+			t.Errorf("a statement while rows are open = %v, want ErrTxBusy", err)
+		}
+		rows.Close()
+		var wg sync.WaitGroup
+		for g := range 2 {
+			wg.Go(func() {
+				for i := range 30 {
+					_, err := tx.Exec(ctx, "INSERT INTO "+b.charges+" (key, what) VALUES ($1, $2)", req.Message, strconv.Itoa(g*100+i))
+					mu.Lock()
+					switch {
+					case err == nil:
+						inserted[req.Message]++
+					case errors.Is(err, pgstore.ErrTxBusy):
+						busy++
+					default:
+						t.Errorf("a statement of one of two goroutines at once = %v, want nil or ErrTxBusy", err)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return &echov1.EchoResponse{Message: "ok"}, nil
+	}}
+	c := serve(t, e, server.Idempotency{Store: j})
+	for k := range 6 {
+		key := "one-at-a-time-" + strconv.Itoa(k)
+		if _, err := call(t, c, key, key); err != nil {
+			t.Errorf("call %d = %v, want it answered", k, err)
+			continue
+		}
+		mu.Lock()
+		want := inserted[key]
+		mu.Unlock()
+		var got int
+		if err := b.admin.QueryRow(context.Background(), "SELECT count(*) FROM "+b.charges+" WHERE key = $1", key).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("call %d: %d rows committed, want the %d statements that succeeded", k, got, want)
+		}
+	}
+	t.Logf("statements refused with ErrTxBusy: %d", busy)
 }
