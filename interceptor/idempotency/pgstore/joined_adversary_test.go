@@ -245,9 +245,9 @@ func TestJoinedTxRunsOneStatementAtATime(t *testing.T) {
 	b := newBank(t)
 	j, _ := joinedStore(t, pgtest.DSN(t), b.schema, nil)
 	var (
-		mu            sync.Mutex
-		inserted      = map[string]int{} // statements that succeeded, by key
-		busy          int
+		mu       sync.Mutex
+		inserted = map[string]int{} // statements that succeeded, by key
+		busy     int
 	)
 	e := &echoFunc{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 		tx, _ := pgstore.Tx(ctx)
