@@ -155,7 +155,7 @@ func (c *srvIdemCall) rollbackJoined(txn idempotency.Txn) {
 // INTERNAL, which a retry would meet again).
 func (c *srvIdemCall) notCommitted(err error) error {
 	if errors.Is(err, idempotency.ErrTxConflict) {
-		msg := "idempotency: the call's transaction met a conflict with another (serialization failure or deadlock) " +
+		msg := "idempotency: the call's transaction met a conflict with another (serialization failure, deadlock, lock or statement timeout) " +
 			"and was rolled back; retry with the same key: " + err.Error()
 		st := status.New(codes.Aborted, msg)
 		if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
