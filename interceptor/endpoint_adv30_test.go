@@ -27,7 +27,7 @@ func TestStreamPerAttemptTimeoutOfASlowSenderEjectsNothing(t *testing.T) {
 		p := fastPolicy(2)
 		p.PerAttemptRecvTimeout = 50 * time.Millisecond
 		c := newTestClient(t, WithRetryPolicy(p), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
 		rg.waitReady(3)
 		for range 6 {
 			st, err := rg.echo().ClientStream(t.Context())
@@ -68,7 +68,7 @@ func TestStreamPerAttemptTimeoutOfASlowReaderEjectsNothing(t *testing.T) {
 		p := fastPolicy(2)
 		p.PerAttemptRecvTimeout = 50 * time.Millisecond
 		c := newTestClient(t, WithRetryPolicy(p), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
 		rg.waitReady(3)
 		for range 12 {
 			st, err := rg.echo().ServerStream(t.Context(), &echov1.ServerStreamRequest{Message: "x", Count: 1})
