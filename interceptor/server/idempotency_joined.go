@@ -76,7 +76,7 @@ func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 	panicked := true
 	defer func() { resp, err = c.settleJoined(txn, resp, err, panicked) }()
 	c.s.m.execution(c.ctx, c.info.FullMethod)
-	resp, err = c.handler(grpc.NewContextWithServerTransportStream(txn.Context(hctx), c.own), c.req)
+	resp, err = c.s.runHandler(c.ctx, grpc.NewContextWithServerTransportStream(txn.Context(hctx), c.own), c.req, c.info, c.handler)
 	panicked = false
 	return resp, err
 }
@@ -91,7 +91,8 @@ func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 //     happen, or is unknown: the call gets UNAVAILABLE with the retry hint,
 //     never the reply, and its retry replays the committed record or runs
 //     the call again after a rollback (see package pgstore).
-//   - an unstored code (UNAVAILABLE, ABORTED, ...), a panic, or an outcome
+//   - the server's refusal on the admission path (a *srvShed), an
+//     unstored code (UNAVAILABLE, ABORTED, ...), a panic, or an outcome
 //     that cannot be recorded (a reply that is not a proto message):
 //     Rollback, of the writes and the claim; the call gets the handler's
 //     error, the panic goes on, or INTERNAL.
@@ -99,7 +100,12 @@ func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 // The store calls use sctx, which the caller's end does not reach.
 func (c *srvIdemCall) settleJoined(txn idempotency.Txn, resp any, herr error, panicked bool) (any, error) {
 	c.own.close()
-	if panicked || c.s.retryable.Has(rescodes.Classify(herr)) {
+	// Bounded, so that a database that hangs does not hold the call for
+	// ever: a Commit cut short is an unknown outcome (notCommitted).
+	sctx, cancel := context.WithTimeout(c.sctx, c.s.lease)
+	defer cancel()
+	c.sctx = sctx
+	if panicked || isShed(herr) || c.s.retryable.Has(rescodes.Classify(herr)) {
 		c.rollbackJoined(txn)
 		return resp, herr
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -30,6 +31,11 @@ type Server struct {
 	headroom time.Duration
 	floor    time.Duration
 
+	// closing is set, and closed closed, when Shutdown begins: no call is
+	// admitted after.
+	closing atomic.Bool
+	closed  chan struct{}
+
 	closeOnce sync.Once
 	closeErr  error // of the first Close; written once, inside closeOnce
 }
@@ -48,7 +54,7 @@ func New(opts ...Option) (*Server, error) {
 	if len(o.errs) > 0 {
 		return nil, o.errs[0]
 	}
-	s := &Server{headroom: o.headroom, floor: o.floor}
+	s := &Server{headroom: o.headroom, floor: o.floor, closed: make(chan struct{})}
 	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
 	if err != nil {
 		return nil, err
@@ -59,6 +65,9 @@ func New(opts ...Option) (*Server, error) {
 		}
 	}
 	s.idem = idem
+	if idem != nil {
+		idem.runHandler = s.runHandler
+	}
 	if s.limits, err = newSrvLimits(&o); err != nil {
 		return nil, err
 	}
@@ -104,20 +113,14 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return s.srvUnary
 }
 
+// srvUnary is the unary interceptor: the headroom and the caller-retries
+// mark, then idempotency, which runs the handler, if it does, through the
+// one admission path (runHandler; see admission.go), as a call without
+// idempotency does at once.
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.limits != nil && !s.limits.exempt(info.FullMethod) {
-		if l := s.limits.lookup(info.FullMethod); l != nil {
-			return s.limited(ctx, l, req, info, handler)
-		}
-		if s.limits.cpu != nil {
-			return s.shedByCPU(ctx, req, info, handler)
-		}
+	if s.closing.Load() { // no claim either: the handler would not run
+		return nil, errSrvShuttingDown
 	}
-	return s.srvUnaryInner(ctx, req, info, handler)
-}
-
-// srvUnaryInner is the unary interceptor inside the concurrency limit.
-func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
 		return nil, err
@@ -126,7 +129,7 @@ func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnarySer
 		defer cancel()
 	}
 	if s.idem == nil {
-		return handler(ctx, req)
+		return s.runHandler(ctx, ctx, req, info, handler)
 	}
 	return s.idem.intercept(ctx, req, info, handler)
 }
@@ -144,6 +147,9 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			if err := s.idem.streamPolicyErr(info.FullMethod); err != nil {
 				return err
 			}
+		}
+		if s.closing.Load() {
+			return errSrvShuttingDown
 		}
 		if s.limits != nil {
 			if l := s.limits.streamLimiter(info.FullMethod); l != nil {

@@ -114,9 +114,9 @@ func releaseAt(l *Limiter, inflight int, rtt time.Duration, dropped bool) int {
 // holding b alone.
 func pinBase(l *Limiter, b time.Duration) {
 	l.cfg.BaseWindow = 1000 * time.Hour
-	l.base.reset(t0, l.cfg.BaseWindow, b)
+	l.cls[0].base.reset(t0, l.cfg.BaseWindow, b)
 	l.srtt = float64(time.Microsecond) // the window of an update ends at once
-	l.cfg.ProbeMultiplier, l.probeAt = 1000, 1000
+	l.cfg.ProbeMultiplier, l.cls[0].probeAt = 1000, 1000
 }
 
 // TestVegasSteps pins the four cases of the Vegas update at L = 100
@@ -733,13 +733,13 @@ func TestSlowdownDetectorAnchorsOnRise(t *testing.T) {
 	ms := time.Millisecond
 	l := mustNew(t, Config{})
 	pinBase(l, 50*ms)
-	l.door.add(t0, 86*ms) // the least of the queued latencies
+	l.cls[0].door.add(t0, 86*ms) // the least of the queued latencies
 	for _, w := range []struct {
 		limit float64
 		rtt   time.Duration
 	}{{20, 51 * ms}, {27.8, 51 * ms}, {29.25, 53 * ms}, {26, 117 * ms}, {23, 122 * ms}, {22, 111 * ms}, {20.8, 110 * ms}} {
 		l.setLimit(w.limit)
-		l.slowdownLocked(t0, w.rtt, int(w.limit))
+		l.slowdownLocked(t0, float64(w.rtt)/float64(50*ms), int(w.limit))
 	}
 	if got := l.BaseRTT(t0); got != 50*ms {
 		t.Errorf("base RTT = %v, want it held at 50ms", got)

@@ -16,11 +16,12 @@ const (
 type Waiter struct {
 	ready chan struct{} // receives once when the waiter is granted or evicted; buffered
 	// Set by Enqueue, immutable until Leave:
-	crit Criticality
-	t    *tenant
-	left time.Duration // of its deadline when it arrived
-	at   time.Time     // when it arrived
-	seq  uint64        // arrival order
+	crit  Criticality
+	class int // cost class
+	t     *tenant
+	left  time.Duration // of its deadline when it arrived
+	at    time.Time     // when it arrived
+	seq   uint64        // arrival order
 	// Guarded by the Limiter's mutex:
 	state waiterState
 	idx   int  // position in queue.w while waiting
@@ -146,7 +147,7 @@ func (l *Limiter) Enqueue(now time.Time, r Request) (w *Waiter, ok bool) {
 	defer l.mu.Unlock()
 	w = l.q.get()
 	l.q.seq++
-	w.crit, w.t, w.left, w.at, w.seq, w.state = c, l.ten.get(now, r.Tenant), r.Left, now, l.q.seq, waiting
+	w.crit, w.class, w.t, w.left, w.at, w.seq, w.state = c, r.Class, l.ten.get(now, r.Tenant), r.Left, now, l.q.seq, waiting
 	if len(l.q.w) >= l.q.max {
 		out := l.q.w[l.q.worst()]
 		if !displaces(w, out) {
@@ -196,7 +197,7 @@ func (l *Limiter) handoffLocked(now time.Time) {
 		if left != NoDeadline {
 			left -= now.Sub(next.at)
 		}
-		next.slot = l.admitLocked(next.crit, next.t, left)
+		next.slot = l.admitLocked(next.crit, next.t, left, next.class)
 		next.state = granted
 		next.ready <- struct{}{}
 	}
