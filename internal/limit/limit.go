@@ -671,7 +671,7 @@ type drain struct {
 }
 
 const (
-	drainEvery = 256 // smoothed latencies between two drains, at most
+	drainEvery = 128 // smoothed latencies between two drains, at most
 	drainFor   = 2   // smoothed latencies a drain lasts
 )
 
