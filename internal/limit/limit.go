@@ -300,7 +300,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg.normalize()}
 	l.ten.max, l.ten.idle = l.cfg.MaxTenants, l.cfg.TenantIdle
-	l.q.max = l.cfg.MaxQueue
+	l.q.max, l.q.ten = l.cfg.MaxQueue, &l.ten
 	l.setLimit(float64(l.cfg.InitialLimit))
 	l.classLocked(0)
 	return l, nil
@@ -401,20 +401,22 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 
 // mayAdmitLocked reports whether a request of criticality c from t may
 // take a slot now. With one tenant: while the requests in flight are fewer
-// than c's share of the limit. With several, each has a fair share, c's
-// share divided by the active tenants, against which what a tenant holds
-// is its requests in flight smoothed over its last admissions and ends
-// (so that a latency spike does not make a quiet tenant look greedy), and
-// at most twice the fair share at any moment (so that a burst does not
-// slip under the smoothing). A tenant at or over its fair share is
-// admitted only while the requests in flight are fewer than c's share less
-// a slot kept free for each other tenant under its fair share (at most a
-// tenth of the limit in all), so it is shed before any tenant under its
-// share. A tenant under its fair share (of at least one slot) is admitted
-// beyond c's share, by up to a fair share, whatever the others hold, as a
-// partition under its share is in Netflix's partitioned limiter: the
-// others' excess drains as their requests end (they are not admitted
-// meanwhile), and does not yield to a more critical request shed
+// than c's share of the limit (half of it while the limit drains). With
+// several, each tenant with requests in flight or queued has a fair
+// share of c's share (tenants.fairShare: max-min, a tenant with one
+// request taking one slot), against which what a tenant holds is its
+// requests in flight smoothed over its last admissions and ends (so that a
+// latency spike does not make a quiet tenant look greedy), and at most
+// twice the fair share at any moment (so that a burst does not slip under
+// the smoothing). A tenant at or over its fair share is admitted only
+// while the requests in flight are fewer than c's share less a slot kept
+// free for each other tenant under its fair share (at most a tenth of the
+// limit in all), so it is shed before any tenant under its share. A tenant
+// under its fair share (of at least one slot), smoothed and now, is
+// admitted beyond c's share, by up to a fair share, whatever the others
+// hold, as a partition under its share is in Netflix's partitioned
+// limiter: the others' excess drains as their requests end (they are not
+// admitted meanwhile), and does not yield to a more critical request shed
 // (yieldLocked), which would let a tenant over its share, claiming
 // CriticalPlus, shed every other tenant. With more tenants than slots, a
 // tenant under its share waits for c's share to have room.
@@ -424,22 +426,18 @@ func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 	if d := l.drainCap(now); d > 0 { // the limit drains to probe its base RTTs
 		limit = min(limit, d)
 	}
-	n := 1
-	if l.ten.named != nil || l.ten.overflow.busy() || t != &l.ten.def {
-		n = l.ten.active(now)
-	}
+	n, fair := l.ten.fairShare(t, limit)
 	if n <= 1 {
 		return !yielding && l.inflight < limit
 	}
-	fair := float64(limit) / float64(n)
 	switch {
 	case t.held >= fair || float64(t.inflight) >= 2*fair:
 		most := max(1, int(math.Ceil(l.limit/10)))
 		return !yielding && l.inflight < limit-l.ten.under(now, t, fair, most)
-	case fair >= 1:
-		// Under its fair share, t does not yield to a more critical
-		// request shed over its tenant's share: that tenant's excess is
-		// no claim on t's share.
+	case fair >= 1 && float64(t.inflight) < fair:
+		// Under its fair share, now as over time, t does not yield to a
+		// more critical request shed over its tenant's share: that
+		// tenant's excess is no claim on t's share.
 		return l.inflight < limit+int(math.Ceil(fair))
 	}
 	return !yielding && l.inflight < limit
@@ -469,7 +467,7 @@ func (l *Limiter) yieldLocked(now time.Time, c Criticality) {
 // with left of its deadline.
 func (l *Limiter) admitLocked(c Criticality, t *tenant, left time.Duration, k int) Slot {
 	l.inflight++
-	t.add(1)
+	l.ten.add(t, 1)
 	l.count[Admitted][c]++
 	l.shedEW -= l.shedEW / 64
 	if k < 0 || k >= MaxClasses {
@@ -522,7 +520,7 @@ func (l *Limiter) Release(now time.Time, s Slot, rtt time.Duration, o Outcome) {
 	defer l.mu.Unlock()
 	inflight := l.inflight
 	l.inflight--
-	s.t.add(-1)
+	l.ten.add(s.t, -1)
 	l.rotateLocked(now)
 	k := l.classLocked(int(s.class))
 	switch o {
@@ -546,7 +544,7 @@ func (l *Limiter) Abandon(now time.Time, s Slot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inflight--
-	s.t.add(-1)
+	l.ten.add(s.t, -1)
 	l.handoffLocked(now)
 }
 
