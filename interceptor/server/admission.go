@@ -167,6 +167,9 @@ func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMet
 			ls.m.waited(caller, fullMethod, now.Sub(arrived))
 		}
 		if !admitted {
+			if queued && s.closing.Load() { // taken out of the queue by Shutdown
+				return srvPass{}, errSrvShuttingDown
+			}
 			reason := shedOverLimit
 			if queued {
 				reason = shedQueueTimeout
@@ -178,6 +181,10 @@ func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMet
 			l.Abandon(now, slot)
 			ls.m.shedCall(caller, fullMethod, crit, shedQueueTimeout)
 			return srvPass{}, &srvShed{status.FromContextError(err).Err()}
+		}
+		if s.closing.Load() { // admitted as the server began to shut down
+			l.Abandon(now, slot)
+			return srvPass{}, errSrvShuttingDown
 		}
 	}
 	ls.m.admit(caller, fullMethod, crit)

@@ -216,6 +216,7 @@ type srvIdem struct {
 	// contexts, so it is spared the allocation.
 	detach       bool
 	flights      srvFlights
+	handlers     srvHandlers // the keyed handlers running, for Server.Shutdown
 	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
 	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
 	m            *srvMetrics // set by New before the Server is used; never nil then

@@ -287,8 +287,16 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
 	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, hctx, claimed)
 	panicked := true
+	running := c.s.handlers.add(hctx) // Shutdown waits for it, or cancels it
+	if running {
+		defer c.s.handlers.remove(hctx) // after settle
+	}
 	defer func() { c.settle(resp, err, panicked) }()
-	if !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease))) {
+	switch {
+	case !running:
+		panicked = false
+		return nil, errSrvShuttingDown
+	case !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease))):
 		panicked = false
 		return nil, c.claimedTooLate()
 	}

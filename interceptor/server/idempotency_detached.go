@@ -30,6 +30,7 @@ type srvDetached struct {
 	deadline    time.Time       // immutable; zero when hasDeadline is false
 	hasDeadline bool            // immutable; false only for an attached handler whose caller has no deadline
 	stopCaller  func() bool     // attached: stops the watch of the caller's end; nil when detached; immutable
+	prev, next  *srvDetached    // the running handlers' list (srvHandlers); guarded by srvHandlers.mu
 
 	done  atomic.Value // of chan struct{}: made by Done or end, closed by end; stored under mu, loaded without
 	mu    sync.Mutex

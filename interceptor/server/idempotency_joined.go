@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -66,15 +67,26 @@ func (c *srvIdemCall) claimJoined() (any, error) {
 // goes on.
 func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 	c.sctx = context.WithoutCancel(c.ctx)
-	hctx := c.ctx
+	var hctx *srvDetached
 	if c.s.detachMax > 0 {
-		var cancel context.CancelFunc
-		hctx, cancel = context.WithTimeout(c.sctx, c.s.detachMax)
-		defer cancel() // after settleJoined: deferred calls run last in, first out
+		hctx = newSrvDetached(c.sctx, time.Now().Add(c.s.detachMax))
+		deadline := time.AfterFunc(c.s.detachMax, func() { hctx.end(context.DeadlineExceeded) })
+		defer deadline.Stop()
+	} else {
+		hctx = newSrvAttached(c.ctx)
 	}
+	defer hctx.release() // after settleJoined: deferred calls run last in, first out
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
 	panicked := true
+	running := c.s.handlers.add(hctx) // Shutdown waits for it, or cancels it
+	if running {
+		defer c.s.handlers.remove(hctx)
+	}
 	defer func() { resp, err = c.settleJoined(txn, resp, err, panicked) }()
+	if !running {
+		panicked = false
+		return nil, errSrvShuttingDown
+	}
 	c.s.m.execution(c.ctx, c.info.FullMethod)
 	resp, err = c.s.runHandler(c.ctx, grpc.NewContextWithServerTransportStream(txn.Context(hctx), c.own), c.req, c.info, c.handler)
 	panicked = false

@@ -121,8 +121,9 @@ func newSrvLimits(o *options) (*srvLimits, error) {
 	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
 		return nil, err
 	}
+	rnd := newSrvRand(o.limitSrc) // the Server's own, whatever other Servers use the source
 	if o.limit != nil {
-		l, err := newLimiter(*o.limit, fair, o.limitRand)
+		l, err := newLimiter(*o.limit, fair, rnd)
 		if err != nil {
 			return nil, errorf("Limits.Config.concurrencyLimit: %v", err)
 		}
@@ -131,7 +132,7 @@ func newSrvLimits(o *options) (*srvLimits, error) {
 	}
 	seen := map[string]int{} // index in all by name
 	for _, m := range o.methodLimits {
-		l, err := newLimiter(m.cfg, fair, o.limitRand)
+		l, err := newLimiter(m.cfg, fair, rnd)
 		if err != nil {
 			return nil, errorf("Limits.Config methodConfig %q: %v", m.raw, err)
 		}

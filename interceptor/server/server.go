@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -23,8 +24,9 @@ import (
 // WithOneLayerRetry). A Server with no option only marks contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
-// in-process coalescing state are shared by all calls. Close it when it is
-// replaced or the grpc.Server stops.
+// in-process coalescing state are shared by all calls. Shut it down
+// (Shutdown) beside the grpc.Server's GracefulStop, or Close it when it is
+// replaced.
 type Server struct {
 	idem     *srvIdem   // nil when idempotency is off; immutable
 	limits   *srvLimits // nil when no concurrency limit is set; immutable
@@ -51,6 +53,16 @@ func New(opts ...Option) (*Server, error) {
 		}
 		opt.apply(&o)
 	}
+	if c := o.idemCfg; c != nil && len(o.errs) == 0 {
+		idem, err := c.normalize()
+		if err != nil {
+			return nil, err
+		}
+		o.idem = idem
+	}
+	if l := o.limitsCfg; l != nil && len(o.errs) == 0 {
+		l.apply(&o)
+	}
 	if len(o.errs) > 0 {
 		return nil, o.errs[0]
 	}
@@ -72,6 +84,33 @@ func New(opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// Shutdown stops s, as grpc.Server.GracefulStop stops a server: calls
+// that come after it began are refused with UNAVAILABLE before they run
+// anything (a keyed call claims nothing), and calls waiting in a limit's
+// queue leave it, refused alike; the keyed calls' handlers that run
+// detached from their callers (Idempotency.DetachedMax, the default),
+// which neither their callers' end nor grpc.Server.Stop reaches, are
+// waited for until ctx ends, their outcomes stored; those still running
+// then are cancelled (their contexts end with context.Canceled, their
+// outcomes, by default, not stored) and Shutdown returns ctx.Err() without
+// waiting for them to return. Then it does what Close does. Other calls'
+// handlers are grpc's: GracefulStop waits for them, Stop cancels them.
+//
+// Call it beside GracefulStop, which stops the listeners and waits for
+// every handler, detached ones included, to return: Shutdown bounds that
+// wait. Shutdown is safe to call more than once and concurrently; each
+// call waits as its ctx says.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.closing.CompareAndSwap(false, true) {
+		close(s.closed) // wakes the calls in the limits' queues
+	}
+	var err error
+	if s.idem != nil {
+		err = s.idem.handlers.shutdown(ctx)
+	}
+	return errors.Join(err, s.Close())
 }
 
 // Close releases what s holds beyond its calls: it unregisters the

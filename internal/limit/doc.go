@@ -113,14 +113,17 @@
 // ProbeRTT does: a base RTT that has become wrong keeps the limit low, the
 // limit refuses the very traffic whose latencies could correct it, and
 // nothing would move it (an AIMD limit whose service became three times
-// slower sat at 1 for a minute, using one slot of 8). So every 64 to 128
-// smoothed latencies of shedding (jittered with Config.Rand), the limit
-// admits only half of itself for 2 smoothed latencies: the requests in
-// flight before fall below the server's concurrency, the queue behind them
-// drains, and each class's base RTT starts anew from the least latency of
-// its requests admitted after the drain began
-// (TestDrainLearnsASlowdownWhileShedding). It costs about one smoothed
-// latency of half the slots per drain, under 1% of the capacity.
+// slower sat at 1 for a minute, using one slot of 8). A limit that rests
+// on a wrong base calls for a lower limit at every update, even at its
+// minimum; one that found the capacity does not for long. So when 16
+// updates in a row called for a lower limit while the limit sheds (and at
+// most once per 64 to 128 smoothed latencies, jittered with Config.Rand),
+// the limit admits only half of itself for 2 smoothed latencies: the
+// requests in flight before fall below the server's concurrency, the queue
+// behind them drains, and each class's base RTT starts anew from the least
+// latency of its requests admitted after the drain began
+// (TestDrainLearnsASlowdownWhileShedding). A drain costs about one
+// smoothed latency of half the slots.
 //
 // A slowdown that makes the limit shed is also learned by the slowdown
 // detector: under overload, when the limit falls the queue shortens and

@@ -617,12 +617,18 @@ func (l *Limiter) updateLocked(now time.Time) {
 	if w.n > 0 && w.sumBase > 0 {
 		ratio = float64(w.sum) / float64(w.sumBase)
 	}
+	var lower bool
 	switch l.cfg.Algorithm {
 	case AIMD:
-		l.aimd(w.inflight, ratio, w.n > 0, w.dropped)
+		lower = l.aimd(w.inflight, ratio, w.n > 0, w.dropped)
 	default:
-		l.vegas(w.inflight, ratio, w.dropped)
+		lower = l.vegas(w.inflight, ratio, w.dropped)
 		l.slowdownLocked(now, ratio, w.inflight)
+	}
+	if lower {
+		l.drain.lowers++
+	} else {
+		l.drain.lowers = 0
 	}
 	*w = window{}
 }
@@ -656,21 +662,27 @@ const probeShedMax = 0.01
 // latency can show a base RTT that has become wrong (a slower service,
 // or, with an AIMD limit, a base that a cheaper mix of requests left
 // low), and admission, which the wrong base keeps low, refuses the very
-// traffic that could correct it (REVIEW class 1). So every drainEvery
-// smoothed latencies of shedding (jittered into [½, 1) of that), the limit
-// admits only half of itself for drainFor smoothed latencies: the requests
+// traffic that could correct it (REVIEW class 1). A limit that rests on
+// a wrong base RTT calls for a lower limit at every update, even at its
+// minimum, where one that found the capacity does not for long: so when
+// drainAfter updates in a row called for a lower limit while it sheds (and
+// at most once per drainEvery smoothed latencies, jittered into [½, 1) of
+// that), the limit admits only half of itself for drainFor smoothed
+// latencies: the requests
 // in flight before fall below the server's concurrency, the queue behind
 // them drains, and each class's base RTT starts anew from the least
 // latency of its requests admitted after that (by the class's own
 // completion, drainFor·srtt after the drain began at the earliest).
 type drain struct {
 	from, until time.Time // the drain under way; zero: none
-	next        time.Time // the next drain may begin then, if the limit sheds; zero: not yet set
+	next        time.Time // the next drain may begin then; zero: not yet set
+	lowers      int       // updates in a row that called for a lower limit
 }
 
 const (
-	drainEvery = 128 // smoothed latencies between two drains, at most
+	drainEvery = 128 // smoothed latencies between two drains, at least half of it
 	drainFor   = 2   // smoothed latencies a drain lasts
+	drainAfter = 16  // updates in a row calling for a lower limit that begin a drain
 )
 
 // drainLocked begins or ends the limit's drain at now.
@@ -685,7 +697,7 @@ func (l *Limiter) drainLocked(now time.Time) {
 		}
 	case d.next.IsZero():
 		d.next = now.Add(l.drainGap(srtt))
-	case l.shedEW >= probeShedMax && !now.Before(d.next):
+	case l.shedEW >= probeShedMax && d.lowers >= drainAfter && !now.Before(d.next):
 		d.from, d.until = now, now.Add(drainFor*srtt)
 		for i := range l.cls {
 			l.cls[i].drainMin = 0
@@ -795,37 +807,42 @@ func (l *Limiter) grow(d, ceiling float64) {
 
 // vegas is the Vegas update for a window whose queueing ratio was ratio
 // (0: unknown), the most in flight at its releases being inflight.
-func (l *Limiter) vegas(inflight int, ratio float64, dropped bool) {
+// It reports whether the window called for a lower limit.
+func (l *Limiter) vegas(inflight int, ratio float64, dropped bool) (lower bool) {
 	lg := max(1, math.Log10(l.limit))
 	if dropped {
 		l.setLimit(l.limit - lg)
-		return
+		return true
 	}
 	if ratio == 0 {
-		return
+		return false
 	}
 	alpha, beta := max(1, 3*lg), max(2, 6*lg)
 	queue := math.Ceil(l.limit * (1 - 1/ratio))
 	switch ceiling := l.growCeiling(inflight); {
 	case queue > beta:
 		l.setLimit(l.limit - lg)
+		return true
 	case queue <= lg:
 		l.grow(beta, ceiling)
 	case queue < alpha:
 		l.grow(lg, ceiling)
 	}
+	return false
 }
 
 // aimd is the AIMD update: sampled reports whether the window had a
-// sample, ratio its queueing ratio (0: no base RTT yet).
-func (l *Limiter) aimd(inflight int, ratio float64, sampled, dropped bool) {
+// sample, ratio its queueing ratio (0: no base RTT yet). It reports whether
+// the window called for a lower limit.
+func (l *Limiter) aimd(inflight int, ratio float64, sampled, dropped bool) (lower bool) {
 	if dropped || ratio > l.cfg.Tolerance {
 		l.setLimit(l.limit * l.cfg.Backoff)
-		return
+		return true
 	}
 	if sampled {
 		l.grow(1, l.growCeiling(inflight))
 	}
+	return false
 }
 
 // Snapshot returns l's state and counters at now.
