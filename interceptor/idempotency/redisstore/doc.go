@@ -247,6 +247,7 @@
 //     acknowledged, unless n counts every replica), and it costs one round
 //     trip more per first execution's Claim and Complete, none per replay.
 //
-// The Store holds no goroutine and no connection of its own: close the
-// client to release its connections.
+// The Store holds no connection of its own (close the client to release
+// its connections) and no goroutine but one per round trip whose context
+// can end, which ends with the round trip.
 package redisstore
