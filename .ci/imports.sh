@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Checks the import rules of DESIGN.md with go list:
+#   (the root)    package resilience (Version): standard library only, so
+#                 that any package may import it
 #   codes         standard library, grpc/codes and grpc/status only
 #   serviceconfig standard library, our codes, grpc/codes only: no grpc runtime
 #   deadline      standard library only
@@ -41,6 +43,9 @@ while read -r pkg imports; do
 	rel=${rel#/}
 	for imp in $imports; do
 		case "$rel" in
+		"")
+			is_std "$imp" || check "$mod" "$imp" "the root package: standard library only"
+			;;
 		codes)
 			is_std "$imp" || [[ "$imp" == google.golang.org/grpc/codes || "$imp" == google.golang.org/grpc/status ]] ||
 				check "$rel" "$imp" "standard library, grpc/codes and grpc/status only"

@@ -75,6 +75,35 @@
 // Every option, what it defaults to and what it costs, is on its own doc
 // comment; they are all in options.go, the client's one page of settings.
 //
+// # Checked configuration
+//
+// NewClient and UpdateServiceConfig check a configuration when it is given,
+// never on a call, and refuse a setting that cannot be right, naming where
+// it was written: the option and the Go fields for a policy written in Go,
+// the JSON path for a parsed document:
+//
+//	interceptor: WithRetryPolicy: InitialBackoff: must not be negative
+//	interceptor: WithMethodConfig: entry 0: has no Name, so it applies to no method: ...
+//	interceptor: WithRetryPolicy("Echo"): "Echo" is not a registered service but the name of a method: "/resilience.echo.v1.EchoService/Echo"
+//	interceptor: WithServiceConfig: methodConfig[0].name[0]: service shop.v1.Orders has no method "Pya" (did you mean "Pay"?)
+//
+// Refused: an entry built in Go without a Name (it applies to no method;
+// Name: []serviceconfig.Name{{}} is the default of every method); a method
+// that its service, as linked into the program, does not have; a method's
+// name given as a service; a hedgingPolicy on an entry naming a streaming
+// method (a stream is never hedged: it runs one attempt), and
+// WithIdempotencyKeys or WithFallback naming one (keys and fallbacks apply
+// to unary calls). The linked-in services are those the program's
+// generated code registers with protoregistry.GlobalFiles. A service that
+// is not registered may still be called without generated code, so its
+// name is only logged, once, as are the warnings of a parsed config
+// (serviceconfig.Config.Warnings), through WithLogger's logger or grpclog's
+// "resilience" component. serviceconfig.Parse itself refuses a typo that
+// changes which methods a policy covers ({"services": ...} in a name);
+// WrapResolver reads a resolver's config as grpc-go does
+// (serviceconfig.Lenient) and applies what grpc-go would apply, logging
+// each such problem once instead of refusing it.
+//
 // # One call, and the order of the policies
 //
 // The policies wrap each other in one fixed order, outermost first: the
@@ -163,7 +192,7 @@
 // does: the same attempts, grpc-previous-rpc-attempts, final codes,
 // responses, headers and trailers, and the same A6 throttle accounting. A
 // differential test in this package runs both against the same scripted
-// servers (TestParityWithGRPCRetry) and compares, call by call, what the
+// servers and compares, call by call, what the
 // server and the caller saw and the A6 throttle's token count. The
 // differences are intended:
 //
@@ -240,7 +269,7 @@
 // after failures) are rationed to twice the share 1 − quantile of the
 // method's calls, in bursts of at most 4 (a copy refused counts as a budget
 // denial). On a model of bench/'s slow tail that triples (the base latency
-// triples halfway, 5% of attempts 20× slower; TestHedgingBuysTheTailWhenLatencyTriples),
+// triples halfway, 5% of attempts 20× slower; a test of this package runs it),
 // the adaptive p95 keeps the p99 at 0.14× the unhedged for 4.8% extra
 // attempts (0.18× for 6.0% before), and a fixed 5ms delay set for the first
 // half at 0.13× for 7.5% (1.00× for 23%, no gain, before rationing).
@@ -407,8 +436,8 @@
 // "/pkg.Service/*" (or "/*" for the default entry) once a call used it. No
 // breaker is dropped for room while the config names its method exactly or
 // a generated stub called it. With metrics on, a kept method not named
-// costs about 2 KiB; 100,000 invented names keep about 2 MiB
-// (TestPerMethodMemoryUnder100kCallerNames).
+// costs about 2 KiB; 100,000 invented names keep about 2 MiB (measured by a
+// test of this package).
 //
 // A config update resolves every kept method under the new config at once,
 // so Statuses and the gauges never lose the breaker (a forced-open one
@@ -422,8 +451,8 @@
 // and its next call resolves it as a method never called, with the default
 // policy where no entry applies. So a control plane whose every push names
 // new methods keeps at most 1024 of those it dropped: 3000 such updates
-// keep 1 method and take 40 ms, where they kept 3000 and took 6 s
-// (TestMethodsNamedOnlyByOldConfigsAreBounded). An update costs a
+// keep 1 method and take 40 ms, where they kept 3000 and took 6 s (a test
+// of this package pins it). An update costs a
 // resolution per method the new config names and per method kept, about
 // 1–2 µs each, so about 2 ms with the bound full.
 //
@@ -521,8 +550,9 @@
 // machine; the attempts' trail of endpoints, attemptBase, in client.go and
 // stream_attempt.go), wiresize.go (what the replay buffer counts), keys.go
 // (the idempotency keys a client attaches), resolver.go (the resolver's
-// service config), names.go (the names options take), errors.go, metrics.go
-// and trace.go (metrics and span events).
+// service config), names.go (the names options take, the warnings' log),
+// confcheck.go (the checks of a configuration as it is given), errors.go,
+// metrics.go and trace.go (metrics and span events).
 //
 // See https://github.com/grpc/proposal/blob/master/A6-client-retries.md,
 // https://github.com/grpc/proposal/blob/master/A66-otel-stats.md and

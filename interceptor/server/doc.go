@@ -376,7 +376,7 @@
 // run detached from their callers within its context and cancels the
 // rest, and unregisters its gauges; [Server.Close] only unregisters them. A call without an
 // idempotency key allocates no more than under a pass-through interceptor
-// (TestIdempotencyCostAllocations), and an admitted call allocates nothing
+// (an allocation test pins it), and an admitted call allocates nothing
 // for the limit.
 //
 // # Where things are
