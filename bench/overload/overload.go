@@ -36,6 +36,7 @@ import (
 	"github.com/failsafe-go/failsafe-go/adaptivelimiter"
 	"github.com/failsafe-go/failsafe-go/failsafegrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
@@ -149,6 +150,13 @@ type Result struct {
 	// Calls counts the calls started; Attempts the calls the server's
 	// handler or limiter saw (retries included).
 	Calls, Attempts int
+	// Utilization is the share of the tokens' time they were held during
+	// the overload after Settle; Late the calls answered OK after their
+	// deadline there, as a share of the capacity. Goodput is at most
+	// Utilization: what it lacks is tokens left idle (a limit below the
+	// service's concurrency, gaps between a slot's release and the next
+	// admission) or work done for calls that came back late.
+	Utilization, Late float64
 }
 
 // AttemptsPerCall is Attempts/Calls.
@@ -250,7 +258,8 @@ func runStep(cfg Config, name string, retrying bool) (Result, error) {
 	if prot.icpt != nil {
 		chain = append(chain, prot.icpt)
 	}
-	srv, err := serve(newCapacityServer(cfg.Tokens, cfg.Service), grpc.ChainUnaryInterceptor(chain...))
+	capsrv := newCapacityServer(cfg.Tokens, cfg.Service)
+	srv, err := serve(capsrv, grpc.ChainUnaryInterceptor(chain...))
 	if err != nil {
 		return Result{}, err
 	}
@@ -273,6 +282,7 @@ func runStep(cfg Config, name string, retrying bool) (Result, error) {
 	var rec recorder
 	t0 := time.Now()
 	att.t0 = t0
+	capsrv.window(t0, cfg.LowFor+cfg.Settle, cfg.LowFor+cfg.HighFor)
 	var lim *sampler
 	if prot.limit != nil {
 		lim = sample(t0, prot.limit)
@@ -288,6 +298,7 @@ func runStep(cfg Config, name string, retrying bool) (Result, error) {
 		})
 	r := analyse(cfg, capacity, rec.all())
 	r.Name, r.Retrying, r.Attempts = name, retrying, int(att.n.Load())
+	r.Utilization = capsrv.utilization()
 	up, down := cfg.LowFor, cfg.LowFor+cfg.HighFor
 	srvOK := att.rec.all()
 	_, lat := good(pick(srvOK, -1, 0, up))
@@ -312,6 +323,13 @@ func analyse(cfg Config, capacity float64, calls []outcome) Result {
 	r.UnloadedP99 = quantile(unloaded, 0.99)
 	r.AdmittedP99 = quantile(admitted, 0.99)
 	r.Goodput = float64(n) / (capacity * (cfg.HighFor - cfg.Settle).Seconds())
+	late := 0
+	for _, o := range pick(calls, -1, up+cfg.Settle, down) {
+		if o.code == codes.OK && !o.ok {
+			late++
+		}
+	}
+	r.Late = float64(late) / (capacity * (cfg.HighFor - cfg.Settle).Seconds())
 	r.Converge = settleTime(calls, up, down, func(b []outcome) bool {
 		n, ok := good(b)
 		return float64(n) >= 0.9*capacity*bucket.Seconds() && quantile(ok, 0.9) <= 2*r.UnloadedP99
