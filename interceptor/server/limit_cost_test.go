@@ -149,3 +149,35 @@ func TestLimitDoorReopensWithinAServiceTime(t *testing.T) {
 		}
 	})
 }
+
+// TestLimitProbesWhileShedding pins the probe of a limit that sheds
+// (issue 33, REVIEW class 1) over gRPC: an AIMD limit, a server of 20
+// tokens × 100ms under twice its capacity, whose service becomes three
+// times slower for good. AIMD has no probe on one latency, and its base RTT
+// stayed at 100ms while every latency was 300ms or more: it shed at its
+// minimum (one call at a time, a twentieth of the tokens) for as long as
+// the base's windows took to age out. Now a limit that keeps calling for a
+// lower one while it sheds drains to half of itself, and relearns its base
+// RTT from the calls admitted after: the tokens are busy again.
+func TestLimitProbesWhileShedding(t *testing.T) {
+	const dur, last = 20 * time.Second, 3 * time.Second
+	var res *loadResult
+	var st []LimitStatus
+	synctest.Test(t, func(t *testing.T) {
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{Algorithm: "aimd"}))
+		ce := newCapacityEcho(ovTokens, ovService)
+		cc := serveEcho(t, ce, srv)
+		load{gap: ovGap(2), dur: 2 * time.Second, deadline: ovDeadline}.run(cc)
+		ce.slower.Store(int64(2 * ovService))
+		res = load{gap: ovGap(2), dur: dur, deadline: ovDeadline, measureFrom: dur - last}.run(cc)
+		synctest.Wait()
+		ce.active.Wait()
+		st = srv.LimitStatuses()
+	})
+	// In the last 3s the capacity is 20 tokens × 300ms: 200 calls.
+	served := float64(res.good[0]) / (float64(ovTokens) * float64(last) / float64(3*ovService))
+	t.Logf("last %v after the slowdown: %d calls served (%.1f%% of the capacity), codes %v; %+v", last, res.good[0], 100*served, res.codes, st)
+	if served < 0.9 {
+		t.Errorf("served %.3f of the capacity after a lasting slowdown under overload, want ≥ 0.9", served)
+	}
+}
