@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -21,10 +20,10 @@ type CostResult struct {
 	// Load is the load of the expensive method, in multiples of the
 	// capacity.
 	Load float64
-	// Shed is the share of the expensive method's calls refused by the
-	// protection (RESOURCE_EXHAUSTED, or DEADLINE_EXCEEDED before the
-	// handler ran); Goodput its calls served within their deadline, as a
-	// share of the capacity.
+	// Shed is the share of the expensive method's calls whose handler
+	// never ran (refused by the protection, whatever the status, over the
+	// whole run); Goodput its calls served within their deadline after the
+	// first second, as a share of the capacity.
 	Shed, Goodput float64
 }
 
@@ -74,14 +73,11 @@ func RunCost(cfg Config, name string, load float64) (CostResult, error) {
 		took := time.Since(began)
 		rec.add(outcome{start: start, took: took, code: status.Code(err), ok: err == nil && took <= cfg.Deadline})
 	})
-	out := pick(rec.all(), -1, costSettle, costFor)
-	shed := 0
-	for _, o := range out {
-		if o.code == codes.ResourceExhausted || o.code == codes.DeadlineExceeded && o.took < cfg.Deadline/2 {
-			shed++
-		}
-	}
-	n, _ := good(out)
-	return CostResult{Name: name, Load: load, Shed: float64(shed) / float64(max(len(out), 1)),
+	all := rec.all()
+	n, _ := good(pick(all, -1, costSettle, costFor))
+	// Shed: the expensive calls whose handler never ran, whatever status
+	// the protection answered with.
+	shed := 1 - float64(impl.calls.Load())/float64(max(len(all), 1))
+	return CostResult{Name: name, Load: load, Shed: max(shed, 0),
 		Goodput: float64(n) / (capacity * (costFor - costSettle).Seconds())}, nil
 }

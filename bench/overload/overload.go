@@ -211,10 +211,15 @@ func newProtection(name string) (protection, error) {
 	return protection{}, nil
 }
 
-// ourLimits is grpc-resilience's concurrency limit in every scenario: the
-// defaults.
+// OurLimit is grpc-resilience's concurrency limit in every scenario: the
+// defaults unless a command sets it (cmd/overload's -queue and -queuewait
+// try a queue).
+var OurLimit serviceconfig.ConcurrencyLimit
+
+// ourLimits is the server-wide limit OurLimit.
 func ourLimits() server.Limits {
-	return server.Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}}
+	l := OurLimit
+	return server.Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &l}}
 }
 
 // retryingClient is grpc-resilience's client retrying RESOURCE_EXHAUSTED
