@@ -157,8 +157,14 @@ func (r *srvRenewal) fire() {
 	renew := !r.renewing && !r.lost && !now.Before(r.next)
 	r.renewing = r.renewing || renew
 	// A Renew that takes longer than the time to the next one is of no
-	// use, nor one that ends after the cutoff: bound it by both.
-	timeout := min(r.lease/3, max(r.cutoff.Sub(now), time.Millisecond))
+	// use, nor, while the handler's context is live, one that ends after
+	// the cutoff: bound it by both. (Once the context has ended, the
+	// renewals go on while the handler does, so that a store that comes
+	// back keeps the key from a duplicate.)
+	timeout := r.lease / 3
+	if !r.hctx.ended() {
+		timeout = min(timeout, max(r.cutoff.Sub(now), time.Millisecond))
+	}
 	r.armLocked(now) // the cutoff fires while the Renew is under way
 	r.mu.Unlock()
 	if renew {
