@@ -43,6 +43,8 @@ type capacityServer struct {
 	t0       time.Time
 	from, to time.Duration
 	busy     atomic.Int64
+	holds    atomic.Int64 // calls that took a token within the window
+	holdNanos    atomic.Int64 // their time holding it, nanoseconds
 }
 
 // window makes s sum the time its tokens are held within [from, to) since
@@ -60,6 +62,20 @@ func (s *capacityServer) held(start, end time.Time) {
 	if b > a {
 		s.busy.Add(int64(b - a))
 	}
+	if at := start.Sub(s.t0); at >= s.from && at < s.to {
+		s.holds.Add(1)
+		s.holdNanos.Add(int64(end.Sub(start)))
+	}
+}
+
+// meanHold is the mean time a call held its token, of the calls that took
+// one within the window: the service time as the machine delivered it
+// (a sleep overshoots on a busy machine, and the capacity with it).
+func (s *capacityServer) meanHold() time.Duration {
+	if n := s.holds.Load(); n > 0 {
+		return time.Duration(s.holdNanos.Load() / n)
+	}
+	return 0
 }
 
 // utilization is the share of the tokens' time within the window that

@@ -157,6 +157,11 @@ type Result struct {
 	// service's concurrency, gaps between a slot's release and the next
 	// admission) or work done for calls that came back late.
 	Utilization, Late float64
+	// MeanHold is the mean time a call held a token then: Service as the
+	// machine delivered it. A busy machine's sleeps overshoot, and the
+	// capacity the server really had is Tokens/MeanHold, not
+	// Tokens/Service.
+	MeanHold time.Duration
 }
 
 // AttemptsPerCall is Attempts/Calls.
@@ -303,7 +308,7 @@ func runStep(cfg Config, name string, retrying bool) (Result, error) {
 		})
 	r := analyse(cfg, capacity, rec.all())
 	r.Name, r.Retrying, r.Attempts = name, retrying, int(att.n.Load())
-	r.Utilization = capsrv.utilization()
+	r.Utilization, r.MeanHold = capsrv.utilization(), capsrv.meanHold()
 	up, down := cfg.LowFor, cfg.LowFor+cfg.HighFor
 	srvOK := att.rec.all()
 	_, lat := good(pick(srvOK, -1, 0, up))

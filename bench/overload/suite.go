@@ -135,13 +135,14 @@ func (s *Suite) step(cfg Config, run int) error {
 		s.add(tStep, row, "attempts/call", r.AttemptsPerCall(), num2)
 		s.add(tStep, row, "tokens busy (overload)", r.Utilization, pct)
 		s.add(tStep, row, "answered late (of capacity)", r.Late, pct)
+		s.add(tStep, row, "service time as delivered", float64(r.MeanHold)/float64(time.Millisecond), func(v float64) string { return fmt.Sprintf("%.2fms", v) })
 		if r.LimitBefore > 0 {
 			s.add(tStep, row, "limit before overload", r.LimitBefore, num)
 			s.add(tStep, row, "limit in overload", r.LimitOverload, num)
 			s.add(tStep, row, "limit back within 10% after step down", durMS(r.LimitBack), ms)
 		}
-		s.logf("run %d step %s: goodput %s (tokens busy %s, late %s), p99 %v (%s of %v; in the server %s), limit %.0f → %.0f, back after %s, %.2f attempts/call",
-			run, row, pct(r.Goodput), pct(r.Utilization), pct(r.Late), r.AdmittedP99.Round(time.Millisecond), x(ratio(r.AdmittedP99, r.UnloadedP99)),
+		s.logf("run %d step %s: goodput %s (tokens busy %s, late %s, service as delivered %v), p99 %v (%s of %v; in the server %s), limit %.0f → %.0f, back after %s, %.2f attempts/call",
+			run, row, pct(r.Goodput), pct(r.Utilization), pct(r.Late), r.MeanHold.Round(10*time.Microsecond), r.AdmittedP99.Round(time.Millisecond), x(ratio(r.AdmittedP99, r.UnloadedP99)),
 			r.UnloadedP99.Round(time.Millisecond), x(ratio(r.ServerAdmittedP99, r.ServerUnloadedP99)), r.LimitBefore, r.LimitOverload,
 			ms(durMS(r.LimitBack)), r.AttemptsPerCall())
 	}
