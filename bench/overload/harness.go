@@ -40,11 +40,11 @@ type capacityServer struct {
 	// [from, to) since t0 (set before the load starts), so that a run can
 	// tell a limit that left tokens idle from calls that were served
 	// late.
-	t0       time.Time
-	from, to time.Duration
-	busy     atomic.Int64
-	holds    atomic.Int64 // calls that took a token within the window
-	holdNanos    atomic.Int64 // their time holding it, nanoseconds
+	t0        time.Time
+	from, to  time.Duration
+	busy      atomic.Int64
+	holds     atomic.Int64 // calls that took a token within the window
+	holdNanos atomic.Int64 // their time holding it, nanoseconds
 }
 
 // window makes s sum the time its tokens are held within [from, to) since
