@@ -157,6 +157,9 @@ type Result struct {
 	// service's concurrency, gaps between a slot's release and the next
 	// admission) or work done for calls that came back late.
 	Utilization, Late float64
+	// Codes counts the calls of the overload after Settle by the status
+	// the client saw ("OK late" for an OK past the deadline).
+	Codes map[string]int
 	// MeanHold is the mean time a call held a token then: Service as the
 	// machine delivered it. A busy machine's sleeps overshoot, and the
 	// capacity the server really had is Tokens/MeanHold, not
@@ -334,10 +337,14 @@ func analyse(cfg Config, capacity float64, calls []outcome) Result {
 	r.AdmittedP99 = quantile(admitted, 0.99)
 	r.Goodput = float64(n) / (capacity * (cfg.HighFor - cfg.Settle).Seconds())
 	late := 0
+	r.Codes = map[string]int{}
 	for _, o := range pick(calls, -1, up+cfg.Settle, down) {
+		c := o.code.String()
 		if o.code == codes.OK && !o.ok {
 			late++
+			c = "OK late"
 		}
+		r.Codes[c]++
 	}
 	r.Late = float64(late) / (capacity * (cfg.HighFor - cfg.Settle).Seconds())
 	r.Converge = settleTime(calls, up, down, func(b []outcome) bool {
