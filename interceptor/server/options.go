@@ -466,11 +466,21 @@ func (l *Limits) apply(o *options) {
 		o.errs = append(o.errs, fmt.Errorf("server: Limits.Config: %v", err))
 		return
 	}
+	if hasRateLimits(cfg) {
+		// Refused rather than ignored: a quota that does nothing must not
+		// pass for one (the rate limits are parsed and validated, and are
+		// served once the server's admission path takes them).
+		o.errs = append(o.errs, errorf("Limits.Config: rateLimits are not served by this version of the server yet"))
+		return
+	}
 	if cl := cfg.ConcurrencyLimit; cl != nil {
 		c := *cl
 		o.limit = &c
 	}
 	for _, mc := range cfg.MethodConfig {
+		if mc.ConcurrencyLimit == nil { // an entry of rate limits only
+			continue
+		}
 		for _, n := range mc.Name {
 			o.methodLimits = append(o.methodLimits, methodLimit{nameKey(n), n, *mc.ConcurrencyLimit})
 		}
@@ -562,9 +572,10 @@ func (l Limits) clone() Limits {
 		f := *c.TenantFairness
 		c.TenantFairness = &f
 	}
+	c.RateLimits = slices.Clone(c.RateLimits)
 	mcs := make([]serviceconfig.ServerMethodConfig, len(c.MethodConfig))
 	for i, mc := range c.MethodConfig {
-		mc.Name = slices.Clone(mc.Name)
+		mc.Name, mc.RateLimits = slices.Clone(mc.Name), slices.Clone(mc.RateLimits)
 		if mc.ConcurrencyLimit != nil {
 			cl := *mc.ConcurrencyLimit
 			mc.ConcurrencyLimit = &cl
@@ -603,4 +614,17 @@ func newSrvRand(src rand.Source) func() float64 {
 		defer mu.Unlock()
 		return r.Float64()
 	}
+}
+
+// hasRateLimits reports whether cfg has a rate limit anywhere.
+func hasRateLimits(cfg *serviceconfig.ServerConfig) bool {
+	if len(cfg.RateLimits) > 0 {
+		return true
+	}
+	for _, mc := range cfg.MethodConfig {
+		if len(mc.RateLimits) > 0 {
+			return true
+		}
+	}
+	return false
 }
