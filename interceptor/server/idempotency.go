@@ -217,9 +217,13 @@ type srvIdem struct {
 	// contexts, so it is spared the allocation.
 	detach       bool
 	flights      srvFlights
+	handlers     srvHandlers // the keyed handlers running, for Server.Shutdown
 	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
 	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
 	m            *srvMetrics // set by New before the Server is used; never nil then
+	// runHandler is the Server's one admission path (Server.runHandler),
+	// through which every handler this layer runs is run; set by New.
+	runHandler func(caller, hctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error)
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {

@@ -261,6 +261,18 @@ func idemStart(t testing.TB, impl echov1.EchoServiceServer, idem Idempotency, op
 // such as a Client's DialOptions.
 func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.DialOption, idem Idempotency, opts ...Option) *grpc.ClientConn {
 	t.Helper()
+	_, cc := idemStartServerDial(t, impl, dial, idem, opts...)
+	return cc
+}
+
+// idemStartServer is idemStart, returning the Server too.
+func idemStartServer(t testing.TB, impl echov1.EchoServiceServer, idem Idempotency, opts ...Option) (*Server, *grpc.ClientConn) {
+	t.Helper()
+	return idemStartServerDial(t, impl, nil, idem, opts...)
+}
+
+func idemStartServerDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.DialOption, idem Idempotency, opts ...Option) (*Server, *grpc.ClientConn) {
+	t.Helper()
 	if idem.Scope == nil {
 		idem.Scope = SharedScope
 	}
@@ -272,7 +284,7 @@ func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.Dial
 		t.Fatalf("New() error = %v", err)
 	}
 	sopts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(idemRecover, idemInject, s.UnaryServerInterceptor())}
-	return testserver.StartWith(t, impl, sopts, dial...)
+	return s, testserver.StartWith(t, impl, sopts, dial...)
 }
 
 // idemCall is one Echo call's result, as raw reply bytes and metadata.

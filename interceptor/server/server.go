@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -21,13 +23,19 @@ import (
 // WithOneLayerRetry). A Server with no option only marks contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
-// in-process coalescing state are shared by all calls. Close it when it is
-// replaced or the grpc.Server stops.
+// in-process coalescing state are shared by all calls. Shut it down
+// (Shutdown) beside the grpc.Server's GracefulStop, or Close it when it is
+// replaced.
 type Server struct {
 	idem     *srvIdem   // nil when idempotency is off; immutable
 	limits   *srvLimits // nil when no concurrency limit is set; immutable
 	headroom time.Duration
 	floor    time.Duration
+
+	// closing is set, and closed closed, when Shutdown begins: no call is
+	// admitted after.
+	closing atomic.Bool
+	closed  chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error // of the first Close; written once, inside closeOnce
@@ -44,10 +52,20 @@ func New(opts ...Option) (*Server, error) {
 		}
 		opt.apply(&o)
 	}
+	if c := o.idemCfg; c != nil && len(o.errs) == 0 {
+		idem, err := c.normalize()
+		if err != nil {
+			return nil, err
+		}
+		o.idem = idem
+	}
+	if l := o.limitsCfg; l != nil && len(o.errs) == 0 {
+		l.apply(&o)
+	}
 	if len(o.errs) > 0 {
 		return nil, o.errs[0]
 	}
-	s := &Server{headroom: o.headroom, floor: o.floor}
+	s := &Server{headroom: o.headroom, floor: o.floor, closed: make(chan struct{})}
 	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
 	if err != nil {
 		return nil, err
@@ -58,10 +76,40 @@ func New(opts ...Option) (*Server, error) {
 		}
 	}
 	s.idem = idem
+	if idem != nil {
+		idem.runHandler = s.runHandler
+	}
 	if s.limits, err = newSrvLimits(&o); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// Shutdown stops s, as grpc.Server.GracefulStop stops a server: calls
+// that come after it began are refused with UNAVAILABLE before they run
+// anything (a keyed call claims nothing), and calls waiting in a limit's
+// queue leave it, refused alike; the keyed calls' handlers that run
+// detached from their callers (Idempotency.DetachedMax, the default),
+// which neither their callers' end nor grpc.Server.Stop reaches, are
+// waited for until ctx ends, their outcomes stored; those still running
+// then are cancelled (their contexts end with context.Canceled, their
+// outcomes, by default, not stored) and Shutdown returns ctx.Err() without
+// waiting for them to return. Then it does what Close does. Other calls'
+// handlers are grpc's: GracefulStop waits for them, Stop cancels them.
+//
+// Call it beside GracefulStop, which stops the listeners and waits for
+// every handler, detached ones included, to return: Shutdown bounds that
+// wait. Shutdown is safe to call more than once and concurrently; each
+// call waits as its ctx says.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.closing.CompareAndSwap(false, true) {
+		close(s.closed) // wakes the calls in the limits' queues
+	}
+	var err error
+	if s.idem != nil {
+		err = s.idem.handlers.shutdown(ctx)
+	}
+	return errors.Join(err, s.Close())
 }
 
 // Close releases what s holds beyond its calls: it unregisters the
@@ -103,20 +151,14 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return s.srvUnary
 }
 
+// srvUnary is the unary interceptor: the headroom and the caller-retries
+// mark, then idempotency, which runs the handler, if it does, through the
+// one admission path (runHandler; see admission.go), as a call without
+// idempotency does at once.
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.limits != nil && !s.limits.exempt(info.FullMethod) {
-		if l := s.limits.lookup(info.FullMethod); l != nil {
-			return s.limited(ctx, l, req, info, handler)
-		}
-		if s.limits.cpu != nil {
-			return s.shedByCPU(ctx, req, info, handler)
-		}
+	if s.closing.Load() { // no claim either: the handler would not run
+		return nil, errSrvShuttingDown
 	}
-	return s.srvUnaryInner(ctx, req, info, handler)
-}
-
-// srvUnaryInner is the unary interceptor inside the concurrency limit.
-func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
 		return nil, err
@@ -125,7 +167,7 @@ func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnarySer
 		defer cancel()
 	}
 	if s.idem == nil {
-		return handler(ctx, req)
+		return s.runHandler(ctx, ctx, req, info, handler)
 	}
 	return s.idem.intercept(ctx, req, info, handler)
 }
@@ -143,6 +185,9 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			if err := s.idem.streamPolicyErr(info.FullMethod); err != nil {
 				return err
 			}
+		}
+		if s.closing.Load() {
+			return errSrvShuttingDown
 		}
 		if s.limits != nil {
 			if l := s.limits.streamLimiter(info.FullMethod); l != nil {
