@@ -54,14 +54,27 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 		return nil, fmt.Errorf("interceptor: metrics: %w", err)
 	}
 	c.metrics = m
+	warnings, err := c.configure()
+	if err != nil {
+		// A Client not returned holds nothing: the gauges' callback goes
+		// with it, or the provider would read (and keep) it for ever.
+		if g := m.gauges; g != nil {
+			_ = g.Unregister()
+		}
+		return nil, err
+	}
+	logWarnings(warnings)
+	return c, nil
+}
+
+// configure makes the config of NewClient's options the client's.
+func (c *Client) configure() ([]string, error) {
+	o := &c.opts
 	if err := checkCaps(o.config.MethodConfig, o.origins, o.maxAttemptsCap); err != nil {
 		return nil, err
 	}
 	cfg := o.config
-	if err := c.update(&cfg); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return c.update(&cfg)
 }
 
 // Close releases what c holds beyond its calls: it unregisters the
@@ -96,6 +109,15 @@ func (c *Client) Close() error {
 // applied its cap); in a config built in Go, a MaxAttempts above the
 // client's cap (WithMaxAttemptsCap) is an error.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
+	warnings, err := c.updateServiceConfig(cfg)
+	logWarnings(warnings)
+	return err
+}
+
+// updateServiceConfig is UpdateServiceConfig, returning the warnings to log
+// rather than logging them, for a caller that holds a lock of its own
+// (WrapResolver's).
+func (c *Client) updateServiceConfig(cfg *serviceconfig.Config) ([]string, error) {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
@@ -104,28 +126,29 @@ func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
 		origins[i] = entryOrigin{option: "UpdateServiceConfig", index: i, parsedCap: cfg.MaxAttemptsCap()}
 	}
 	if err := checkCaps(cfg.MethodConfig, origins, c.opts.maxAttemptsCap); err != nil {
-		return err
+		return nil, err
 	}
 	return c.update(cfg)
 }
 
-// update makes cfg, whose caps were checked, the client's config.
-func (c *Client) update(cfg *serviceconfig.Config) error {
+// update makes cfg, whose caps were checked, the client's config, and
+// returns the warnings to log about it.
+func (c *Client) update(cfg *serviceconfig.Config) ([]string, error) {
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := validateGuards(cfg); err != nil {
-		return err
+		return nil, err
 	}
-	warnUnregistered(cfg)
+	warnings := unregisteredNames(cfg)
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
 	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.state.Store(st)
-	return nil
+	return warnings, nil
 }
 
 // DialOptions returns the options that install the client on a connection:

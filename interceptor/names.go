@@ -19,18 +19,29 @@ import (
 // clientLog is where the client writes what it cannot return as an error.
 var clientLog = grpclog.Component("resilience")
 
-// warnUnregistered logs, to grpclog's "resilience" component, each name of
-// cfg that matches no service or method linked into this program (its
-// generated code registers them with protoregistry.GlobalFiles): such a
-// name applies to no call made with generated stubs. A warning, not an
-// error: calls made without generated stubs still match it.
-func warnUnregistered(cfg *serviceconfig.Config) {
+// unregisteredNames returns a warning for each name of cfg that matches no
+// service or method linked into this program (its generated code
+// registers them with protoregistry.GlobalFiles): such a name applies to no
+// call made with generated stubs. A warning, not an error: calls made
+// without generated stubs still match it.
+func unregisteredNames(cfg *serviceconfig.Config) []string {
+	var out []string
 	for i, mc := range cfg.MethodConfig {
 		for j, n := range mc.Name {
 			if msg := unregistered(n); msg != "" {
-				clientLog.Warningf("interceptor: methodConfig[%d].name[%d]: %s", i, j, msg)
+				out = append(out, fmt.Sprintf("interceptor: methodConfig[%d].name[%d]: %s", i, j, msg))
 			}
 		}
+	}
+	return out
+}
+
+// logWarnings logs each of ws to grpclog's "resilience" component. It is
+// called with no lock of the client's held: a logger is the user's code,
+// and may call the client.
+func logWarnings(ws []string) {
+	for _, w := range ws {
+		clientLog.Warning(w)
 	}
 }
 
