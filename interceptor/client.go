@@ -28,7 +28,8 @@ type Client struct {
 	opts     clientOptions
 	metrics  instruments
 	state    atomic.Pointer[clientState]
-	updateMu sync.Mutex // serializes UpdateServiceConfig, and ForceOpen and the like with it
+	table    methodTable // the per-method state (methods.go)
+	updateMu sync.Mutex  // serializes config updates
 
 	closeOnce sync.Once
 	closeErr  error // of the first Close; written once, inside closeOnce
@@ -48,7 +49,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 		return nil, err
 	}
 	warnUnregisteredOptions(&o)
-	c := &Client{opts: o}
+	c := &Client{opts: o, table: newMethodTable()}
 	m, err := newInstruments(o.meterProvider, c)
 	if err != nil {
 		return nil, fmt.Errorf("interceptor: metrics: %w", err)
@@ -141,13 +142,21 @@ func (c *Client) update(cfg *serviceconfig.Config) ([]string, error) {
 		return nil, err
 	}
 	warnings := unregisteredNames(cfg)
+	c.table.ensureSeed(cfg, c.opts.rand) // the user's random source: before the locks
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
+	st, err := newClientState(cfg, &c.opts, &c.metrics, &c.table, c.state.Load())
 	if err != nil {
 		return nil, err
 	}
+	// The table follows the new config and the config is published under
+	// one lock, so that a row made meanwhile is made under the config in
+	// force (methods.go). No user code runs under it.
+	c.table.mu.Lock()
+	c.table.rebuild(st)
 	c.state.Store(st)
+	c.table.mu.Unlock()
+	c.table.forgetNames(st)
 	return warnings, nil
 }
 
@@ -199,9 +208,8 @@ func (s *unaryScratch) put() {
 }
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	st := c.state.Load()
 	co := scanCallOptions(opts)
-	mp := st.policy(method, co.static)
+	st, mp := c.resolve(method, co.static)
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}

@@ -30,22 +30,24 @@
 // (serviceconfig.Config.Lookup); entries of different levels are not merged.
 // Calls then read it without locks. UpdateServiceConfig swaps the whole
 // configuration atomically; calls in flight finish under the configuration
-// they started with, and a method's breaker, bulkhead and latency estimate
-// carry over when their blocks are unchanged. A breaker whose block changed
-// is new but keeps what the old one was doing: a forced state stays, an
-// open period ends when the old one's would, at most the new block's
-// maxOpenDuration after the update; its counts start afresh. A bulkhead
+// they started with. A method's breaker, bulkhead and latency estimate are
+// its own (see Bounded state), and stay the same objects across updates
+// while its entry keeps their block: a breaker whose block changed takes
+// the new settings in place and keeps what it was doing (a forced state
+// stays; an open period ends when it would have, at most the new block's
+// maxOpenDuration after the update; its counts start afresh), so an
+// operator's ForceOpen is never lost to a concurrent update. A bulkhead
 // whose block changed stays, with the new limits, so they count the
-// attempts already in flight and queued (Statuses and the gauges too),
-// and admit the later attempts of calls begun before the update: a
-// raised maxConcurrent lets queued attempts in at once; a lowered one
-// stops no attempt in flight and admits none until fewer than it are in
-// flight; under a lowered maxQueue the attempts queued keep their places
-// and new ones are refused until fewer than it wait; a new maxQueueWait
-// bounds the waits that begin after the update. A bulkhead block removed
-// drops the bulkhead (its attempts in flight still release into it, and
-// its queued attempts go at once); one added again takes it back, so that
-// its limits count the attempts in flight since before the removal. WrapResolver
+// attempts already in flight and queued (Statuses and the gauges too), and
+// admit the later attempts of calls begun before the update: a raised
+// maxConcurrent lets queued attempts in at once; a lowered one stops no
+// attempt in flight and admits none until fewer than it are in flight;
+// under a lowered maxQueue the attempts queued keep their places and new
+// ones are refused until fewer than it wait; a new maxQueueWait bounds the
+// waits that begin after the update. A bulkhead block removed drops the
+// bulkhead (its attempts in flight still release into it, and its queued
+// attempts go at once); one added again takes it back, so that its limits
+// count the attempts in flight since before the removal. WrapResolver
 // passes the service config a resolver delivers (DNS TXT records, a control
 // plane) to UpdateServiceConfig; the resolver's config then wins over the
 // one given to NewClient, which stays the default (see WrapResolver).
@@ -378,8 +380,22 @@
 //
 // # Observability
 //
-// Hooks (WithOnRetry, WithOnStop, WithOnStateChange) run synchronously on
-// the goroutine of the call that caused them, outside every lock.
+// Hooks (WithOnRetry, WithOnStop, WithOnStateChange, WithFallback) run
+// outside every lock of the client's, after what they report is published,
+// so a hook may call any method of the Client (UpdateServiceConfig,
+// ForceOpen, a call through its interceptors;
+// TestHooksMayCallEveryMethodOfTheClient calls every one from every hook,
+// and from the meter provider's instruments). OnRetry, OnStop and a
+// fallback run on the goroutine of the call they are about. The breaker
+// transitions of one method reach WithOnStateChange one at a time, in the
+// order they happened (each from is the last to), once Status shows them:
+// reported by the goroutine whose call made a transition and found none
+// being reported, which reports those made meanwhile too (a hook's own
+// ForceOpen is reported after that hook returns). Reading a breaker
+// (Status, Statuses, the gauges) changes nothing and reports nothing: an
+// open breaker whose open time has passed reads as half-open, and turns so
+// on its next call. The gauges' callback runs no hook and takes no lock of
+// the client's.
 // WithMeterProvider records attempts, retries, stops by reason, breaker
 // state changes and the retry budget through the OpenTelemetry metric API.
 //
@@ -394,38 +410,42 @@
 //
 // # Bounded state
 //
-// A Client keeps per-method state (policy, breaker, bulkhead, latency,
-// hedging window) for the methods its config names exactly, resolved with
-// the config, for the methods its generated stubs call (grpc.StaticMethod),
-// and for at most 1024 other methods, resolved on their first call: names a
-// proxy forwards from its callers, or that Status, ForceOpen or
-// HedgingDelay were given (Status and HedgingDelay keep nothing for a
-// method no call has resolved), and methods that only an earlier config
-// named. Past that bound a method keeps nothing of its own: each call
-// resolves its policy, and runs under the breaker, bulkhead and latency its
-// config entry keeps for all such methods, which Statuses reports as
-// "/pkg.Service/*" (or "/*" for the default entry) once a call used it. No
-// breaker is dropped for room while the config names its method exactly or
-// a generated stub called it. With metrics on, a kept method not named
-// costs about 2 KiB; 100,000 invented names keep about 2 MiB
-// (TestPerMethodMemoryUnder100kCallerNames).
+// A Client keeps what the calls of a method build up (breaker, bulkhead,
+// latency estimate, hedging window) in one table, one row per method, apart
+// from the per-config policies; methods.go states the table's invariants,
+// which TestMethodTableModel checks against a reference model. A method
+// has a row while its entry gives it state: a circuitBreaker or bulkhead
+// block (not exempt), a retryPolicy or a hedgingPolicy. A method no entry
+// applies to, or whose entry has none of these, holds nothing and counts
+// nothing, whatever the number of names a proxy forwards. The methods the
+// config names exactly and those its generated stubs call
+// (grpc.StaticMethod) always have their row. The others, named by the
+// callers (a proxy's, an admin page's ForceOpen), count against a bound of
+// 1024 per entry that applies to them (a service's, the default): past it,
+// a new method takes the row of one that is idle (nothing in its bulkhead,
+// its breaker closed with no failure counted, its adaptive throttle
+// refusing nothing, and not called since the entry's clock hand last
+// passed); when none is, the method runs untracked, its calls under its
+// entry's policy with no breaker and no bulkhead (once per update, a
+// warning says so), and ForceOpen on it returns an error saying why. A
+// method is never merged into a state shared with others: a method's
+// breaker opens on its own failures alone. Status and HedgingDelay keep
+// nothing for a method no call has resolved.
 //
-// A config update resolves every kept method under the new config at once,
-// so Statuses and the gauges never lose the breaker (a forced-open one
-// included) of a kept method whose config has one. A method the update no
-// longer names exactly, and no generated stub called, joins the other
-// methods under the bound: it keeps its state (a forced-open breaker
-// stays forced open) while the bound has room, taken in the order the
-// config before named them; else, or when it has no state of its own under
-// the new config (no breaker, bulkhead or latency to keep, nor a
-// dropped bulkhead that attempts still hold), it is let go,
-// and its next call resolves it as a method never called, with the default
-// policy where no entry applies. So a control plane whose every push names
-// new methods keeps at most 1024 of those it dropped: 3000 such updates
-// keep 1 method and take 40 ms, where they kept 3000 and took 6 s
+// An update keeps every row whose method still has state: the pinned ones
+// (named exactly, or called by a stub), then, within each entry's bound,
+// the others, those live (a breaker not closed or with failures counted, a
+// bulkhead in use) first, then the oldest. A row let go takes its state
+// with it (a forced-open breaker included), but for a bulkhead that
+// attempts still hold, kept until they end so that a block added again
+// counts them. So a control plane whose every push names new methods keeps
+// the rows its config names now: 3000 such updates keep 1 method and take
+// 40 ms, where they once kept 3000 and took 6 s
 // (TestMethodsNamedOnlyByOldConfigsAreBounded). An update costs a
-// resolution per method the new config names and per method kept, about
-// 1–2 µs each, so about 2 ms with the bound full.
+// resolution per method the new config names, per method a stub called and
+// per row, about 1–2 µs each. With metrics on, a row costs about 2 KiB;
+// 100,000 invented names keep about 2 MiB
+// (TestPerMethodMemoryUnder100kCallerNames).
 //
 // # Concurrency and cost
 //
@@ -510,9 +530,9 @@
 // # Where things are
 //
 // client.go (Client, NewClient, the unary call), options.go (every
-// ClientOption) and calloptions.go (per-call options), policy.go and
-// methods.go (per-method policies, their bound and their carry-over across
-// config updates), retry.go (the retry decision), budget.go (the retry
+// ClientOption) and calloptions.go (per-call options), policy.go (the
+// per-config policies) and methods.go (the per-method table, its bound and
+// its invariants), retry.go (the retry decision), budget.go (the retry
 // budget and A6 throttling), guard.go and reject.go (breakers, bulkheads
 // and their rejections), status.go (MethodStatus and the operator's
 // breaker controls), hedge.go (hedged unary calls), stream.go,

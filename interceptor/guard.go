@@ -18,23 +18,18 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// guards are the per-method breaker and bulkhead, shared by every call of
-// the method under one config (and carried over to the next config when
-// their blocks are unchanged; the bulkhead also when its block changed,
-// with the new limits: clientState.guards).
+// guards are a method's breaker (or adaptive throttle) and bulkhead, held
+// by its row (methods.go), and copied into every policy of the method, so
+// shared by all its calls whatever config they started under: an update
+// changes them in place (methodTable.configure).
 type guards struct {
-	breakerCfg  *serviceconfig.CircuitBreaker // as configured, for carry-over
+	breakerCfg  *serviceconfig.CircuitBreaker // as configured, to tell a changed block
 	bulkheadCfg *serviceconfig.Bulkhead
 	breaker     *breaker.Breaker   // nil: none
 	adaptive    *adaptive.Throttle // the breaker in mode "adaptive"; nil: none
 	bulkhead    *bulkhead.Bulkhead // nil: none
-	// dropped is the bulkhead of the method under a config before, whose
-	// block an update removed: its attempts in flight still release into
-	// it, and a block added again takes it over (clientState.guards), so
-	// that the new limits count them.
-	dropped    *bulkhead.Bulkhead
-	failures   rescodes.Set // codes that count against the breaker
-	rejections *rejections  // set with either guard
+	failures    rescodes.Set       // codes that count against the breaker
+	rejections  *rejections        // set with either guard
 }
 
 // any reports whether the method has a guard: a breaker of either mode or
@@ -46,6 +41,27 @@ func (g *guards) any() bool {
 // newBreaker builds the breaker of fullMethod from its block. The hook, when
 // set, learns the method's state changes.
 func newBreaker(fullMethod string, cb *serviceconfig.CircuitBreaker, hook func(string, BreakerState, BreakerState)) (*breaker.Breaker, error) {
+	cfg := engineBreakerConfig(cb)
+	if hook != nil {
+		cfg.OnStateChange = func(from, to breaker.State) {
+			hook(fullMethod, BreakerState(from), BreakerState(to))
+		}
+	}
+	return breaker.New(cfg)
+}
+
+// failureCodes returns the codes that count against the breaker of block
+// cb.
+func failureCodes(cb *serviceconfig.CircuitBreaker) rescodes.Set {
+	if len(cb.FailureStatusCodes) == 0 {
+		return rescodes.DefaultBreakerFailures
+	}
+	return rescodes.Of(cb.FailureStatusCodes...)
+}
+
+// engineBreakerConfig is the engine's config of a circuitBreaker block, with no
+// hook.
+func engineBreakerConfig(cb *serviceconfig.CircuitBreaker) breaker.Config {
 	cfg := breaker.Config{
 		ConsecutiveFailures:   cb.ConsecutiveFailures,
 		FailureRateThreshold:  cb.FailureRateThreshold,
@@ -61,12 +77,7 @@ func newBreaker(fullMethod string, cb *serviceconfig.CircuitBreaker, hook func(s
 		cfg.ConsecutiveFailures = breaker.DefaultConsecutiveFailures
 		cfg.FailureRateThreshold = breaker.DefaultFailureRateThreshold
 	}
-	if hook != nil {
-		cfg.OnStateChange = func(from, to breaker.State) {
-			hook(fullMethod, BreakerState(from), BreakerState(to))
-		}
-	}
-	return breaker.New(cfg)
+	return cfg
 }
 
 // admission is what one attempt holds while it runs.

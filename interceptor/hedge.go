@@ -189,7 +189,7 @@ func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 		clientLog.Warning(err)
 		return 0, false
 	}
-	mp := c.state.Load().peek(full)
+	mp := c.peek(full)
 	if mp.hedge == nil {
 		return 0, false
 	}

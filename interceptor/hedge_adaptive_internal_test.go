@@ -29,7 +29,7 @@ func TestAdaptiveHedgeDelayCostsNoAllocation(t *testing.T) {
 			if err := ic(ctx, echoMethod, req, reply, nil, okInvoker); err != nil {
 				t.Fatal(err)
 			}
-		}), c.state.Load().policy(echoMethod, false)
+		}), policyOf(c, echoMethod)
 	}
 	fixed, _ := hedgedCallAllocs(&serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour})
 	adaptive, mp := hedgedCallAllocs(&serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayFloor: time.Hour})
