@@ -318,14 +318,19 @@
 // A circuitBreaker block with "mode": "adaptive" is the SRE book's
 // client-side adaptive throttling instead (see serviceconfig.CircuitBreaker):
 // no states, but each attempt is rejected locally (ErrCircuitOpen, without
-// a hint) with probability max(0, (requests − K·accepts)/(requests + 1))
-// over the method's last window, at most 0.9, where the backend's
-// RESOURCE_EXHAUSTED and UNAVAILABLE are not accepts. An attempt counts once
-// its outcome is known; attempts the method's other guards refused (a full
-// bulkhead) never count; once the backend refused nothing for 250ms, the
-// formula over the last second applies when it is lower, so traffic
-// follows a recovery within seconds (see package internal/adaptive for the
-// trade-off). Such a rejection stops the call as
+// a hint) with a probability that settles where the client sends K times
+// what the backend accepts, at most 0.9. Only the backend's answers move
+// it: a RESOURCE_EXHAUSTED or UNAVAILABLE up, any other outcome down, by
+// steps of 0.02/K and 0.02·(1 − 1/K); the client's own rejections, the
+// caller's cancellations and attempts the method's other guards refused (a
+// full bulkhead) move nothing. So it sheds 90% of an outage within about 90
+// refusals and lets go within about 90 acceptances after it, whatever small
+// error rate remains: at 1,000 calls a second over gRPC, 10 successes in a
+// row 0.21 s after a 1.5 s outage, 92% of the calls after it succeeding (90%
+// with 1% still refused; TestAdaptiveLetsGoAfterAnOutage), where the SRE
+// book's formula, which counts local rejections as requests with no accept,
+// let 17% through and never 10 in a row (see package internal/adaptive).
+// Such a rejection stops the call as
 // StopAdaptiveThrottle and counts in resilience.client.rejections with
 // reason adaptive_throttle; MethodStatus.Adaptive shows its counts, and
 // resilience.client.adaptive.reject_probability the probability.

@@ -213,7 +213,9 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	}
 	if g.adaptive != nil {
 		now := since(a.start)
-		g.adaptive.Done(now, backendAccepted(ctx, err))
+		if answered, accepted := backendAnswer(ctx, err); answered {
+			g.adaptive.Done(now, accepted)
+		}
 		return now
 	}
 	if g.breaker == nil {
@@ -235,19 +237,23 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	return now
 }
 
-// backendAccepted reports whether an attempt that ended with err counts as
-// accepted for adaptive throttling: every outcome but RESOURCE_EXHAUSTED
-// and UNAVAILABLE from the backend. The caller's own cancellation and
-// grpc's message errors are not the backend's refusal.
-func backendAccepted(ctx context.Context, err error) bool {
-	if err == nil {
-		return true
+// backendAnswer says what an attempt that ended with err tells adaptive
+// throttling of the backend: answered false when nothing (the caller's own
+// cancellation or deadline, grpc's message errors, which are the client's),
+// else whether the backend accepted it: every outcome but RESOURCE_EXHAUSTED
+// and UNAVAILABLE. Only answers move the rejection probability.
+func backendAnswer(ctx context.Context, err error) (answered, accepted bool) {
+	switch {
+	case err == nil:
+		return true, true
+	case callerErr(ctx) != nil || isMessageError(err):
+		return false, false
 	}
 	switch rescodes.Classify(err) {
 	case codes.ResourceExhausted, codes.Unavailable:
-		return callerErr(ctx) != nil || isMessageError(err)
+		return true, false
 	}
-	return true
+	return true, true
 }
 
 // newAdaptive builds the throttle of a circuitBreaker block in mode
@@ -260,14 +266,13 @@ func newAdaptive(cb *serviceconfig.CircuitBreaker, seed uint64) (*adaptive.Throt
 // interceptor, or a stream attempt that ended on the client: the caller's
 // cancellation with no call at work on it, a closed connection): its slot
 // is returned and its breaker token recorded as Ignored, which frees a
-// half-open probe. Adaptive throttling counts it as accepted, as it counts
-// the caller's cancellation (backendAccepted): the backend refused nothing.
+// half-open probe. Adaptive throttling counts nothing, as for the caller's
+// cancellation (backendAnswer): the backend said nothing.
 func (g *guards) abandon(a admission) {
 	if a.slot {
 		g.bulkhead.Release()
 	}
 	if g.adaptive != nil {
-		g.adaptive.Done(since(a.start), true)
 		return
 	}
 	if g.breaker != nil {

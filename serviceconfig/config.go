@@ -356,21 +356,21 @@ type RetryBudget struct {
 //
 // With Mode "adaptive" the block is the client-side adaptive throttling of
 // the SRE book ("Handling Overload") instead: no open or closed states, but
-// each attempt is rejected locally with probability
-//
-//	max(0, (requests − K·accepts) / (requests + 1))
-//
-// over the last Window (0 means 60s in this mode), where requests counts
-// the attempts the backend answered and those the throttle rejected, and
-// accepts those the backend accepted: every outcome but RESOURCE_EXHAUSTED
-// and UNAVAILABLE from the backend. An attempt counts once its outcome is
-// known (attempts in flight do not look refused), and attempts that never
-// reached the backend (the method's bulkhead full, its deadline spent) do
-// not count. Once the backend refused nothing for 250ms, the formula over
-// the last second applies when it is lower, so that the client follows a
-// recovery within seconds, and the probability is at most 0.9: a backend
-// that refuses everything still receives a tenth of the attempts (see
-// package interceptor's doc). Only K and Window apply in this mode.
+// each attempt is rejected locally with a probability p that settles where
+// the client sends K times what the backend accepts. Each answer of the
+// backend moves p: a refusal (RESOURCE_EXHAUSTED or UNAVAILABLE from the
+// backend) up by 0.02/K, an acceptance (every other outcome) down by
+// 0.02·(1 − 1/K); the client's own rejections, the caller's cancellations
+// and attempts that never reached the backend (the method's bulkhead full,
+// its deadline spent) move nothing, and an attempt counts once its outcome
+// is known (attempts in flight do not look refused). So p rises to its cap
+// of 0.9 within about 90 refusals in an outage (a backend that refuses
+// everything still receives a tenth of the attempts) and falls back within
+// about 90 acceptances after it, whatever small error rate remains; it
+// halves every Window/4 without an answer (Window: 0 means 60s in this
+// mode, over which MethodStatus counts requests and accepts). See package
+// internal/adaptive of the module for the derivation. Only K and Window
+// apply in this mode.
 type CircuitBreaker struct {
 	// Mode is "" for the breaker with states, or "adaptive".
 	Mode string
@@ -392,8 +392,9 @@ type CircuitBreaker struct {
 	// MinimumCalls is the number of calls in Window before a rate can trip
 	// the breaker. 0 means 20.
 	MinimumCalls int
-	// Window is the rolling window of the rates. 0 means 10s (60s in mode
-	// "adaptive").
+	// Window is the rolling window of the rates. 0 means 10s (in mode
+	// "adaptive": 60s, the window of the counts MethodStatus reports, four
+	// times the half-life of the probability without an answer).
 	Window time.Duration
 	// OpenDuration is how long the breaker stays open after its first trip.
 	// 0 means 5s.

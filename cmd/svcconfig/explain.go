@@ -385,15 +385,16 @@ func explainAdaptive(p *printer, cb *serviceconfig.CircuitBreaker) {
 		window = adaptive.DefaultWindow
 	}
 	t.row("  k", def(num(k), cb.K == 0)+": the client sends about k times what the backend accepts")
-	t.row("  window", def(window.String(), cb.Window == 0)+": requests and accepts are counted over it")
+	t.row("  window", def(window.String(), cb.Window == 0)+": requests and accepts are reported over it; without an answer, the probability halves every window/4")
 	t.flush()
-	p.printf("each attempt is rejected locally (UNAVAILABLE, not retried) with probability\n")
-	p.printf("  max(0, (requests - k*accepts) / (requests + 1))\n")
-	p.printf("at most 0.9, where requests counts every attempt the backend answered or the throttle rejected\n")
-	p.printf("(once its outcome is known; not those another guard refused) and accepts every one the backend\n")
-	p.printf("did not answer with RESOURCE_EXHAUSTED or UNAVAILABLE; with a backend that\n")
-	p.printf("accepts a share a < 1/k of the offered load, about k*a of it is sent; once the backend refused\n")
-	p.printf("nothing for 250ms, the formula over the last second applies when lower, so traffic follows a recovery within seconds\n")
+	p.printf("each attempt is rejected locally (UNAVAILABLE, not retried) with a probability p, at most 0.9,\n")
+	p.printf("that each answer of the backend moves: up by 0.02/k for a RESOURCE_EXHAUSTED or UNAVAILABLE,\n")
+	p.printf("down by 0.02*(1 - 1/k) for any other outcome; the client's own rejections and the caller's\n")
+	p.printf("cancellations move nothing. With a backend that accepts a share a < 1/k of the offered load,\n")
+	target := max(1-1/k, 0.05) // internal/adaptive's: the share of refusals p settles at
+	up, down := 0.9/(0.02*(1-target)), 0.9/(0.02*target)
+	p.printf("about k*a of it is sent; p reaches 0.9 within about %.0f refusals in an outage and falls back\n", up)
+	p.printf("within about %.0f acceptances after it, whatever small error rate remains\n", down)
 }
 
 // explainBulkhead writes a bulkhead block with its defaults.
