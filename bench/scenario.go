@@ -71,12 +71,14 @@ func All() []Scenario {
 		Saturation(),
 		SlowTail(DefaultPolicy),
 		SlowTailTriples(),
+		SlowTailQuadruples(),
 		Idempotency(),
 		IdempotencyStores(),
 		Overload(),
 		EndpointFailing(),
 		EndpointRecovery(),
 		EndpointHedge(),
+		HedgeBudget(),
 		EndpointOutage(),
 	}
 }

@@ -210,42 +210,64 @@
 // reply); a call of a hedged method with other messages, and a stream, runs
 // one attempt through the guards.
 //
-// With HedgingDelayQuantile (an extension of hedgingPolicy) the delay is
-// not tuned by hand: each call waits the method's observed attempt latency
-// at that quantile, at least HedgingDelayFloor, so that at most about a
-// share 1 − quantile of calls is hedged, however the latency drifts. The
+// A limit, and why: gRFC A6 commits a hedged call to the copy that received
+// the server's response headers, at once. grpc-go hands a unary call's
+// headers to its caller only when the call returns (grpc.Header is filled
+// then; no call option, and nothing an interceptor can install per call,
+// tells of their arrival earlier, short of a stats handler on every call of
+// the connection, which would cost every call its allocations), so the
+// client commits when that copy ends: until then the other copies run, and
+// the delay may send more, up to MaxAttempts (headers sent at once, an
+// answer at 300 ms, a 50 ms delay and 3 attempts: 3 copies,
+// TestHedgedCallCommitsWhenTheCopyWithHeadersEnds). The committed copy's
+// outcome then decides the call, as A6 says, a failure included
+// (StopCommitted).
+//
+// # What a hedge may spend
+//
+// One rule: a copy goes to a call when it has run for the method's hedging
+// delay, and the delay is the longest of the policy's and of the latency
+// that the share s of calls outlasts, where s is the policy's share (1 −
+// HedgingDelayQuantile; every call past HedgingDelay for a fixed one) and
+// at most the share of calls the retry budget pays a retry for (Ratio +
+// MinRetriesPerSecond ÷ the client's calls per second): the hedges the
+// budget affords go to the slowest calls. Each copy after the first takes a
+// budget token, as a retry does, and goes only while gRFC A6 throttling
+// allows it; a timed copy the budget or A6 refuses is not sent and the call
+// goes on, and a copy after a non-fatal failure is A6's retry: it goes when
+// they allow it, whatever became of the timed ones; a call that ends for
+// want of a copy says which refused it (StopBudget, StopThrottled). The
 // latency is read from a histogram of the method's last 256 to 512 copies
 // (eight logarithmic buckets per octave, rounded up to the bucket: at most
 // 12.5 % above), where a copy that a sibling's answer cut off counts as at
-// least as long as it ran; it carries over config updates while the method
-// stays adaptive. Until HedgingDelayMinSamples copies were observed (100 by
+// least as long as it ran, once past the delay; it carries over config
+// updates. Where the latency falls in a gap between fast calls and a
+// cluster of slow ones (a cache miss, a slow backend), the delay is the
+// gap's fast edge (at most 1.25× the latency twice the share outlasts, for
+// shares up to a quarter), so the whole cluster is hedged rather than its
+// own tail. Until HedgingDelayMinSamples copies were observed (100 by
 // default) the call waits HedgingDelay, or, without one, sends further
 // copies only after non-fatal failures. Client.HedgingDelay reports the
-// delay in force. Reading it costs at most four atomic loads per call.
+// delay in force; a call reads it in one or two atomic loads, and it is
+// recomputed every 16 copies (hedge_delay.go).
 //
-// Hedges are kept on the calls that are slow. A quantile that falls on the
-// edge of a slow mode (latencies that are fast, or many times slower for
-// about the share 1 − quantile of calls, as a cache miss or a GC pause
-// makes them) would jump into the slow mode and hedge only its tail: the
-// adaptive delay is capped at 1.25× the quantile with twice the tail share
-// (the p90 for a p95), so the delay stays just above the fast mode and the
-// whole slow mode is hedged. Under the retry budget a fixed HedgingDelay is
-// rationed: when more calls outlast it than the budget pays for (a share
-// above the budget's ratio, a fifth by default: say the latency tripled
-// since the delay was set), it is raised to the method's observed p95 (with
-// the same cap), so that the budget's hedges go to the slowest calls rather
-// than to the first calls of each period that outlast the delay, fast or
-// not; a fixed delay within the budget's means runs as set, and without a
-// retry budget it is never changed. A delay taken from the window (adaptive,
-// or rationed) lags a change of the latency for a few dozen calls, during
-// which every call would outlast it: the hedges the delay sends (not those
-// after failures) are rationed to twice the share 1 − quantile of the
-// method's calls, in bursts of at most 4 (a copy refused counts as a budget
-// denial). On a model of bench/'s slow tail that triples (the base latency
-// triples halfway, 5% of attempts 20× slower; TestHedgingBuysTheTailWhenLatencyTriples),
-// the adaptive p95 keeps the p99 at 0.14× the unhedged for 4.8% extra
-// attempts (0.18× for 6.0% before), and a fixed 5ms delay set for the first
-// half at 0.13× for 7.5% (1.00× for 23%, no gain, before rationing).
+// What hedging can and cannot do under a budget follows: it can lower the
+// latency of the calls above the (1 − s)-quantile to about the delay plus
+// a fast call's, so the p99 drops when the slow calls are fewer than the
+// budget's share; when more calls are slow than the budget pays for, a
+// share of the slow calls goes unhedged, and if it is more than 1%, the
+// p99 stays where it was, whatever the delay. With one backend of three 50×
+// slower, fixed 5ms delay and the default budget, on fake time
+// (TestHedgingUnderTheDefaultBudgetGoesToTheSlowestCalls): at 40 calls a
+// second the budget pays for 45% of the calls, more than the slow third,
+// and the p99 drops to 0.04× the unhedged for 33% extra attempts; at 400 a
+// second it pays for 22.5%, and the p99 stays at 1.00× (24% extra
+// attempts, the budget's share spent on the slow calls it can afford). On
+// a model of bench/'s slow tail that triples (TestHedgingBuysTheTailWhenLatencyTriples),
+// the adaptive p95 keeps the p99 at 0.14× the unhedged for 6.0% extra
+// attempts, and a fixed 5ms delay, below every call of the second half, at
+// 0.12× for 13%: the budget's share of that half. bench/ measures both in
+// real time (the slow-backend and drift scenarios, BENCHMARKS.md).
 //
 // # Another endpoint for each retry and hedge
 //
@@ -276,8 +298,10 @@
 // refunded, so independent failures are retried freely while a full outage
 // costs about 1.2 attempts per call instead of MaxAttempts. A hedged copy
 // after the first is never refunded once sent, won or cancelled: it was
-// extra load, so the budget bounds hedging too (a hedging delay set too
-// short is rationed: see Hedging). gRFC A6
+// extra load, so the budget bounds hedging too (see What a hedge may
+// spend). A block with ratio and minRetriesPerSecond both written out as 0
+// is a zero budget, an incident's kill switch: no call is retried and no
+// copy sent after the first (serviceconfig.RetryBudget.Zero). gRFC A6
 // retryThrottling runs exactly as A6 specifies when the config has it, and
 // counts what grpc-go counts: every successful call on the client, and every
 // uncommitted attempt that fails with a code its method's retry policy lists
@@ -456,7 +480,14 @@
 //
 // Clients are safe for concurrent use. A successful call
 // allocates nothing in the client interceptor, with every feature on, and
-// neither does a call an open breaker rejects.
+// neither does a call an open breaker rejects. A whole unary call through
+// the client costs 4 allocations more than a bare one, grpc's copies of the
+// header and trailer a retry needs (TestWholeCallAllocations); a call
+// without grpc.StaticMethod (a hand-written Invoke, a proxy) costs the
+// interceptor the same, but shows 5 against a bare Invoke without options:
+// grpc-go allocates a slice for every call that has options (its
+// newClientStream prepends its own), which a stub's call always pays and
+// the client's calls always have (TestCallWithoutStaticMethodAllocations).
 //
 // # Metrics
 //

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/grpc-resilience/resilience/internal/breaker"
-	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/bulkhead"
 	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -127,12 +126,10 @@ type methodRow struct {
 	// dropped is the bulkhead of a block removed (or of a row let go, when
 	// draining), resized to admit everyone: the attempts in it release into
 	// it, and a block added again takes it back.
-	dropped *bulkhead.Bulkhead
-	latency *latency.Estimator
-	// hedgeWindow and hedgeAllowance are its hedging state (hedge.go).
-	hedgeWindow    *latency.Window
-	hedgeAllowance *budget.Allowance
-	rejections     *rejections
+	dropped    *bulkhead.Bulkhead
+	latency    *latency.Estimator
+	tail       *hedgeTail // its hedging state (hedge_delay.go); nil without a hedging policy
+	rejections *rejections
 	// ref is set by calls of a counted row and cleared by its key's hand
 	// (T6b).
 	ref atomic.Bool
@@ -434,14 +431,14 @@ func (t *methodTable) release(r *methodRow) {
 		return
 	}
 	r.g = guards{}
-	r.latency, r.hedgeWindow, r.hedgeAllowance = nil, nil, nil
+	r.latency, r.tail = nil, nil
 }
 
 // attach makes p, the policy of r's method under st, run under r's state.
 // pinned says whether the method is pinned (its row counts nothing).
 func (st *clientState) attach(p *methodPolicy, r *methodRow, pinned bool) {
 	p.g = r.g
-	p.latency, p.hedgeWindow, p.hedgeAllowance = r.latency, r.hedgeWindow, r.hedgeAllowance
+	p.latency, p.tail = r.latency, r.tail
 	if !pinned {
 		p.row = r
 	}
@@ -512,7 +509,15 @@ func (t *methodTable) configure(st *clientState, r *methodRow, p *methodPolicy, 
 	if r.latency == nil && (p.retry != nil || p.hedge != nil) {
 		r.latency = newEstimator(st.opts.estimateFloor)
 	}
-	configureHedging(r, p)
+	switch {
+	case p.hedge == nil:
+		r.tail = nil
+	case r.tail == nil:
+		r.tail = newHedgeTail()
+		fallthrough
+	default:
+		r.tail.configure(p.hedge, st.storm.budget)
+	}
 }
 
 // rebuild makes the table follow st, the state an update is about to

@@ -13,7 +13,6 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/internal/backoff"
-	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -73,16 +72,12 @@ type methodPolicy struct {
 	idempotent   bool     // declared idempotent (proto or WithIdempotentMethods)
 	keyed        bool     // calls get an idempotency key
 	fallback     Fallback // answers local rejections of unary calls; nil: none
-	// g, latency, hedgeWindow and hedgeAllowance are the method's row's
-	// (methods.go), zero or nil when it has none. latency holds attempt
-	// durations; hedgeWindow the recent durations of hedged copies, read at
-	// hedge.windowQuantiles, nil unless the hedging delay is adaptive or
-	// rationed; hedgeAllowance rations the tail copies of calls whose delay
-	// comes from it, set with it.
-	g              guards
-	latency        *latency.Estimator
-	hedgeWindow    *latency.Window
-	hedgeAllowance *budget.Allowance
+	// g, latency and tail are the method's row's (methods.go), zero or nil
+	// when it has none: its guards, its attempt durations, and its hedging
+	// state (hedge_delay.go).
+	g       guards
+	latency *latency.Estimator
+	tail    *hedgeTail
 	// row is the method's row when it is counted against the bound, whose
 	// use the calls mark (methodRow.ref); nil otherwise.
 	row *methodRow
@@ -150,7 +145,7 @@ func (s *clientState) shape(fullMethod string) (*methodPolicy, serviceconfig.Met
 			p.retry = newRetryPolicy(mc.RetryPolicy)
 		}
 		if mc.HedgingPolicy != nil {
-			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.storm.budgetRatio())
+			p.hedge = newHedgePolicy(mc.HedgingPolicy)
 		}
 	}
 	for _, fb := range s.opts.fallbacks {
@@ -171,37 +166,6 @@ func (s *clientState) settle(p *methodPolicy) {
 		!p.g.any() && !p.keyed && s.storm.throttle == nil
 	p.early = (p.g.breaker != nil || p.g.bulkhead != nil) && p.g.adaptive == nil && p.hedge == nil && p.fallback == nil &&
 		p.timeout == 0 && !p.keyed && s.opts.oneLayer == 0
-}
-
-// configureHedging gives r the hedging window and allowance p's hedging
-// policy needs: r's own (a method's latency does not change with its
-// config), read at the quantiles p needs, or new ones; none without.
-func configureHedging(r *methodRow, p *methodPolicy) {
-	var qs []float64
-	if p.hedge != nil {
-		qs = p.hedge.windowQuantiles()
-	}
-	if qs == nil {
-		r.hedgeWindow, r.hedgeAllowance = nil, nil
-		return
-	}
-	r.hedgeWindow = hedgeWindowOf(r.hedgeWindow, qs)
-	if r.hedgeAllowance == nil {
-		r.hedgeAllowance = budget.NewAllowance(2*(1-qs[0]), allowanceBurst)
-	}
-}
-
-// hedgeWindowOf returns the window of a method's hedged copies read at
-// quantiles: old's, whose observations carry over, or a new one.
-func hedgeWindowOf(old *latency.Window, quantiles []float64) *latency.Window {
-	if old != nil {
-		if w, err := old.WithQuantiles(quantiles...); err == nil {
-			return w
-		}
-	}
-	// The quantiles were validated with the config, so this cannot fail.
-	w, _ := latency.NewWindow(latency.DefaultWindowSize, quantiles...)
-	return w
 }
 
 // sameBreaker reports whether two breaker blocks ask for the same breaker:

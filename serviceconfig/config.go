@@ -288,8 +288,11 @@ type HedgingPolicy struct {
 	// at once. With HedgingDelayQuantile set, it is the wait only until
 	// HedgingDelayMinSamples were observed, and 0 then means that, until
 	// then, further copies go out only after non-fatal failures. A client
-	// with a retry budget raises a fixed delay that more calls outlast than
-	// its budget pays for (see package interceptor, Hedging).
+	// with a retry budget raises the delay, fixed or adaptive, to the
+	// latency that the share of calls its budget pays for outlasts, once
+	// 100 copies were observed (HedgingDelayMinSamples), so that the
+	// budget's hedges go to the slowest calls (see package interceptor,
+	// What a hedge may spend).
 	HedgingDelay time.Duration
 	// NonFatalStatusCodes are the codes after which hedging goes on; any
 	// other code ends the call. A list, as RetryableStatusCodes.
@@ -301,9 +304,12 @@ type HedgingPolicy struct {
 	// is hedged whatever the latencies are, and stays so as they drift. The
 	// latency is the lower quantile over the method's last few hundred
 	// attempts, rounded up by at most 12.5 %; a copy cut off by a sibling's
-	// answer counts as at least as long as it ran. From 0.75, the delay is
-	// capped at 1.25× the quantile with twice the tail share, so a slow mode
-	// is hedged whole. 0 keeps HedgingDelay fixed.
+	// answer counts as at least as long as it ran. From 0.75, where the
+	// quantile falls in a gap before a cluster of slow calls, the delay is
+	// the gap's fast edge (at most 1.25× the quantile with twice the tail
+	// share), so the cluster is hedged whole. A client's retry budget may
+	// raise the delay further (see HedgingDelay). 0 keeps HedgingDelay
+	// fixed.
 	HedgingDelayQuantile float64
 	// HedgingDelayFloor is the least adaptive delay, ≥ 0 (an extension
 	// field): hedges never go out sooner, however fast the method. Needs
@@ -345,6 +351,14 @@ type RetryBudget struct {
 	MinRetriesPerSecond float64
 	// TTL is the sliding window; 0 means 10s.
 	TTL time.Duration
+	// Zero makes a budget that pays for nothing: no call is retried and no
+	// hedged copy is sent after the first, an incident's kill switch. Ratio
+	// and MinRetriesPerSecond must then be 0. In JSON it is written with
+	// both written out as 0: "retryBudget": {"ratio": 0,
+	// "minRetriesPerSecond": 0}; a 0 written out for one of them alone is
+	// an error (it cannot mean "none of this part": left out, a field takes
+	// its default).
+	Zero bool
 }
 
 // CircuitBreaker trips a method's breaker on consecutive failures, on a

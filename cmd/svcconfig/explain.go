@@ -71,7 +71,7 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	case a.retry != nil:
 		explainRetry(p, a, d.cfg, mc.Timeout)
 	case mc.HedgingPolicy != nil:
-		explainHedging(p, mc.HedgingPolicy, a, mc.Timeout)
+		explainHedging(p, mc.HedgingPolicy, d.cfg.RetryBudget, a, mc.Timeout)
 	default:
 		a.warnings = append(a.warnings, "nothing to explain: the entry has neither retryPolicy nor hedgingPolicy, so calls are not retried")
 	}
@@ -131,15 +131,20 @@ func explainRetry(p *printer, a analysis, cfg *serviceconfig.Config, timeout tim
 
 	p.printf("\nretry limits (shared by every method of the client)\n")
 	t = p.table()
-	if b := cfg.RetryBudget; b != nil {
-		ratio, perSec, ttl := budgetValues(b)
-		t.row("  retryBudget", "ratio "+ratio+", minRetriesPerSecond "+perSec+", ttl "+ttl)
+	if b := cfg.RetryBudget; b != nil && b.Zero {
+		t.row("  retryBudget", "ratio 0 and minRetriesPerSecond 0: a zero budget, the kill switch: "+
+			"no call is retried, and no hedged copy is sent after the first")
 	} else {
-		t.row("  retryBudget", fmt.Sprintf("ratio %s, minRetriesPerSecond %s, ttl %v",
-			num(budget.DefaultRatio), num(budget.DefaultMinRetriesPerSecond), budget.DefaultTTL))
-		t.row("", "the client's default: the document has no retryBudget (WithRetryBudget(nil) turns it off)")
+		if b != nil {
+			ratio, perSec, ttl := budgetValues(b)
+			t.row("  retryBudget", "ratio "+ratio+", minRetriesPerSecond "+perSec+", ttl "+ttl)
+		} else {
+			t.row("  retryBudget", fmt.Sprintf("ratio %s, minRetriesPerSecond %s, ttl %v",
+				num(budget.DefaultRatio), num(budget.DefaultMinRetriesPerSecond), budget.DefaultTTL))
+			t.row("", "the client's default: the document has no retryBudget (WithRetryBudget(nil) turns it off)")
+		}
+		t.row("", "a retry is sent while retries over the last ttl stay within ratio × requests + minRetriesPerSecond × ttl")
 	}
-	t.row("", "a retry is sent while retries over the last ttl stay within ratio × requests + minRetriesPerSecond × ttl")
 	if th := cfg.RetryThrottling; th != nil {
 		t.row("  retryThrottling", fmt.Sprintf("maxTokens %s, tokenRatio %s: retries stop while the tokens are at most %s; "+
 			"each retryable failure takes 1, each success gives back %s",
@@ -150,6 +155,9 @@ func explainRetry(p *printer, a analysis, cfg *serviceconfig.Config, timeout tim
 	t.flush()
 
 	p.printf("\nretry schedule\n")
+	if b := cfg.RetryBudget; b != nil && b.Zero {
+		p.printf("  WARNING: the zero retry budget sends none of the retries below: every call makes one attempt\n")
+	}
 	p.printf("  the delay before attempt k ≥ 2 is in [lo, hi], per the jitter, with\n")
 	p.printf("  d = min(initialBackoff × backoffMultiplier^(k−2), maxBackoff)\n")
 	p.printf("  %s\n", attemptTimeNote(a))
@@ -171,7 +179,7 @@ func explainRetry(p *printer, a analysis, cfg *serviceconfig.Config, timeout tim
 }
 
 // explainHedging writes the hedging policy and its schedule.
-func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, timeout time.Duration) {
+func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, b *serviceconfig.RetryBudget, a analysis, timeout time.Duration) {
 	p.printf("\nhedgingPolicy\n")
 	t := p.table()
 	t.row("  maxAttempts", fmt.Sprintf("%d: the first call and up to %d hedged copies", h.MaxAttempts, h.MaxAttempts-1))
@@ -213,6 +221,15 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, time
 	}
 	t.flush()
 	p.printf("note: the grpc-resilience client hedges unary calls only (a non-fatal failure sends the next copy at once); streams are called once\n")
+	switch {
+	case b != nil && b.Zero:
+		p.printf("WARNING: the zero retry budget sends no copy after the first: calls are not hedged\n")
+	default:
+		p.printf("what a hedge may spend: once %d attempts were observed, the wait is at least the latency that the share of calls\n", minSamples)
+		p.printf("  the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ calls per second; without a budget, no limit),\n")
+		p.printf("  so the budget's hedges go to the slowest calls; each copy takes a budget token, and when more calls than that\n")
+		p.printf("  share are slow, hedging cannot lower the percentiles above it\n")
+	}
 	p.printf("\nhedging schedule (gRFC A6)\n")
 	switch {
 	case adaptive && h.HedgingDelay > 0:
