@@ -571,7 +571,8 @@
 // its invariants), retry.go (the retry decision), budget.go (the retry
 // budget and A6 throttling), guard.go and reject.go (breakers, bulkheads
 // and their rejections), status.go (MethodStatus and the operator's
-// breaker controls), hedge.go (hedged unary calls), stream.go,
+// breaker controls), hedge.go (hedged unary calls) and hedge_delay.go (the
+// hedging delay: what a hedge may spend), stream.go,
 // stream_attempt.go and stream_retry.go (retried streams: the caller's
 // methods, one attempt and its release, the transitions of the state
 // machine; the attempts' trail of endpoints, attemptBase, in client.go and
