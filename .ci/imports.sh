@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Checks the import rules of DESIGN.md with go list:
+#   (the root)    package resilience (Version): standard library only, so
+#                 that any package may import it
 #   codes         standard library, grpc/codes and grpc/status only
 #   serviceconfig standard library, our codes, grpc/codes only: no grpc runtime
 #   deadline      standard library only
@@ -7,7 +9,8 @@
 #                 our packages but other internal engines
 #   examples/...  public packages only (nothing internal)
 #   interceptor   (the client) not interceptor/server, nor the server's stores
-#                 (interceptor/idempotency/...): neither side imports the other
+#                 (interceptor/idempotency/..., interceptor/ratelimit/redisquota):
+#                 neither side imports the other
 #   interceptor/server
 #                 not interceptor (the client package itself; its sub-packages
 #                 wire, idempotency and internal/... are fine)
@@ -41,6 +44,9 @@ while read -r pkg imports; do
 	rel=${rel#/}
 	for imp in $imports; do
 		case "$rel" in
+		"")
+			is_std "$imp" || check "$mod" "$imp" "the root package: standard library only"
+			;;
 		codes)
 			is_std "$imp" || [[ "$imp" == google.golang.org/grpc/codes || "$imp" == google.golang.org/grpc/status ]] ||
 				check "$rel" "$imp" "standard library, grpc/codes and grpc/status only"
@@ -61,7 +67,7 @@ while read -r pkg imports; do
 			;;
 		interceptor)
 			case "$imp" in
-			"$mod"/interceptor/server | "$mod"/interceptor/server/* | "$mod"/interceptor/idempotency | "$mod"/interceptor/idempotency/*)
+			"$mod"/interceptor/server | "$mod"/interceptor/server/* | "$mod"/interceptor/idempotency | "$mod"/interceptor/idempotency/* | "$mod"/interceptor/ratelimit/redisquota)
 				check "$rel" "$imp" "the client imports nothing of the server's: neither side imports the other"
 				;;
 			esac

@@ -86,7 +86,7 @@ var (
 	promLabels    = regexp.MustCompile(`\{[^}]*\}`)
 	promRanges    = regexp.MustCompile(`\[[^\]]*\]`)
 	promLabelList = regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
-	promLabelFunc = regexp.MustCompile(`\blabel_values\s*\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,[^)]*\)`)
+	promLabelFunc = regexp.MustCompile(`\blabel_values\s*\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{[^}]*\}\s*)?,[^)]*\)`)
 	promIdent     = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*`)
 	promKeywords  = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true, "inf": true, "nan": true}
 )
@@ -127,6 +127,7 @@ func TestDashboardQueriesNameMetrics(t *testing.T) {
 		{`histogram_quantile(0.9, sum by (le) (rate(a_bucket[5m]))) / ignoring (x) b_count offset 1m and on(y) c`,
 			[]string{"a_bucket", "b_count", "c"}},
 		{`label_values(resilience_client_attempts_total, grpc_method)`, []string{"resilience_client_attempts_total"}},
+		{`label_values(target_info{job=~"$job"}, instance)`, []string{"target_info"}},
 		{`max without (instance) (up{job="a{b}"} == 1e3)`, []string{"up"}},
 	}
 	for _, tt := range tests {

@@ -199,7 +199,10 @@ func TestServerAndClientProcesses(t *testing.T) {
 		"retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.001s", "maxBackoff": "0.01s",
 		                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
 		"circuitBreaker": {"failureRateThreshold": 0.9, "minimumCalls": 50},
-		"bulkhead": {"maxConcurrent": 64}}]}`), 0o644); err != nil {
+		"bulkhead": {"maxConcurrent": 64}}, {
+		"name": [{"service": "resilience.echo.v1.EchoService", "method": "Lookup"}],
+		"circuitBreaker": {"mode": "adaptive"}}],
+		"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"round_robin": {}}]}}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// The client runs until stopped; the test stops it once both /metrics

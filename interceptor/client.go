@@ -26,6 +26,7 @@ import (
 // (per tenant, per configuration reload) and its connections are closed.
 type Client struct {
 	opts     clientOptions
+	log      *warnLog // the client's warnings, each logged once
 	metrics  instruments
 	state    atomic.Pointer[clientState]
 	table    methodTable // the per-method state (methods.go)
@@ -48,15 +49,18 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	if err := o.err(); err != nil {
 		return nil, err
 	}
-	warnUnregisteredOptions(&o)
-	c := &Client{opts: o, table: newMethodTable()}
+	warnings, err := checkOptions(&o)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{opts: o, log: &warnLog{l: o.logger}, table: newMethodTable()}
 	m, err := newInstruments(o.meterProvider, c)
 	if err != nil {
 		return nil, fmt.Errorf("interceptor: metrics: %w", err)
 	}
 	c.metrics = m
-	warnings, err := c.configure()
-	if err != nil {
+	cfg := o.config
+	if err := c.update(&cfg); err != nil {
 		// A Client not returned holds nothing: the gauges' callback goes
 		// with it, or the provider would read (and keep) it for ever.
 		if g := m.gauges; g != nil {
@@ -64,18 +68,8 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 		}
 		return nil, err
 	}
-	logWarnings(warnings)
+	c.log.warnAll(warnings)
 	return c, nil
-}
-
-// configure makes the config of NewClient's options the client's.
-func (c *Client) configure() ([]string, error) {
-	o := &c.opts
-	if err := checkCaps(o.config.MethodConfig, o.origins, o.maxAttemptsCap); err != nil {
-		return nil, err
-	}
-	cfg := o.config
-	return c.update(&cfg)
 }
 
 // Close releases what c holds beyond its calls: it unregisters the
@@ -104,50 +98,61 @@ func (c *Client) Close() error {
 // UpdateServiceConfig replaces the client's service config with cfg, as a
 // whole: the entries given to NewClient are dropped. Calls that started
 // before it finish under the config they started with; calls after it see
-// cfg. A config with errors is refused and the old one stays.
+// cfg. A config with errors is refused and the old one stays, as NewClient
+// refuses one: an entry built in Go without a Name, a method its service
+// does not have, a hedging policy on a streaming method (see the package
+// documentation, Checked configuration). The warnings of a parsed cfg
+// (serviceconfig.Config.Warnings) and names no linked-in code registers
+// are logged, once (WithLogger).
 //
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
 // applied its cap); in a config built in Go, a MaxAttempts above the
 // client's cap (WithMaxAttemptsCap) is an error.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
-	warnings, err := c.updateServiceConfig(cfg)
-	logWarnings(warnings)
+	warnings, err := c.updateFrom("UpdateServiceConfig", cfg, true)
+	c.log.warnAll(warnings)
 	return err
 }
 
-// updateServiceConfig is UpdateServiceConfig, returning the warnings to log
-// rather than logging them, for a caller that holds a lock of its own
-// (WrapResolver's).
-func (c *Client) updateServiceConfig(cfg *serviceconfig.Config) ([]string, error) {
+// updateFrom checks cfg, given by option, and makes it the client's
+// config; it returns the warnings to log, its own and the checks', for the
+// caller to log once no lock is held (a logger is the user's code, and may
+// call the client; WrapResolver's calls come under its lock). direct is
+// false for a resolver's config, which grpc-go applies whatever its names
+// say: what checkEntries would refuse in it for the registry's sake is
+// returned as warnings instead.
+func (c *Client) updateFrom(option string, cfg *serviceconfig.Config, direct bool) ([]string, error) {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
-	origins := make([]entryOrigin, len(cfg.MethodConfig))
-	for i := range origins {
-		origins[i] = entryOrigin{option: "UpdateServiceConfig", index: i, parsedCap: cfg.MaxAttemptsCap()}
-	}
-	if err := checkCaps(cfg.MethodConfig, origins, c.opts.maxAttemptsCap); err != nil {
+	if err := checkBlocks(option, cfg); err != nil {
 		return nil, err
 	}
-	return c.update(cfg)
+	warnings, err := checkEntries(cfg.MethodConfig, originsOf(option, cfg), c.opts.maxAttemptsCap, direct)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.update(cfg); err != nil {
+		return nil, err
+	}
+	return append(parseWarnings(option, cfg), warnings...), nil
 }
 
-// update makes cfg, whose caps were checked, the client's config, and
-// returns the warnings to log about it.
-func (c *Client) update(cfg *serviceconfig.Config) ([]string, error) {
+// update makes cfg, whose entries were checked (checkEntries), the
+// client's config.
+func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := validateGuards(cfg); err != nil {
-		return nil, err
+		return err
 	}
-	warnings := unregisteredNames(cfg)
 	c.table.ensureSeed(cfg, c.opts.rand) // the user's random source: before the locks
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
 	st, err := newClientState(cfg, &c.opts, &c.metrics, &c.table, c.state.Load())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	// The table follows the new config and the config is published under
 	// one lock, so that a row made meanwhile is made under the config in
@@ -157,7 +162,7 @@ func (c *Client) update(cfg *serviceconfig.Config) ([]string, error) {
 	c.state.Store(st)
 	c.table.mu.Unlock()
 	c.table.forgetNames(st)
-	return warnings, nil
+	return nil
 }
 
 // DialOptions returns the options that install the client on a connection:

@@ -77,6 +77,35 @@
 // Every option, what it defaults to and what it costs, is on its own doc
 // comment; they are all in options.go, the client's one page of settings.
 //
+// # Checked configuration
+//
+// NewClient and UpdateServiceConfig check a configuration when it is given,
+// never on a call, and refuse a setting that cannot be right, naming where
+// it was written: the option and the Go fields for a policy written in Go,
+// the JSON path for a parsed document:
+//
+//	interceptor: WithRetryPolicy: InitialBackoff: must not be negative
+//	interceptor: WithMethodConfig: entry 0: has no Name, so it applies to no method: ...
+//	interceptor: WithRetryPolicy("Echo"): "Echo" is not a registered service but the name of a method: "/resilience.echo.v1.EchoService/Echo"
+//	interceptor: WithServiceConfig: methodConfig[0].name[0]: service shop.v1.Orders has no method "Pya" (did you mean "Pay"?)
+//
+// Refused: an entry built in Go without a Name (it applies to no method;
+// Name: []serviceconfig.Name{{}} is the default of every method); a method
+// that its service, as linked into the program, does not have; a method's
+// name given as a service; a hedgingPolicy on an entry naming a streaming
+// method (a stream is never hedged: it runs one attempt), and
+// WithIdempotencyKeys or WithFallback naming one (keys and fallbacks apply
+// to unary calls). The linked-in services are those the program's
+// generated code registers with protoregistry.GlobalFiles. A service that
+// is not registered may still be called without generated code, so its
+// name is only logged, once, as are the warnings of a parsed config
+// (serviceconfig.Config.Warnings), through WithLogger's logger or grpclog's
+// "resilience" component. serviceconfig.Parse itself refuses a typo that
+// changes which methods a policy covers ({"services": ...} in a name);
+// WrapResolver reads a resolver's config as grpc-go does
+// (serviceconfig.Lenient) and applies what grpc-go would apply, logging
+// each such problem once instead of refusing it.
+//
 // # One call, and the order of the policies
 //
 // The policies wrap each other in one fixed order, outermost first: the
@@ -165,7 +194,7 @@
 // does: the same attempts, grpc-previous-rpc-attempts, final codes,
 // responses, headers and trailers, and the same A6 throttle accounting. A
 // differential test in this package runs both against the same scripted
-// servers (TestParityWithGRPCRetry) and compares, call by call, what the
+// servers and compares, call by call, what the
 // server and the caller saw and the A6 throttle's token count. The
 // differences are intended:
 //
@@ -218,8 +247,8 @@
 // the connection, which would cost every call its allocations), so the
 // client commits when that copy ends: until then the other copies run, and
 // the delay may send more, up to MaxAttempts (headers sent at once, an
-// answer at 300 ms, a 50 ms delay and 3 attempts: 3 copies,
-// TestHedgedCallCommitsWhenTheCopyWithHeadersEnds). The committed copy's
+// answer at 300 ms, a 50 ms delay and 3 attempts: 3 copies, as a test of
+// this package pins). The committed copy's
 // outcome then decides the call, as A6 says, a failure included
 // (StopCommitted).
 //
@@ -257,14 +286,14 @@
 // budget's share; when more calls are slow than the budget pays for, a
 // share of the slow calls goes unhedged, and if it is more than 1%, the
 // p99 stays where it was, whatever the delay. With one backend of three 50×
-// slower, fixed 5ms delay and the default budget, on fake time
-// (TestHedgingUnderTheDefaultBudgetGoesToTheSlowestCalls): at 40 calls a
+// slower, fixed 5ms delay and the default budget, on fake time (a test of
+// this package runs it): at 40 calls a
 // second the budget pays for 45% of the calls, more than the slow third,
 // and the p99 drops to 0.04× the unhedged for 33% extra attempts; at 400 a
 // second it pays for 22.5%, and the p99 stays at 1.00× (24% extra
 // attempts, the budget's share spent on the slow calls it can afford). On
-// a model of bench/'s slow tail that triples (TestHedgingBuysTheTailWhenLatencyTriples),
-// the adaptive p95 keeps the p99 at 0.14× the unhedged for 6.0% extra
+// a model of bench/'s slow tail that triples (a test of this package runs
+// it), the adaptive p95 keeps the p99 at 0.14× the unhedged for 6.0% extra
 // attempts, and a fixed 5ms delay, below every call of the second half, at
 // 0.12× for 13%: the budget's share of that half. bench/ measures both in
 // real time (the slow-backend and drift scenarios, BENCHMARKS.md).
@@ -351,7 +380,7 @@
 // refusals and lets go within about 90 acceptances after it, whatever small
 // error rate remains: at 1,000 calls a second over gRPC, 10 successes in a
 // row 0.21 s after a 1.5 s outage, 92% of the calls after it succeeding (90%
-// with 1% still refused; TestAdaptiveLetsGoAfterAnOutage), where the SRE
+// with 1% still refused; a test of this package pins it), where the SRE
 // book's formula, which counts local rejections as requests with no accept,
 // let 17% through and never 10 in a row (see package internal/adaptive).
 // Such a rejection stops the call as
@@ -413,8 +442,8 @@
 // outside every lock of the client's, after what they report is published,
 // so a hook may call any method of the Client (UpdateServiceConfig,
 // ForceOpen, a call through its interceptors;
-// TestHooksMayCallEveryMethodOfTheClient calls every one from every hook,
-// and from the meter provider's instruments). OnRetry, OnStop and a
+// a test of this package calls every one from every hook, and from the
+// meter provider's instruments). OnRetry, OnStop and a
 // fallback run on the goroutine of the call they are about. The breaker
 // transitions of one method reach WithOnStateChange one at a time, in the
 // order they happened (each from is the last to), once Status shows them:
@@ -442,7 +471,8 @@
 // A Client keeps what the calls of a method build up (breaker, bulkhead,
 // latency estimate, hedging window) in one table, one row per method, apart
 // from the per-config policies; methods.go states the table's invariants,
-// which TestMethodTableModel checks against a reference model. A method
+// which a test of this package checks after each of 12,000 random steps
+// against a reference model. A method
 // has a row while its entry gives it state: a circuitBreaker or bulkhead
 // block (not exempt), a retryPolicy or a hedgingPolicy. A method no entry
 // applies to, or whose entry has none of these, holds nothing and counts
@@ -469,12 +499,12 @@
 // attempts still hold, kept until they end so that a block added again
 // counts them. So a control plane whose every push names new methods keeps
 // the rows its config names now: 3000 such updates keep 1 method and take
-// 40 ms, where they once kept 3000 and took 6 s
-// (TestMethodsNamedOnlyByOldConfigsAreBounded). An update costs a
+// 40 ms, where they once kept 3000 and took 6 s (a test of this package
+// pins it). An update costs a
 // resolution per method the new config names, per method a stub called and
 // per row, about 1–2 µs each. With metrics on, a row costs about 2 KiB;
-// 100,000 invented names keep about 2 MiB
-// (TestPerMethodMemoryUnder100kCallerNames).
+// 100,000 invented names keep about 2 MiB (measured by a test of this
+// package).
 //
 // # Concurrency and cost
 //
@@ -482,12 +512,12 @@
 // allocates nothing in the client interceptor, with every feature on, and
 // neither does a call an open breaker rejects. A whole unary call through
 // the client costs 4 allocations more than a bare one, grpc's copies of the
-// header and trailer a retry needs (TestWholeCallAllocations); a call
+// header and trailer a retry needs (pinned exactly by a test); a call
 // without grpc.StaticMethod (a hand-written Invoke, a proxy) costs the
 // interceptor the same, but shows 5 against a bare Invoke without options:
 // grpc-go allocates a slice for every call that has options (its
 // newClientStream prepends its own), which a stub's call always pays and
-// the client's calls always have (TestCallWithoutStaticMethodAllocations).
+// the client's calls always have (pinned exactly too).
 //
 // # Metrics
 //
@@ -578,8 +608,9 @@
 // machine; the attempts' trail of endpoints, attemptBase, in client.go and
 // stream_attempt.go), wiresize.go (what the replay buffer counts), keys.go
 // (the idempotency keys a client attaches), resolver.go (the resolver's
-// service config), names.go (the names options take), errors.go, metrics.go
-// and trace.go (metrics and span events).
+// service config), names.go (the names options take, the warnings' log),
+// confcheck.go (the checks of a configuration as it is given), errors.go,
+// metrics.go and trace.go (metrics and span events).
 //
 // See https://github.com/grpc/proposal/blob/master/A6-client-retries.md,
 // https://github.com/grpc/proposal/blob/master/A66-otel-stats.md and

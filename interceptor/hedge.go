@@ -97,11 +97,11 @@ func orDefault(v, def int) int {
 // samples with no hedgingDelay to use meanwhile, or a retry budget that
 // pays for no copy): further copies then go out only after non-fatal
 // failures. A name that is not a full method has no delay (ok is false),
-// and why is logged to grpclog, as Status does.
+// and why is logged once (WithLogger), as Status does.
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 	full, err := rpcname.FullMethod("HedgingDelay", fullMethod)
 	if err != nil {
-		clientLog.Warning(err)
+		c.log.warn(err.Error())
 		return 0, false
 	}
 	mp := c.peek(full)

@@ -254,7 +254,9 @@ func (c *Client) add(fullMethod string, static bool) (st *clientState, p *method
 				warn = fmt.Sprintf("interceptor: %s: no room for its breaker and bulkhead: the client keeps per-method state for at most %d methods of %s, and none is idle; its calls run without them until there is room (name it in the config, or call it through a generated stub)", fullMethod, t.bound, key)
 			}
 			t.mu.Unlock()
-			logWarnings([]string{warn})
+			if warn != "" {
+				c.log.warn(warn) // no lock held: a logger is the user's code
+			}
 			return st, p, true
 		}
 	}

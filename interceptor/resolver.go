@@ -40,13 +40,19 @@ import (
 // options (MaxAttempts, NoRetry) apply on top of either. A config that
 // grpc-go accepts but serviceconfig.Parse refuses (a bad extension block)
 // leaves the client's config as it was, as does an update that refuses
-// it, and the reason is logged to grpclog's "resilience" component, with
-// the document's warnings (after the wrapper's lock is released: a logger
-// may call back into the client). A config equal to the one in force is
-// not applied again, so breakers keep their state across the resolver's
-// periodic re-resolutions, and across the resolvers grpc builds anew when
-// the connection leaves idle: the builder WrapResolver returns remembers
-// the config in force, so give each connection its own.
+// it, and the reason is logged. The config is read as grpc-go reads it
+// (serviceconfig.Lenient), since grpc-go applies it anyway: a typo that
+// changes which methods a policy covers, a method the program's generated
+// code lacks, a hedging policy on a stream are applied as grpc-go would
+// apply them, where NewClient and UpdateServiceConfig refuse them, and
+// logged. Logs go to WithLogger's logger (grpclog's "resilience" component
+// without it), each text once per Client, however often the resolver
+// delivers it, and after the wrapper's lock is released (a logger is the
+// user's code, and may call back into the client). A config equal to the
+// one in force is not applied again, so breakers keep their state across
+// the resolver's periodic re-resolutions, and across the resolvers grpc
+// builds anew when the connection leaves idle: the builder WrapResolver
+// returns remembers the config in force, so give each connection its own.
 // A config delivered after the resolver was closed, or with
 // grpc.WithDisableServiceConfig, is ignored, as grpc ignores it.
 //
@@ -137,7 +143,9 @@ type parsed struct {
 func (cc *configConn) ParseServiceConfig(js string) *grpcsc.ParseResult {
 	pr := cc.ClientConn.ParseServiceConfig(js)
 	r := cc.r
-	cfg, err := serviceconfig.Parse([]byte(js), serviceconfig.WithMaxAttemptsCap(r.c.opts.maxAttemptsCap))
+	// Lenient: grpc-go applies a typo that changes which methods a policy
+	// covers, and so does the client, logging it (apply).
+	cfg, err := serviceconfig.Parse([]byte(js), serviceconfig.WithMaxAttemptsCap(r.c.opts.maxAttemptsCap), serviceconfig.Lenient())
 	r.mu.Lock()
 	r.parsed[r.next%len(r.parsed)] = parsed{grpc: pr, json: js, cfg: cfg, err: err}
 	r.next++
@@ -155,9 +163,7 @@ func (cc *configConn) UpdateState(s resolver.State) error {
 		logs = cc.r.apply(s.ServiceConfig)
 	}
 	cc.r.mu.Unlock()
-	for _, l := range logs {
-		clientLog.Warning(l)
-	}
+	cc.r.c.log.warnAll(logs)
 	return cc.ClientConn.UpdateState(s)
 }
 
@@ -185,14 +191,13 @@ func (r *configResolver) apply(sc *grpcsc.ParseResult) (logs []string) {
 	case p.json == r.applied:
 		return nil
 	}
-	for _, w := range p.cfg.Warnings() {
-		logs = append(logs, fmt.Sprintf("interceptor: the resolver's service config: %v", w))
-	}
-	warnings, err := r.c.updateServiceConfig(p.cfg)
-	logs = append(logs, warnings...)
+	// Its warnings, those of kind WarningCoverage included, and the names
+	// no linked-in code registers are logged, once each: grpc-go applies
+	// the config whatever they say.
+	warnings, err := r.c.updateFrom(resolverOrigin, p.cfg, false)
 	if err != nil {
-		return append(logs, fmt.Sprintf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", err))
+		return append(warnings, "interceptor: the resolver's service config is refused, the client's config is left as it is: "+err.Error())
 	}
 	r.applied = p.json
-	return logs
+	return warnings
 }

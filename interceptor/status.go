@@ -70,11 +70,11 @@ type MethodStatus struct {
 // through. It keeps nothing for a method no call has resolved (its guards
 // are then fresh), so names from elsewhere cannot grow the client's state.
 // A name that is not a full method has no guards: its status is empty, and
-// why is logged to grpclog.
+// why is logged once (WithLogger).
 func (c *Client) Status(fullMethod string) MethodStatus {
 	full, err := rpcname.FullMethod("Status", fullMethod)
 	if err != nil {
-		clientLog.Warning(err)
+		c.log.warn(err.Error())
 		return MethodStatus{FullMethod: fullMethod}
 	}
 	return c.peek(full).status(time.Now())

@@ -141,6 +141,31 @@ func ExampleParseServer() {
 	// serviceconfig: concurrencyLimit.algorithm: must be "vegas" or "aimd"
 }
 
+func ExampleServerConfig_LookupRateLimits() {
+	cfg, err := serviceconfig.ParseServer([]byte(`{
+	  "rateLimits": [{"name": "server", "rate": 5000, "burst": 500, "key": "shared"}],
+	  "methodConfig": [{"name": [{"service": "shop.Orders", "method": "Create"}],
+	                    "rateLimits": [{"name": "create-per-tenant", "rate": 100, "per": "60s", "burst": 20,
+	                                    "key": "tenant", "distributed": true}]}],
+	  "tenantFairness": {"metadataKey": "x-tenant"}
+	}`))
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range []string{"/shop.Orders/Create", "/shop.Orders/Get"} {
+		for _, a := range cfg.LookupRateLimits(m) {
+			fmt.Printf("%s: %s (scope %q): a token every %v, burst %d, by %s\n", m, a.Limit.Name, a.Scope, a.Limit.Interval(), a.Limit.Burst, a.Limit.Key)
+		}
+	}
+	_, err = serviceconfig.ParseServer([]byte(`{"rateLimits": [{"name": "x", "rate": 10, "burst": 5, "key": "tennant"}]}`))
+	fmt.Println(err)
+	// Output:
+	// /shop.Orders/Create: create-per-tenant (scope "/shop.Orders/Create"): a token every 600ms, burst 20, by tenant
+	// /shop.Orders/Create: server (scope ""): a token every 200µs, burst 500, by shared
+	// /shop.Orders/Get: server (scope ""): a token every 200µs, burst 500, by shared
+	// serviceconfig: rateLimits[0].key: "tennant" is not a key: want one of "tenant", "peer", "idempotencyScope" or "shared" (did you mean "tenant"?)
+}
+
 func ExampleCircuitBreaker_adaptive() {
 	cfg, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{"service": "shop.Orders"}],
 	  "circuitBreaker": {"mode": "adaptive", "k": 2, "window": "60s"}}]}`))
@@ -151,4 +176,50 @@ func ExampleCircuitBreaker_adaptive() {
 	fmt.Println(mc.CircuitBreaker.Mode, mc.CircuitBreaker.K, mc.CircuitBreaker.Window)
 	// Output:
 	// adaptive 2 1m0s
+}
+
+// "timeout": "0s" parses to the shortest timeout, 1ns, which fails every
+// call at once with DEADLINE_EXCEEDED, as in grpc-go; zero in a
+// MethodConfig means no timeout, which a negative timeout gives, as grpc-go
+// ignores it.
+func ExampleParse_zeroTimeout() {
+	for _, timeout := range []string{`"0s"`, `"-1s"`, `"0.5s"`} {
+		c, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{"service": "shop.Orders"}], "timeout": ` + timeout + `}]}`))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("%s: Timeout %v\n", timeout, c.MethodConfig[0].Timeout)
+	}
+	// Output:
+	// "0s": Timeout 1ns
+	// "-1s": Timeout 0s
+	// "0.5s": Timeout 500ms
+}
+
+// A typo in a name is refused: grpc-go would ignore "services" and read the
+// name as {}, the default entry, so that the 10-attempt policy applied to
+// every method. Lenient reads the document as grpc-go does, and its
+// Warnings tell the typo that changed which methods the policy covers.
+func ExampleLenient() {
+	doc := []byte(`{"methodConfig": [{"name": [{"services": "shop.Orders"}],
+	  "retryPolicy": {"maxAttempts": 10, "initialBackoff": "0.1s", "maxBackoff": "1s",
+	                  "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`)
+	_, err := serviceconfig.Parse(doc)
+	fmt.Println(err)
+
+	c, err := serviceconfig.Parse(doc, serviceconfig.Lenient())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	mc, _ := c.Lookup("/grpc.health.v1.Health/Check")
+	fmt.Printf("health checks get %d attempts\n", mc.RetryPolicy.MaxAttempts)
+	for _, w := range c.Warnings() {
+		fmt.Printf("%s: %s\n", w.Kind, w.Path)
+	}
+	// Output:
+	// serviceconfig: methodConfig[0].name[0].services: unknown key: did you mean "service"? grpc-go ignores it, which leaves the name {}, the default entry: its policies would apply to every method
+	// health checks get 5 attempts
+	// coverage: methodConfig[0].name[0].services
 }

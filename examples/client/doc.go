@@ -3,7 +3,10 @@
 // service-config JSON file, and prints a live summary every second: calls
 // finished, how many succeeded, the status codes, attempts per call and
 // the method's circuit-breaker state. Its own /metrics serves the client's
-// OpenTelemetry metrics in Prometheus form.
+// OpenTelemetry metrics in Prometheus form: the interceptors' series, and
+// grpc-go's own client metrics with those of the resilience_endpoint
+// load-balancing policy. The document's loadBalancingConfig, if any, is
+// given to grpc as the channel's default service config.
 //
 //	go run ./examples/server -fail-rate 0.3 &
 //	go run ./examples/client -config examples/client/config.json -rate 200 -duration 10s

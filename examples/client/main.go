@@ -114,7 +114,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer client.Close() // after conn.Close: unregisters its gauges from mp
-	conn, err := grpc.NewClient(c.addr, append(client.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	gopts, err := grpcOptions(data, mp)
+	if err != nil {
+		return err
+	}
+	dial := append(client.DialOptions(), gopts...)
+	conn, err := grpc.NewClient(c.addr, append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -96,7 +97,7 @@ func (s *flakyServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov
 }
 
 // run shows retries against a flaky server.
-func run(out *os.File, calls int, failRate float64, seed uint64) error {
+func run(out io.Writer, calls int, failRate float64, seed uint64) error {
 	srv := &flakyServer{rng: rand.New(rand.NewPCG(seed, 1)), failRate: failRate}
 
 	// What each call went through, filled by the retry hook.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +40,7 @@ func (s *sickServer) Lookup(_ context.Context, req *echov1.LookupRequest) (*echo
 
 // breakerDemo takes a method down, watches its breaker open while another
 // method keeps working, heals it and watches the breaker close.
-func breakerDemo(out *os.File) error {
+func breakerDemo(out io.Writer) error {
 	fmt.Fprintln(out, "== 2. Circuit breaker: Echo goes down, Lookup stays up")
 	cfg, err := serviceconfig.Parse([]byte(`{"methodConfig": [{
 	  "name": [{"service": "resilience.echo.v1.EchoService"}],
@@ -51,12 +51,30 @@ func breakerDemo(out *os.File) error {
 	if err != nil {
 		return err
 	}
+	// The hook runs inside the call whose attempt moved the breaker, before
+	// that call returns: it records the transition, and the demo prints it
+	// after the call's own line, cause before effect.
+	var (
+		mu          sync.Mutex
+		transitions []string
+	)
 	client, err := interceptor.NewClient(interceptor.WithServiceConfig(cfg),
-		interceptor.WithOnStateChange(func(m string, from, to interceptor.BreakerState) {
-			fmt.Fprintf(out, "           breaker of Echo: %v -> %v\n", from, to)
+		interceptor.WithOnStateChange(func(_ string, from, to interceptor.BreakerState) {
+			mu.Lock()
+			transitions = append(transitions, fmt.Sprintf("%v -> %v", from, to))
+			mu.Unlock()
 		}))
 	if err != nil {
 		return err
+	}
+	// printTransitions prints the transitions the call just made caused.
+	printTransitions := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, t := range transitions {
+			fmt.Fprintf(out, "           which moved the breaker of Echo: %s\n", t)
+		}
+		transitions = transitions[:0]
 	}
 	srv := &sickServer{}
 	srv.sick.Store(true)
@@ -73,6 +91,7 @@ func breakerDemo(out *os.File) error {
 		_, err := stub.Echo(ctx, &echov1.EchoRequest{Message: "x"})
 		fmt.Fprintf(out, "Echo   %d: %-62v server attempts=%d  %v\n", i, shortErr(err),
 			srv.attempts.Load()-before, time.Since(start).Round(time.Millisecond))
+		printTransitions()
 	}
 	if _, err := stub.Lookup(ctx, &echov1.LookupRequest{Message: "y"}); err != nil {
 		return err
@@ -81,13 +100,15 @@ func breakerDemo(out *os.File) error {
 	srv.sick.Store(false)
 	time.Sleep(300 * time.Millisecond) // the open duration: the demo shows it passing
 	_, err = stub.Echo(ctx, &echov1.EchoRequest{Message: "x"})
-	fmt.Fprintf(out, "Echo after the server healed and 300ms passed: %v\n\n", shortErr(err))
+	fmt.Fprintf(out, "Echo after the server healed and 300ms passed: %v\n", shortErr(err))
+	printTransitions()
+	fmt.Fprintln(out)
 	return nil
 }
 
 // budgetDemo runs concurrent callers against a server that is down, with
 // and without the retry budget.
-func budgetDemo(out *os.File) error {
+func budgetDemo(out io.Writer) error {
 	fmt.Fprintln(out, "== 3. Retry budget: 32 callers, 2016 calls, a server that is down")
 	policy := &serviceconfig.RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
 	for _, mode := range []struct {
@@ -138,7 +159,7 @@ func (o *orders) Echo(_ context.Context, req *echov1.EchoRequest) (*echov1.EchoR
 
 // idempotencyDemo retries a call with side effects whose first attempt
 // times out on the client: with an idempotency key the server runs it once.
-func idempotencyDemo(out *os.File) error {
+func idempotencyDemo(out io.Writer) error {
 	fmt.Fprintln(out, "== 4. Idempotency: CreateOrder times out after 100ms; the server takes 150ms")
 	store, err := idempotency.NewMemoryStore()
 	if err != nil {

@@ -305,7 +305,7 @@
 // background goroutine and owns no store (close a store's client
 // yourself): Close has only the gauges to unregister. A call without an
 // idempotency key allocates no more than under a pass-through interceptor
-// (TestIdempotencyCostAllocations), and an admitted call allocates nothing
+// (an allocation test pins it), and an admitted call allocates nothing
 // for the limit.
 //
 // # Where things are

@@ -132,6 +132,13 @@ type Idempotency struct {
 	// call of the method with FAILED_PRECONDITION naming the policy.
 	// Health checks and reflection run plainly, key or not, unless a policy
 	// names their method or service.
+	//
+	// New checks each name against the services the program's generated
+	// code registers (protoregistry.GlobalFiles): a method its service does
+	// not have ("/pkg.Orders/Pya"), a method's name given as a service
+	// ("Pay"), or a name that is not a service is refused, naming the
+	// policy; a service nothing registers (one served with a hand-written
+	// grpc.ServiceDesc, or misspelt) is logged once (WithLogger).
 	KeyPolicies map[string]KeyPolicy
 
 	// TTL is how long a completed outcome is kept and replayed; 0 means
@@ -296,7 +303,8 @@ func (c *Idempotency) normalize() (srvIdemOptions, error) {
 		}
 		o.policies[name] = p
 	}
-	if err := srvCheckStreamPolicies(o.policies); err != nil {
+	var err error
+	if o.warnings, err = srvCheckPolicies(o.policies); err != nil {
 		return o, err
 	}
 	return o, nil
@@ -423,11 +431,21 @@ func (l *Limits) apply(o *options) {
 		o.errs = append(o.errs, fmt.Errorf("server: Limits.Config: %v", err))
 		return
 	}
+	if hasRateLimits(cfg) {
+		// Refused rather than ignored: a quota that does nothing must not
+		// pass for one (the rate limits are parsed and validated, and are
+		// served once the server's admission path takes them).
+		o.errs = append(o.errs, errorf("Limits.Config: rateLimits are not served by this version of the server yet"))
+		return
+	}
 	if cl := cfg.ConcurrencyLimit; cl != nil {
 		c := *cl
 		o.limit = &c
 	}
 	for _, mc := range cfg.MethodConfig {
+		if mc.ConcurrencyLimit == nil { // an entry of rate limits only
+			continue
+		}
 		for _, n := range mc.Name {
 			o.methodLimits = append(o.methodLimits, methodLimit{nameKey(n), n, *mc.ConcurrencyLimit})
 		}
@@ -501,4 +519,17 @@ func WithLimits(l Limits) Option {
 		o.limit, o.methodLimits, o.streamLimits, o.fairness, o.cpu = set.limit, set.methodLimits, set.streamLimits, set.fairness, set.cpu
 		o.criticality, o.limitRand = set.criticality, set.limitRand
 	})
+}
+
+// hasRateLimits reports whether cfg has a rate limit anywhere.
+func hasRateLimits(cfg *serviceconfig.ServerConfig) bool {
+	if len(cfg.RateLimits) > 0 {
+		return true
+	}
+	for _, mc := range cfg.MethodConfig {
+		if len(mc.RateLimits) > 0 {
+			return true
+		}
+	}
+	return false
 }
