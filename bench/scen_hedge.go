@@ -94,7 +94,9 @@ var ShiftHedgeConfig = fmt.Sprintf(`{"maxAttempts": 2, "hedgingDelayQuantile": %
 
 // SlowTailTriples measures hedging when the latency a fixed hedging delay
 // was set for changes: the base latency triples halfway through the run.
-func SlowTailTriples() Scenario { return slowTailDrift(shiftFactor, "slow tail that triples (hedging)") }
+func SlowTailTriples() Scenario {
+	return slowTailDrift(shiftFactor, "slow tail that triples (hedging)")
+}
 
 // SlowTailQuadruples is SlowTailTriples with the base latency growing 4×
 // halfway: the drift scenario of issue 32.
