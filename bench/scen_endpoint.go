@@ -575,7 +575,7 @@ func errorsIsOpen(err error) bool {
 func HedgeBudget() Scenario {
 	return Scenario{
 		Name: "hedge-budget",
-		Workload: "Three backends on loopback TCP under round_robin; backends 0 and 2 answer in 5 ms, backend 1 in 250 ms (50× " +
+		Workload: "Three backends on loopback TCP under round_robin; backends 0 and 2 answer in 2 ms, backend 1 in 100 ms (50× " +
 			"slower). Open loop for 12 s (the retry budget's 10 s window and more), each call with a 2 s deadline, at 40 and " +
 			"at 400 calls a second. Ours unhedged, and hedged {maxAttempts 2, hedgingDelay 5 ms} under the default retry " +
 			"budget (ratio 0.2, minRetriesPerSecond 10, ttl 10s), which pays for a share 0.2 + 10/rate of the calls: 45% at " +
@@ -613,9 +613,9 @@ func runHedgeBudget(ctx context.Context, sz Size) ([]Table, error) {
 			c.warm(ctx)
 			c.setBehavior(func(b int, _ time.Duration) resiliencetest.Step {
 				if b == 1 {
-					return resiliencetest.Step{Delay: 250 * time.Millisecond}
+					return resiliencetest.Step{Delay: 100 * time.Millisecond}
 				}
-				return resiliencetest.Step{Delay: 5 * time.Millisecond}
+				return resiliencetest.Step{Delay: 2 * time.Millisecond}
 			})
 			var l load
 			start := time.Now()

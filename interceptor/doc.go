@@ -258,44 +258,48 @@
 // delay, and the delay is the longest of the policy's and of the latency
 // that the share s of calls outlasts, where s is the policy's share (1 −
 // HedgingDelayQuantile; every call past HedgingDelay for a fixed one) and
-// at most the share of calls the retry budget pays a retry for (Ratio +
-// MinRetriesPerSecond ÷ the client's calls per second): the hedges the
-// budget affords go to the slowest calls. Each copy after the first takes a
-// budget token, as a retry does, and goes only while gRFC A6 throttling
-// allows it; a timed copy the budget or A6 refuses is not sent and the call
-// goes on, and a copy after a non-fatal failure is A6's retry: it goes when
-// they allow it, whatever became of the timed ones; a call that ends for
-// want of a copy says which refused it (StopBudget, StopThrottled). The
-// latency is read from a histogram of the method's last 256 to 512 copies
-// (eight logarithmic buckets per octave, rounded up to the bucket: at most
-// 12.5 % above), where a copy that a sibling's answer cut off counts as at
-// least as long as it ran, once past the delay; it carries over config
-// updates. Where the latency falls in a gap between fast calls and a
-// cluster of slow ones (a cache miss, a slow backend), the delay is the
-// gap's fast edge (at most 1.25× the latency twice the share outlasts, for
-// shares up to a quarter), so the whole cluster is hedged rather than its
-// own tail. Until HedgingDelayMinSamples copies were observed (100 by
-// default) the call waits HedgingDelay, or, without one, sends further
-// copies only after non-fatal failures. Client.HedgingDelay reports the
-// delay in force; a call reads it in one or two atomic loads, and it is
-// recomputed every 16 copies (hedge_delay.go).
+// at most three quarters of the share b of calls the retry budget pays a
+// retry for (Ratio + MinRetriesPerSecond ÷ the client's calls per second;
+// the last quarter is left for retries): the hedges the budget affords go
+// to the slowest calls. Where that latency falls past a gap into a cluster
+// of slow calls (a slow backend, a cache miss) no bigger than twice the
+// policy's share and than b, the delay is the gap's fast edge (at most
+// 1.25× the latency that share outlasts), so the cluster is hedged whole
+// rather than its own tail. Each copy after the first takes a budget token,
+// as a retry does, and goes only while gRFC A6 throttling allows it (A6
+// first, as A6 specifies for hedging); a timed copy the budget or A6
+// refuses is not sent and the call goes on, and a copy after a non-fatal
+// failure is A6's retry: it goes when they allow it, whatever became of the
+// timed ones; a call that ends for want of a copy says which refused it
+// (StopBudget, StopThrottled). The latency is read from a histogram of the
+// method's last 256 to 512 copies (eight logarithmic buckets per octave,
+// rounded up to the bucket: at most 12.5 % above), where a copy that a
+// sibling's answer cut off counts as at least as long as it ran, once past
+// the delay; it carries over config updates. Until HedgingDelayMinSamples
+// copies were observed (100 by default; 32 for a fixed delay) the call
+// waits HedgingDelay, or, without one, sends further copies only after
+// non-fatal failures. Client.HedgingDelay reports the delay in force; a
+// call reads it in one or two atomic loads, and it is recomputed every 16
+// copies (hedge_delay.go).
 //
 // What hedging can and cannot do under a budget follows: it can lower the
 // latency of the calls above the (1 − s)-quantile to about the delay plus
 // a fast call's, so the p99 drops when the slow calls are fewer than the
-// budget's share; when more calls are slow than the budget pays for, a
-// share of the slow calls goes unhedged, and if it is more than 1%, the
-// p99 stays where it was, whatever the delay. With one backend of three 50×
+// budget pays for; when more calls are slow, the delay stays above them
+// (hedging a part of them, picked at random by the budget's refusals,
+// would spend the budget for nothing), and if they are more than 1% of the
+// calls, the p99 stays where it was. With one backend of three 50×
 // slower, fixed 5ms delay and the default budget, on fake time (a test of
 // this package runs it): at 40 calls a
 // second the budget pays for 45% of the calls, more than the slow third,
 // and the p99 drops to 0.04× the unhedged for 33% extra attempts; at 400 a
-// second it pays for 22.5%, and the p99 stays at 1.00× (24% extra
-// attempts, the budget's share spent on the slow calls it can afford). On
+// second it pays for 22.5%, less than the slow third, and the delay stays
+// above the slow calls once the budget's share shows it (18.5% extra
+// attempts, spent in the run's first seconds): the p99 stays at 1.00×. On
 // a model of bench/'s slow tail that triples (a test of this package runs
 // it), the adaptive p95 keeps the p99 at 0.14× the unhedged for 6.0% extra
 // attempts, and a fixed 5ms delay, below every call of the second half, at
-// 0.12× for 13%: the budget's share of that half. bench/ measures both in
+// 0.12× for 12.8%: three quarters of the budget's share over that half. bench/ measures both in
 // real time (the slow-backend and drift scenarios, BENCHMARKS.md).
 //
 // # Another endpoint for each retry and hedge

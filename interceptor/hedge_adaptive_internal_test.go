@@ -50,10 +50,10 @@ func TestAdaptiveHedgeDelayCostsNoAllocation(t *testing.T) {
 }
 
 // TestHedgingDelayRule pins the rule of hedge_delay.go on windows fed
-// known latencies, with budgets of known shares: delay = max(base,
-// L(1 − s)), s the smaller of the policy's share and the budget's, read at
-// the fast edge of a gap (at most 1.25 × L(1 − 2s), for s ≤ 0.25); no
-// timed copy under a budget that pays for none.
+// known latencies, with budgets of known shares b: delay = max(base,
+// min(L(1 − s), 1.25 × L(1 − m))), s the policy's share and at most ¾·b, m
+// twice the policy's share and at most b, the second term when m ≤ 0.5;
+// no timed copy under a budget that pays for none.
 func TestHedgingDelayRule(t *testing.T) {
 	// feed returns latencies that are fast, or slow for a share of them
 	// (percentSlow in every 100, spread evenly), 1000 of them.
@@ -70,7 +70,8 @@ func TestHedgingDelayRule(t *testing.T) {
 	}
 	const ms = time.Millisecond
 	// The buckets' upper edges of 2ms, 5ms, 6ms and 40ms.
-	edge2, edge5, edge6, edge40 := 2097152*time.Nanosecond, 5242880*time.Nanosecond, 6291456*time.Nanosecond, 41943040*time.Nanosecond
+	edge2, edge5, edge6, edge40, edge250 := 2097152*time.Nanosecond, 5242880*time.Nanosecond, 6291456*time.Nanosecond,
+		41943040*time.Nanosecond, 251658240*time.Nanosecond
 	type bg struct {
 		ratio, min float64
 		calls      int // requests in the window (TTL 10s): the share is ratio + 10·min/calls
@@ -98,10 +99,10 @@ func TestHedgingDelayRule(t *testing.T) {
 			&bg{0.2, 0, 1000}, feed(6*ms, 120*ms, 7), edge6},
 		{"fixed 5ms below every call, no budget: as set", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
 			nil, feed(6*ms, 120*ms, 7), 5 * ms},
-		{"a third slow, budget paying for 40% (50 calls/s): the fast calls' edge", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
-			&bg{0.2, 10, 500}, feed(5*ms, 250*ms, 33), edge5},
-		{"a third slow, budget paying for 20%: the gap's edge, 1.25 × L(0.6); the budget refuses the rest", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
-			&bg{0.2, 0, 1000}, feed(5*ms, 250*ms, 33), edge5 * 5 / 4},
+		{"a third slow, budget paying for 40% (50 calls/s): past the gap, its fast edge, 1.25 × L(0.6)", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
+			&bg{0.2, 10, 500}, feed(5*ms, 250*ms, 33), edge5 * 5 / 4},
+		{"a third slow, budget paying for 20%: above the slow calls, which it cannot pay for", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
+			&bg{0.2, 0, 1000}, feed(5*ms, 250*ms, 33), edge250},
 		{"a budget paying for nothing: no timed copy", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
 			&bg{0, 0, 1000}, feed(2*ms, 40*ms, 5), noTimedCopies},
 	}

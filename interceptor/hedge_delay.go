@@ -14,35 +14,39 @@ import (
 // hedging delay, and the delay is chosen so that the copies go to the
 // slowest calls, and to no more of them than the retry budget pays for:
 //
-//	delay = max(base, L(1 − s))
+//	delay = max(base, min(L(1 − s), cliffFactor × L(1 − m)))
 //
 // where L(q) is the q-quantile of the method's latency, read from the
 // window of its last 256 to 512 copies; base is the policy's HedgingDelay
-// (fixed) or HedgingDelayFloor (hedgingDelayQuantile); and s is the share of
-// calls to hedge: the policy's, 1 − hedgingDelayQuantile (every call past
-// HedgingDelay for a fixed delay), and at most the budget's, the share of
-// calls the retry budget pays a retry for (budget.Share: Ratio +
-// MinRetriesPerSecond ÷ the client's calls per second; all of them without
-// a budget, none with a zero one). Where L(1 − s) falls in a gap between
-// fast calls and a cluster of slow ones (the slow ones a share between s
-// and 2s of the calls), the delay is the gap's fast edge, at most
-// cliffFactor × L(1 − 2s), so that the whole cluster is hedged rather than
-// its own tail; this holds for s ≤ 0.25. Until the window holds
-// minSamples copies, the delay is the policy's HedgingDelay (none: copies
-// go only after failures). Each timed copy takes a retry budget token, as
-// a retry does, and is not sent when the budget cannot pay (the call goes
-// on: the next delay, a failure, may still send one); a copy after a
-// non-fatal failure is gRFC A6's, a retry: it is sent when A6 throttling
-// and the budget allow it, whatever became of the timed ones. A6
-// throttling applies to every copy after the first, timed or not, as A6
-// specifies for hedging.
+// (fixed) or HedgingDelayFloor (hedgingDelayQuantile); s, the share of
+// calls to hedge, is the policy's (1 − hedgingDelayQuantile; every call
+// past HedgingDelay for a fixed delay) and at most three quarters of the
+// budget's share b (the share of calls the retry budget pays a retry for:
+// budget.Share, Ratio + MinRetriesPerSecond ÷ the client's calls per
+// second; no limit without a budget, none at all with a zero one), the
+// quarter left for retries and for the noise of a window; and m, the most
+// the delay may hedge, is twice the policy's share and at most b. The
+// second term is the fast edge of a gap: where L(1 − s) falls past a gap
+// into a cluster of slow calls (a slow backend, a cache miss) that holds
+// between s and m of them, the delay stays just above the fast calls and
+// the cluster is hedged whole rather than its own tail; it applies when
+// m ≤ 0.5. Until the window holds minSamples copies (100, or 32 for a
+// fixed delay, which the rule only raises), the delay is the policy's
+// HedgingDelay (none: copies go only after failures). Each copy takes a
+// retry budget token, as a retry does, and is not sent when the budget
+// cannot pay (the call goes on: the next delay, a failure, may still send
+// one); a copy after a non-fatal failure is gRFC A6's, a retry: it is sent
+// when A6 throttling and the budget allow it, whatever became of the
+// timed ones. A6 throttling applies to every copy after the first, timed
+// or not, as A6 specifies for hedging.
 //
-// So hedging cannot lower a percentile above 1 − s: when more than about s
-// of the calls are slow, a share of the slow calls goes unhedged, and if
-// it is above 1%, so is the p99.
+// So hedging cannot lower a percentile above 1 − m: when more of the calls
+// are slow than the budget pays for, the delay stays above them (their
+// hedges would be refused at random, the budget's share spent for nothing
+// while retries go without), and if they are more than 1%, so is the p99.
 
 // cliffFactor bounds the delay at the fast edge of a gap: at most this many
-// times the latency twice the share outlasts (see above).
+// times the latency that the most the delay may hedge outlasts (see above).
 const cliffFactor = 1.25
 
 // recomputeEvery is how often, in copies observed, a method's delay is
@@ -126,11 +130,16 @@ func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
 	t.ready.Store(true)
 }
 
+// budgetMargin is the part of the budget's share the delay aims at: the
+// rest is left for retries and for the window's noise.
+const budgetMargin = 0.75
+
 // compute returns the delay of the rule above at now.
 func (t *hedgeTail) compute(in *tailInputs, now time.Time) time.Duration {
-	s := in.share
+	s, m := in.share, min(2*in.share, 1)
 	if in.budget != nil {
-		s = min(s, in.budget.Share(now))
+		b := in.budget.Share(now)
+		s, m = min(s, budgetMargin*b), min(m, b)
 	}
 	switch {
 	case s <= 0:
@@ -139,8 +148,8 @@ func (t *hedgeTail) compute(in *tailInputs, now time.Time) time.Duration {
 		return in.base
 	}
 	d := t.window.QuantileOf(1 - s)
-	if s <= 0.25 {
-		d = min(d, time.Duration(cliffFactor*float64(t.window.QuantileOf(1-2*s))))
+	if m > s && m <= 0.5 {
+		d = min(d, time.Duration(cliffFactor*float64(t.window.QuantileOf(1-m))))
 	}
 	return max(d, in.base)
 }

@@ -226,10 +226,13 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, b *serviceconfig
 	case b != nil && b.Zero:
 		p.printf("WARNING: the zero retry budget sends no copy after the first: calls are not hedged\n")
 	default:
-		p.printf("what a hedge may spend: once %d attempts were observed, the wait is at least the latency that the share of calls\n", minSamples)
-		p.printf("  the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ calls per second; without a budget, no limit),\n")
-		p.printf("  so the budget's hedges go to the slowest calls; each copy takes a budget token, and when more calls than that\n")
-		p.printf("  share are slow, hedging cannot lower the percentiles above it\n")
+		if !adaptive {
+			minSamples = 32 // a fixed delay's window is read from 32 copies (package interceptor)
+		}
+		p.printf("what a hedge may spend: once %d attempts were observed, the wait is at least the latency that three quarters\n", minSamples)
+		p.printf("  of the share of calls the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ calls per second;\n")
+		p.printf("  without a budget, no limit), so the budget's hedges go to the slowest calls; each copy takes a budget token,\n")
+		p.printf("  and when more calls are slow than the budget pays for, the wait stays above them: hedging cannot lower the p99\n")
 	}
 	p.printf("\nhedging schedule (gRFC A6)\n")
 	switch {
