@@ -1,10 +1,12 @@
 package interceptor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -438,5 +440,73 @@ func checkTable(t *testing.T, c *Client, md *tableModel, rows map[string]bool, f
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		fail("Statuses' breakers %v, want %v", got, want)
+	}
+}
+
+// TestMethodTableUnderConcurrentChurn runs, beside each other over real
+// gRPC, calls of ever new names (each past the bound of 4 makes room for
+// itself: T6b), calls through a generated stub's option, ForceOpen,
+// ForceClosed and ResetBreaker of those names, Statuses, Status and config
+// updates, for 2 seconds under the race detector; after it, the table
+// holds its invariants (checkTable's T1 to T4 on the config in force) and
+// nothing is held.
+func TestMethodTableUnderConcurrentChurn(t *testing.T) {
+	cfgs := []*serviceconfig.Config{mustParse(t, modelCfgs[0]), mustParse(t, modelCfgs[1]), mustParse(t, modelCfgs[4])}
+	c := newTestClient(t, WithServiceConfig(cfgs[0]), WithRetryBudget(nil))
+	c.table.bound = 4
+	cc := anyMethodServer(t, c.DialOptions()...)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 6))
+			for i := 0; ctx.Err() == nil; i++ {
+				m := fmt.Sprintf("/m.S%d/N%d", 1+r.IntN(2), r.IntN(40))
+				switch r.IntN(8) {
+				case 0:
+					_ = c.ForceOpen(m)
+				case 1:
+					_ = c.ForceClosed(m)
+				case 2:
+					_ = c.ResetBreaker(m)
+				case 3:
+					_ = c.Statuses()
+					_ = c.Status(m)
+				case 4:
+					if g == 0 {
+						_ = c.UpdateServiceConfig(cfgs[r.IntN(len(cfgs))])
+					}
+				default:
+					var opts []grpc.CallOption
+					if r.IntN(10) == 0 {
+						opts = append(opts, grpc.StaticMethod())
+					}
+					msg := map[bool]string{true: "fail"}[r.IntN(4) == 0]
+					_ = cc.Invoke(ctx, m, &echov1.EchoRequest{Message: msg}, &echov1.EchoResponse{}, opts...)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	c.table.mu.Lock()
+	counted := map[string]int{}
+	breakers := map[*breaker.Breaker]string{}
+	for m, r := range c.table.rows {
+		if r.key != "" {
+			counted[r.key]++
+		}
+		if b := r.g.breaker; b != nil {
+			if other, ok := breakers[b]; ok {
+				t.Errorf("%s and %s share a breaker", m, other)
+			}
+			breakers[b] = m
+		}
+	}
+	c.table.mu.Unlock()
+	for key, n := range counted {
+		if n > c.table.bound {
+			t.Errorf("%d rows counted under %s, bound %d", n, key, c.table.bound)
+		}
 	}
 }
