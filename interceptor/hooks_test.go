@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"sync"
@@ -74,6 +75,18 @@ func (o hookObserver) ObserveFloat64(metric.Float64Observable, float64, ...metri
 	o.p.onRecord("gauge")
 }
 
+// hookHandler is a slog.Handler that calls f on every record: a logger is
+// the user's code, which may call the Client.
+type hookHandler struct{ f func() }
+
+func (h hookHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h hookHandler) Handle(context.Context, slog.Record) error {
+	h.f()
+	return nil
+}
+func (h hookHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h hookHandler) WithGroup(string) slog.Handler      { return h }
+
 // collect runs the registered callbacks, with no lock of the provider's
 // held (the SDK's would hold its own: a callback that unregisters one
 // deadlocks there, whatever the client does).
@@ -91,8 +104,9 @@ func (p *hookMeterProvider) collect() {
 // WithOnStateChange hook ran; a hook that called ForceOpen or
 // UpdateServiceConfig blocked for ever, and so did every later update,
 // the resolver's included. Every hook the client calls (WithOnStateChange,
-// WithOnRetry, WithOnStop, WithFallback, and the meter provider's counters
-// and gauge observations) now calls every public method of the Client,
+// WithOnRetry, WithOnStop, WithFallback, WithLogger's logger, and the meter
+// provider's counters and gauge observations) now calls every public method
+// of the Client,
 // and makes unary and streaming calls through it, over real gRPC; the test
 // fails, with every goroutine's stack, if that does not end within a
 // minute. Each hook runs its calls a few times at most (they cause more
@@ -161,8 +175,9 @@ func TestHooksMayCallEveryMethodOfTheClient(t *testing.T) {
 		called.Store(hook, true)
 	}
 	meters := &hookMeterProvider{onRecord: func(what string) { everything("meter " + what) }}
+	logger := slog.New(hookHandler{f: func() { everything("logger") }})
 	var err error
-	c, err = NewClient(WithServiceConfig(cfg), WithMeterProvider(meters),
+	c, err = NewClient(WithServiceConfig(cfg), WithMeterProvider(meters), WithLogger(logger),
 		WithOnStateChange(func(string, BreakerState, BreakerState) { everything("OnStateChange") }),
 		WithOnRetry(func(context.Context, RetryEvent) { everything("OnRetry") }),
 		WithOnStop(func(context.Context, StopEvent) { everything("OnStop") }),
@@ -180,7 +195,8 @@ func TestHooksMayCallEveryMethodOfTheClient(t *testing.T) {
 	go func() {
 		defer close(done)
 		ctx := context.Background()
-		meters.collect() // gauge observations
+		meters.collect()             // gauge observations
+		_ = c.Status("no/such name") // a warning to the logger
 		if err := c.ForceOpen(echoMethod); err != nil {
 			t.Errorf("ForceOpen = %v", err)
 		}
@@ -203,7 +219,7 @@ func TestHooksMayCallEveryMethodOfTheClient(t *testing.T) {
 		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
 		t.Fatal("deadlock: the calls into hooks that call the Client did not end within a minute (stacks above)")
 	}
-	for _, hook := range []string{"meter gauge", "meter counter", "OnStateChange", "Fallback", "OnRetry", "OnStop"} {
+	for _, hook := range []string{"meter gauge", "meter counter", "logger", "OnStateChange", "Fallback", "OnRetry", "OnStop"} {
 		if _, ok := called.Load(hook); !ok {
 			t.Errorf("hook %s never ran its calls to the end", hook)
 		}
