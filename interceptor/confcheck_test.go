@@ -159,8 +159,9 @@ func TestAResolverConfigKeepsGRPCsLeniency(t *testing.T) {
 
 // TestAResolverConfigWithoutEntriesStillLogsItsTypo pins the issue's
 // second typo on the resolver's path: {"methodConfigs": [...]} leaves a
-// document with nothing for the client (grpc-go's reading), so the client
-// keeps its own config, and says why. Before, the warning was never
+// document with nothing for the client (grpc-go's reading), which
+// replaces the client's config as grpc's own channel would replace its
+// default (no policy: one attempt), and the client says why. Before, the warning was never
 // logged: a document the client does not run skipped updateFrom, where
 // Parse's warnings are logged, and the platform's policies were dropped
 // in silence.
@@ -172,8 +173,8 @@ func TestAResolverConfigWithoutEntriesStillLogsItsTypo(t *testing.T) {
 		e.deliver(`{"loadBalancingConfig": [{"round_robin": {}}],
 			"methodConfigs": [{"name": [{"service": "resilience.echo.v1.EchoService"}], "timeout": "1s"}]}`)
 	}
-	if n := e.attempts(); n != 2 {
-		t.Errorf("server saw %d attempts, want 2: the client's own policy, as the document holds nothing for it", n)
+	if n := e.attempts(); n != 1 {
+		t.Errorf("server saw %d attempts, want 1: the document, which holds no policy, replaces the client's own", n)
 	}
 	const want = `interceptor: the resolver's service config: methodConfigs: unknown key: did you mean "methodConfig"? ` +
 		`grpc-go ignores it, so the entries it holds apply to no method (coverage)`
@@ -286,7 +287,7 @@ func TestUpdateServiceConfigRefusesWhatNewClientRefuses(t *testing.T) {
 			if err := c.UpdateServiceConfig(tt.cfg); err == nil || !strings.HasPrefix(err.Error(), tt.wantErr) {
 				t.Fatalf("UpdateServiceConfig() = %v, want %q", err, tt.wantErr)
 			}
-			if c.state.Load().policy(echoMethod, false).retry == nil {
+			if policyOf(c, echoMethod).retry == nil {
 				t.Error("a refused config replaced the old one")
 			}
 		})
@@ -317,7 +318,7 @@ func TestNamesNoCodeRegistersAreLoggedOnce(t *testing.T) {
 	e := newResolverEnv(t, c, true)
 	e.deliver(`{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService", "method": "BidiStream"}], "hedgingPolicy": {"maxAttempts": 2}},
 		{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Ecko"}], "timeout": "1s"}]}`)
-	if got := c.state.Load().policy("/resilience.echo.v1.EchoService/Ecko", false).timeout; got != time.Second {
+	if got := policyOf(c, "/resilience.echo.v1.EchoService/Ecko").timeout; got != time.Second {
 		t.Errorf("timeout of Ecko under the resolver's config = %v, want 1s: the config is applied, as grpc-go applies it", got)
 	}
 	e.deliver("")

@@ -444,8 +444,12 @@ func WithOnStop(f func(ctx context.Context, e StopEvent)) ClientOption {
 }
 
 // WithOnStateChange calls f on every state change of any method's breaker,
-// synchronously and outside the breaker's lock, on the goroutine of the call
-// that caused it. Changes in quick succession may be reported concurrently.
+// once the change is published, with no lock of the client's held: f may
+// call any method of the Client. The changes of one method are reported one
+// at a time, in the order they happened, by the goroutine whose call made
+// one and found none being reported (it reports those made meanwhile too);
+// a change f itself makes (a ForceOpen) is reported after f returns. f must
+// not block.
 func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.onStateChange = f })
 }

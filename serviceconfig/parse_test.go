@@ -874,3 +874,53 @@ func exported(c *serviceconfig.Config) serviceconfig.Config {
 		HealthCheckConfig: c.HealthCheckConfig,
 	}
 }
+
+// TestRetryBudgetZeroWrittenOut pins the kill switch (issue 32): both
+// ratio and minRetriesPerSecond written out as 0 make a zero budget; one
+// of them written out as 0 alone is an error naming its path, since a 0
+// left out means the default; null is as left out. Marshal writes a zero
+// budget back as both zeros.
+func TestRetryBudgetZeroWrittenOut(t *testing.T) {
+	tests := []struct {
+		doc     string
+		want    *serviceconfig.RetryBudget
+		errPath string
+	}{
+		{`{"retryBudget": {"ratio": 0, "minRetriesPerSecond": 0}}`, &serviceconfig.RetryBudget{Zero: true}, ""},
+		{`{"retryBudget": {"ratio": 0, "minRetriesPerSecond": 0, "ttl": "5s"}}`, &serviceconfig.RetryBudget{Zero: true, TTL: 5 * time.Second}, ""},
+		{`{"retryBudget": {}}`, &serviceconfig.RetryBudget{}, ""},
+		{`{"retryBudget": {"ratio": null, "minRetriesPerSecond": null}}`, &serviceconfig.RetryBudget{}, ""},
+		{`{"retryBudget": {"ratio": 0.1}}`, &serviceconfig.RetryBudget{Ratio: 0.1}, ""},
+		{`{"retryBudget": {"ratio": 0}}`, nil, "retryBudget.ratio"},
+		{`{"retryBudget": {"ratio": 0, "minRetriesPerSecond": 5}}`, nil, "retryBudget.ratio"},
+		{`{"retryBudget": {"minRetriesPerSecond": 0}}`, nil, "retryBudget.minRetriesPerSecond"},
+	}
+	for _, tt := range tests {
+		cfg, err := serviceconfig.Parse([]byte(tt.doc))
+		var se *serviceconfig.Error
+		switch {
+		case tt.errPath != "":
+			if !errors.As(err, &se) || se.Path != tt.errPath {
+				t.Errorf("Parse(%s) = %v, want an error at %s", tt.doc, err, tt.errPath)
+			}
+			continue
+		case err != nil:
+			t.Errorf("Parse(%s) = %v", tt.doc, err)
+			continue
+		}
+		if *cfg.RetryBudget != *tt.want {
+			t.Errorf("Parse(%s).RetryBudget = %+v, want %+v", tt.doc, *cfg.RetryBudget, *tt.want)
+		}
+		js, err := cfg.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := serviceconfig.Parse(js)
+		if err != nil || *back.RetryBudget != *tt.want {
+			t.Errorf("Parse(Marshal(Parse(%s))) = %+v, %v; JSON %s", tt.doc, back.RetryBudget, err, js)
+		}
+	}
+	if err := (&serviceconfig.RetryBudget{Zero: true, Ratio: 0.2}).Validate(); err == nil {
+		t.Error("RetryBudget{Zero, Ratio 0.2}.Validate() = nil, want an error")
+	}
+}

@@ -15,10 +15,11 @@ const (
 	ScenFairness = "fairness"
 	ScenThrottle = "throttle"
 	ScenCost     = "cost"
+	ScenRecovery = "recovery"
 )
 
 // Scenarios lists them in report order.
-var Scenarios = []string{ScenStep, ScenCost, ScenHostile, ScenFairness, ScenThrottle}
+var Scenarios = []string{ScenStep, ScenCost, ScenHostile, ScenFairness, ScenThrottle, ScenRecovery}
 
 // measure is one number of one run: a cell of a table.
 type measure struct {
@@ -102,6 +103,11 @@ func (s *Suite) Run() error {
 				return err
 			}
 		}
+		if s.wants(ScenRecovery) {
+			if err := s.recovery(run); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -114,7 +120,48 @@ const (
 	tIso     = "Adaptive throttling: isolation (64 callers on a 500ms method, fast method beside it, fresh client)"
 	tOutage  = "Adaptive throttling: 1.5s outage, then healthy (200 calls/s, default K 2 and window 60s)"
 	tQuota   = "Adaptive throttling: backend accepting 30% of the load (K 2, window 10s, 100 calls/s)"
+	tRecover = "Throttling through an outage and 1.5s after it (fresh client, 2,000 calls/s open loop, 1s deadlines)"
 )
+
+// recoveryRow names a row of tRecover.
+func recoveryRow(contender string, outage time.Duration, failing float64) string {
+	return fmt.Sprintf("%s, outage %v, %.0f%% refused after", contender, outage, 100*failing)
+}
+
+// Columns of tRecover.
+const (
+	colRecovered = "10 successes in a row after the outage"
+	colAdmitted  = "calls after the outage admitted (not rejected locally)"
+	colSucceeded = "calls after the outage that succeed"
+	colTimedOut  = "calls after the outage past their deadline (a busy machine)"
+	colInOutage  = "attempts reaching the backend in the outage"
+)
+
+func (s *Suite) recovery(run int) error {
+	for _, c := range RecoveryContenders {
+		for _, o := range RecoveryOutages {
+			for _, f := range []float64{0, 0.01} {
+				r, err := RunRecovery(c, o, f)
+				if err != nil {
+					return err
+				}
+				row := recoveryRow(c, o, f)
+				s.add(tRecover, row, colRecovered, durMS(r.Recovered), ms)
+				s.add(tRecover, row, colAdmitted, 1-r.RejectedAfter, pct)
+				s.add(tRecover, row, colSucceeded, r.Succeeded, pct)
+				s.add(tRecover, row, colTimedOut, r.TimedOutAfter, pct)
+				s.add(tRecover, row, colInOutage, float64(r.AttemptsInOutage), num)
+				s.logf("run %d recovery %v", run, r)
+			}
+		}
+	}
+	return nil
+}
+
+// recoveryBefore is the median, over three runs, of the attempts that
+// reached the backend in the outage through the adaptive mode before
+// issue 32 (commit 6257047, the SRE book's formula), per outage.
+var recoveryBefore = map[time.Duration]float64{time.Second: 212, 1250 * time.Millisecond: 255, 1500 * time.Millisecond: 315}
 
 func (s *Suite) step(cfg Config, run int) error {
 	rep, err := Run(cfg)
@@ -358,10 +405,23 @@ var targets = []target{
 	{"30% backend: sent ≈ K·accepted ±20%", tQuota, "adaptive throttling", "sent / (K·accepted)", 0.8, 1.2, true},
 }
 
+func init() {
+	for _, o := range RecoveryOutages {
+		for _, f := range []float64{0, 0.01} {
+			row := recoveryRow(RecAdaptive, o, f)
+			what := fmt.Sprintf("adaptive, outage %v, %.0f%% refused after (issue 32): ", o, 100*f)
+			targets = append(targets,
+				target{what + "10 in a row within 0.6s", tRecover, row, colRecovered, 0, 600, true},
+				target{what + "≥ 80% of the calls after admitted", tRecover, row, colAdmitted, 0.8, 1, true},
+				target{what + fmt.Sprintf("attempts in the outage ≤ 2× before (%.0f)", recoveryBefore[o]), tRecover, row, colInOutage, 0, 2 * recoveryBefore[o], true})
+		}
+	}
+}
+
 // targets checks the issue's targets against the cells present.
 func (s *Suite) targets(cells map[[3]string]*cell) string {
 	var b strings.Builder
-	b.WriteString("\n### Targets of issues 19 and 33\n\n| target | runs meeting it | result |\n|---|---|---|\n")
+	b.WriteString("\n### Targets of issues 19, 32 and 33\n\n| target | runs meeting it | result |\n|---|---|---|\n")
 	for _, t := range targets {
 		c := cells[[3]string{t.table, t.row, t.col}]
 		if c == nil {
