@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/outbox"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
@@ -392,5 +393,82 @@ func TestRelayOnceHoldsAMethodTheClientRefusesWithoutSayingUntilWhen(t *testing.
 	})
 	if got := e.receivedRows(t); got["forced"] != 1 {
 		t.Errorf("receiver's rows = %v, want forced once", got)
+	}
+}
+
+// TestRelayBulkheadRefusalIsNotTheReceiversAnswer: deliveries the client's
+// bulkhead refuses (RESOURCE_EXHAUSTED, raised on the client, nothing
+// sent) are given back uncounted and delivered in later passes, even with
+// RetryableCodes that leave RESOURCE_EXHAUSTED out: they are never marked
+// dead as if the receiver had refused them.
+func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
+	e := newEnv(t)
+	msgs := []string{"slot-0", "slot-1", "slot-2", "slot-3"}
+	e.enqueue(t, true, msgs...)
+	gate := make(chan struct{})
+	var inHandler atomic.Int32
+	e.answer = func(string, int) error {
+		if inHandler.Add(1) == 1 {
+			<-gate // the first delivery holds the only slot while the others are refused
+		}
+		return nil
+	}
+	client, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+		Name:     []serviceconfig.Name{{}},
+		Bulkhead: &serviceconfig.Bulkhead{MaxConcurrent: 1},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	var dead []string
+	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{
+		Batch: 4, RetryableCodes: rescodes.Of(codes.Unavailable), InitialBackoff: 50 * time.Millisecond,
+		OnDead: func(m outbox.Message, err error) { dead = append(dead, m.ID+": "+err.Error()) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx := context.Background()
+	done := make(chan int, 1)
+	go func() {
+		n, err := r.Once(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- n
+	}()
+	waitFor(t, "the other three refused by the bulkhead and given back", func() (bool, string) {
+		back := 0
+		for _, row := range e.rows(t) {
+			if row.attempts == 0 {
+				back++
+			}
+		}
+		return back == 3, strconv.Itoa(back) + " given back"
+	})
+	close(gate)
+	if n := <-done; n != 1 {
+		t.Fatalf("first pass answered %d, want the one that had the slot", n)
+	}
+	if held := outbox.HeldMethods(r); len(held) != 0 {
+		t.Errorf("held methods = %v, want none: the slot's delivery, admitted, ended last", held)
+	}
+	waitFor(t, "the outbox drained", func() (bool, string) {
+		if _, err := r.Once(ctx); err != nil {
+			t.Fatal(err)
+		}
+		n := len(e.rows(t))
+		return n == 0, strconv.Itoa(n) + " messages left"
+	})
+	if len(dead) != 0 {
+		t.Errorf("messages marked dead: %v, want none: a bulkhead's refusal is not the receiver's", dead)
+	}
+	got := e.receivedRows(t)
+	for _, m := range msgs {
+		if got[m] != 1 {
+			t.Errorf("receiver's rows of %s = %d, want 1", m, got[m])
+		}
 	}
 }
