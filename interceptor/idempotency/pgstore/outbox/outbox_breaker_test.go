@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -406,6 +407,9 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 	msgs := []string{"slot-0", "slot-1", "slot-2", "slot-3"}
 	e.enqueue(t, true, msgs...)
 	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the receiver stops: a failed test must not leave the handler waiting
 	var inHandler atomic.Int32
 	e.answer = func(string, int) error {
 		if inHandler.Add(1) == 1 {
@@ -448,7 +452,7 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 		}
 		return back == 3, strconv.Itoa(back) + " given back"
 	})
-	close(gate)
+	open()
 	if n := <-done; n != 1 {
 		t.Fatalf("first pass answered %d, want the one that had the slot", n)
 	}
