@@ -425,10 +425,17 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	var dead []string
+	var (
+		mu   sync.Mutex
+		dead []string
+	)
 	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{
 		Batch: 4, RetryableCodes: rescodes.Of(codes.Unavailable), InitialBackoff: 50 * time.Millisecond,
-		OnDead: func(m outbox.Message, err error) { dead = append(dead, m.ID+": "+err.Error()) },
+		OnDead: func(m outbox.Message, err error) { // called by the pass's deliveries, concurrently
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, m.ID+": "+err.Error())
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -466,6 +473,8 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 		n := len(e.rows(t))
 		return n == 0, strconv.Itoa(n) + " messages left"
 	})
+	mu.Lock()
+	defer mu.Unlock()
 	if len(dead) != 0 {
 		t.Errorf("messages marked dead: %v, want none: a bulkhead's refusal is not the receiver's", dead)
 	}
