@@ -25,6 +25,9 @@ import (
 // bench/overload's step scenario reports (tokens busy, service time as
 // delivered, calls answered late).
 func TestOverloadGoodputOfTheIssuesServer(t *testing.T) {
+	if raceEnabled && *stressFor == 0 {
+		t.Skip("14,400 calls over gRPC take minutes with -race on a busy machine (the numbers are fake time's, the same without it); -stress=1s runs it")
+	}
 	const (
 		tokens   = 8
 		service  = 5 * time.Millisecond
@@ -86,6 +89,9 @@ func (cheapCapacityEcho) Lookup(_ context.Context, req *echov1.LookupRequest) (*
 // more cheap calls than 1% to fall (TestLimitCheapMethodDoesNotShedAnExpensiveOne
 // has the issue's one every millisecond).
 func TestOverloadCheapMethodBelowCapacity(t *testing.T) {
+	if raceEnabled && *stressFor == 0 {
+		t.Skip("13,000 calls over gRPC take minutes with -race on a busy machine (the numbers are fake time's, the same without it); -stress=1s runs it")
+	}
 	const (
 		tokens   = 8
 		service  = 5 * time.Millisecond
