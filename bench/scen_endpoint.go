@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/grpc-resilience/resilience/interceptor"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
 )
 
@@ -751,15 +752,15 @@ func runHedgeBudget(ctx context.Context, sz Size) ([]Table, error) {
 		for _, r := range []struct {
 			name, methods string
 		}{{hbUnhedged, `"timeout":"10s"`}, {hbHedged, hedge}} {
-			opts, err := oursLB(r.name, lbRR).dial(lbRR, r.methods, "")
+			opts, err := oursLB(r.name, lbRR).dial(r.methods, "")
 			if err != nil {
 				return nil, err
 			}
-			c, err := startEPCluster(opts)
+			c, err := startEPCluster(epBackends, false, opts)
 			if err != nil {
 				return nil, err
 			}
-			c.warm(ctx)
+			c.warm(ctx, epBackends)
 			c.setBehavior(func(b int, _ time.Duration) resiliencetest.Step {
 				if b == 1 {
 					return resiliencetest.Step{Delay: 100 * time.Millisecond}
@@ -768,7 +769,7 @@ func runHedgeBudget(ctx context.Context, sz Size) ([]Table, error) {
 			})
 			var l load
 			start := time.Now()
-			echo := c.EchoClient()
+			echo := echov1.NewEchoServiceClient(c.Conn)
 			l.openLoop(ctx, rate, start.Add(d), func(ctx context.Context, _ int) error {
 				ctx, cancel := context.WithTimeout(ctx, callTimeout)
 				defer cancel()
