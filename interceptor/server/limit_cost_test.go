@@ -181,3 +181,79 @@ func TestLimitProbesWhileShedding(t *testing.T) {
 		t.Errorf("served %.3f of the capacity after a lasting slowdown under overload, want ≥ 0.9", served)
 	}
 }
+
+// TestLimitDoorProbeIsNotTakenByHopelessDeadlines pins the door's probe
+// against callers whose deadlines leave no time for any service: after a
+// slow phase (400ms calls), the service is fast again (5ms), and beside
+// calls with 150ms deadlines (one every 10ms) a client sends calls with
+// 1ms deadlines, one every millisecond. Each probe the door let through
+// (one per service time it held) went to whichever short call came first,
+// nearly always a 1ms one, which its deadline cut before any answer: no
+// latency, and the door stayed shut until it aged out (8 smoothed
+// latencies, 3.2s), refusing every 150ms call. Now a probe whose deadline
+// cut it shows only that the service takes longer than what it had left,
+// so the next probe goes at once to a call with more time left: the first
+// 150ms call is served within about one service time.
+func TestLimitDoorProbeIsNotTakenByHopelessDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var took atomic.Int64 // the service time; the handler returns when its context ends
+		took.Store(int64(400 * time.Millisecond))
+		impl := &fnEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			select {
+			case <-time.After(time.Duration(took.Load())):
+				return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}}
+		srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{}))
+		client := serveLimited(t, impl, srv)
+		for range 20 {
+			if err := echoWithin(client, 0, "slow"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var hopeless sync.WaitGroup
+		stop := make(chan struct{})
+		hopeless.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				hopeless.Go(func() { _ = echoWithin(client, time.Millisecond, "hopeless") })
+			}
+		})
+		time.Sleep(time.Second) // the slow phase goes on beside them
+		took.Store(int64(5 * time.Millisecond))
+		fast := time.Now()
+		refused := 0
+		var firstOK time.Duration = -1
+		for range 300 { // 3s
+			start := time.Now()
+			err := echoWithin(client, 150*time.Millisecond, "m")
+			switch {
+			case err == nil && firstOK < 0:
+				firstOK = start.Sub(fast)
+			case isDoorReject(err):
+				refused++
+			}
+			time.Sleep(10*time.Millisecond - time.Since(start))
+		}
+		close(stop)
+		hopeless.Wait()
+		time.Sleep(time.Second) // the handlers of the last calls return
+		synctest.Wait()
+		t.Logf("first 150ms call served at %v, %d refused at the door; %+v", firstOK, refused, srv.LimitStatuses())
+		if firstOK < 0 || firstOK > 450*time.Millisecond || refused > 45 {
+			t.Errorf("first 150ms call served %v after the service was fast again, %d refused at the door, "+
+				"beside calls with 1ms deadlines; want within about one service time (450ms), at most 45 refused", firstOK, refused)
+		}
+		for _, st := range srv.LimitStatuses() {
+			if st.InFlight != 0 || st.Queued != 0 {
+				t.Errorf("limit %q holds %d in flight, %d queued; want nothing held", st.Name, st.InFlight, st.Queued)
+			}
+		}
+	})
+}

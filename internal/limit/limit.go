@@ -237,6 +237,7 @@ type Slot struct {
 	t     *tenant
 	left  time.Duration // of the deadline when admitted
 	class uint8         // the request's cost class
+	probe bool          // let through the door to test it (passDoorLocked)
 }
 
 // Snapshot is a Limiter's state and counters.
@@ -291,6 +292,12 @@ type class struct {
 	probeN   float64       // samples since the last probe
 	probeAt  float64       // probe when probeN reaches probeAt × limit
 	drainMin time.Duration // the least latency of a request admitted after a drain began; 0: none
+	// retry is set when the last request let through the door to test it
+	// taught it nothing (its deadline cut it, with probeMin left of it, or
+	// it was shed over the limit, probeMin 0): the next request with more
+	// than probeMin left tests it at once.
+	retry    bool
+	probeMin time.Duration
 }
 
 // New returns a Limiter for cfg, or cfg's first error.
@@ -354,22 +361,46 @@ func (l *Limiter) rotateLocked(now time.Time) {
 }
 
 // passDoorLocked reports whether a request of class k with left of its
-// deadline passes the door at now: when left is at least the door's
-// service time, and otherwise once per service time (counted from the
-// last request let through, or the first sample), so that the door learns
-// that the service has become fast again within about one of its own
-// service times (issue 33: after a slow phase it refused every short
-// deadline for 8 smoothed latencies, 3.21s, and let one through every 64).
-func (l *Limiter) passDoorLocked(now time.Time, k *class, left time.Duration) bool {
+// deadline passes the door at now, and whether it is let through to test
+// the door (probe): when left is at least the door's service time, and
+// otherwise once per service time (counted from the last request let
+// through, or the first sample), so that the door learns that the service
+// has become fast again within about one of its own service times (issue
+// 33: after a slow phase it refused every short deadline for 8 smoothed
+// latencies, 3.21s, and let one through every 64). A request whose
+// deadline has passed tests nothing; a test that taught the door nothing
+// (endProbeLocked) lets the next request with more time left through at
+// once: otherwise callers whose deadlines leave no time for any service,
+// arriving more often than the others, took nearly every test, and the
+// door stayed shut until it aged out.
+func (l *Limiter) passDoorLocked(now time.Time, k *class, left time.Duration) (pass, probe bool) {
 	d := l.doorLocked(now, k)
 	if left >= d {
-		return true
+		return true, false
 	}
-	if now.Sub(k.doorPass) < d {
-		return false
+	if left <= 0 || now.Sub(k.doorPass) < d && !(k.retry && left > k.probeMin) {
+		return false, false
 	}
-	k.doorPass = now // one through, to test the door
-	return true
+	k.doorPass, k.retry = now, false // one through, to test the door
+	return true, true
+}
+
+// endProbeLocked ends the test of the door by a request of class k with
+// left of its deadline when admitted, which ended with outcome o: a
+// latency teaches the door (sampleLocked); a request that was not admitted
+// (shed over the limit) taught it nothing, and the next request tests it
+// at once; one that ended without a latency (its deadline cut it, its
+// caller went away, its handler failed) showed at most that the service
+// takes longer than left, and the next request with more time left tests
+// it at once. Otherwise, and whichever comes first, the next test is one
+// service time after this one began, as without a retry.
+func (l *Limiter) endProbeLocked(k *class, left time.Duration, o Outcome, admitted bool) {
+	switch {
+	case !admitted:
+		k.retry, k.probeMin = true, 0
+	case o != Completed:
+		k.retry, k.probeMin = true, left
+	}
 }
 
 // Acquire decides at now on a request r. It sheds r when its deadline has
@@ -384,14 +415,20 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 	defer l.mu.Unlock()
 	l.rotateLocked(now)
 	k := l.classLocked(r.Class)
-	if !l.passDoorLocked(now, k, r.Left) {
+	pass, probe := l.passDoorLocked(now, k, r.Left)
+	if !pass {
 		l.count[ShedDeadline][c]++
 		return Slot{}, ShedDeadline, 0
 	}
 	l.drainLocked(now)
 	t := l.ten.get(now, r.Tenant)
 	if l.mayAdmitLocked(now, c, t) {
-		return l.admitLocked(c, t, r.Left, r.Class), Admitted, 0
+		s = l.admitLocked(c, t, r.Left, r.Class)
+		s.probe = probe
+		return s, Admitted, 0
+	}
+	if probe {
+		l.endProbeLocked(k, r.Left, Ignored, false)
 	}
 	l.yieldLocked(now, c)
 	l.count[ShedLimit][c]++
@@ -523,6 +560,9 @@ func (l *Limiter) Release(now time.Time, s Slot, rtt time.Duration, o Outcome) {
 	l.ten.add(s.t, -1)
 	l.rotateLocked(now)
 	k := l.classLocked(int(s.class))
+	if s.probe {
+		l.endProbeLocked(k, s.left, o, true)
+	}
 	switch o {
 	case Completed:
 		l.sampleLocked(now, k, max(rtt, 1), inflight)

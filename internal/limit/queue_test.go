@@ -352,3 +352,35 @@ func TestLessCriticalYield(t *testing.T) {
 		t.Errorf("CRITICAL_PLUS after a CRITICAL shed: %v, want admitted (more critical ones never yield)", v)
 	}
 }
+
+// TestDoorTestThatTaughtNothingIsRetried pins the door's test against
+// requests that cannot show anything: a test whose deadline cut it (or
+// that ended without a latency) lets the next request with more time left
+// through at once, not one service time later, and one with no more time
+// left waits as before; a request whose deadline has passed is never the
+// test.
+func TestDoorTestThatTaughtNothingIsRetried(t *testing.T) {
+	l := mustNew(t, Config{})
+	ms := time.Millisecond
+	s := admit(t, l, Request{Left: NoDeadline})
+	l.Release(t0, s, 100*ms, Completed) // door 100ms
+	at := t0.Add(100 * ms)
+	if _, v, _ := l.Acquire(at, Request{Left: 0}); v != ShedDeadline {
+		t.Fatalf("a request with no time left: %v, want ShedDeadline", v)
+	}
+	probe, v, _ := l.Acquire(at, Request{Left: ms})
+	if v != Admitted {
+		t.Fatalf("the door's test: %v, want Admitted", v)
+	}
+	l.Release(at.Add(ms), probe, ms, DeadlineEnded)
+	for _, tt := range []struct {
+		left time.Duration
+		want Verdict
+	}{{ms, ShedDeadline}, {50 * ms, Admitted}, {60 * ms, ShedDeadline}} {
+		s, v, _ := l.Acquire(at.Add(2*ms), Request{Left: tt.left})
+		if v != tt.want {
+			t.Errorf("left %v after a test cut by its 1ms deadline: %v, want %v", tt.left, v, tt.want)
+		}
+		l.Release(at.Add(2*ms), s, 100*ms, Completed)
+	}
+}
