@@ -114,7 +114,7 @@ func (s *Server) admit(caller, hctx context.Context, fullMethod string) (srvPass
 		if dl, ok := hctx.Deadline(); ok {
 			left = dl.Sub(now)
 		}
-		return s.admitLimit(caller, hctx, l, fullMethod, now, left)
+		return s.admitLimit(caller, hctx, l, fullMethod, l.class(fullMethod), now, left)
 	}
 	if ls.cpu != nil {
 		return s.admitCPU(caller, fullMethod)
@@ -140,17 +140,17 @@ func (s *Server) release(p *srvPass, hctx context.Context, err error, panicked b
 	}
 }
 
-// admitLimit takes a slot of l for a call of fullMethod that arrived at now
-// with left of its handler's deadline (limit.NoDeadline: none, and then it
+// admitLimit takes a slot of l for a call of fullMethod, of cost class
+// class, that arrived at now with left of its handler's deadline (limit.NoDeadline: none, and then it
 // is never shed for its deadline): at once, or from the queue, waiting on
 // the caller's context and the handler's. Admitted, it returns the slot
 // and when the call's service time starts (after its time in the queue,
 // which is not the service's latency); shed, it returns a *srvShed with
 // the status, and holds nothing.
-func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMethod string, now time.Time, left time.Duration) (srvPass, error) {
+func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMethod string, class int, now time.Time, left time.Duration) (srvPass, error) {
 	ls := s.limits
 	crit := ls.criticality(caller)
-	r := limit.Request{Crit: limit.Criticality(crit), Left: left, Tenant: ls.tenantOf(caller), Class: l.class(fullMethod)}
+	r := limit.Request{Crit: limit.Criticality(crit), Left: left, Tenant: ls.tenantOf(caller), Class: class}
 	slot, v, pushback := l.Acquire(now, r)
 	switch v {
 	case limit.ShedDeadline:

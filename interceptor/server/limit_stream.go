@@ -22,11 +22,13 @@ func (ls *srvLimits) streamLimiter(fullMethod string) *srvLimiter {
 
 // limitedStream runs a stream under l: admitted (by the gate of the one
 // admission path, admitLimit, which a stream passes as a call does, but
-// never for its deadline), the handler runs and the slot is released when
+// never for its deadline, and in cost class 0: a stream gives no latency
+// sample, and its method, which a proxy's caller may invent, takes none
+// of the classes that the unary methods need), the handler runs and the slot is released when
 // it returns or panics; shed, it does not run.
 func (s *Server) limitedStream(l *srvLimiter, srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
-	p, err := s.admitLimit(ctx, ctx, l, info.FullMethod, s.limits.clk.Now(), limit.NoDeadline)
+	p, err := s.admitLimit(ctx, ctx, l, info.FullMethod, 0, s.limits.clk.Now(), limit.NoDeadline)
 	if err != nil {
 		return err
 	}
