@@ -82,7 +82,9 @@ func (s *Server) runShedByCPU(ctx context.Context, req any, info *grpc.UnaryServ
 	v, pushback := c.bbr.Acquire(start, c.cpu(), limit.Criticality(crit))
 	if v != limit.Admitted {
 		s.limits.m.shedCall(ctx, info.FullMethod, crit, shedCPU)
-		return nil, s.limits.shedError(ctx, crit, pushback)
+		err = s.limits.shedError(ctx, crit, pushback)
+		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalCPU, Limit: CPUSheddingName, Criticality: crit, Err: err})
+		return nil, err
 	}
 	s.limits.m.admit(ctx, info.FullMethod, crit)
 	panicked := true

@@ -219,6 +219,10 @@ type srvIdem struct {
 	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
 	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
 	m            *srvMetrics // set by New before the Server is used; never nil then
+
+	// refused is the Server's WithOnRefusal hook; nil: none. Set by New
+	// before the Server is used.
+	refused func(context.Context, Refusal)
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -663,3 +667,10 @@ func (o *srvOwned) close() {
 
 // idemReplayedMD is the header of a replayed answer.
 var idemReplayedMD = metadata.MD{wire.IdempotencyReplayedHeader: {"true"}}
+
+// refuse reports r to the Server's WithOnRefusal hook, if any.
+func (s *srvIdem) refuse(ctx context.Context, r Refusal) {
+	if s.refused != nil {
+		s.refused(ctx, r)
+	}
+}

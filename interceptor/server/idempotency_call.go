@@ -221,11 +221,14 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 		return nil, status.FromContextError(c.ctx.Err()).Err()
 	}
 	if full, ok := errors.AsType[*idempotency.FullError](err); ok {
-		return nil, srvStoreFull(full)
+		serr := srvStoreFull(full)
+		c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFull, Err: serr})
+		return nil, serr
 	}
 	if c.s.failOpen {
 		c.s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
 			"method", c.info.FullMethod, "error", err)
+		c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFailedOpen, Err: err})
 		return c.handler(c.ctx, c.req)
 	}
 	// Fail closed, with the retry hint both ways a client may read it.
@@ -235,7 +238,9 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 		st = withHint
 	}
 	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	return nil, &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
+	rej := &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
+	c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
+	return nil, rej
 }
 
 // poll is the wait of step claim for an owner in another process: it sleeps

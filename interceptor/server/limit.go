@@ -69,6 +69,7 @@ type namedLimiter struct {
 type srvLimiter struct {
 	*limit.Limiter
 	maxWait time.Duration // of the queue; immutable
+	name    string        // its LimitStatus.Name; immutable once New returns
 }
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
@@ -107,6 +108,7 @@ func newSrvLimits(o *options) (*srvLimits, error) {
 			return nil, errorf("Limits.Config methodConfig %q: %v", m.raw, err)
 		}
 		key := nameKey(m.name)
+		l.name = key
 		if m.name.Method == "" {
 			ls.services[key] = l
 		} else {
@@ -341,9 +343,11 @@ func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, no
 	switch v {
 	case limit.ShedDeadline:
 		ls.m.shedCall(ctx, fullMethod, crit, shedDeadline)
-		return slot, now, status.Errorf(codes.DeadlineExceeded,
+		err = status.Errorf(codes.DeadlineExceeded,
 			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
 			left.Round(time.Microsecond), l.DoorRTT(now))
+		s.limitRefusal(ctx, l, fullMethod, crit, r.Tenant, RefusalDeadline, err)
+		return slot, now, err
 	case limit.ShedLimit:
 		var admitted, queued bool
 		slot, admitted, queued = l.wait(ctx, ls.clk, now, r)
@@ -353,12 +357,14 @@ func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, no
 			ls.m.waited(ctx, fullMethod, now.Sub(arrived))
 		}
 		if !admitted {
-			reason := shedOverLimit
+			reason, refusal := shedOverLimit, RefusalLimit
 			if queued {
-				reason = shedQueueTimeout
+				reason, refusal = shedQueueTimeout, RefusalQueueTimeout
 			}
 			ls.m.shedCall(ctx, fullMethod, crit, reason)
-			return slot, now, ls.shedError(ctx, crit, pushback)
+			err = ls.shedError(ctx, crit, pushback)
+			s.limitRefusal(ctx, l, fullMethod, crit, r.Tenant, refusal, err)
+			return slot, now, err
 		}
 	}
 	ls.m.admit(ctx, fullMethod, crit)

@@ -40,6 +40,8 @@ type options struct {
 	idemGiven       bool            // WithIdempotency was applied: a second one is refused
 	limitsGiven     bool            // WithLimits was applied: a second one is refused
 	errs            []error         // option errors found while applying, reported by New
+
+	onRefusal func(context.Context, Refusal) // nil: none (WithOnRefusal)
 }
 
 type optionFunc func(*options)

@@ -29,6 +29,8 @@ type Server struct {
 	limits   *srvLimits // nil when no concurrency limit is set; immutable
 	headroom time.Duration
 	floor    time.Duration
+	// onRefusal is WithOnRefusal's hook; nil: none. Immutable.
+	onRefusal func(context.Context, Refusal)
 
 	closeOnce sync.Once
 	closeErr  error // of the first Close; written once, inside closeOnce
@@ -48,10 +50,13 @@ func New(opts ...Option) (*Server, error) {
 	if len(o.errs) > 0 {
 		return nil, o.errs[0]
 	}
-	s := &Server{headroom: o.headroom, floor: o.floor}
+	s := &Server{headroom: o.headroom, floor: o.floor, onRefusal: o.onRefusal}
 	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
 	if err != nil {
 		return nil, err
+	}
+	if idem != nil {
+		idem.refused = o.onRefusal
 	}
 	if idem != nil {
 		if idem.m, err = newSrvMetrics(o.meterProvider, o.idem.failOpen); err != nil {
@@ -120,6 +125,7 @@ func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerIn
 func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
+		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
 		return nil, err
 	}
 	if cancel != nil {
@@ -158,6 +164,7 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 func (s *Server) srvStreamInner(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel, err := s.srvDeadline(ss.Context())
 	if err != nil {
+		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
 		return err
 	}
 	if cancel != nil {

@@ -164,3 +164,51 @@ func (ts *tenants) under(now time.Time, t *tenant, fair float64, most int) int {
 	}
 	return min(n, most)
 }
+
+// TenantShare is one tenant's standing in a Limiter at one instant, for an
+// operator (Limiter.TenantShare).
+type TenantShare struct {
+	// Tenants is the number of tenants sharing the limit.
+	Tenants int
+	// Fair is the tenant's fair share of the criticality's share of the
+	// limit: that share divided by Tenants.
+	Fair float64
+	// InFlight is the tenant's requests in flight; Held, the moving
+	// average of InFlight that admission compares with Fair.
+	InFlight int
+	Held     float64
+	// Over reports what admission decides by: with more than one tenant,
+	// Held at or over Fair, or InFlight at or over twice Fair. A tenant
+	// over its share is shed before any tenant under its own.
+	Over bool
+}
+
+// TenantShare returns the standing at now of the tenant key ("" the
+// default tenant) for requests of criticality c, as mayAdmit judges it; a
+// tenant it does not remember holds nothing (the overflow tenant's
+// standing when the named tenants are at their bound). It remembers
+// nothing new, so that an observer's question cannot grow the tenants.
+func (l *Limiter) TenantShare(now time.Time, c Criticality, key string) TenantShare {
+	c = c.valid()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := &l.ten
+	var t *tenant
+	switch {
+	case key == "":
+		t = &ts.def
+	case len(key) > MaxTenantName:
+		t = &ts.overflow
+	default:
+		if t = ts.named[key]; t == nil && len(ts.named) >= ts.max {
+			t = &ts.overflow
+		}
+	}
+	n := ts.active(now)
+	s := TenantShare{Tenants: n, Fair: float64(l.caps[c]) / float64(max(n, 1))}
+	if t != nil {
+		s.InFlight, s.Held = t.inflight, t.held
+	}
+	s.Over = n > 1 && (s.Held >= s.Fair || float64(s.InFlight) >= 2*s.Fair)
+	return s
+}

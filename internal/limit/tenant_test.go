@@ -143,3 +143,39 @@ func TestQueueFairAmongTenants(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantShareMatchesAdmission: TenantShare says a tenant is over its
+// share exactly when Acquire sheds it for that (limit 10, CRITICAL's share
+// 9, two tenants: a fair share of 4.5), and asking about a tenant the
+// limit does not know remembers nothing.
+func TestTenantShareMatchesAdmission(t *testing.T) {
+	l := fixed(t, 10, 0)
+	if _, v, _ := l.Acquire(t0, Request{Tenant: "quiet", Left: NoDeadline}); v != Admitted {
+		t.Fatalf("quiet's first request: %v", v)
+	}
+	if sh := l.TenantShare(t0, Critical, "noisy"); sh.Over || sh.InFlight != 0 || sh.Tenants != 1 {
+		t.Errorf("TenantShare(noisy) before it sent anything = %+v, want not over, nothing in flight, 1 tenant", sh)
+	}
+	if n := l.Snapshot(t0).Tenants; n != 1 {
+		t.Errorf("after TenantShare of an unknown tenant, %d tenants, want 1 (nothing remembered)", n)
+	}
+	for i := 1; ; i++ {
+		_, v, _ := l.Acquire(t0, Request{Tenant: "noisy", Left: NoDeadline})
+		sh := l.TenantShare(t0, Critical, "noisy")
+		if v != Admitted {
+			if !sh.Over || sh.Tenants != 2 || sh.Fair != 4.5 {
+				t.Errorf("noisy shed after %d admissions; TenantShare = %+v, want over its fair share of 4.5 among 2", i-1, sh)
+			}
+			break
+		}
+		if sh.InFlight != i {
+			t.Errorf("after %d admissions, TenantShare(noisy).InFlight = %d", i, sh.InFlight)
+		}
+		if i > 20 {
+			t.Fatal("noisy never shed")
+		}
+	}
+	if sh := l.TenantShare(t0, Critical, "quiet"); sh.Over || sh.InFlight != 1 {
+		t.Errorf("TenantShare(quiet) = %+v, want under its share with 1 in flight", sh)
+	}
+}

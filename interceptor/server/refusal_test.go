@@ -1,0 +1,224 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// refusals records what a WithOnRefusal hook saw.
+type refusals struct {
+	mu   sync.Mutex
+	got  []Refusal
+	seen chan struct{} // receives, without blocking, after each refusal
+}
+
+func (r *refusals) hook(_ context.Context, x Refusal) {
+	r.mu.Lock()
+	r.got = append(r.got, x)
+	r.mu.Unlock()
+	select {
+	case r.seen <- struct{}{}:
+	default:
+	}
+}
+
+func (r *refusals) all() []Refusal {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Refusal(nil), r.got...)
+}
+
+// holdingEcho holds each Echo until release closes, telling entered when
+// it starts; other messages than "hold" answer at once.
+type holdingEcho struct {
+	echov1.UnimplementedEchoServiceServer
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newHoldingEcho() *holdingEcho {
+	return &holdingEcho{entered: make(chan struct{}, 64), release: make(chan struct{})}
+}
+
+func (e *holdingEcho) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+	if req.GetMessage() == "hold" {
+		e.entered <- struct{}{}
+		select {
+		case <-e.release:
+		case <-ctx.Done():
+		}
+	}
+	return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+}
+
+// startRefusing serves e behind a Server of opts with a WithOnRefusal hook,
+// and returns the connection and what the hook saw.
+func startRefusing(t *testing.T, e echov1.EchoServiceServer, opts ...Option) (*grpc.ClientConn, *refusals) {
+	t.Helper()
+	rs := &refusals{seen: make(chan struct{}, 1)}
+	s, err := New(append(opts, WithOnRefusal(rs.hook))...)
+	if err != nil {
+		t.Fatalf("New() = %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cc := testserver.StartWith(t, e, []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor())})
+	return cc, rs
+}
+
+// holdN starts n Echo calls that the handler holds (ctx carrying their
+// metadata), waits until every one is in the handler, and returns a wait
+// for their ends.
+func holdN(t *testing.T, ctx context.Context, cc *grpc.ClientConn, e *holdingEcho, n int) func() {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { _, _ = echov1.NewEchoServiceClient(cc).Echo(ctx, &echov1.EchoRequest{Message: "hold"}) })
+	}
+	for range n {
+		<-e.entered
+	}
+	return wg.Wait
+}
+
+// TestOnRefusalReportsTheLimitsShed: a call shed over a full limit reaches
+// the hook with the limit's name, the reason, its criticality and its error;
+// the calls admitted do not.
+func TestOnRefusalReportsTheLimitsShed(t *testing.T) {
+	e := newHoldingEcho()
+	one := serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1}
+	cc, rs := startRefusing(t, e, WithLimits(Limits{Config: serviceconfig.ServerConfig{
+		MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "/resilience.echo.v1.EchoService/Echo", one)},
+	}, Criticality: CapCriticality(wire.CriticalPlus)}))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	wait := holdN(t, ctx, cc, e, 1)
+	crit := metadata.AppendToOutgoingContext(ctx, wire.CriticalityKey, "CRITICAL_PLUS")
+	_, err := echov1.NewEchoServiceClient(cc).Echo(crit, &echov1.EchoRequest{Message: "shed"})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Echo over the limit = %v, want RESOURCE_EXHAUSTED", err)
+	}
+	close(e.release)
+	wait()
+	got := rs.all()
+	if len(got) != 1 {
+		t.Fatalf("hook saw %d refusals, want 1: %+v", len(got), got)
+	}
+	r := got[0]
+	if r.FullMethod != "/resilience.echo.v1.EchoService/Echo" || r.Reason != RefusalLimit || r.Reason.String() != "limit" ||
+		r.Limit != "/resilience.echo.v1.EchoService/Echo" || r.Criticality != wire.CriticalPlus ||
+		r.Tenant != "" || r.Tenants != 0 || r.OverShare || status.Code(r.Err) != codes.ResourceExhausted {
+		t.Errorf("refusal = %+v, want the Echo limit's shed of a CRITICAL_PLUS call, with its error", r)
+	}
+}
+
+// TestOnRefusalNamesTheTenantOverItsShare: under tenant fairness, the call
+// of a tenant holding its share is reported with the tenant, the number of
+// tenants and OverShare; TenantShare says the same of the engine's state.
+func TestOnRefusalNamesTheTenantOverItsShare(t *testing.T) {
+	e := newHoldingEcho()
+	ten := serviceconfig.ConcurrencyLimit{InitialLimit: 10, MinLimit: 10, MaxLimit: 10}
+	cc, rs := startRefusing(t, e, WithLimits(fairLimitsOf(ten, serviceconfig.TenantFairness{MetadataKey: tenantKey, IdleTimeout: time.Hour}, nil)))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	ec := echov1.NewEchoServiceClient(cc)
+	quiet := metadata.AppendToOutgoingContext(ctx, tenantKey, "quiet")
+	if _, err := ec.Echo(quiet, &echov1.EchoRequest{Message: "hello"}); err != nil {
+		t.Fatal(err)
+	}
+	noisy := metadata.AppendToOutgoingContext(ctx, tenantKey, "noisy")
+	// Hold the noisy tenant's calls, one at a time, until one is shed.
+	var wg sync.WaitGroup
+	var err error
+	for held := 0; ; held++ {
+		if held > 20 {
+			t.Fatal("20 noisy calls held and none shed")
+		}
+		errc := make(chan error, 1)
+		wg.Go(func() {
+			_, err := ec.Echo(noisy, &echov1.EchoRequest{Message: "hold"})
+			errc <- err
+		})
+		select {
+		case <-e.entered:
+			continue
+		case <-rs.seen:
+		}
+		err = <-errc
+		break
+	}
+	close(e.release)
+	wg.Wait()
+	got := rs.all()
+	if len(got) != 1 {
+		t.Fatalf("hook saw %d refusals, want 1: %+v (last error %v)", len(got), got, err)
+	}
+	r := got[0]
+	if r.Reason != RefusalLimit || r.Tenant != "noisy" || r.Tenants != 2 || !r.OverShare {
+		t.Errorf("refusal = %+v, want the limit's shed of tenant noisy, over its share, among 2 tenants", r)
+	}
+}
+
+// TestOnRefusalReportsTheStore: a store that is down is reported as
+// store_unavailable when the server fails closed, and as store_failed_open
+// with the store's error when it fails open (the call ran).
+func TestOnRefusalReportsTheStore(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		e := newHoldingEcho()
+		cc, rs := startRefusing(t, e, WithIdempotency(Idempotency{Store: idemDownStore{}, Scope: SharedScope, FailOpen: failOpen}))
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "idempotency-key", "k1")
+		_, err := echov1.NewEchoServiceClient(cc).Echo(ctx, &echov1.EchoRequest{Message: "hello"})
+		got := rs.all()
+		if len(got) != 1 {
+			t.Fatalf("failOpen %v: hook saw %d refusals, want 1: %+v", failOpen, len(got), got)
+		}
+		r := got[0]
+		switch {
+		case !failOpen && (status.Code(err) != codes.Unavailable || r.Reason != RefusalStoreUnavailable || !errors.Is(r.Err, ErrIdempotencyStoreUnavailable)):
+			t.Errorf("fail closed: call %v, refusal %+v; want UNAVAILABLE, store_unavailable", err, r)
+		case failOpen && (err != nil || r.Reason != RefusalStoreFailedOpen || !errors.Is(r.Err, errIdemDown)):
+			t.Errorf("fail open: call %v, refusal %+v; want OK, store_failed_open with the store's error", err, r)
+		}
+	}
+}
+
+// TestOnRefusalReportsTheHeadroom: a call arriving with less than the
+// headroom and floor left is reported as headroom.
+func TestOnRefusalReportsTheHeadroom(t *testing.T) {
+	e := newHoldingEcho()
+	cc, rs := startRefusing(t, e, WithHeadroom(time.Hour, 0))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	_, err := echov1.NewEchoServiceClient(cc).Echo(ctx, &echov1.EchoRequest{Message: "hello"})
+	got := rs.all()
+	if status.Code(err) != codes.DeadlineExceeded || len(got) != 1 || got[0].Reason != RefusalHeadroom {
+		t.Errorf("call %v, refusals %+v; want DEADLINE_EXCEEDED and one headroom refusal", err, got)
+	}
+}
+
+// TestRefusalReasonStrings pins the tokens, which the admin view and logs
+// show.
+func TestRefusalReasonStrings(t *testing.T) {
+	want := map[RefusalReason]string{
+		RefusalLimit: "limit", RefusalQueueTimeout: "queue_timeout", RefusalDeadline: "deadline", RefusalCPU: "cpu",
+		RefusalHeadroom: "headroom", RefusalStoreUnavailable: "store_unavailable", RefusalStoreFull: "store_full",
+		RefusalStoreFailedOpen: "store_failed_open", 0: "unknown", 200: "unknown",
+	}
+	for r, w := range want {
+		if got := r.String(); got != w {
+			t.Errorf("RefusalReason(%d).String() = %q, want %q", r, got, w)
+		}
+	}
+}
