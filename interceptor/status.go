@@ -168,3 +168,41 @@ func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Ti
 	f(p.g.breaker, time.Now())
 	return nil
 }
+
+// RetryStatus is a snapshot of the limits a Client's retries share, from
+// Client.RetryStatus; nil fields are off.
+type RetryStatus struct {
+	// Budget is the retry budget (WithRetryBudget, or the config's
+	// retryBudget block).
+	Budget *BudgetStatus
+	// Throttling is gRFC A6 retry throttling (the config's
+	// retryThrottling block).
+	Throttling *ThrottlingStatus
+}
+
+// BudgetStatus is a snapshot of a retry budget.
+type BudgetStatus struct {
+	// Available is the number of retries the budget would grant now.
+	Available float64
+}
+
+// ThrottlingStatus is a snapshot of gRFC A6 retry throttling: retries are
+// withheld while Tokens is at most half of MaxTokens.
+type ThrottlingStatus struct {
+	Tokens, MaxTokens float64
+}
+
+// RetryStatus returns a snapshot of the client's retry budget and retry
+// throttling under the config in force. It takes no lock that a call
+// takes.
+func (c *Client) RetryStatus() RetryStatus {
+	st := c.state.Load()
+	var out RetryStatus
+	if b := st.storm.budget; b != nil {
+		out.Budget = &BudgetStatus{Available: b.Available(time.Now())}
+	}
+	if t := st.storm.throttle; t != nil {
+		out.Throttling = &ThrottlingStatus{Tokens: t.Tokens(), MaxTokens: st.storm.throttleCfg.MaxTokens}
+	}
+	return out
+}
