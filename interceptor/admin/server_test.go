@@ -1,0 +1,134 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/endpoint"
+	"github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
+	adminv1 "github.com/grpc-resilience/resilience/proto/resilience/admin/v1"
+)
+
+var errStoreDown = errors.New("dial tcp 10.0.0.7:6379: connection refused")
+
+// TestServerRefusalsAreEvents: the refusals a Server reports become one
+// event per episode with the limit, criticality, tenant and cause; the
+// store failing closed makes the store unhealthy in the view, and "refusing
+// now" lists both.
+func TestServerRefusalsAreEvents(t *testing.T) {
+	clk := newFakeClock()
+	v := newView(t, WithNow(clk.now))
+	src, err := v.Server("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	shed := status.Error(codes.ResourceExhausted, "over the concurrency limit")
+	for range 50 {
+		src.OnRefusal(ctx, server.Refusal{FullMethod: "/shop.Orders/Pay", Reason: server.RefusalLimit, Limit: "shop.Orders",
+			Criticality: wire.SheddablePlus, Tenant: "noisy", Tenants: 3, OverShare: true, Err: shed})
+	}
+	src.DescribeStore("redis at 10.0.0.7:6379")
+	src.OnRefusal(ctx, server.Refusal{FullMethod: "/shop.Orders/Pay", Reason: server.RefusalStoreUnavailable,
+		Err: status.Error(codes.Unavailable, "idempotency: store unavailable: "+errStoreDown.Error())})
+	got := eventsOf(v, adminv1.Part_PART_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
+	if len(got) != 1 {
+		t.Fatalf("limit events %v, want one episode", got)
+	}
+	e := got[0]
+	want := `shed SHEDDABLE_PLUS call of /shop.Orders/Pay: over the concurrency limit, no room in its queue; tenant "noisy" was over its fair share (3 tenants share the limit)`
+	if e.GetCount() != 50 || e.GetSubject() != "shop.Orders" || e.GetCause() != want || e.GetTenant() != "noisy" || !e.GetOverShare() ||
+		e.GetCriticality() != "SHEDDABLE_PLUS" || e.GetCode() != "RESOURCE_EXHAUSTED" || e.GetFullMethod() != "/shop.Orders/Pay" {
+		t.Errorf("limit event = %v, want 50 refusals with cause %q", e, want)
+	}
+	view := v.Snapshot()
+	st := view.GetServers()[0].GetStore()
+	if st.GetHealthy() || st.GetFailures() != 1 || !strings.Contains(st.GetLastFailure(), "connection refused") || st.GetDescription() != "redis at 10.0.0.7:6379" {
+		t.Errorf("store = %v, want unhealthy with the failure and the description", st)
+	}
+	if r := refusingOf(view, adminv1.Part_PART_IDEMPOTENCY_STORE); r == nil || !strings.Contains(r.GetCause(), "connection refused") {
+		t.Errorf("refusing now = %v, want the store with its failure", view.GetRefusing())
+	}
+	clk.add(recentWindow)
+	view = v.Snapshot()
+	if !view.GetServers()[0].GetStore().GetHealthy() || len(view.GetRefusing()) != 0 {
+		t.Errorf("a minute later: store %v, refusing %v; want healthy, nothing refusing", view.GetServers()[0].GetStore(), view.GetRefusing())
+	}
+}
+
+// TestServerSourceOverGRPC: a real Server with a limit of one sheds a
+// second call while the first holds the slot; the view shows the limit's
+// counts and the shed.
+func TestServerSourceOverGRPC(t *testing.T) {
+	v := newView(t)
+	ss, err := v.Server("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newLimitedServer(t, ss)
+	ec, release := serveHolding(t, srv)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-tenant", "t1")
+	_, err = ec.Echo(ctx, echoReq("now"))
+	release()
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second call = %v, want RESOURCE_EXHAUSTED", err)
+	}
+	got := eventsOf(v, adminv1.Part_PART_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
+	if len(got) != 1 || got[0].GetSubject() != "(server)" || got[0].GetReason() != "limit" || got[0].GetFullMethod() != echoMethod {
+		t.Errorf("events %v, want the server limit's shed of %s", got, echoMethod)
+	}
+	lim := v.Snapshot().GetServers()[0].GetLimits()[0]
+	if lim.GetName() != "(server)" || lim.GetLimit() != 1 || len(lim.GetByCriticality()) != 4 {
+		t.Errorf("limit = %v, want the server's limit of 1 with counts by criticality", lim)
+	}
+}
+
+// TestEndpointEjectionsAreEvents: an endpoint the policy ejects is an
+// event with its failures when the view next looks, shown in "refusing
+// now" while ejected; its return is an event too.
+func TestEndpointEjectionsAreEvents(t *testing.T) {
+	clk := newFakeClock()
+	v, err := New(WithNow(clk.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := clk.now().Add(30 * time.Second)
+	snap := endpoint.Snapshot{Target: "dns:///orders:50051", ChildPolicy: "round_robin", Ejections: 1, Endpoints: []endpoint.EndpointState{
+		{Addresses: []string{"10.0.0.1:50051"}, Connectivity: connectivity.Ready, Calls: 40, Failures: 1},
+		{Addresses: []string{"10.0.0.2:50051"}, Connectivity: connectivity.Ready, EjectedUntil: until, Ejections: 1,
+			ConsecutiveFailures: 5, Calls: 12, Failures: 9},
+	}}
+	v.eps.snapshots = func(time.Time) []endpoint.Snapshot { return []endpoint.Snapshot{snap} }
+	view := v.Snapshot()
+	ej := eventsOf(v, adminv1.Part_PART_ENDPOINT, adminv1.EventKind_EVENT_KIND_EJECTED)
+	want := "ejected (ejection 1) after 5 failures in a row; 9 of 12 attempts failed in the window"
+	if len(ej) != 1 || ej[0].GetSubject() != "10.0.0.2:50051" || ej[0].GetSource() != snap.Target || ej[0].GetCause() != want {
+		t.Fatalf("ejection events = %v, want one of 10.0.0.2 with cause %q", ej, want)
+	}
+	r := refusingOf(view, adminv1.Part_PART_ENDPOINT)
+	if r == nil || !strings.HasPrefix(r.GetCause(), want) || r.GetSequence() != ej[0].GetSequence() {
+		t.Errorf("refusing now = %v, want the ejected endpoint with its cause", view.GetRefusing())
+	}
+	if e := view.GetChannels()[0].GetEndpoints()[1]; e.GetCause() != want || e.GetEjectedUntil() == nil {
+		t.Errorf("endpoint row = %v, want ejected with its cause", e)
+	}
+	v.Snapshot() // a second look at the same state is no new event
+	snap.Endpoints[1].EjectedUntil = time.Time{}
+	v.Snapshot()
+	if ev := eventsOf(v, adminv1.Part_PART_ENDPOINT, adminv1.EventKind_EVENT_KIND_RETURNED); len(ev) != 1 || len(eventsOf(v, adminv1.Part_PART_ENDPOINT, adminv1.EventKind_EVENT_KIND_EJECTED)) != 1 {
+		all, _ := v.Events(0, 0)
+		t.Errorf("events %v, want one ejection and one return", all)
+	}
+}
+
+var _ grpc.ServiceRegistrar = (*grpc.Server)(nil)
