@@ -25,9 +25,9 @@
 // endpoints, the parts whose refusals are recent, each with its cause),
 // then each Client's methods, each Server's limits and store, each
 // channel's endpoints, and the latest events. watch prints the events
-// after SEQUENCE (none by default), then one line per event as it
-// happens, and one more each time an episode of refusals grows (at most
-// every 50ms per episode), until interrupted. breaker asks the process to
+// kept after SEQUENCE (none without -after; all with -after 0), then one
+// line per event as it happens, and one more each time an episode of
+// refusals grows (at most every 50ms), until interrupted. breaker asks the process to
 // force a Client method's breaker open or closed, or to reset it; the
 // process refuses unless it turned writes on (admin.WithWrites) and its
 // hook allows the call.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,7 +53,8 @@ flags (before or after the command):
   -H KEY:VALUE     metadata to send with each call (repeatable)
   -tls-ca FILE     use TLS, trusting the CA certificates in FILE
   -timeout D       bound of each call but watch (default 10s)
-  -after SEQUENCE  events and watch: only the events after this one
+  -after SEQUENCE  events: only the events after this one; watch: first
+                   the events kept after this one (0: all), then the new
   -n N             events: only the newest N
 
 exit status: 0 ok; 1 the call failed; 2 usage error.
@@ -64,7 +66,7 @@ type flags struct {
 	json        bool
 	md          []string
 	timeout     time.Duration
-	after       uint64
+	after       *uint64 // nil: -after not given
 	n           uint
 }
 
@@ -81,7 +83,14 @@ func (f *flags) set(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "")
-	fs.Uint64Var(&f.after, "after", 0, "")
+	fs.Func("after", "", func(s string) error {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("-after %q: want a sequence number", s)
+		}
+		f.after = &n
+		return nil
+	})
 	fs.UintVar(&f.n, "n", 0, "")
 }
 
@@ -253,7 +262,11 @@ const viewEvents = 10
 func events(ctx context.Context, c adminv1.AdminServiceClient, f *flags, w io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	r, err := c.ListEvents(ctx, &adminv1.ListEventsRequest{AfterSequence: f.after, MaxEvents: uint32(min(f.n, 1<<31))})
+	var after uint64
+	if f.after != nil {
+		after = *f.after
+	}
+	r, err := c.ListEvents(ctx, &adminv1.ListEventsRequest{AfterSequence: after, MaxEvents: uint32(min(f.n, 1<<31))})
 	if err != nil {
 		return err
 	}

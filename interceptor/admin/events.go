@@ -324,15 +324,15 @@ func toProto(e *event) *adminv1.Event {
 	return pe
 }
 
-// backlog returns the events after sequence after (none with 0), in
-// sequence order, with the log's version and the channel closed at its
-// next change, read at one instant: a watcher that starts from them
-// misses nothing and sees nothing twice.
-func (l *eventLog) backlog(after uint64) (events []*adminv1.Event, ver uint64, next <-chan struct{}) {
+// backlog returns the events after sequence *after (none when after is
+// nil), in sequence order, with the log's version and the channel closed
+// at its next change, read at one instant: a watcher that starts from
+// them misses no change.
+func (l *eventLog) backlog(after *uint64) (events []*adminv1.Event, ver uint64, next <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if after > 0 {
-		for _, e := range l.collectLocked(func(e *event) bool { return e.seq > after }) {
+	if after != nil {
+		for _, e := range l.collectLocked(func(e *event) bool { return e.seq > *after }) {
 			events = append(events, toProto(e))
 		}
 	}

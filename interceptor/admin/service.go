@@ -45,7 +45,7 @@ func (s *service) ControlBreaker(ctx context.Context, req *adminv1.ControlBreake
 }
 
 func (s *service) WatchEvents(req *adminv1.WatchEventsRequest, stream grpc.ServerStreamingServer[adminv1.WatchEventsResponse]) error {
-	return s.v.watch(stream.Context(), req.GetAfterSequence(), func(e *adminv1.Event) error {
+	return s.v.watch(stream.Context(), req.AfterSequence, func(e *adminv1.Event) error {
 		return stream.Send(&adminv1.WatchEventsResponse{Event: e})
 	})
 }
@@ -67,10 +67,10 @@ func (v *View) pollEndpoints() {
 	}
 }
 
-// watch calls send with the events after sequence after (none with 0),
-// then with each event that is new or whose count grew, until ctx ends or
-// send fails.
-func (v *View) watch(ctx context.Context, after uint64, send func(*adminv1.Event) error) error {
+// watch calls send with the events after sequence *after (none when
+// after is nil), then with each event that is new or whose count grew,
+// until ctx ends or send fails.
+func (v *View) watch(ctx context.Context, after *uint64, send func(*adminv1.Event) error) error {
 	v.pollEndpoints()
 	backlog, ver, next := v.events.backlog(after)
 	for _, e := range backlog {

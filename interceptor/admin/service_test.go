@@ -222,7 +222,7 @@ func TestWatchFollowsTheEvents(t *testing.T) {
 	first := env.v.events.add(&event{key: partKey{sideClient, "orders", adminv1.Part_PART_BREAKER, echoMethod}, kind: adminv1.EventKind_EVENT_KIND_BREAKER_STATE})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	stream, err := env.admin.WatchEvents(ctx, &adminv1.WatchEventsRequest{AfterSequence: old})
+	stream, err := env.admin.WatchEvents(ctx, &adminv1.WatchEventsRequest{AfterSequence: &old})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -519,9 +519,10 @@ func (x *ListEventsResponse) GetDropped() uint64 {
 // WatchEventsRequest starts following the events.
 type WatchEventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// after_sequence: the events kept with a larger sequence are sent first.
-	// 0 sends only events that happen from now on.
-	AfterSequence uint64 `protobuf:"varint,1,opt,name=after_sequence,json=afterSequence,proto3" json:"after_sequence,omitempty"`
+	// after_sequence, when set, sends first the events kept with a larger
+	// sequence (0: every event kept); unset, only the events that happen
+	// from now on are sent.
+	AfterSequence *uint64 `protobuf:"varint,1,opt,name=after_sequence,json=afterSequence,proto3,oneof" json:"after_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -557,8 +558,8 @@ func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
 }
 
 func (x *WatchEventsRequest) GetAfterSequence() uint64 {
-	if x != nil {
-		return x.AfterSequence
+	if x != nil && x.AfterSequence != nil {
+		return *x.AfterSequence
 	}
 	return 0
 }
@@ -2265,9 +2266,10 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"max_events\x18\x02 \x01(\rR\tmaxEvents\"b\n" +
 	"\x12ListEventsResponse\x122\n" +
 	"\x06events\x18\x01 \x03(\v2\x1a.resilience.admin.v1.EventR\x06events\x12\x18\n" +
-	"\adropped\x18\x02 \x01(\x04R\adropped\";\n" +
-	"\x12WatchEventsRequest\x12%\n" +
-	"\x0eafter_sequence\x18\x01 \x01(\x04R\rafterSequence\"G\n" +
+	"\adropped\x18\x02 \x01(\x04R\adropped\"S\n" +
+	"\x12WatchEventsRequest\x12*\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x04H\x00R\rafterSequence\x88\x01\x01B\x11\n" +
+	"\x0f_after_sequence\"G\n" +
 	"\x13WatchEventsResponse\x120\n" +
 	"\x05event\x18\x01 \x01(\v2\x1a.resilience.admin.v1.EventR\x05event\"\x8c\x01\n" +
 	"\x15ControlBreakerRequest\x12\x16\n" +
@@ -2547,6 +2549,7 @@ func file_resilience_admin_v1_admin_proto_init() {
 	if File_resilience_admin_v1_admin_proto != nil {
 		return
 	}
+	file_resilience_admin_v1_admin_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
