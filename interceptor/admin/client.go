@@ -161,6 +161,7 @@ func (s *ClientSource) OnStateChange(fullMethod string, from, to interceptor.Bre
 		if c := s.c.Load(); c != nil {
 			if b := c.Status(fullMethod).Breaker; b != nil && !b.OpenUntil.IsZero() {
 				ev.cause += fmt.Sprintf("; trip %d, open until %s", b.Trips, b.OpenUntil.Format("15:04:05.000"))
+				ev.until = b.OpenUntil
 			}
 		}
 	case interceptor.BreakerHalfOpen:
@@ -192,7 +193,7 @@ func openCause(from interceptor.BreakerState, fails []failure) string {
 		b.WriteString(" (none heard of: failures reach the view through the Client's retry and stop hooks, so a method without a retry policy shows none)")
 		return b.String()
 	}
-	b.WriteString(": ")
+	fmt.Fprintf(&b, "; the %d failed attempts heard of before it: ", len(fails))
 	var order []string
 	counts := map[string]int{}
 	for _, f := range fails {
@@ -208,7 +209,7 @@ func openCause(from interceptor.BreakerState, fails []failure) string {
 		}
 		fmt.Fprintf(&b, "%s ×%d", name, counts[name])
 	}
-	fmt.Fprintf(&b, " in the last %d failed attempts; the latest: %s", len(fails), strconv.Quote(fails[len(fails)-1].message()))
+	fmt.Fprintf(&b, "; the latest: %s", strconv.Quote(fails[len(fails)-1].message()))
 	return b.String()
 }
 

@@ -109,12 +109,12 @@ func TestBreakerOpeningShowsTheFailuresThatOpenedIt(t *testing.T) {
 	e := opened[0]
 	if e.GetFrom() != "closed" || e.GetTo() != "open" || e.GetSubject() != echoMethod || e.GetSource() != "orders" ||
 		!strings.Contains(e.GetCause(), "UNAVAILABLE ×2") || !strings.Contains(e.GetCause(), `"backend down for maintenance"`) ||
-		len(e.GetFailures()) != 2 || !strings.Contains(e.GetCause(), "open until") {
+		len(e.GetFailures()) != 2 || !strings.Contains(e.GetCause(), "open until") || e.GetUntil() == nil {
 		t.Errorf("opening event = %v; want closed → open of %s with the 2 UNAVAILABLE failures heard of before it, the latest's message, until when", e, echoMethod)
 	}
 	view := v.Snapshot()
 	r := refusingOf(view, adminv1.Part_PART_BREAKER)
-	if r == nil || r.GetSubject() != echoMethod || !strings.Contains(r.GetCause(), "breaker open: opened on failures: UNAVAILABLE") || r.GetSequence() != e.GetSequence() {
+	if r == nil || r.GetSubject() != echoMethod || !strings.Contains(r.GetCause(), "breaker open: opened on failures; the 2 failed attempts heard of before it: UNAVAILABLE ×2") || r.GetSequence() != e.GetSequence() {
 		t.Errorf("refusing now = %v, want the open breaker with the opening's cause", view.GetRefusing())
 	}
 	m := view.GetClients()[0].GetMethods()[0]

@@ -107,7 +107,7 @@ func (w *endpointWatch) noteLocked(k endpointKey, e endpoint.EndpointState, ejec
 	case ejected && (!prev.ejected || e.Ejections > prev.ejections):
 		prev.cause, prev.since = ejectionCause(e), now
 		w.events.add(&event{key: key, kind: adminv1.EventKind_EVENT_KIND_EJECTED, cause: prev.cause,
-			to: "until " + e.EjectedUntil.Format("15:04:05.000")})
+			to: "until " + e.EjectedUntil.Format("15:04:05.000"), until: e.EjectedUntil})
 	case !ejected && prev.ejected:
 		w.events.add(&event{key: key, kind: adminv1.EventKind_EVENT_KIND_RETURNED, cause: "ejection time ended: back in rotation"})
 		prev.cause = ""

@@ -63,6 +63,7 @@ type event struct {
 	over    bool
 	code    string
 	method  string
+	until   time.Time // zero: none
 	fails   []failure
 }
 
@@ -317,6 +318,9 @@ func toProto(e *event) *adminv1.Event {
 		Subject: e.key.subject, Kind: e.kind, Cause: e.cause, Count: e.count, LastTime: timestamppb.New(e.last),
 		From: e.from, To: e.to, Reason: e.reason, Criticality: e.crit, Tenant: e.tenant, Tenants: e.tenants,
 		OverShare: e.over, Code: e.code, FullMethod: e.method,
+	}
+	if !e.until.IsZero() {
+		pe.Until = timestamppb.New(e.until)
 	}
 	for _, f := range e.fails {
 		pe.Failures = append(pe.Failures, f.proto())

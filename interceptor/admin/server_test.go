@@ -112,7 +112,8 @@ func TestEndpointEjectionsAreEvents(t *testing.T) {
 	view := v.Snapshot()
 	ej := eventsOf(v, adminv1.Part_PART_ENDPOINT, adminv1.EventKind_EVENT_KIND_EJECTED)
 	want := "ejected (ejection 1) after 5 failures in a row; 9 of 12 attempts failed in the window"
-	if len(ej) != 1 || ej[0].GetSubject() != "10.0.0.2:50051" || ej[0].GetSource() != snap.Target || ej[0].GetCause() != want {
+	if len(ej) != 1 || ej[0].GetSubject() != "10.0.0.2:50051" || ej[0].GetSource() != snap.Target || ej[0].GetCause() != want ||
+		!ej[0].GetUntil().AsTime().Equal(until) {
 		t.Fatalf("ejection events = %v, want one of 10.0.0.2 with cause %q", ej, want)
 	}
 	r := refusingOf(view, adminv1.Part_PART_ENDPOINT)

@@ -2077,7 +2077,10 @@ type Event struct {
 	Code string `protobuf:"bytes,19,opt,name=code,proto3" json:"code,omitempty"`
 	// full_method is the method of the refused call (the episode's first),
 	// when the subject is not the method itself.
-	FullMethod    string `protobuf:"bytes,20,opt,name=full_method,json=fullMethod,proto3" json:"full_method,omitempty"`
+	FullMethod string `protobuf:"bytes,20,opt,name=full_method,json=fullMethod,proto3" json:"full_method,omitempty"`
+	// until is when the state the event entered ends by itself: an opened
+	// breaker's open_until, an ejected endpoint's ejected_until.
+	Until         *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=until,proto3" json:"until,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2252,6 +2255,13 @@ func (x *Event) GetFullMethod() string {
 	return ""
 }
 
+func (x *Event) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
 var File_resilience_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_resilience_admin_v1_admin_proto_rawDesc = "" +
@@ -2376,7 +2386,7 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\x14consecutive_failures\x18\x05 \x01(\x03R\x13consecutiveFailures\x12\x14\n" +
 	"\x05calls\x18\x06 \x01(\x03R\x05calls\x12\x1a\n" +
 	"\bfailures\x18\a \x01(\x03R\bfailures\x12\x14\n" +
-	"\x05cause\x18\b \x01(\tR\x05cause\"\xff\x04\n" +
+	"\x05cause\x18\b \x01(\tR\x05cause\"\xb1\x05\n" +
 	"\x05Event\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
@@ -2400,7 +2410,8 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\bfailures\x18\x12 \x03(\v2\x1c.resilience.admin.v1.FailureR\bfailures\x12\x12\n" +
 	"\x04code\x18\x13 \x01(\tR\x04code\x12\x1f\n" +
 	"\vfull_method\x18\x14 \x01(\tR\n" +
-	"fullMethod*\x89\x01\n" +
+	"fullMethod\x120\n" +
+	"\x05until\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x05until*\x89\x01\n" +
 	"\rBreakerAction\x12\x1e\n" +
 	"\x1aBREAKER_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19BREAKER_ACTION_FORCE_OPEN\x10\x01\x12\x1f\n" +
@@ -2529,19 +2540,20 @@ var file_resilience_admin_v1_admin_proto_depIdxs = []int32{
 	3,  // 33: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
 	29, // 34: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
 	21, // 35: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
-	4,  // 36: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
-	6,  // 37: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
-	8,  // 38: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
-	10, // 39: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
-	5,  // 40: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
-	7,  // 41: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
-	9,  // 42: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
-	11, // 43: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
-	40, // [40:44] is the sub-list for method output_type
-	36, // [36:40] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	29, // 36: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
+	4,  // 37: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
+	6,  // 38: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
+	8,  // 39: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
+	10, // 40: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
+	5,  // 41: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
+	7,  // 42: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
+	9,  // 43: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
+	11, // 44: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
+	41, // [41:45] is the sub-list for method output_type
+	37, // [37:41] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_resilience_admin_v1_admin_proto_init() }
