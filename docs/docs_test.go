@@ -287,7 +287,9 @@ func buildFiles(t *testing.T, files []block) {
 	if err := os.WriteFile(overlayFile, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"build", "-overlay", overlayFile}, pkgs...)
+	// -o into the temporary directory: go build writes a lone main
+	// package's executable into the working directory otherwise.
+	args := append([]string{"build", "-overlay", overlayFile, "-o", tmp + string(filepath.Separator)}, pkgs...)
 	cmd := exec.Command(goTool(t), args...)
 	cmd.Dir = abs
 	out, err := cmd.CombinedOutput()

@@ -37,7 +37,11 @@
 // service "pkg.Service"; a fault without methods matches every method but
 // those of health checking (grpc.health.v1.Health) and reflection
 // (grpc.reflection.v1 and v1alpha ServerReflection), which a fault reaches
-// only by naming them. A
+// only by naming them. New checks each name against the services the
+// program's generated code registers: a method its service does not have,
+// or a method's name given as a service, is an error, so that a misspelt
+// method never leaves a test of a retry policy passing without a fault; a
+// service nothing registers is logged (WithLogger). A
 // matching call is first delayed (with the delay's probability), then
 // aborted, during an outage window or else with the abort's probability,
 // before the handler runs; a

@@ -3,6 +3,7 @@ package faultinject
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -23,6 +25,7 @@ type Option interface{ apply(*options) }
 type options struct {
 	metadataFaults bool
 	now            func() time.Time
+	logger         *slog.Logger // nil: grpclog
 }
 
 type optionFunc func(*options)
@@ -41,6 +44,13 @@ func WithMetadataFaults() Option {
 // the bubble's fake clock inside testing/synctest).
 func WithNow(now func() time.Time) Option {
 	return optionFunc(func(o *options) { o.now = now })
+}
+
+// WithLogger sets the logger of New's warnings: a fault's method whose
+// service no code linked into the program registers (see [New]). By
+// default they go to grpclog (component "resilience").
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(o *options) { o.logger = l })
 }
 
 // Injector injects the faults of a Config. Its interceptors share its
@@ -80,6 +90,9 @@ func (c *compiled) matches(fullMethod string) bool {
 	return ok
 }
 
+// grpcLog is where New writes its warnings without WithLogger.
+var grpcLog = grpclog.Component("resilience")
+
 // exemptServices are the services no fault reaches unless a fault names
 // them: health checks and reflection, which tools such as grpcurl call
 // with the same metadata as the call under test, and which load balancers
@@ -101,9 +114,20 @@ func exempt(fullMethod string) bool {
 	return false
 }
 
-// New returns an Injector of cfg, or the error of cfg.Validate.
+// New returns an Injector of cfg, or the error of cfg.Validate. It also
+// checks the faults' methods against the services the program's generated
+// code registers (protoregistry.GlobalFiles): a method its service does
+// not have ("resilience.echo.v1.EchoService/Ecko"), a method's name given
+// as a service ("Echo"), and a fault with only streamAbort that names only
+// unary methods are errors, as an *Error at the name's path; a service
+// nothing registers (called or served without generated code, or
+// misspelt) is logged, once (WithLogger).
 func New(cfg Config, opts ...Option) (*Injector, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	warnings, err := checkRegistered(&cfg)
+	if err != nil {
 		return nil, err
 	}
 	o := options{now: time.Now}
@@ -115,6 +139,13 @@ func New(cfg Config, opts ...Option) (*Injector, error) {
 	}
 	if o.now == nil {
 		return nil, errors.New("faultinject: WithNow(nil)")
+	}
+	for _, w := range warnings {
+		if o.logger != nil {
+			o.logger.Warn(w)
+		} else {
+			grpcLog.Warning(w)
+		}
 	}
 	inj := &Injector{
 		metadataFaults: o.metadataFaults,

@@ -26,6 +26,7 @@ import (
 // (per tenant, per configuration reload) and its connections are closed.
 type Client struct {
 	opts     clientOptions
+	log      *warnLog // the client's warnings, each logged once
 	metrics  instruments
 	state    atomic.Pointer[clientState]
 	updateMu sync.Mutex // serializes UpdateServiceConfig, and ForceOpen and the like with it
@@ -47,20 +48,21 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	if err := o.err(); err != nil {
 		return nil, err
 	}
-	warnUnregisteredOptions(&o)
-	c := &Client{opts: o}
+	warnings, err := checkOptions(&o)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{opts: o, log: &warnLog{l: o.logger}}
 	m, err := newInstruments(o.meterProvider, c)
 	if err != nil {
 		return nil, fmt.Errorf("interceptor: metrics: %w", err)
 	}
 	c.metrics = m
-	if err := checkCaps(o.config.MethodConfig, o.origins, o.maxAttemptsCap); err != nil {
-		return nil, err
-	}
 	cfg := o.config
 	if err := c.update(&cfg); err != nil {
 		return nil, err
 	}
+	c.log.warnAll(warnings)
 	return c, nil
 }
 
@@ -90,26 +92,45 @@ func (c *Client) Close() error {
 // UpdateServiceConfig replaces the client's service config with cfg, as a
 // whole: the entries given to NewClient are dropped. Calls that started
 // before it finish under the config they started with; calls after it see
-// cfg. A config with errors is refused and the old one stays.
+// cfg. A config with errors is refused and the old one stays, as NewClient
+// refuses one: an entry built in Go without a Name, a method its service
+// does not have, a hedging policy on a streaming method (see the package
+// documentation, Checked configuration). The warnings of a parsed cfg
+// (serviceconfig.Config.Warnings) and names no linked-in code registers
+// are logged, once (WithLogger).
 //
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
 // applied its cap); in a config built in Go, a MaxAttempts above the
 // client's cap (WithMaxAttemptsCap) is an error.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
+	return c.updateFrom("UpdateServiceConfig", cfg, true)
+}
+
+// updateFrom checks cfg, given by option, and makes it the client's
+// config, logging its warnings. direct is false for a resolver's config,
+// which grpc-go applies whatever its names say: what checkEntries would
+// refuse in it for the registry's sake is logged instead.
+func (c *Client) updateFrom(option string, cfg *serviceconfig.Config, direct bool) error {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
-	origins := make([]entryOrigin, len(cfg.MethodConfig))
-	for i := range origins {
-		origins[i] = entryOrigin{option: "UpdateServiceConfig", index: i, parsedCap: cfg.MaxAttemptsCap()}
-	}
-	if err := checkCaps(cfg.MethodConfig, origins, c.opts.maxAttemptsCap); err != nil {
+	if err := checkBlocks(option, cfg); err != nil {
 		return err
 	}
-	return c.update(cfg)
+	warnings, err := checkEntries(cfg.MethodConfig, originsOf(option, cfg), c.opts.maxAttemptsCap, direct)
+	if err != nil {
+		return err
+	}
+	if err := c.update(cfg); err != nil {
+		return err
+	}
+	c.log.warnAll(parseWarnings(option, cfg))
+	c.log.warnAll(warnings)
+	return nil
 }
 
-// update makes cfg, whose caps were checked, the client's config.
+// update makes cfg, whose entries were checked (checkEntries), the
+// client's config.
 func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -117,7 +138,6 @@ func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err := validateGuards(cfg); err != nil {
 		return err
 	}
-	warnUnregistered(cfg)
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
 	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())

@@ -75,6 +75,35 @@
 // Every option, what it defaults to and what it costs, is on its own doc
 // comment; they are all in options.go, the client's one page of settings.
 //
+// # Checked configuration
+//
+// NewClient and UpdateServiceConfig check a configuration when it is given,
+// never on a call, and refuse a setting that cannot be right, naming where
+// it was written: the option and the Go fields for a policy written in Go,
+// the JSON path for a parsed document:
+//
+//	interceptor: WithRetryPolicy: InitialBackoff: must not be negative
+//	interceptor: WithMethodConfig: entry 0: has no Name, so it applies to no method: ...
+//	interceptor: WithRetryPolicy("Echo"): "Echo" is not a registered service but the name of a method: "/resilience.echo.v1.EchoService/Echo"
+//	interceptor: WithServiceConfig: methodConfig[0].name[0]: service shop.v1.Orders has no method "Pya" (did you mean "Pay"?)
+//
+// Refused: an entry built in Go without a Name (it applies to no method;
+// Name: []serviceconfig.Name{{}} is the default of every method); a method
+// that its service, as linked into the program, does not have; a method's
+// name given as a service; a hedgingPolicy on an entry naming a streaming
+// method (a stream is never hedged: it runs one attempt), and
+// WithIdempotencyKeys or WithFallback naming one (keys and fallbacks apply
+// to unary calls). The linked-in services are those the program's
+// generated code registers with protoregistry.GlobalFiles. A service that
+// is not registered may still be called without generated code, so its
+// name is only logged, once, as are the warnings of a parsed config
+// (serviceconfig.Config.Warnings), through WithLogger's logger or grpclog's
+// "resilience" component. serviceconfig.Parse itself refuses a typo that
+// changes which methods a policy covers ({"services": ...} in a name);
+// WrapResolver reads a resolver's config as grpc-go does
+// (serviceconfig.Lenient) and applies what grpc-go would apply, logging
+// each such problem once instead of refusing it.
+//
 // # One call, and the order of the policies
 //
 // The policies wrap each other in one fixed order, outermost first: the
@@ -521,8 +550,9 @@
 // machine; the attempts' trail of endpoints, attemptBase, in client.go and
 // stream_attempt.go), wiresize.go (what the replay buffer counts), keys.go
 // (the idempotency keys a client attaches), resolver.go (the resolver's
-// service config), names.go (the names options take), errors.go, metrics.go
-// and trace.go (metrics and span events).
+// service config), names.go (the names options take, the warnings' log),
+// confcheck.go (the checks of a configuration as it is given), errors.go,
+// metrics.go and trace.go (metrics and span events).
 //
 // See https://github.com/grpc/proposal/blob/master/A6-client-retries.md,
 // https://github.com/grpc/proposal/blob/master/A66-otel-stats.md and

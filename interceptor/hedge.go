@@ -182,11 +182,11 @@ func capped(w *latency.Window, cliff bool) time.Duration {
 // policy is still gathering samples and has no hedgingDelay to use
 // meanwhile (further copies then go out only after non-fatal failures). A
 // name that is not a full method has no delay (ok is false), and why is
-// logged to grpclog, as Status does.
+// logged once (WithLogger), as Status does.
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 	full, err := rpcname.FullMethod("HedgingDelay", fullMethod)
 	if err != nil {
-		clientLog.Warning(err)
+		c.log.warn(err.Error())
 		return 0, false
 	}
 	mp := c.state.Load().peek(full)

@@ -1,71 +1,70 @@
 package interceptor
 
 import (
-	"fmt"
+	"log/slog"
+	"sync"
 
 	"google.golang.org/grpc/grpclog"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
-	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // Names in options and methods. A name that no well-formed call carries (a
 // service with a slash, a method without its leading slash, a stray space)
 // would otherwise leave its option without effect and say nothing: every
-// option and method that takes a name checks its form and quotes it.
+// option and method that takes a name checks its form and quotes it. A
+// name whose form is right but that names nothing linked into the program
+// is checked against the registry of generated code (see confcheck.go).
 
-// clientLog is where the client writes what it cannot return as an error.
-var clientLog = grpclog.Component("resilience")
+// registered, streamKind and streamMethods read the registry of the program's generated
+// code: see rpcname.Registered and rpcname.StreamKind.
+var (
+	registered    = rpcname.Registered
+	streamKind    = rpcname.StreamKind
+	streamMethods = rpcname.StreamMethods
+)
 
-// warnUnregistered logs, to grpclog's "resilience" component, each name of
-// cfg that matches no service or method linked into this program (its
-// generated code registers them with protoregistry.GlobalFiles): such a
-// name applies to no call made with generated stubs. A warning, not an
-// error: calls made without generated stubs still match it.
-func warnUnregistered(cfg *serviceconfig.Config) {
-	for i, mc := range cfg.MethodConfig {
-		for j, n := range mc.Name {
-			if msg := unregistered(n); msg != "" {
-				clientLog.Warningf("interceptor: methodConfig[%d].name[%d]: %s", i, j, msg)
-			}
+// grpcLog is where a Client writes its warnings without WithLogger.
+var grpcLog = grpclog.Component("resilience")
+
+// maxWarned bounds the warnings a warnLog remembers having written; past
+// it, it forgets them all and starts again, so a resolver delivering ever
+// new configs cannot grow it.
+const maxWarned = 256
+
+// warnLog writes a Client's warnings, each text once: to its slog.Logger
+// (WithLogger), or to grpclog's "resilience" component. A config given
+// again (a resolver's that comes back, the client's own restored) does
+// not log its warnings again. Safe for concurrent use.
+type warnLog struct {
+	l    *slog.Logger // nil: grpclog
+	mu   sync.Mutex
+	seen map[string]struct{} // the texts written; guarded by mu
+}
+
+// warn writes msg, unless it was written before.
+func (w *warnLog) warn(msg string) {
+	w.mu.Lock()
+	_, dup := w.seen[msg]
+	if !dup {
+		if w.seen == nil || len(w.seen) >= maxWarned {
+			w.seen = make(map[string]struct{})
 		}
+		w.seen[msg] = struct{}{}
+	}
+	w.mu.Unlock()
+	switch {
+	case dup:
+	case w.l != nil:
+		w.l.Warn(msg)
+	default:
+		grpcLog.Warning(msg)
 	}
 }
 
-// warnUnregisteredOptions is warnUnregistered for the names of the
-// client's options that select methods without a config entry.
-func warnUnregisteredOptions(o *clientOptions) {
-	for _, l := range []struct {
-		option string
-		names  []string
-	}{
-		{"WithIdempotencyKeys", o.keyed},
-		{"WithIdempotentMethods", o.idempotent},
-	} {
-		for _, s := range l.names {
-			n, err := rpcname.Parse(s)
-			if msg := unregistered(n); err == nil && msg != "" {
-				clientLog.Warningf("interceptor: %s(%q): %s", l.option, s, msg)
-			}
-		}
+// warnAll writes each of msgs, as warn does.
+func (w *warnLog) warnAll(msgs []string) {
+	for _, m := range msgs {
+		w.warn(m)
 	}
-}
-
-// unregistered says how n matches nothing in protoregistry.GlobalFiles, or
-// returns "" when it matches (or is the default name).
-func unregistered(n serviceconfig.Name) string {
-	if n.Service == "" {
-		return ""
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(n.Service))
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if err != nil || !ok {
-		return fmt.Sprintf("service %q is not registered in this program (protoregistry.GlobalFiles): the name applies to no call made with generated code", n.Service)
-	}
-	if n.Method != "" && sd.Methods().ByName(protoreflect.Name(n.Method)) == nil {
-		return fmt.Sprintf("service %q has no method %q", n.Service, n.Method)
-	}
-	return ""
 }

@@ -107,25 +107,3 @@ func TestBreakerControlsQuoteMalformedNames(t *testing.T) {
 		t.Errorf("the client resolved %d methods for malformed names, want none: %+v", len(st), st)
 	}
 }
-
-// TestUnregisteredNames pins what the client warns about: a name whose
-// service, or method, no generated code linked into the program registers.
-func TestUnregisteredNames(t *testing.T) {
-	tests := []struct {
-		n    serviceconfig.Name
-		want string
-	}{
-		{serviceconfig.Name{}, ""},
-		{serviceconfig.Name{Service: echoService}, ""},
-		{serviceconfig.Name{Service: echoService, Method: "Echo"}, ""},
-		{serviceconfig.Name{Service: echoService, Method: "Ecko"}, `service "resilience.echo.v1.EchoService" has no method "Ecko"`},
-		{serviceconfig.Name{Service: "shop.Orders"}, `service "shop.Orders" is not registered in this program`},
-		{serviceconfig.Name{Service: "resilience.echo.v1"}, `service "resilience.echo.v1" is not registered`},
-	}
-	for _, tt := range tests {
-		got := unregistered(tt.n)
-		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-			t.Errorf("unregistered(%+v) = %q, want %q", tt.n, got, tt.want)
-		}
-	}
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -25,7 +26,7 @@ import (
 // (WithExemptMethods, WithFallback); idempotency keys (WithIdempotencyKeys,
 // WithAutomaticIdempotencyKeys); randomness (WithRandSource); what the
 // client reports (WithMeterProvider, WithOnRetry, WithOnStop,
-// WithOnStateChange). The options' internals come last.
+// WithOnStateChange, WithLogger). The options' internals come last.
 
 // ClientOption configures a Client (NewClient).
 type ClientOption interface {
@@ -70,6 +71,9 @@ type clientOptions struct {
 	autoKeys       bool // keys for every method not known idempotent
 	fallbacks      []fallbackEntry
 	idempotent     []string // full methods ("/pkg.S/M") or services ("pkg.S")
+	exemptSet      bool     // WithExemptMethods was given
+	logger         *slog.Logger
+	warnings       []string // of the configs WithServiceConfig gave, logged by NewClient
 	errs           []error
 }
 
@@ -102,7 +106,12 @@ func WithServiceConfig(cfg *serviceconfig.Config) ClientOption {
 			o.errorf("WithServiceConfig: nil config")
 			return
 		}
+		if err := checkBlocks("WithServiceConfig", cfg); err != nil {
+			o.errs = append(o.errs, err)
+			return
+		}
 		o.add("WithServiceConfig", cfg.MaxAttemptsCap(), cfg.MethodConfig...)
+		o.warnings = append(o.warnings, parseWarnings("WithServiceConfig", cfg)...)
 		if cfg.RetryThrottling != nil {
 			o.config.RetryThrottling = cfg.RetryThrottling
 		}
@@ -213,7 +222,7 @@ func WithRetryBudget(b *serviceconfig.RetryBudget) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if b != nil {
 			if err := b.Validate(); err != nil {
-				o.errorf("WithRetryBudget: %v", err)
+				o.errorf("WithRetryBudget: %v", goError(err))
 				return
 			}
 		}
@@ -270,6 +279,7 @@ func WithExemptMethods(names ...string) ClientOption {
 			}
 		}
 		o.exempt = append([]string{}, names...)
+		o.exemptSet = true
 	})
 }
 
@@ -423,14 +433,14 @@ func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientO
 	return clientOptionFunc(func(o *clientOptions) { o.onStateChange = f })
 }
 
-// entryOrigin is where an entry of a client's method config came from,
-// which sets the cap its MaxAttempts is held to.
-type entryOrigin struct {
-	option string // the option that gave it, or "UpdateServiceConfig"
-	index  int    // its index among the entries that option gave
-	// parsedCap is the cap serviceconfig.Parse applied to the entry's
-	// config; 0 for an entry built in Go, held to the client's cap.
-	parsedCap int
+// WithLogger sets the logger of the Client's warnings: what it accepts but
+// cannot be sure of (a name no code linked into the program registers, a
+// resolver's config with a typo grpc-go applies anyway, each warning of a
+// parsed config it is given), and the names Status and HedgingDelay cannot
+// read. Each text is logged once. By default they go to grpclog
+// (component "resilience").
+func WithLogger(l *slog.Logger) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.logger = l })
 }
 
 // add appends mcs, given by option, to the client's method config;
@@ -440,38 +450,6 @@ func (o *clientOptions) add(option string, parsedCap int, mcs ...serviceconfig.M
 		o.origins = append(o.origins, entryOrigin{option: option, index: i, parsedCap: parsedCap})
 	}
 	o.config.MethodConfig = append(o.config.MethodConfig, mcs...)
-}
-
-// checkCaps refuses an entry of mcs whose MaxAttempts is above the cap of
-// where it came from (origins[i]): the cap Parse applied to a parsed
-// config's, clientCap to one built in Go. Nothing is lowered in silence: a
-// Go policy asking for 8 attempts under the default cap of 5 is an error
-// that names WithMaxAttemptsCap.
-func checkCaps(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clientCap int) error {
-	for i, mc := range mcs {
-		og := origins[i]
-		limit, raise := clientCap, "interceptor.WithMaxAttemptsCap"
-		if og.parsedCap > 0 {
-			limit, raise = og.parsedCap, "serviceconfig.WithMaxAttemptsCap when parsing"
-		}
-		var block string
-		var n int
-		switch {
-		case mc.RetryPolicy != nil && mc.RetryPolicy.MaxAttempts > limit:
-			block, n = "retryPolicy", mc.RetryPolicy.MaxAttempts
-		case mc.HedgingPolicy != nil && mc.HedgingPolicy.MaxAttempts > limit:
-			block, n = "hedgingPolicy", mc.HedgingPolicy.MaxAttempts
-		default:
-			continue
-		}
-		path := fmt.Sprintf("methodConfig[%d].", og.index)
-		if og.option == "WithRetryPolicy" {
-			path = "" // one entry, which the caller did not write as a list
-		}
-		return fmt.Errorf("interceptor: %s: %s%s.maxAttempts: %d is above the cap of %d; raise the cap with %s",
-			og.option, path, block, n, limit, raise)
-	}
-	return nil
 }
 
 func (o *clientOptions) err() error { return errors.Join(o.errs...) }

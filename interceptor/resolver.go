@@ -34,8 +34,14 @@ import (
 // either. A config grpc-go refuses is kept out as grpc-go keeps it out (the
 // previous one stays); one that grpc-go accepts but serviceconfig.Parse
 // refuses (a bad extension block) leaves the client's config as it was, as
-// does an update that refuses it, and the reason is logged to grpclog's
-// "resilience" component, with the document's warnings. A config equal to
+// does an update that refuses it, and the reason is logged. The config is
+// read as grpc-go reads it (serviceconfig.Lenient), since grpc-go applies
+// it anyway: a typo that changes which methods a policy covers, a method
+// the program's generated code lacks, a hedging policy on a stream are
+// applied as grpc-go would apply them, where NewClient and
+// UpdateServiceConfig refuse them, and logged. Logs go to WithLogger's
+// logger (grpclog's "resilience" component without it), each text once
+// per Client, however often the resolver delivers it. A config equal to
 // the one in force is not applied again, so breakers keep their state
 // across the resolver's periodic re-resolutions, and across the resolvers
 // grpc builds anew when the connection leaves idle: the builder WrapResolver
@@ -130,7 +136,9 @@ type parsed struct {
 func (cc *configConn) ParseServiceConfig(js string) *grpcsc.ParseResult {
 	pr := cc.ClientConn.ParseServiceConfig(js)
 	r := cc.r
-	cfg, err := serviceconfig.Parse([]byte(js), serviceconfig.WithMaxAttemptsCap(r.c.opts.maxAttemptsCap))
+	// Lenient: grpc-go applies a typo that changes which methods a policy
+	// covers, and so does the client, logging it (apply).
+	cfg, err := serviceconfig.Parse([]byte(js), serviceconfig.WithMaxAttemptsCap(r.c.opts.maxAttemptsCap), serviceconfig.Lenient())
 	r.mu.Lock()
 	r.parsed[r.next%len(r.parsed)] = parsed{grpc: pr, json: js, cfg: cfg, err: err}
 	r.next++
@@ -161,17 +169,18 @@ func (r *configResolver) apply(sc *grpcsc.ParseResult) {
 			p = &r.parsed[i]
 		}
 	}
+	log := r.c.log
 	switch {
 	case sc != nil && p == nil:
-		clientLog.Warning("interceptor: the resolver delivered a service config it did not parse through this builder; the client's config is left as it is")
+		log.warn("interceptor: the resolver delivered a service config it did not parse through this builder; the client's config is left as it is")
 		return
 	case p != nil && p.err != nil:
-		clientLog.Warningf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", p.err)
+		log.warn("interceptor: the resolver's service config is refused, the client's config is left as it is: " + p.err.Error())
 		return
 	case p == nil || !forClient(p.cfg):
 		if r.applied != "" {
 			if err := r.c.restore(); err != nil {
-				clientLog.Warningf("interceptor: restoring the client's own config: %v", err)
+				log.warn("interceptor: restoring the client's own config: " + err.Error())
 				return
 			}
 			r.applied = ""
@@ -180,11 +189,11 @@ func (r *configResolver) apply(sc *grpcsc.ParseResult) {
 	case p.json == r.applied:
 		return
 	}
-	for _, w := range p.cfg.Warnings() {
-		clientLog.Warningf("interceptor: the resolver's service config: %v", w)
-	}
-	if err := r.c.UpdateServiceConfig(p.cfg); err != nil {
-		clientLog.Warningf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", err)
+	// Its warnings, those of kind WarningCoverage included, and the names
+	// no linked-in code registers are logged, once each: grpc-go applies
+	// the config whatever they say.
+	if err := r.c.updateFrom(resolverOrigin, p.cfg, false); err != nil {
+		log.warn("interceptor: the resolver's service config is refused, the client's config is left as it is: " + err.Error())
 		return
 	}
 	r.applied = p.json

@@ -131,7 +131,7 @@ func TestNewClientReportsBadOptions(t *testing.T) {
 		{"duplicate names", WithMethodConfig(
 			serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "a.B"}}},
 			serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "a.B"}}},
-		), "serviceconfig: methodConfig[1].name[0]: duplicates the name at methodConfig[0].name[0]"},
+		), "interceptor: WithMethodConfig: entry 1: Name[0]: duplicates the name at WithMethodConfig: entry 0: Name[0]"},
 		{"one layer", WithOneLayerRetry(0), "interceptor: WithOneLayerRetry(0): must be at least 1"},
 	}
 	for _, tt := range tests {
@@ -234,13 +234,13 @@ func TestEachPolicyIsCappedByWhereItCameFrom(t *testing.T) {
 	}{
 		{"Go policy beside a parsed config with a raised cap",
 			[]ClientOption{WithServiceConfig(parsed), WithRetryPolicy(fastPolicy(8), echoMethod)},
-			"interceptor: WithRetryPolicy: retryPolicy.maxAttempts: 8 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+			"interceptor: WithRetryPolicy: MaxAttempts: 8 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
 		{"Go policy alone", []ClientOption{WithRetryPolicy(fastPolicy(10))},
-			"interceptor: WithRetryPolicy: retryPolicy.maxAttempts: 10 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
-		{"Go hedging policy", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{}, hedge)},
-			"interceptor: WithMethodConfig: methodConfig[1].hedgingPolicy.maxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+			"interceptor: WithRetryPolicy: MaxAttempts: 10 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+		{"Go hedging policy", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService, Method: "Lookup"}}}, hedge)},
+			"interceptor: WithMethodConfig: entry 1: HedgingPolicy.MaxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
 		{"Go config", []ClientOption{WithServiceConfig(&serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{hedge}})},
-			"interceptor: WithServiceConfig: methodConfig[0].hedgingPolicy.maxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
+			"interceptor: WithServiceConfig: MethodConfig[0].HedgingPolicy.MaxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"},
 	}
 	for _, tt := range refused {
 		t.Run(tt.name, func(t *testing.T) {
@@ -252,7 +252,7 @@ func TestEachPolicyIsCappedByWhereItCameFrom(t *testing.T) {
 	t.Run("UpdateServiceConfig with a Go config", func(t *testing.T) {
 		c := newTestClient(t)
 		err := c.UpdateServiceConfig(&serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{hedge}})
-		want := "interceptor: UpdateServiceConfig: methodConfig[0].hedgingPolicy.maxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"
+		want := "interceptor: UpdateServiceConfig: MethodConfig[0].HedgingPolicy.MaxAttempts: 6 is above the cap of 5; raise the cap with interceptor.WithMaxAttemptsCap"
 		if err == nil || err.Error() != want {
 			t.Errorf("UpdateServiceConfig = %v, want %q", err, want)
 		}

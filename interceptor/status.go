@@ -70,11 +70,11 @@ type MethodStatus struct {
 // A method past the client's bound on methods (see the package
 // documentation, Bounded state) reports the state it shares with the
 // others of its config entry. A name that is not a full method has no
-// guards: its status is empty, and why is logged to grpclog.
+// guards: its status is empty, and why is logged once (WithLogger).
 func (c *Client) Status(fullMethod string) MethodStatus {
 	full, err := rpcname.FullMethod("Status", fullMethod)
 	if err != nil {
-		clientLog.Warning(err)
+		c.log.warn(err.Error())
 		return MethodStatus{FullMethod: fullMethod}
 	}
 	p := c.state.Load().peek(full)

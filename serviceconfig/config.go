@@ -39,18 +39,63 @@ type Config struct {
 	// Config built in Go.
 	maxAttemptsCap int
 
-	// warnings are Parse's warnings about the document, in document order.
-	warnings []error
+	// warnings are Parse's warnings about the document: its unknown keys
+	// in document order, then its entries that select no method.
+	warnings []*Warning
 }
 
 // Warnings returns what Parse found questionable in the document that it
-// still accepted, as *Error values naming JSON paths: unknown keys in gRFC
-// A6's own objects (grpc-go ignores them, and so does Parse; a key that is
-// one of this module's own misspelt or misplaced is an error instead), with
-// the known key each one most likely misspells. It returns nil for a
-// Config built in Go. svcconfig check prints them, and fails on them with
-// -strict.
-func (c *Config) Warnings() []error { return c.warnings }
+// still accepted, each a *Warning naming a JSON path, or nil for a Config
+// built in Go. Unknown keys in gRFC A6's own objects come first, in
+// document order: grpc-go ignores them, and so does Parse (a key that is
+// one of this module's own misspelt or misplaced is an error instead),
+// each with the known key it most likely misspells. Those are of kind
+// [WarningIgnoredKey]. Then, only in a Config parsed with [Lenient], the
+// problems that change which methods a policy covers, of kind
+// [WarningCoverage], which Parse otherwise refuses. svcconfig check prints
+// the warnings, and fails on them with -strict; a Client logs them once.
+func (c *Config) Warnings() []*Warning { return c.warnings }
+
+// Warning is one of Parse's warnings about a document it accepted: where
+// (Path, a JSON path), what (Err), and what it does to the config (Kind).
+// Its Error text has the form of an *Error's.
+type Warning struct {
+	Kind WarningKind
+	Path string
+	Err  error
+}
+
+// Error returns "serviceconfig: <path>: <err>", as Error.Error does.
+func (w *Warning) Error() string { return (&Error{Path: w.Path, Err: w.Err}).Error() }
+
+// Unwrap returns Err.
+func (w *Warning) Unwrap() error { return w.Err }
+
+// WarningKind says what the problem a Warning reports does to the config.
+type WarningKind uint8
+
+const (
+	// WarningIgnoredKey is an unknown key in gRFC A6's objects, ignored as
+	// grpc-go ignores it. The field it likely misspells keeps its default,
+	// but which methods each policy covers does not change.
+	WarningIgnoredKey WarningKind = iota + 1
+	// WarningCoverage changes which methods a policy covers: a typo that
+	// widens an entry to every method (a name holding an unknown key), or
+	// leaves a policy applying to no method (an entry without a name, a
+	// misspelt methodConfig). Parse refuses these unless given [Lenient].
+	WarningCoverage
+)
+
+// String returns "ignored key" or "coverage".
+func (k WarningKind) String() string {
+	switch k {
+	case WarningIgnoredKey:
+		return "ignored key"
+	case WarningCoverage:
+		return "coverage"
+	}
+	return "WarningKind(" + itoa(int(k)) + ")"
+}
 
 // MaxAttemptsCap returns the cap on MaxAttempts that Parse applied to c (5
 // unless WithMaxAttemptsCap changed it), or 0 when c was built in Go. A

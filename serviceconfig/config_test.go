@@ -152,9 +152,10 @@ func TestMarshalJSON(t *testing.T) {
 		{name: "zero", config: serviceconfig.Config{}, want: `{}`},
 		{name: "defaults are written out",
 			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+				Name:        []serviceconfig.Name{{}},
 				RetryPolicy: &serviceconfig.RetryPolicy{RetryableStatusCodes: []codes.Code{codes.Unavailable}},
 			}}},
-			want: `{"methodConfig":[{"name":[],"retryPolicy":{"maxAttempts":3,"initialBackoff":"0.1s","maxBackoff":"5s","backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}`},
+			want: `{"methodConfig":[{"name":[{}],"retryPolicy":{"maxAttempts":3,"initialBackoff":"0.1s","maxBackoff":"5s","backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}`},
 		{name: "every block",
 			config: serviceconfig.Config{
 				MethodConfig: []serviceconfig.MethodConfig{{
@@ -178,10 +179,11 @@ func TestMarshalJSON(t *testing.T) {
 				`"healthCheckConfig":{"serviceName":"shop"},"retryBudget":{"ratio":0.25}}`},
 		{name: "adaptive hedging delay",
 			config: serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+				Name: []serviceconfig.Name{{}},
 				HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95,
 					HedgingDelayFloor: time.Millisecond, HedgingDelayMinSamples: 50},
 			}}},
-			want: `{"methodConfig":[{"name":[],"hedgingPolicy":{"maxAttempts":2,"hedgingDelayQuantile":0.95,"hedgingDelayFloor":"0.001s","hedgingDelayMinSamples":50}}]}`},
+			want: `{"methodConfig":[{"name":[{}],"hedgingPolicy":{"maxAttempts":2,"hedgingDelayQuantile":0.95,"hedgingDelayFloor":"0.001s","hedgingDelayMinSamples":50}}]}`},
 		{name: "one attempt has no document form",
 			config:  serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 1, RetryableStatusCodes: []codes.Code{codes.OK}}}}},
 			wantErr: "serviceconfig: methodConfig[0].retryPolicy.maxAttempts: 1 (no retry) has no document form"},

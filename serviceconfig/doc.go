@@ -16,9 +16,12 @@
 //
 // [Parse] reads the document platform teams already hand to grpc-go (from
 // DNS TXT records, a resolver, a config repository) and gives the same
-// verdict as grpc-go v1.85 on it, except for the gRFC A6 corrections listed
-// below. A test feeds every case of its table, and a fuzz target random
-// documents, to grpc-go's own parser to hold this. [Config.Lookup] then
+// verdict as grpc-go v1.85 on it, except for the gRFC A6 corrections and
+// the strictness listed below ("Where Parse differs from grpc-go"): a typo
+// that would widen a policy to every method is an error, which [Lenient]
+// turns back into grpc-go's silent acceptance. A test feeds every case of
+// its table, and a fuzz target random documents, to grpc-go's own parser
+// to hold this. [Config.Lookup] then
 // resolves a method's policy with grpc's precedence: the entry naming the
 // exact method, else the one naming its service, else the default entry;
 // entries at different levels are never merged.
@@ -40,7 +43,8 @@
 //     holds, and reported by [Config.Warnings] with the known key it most
 //     likely misspells (svcconfig check prints these warnings and fails on
 //     them with -strict); see "Unknown keys" below for the keys that are
-//     errors. A key given twice
+//     errors, and "A typo never widens a policy" for those that change
+//     which methods a policy covers. A key given twice
 //     decodes twice, as in encoding/json: the last value wins, objects and
 //     arrays merge into the earlier ones, and a value that failed to decode
 //     fails the document even if a later one is good.
@@ -76,11 +80,13 @@
 //     written {"service": "shop.Orders", "method": "Pay"}), a space or a
 //     control character, an empty dotted part (".shop.Orders"); see
 //     [Name.Validate].
-//   - An entry whose name is absent or null is skipped: it must still decode
-//     (durations, status codes and types as above), but grpc-go does not
-//     check its policies, and neither does Parse; it is left out of Config.
-//     An entry with an empty name list is checked and kept, and selects
-//     nothing.
+//   - An entry whose name is absent or null applies to no method, and so
+//     does one with an empty name list: Parse refuses both (see "A typo
+//     never widens a policy"). With [Lenient], as in grpc-go, an entry
+//     without a name is skipped: it must still decode (durations, status
+//     codes and types as above), but its policies are not checked, and it
+//     is left out of Config; an entry with an empty name list is checked
+//     and kept, and selects nothing.
 //   - One invalid entry invalidates the whole document.
 //   - loadBalancingPolicy must be a string, healthCheckConfig an object
 //     with a string serviceName. Both are carried in Config, not applied.
@@ -95,13 +101,16 @@
 // deadline that has already passed, so it fails at once with
 // DEADLINE_EXCEEDED and no attempt reaches the server; Parse follows it, the
 // safe choice for a document both may run: "0s" parses to a Timeout of 1ns
-// (zero means no timeout in MethodConfig), which the interceptor package
-// runs the same way. A negative timeout is ignored, as grpc-go ignores it.
+// (zero means no timeout in MethodConfig, so "0s" cannot parse to zero),
+// which the interceptor package runs the same way: a call under it fails
+// at once, before any attempt. A negative timeout is ignored, as grpc-go
+// ignores it: it parses to a Timeout of 0, no timeout.
 //
 // # Where Parse differs from grpc-go
 //
-// Only where grpc-go departs from gRFC A6, and where a pure package cannot
-// know what grpc-go knows:
+// Only where grpc-go departs from gRFC A6, where a pure package cannot know
+// what grpc-go knows, and where grpc-go's leniency would change in silence
+// which methods a policy covers:
 //
 //   - Status code names are case-insensitive (A6): "unavailable" is
 //     UNAVAILABLE. grpc-go accepts upper case only.
@@ -141,9 +150,33 @@
 //     objects, a key that is one of ours misspelt or put in the wrong
 //     place; grpc-go ignores both.
 //
-// One reading differs without changing a verdict: a timeout of "0s" is no
-// timeout here (the zero value of MethodConfig.Timeout), where grpc-go fails
-// the call at once.
+//   - A typo or an empty entry that changes which methods a policy covers
+//     is an error (below), which grpc-go accepts. With [Lenient], Parse
+//     gives grpc-go's verdict and reports them as warnings of kind
+//     [WarningCoverage]; interceptor.Client.WrapResolver parses the
+//     configs a resolver delivers so, as grpc-go applies them anyway.
+//
+// # A typo never widens a policy
+//
+// grpc-go ignores an unknown key wherever it is. In a name that is worse
+// than a default: {"services": "shop.Orders"} is the name {}, the default
+// entry, and a 10-attempt policy meant for one service applies to every
+// method, health checks included. So Parse refuses what changes which
+// methods a policy covers, naming the path and the key it likely
+// misspells:
+//
+//	serviceconfig: methodConfig[0].name[0].services: unknown key: did you mean "service"? grpc-go ignores it, which leaves the name {}, the default entry: its policies would apply to every method
+//	serviceconfig: methodConfigs: unknown key: did you mean "methodConfig"? grpc-go ignores it, so the entries it holds apply to no method
+//
+// That is: any unknown key in a name; a key that most likely misspells
+// "name" in an entry, or "methodConfig" at the top level; any other unknown
+// top-level key in a document without methodConfig (unless it most likely
+// misspells another top-level key); and an entry whose name is absent,
+// null or an empty list, which applies to no method. A document delivered
+// by a resolver, which grpc-go applies whatever it holds, is read with
+// [Lenient]; each [Warning] has a Kind that tells these
+// ([WarningCoverage]) from the unknown keys that only leave a field at
+// its default ([WarningIgnoredKey]).
 //
 // # Extension blocks
 //

@@ -152,3 +152,49 @@ func ExampleCircuitBreaker_adaptive() {
 	// Output:
 	// adaptive 2 1m0s
 }
+
+// "timeout": "0s" parses to the shortest timeout, 1ns, which fails every
+// call at once with DEADLINE_EXCEEDED, as in grpc-go; zero in a
+// MethodConfig means no timeout, which a negative timeout gives, as grpc-go
+// ignores it.
+func ExampleParse_zeroTimeout() {
+	for _, timeout := range []string{`"0s"`, `"-1s"`, `"0.5s"`} {
+		c, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{"service": "shop.Orders"}], "timeout": ` + timeout + `}]}`))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("%s: Timeout %v\n", timeout, c.MethodConfig[0].Timeout)
+	}
+	// Output:
+	// "0s": Timeout 1ns
+	// "-1s": Timeout 0s
+	// "0.5s": Timeout 500ms
+}
+
+// A typo in a name is refused: grpc-go would ignore "services" and read the
+// name as {}, the default entry, so that the 10-attempt policy applied to
+// every method. Lenient reads the document as grpc-go does, and its
+// Warnings tell the typo that changed which methods the policy covers.
+func ExampleLenient() {
+	doc := []byte(`{"methodConfig": [{"name": [{"services": "shop.Orders"}],
+	  "retryPolicy": {"maxAttempts": 10, "initialBackoff": "0.1s", "maxBackoff": "1s",
+	                  "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`)
+	_, err := serviceconfig.Parse(doc)
+	fmt.Println(err)
+
+	c, err := serviceconfig.Parse(doc, serviceconfig.Lenient())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	mc, _ := c.Lookup("/grpc.health.v1.Health/Check")
+	fmt.Printf("health checks get %d attempts\n", mc.RetryPolicy.MaxAttempts)
+	for _, w := range c.Warnings() {
+		fmt.Printf("%s: %s\n", w.Kind, w.Path)
+	}
+	// Output:
+	// serviceconfig: methodConfig[0].name[0].services: unknown key: did you mean "service"? grpc-go ignores it, which leaves the name {}, the default entry: its policies would apply to every method
+	// health checks get 5 attempts
+	// coverage: methodConfig[0].name[0].services
+}

@@ -11,36 +11,50 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// FuzzParse checks that Parse never panics, that its errors are *Error, and
-// that what it accepts validates and survives parse → marshal → parse.
+// FuzzParse checks that Parse never panics, with or without Lenient, that
+// its errors are *Error, that what it accepts validates and survives parse
+// → marshal → parse, and that without Lenient it refuses exactly the
+// documents whose Lenient parse has a warning of kind WarningCoverage.
 func FuzzParse(f *testing.F) {
 	for _, c := range parseCases() {
 		f.Add([]byte(c.doc))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := serviceconfig.Parse(data)
-		if err != nil {
-			var e *serviceconfig.Error
-			if !errors.As(err, &e) || c != nil || !strings.HasPrefix(err.Error(), "serviceconfig: ") {
-				t.Fatalf("Parse(%q) = %v, %T %v, want nil, *serviceconfig.Error", data, c, err, err)
+		for _, opts := range [][]serviceconfig.ParseOption{nil, {serviceconfig.Lenient()}} {
+			c, err := serviceconfig.Parse(data, opts...)
+			if err != nil {
+				var e *serviceconfig.Error
+				if !errors.As(err, &e) || c != nil || !strings.HasPrefix(err.Error(), "serviceconfig: ") {
+					t.Fatalf("Parse(%q) = %v, %T %v, want nil, *serviceconfig.Error", data, c, err, err)
+				}
+				continue
 			}
-			return
+			if err := c.Validate(); err != nil {
+				t.Fatalf("Parse(%q).Validate() = %v, want nil", data, err)
+			}
+			for _, m := range []string{testMethod, "/a/b", "/", ""} {
+				c.Lookup(m)
+			}
+			for _, w := range c.Warnings() {
+				if w.Kind != serviceconfig.WarningIgnoredKey && (w.Kind != serviceconfig.WarningCoverage || opts == nil) {
+					t.Fatalf("Parse(%q, %d options) warns %v of kind %v", data, len(opts), w, w.Kind)
+				}
+			}
+			checkRoundTrip(t, c, opts...)
+			if opts != nil {
+				checkStrict(t, data, c, 0)
+			}
 		}
-		if err := c.Validate(); err != nil {
-			t.Fatalf("Parse(%q).Validate() = %v, want nil", data, err)
-		}
-		for _, m := range []string{testMethod, "/a/b", "/", ""} {
-			c.Lookup(m)
-		}
-		checkRoundTrip(t, c)
 	})
 }
 
-// FuzzParseMatchesGRPC checks that Parse and grpc-go's own parser give the
-// same verdict, but for the differences the package documents: our
-// extension blocks and the gRFC A6 corrections (hedgingPolicy,
-// retryThrottling, case-insensitive status codes), and load-balancing
-// policies grpc-go looks up in its registry.
+// FuzzParseMatchesGRPC checks that Parse with Lenient and grpc-go's own
+// parser give the same verdict, but for the differences the package
+// documents: our extension blocks and the gRFC A6 corrections
+// (hedgingPolicy, retryThrottling, case-insensitive status codes), and
+// load-balancing policies grpc-go looks up in its registry. Without
+// Lenient, Parse also refuses what changes which methods a policy covers:
+// FuzzParse checks that it refuses exactly that.
 func FuzzParseMatchesGRPC(f *testing.F) {
 	for _, c := range parseCases() {
 		f.Add([]byte(c.doc))
@@ -61,7 +75,7 @@ func FuzzParseMatchesGRPC(f *testing.F) {
 	}
 	p := newGRPCParser(f, 0)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, err := serviceconfig.Parse(data)
+		_, err := serviceconfig.Parse(data, serviceconfig.Lenient())
 		_, grpcErr := p.parse(string(data), testMethod)
 		switch {
 		case (err == nil) == (grpcErr == nil):

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -115,11 +116,16 @@ type keyCheck struct {
 	err      *Error
 	warnings []unknownKey
 	places   []placed // every field of the schema, for placeOf; built on first use
+	// indices are the indices of the array elements the walk is in, outermost
+	// first: [i] in the i-th methodConfig entry, [i, j] in its j-th name.
+	indices []int
 }
 
 // unknownKey is an unknown key that is only warned about.
 type unknownKey struct {
 	parent, key, suggestion string
+	in                      *schema // the object holding the key
+	indices                 []int   // keyCheck.indices where the key is
 }
 
 // checkKeys checks the keys of data, a document that decoded, against
@@ -145,7 +151,9 @@ func (k *keyCheck) value(raw []byte, s *schema, path string, ours bool) {
 			return
 		}
 		for i, e := range elems {
+			k.indices = append(k.indices, i)
 			k.value(e, s, index(path, i), ours)
+			k.indices = k.indices[:len(k.indices)-1]
 		}
 	case '{':
 		k.object(raw, s, path, ours)
@@ -191,7 +199,7 @@ func (k *keyCheck) unknown(s *schema, path, key string, ours bool) {
 	case elsewhere != "" && best == "":
 		k.err = newError(join(path, key), "unknown key here: it belongs in "+elsewhere)
 	default:
-		k.warnings = append(k.warnings, unknownKey{parent: path, key: key, suggestion: best})
+		k.warnings = append(k.warnings, unknownKey{parent: path, key: key, suggestion: best, in: s, indices: slices.Clone(k.indices)})
 	}
 }
 
@@ -306,14 +314,17 @@ func editDistance(a, b string) int {
 	return prev[len(rb)]
 }
 
-// warning returns u as the *Error Config.Warnings holds.
-func (u unknownKey) warning() error {
+// warning returns u as a warning of kind WarningIgnoredKey.
+func (u unknownKey) warning() *Warning {
 	msg := "unknown key, ignored (grpc-go ignores it too)"
 	if u.suggestion != "" {
 		msg += `: did you mean "` + u.suggestion + `"?`
 	}
-	return newError(join(u.parent, u.key), msg)
+	return &Warning{Kind: WarningIgnoredKey, Path: u.path(), Err: errors.New(msg)}
 }
+
+// path returns the JSON path of the key.
+func (u unknownKey) path() string { return join(u.parent, u.key) }
 
 // hint adds to err, an error of Parse at the path of a key the document
 // lacks, the unknown key that most likely misspells it: a required field
@@ -329,16 +340,4 @@ func hint(err error, unknown []unknownKey) error {
 		}
 	}
 	return err
-}
-
-// warnings returns the warnings of unknown keys, in document order.
-func warnings(unknown []unknownKey) []error {
-	if len(unknown) == 0 {
-		return nil
-	}
-	out := make([]error, len(unknown))
-	for i, u := range unknown {
-		out[i] = u.warning()
-	}
-	return out
 }

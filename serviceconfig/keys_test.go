@@ -66,30 +66,32 @@ func TestUnknownKeyInOurBlocksIsAnError(t *testing.T) {
 }
 
 // TestUnknownKeyInA6ObjectsIsAWarning pins grpc-go's leniency in A6's own
-// objects: the document is accepted, and Warnings names each unknown key,
-// in document order, with the key it most likely misspells.
+// objects: the document is accepted (with Lenient, which the name's typo
+// needs), and Warnings names each unknown key, in document order, with the
+// key it most likely misspells and its kind, then the entries that select
+// no method.
 func TestUnknownKeyInA6ObjectsIsAWarning(t *testing.T) {
 	doc := `{"methodConfig": [{"name": [{"service": "shop.Orders", "methods": "Pay"}], "timout": "1s",
 		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
-		                "retryableStatusCodes": ["UNAVAILABLE"], "extra": {}}}],
+		                "retryableStatusCodes": ["UNAVAILABLE"], "extra": {}}}, {"name": [], "timeout": "1s"}],
 		"loadBalancingPolicyy": "round_robin", "retryBudget": {"TTL": "5s", "Ratio": 0.1}}`
-	c, err := serviceconfig.Parse([]byte(doc))
+	c, err := serviceconfig.Parse([]byte(doc), serviceconfig.Lenient())
 	if err != nil {
 		t.Fatalf("Parse() = %v, want a document grpc-go accepts to be accepted", err)
 	}
 	var got []string
 	for _, w := range c.Warnings() {
-		var e *serviceconfig.Error
-		if !errors.As(w, &e) {
-			t.Fatalf("warning %T %v is not an *Error", w, w)
+		if !errors.Is(w, w.Err) {
+			t.Fatalf("warning %v does not unwrap to its Err", w)
 		}
-		got = append(got, w.Error())
+		got = append(got, w.Kind.String()+": "+w.Error())
 	}
 	want := []string{
-		`serviceconfig: methodConfig[0].name[0].methods: unknown key, ignored (grpc-go ignores it too): did you mean "method"?`,
-		`serviceconfig: methodConfig[0].timout: unknown key, ignored (grpc-go ignores it too): did you mean "timeout"?`,
-		`serviceconfig: methodConfig[0].retryPolicy.extra: unknown key, ignored (grpc-go ignores it too)`,
-		`serviceconfig: loadBalancingPolicyy: unknown key, ignored (grpc-go ignores it too): did you mean "loadBalancingPolicy"?`,
+		`coverage: serviceconfig: methodConfig[0].name[0].methods: unknown key: did you mean "method"? grpc-go ignores it, which leaves the name {"service": "shop.Orders"}: its policies would apply to every method of shop.Orders`,
+		`ignored key: serviceconfig: methodConfig[0].timout: unknown key, ignored (grpc-go ignores it too): did you mean "timeout"?`,
+		`ignored key: serviceconfig: methodConfig[0].retryPolicy.extra: unknown key, ignored (grpc-go ignores it too)`,
+		`ignored key: serviceconfig: loadBalancingPolicyy: unknown key, ignored (grpc-go ignores it too): did you mean "loadBalancingPolicy"?`,
+		`coverage: serviceconfig: methodConfig[1].name: is empty, so the entry applies to no method: list its methods, or write [{}] for every method`,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Warnings() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

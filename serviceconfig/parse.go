@@ -21,7 +21,10 @@ import (
 // and rejects what grpc-go v1.85 does, except for the gRFC A6 corrections
 // and our own schema's strictness that the package documentation lists: an
 // unknown key in our blocks is an error naming the closest known key, and
-// one in A6's objects a warning ([Config.Warnings]). It never panics.
+// one in A6's objects a warning ([Config.Warnings]), unless it changes
+// which methods a policy covers, such as an unknown key in a name: that is
+// an error too, unless [Lenient] asks for grpc-go's verdict. It never
+// panics.
 func Parse(data []byte, opts ...ParseOption) (*Config, error) {
 	o := defaultParseOptions()
 	for _, opt := range opts {
@@ -51,7 +54,14 @@ func Parse(data []byte, opts ...ParseOption) (*Config, error) {
 	if err != nil {
 		return nil, hint(err, unknown)
 	}
-	c.warnings = warnings(unknown)
+	// A typo that changes which methods a policy covers: an error unless
+	// Lenient (see coverage.go).
+	c.warnings = warningsOf(&w, unknown)
+	if !o.lenient {
+		if err := firstCoverage(c.warnings); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 

@@ -105,6 +105,9 @@ type parseCase struct {
 	doc  string
 	cap  int    // WithMaxAttemptsCap(cap) when not 0
 	meth string // the method looked up; testMethod when empty
+	// lenient parses with Lenient: grpc-go's verdict on a document whose
+	// typo or empty entry changes which methods a policy covers.
+	lenient bool
 
 	// For a valid document: what Lookup returns (nil: no entry applies) and
 	// the top-level blocks.
@@ -129,6 +132,7 @@ const (
 	diffExtension = "extension block: grpc-go ignores it"
 	diffRegistry  = "grpc-go needs a registered balancer; a pure package cannot see the registry"
 	diffNames     = "a name that can never match a call is refused; grpc-go accepts it and applies it to nothing"
+	diffCoverage  = "a typo or empty entry that changes which methods a policy covers is refused; grpc-go accepts it (as Parse does with Lenient)"
 )
 
 func parseCases() []parseCase {
@@ -147,7 +151,7 @@ func parseCases() []parseCase {
 			wantErr: "serviceconfig: methodConfig[0]: invalid JSON at line 1, column 74: invalid character '}'"},
 		{name: "comment", doc: "{// retry\n}", wantErr: "invalid JSON at line 1, column 2"},
 		{name: "byte order mark", doc: "\ufeff{}", wantErr: "invalid JSON at line 1, column 1"},
-		{name: "unknown fields are ignored",
+		{name: "unknown fields are ignored", lenient: true,
 			doc:  `{"foo": [1, {}], "methodConfig": [{"name": [{"service": "shop.Orders", "x": 1}], "bar": null, "retryPolicy": ` + retry(`"extra": {}`) + `}]}`,
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: baseRetry()})},
 		{name: "keys match in any case",
@@ -155,7 +159,9 @@ func parseCases() []parseCase {
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.MaxAttempts = 3 })})},
 		{name: "methodConfig null", doc: `{"methodConfig": null}`},
 		{name: "methodConfig empty", doc: `{"methodConfig": []}`},
-		{name: "methodConfig null entry", doc: `{"methodConfig": [null]}`},
+		{name: "methodConfig null entry", doc: `{"methodConfig": [null]}`, lenient: true},
+		{name: "methodConfig null entry refused", doc: `{"methodConfig": [null]}`, grpc: diffCoverage,
+			wantErr: `serviceconfig: methodConfig[0]: has no "name", so it applies to no method (grpc-go skips it)`},
 		{name: "methodConfig object", doc: `{"methodConfig": {}}`, wantErr: "serviceconfig: methodConfig: must be an array, not an object"},
 		{name: "methodConfig entry number", doc: `{"methodConfig": [{"name": []}, 7]}`, wantErr: "serviceconfig: methodConfig[1]: must be an object, not a number"},
 
@@ -204,9 +210,58 @@ func parseCases() []parseCase {
 			wantErr: `methodConfig[0].name[0]: service "shop.Orders " holds a space or control character`},
 		{name: "service in protoc's dotted form", doc: `{"methodConfig": [{"name": [{"service": ".shop.Orders"}]}]}`, grpc: diffNames,
 			wantErr: `methodConfig[0].name[0]: service ".shop.Orders" has an empty part: write it as "shop.Orders", package and service`},
-		{name: "entry without name is skipped unchecked",
+		// A typo that changes which methods a policy covers: refused, and
+		// with Lenient read as grpc-go reads it.
+		{name: "unknown key in a name is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"services": "shop.Orders"}], "retryPolicy": ` + retry(`"maxAttempts": 10`) + `}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name[0].services: unknown key: did you mean "service"? grpc-go ignores it, which leaves the name {}, the default entry: its policies would apply to every method`},
+		{name: "unknown key in a name makes the default entry with Lenient", lenient: true, meth: "/grpc.health.v1.Health/Check",
+			doc:  `{"methodConfig": [{"name": [{"services": "shop.Orders"}], "retryPolicy": ` + retry(`"maxAttempts": 10`) + `}]}`,
+			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{}}, RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.MaxAttempts = 5 })}},
+		{name: "misspelt method widens a name to its service", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Orders", "methods": "Pay"}], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name[0].methods: unknown key: did you mean "method"? grpc-go ignores it, which leaves the name {"service": "shop.Orders"}: its policies would apply to every method of shop.Orders`},
+		{name: "misspelt method widens a name with Lenient", lenient: true,
+			doc:  `{"methodConfig": [{"name": [{"service": "shop.Orders", "methods": "Pay"}], "timeout": "1s"}]}`,
+			want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
+		{name: "any unknown key in a name is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Orders", "method": "Create", "comment": "x"}], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name[0].comment: unknown key (a name holds only "service" and "method"): grpc-go ignores it`},
+		{name: "misspelt methodConfig is refused", grpc: diffCoverage,
+			doc:     `{"methodConfigs": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfigs: unknown key: did you mean "methodConfig"? grpc-go ignores it, so the entries it holds apply to no method`},
+		{name: "misspelt methodConfig beside methodConfig is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Carts"}], "timeout": "1s"}], "methodconfig_": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodconfig_: unknown key: did you mean "methodConfig"?`},
+		{name: "misspelt methodConfig gives an empty config with Lenient", lenient: true,
+			doc: `{"methodConfigs": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`},
+		{name: "unknown top-level key without methodConfig is refused", grpc: diffCoverage,
+			doc:     `{"rules": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}], "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}`,
+			wantErr: `serviceconfig: rules: unknown key, in a document without methodConfig: grpc-go ignores it, so if it holds the method config, no method gets a policy`},
+		{name: "unknown top-level key beside methodConfig is a warning",
+			doc:  `{"rules": 1, "methodConfig": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`,
+			want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
+		{name: "misspelt top-level key without methodConfig is a warning",
+			doc:            `{"retryThrotling": {"maxTokens": 10, "tokenRatio": 0.1}, "retryThrottling": {"maxTokens": 5, "tokenRatio": 0.5}}`,
+			wantThrottling: &serviceconfig.RetryThrottling{MaxTokens: 5, TokenRatio: 0.5}},
+		{name: "misspelt name is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"names": [{"service": "shop.Orders"}], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfig[0].names: unknown key: did you mean "name"? grpc-go ignores it, which leaves the entry without a name: it applies to no method (grpc-go skips it)`},
+		{name: "misspelt name beside name is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Carts"}], "nmae": [{"service": "shop.Orders"}], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfig[0].nmae: unknown key: did you mean "name"? grpc-go ignores it, so the methods it lists get none of the entry's policies`},
+		{name: "entry without name is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Carts"}]}, {"retryPolicy": ` + retry() + `}]}`,
+			wantErr: `serviceconfig: methodConfig[1]: has no "name", so it applies to no method (grpc-go skips it): give it "name": [{"service": "package.Service"}], or [{}] for every method`},
+		{name: "entry with null name is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": null, "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfig[0]: has no "name"`},
+		{name: "entry with empty name list is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name: is empty, so the entry applies to no method: list its methods, or write [{}] for every method`},
+		{name: "entry without name is skipped unchecked", lenient: true,
 			doc: `{"methodConfig": [{"retryPolicy": {"maxAttempts": 1}, "timeout": "1s"}]}`},
-		{name: "entry with null name is skipped unchecked",
+		{name: "entry with null name is skipped unchecked", lenient: true,
 			doc:  `{"methodConfig": [{"name": null, "retryPolicy": {}}, {"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`,
 			want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
 		{name: "entry without name must still decode", doc: `{"methodConfig": [{"timeout": "1"}]}`,
@@ -216,7 +271,7 @@ func parseCases() []parseCase {
 			wantErr: `methodConfig[0].retryPolicy.retryableStatusCodes[0]: unknown status code "NOPE"`},
 		{name: "entry with empty name list is checked", doc: `{"methodConfig": [{"name": [], "retryPolicy": {"maxAttempts": 1}}]}`,
 			wantErr: "methodConfig[0].retryPolicy.maxAttempts: must be greater than 1"},
-		{name: "entry with empty name list applies to nothing", doc: `{"methodConfig": [{"name": [], "timeout": "1s"}]}`},
+		{name: "entry with empty name list applies to nothing", doc: `{"methodConfig": [{"name": [], "timeout": "1s"}]}`, lenient: true},
 		{name: "name not an array", doc: `{"methodConfig": [{"name": {"service": "shop.Orders"}}]}`,
 			wantErr: "serviceconfig: methodConfig[0].name: must be an array, not an object"},
 		{name: "service not a string", doc: `{"methodConfig": [{"name": [{"service": 7}]}]}`,
@@ -533,7 +588,7 @@ func parseCases() []parseCase {
 		{name: "retry budget ttl without unit", doc: `{"retryBudget": {"ttl": "10"}}`, grpc: diffExtension,
 			wantErr: `serviceconfig: retryBudget.ttl: "10" is not a duration`},
 		{name: "retry budget null", doc: `{"retryBudget": null}`},
-		{name: "extension blocks of a nameless entry are not validated",
+		{name: "extension blocks of a nameless entry are not validated", lenient: true,
 			doc: `{"methodConfig": [{"circuitBreaker": {"failureRateThreshold": 7}, "bulkhead": {}}]}`},
 		{name: "extension blocks of a nameless entry must decode", doc: `{"methodConfig": [{"bulkhead": {"maxConcurrent": "x"}}]}`, grpc: diffExtension,
 			wantErr: "methodConfig[0].bulkhead.maxConcurrent: must be an integer, not a string"},
@@ -565,10 +620,14 @@ const extensions = `{
 }`
 
 func parseOpts(c parseCase) []serviceconfig.ParseOption {
-	if c.cap == 0 {
-		return nil
+	var opts []serviceconfig.ParseOption
+	if c.cap != 0 {
+		opts = append(opts, serviceconfig.WithMaxAttemptsCap(c.cap))
 	}
-	return []serviceconfig.ParseOption{serviceconfig.WithMaxAttemptsCap(c.cap)}
+	if c.lenient {
+		opts = append(opts, serviceconfig.Lenient())
+	}
+	return opts
 }
 
 func TestParse(t *testing.T) {
@@ -610,7 +669,42 @@ func TestParse(t *testing.T) {
 				t.Fatalf("Parse(%q).Validate() = %v, want nil", tt.doc, err)
 			}
 			checkRoundTrip(t, got, parseOpts(tt)...)
+			checkStrict(t, []byte(tt.doc), got, tt.cap)
 		})
+	}
+}
+
+// checkStrict checks that Parse without Lenient refuses data, which Parse
+// with Lenient read as lenient, exactly when lenient has a warning of kind
+// WarningCoverage, with the first one's path and text; and that it
+// otherwise gives the same config.
+func checkStrict(t *testing.T, data []byte, lenient *serviceconfig.Config, cap int) {
+	t.Helper()
+	var opts []serviceconfig.ParseOption
+	if cap != 0 {
+		opts = append(opts, serviceconfig.WithMaxAttemptsCap(cap))
+	}
+	strict, err := serviceconfig.Parse(data, opts...)
+	var first *serviceconfig.Warning
+	for _, w := range lenient.Warnings() {
+		if w.Kind == serviceconfig.WarningCoverage {
+			first = w
+			break
+		}
+	}
+	switch {
+	case first == nil && err != nil:
+		t.Fatalf("Parse(%q) = %v, but with Lenient it has no coverage warning", data, err)
+	case first == nil:
+		equal(t, exported(strict), exported(lenient), "Parse(%q)", data)
+		equal(t, strict.Warnings(), lenient.Warnings(), "Parse(%q).Warnings()", data)
+	case err == nil || err.Error() != first.Error():
+		t.Fatalf("Parse(%q) = %v, want the first coverage warning of Lenient as the error: %v", data, err, first)
+	default:
+		var e *serviceconfig.Error
+		if !errors.As(err, &e) || e.Path != first.Path || strict != nil {
+			t.Fatalf("Parse(%q) = %v, %#v, want nil and an *Error at %q", data, strict, err, first.Path)
+		}
 	}
 }
 
@@ -720,9 +814,12 @@ func checkRoundTrip(t *testing.T, c *serviceconfig.Config, opts ...serviceconfig
 	if err != nil {
 		t.Fatalf("Parse(%s) = %v, want the config it was marshalled from", out, err)
 	}
-	// The document written has no unknown keys, so no warnings.
-	if w := again.Warnings(); w != nil {
-		t.Fatalf("Parse(%s).Warnings() = %v, want none", out, w)
+	// The document written has no unknown keys, so no warnings of them;
+	// an entry of a Lenient parse with an empty name list stays one.
+	for _, w := range again.Warnings() {
+		if w.Kind != serviceconfig.WarningCoverage || !strings.HasSuffix(w.Path, ".name") {
+			t.Fatalf("Parse(%s).Warnings() holds %v, want none but empty name lists", out, w)
+		}
 	}
 	equal(t, exported(again), exported(c), "Parse(%s)", out)
 	if again.MaxAttemptsCap() != c.MaxAttemptsCap() {

@@ -13,11 +13,13 @@ import (
 
 // check validates data and writes "ok" and one line per methodConfig entry to
 // w, with the entry's warnings under it, then the client-wide blocks. It
-// returns the number of warnings, or Parse's error for an invalid document.
-func check(w io.Writer, data []byte, opts options) (warnings int, err error) {
-	d, err := load(data, opts.maxAttemptsCap)
+// returns the number of warnings, and of those that change which methods
+// a policy covers (only under -lenient), or Parse's error for an invalid
+// document.
+func check(w io.Writer, data []byte, opts options) (warnings, coverage int, err error) {
+	d, err := load(data, opts)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	p := &printer{w: w}
 	type line struct {
@@ -81,7 +83,7 @@ func check(w io.Writer, data []byte, opts options) (warnings int, err error) {
 	for _, wn := range epWarnings {
 		p.printf("  WARNING: %s\n", wn)
 	}
-	return warnings, p.err
+	return warnings, d.coverage(), p.err
 }
 
 // summary describes an entry on one line: its names, then its settings.

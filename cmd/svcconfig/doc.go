@@ -19,11 +19,30 @@
 //
 // check validates the document. A valid one gets "ok" and one line per
 // methodConfig entry (its names, timeout, policy and blocks), then the
-// client-wide blocks; an entry without a name, which grpc ignores, is listed
-// as skipped. An invalid one gets the error exactly as Parse words it, and
-// exit status 1:
+// client-wide blocks. An invalid one gets the error exactly as Parse words
+// it, and exit status 1:
 //
 //	serviceconfig: methodConfig[1].retryPolicy.maxAttempts: must be greater than 1
+//
+// That includes a typo that changes which methods a policy covers, which
+// Parse refuses (and so a client handed the document), though grpc-go
+// accepts it:
+//
+//	serviceconfig: methodConfig[0].name[0].services: unknown key: did you mean "service"? grpc-go ignores it, which leaves the name {}, the default entry: its policies would apply to every method
+//
+// With -lenient, check and explain read the document as grpc-go does, and
+// as a client reads a config its resolver delivers (serviceconfig.Lenient):
+// such a typo is a warning, marked "[changes which methods a policy
+// covers]", the report shows what grpc-go would run (the default entry, in
+// that example), an entry without a name is listed as skipped, and the
+// command still exits 1.
+//
+// A server document (one with concurrencyLimit or tenantFairness, as
+// serviceconfig.ParseServer reads it) given to check or explain, or a
+// client's service config given to server, gets exit status 1 and the
+// command to use instead:
+//
+//	svcconfig: testdata/server.json is a server document (it has "concurrencyLimit", which serviceconfig.ParseServer reads), not a client's service config: use svcconfig server testdata/server.json
 //
 // Warnings (below) are printed under the entry they concern.
 //
@@ -104,7 +123,9 @@
 //   - an entry whose name list is empty, which selects nothing;
 //   - an unknown key in gRFC A6's own objects, which grpc-go and the client
 //     ignore, with the known key it most likely misspells (serviceconfig's
-//     Config.Warnings); an unknown key in our own blocks is an error;
+//     Config.Warnings); an unknown key in our own blocks is an error, and so
+//     is one that changes which methods a policy covers (a warning under
+//     -lenient, which fails the command all the same);
 //
 // and explain also about a method with neither retryPolicy nor
 // hedgingPolicy, or that no entry applies to: there is nothing to explain.
@@ -116,12 +137,15 @@
 //	-attempt-time D      the longest an attempt takes, for the schedule, as
 //	                     a Go duration such as 300ms
 //	-strict              treat warnings as errors: exit status 1
+//	-lenient             read the document as grpc-go does (serviceconfig.Lenient)
 //
 // # Exit status
 //
 // 0 when the document is valid (with warnings, unless -strict); 1 when it is
-// invalid or cannot be read, or has warnings under -strict; 2 on a usage
-// error. -h prints the usage and exits 0.
+// invalid or cannot be read, has warnings under -strict, or under -lenient
+// has a warning that changes which methods a policy covers, or is a
+// document of the other kind; 2 on a usage error. -h prints the usage and
+// exits 0.
 //
 // Output is deterministic: ranges are bounds, not samples. Computed times
 // are rounded for reading, to the microsecond under a second and to the

@@ -1,8 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -26,17 +27,23 @@ type document struct {
 	cap int
 }
 
-// load parses data with the cap, or returns Parse's error unchanged.
-func load(data []byte, maxAttemptsCap int) (*document, error) {
-	cfg, err := serviceconfig.Parse(data, serviceconfig.WithMaxAttemptsCap(maxAttemptsCap))
+// load parses data with the cap, and with serviceconfig.Lenient under
+// -lenient, or returns Parse's error unchanged.
+func load(data []byte, opts options) (*document, error) {
+	parseOpts := []serviceconfig.ParseOption{serviceconfig.WithMaxAttemptsCap(opts.maxAttemptsCap)}
+	if opts.lenient {
+		parseOpts = append(parseOpts, serviceconfig.Lenient())
+	}
+	cfg, err := serviceconfig.Parse(data, parseOpts...)
 	if err != nil {
 		return nil, err
 	}
-	uncapped, err := serviceconfig.Parse(data, serviceconfig.WithMaxAttemptsCap(math.MaxInt))
+	parseOpts[0] = serviceconfig.WithMaxAttemptsCap(math.MaxInt)
+	uncapped, err := serviceconfig.Parse(data, parseOpts...)
 	if err != nil || len(uncapped.MethodConfig) != len(cfg.MethodConfig) {
 		uncapped = cfg // cannot happen: the cap only lowers values
 	}
-	d := &document{cfg: cfg, uncapped: uncapped, cap: maxAttemptsCap}
+	d := &document{cfg: cfg, uncapped: uncapped, cap: opts.maxAttemptsCap}
 	d.pos, d.entries = positions(data, len(cfg.MethodConfig))
 	return d, nil
 }
@@ -66,19 +73,32 @@ func positions(data []byte, kept int) (pos []int, entries int) {
 	return pos, len(*raw.MethodConfig)
 }
 
-// parseWarnings returns Parse's warnings about the document (unknown keys
-// in gRFC A6's objects), each as "path: what", in document order.
+// parseWarnings returns Parse's warnings about the document, each as
+// "path: what", in their order: unknown keys in gRFC A6's objects, and
+// under -lenient the problems that change which methods a policy covers,
+// marked so.
 func (d *document) parseWarnings() []string {
 	var out []string
 	for _, w := range d.cfg.Warnings() {
-		var e *serviceconfig.Error
-		if errors.As(w, &e) {
-			out = append(out, e.Path+": "+e.Err.Error())
-		} else {
-			out = append(out, w.Error())
+		line := w.Path + ": " + w.Err.Error()
+		if w.Kind == serviceconfig.WarningCoverage {
+			line += " [changes which methods a policy covers]"
 		}
+		out = append(out, line)
 	}
 	return out
+}
+
+// coverage returns the number of Parse's warnings that change which
+// methods a policy covers: only a document read with -lenient has any.
+func (d *document) coverage() int {
+	n := 0
+	for _, w := range d.cfg.Warnings() {
+		if w.Kind == serviceconfig.WarningCoverage {
+			n++
+		}
+	}
+	return n
 }
 
 // label names entry i of cfg.MethodConfig for a reader: its path in the
@@ -173,4 +193,73 @@ func nameString(n serviceconfig.Name) string {
 		return "/" + n.Service + "/*"
 	}
 	return "/" + n.Service + "/" + n.Method
+}
+
+// The keys that only one kind of document has: a server document
+// (serviceconfig.ParseServer) at its top level and in its entries, and a
+// client's service config (serviceconfig.Parse). Both have methodConfig
+// entries with names.
+var (
+	serverTopKeys   = []string{"concurrencyLimit", "tenantFairness"}
+	serverEntryKeys = []string{"concurrencyLimit"}
+	clientTopKeys   = []string{"loadBalancingPolicy", "loadBalancingConfig", "retryThrottling", "healthCheckConfig", "retryBudget"}
+	clientEntryKeys = []string{"waitForReady", "timeout", "maxRequestMessageBytes", "maxResponseMessageBytes",
+		"retryPolicy", "hedgingPolicy", "circuitBreaker", "bulkhead"}
+)
+
+// kindKeys returns a key of data that only a server document has and one
+// that only a client's service config has ("" when none), each the first
+// of its list that data has, matched as encoding/json matches keys,
+// without regard to case. Data
+// that is not a JSON object has neither.
+func kindKeys(data []byte) (server, client string) {
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(data, &doc) != nil {
+		return "", ""
+	}
+	// find returns the first of keys, in their order, that obj has.
+	find := func(obj map[string]json.RawMessage, keys []string) string {
+		for _, want := range keys {
+			for k := range obj {
+				if strings.EqualFold(k, want) {
+					return want
+				}
+			}
+		}
+		return ""
+	}
+	server, client = find(doc, serverTopKeys), find(doc, clientTopKeys)
+	for k, v := range doc {
+		if !strings.EqualFold(k, "methodConfig") {
+			continue
+		}
+		var entries []map[string]json.RawMessage
+		_ = json.Unmarshal(v, &entries) // a list of anything else has no keys to tell
+		for _, e := range entries {
+			server = cmp.Or(server, find(e, serverEntryKeys))
+			client = cmp.Or(client, find(e, clientEntryKeys))
+		}
+	}
+	return server, client
+}
+
+// checkKind refuses a document of the other kind than cmd reads, saying
+// which command reads it: "svcconfig check" reads a client's service
+// config, "svcconfig server" a server document. A document with keys of
+// both kinds is left to the parser's verdict.
+func checkKind(cmd, file string, data []byte) error {
+	server, client := kindKeys(data)
+	what := file
+	if file == "-" {
+		what = "the document on standard input"
+	}
+	switch {
+	case cmd == "server" && client != "" && server == "":
+		return fmt.Errorf("svcconfig: %s is a client's service config (it has %q, which serviceconfig.Parse reads), "+
+			"not a server document: use svcconfig check %s (or explain)", what, client, file)
+	case cmd != "server" && server != "" && client == "":
+		return fmt.Errorf("svcconfig: %s is a server document (it has %q, which serviceconfig.ParseServer reads), "+
+			"not a client's service config: use svcconfig server %s", what, server, file)
+	}
+	return nil
 }

@@ -18,12 +18,13 @@ import (
 )
 
 // explain writes to w what the client does for calls to fullMethod under
-// the document data, and returns the number of warnings, or Parse's error
-// for an invalid document.
-func explain(w io.Writer, data []byte, fullMethod string, opts options) (warnings int, err error) {
-	d, err := load(data, opts.maxAttemptsCap)
+// the document data, and returns the number of warnings, and of those
+// that change which methods a policy covers (only under -lenient), or
+// Parse's error for an invalid document.
+func explain(w io.Writer, data []byte, fullMethod string, opts options) (warnings, coverage int, err error) {
+	d, err := load(data, opts)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	p := &printer{w: w}
 	r := d.resolve(fullMethod)
@@ -37,7 +38,7 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 		ws := append([]string{"nothing to explain: no entry applies, so calls to " + fullMethod +
 			" get no timeout and are not retried under this document"}, d.parseWarnings()...)
 		p.warnings(ws)
-		return len(ws), p.err
+		return len(ws), d.coverage(), p.err
 	}
 	mc := r.mc
 	switch r.level {
@@ -94,7 +95,7 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	}
 	a.warnings = append(a.warnings, d.parseWarnings()...)
 	p.warnings(a.warnings)
-	return len(a.warnings), p.err
+	return len(a.warnings), d.coverage(), p.err
 }
 
 // explainRetry writes the retry policy with its defaults, the client-wide

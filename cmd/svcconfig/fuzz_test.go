@@ -8,7 +8,8 @@ import (
 	"testing"
 )
 
-// FuzzRun feeds documents to check and explain: whatever the document, the
+// FuzzRun feeds documents to check, explain and server, with and without
+// -lenient: whatever the document, the
 // command exits 0 or 1 and never panics. The seeds are the documents of
 // testdata.
 func FuzzRun(f *testing.F) {
@@ -32,7 +33,10 @@ func FuzzRun(f *testing.F) {
 		limit := strconv.Itoa(maxAttemptsCap)
 		for _, args := range [][]string{
 			{"check", "-max-attempts-cap", limit, "--", "-"},
+			{"check", "-lenient", "-max-attempts-cap", limit, "--", "-"},
 			{"explain", "-attempt-time", "1s", "-max-attempts-cap", limit, "--", "-", method},
+			{"explain", "-lenient", "--", "-", method},
+			{"server", "--", "-", method},
 		} {
 			var stdout, stderr bytes.Buffer
 			if code := run(args, bytes.NewReader(doc), &stdout, &stderr); code != exitOK && code != exitInvalid {

@@ -48,6 +48,26 @@ func TestRun(t *testing.T) {
 			stdin: `{"methodConfig": [{"name": [{"service": "a.B"}], "timeout": "100ms"}]}`},
 		{name: "explain_unknown_keys_strict", args: []string{"explain", "-strict", "testdata/unknown.json", "/shop.Orders/Pay"}},
 
+		// a typo that changes which methods a policy covers fails the check,
+		// with -lenient (grpc-go's reading) or without
+		{name: "check_typo_services", args: []string{"check", "testdata/typo.json"}},
+		{name: "check_typo_services_lenient", args: []string{"check", "-lenient", "testdata/typo.json"}},
+		{name: "explain_typo_services_lenient", args: []string{"explain", "-lenient", "testdata/typo.json", "/grpc.health.v1.Health/Check"}},
+		{name: "check_typo_method_config", args: []string{"check", "-"},
+			stdin: `{"methodConfigs": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`},
+		{name: "check_typo_method_config_lenient", args: []string{"check", "-lenient", "-"},
+			stdin: `{"methodConfigs": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`},
+		{name: "check_nameless", args: []string{"check", "testdata/nameless.json"}},
+		{name: "check_nameless_lenient", args: []string{"check", "-lenient", "testdata/nameless.json"}},
+		{name: "check_lenient_clean", args: []string{"check", "-lenient", "testdata/shop.json"}},
+
+		// a document of the other kind
+		{name: "check_server_document", args: []string{"check", "testdata/server.json"}},
+		{name: "explain_server_document", args: []string{"explain", "testdata/server_fair.json", "/shop.Orders/Get"}},
+		{name: "server_client_document", args: []string{"server", "testdata/shop.json"}},
+		{name: "server_client_document_stdin", args: []string{"server", "-"},
+			stdin: `{"methodConfig": [{"name": [{"service": "a.B"}], "retryPolicy": {}}]}`},
+
 		// the endpoint load-balancing policy
 		{name: "check_endpoint", args: []string{"check", "testdata/endpoint.json"}},
 		{name: "explain_endpoint", args: []string{"explain", "testdata/endpoint.json", "/shop.Orders/Get"}},

@@ -15,7 +15,7 @@ import (
 // The exit statuses.
 const (
 	exitOK      = 0 // valid; with warnings only without -strict
-	exitInvalid = 1 // invalid or unreadable document, or warnings under -strict
+	exitInvalid = 1 // invalid or unreadable document, warnings under -strict, coverage warnings
 	exitUsage   = 2 // bad command line
 )
 
@@ -44,8 +44,13 @@ flags (before or after the arguments):
                        as 300ms (default: the policy's perAttemptRecvTimeout,
                        else 0: the schedule then counts delays only)
   -strict              treat warnings as errors
+  -lenient             read FILE as grpc-go and a client's WrapResolver read a
+                       resolver's config (serviceconfig.Lenient): a typo that
+                       changes which methods a policy covers is shown as a
+                       warning, and still fails the check
 
-exit status: 0 ok; 1 invalid or unreadable document, or warnings with -strict;
+exit status: 0 ok; 1 invalid or unreadable document, warnings with -strict,
+or, with -lenient, warnings that change which methods a policy covers;
 2 usage error.
 `
 
@@ -55,6 +60,7 @@ type options struct {
 	attemptTime    time.Duration // the -attempt-time flag; used when attemptSet
 	attemptSet     bool          // -attempt-time was given
 	strict         bool
+	lenient        bool // parse with serviceconfig.Lenient
 }
 
 // usageError is a bad command line: exit status 2, with the usage.
@@ -108,7 +114,7 @@ func dispatch(args []string, stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var warnings int
+	var warnings, coverage int
 	switch cmd {
 	case "check":
 		if len(pos) != 1 {
@@ -118,7 +124,10 @@ func dispatch(args []string, stdin io.Reader, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if warnings, err = check(stdout, data, opts); err != nil {
+		if err := checkKind(cmd, pos[0], data); err != nil {
+			return err
+		}
+		if warnings, coverage, err = check(stdout, data, opts); err != nil {
 			return err
 		}
 	case "explain":
@@ -133,7 +142,10 @@ func dispatch(args []string, stdin io.Reader, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if warnings, err = explain(stdout, data, method, opts); err != nil {
+		if err := checkKind(cmd, pos[0], data); err != nil {
+			return err
+		}
+		if warnings, coverage, err = explain(stdout, data, method, opts); err != nil {
 			return err
 		}
 	case "server":
@@ -150,9 +162,18 @@ func dispatch(args []string, stdin io.Reader, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if err := checkKind(cmd, pos[0], data); err != nil {
+			return err
+		}
 		if err := server(stdout, data, method); err != nil {
 			return err
 		}
+	}
+	if coverage > 0 {
+		// With or without -strict: a client refuses the document.
+		return fmt.Errorf("svcconfig: failing on %s: serviceconfig.Parse refuses the document "+
+			"(grpc-go and a client's WrapResolver read it as shown)",
+			plural(coverage, "warning that changes which methods a policy covers", "warnings that change which methods a policy covers"))
 	}
 	if opts.strict && warnings > 0 {
 		return fmt.Errorf("svcconfig: -strict: failing on %s", plural(warnings, "warning", "warnings"))
@@ -170,6 +191,7 @@ func parseFlags(cmd string, args []string) (options, []string, error) {
 	fs.IntVar(&opts.maxAttemptsCap, "max-attempts-cap", serviceconfig.DefaultMaxAttemptsCap, "")
 	fs.DurationVar(&opts.attemptTime, "attempt-time", 0, "")
 	fs.BoolVar(&opts.strict, "strict", false, "")
+	fs.BoolVar(&opts.lenient, "lenient", false, "")
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {

@@ -128,7 +128,7 @@ func TestResolveLevels(t *testing.T) {
 	  {"name": [{"service": "a.S"}]},
 	  {"name": [{"service": "b.S", "method": "X"}, {}]}
 	]}`)
-	d, err := load(doc, 5)
+	d, err := load(doc, options{maxAttemptsCap: 5})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,6 +130,7 @@ type srvIdemOptions struct {
 	policies    map[string]KeyPolicy // by "", service or full method
 	omit        map[string]struct{}  // metadata keys never stored, lower case
 	detachMax   time.Duration        // > 0: owned handlers run detached, at most this long; 0: on the caller's context
+	warnings    []string             // about policies naming services nothing registers, logged by New
 }
 
 // DefaultUnstoredCodes are the status codes whose outcomes are not
@@ -229,6 +230,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	if o.store == nil { // no WithIdempotency (which refuses a nil Store)
 		return nil, nil
 	}
+	for _, w := range o.warnings {
+		log.warn("idempotency: a key policy names a service no code linked into the program registers", "warning", w)
+	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
 	txStore, _ := o.store.(idempotency.TxStore)
 	s := &srvIdem{
@@ -259,47 +263,33 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	return s, nil
 }
 
-// srvCheckStreamPolicies returns an error naming the first policy, by name,
-// that names a method the protobuf registry describes as streaming, unless
-// the policy is KeyIgnored (see Idempotency.KeyPolicies).
-func srvCheckStreamPolicies(policies map[string]KeyPolicy) error {
+// srvCheckPolicies checks the names of policies against the services and
+// methods linked into the program (rpcname.Registered), in name order, so
+// that the first error is the same every time: a method its registered
+// service lacks, or a name that is no service, is an error; so is a policy
+// other than KeyIgnored naming a method the registry describes as
+// streaming (see Idempotency.KeyPolicies). A service the program does not
+// register may still be served by a hand-written grpc.ServiceDesc: it is
+// returned as a warning, for New to log.
+func srvCheckPolicies(policies map[string]KeyPolicy) (warnings []string, err error) {
 	for _, name := range slices.Sorted(maps.Keys(policies)) {
-		if policies[name] == KeyIgnored || !strings.HasPrefix(name, "/") {
-			continue
+		n, perr := rpcname.Parse(name)
+		if name == "" || perr != nil {
+			continue // "" is every method; a malformed name was refused before
 		}
-		if kind := srvStreamKind(name); kind != "" {
-			return fmt.Errorf("server: Idempotency.KeyPolicies[%q]: a %s method; "+
+		msg, wrong := rpcname.Registered(n)
+		switch {
+		case wrong:
+			return nil, fmt.Errorf("server: Idempotency.KeyPolicies[%q]: %s", name, msg)
+		case msg != "":
+			warnings = append(warnings, fmt.Sprintf("server: Idempotency.KeyPolicies[%q]: %s", name, msg))
+		}
+		if kind := rpcname.StreamKind(n); kind != "" && policies[name] != KeyIgnored {
+			return nil, fmt.Errorf("server: Idempotency.KeyPolicies[%q]: a %s method; "+
 				"idempotency keys apply to unary methods only (KeyIgnored may name a stream)", name, kind)
 		}
 	}
-	return nil
-}
-
-// srvStreamKind returns what kind of streaming method fullMethod
-// ("/pkg.Service/Method") is, as the protobuf registry describes it: "" for
-// a unary method or one the registry does not know.
-func srvStreamKind(fullMethod string) string {
-	svc, m, _ := strings.Cut(fullMethod[1:], "/")
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return ""
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return ""
-	}
-	md := sd.Methods().ByName(protoreflect.Name(m))
-	switch {
-	case md == nil:
-		return ""
-	case md.IsStreamingClient() && md.IsStreamingServer():
-		return "bidirectional-streaming"
-	case md.IsStreamingClient():
-		return "client-streaming"
-	case md.IsStreamingServer():
-		return "server-streaming"
-	}
-	return ""
+	return warnings, nil
 }
 
 // streamPolicyErr returns the error of every call of the streaming method

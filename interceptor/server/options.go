@@ -134,6 +134,13 @@ type Idempotency struct {
 	// call of the method with FAILED_PRECONDITION naming the policy.
 	// Health checks and reflection run plainly, key or not, unless a policy
 	// names their method or service.
+	//
+	// New checks each name against the services the program's generated
+	// code registers (protoregistry.GlobalFiles): a method its service does
+	// not have ("/pkg.Orders/Pya"), a method's name given as a service
+	// ("Pay"), or a name that is not a service is refused, naming the
+	// policy; a service nothing registers (one served with a hand-written
+	// grpc.ServiceDesc, or misspelt) is logged once (WithLogger).
 	KeyPolicies map[string]KeyPolicy
 
 	// TTL is how long a completed outcome is kept and replayed; 0 means
@@ -298,7 +305,8 @@ func (c *Idempotency) normalize() (srvIdemOptions, error) {
 		}
 		o.policies[name] = p
 	}
-	if err := srvCheckStreamPolicies(o.policies); err != nil {
+	var err error
+	if o.warnings, err = srvCheckPolicies(o.policies); err != nil {
 		return o, err
 	}
 	return o, nil

@@ -55,6 +55,60 @@ func TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNew(t *testing.T) {
 	}
 }
 
+// TestIdempotencyKeyPolicyNamesAreCheckedAgainstTheRegistry pins issue
+// 29, item 4: a key policy whose name matches nothing the program serves
+// with generated code. A method its registered service lacks, a method's
+// name given as a service and a message's name cannot be right: New
+// refuses them, naming the policy (before, KeyRequired on a misspelt
+// method was accepted, and the real method stayed KeyOptional). A service
+// no code linked into the program registers may be served with a
+// hand-written grpc.ServiceDesc: New accepts it and logs it once, naming
+// the policy.
+func TestIdempotencyKeyPolicyNamesAreCheckedAgainstTheRegistry(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		policy  string
+		wantErr string
+		wantLog string
+	}{
+		{"misspelt method", "/resilience.echo.v1.EchoService/Ecko",
+			`server: Idempotency.KeyPolicies["/resilience.echo.v1.EchoService/Ecko"]: service resilience.echo.v1.EchoService has no method "Ecko" (did you mean "Echo"?)`, ""},
+		{"a method's name as a service", "Echo",
+			`server: Idempotency.KeyPolicies["Echo"]: "Echo" is not a registered service but the name of a method: "/resilience.echo.v1.EchoService/Echo"`, ""},
+		{"a message as a service", "resilience.echo.v1.EchoRequest",
+			`server: Idempotency.KeyPolicies["resilience.echo.v1.EchoRequest"]: "resilience.echo.v1.EchoRequest" is not a service but a message`, ""},
+		{"unregistered service", "/shop.Orders/Pay", "",
+			`server: Idempotency.KeyPolicies[\"/shop.Orders/Pay\"]: service \"shop.Orders\" is not registered in this program (protoregistry.GlobalFiles): the name applies to no call made with generated code`},
+		{"misspelt service", "resilience.echo.v1.EchoServic", "",
+			`(did you mean \"resilience.echo.v1.EchoService\"?)`},
+		{"registered method", "/resilience.echo.v1.EchoService/Lookup", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			log := new(idemLog)
+			_, err := New(WithLogger(log.logger()), WithIdempotency(Idempotency{Store: store, Scope: SharedScope,
+				KeyPolicies: map[string]KeyPolicy{tt.policy: KeyRequired, "": KeyOptional}}))
+			if tt.wantErr != "" {
+				if err == nil || err.Error() != tt.wantErr {
+					t.Fatalf("New() = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("New() = %v, want no error", err)
+			}
+			got := log.String()
+			if tt.wantLog == "" && got != "" || strings.Count(got, tt.wantLog) != 1 || strings.Count(got, "\n") > 1 {
+				t.Errorf("New() logged %q, want one line with %q", got, tt.wantLog)
+			}
+		})
+	}
+}
+
 // rawUploadMethod is a client-streaming method that no protobuf descriptor
 // describes, as a service registered with a hand-written grpc.ServiceDesc.
 const rawUploadMethod = "/resilience.test.Raw/Upload"
