@@ -68,14 +68,22 @@ type event struct {
 }
 
 // episode is what makes two refusals one episode: the same part, reason,
-// method, criticality and tenant.
+// method and criticality, and for a tenant over its fair share, the same
+// tenant. Tenants within their share are one episode whatever their names
+// (the event keeps the first one's): a caller choosing a new tenant name
+// for every call makes no new event, and the tenants over their share at
+// once are few (each holds a fair share of the limit).
 type episode struct {
 	reason, method, crit, tenant string
 	over                         bool
 }
 
 func (e *event) episode() episode {
-	return episode{reason: e.reason, method: e.method, crit: e.crit, tenant: e.tenant, over: e.over}
+	ep := episode{reason: e.reason, method: e.method, crit: e.crit, over: e.over}
+	if e.over {
+		ep.tenant = e.tenant
+	}
+	return ep
 }
 
 // ring is one part's last events, oldest first from start.

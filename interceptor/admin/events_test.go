@@ -97,21 +97,28 @@ func TestEventLogIsBoundedUnderAFlood(t *testing.T) {
 	t.Logf("%d events kept in %d parts, %d bytes of strings and failures (bound %d); %d dropped", events, parts, bytes, mostEvents*perEvent, dropped)
 }
 
+// overShare is a refusal of a tenant over its fair share.
+func overShare(tenant string) *event {
+	e := refusal("api", "(server)", "limit", tenant)
+	e.over = true
+	return e
+}
+
 // TestRefusalsCoalesceIntoEpisodes: refusals of one part, reason, method,
 // criticality and tenant within episodeGap of the last are one event whose
-// count and last time grow; after a gap, or from another tenant, a new
-// event begins.
+// count and last time grow; after a gap, or from another tenant over its
+// share, a new event begins.
 func TestRefusalsCoalesceIntoEpisodes(t *testing.T) {
 	clk := newFakeClock()
 	l := newEventLog(clk.now)
 	start := clk.now()
 	for range 100 {
-		l.refuse(refusal("api", "(server)", "limit", "a"))
+		l.refuse(overShare("a"))
 		clk.add(episodeGap / 2) // each within the gap of the one before
 	}
-	l.refuse(refusal("api", "(server)", "limit", "b"))
+	l.refuse(overShare("b"))
 	clk.add(episodeGap)
-	l.refuse(refusal("api", "(server)", "limit", "a"))
+	l.refuse(overShare("a"))
 	got, _ := l.list(0, 0)
 	if len(got) != 3 {
 		t.Fatalf("%d events, want 3 (tenant a's episode, b's, a's next): %v", len(got), got)
@@ -160,3 +167,19 @@ func TestCutKeepsRunesWhole(t *testing.T) {
 }
 
 func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "\uFFFD") == s }
+
+// TestTenantNamesWithinTheirShareMakeOneEpisode: 10,000 refusals, each of
+// a new tenant within its share (names a caller chooses), are one event,
+// not 10,000: the log cannot be flooded through the tenant header.
+func TestTenantNamesWithinTheirShareMakeOneEpisode(t *testing.T) {
+	clk := newFakeClock()
+	l := newEventLog(clk.now)
+	for i := range 10_000 {
+		l.refuse(refusal("api", "(server)", "limit", "t"+strconv.Itoa(i)))
+		clk.add(time.Microsecond)
+	}
+	got, _ := l.list(0, 0)
+	if len(got) != 1 || got[0].GetCount() != 10_000 || got[0].GetTenant() != "t0" {
+		t.Errorf("%d events (first %v), want one of 10,000 refusals naming the first tenant", len(got), got[0])
+	}
+}
