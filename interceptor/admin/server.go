@@ -100,8 +100,11 @@ func (s *ServerSource) OnRefusal(_ context.Context, r server.Refusal) {
 			ev.code = ""
 		}
 	default:
+		// A reason this view does not know yet. Rate limits (issue 34)
+		// add theirs here, as Part_PART_RATE_LIMIT with the limit's name
+		// and key as the subject.
 		ev.key = s.key(adminv1.Part_PART_UNSPECIFIED, r.FullMethod)
-		ev.cause = "refused: " + describeErr(r.Err)
+		ev.cause = r.Reason.String() + ": refused: " + describeErr(r.Err)
 	}
 	s.v.events.refuse(ev)
 }
