@@ -15,11 +15,14 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/endpoint"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/interceptor/server"
 	adminv1 "github.com/grpc-resilience/resilience/proto/resilience/admin/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -247,4 +250,57 @@ func TestWatchFollowsTheEvents(t *testing.T) {
 		t.Errorf("then %v, want the same episode with count 2", e2)
 	}
 	cancel()
+}
+
+// TestPageRendersEveryPart: the page renders a view with every kind of
+// part (a client with a breaker, adaptive throttling, a bulkhead and
+// hedging; a server with a limit, tenants and a failing store; a channel
+// with an ejected endpoint) without a template error, each in its section.
+func TestPageRendersEveryPart(t *testing.T) {
+	v := newView(t)
+	v.opts.endpoints = true
+	until := time.Now().Add(time.Minute)
+	v.eps.snapshots = func(time.Time) []endpoint.Snapshot {
+		return []endpoint.Snapshot{{Target: "dns:///orders", ChildPolicy: "round_robin", Ejections: 1, Endpoints: []endpoint.EndpointState{
+			{Addresses: []string{"10.0.0.9:443"}, Connectivity: connectivity.Ready, EjectedUntil: until, Ejections: 1, ConsecutiveFailures: 5, Calls: 5, Failures: 5},
+			{Addresses: []string{"10.0.0.8:443"}, Connectivity: connectivity.Ready},
+		}}}
+	}
+	ec, _, _ := startClient(t, v, "orders", &testserver.Server{}, methodConfig(serviceconfig.MethodConfig{
+		HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * time.Millisecond},
+		CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: "adaptive"},
+		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 4},
+	}), interceptor.WithServiceConfig(&serviceconfig.Config{RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1}}))
+	if _, err := ec.Echo(context.Background(), echoReq("x")); err != nil { // the method is listed once called
+		t.Fatal(err)
+	}
+	ss, err := v.Server("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newLimitedServer(t, ss)
+	ss.OnRefusal(context.Background(), server.Refusal{FullMethod: echoMethod, Reason: server.RefusalStoreUnavailable,
+		Err: status.Error(codes.Unavailable, "idempotency: store unavailable: connection refused")})
+	hs := httptest.NewServer(v.Handler())
+	defer hs.Close()
+	resp, err := http.Get(hs.URL + "/?refresh=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(b)
+	for _, want := range []string{
+		`<meta http-equiv="refresh" content="5">`, "client orders", "5ms", "rejects 0%", "0 in flight, 0 queued",
+		"10.0 of 10 tokens", "server api", `data-limit="(server)"`, "CRITICAL: 0 / 0 / 0", `data-healthy="false"`,
+		"connection refused", "channel dns:///orders", `data-ejected="true"`, "ejected (ejection 1) after 5 failures in a row",
+		`data-part="endpoint"`, `data-part="idempotency store"`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	if resp.StatusCode != http.StatusOK || strings.Contains(page, "rendering the page failed") {
+		t.Errorf("page = %d:\n%s", resp.StatusCode, page)
+	}
 }
