@@ -9,7 +9,7 @@
 //	interceptor          the client: NewClient, retries, hedging, breakers, bulkheads, budgets
 //	interceptor/server   the server: idempotency, deadline headroom, overload protection
 //	interceptor/endpoint a load-balancing policy that sends each retry to another backend
-//	interceptor/idempotency/...  the idempotency stores: memory, Redis, PostgreSQL
+//	interceptor/idempotency/...  the idempotency stores: memory, Redis, PostgreSQL (and its outbox)
 //	serviceconfig        the service-config document, parsed and validated
 //	faultinject, resiliencetest  fault injection and testing aids
 //

@@ -9,10 +9,16 @@
 #                 our packages but other internal engines
 #   examples/...  public packages only (nothing internal)
 #   interceptor   (the client) not interceptor/server, nor the server's stores
-#                 (interceptor/idempotency/...): neither side imports the other
+#                 (interceptor/idempotency/..., interceptor/ratelimit/redisquota):
+#                 neither side imports the other
 #   interceptor/server
 #                 not interceptor (the client package itself; its sub-packages
 #                 wire, idempotency and internal/... are fine)
+#   interceptor/idempotency/...
+#                 the server's records and stores: not interceptor (the
+#                 client), except the outbox relay
+#                 (interceptor/idempotency/pgstore/outbox), which delivers
+#                 its messages through the client
 #   interceptor/wire
 #                 the leaf both sides share: standard library and
 #                 google.golang.org/grpc/metadata only, nothing of ours
@@ -77,7 +83,7 @@ while read -r pkg imports; do
 			;;
 		interceptor)
 			case "$imp" in
-			"$mod"/interceptor/server | "$mod"/interceptor/server/* | "$mod"/interceptor/idempotency | "$mod"/interceptor/idempotency/*)
+			"$mod"/interceptor/server | "$mod"/interceptor/server/* | "$mod"/interceptor/idempotency | "$mod"/interceptor/idempotency/* | "$mod"/interceptor/ratelimit/redisquota)
 				check "$rel" "$imp" "the client imports nothing of the server's: neither side imports the other"
 				;;
 			esac
@@ -85,6 +91,11 @@ while read -r pkg imports; do
 		interceptor/server)
 			[[ "$imp" != "$mod"/interceptor ]] ||
 				check "$rel" "$imp" "the server imports nothing of the client's: neither side imports the other"
+			;;
+		interceptor/idempotency/pgstore/outbox) ;; # the relay: a client of the receiver's
+		interceptor/idempotency | interceptor/idempotency/*)
+			[[ "$imp" != "$mod"/interceptor ]] ||
+				check "$rel" "$imp" "the server's stores import nothing of the client's (the outbox relay alone delivers through it)"
 			;;
 		interceptor/wire)
 			is_std "$imp" || [[ "$imp" == google.golang.org/grpc/metadata ]] ||

@@ -54,6 +54,8 @@ func TestSmoke(t *testing.T) {
 	}{
 		{"endpoint-failing", epOursRR, "retries to the bad backend", "0"},
 		{"endpoint-failing", epOursPF, "retries to the bad backend", "0"},
+		{"endpoint-failing", epOursRR + epHostSuffix, "retries to the bad backend", "0"},
+		{"endpoint-failing", epOursPF + epHostSuffix, "retries to the bad backend", "0"},
 		{"endpoint-failing", "grpc-go retry, pick_first", "success", "0.00%"},
 		{"endpoint-hedge", epOursHedged, "hedges elsewhere", "100.00%"},
 		{"transient failures", peerBare, "success", "0.0%"},

@@ -14,8 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
@@ -170,12 +172,18 @@ func (c *chargeServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echo
 // serveCharges starts a bufconn server of the charge handler behind srv (nil: no
 // interceptor) and returns its client.
 func serveCharges(handlerPool *pgxpool.Pool, schema string, srv *resserver.Server) (echov1.EchoServiceClient, func(), error) {
+	return serveHandler(&chargeServer{pool: handlerPool, q: pgx.Identifier{schema}.Sanitize()}, srv)
+}
+
+// serveHandler starts a bufconn server of h behind srv (nil: no
+// interceptor) and returns its client.
+func serveHandler(h echov1.EchoServiceServer, srv *resserver.Server) (echov1.EchoServiceClient, func(), error) {
 	var opts []grpc.ServerOption
 	if srv != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
 	}
 	gs := grpc.NewServer(opts...)
-	echov1.RegisterEchoServiceServer(gs, &chargeServer{pool: handlerPool, q: pgx.Identifier{schema}.Sanitize()})
+	echov1.RegisterEchoServiceServer(gs, h)
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
 	cc, err := grpc.NewClient("passthrough:///bufnet", grpc.WithDisableRetry(),
@@ -280,7 +288,7 @@ func runIdempotencyStores(ctx context.Context, sz Size) ([]Table, error) {
 		}
 	}
 	t := Table{Header: []string{"store", "first execution, ms", "vs handler alone", "round trips, first",
-		"replay, ms", "round trips, replay"}}
+		"replay, ms", "round trips, replay", "round trips, duplicate in progress"}}
 	alone := sides[sideAlone]
 	var keys storesKeys
 	for _, name := range names {
@@ -288,11 +296,24 @@ func runIdempotencyStores(ctx context.Context, sz Size) ([]Table, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
+		row = append(row, "—")
+		if name == sideJoined {
+			rt, held, err := dupInProgress(ctx, env, storesCalls(sz))
+			if err != nil {
+				return nil, fmt.Errorf("%s, duplicate in progress: %w", name, err)
+			}
+			if held != 0 {
+				return nil, fmt.Errorf("%s: a duplicate of a call in progress left %d connections held", name, held)
+			}
+			row[len(row)-1] = perCall(rt)
+		}
 		t.Rows = append(t.Rows, row)
 	}
-	t.Notes = []string{"Targets (issue 23): joined mode adds at most one round trip to the handler's own transaction on a " +
-		"first execution (its lookup; BEGIN and the claim share a pipeline, as do the record and COMMIT), and a replay costs " +
-		"one (TestIdempotencyJoinedRoundTrips pins both). The handler alone makes 3 (BEGIN, INSERT, COMMIT)."}
+	t.Notes = []string{"Targets (issues 23, 31): joined mode adds at most one round trip to the handler's own transaction on a " +
+		"first execution (its lookup; BEGIN, the claim, which pins the transaction's settings, and a savepoint share a " +
+		"pipeline, as do the record and COMMIT), and a replay costs one (TestIdempotencyJoinedRoundTrips pins both). The " +
+		"handler alone makes 3 (BEGIN, INSERT, COMMIT). A duplicate of a joined call in progress, on another server with " +
+		"waiting off, costs one (its lookup sees the key's advisory lock held) and holds no connection after it."}
 	return []Table{t}, nil
 }
 
@@ -377,4 +398,65 @@ func storesTimed(n int, side *storesSide, key func() string) (medianMs, roundTri
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2], float64(side.roundTrips()-before) / float64(n), nil
+}
+
+// dupInProgress measures n duplicates of a joined call in progress, sent
+// to another server with waiting off (ABORTED at once): the round trips to
+// PostgreSQL per duplicate, and the connections the duplicate's pool holds
+// after its answers.
+func dupInProgress(ctx context.Context, env *storesEnv, n int) (roundTrips float64, held int, err error) {
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	// The owner's call, in progress until the gate closes.
+	ownerClient, _, _, stopOwner, err := env.joinedServer(ctx, 4, 0, gate, entered, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer stopOwner()
+	dupPool, rt, err := env.countedPool(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer dupPool.Close()
+	s, err := pgstore.New(dupPool, pgstore.WithSchema(env.schema))
+	if err != nil {
+		return 0, 0, err
+	}
+	srv, err := resserver.New(resserver.WithIdempotency(resserver.Idempotency{Store: s.Joined(), Scope: resserver.SharedScope, NoWait: true}))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = srv.Close() }()
+	dup, stopDup, err := serveHandler(&holdServer{q: pgx.Identifier{env.schema}.Sanitize(), gate: gate}, srv)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer stopDup()
+	key := "dup-in-progress"
+	ownerDone := make(chan error, 1)
+	go func() { // held until the gate closes, however long the duplicates take
+		octx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, key), 10*time.Minute)
+		defer cancel()
+		_, err := ownerClient.Echo(octx, &echov1.EchoRequest{Message: key})
+		ownerDone <- err
+	}()
+	defer func() {
+		close(gate)
+		if oerr := <-ownerDone; oerr != nil && err == nil {
+			err = oerr
+		}
+	}()
+	<-entered // the owner holds the key: its handler runs in its transaction
+	// Warm-up: the connection made, the lookup prepared.
+	for range 3 {
+		if _, derr := storesCall(dup, key); status.Code(derr) != codes.Aborted {
+			return 0, 0, fmt.Errorf("duplicate in progress = %v, want ABORTED", derr)
+		}
+	}
+	before := rt.N()
+	for range n {
+		if _, derr := storesCall(dup, key); status.Code(derr) != codes.Aborted {
+			return 0, 0, fmt.Errorf("duplicate in progress = %v, want ABORTED", derr)
+		}
+	}
+	return float64(rt.N()-before) / float64(n), int(dupPool.Stat().AcquiredConns()), nil
 }

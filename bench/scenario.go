@@ -73,11 +73,17 @@ func All() []Scenario {
 		SlowTailTriples(),
 		Idempotency(),
 		IdempotencyStores(),
+		JoinedUnderLoad(),
 		Overload(),
 		EndpointFailing(),
 		EndpointRecovery(),
 		EndpointHedge(),
 		EndpointOutage(),
+		EndpointSlow(),
+		EndpointRestart(),
+		EndpointScaleDown(),
+		EndpointHealthy(),
+		EndpointEjectedP50(),
 	}
 }
 

@@ -43,8 +43,15 @@ var issueTargets = []target{
 	{goal: "endpoint (issue 22): the bad backend under 1% of first attempts within 2 s (ms)", scenario: "endpoint-failing", row: epOursRR, column: "under 1% from (ms)", max: 2000},
 	{goal: "endpoint (issue 22): back in rotation within its ejection time, 1 s (ms)", scenario: "endpoint-recovery", row: epOursRR, column: "back after (ms)", max: 1000},
 	{goal: "endpoint (issue 22): ≥ 99% of hedges to a different endpoint", scenario: "endpoint-hedge", row: epOursHedged, column: "hedges elsewhere", max: 99, atLeast: true},
-	{goal: "endpoint (issue 22): hedged p99 ≤ 0.2× unhedged", scenario: "endpoint-hedge", row: epOursHedged, column: "p99 / unhedged p99", max: 0.2},
 	{goal: "endpoint (issue 22): whole-cluster outage ejects ≤ 50% (1 of 3)", scenario: "endpoint-outage", row: epOursRR, column: "most ejected at once", max: 1},
+	{goal: "endpoint (issue 30), host names: one bad backend of three, success ≥ 99.9%", scenario: "endpoint-failing", row: epOursRR + epHostSuffix, column: "success", max: 99.9, atLeast: true},
+	{goal: "endpoint (issue 30), host names, pick_first child: success ≥ 99.9%", scenario: "endpoint-failing", row: epOursPF + epHostSuffix, column: "success", max: 99.9, atLeast: true},
+	{goal: "endpoint (issue 30), peak_ewma, one backend 10× slower, no hedging: p99 ≤ 1.5× all-healthy p99", scenario: "endpoint-slow", row: epOursEWMA, column: "p99 / all-healthy p99", max: 1.5},
+	{goal: "endpoint (issue 30), hedged on distinct endpoints: p99 ≤ 0.25× unhedged", scenario: "endpoint-hedge", row: epOursHedged, column: "p99 / unhedged p99", max: 0.25},
+	{goal: "endpoint (issue 30), a backend restarted in place back within 1 s of READY (ms)", scenario: "endpoint-restart", row: epOursRR, column: "back after READY (ms)", max: 1000},
+	{goal: "endpoint (issue 30), scale-down 4 → 3 with 2 ejected: at most 1 ejected after", scenario: "endpoint-scaledown", row: epOursRR, column: "most ejected after", max: 1},
+	{goal: "endpoint (issue 30), all healthy: p50 within 1.03× of round_robin (paired)", scenario: "endpoint-healthy", row: epOursRR, column: "p50 ratio", max: 1.03},
+	{goal: "endpoint (issue 30), peak_ewma all healthy: p50 within 1.03× of round_robin (paired)", scenario: "endpoint-healthy", row: epOursEWMA, column: "p50 ratio", max: 1.03},
 }
 
 // TargetsTable reads issue 10's targets back from results: what was

@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
@@ -172,26 +171,23 @@ type unaryScratch struct {
 	opts    []grpc.CallOption
 	header  metadata.MD // the attempt's response header; nil: none arrived
 	trailer metadata.MD
-	// peer is the server the attempt reached, asked for when the call may
-	// retry: a retry's trail starts with its address (see attemptBase).
-	peer peer.Peer
-	// withHeader, withTrailer and withPeer are grpc.Header(&header),
-	// grpc.Trailer(&trailer) and grpc.Peer(&peer), boxed once.
-	withHeader, withTrailer, withPeer grpc.CallOption
+	// withHeader and withTrailer are grpc.Header(&header) and
+	// grpc.Trailer(&trailer), boxed once.
+	withHeader, withTrailer grpc.CallOption
 }
 
 var unaryScratchPool = sync.Pool{New: func() any {
 	s := new(unaryScratch)
 	// Room for a few caller options and ours (wait for ready, header,
-	// trailer, peer): a scratch the pool makes anew grows no slice.
+	// trailer): a scratch the pool makes anew grows no slice.
 	s.opts = make([]grpc.CallOption, 0, 8)
-	s.withHeader, s.withTrailer, s.withPeer = grpc.Header(&s.header), grpc.Trailer(&s.trailer), grpc.Peer(&s.peer)
+	s.withHeader, s.withTrailer = grpc.Header(&s.header), grpc.Trailer(&s.trailer)
 	return s
 }}
 
 func (s *unaryScratch) put() {
 	clear(s.opts)
-	s.opts, s.header, s.trailer, s.peer = s.opts[:0], nil, nil, peer.Peer{}
+	s.opts, s.header, s.trailer = s.opts[:0], nil, nil
 	unaryScratchPool.Put(s)
 }
 
@@ -241,11 +237,13 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		// server's pushback (trailer) and whether the attempt committed
 		// (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
-		if u.r.rp.maxAttempts > 1 {
-			s.opts = append(s.opts, s.withPeer) // for the retries' trail
-		}
 	} else if u.r.keyed && c.metrics.on {
 		s.opts = append(s.opts, s.withHeader) // for the replays metric
+	}
+	if u.r.rp.maxAttempts > 1 && cc != nil && trail.Wanted(cc.Target()) {
+		// Every attempt, the first included, carries the call's trail,
+		// when the channel's policy reads it (see unaryCall.trailed).
+		u.trailed = trail.NewContext(ctx, u.r.trailBound(ctx))
 	}
 	err := u.run()
 	u.r.callEnded(cc)
@@ -304,30 +302,24 @@ type unaryCall struct {
 	invoker grpc.UnaryInvoker
 	s       *unaryScratch
 	sizer   wireSizer // measures req for the replay buffer
-	// trailed is ctx with the call's trail (package trail), made for its
-	// first retry; nil before.
+	// trailed is ctx with the call's trail (package trail): one allocation,
+	// made only for a call that may retry on a channel whose load-balancing
+	// policy reads trails (the endpoint policy; trail.Wanted); nil
+	// otherwise. Never pooled: grpc may read an attempt's context after the
+	// call has returned.
 	trailed context.Context
 }
 
-// attemptBase returns the context attempt n (1 for the first) derives
-// from: the call's for the first attempt, which costs nothing, and for
-// retries the call's with its trail of endpoints, which the endpoint
-// load-balancing policy reads to send each retry to an endpoint the call
-// has not used. The trail starts with the address of the server the first
-// attempt reached (its peer), and the policy adds each endpoint it picks
-// for a retry.
-func (u *unaryCall) attemptBase(n int) context.Context {
-	if n <= 1 {
-		return u.ctx
+// attemptBase returns the context an attempt derives from: for a call
+// that may retry, the call's with its trail of endpoints, which the
+// endpoint load-balancing policy reads to send each retry to an endpoint
+// the call has not used (it adds every endpoint it picks, the first
+// attempt's included); else the call's.
+func (u *unaryCall) attemptBase() context.Context {
+	if u.trailed != nil {
+		return u.trailed
 	}
-	if u.trailed == nil {
-		addr := ""
-		if a := u.s.peer.Addr; a != nil {
-			addr = a.String()
-		}
-		u.trailed = trail.NewContext(u.ctx, addr)
-	}
-	return u.trailed
+	return u.ctx
 }
 
 // run is the retry loop: attempts until one succeeds, or retrying stops.
@@ -409,13 +401,13 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 		}
 	}()
 	r.attempts++
-	actx := attemptContext(u.attemptBase(r.attempts), r.attempts)
+	actx := attemptContext(u.attemptBase(), r.attempts)
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		actx, cancel = context.WithTimeout(actx, timeout)
 		defer cancel()
 	}
-	u.s.header, u.s.trailer, u.s.peer = nil, nil, peer.Peer{}
+	u.s.header, u.s.trailer = nil, nil
 	err = u.invoker(actx, u.method, u.req, u.reply, u.cc, u.s.opts...)
 	if err != nil && timeout > 0 {
 		// The attempt's own timeout fired if its deadline has passed (read

@@ -276,14 +276,16 @@
 //
 // # Another endpoint for each retry and hedge
 //
-// Every retry and hedged copy carries in its context the trail of the
-// endpoints its call has used (the first attempt carries none and costs
-// nothing). grpc's built-in policies ignore it; the load-balancing policy
-// of package interceptor/endpoint (resilience_endpoint, selected in the
-// service config's loadBalancingConfig) reads it to send the attempt to an
-// endpoint the call has not used, and ejects failing endpoints. A unary
-// retry's trail starts with the first attempt's peer address, which grpc
-// reports when asked (grpc.Peer): that copy adds no allocation.
+// On a channel whose load-balancing policy is the one of package
+// interceptor/endpoint (resilience_endpoint, selected in the service
+// config's loadBalancingConfig), every attempt of a call that may send more
+// than one (first attempt included) carries in its context the call's
+// trail, in which the policy records the endpoint it picks: it sends each
+// retry and hedged copy to an endpoint the call has not used, whatever
+// address the connection reports, and ejects failing endpoints. The trail
+// is one allocation per such call, on such channels only; the Client also
+// marks there when its own per-attempt timeout, not the caller's deadline,
+// ended an attempt, which the policy counts against the endpoint.
 //
 // # Deadlines and retry storms
 //

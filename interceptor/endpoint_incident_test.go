@@ -164,9 +164,10 @@ func TestEveryBackendDownFailsUnavailable(t *testing.T) {
 }
 
 // TestConfigUpdateChangesThePolicyMidFlight pins a service config pushed
-// by the resolver while calls run: new ejection knobs start every endpoint
-// afresh (an ejection under the old ones ends), and a new child policy
-// changes the order of picks.
+// by the resolver while calls run: new ejection knobs keep each endpoint's
+// ejection where they allow it (REVIEW class 12; before: any change
+// un-ejected every endpoint and forgot the multipliers), and a new child
+// policy changes the order of picks.
 func TestConfigUpdateChangesThePolicyMidFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
@@ -203,14 +204,14 @@ func TestConfigUpdateChangesThePolicyMidFlight(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 		s := snapshotOf(t, cl)
-		if ejectedCount(s) != 0 || s.ChildPolicy != "pick_first" {
-			t.Fatalf("after the config update, want pick_first and nothing ejected:\n%s", s)
+		if ejectedCount(s) != 1 || s.Endpoints[0].EjectedUntil.IsZero() || s.ChildPolicy != "pick_first" {
+			t.Fatalf("after the config update, want pick_first and backend 0 still ejected:\n%s", s)
 		}
 		before := cl.Counts(resiliencetest.EchoMethod)
 		time.Sleep(100 * time.Millisecond)
 		after := cl.Counts(resiliencetest.EchoMethod)
-		if after[1] != before[1] || after[2] != before[2] || after[0] == before[0] {
-			t.Fatalf("pick_first: attempts per backend went from %v to %v, want backend 0 only", before, after)
+		if after[0] != before[0] || after[2] != before[2] || after[1] == before[1] {
+			t.Fatalf("pick_first: attempts per backend went from %v to %v, want backend 1 only (0 is ejected)", before, after)
 		}
 		close(stop)
 		wg.Wait()
@@ -224,15 +225,19 @@ func TestConfigUpdateChangesThePolicyMidFlight(t *testing.T) {
 
 // TestChannelClosedWhileCallsRunHoldsNothing pins the channel's end under
 // load: calls in flight and waiting end, the policy's registration goes
-// (Snapshots), and nothing is held (newTestClient's check).
+// (Snapshots lists the channel only as idle, with its ejection, until the
+// ejection would have ended: grpc closes an idle channel's policy as it
+// closes a closed one's), and nothing is held (newTestClient's check).
 func TestChannelClosedWhileCallsRunHoldsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(3)), WithRetryBudget(nil))
+		targets := map[string]bool{}
 		for range 5 {
 			cl, stopCluster, err := resiliencetest.ServeCluster(3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 2}`)))
 			if err != nil {
 				t.Fatal(err)
 			}
+			targets[cl.Conn.Target()] = true
 			cl.Backends[1].OnCall(failAlways(codes.Unavailable))
 			cl.Backends[2].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: time.Second} })
 			client := cl.EchoClient()
@@ -248,9 +253,15 @@ func TestChannelClosedWhileCallsRunHoldsNothing(t *testing.T) {
 			stopCluster()
 			wg.Wait()
 			for _, s := range endpoint.Snapshots(time.Now()) {
-				if s.Target == cl.Conn.Target() {
-					t.Fatalf("a closed channel's policy is still registered:\n%s", s)
+				if s.Target == cl.Conn.Target() && (!s.Idle || ejectedCount(s) == 0) {
+					t.Fatalf("a closed channel's policy is still registered (or idle with nothing ejected):\n%s", s)
 				}
+			}
+		}
+		time.Sleep(31 * time.Second) // the default baseEjectionTime: every ejection has ended
+		for _, s := range endpoint.Snapshots(time.Now()) {
+			if targets[s.Target] {
+				t.Fatalf("a closed channel's state outlived its ejections:\n%s", s)
 			}
 		}
 	})

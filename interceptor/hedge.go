@@ -324,7 +324,9 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 	// Every copy carries the call's trail of endpoints, to which the
 	// endpoint load-balancing policy adds each pick: a copy goes to an
 	// endpoint no earlier copy of the call went to.
-	h.copies = trail.NewContext(h.copies, "")
+	// A copy's per-attempt timeout is a call option's (the caller's) or
+	// the deadline's headroom: none counts against an endpoint.
+	h.copies = trail.NewContext(h.copies, time.Time{})
 	h.results = make(chan hedgeResult, maxAttempts)
 	return h
 }

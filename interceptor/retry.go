@@ -40,12 +40,16 @@ type retrier struct {
 	attempts      int            // attempts started so far
 	sincePushback int            // retries since the last server pushback
 	prevDelay     time.Duration
-	pending       budget.Retry  // the budget's token for the retry in flight
-	noRetry       StopReason    // StopNoRetry when retrying is off for this call
-	lastErr       error         // the last attempt's error (streams)
-	keyed         bool          // the call carries an idempotency key
-	hedged        bool          // the call runs under a hedging policy (gRFC A96 counts hedges)
-	waited        time.Duration // time spent with no attempt running (gRFC A96's retry_delay)
+	pending       budget.Retry // the budget's token for the retry in flight
+	noRetry       StopReason   // StopNoRetry when retrying is off for this call
+	lastErr       error        // the last attempt's error (streams)
+	keyed         bool         // the call carries an idempotency key
+	hedged        bool         // the call runs under a hedging policy (gRFC A96 counts hedges)
+	// attemptByCaller: the per-attempt timeout is the caller's call option,
+	// not the policy's; the endpoint policy must not count its expiry (see
+	// trailBound).
+	attemptByCaller bool
+	waited          time.Duration // time spent with no attempt running (gRFC A96's retry_delay)
 }
 
 // retryable reports whether an attempt that ended with code should be
@@ -307,7 +311,7 @@ func (c *Client) newRetrier(ctx context.Context, st *clientState, mp *methodPoli
 	// method's, or one the call options made (not a bare per-attempt
 	// timeout on a method without one).
 	r := retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static), rp: rp,
-		wrap: mp.retry != nil || retrying && rp.maxAttempts > 1}
+		wrap: mp.retry != nil || retrying && rp.maxAttempts > 1, attemptByCaller: co.setAttempt}
 	if !retrying {
 		r.rp.maxAttempts = 1
 		if mp.retry != nil {

@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 )
 
 // StreamClientInterceptor returns the interceptor for streaming calls
@@ -58,6 +60,11 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, kerr
 	}
 	s.single = s.r.rp.maxAttempts <= 1 && s.r.rp.perAttempt == 0
+	if !s.single {
+		// A stream's per-attempt timeout is a timer, not a deadline: it
+		// marks the trail itself when it fires (newAttempt).
+		s.trail.Reset(s.ctx, time.Time{})
+	}
 	s.measured = s.single && st.storm.throttle != nil
 	panicking := true
 	defer s.endOnPanic(&panicking)
@@ -157,9 +164,9 @@ type retryStream struct {
 	measured bool
 	watch    bool // attempts hold guards or owe adaptive throttling an outcome, so they watch their grpc stream's context
 
-	// trailed is ctx with the call's trail of endpoints, made by the
-	// driver for the first retry (attemptBase); nil before.
-	trailed context.Context
+	// trail is ctx with the call's trail of endpoints, the context every
+	// attempt derives from when the stream is not single (attemptBase).
+	trail trail.Context
 
 	// r is used by the driver while the state is idle, and otherwise by
 	// the call that ends the stream (see stopDriving).

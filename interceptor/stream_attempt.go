@@ -7,10 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-
-	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 )
 
 // streamAttempt is one attempt of a stream: the grpc stream below the
@@ -61,24 +58,14 @@ var (
 )
 
 // attemptBase returns the context the attempt being created derives from:
-// the call's for the first attempt, and for retries the call's with its
-// trail of endpoints (package trail), made at the first retry, which starts
-// with the address of the server the first attempt reached; see
-// unaryCall.attemptBase.
+// the call's with its trail of endpoints (package trail) when the stream
+// may send more than one attempt or has a per-attempt timeout, else the
+// call's; see unaryCall.attemptBase.
 func (s *retryStream) attemptBase() context.Context {
-	if s.r.attempts <= 1 {
+	if s.single {
 		return s.ctx
 	}
-	if s.trailed == nil {
-		addr := ""
-		if cs := s.first.cs; cs != nil {
-			if p, ok := peer.FromContext(cs.Context()); ok && p.Addr != nil {
-				addr = p.Addr.String()
-			}
-		}
-		s.trailed = trail.NewContext(s.ctx, addr)
-	}
-	return s.trailed
+	return &s.trail
 }
 
 // newAttempt is the driver's step that admits and creates attempt number
@@ -116,6 +103,11 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		a.timer = time.AfterFunc(s.r.rp.perAttempt, func() {
 			if s.ctx.Err() == nil {
 				a.timedOut.Store(true)
+				if !s.r.attemptByCaller {
+					// Before the cancel: the endpoint policy reads the
+					// mark when grpc reports the attempt CANCELLED.
+					s.trail.Trail().MarkTimedOut()
+				}
 			}
 			cancel()
 		})

@@ -21,11 +21,19 @@ const EndpointPolicyName = "resilience_endpoint"
 // The defaults of a zero EndpointPolicy field.
 const (
 	DefaultEndpointConsecutiveFailures = 5
-	DefaultEndpointBaseEjectionTime    = 30 * time.Second
-	DefaultEndpointMaxEjectionTime     = 300 * time.Second
-	DefaultEndpointMaxEjectionPercent  = 50
-	DefaultFailurePercentageVolume     = 20
-	DefaultFailurePercentageWindow     = 10 * time.Second
+	// DefaultEndpointConsecutiveLocalOriginFailures is Envoy's
+	// consecutive_local_origin_failure default.
+	DefaultEndpointConsecutiveLocalOriginFailures = 5
+	// DefaultPeakEWMADecayTime is the peak_ewma child's decay time: Finagle's
+	// and Linkerd's.
+	DefaultPeakEWMADecayTime = 10 * time.Second
+	// minPeakEWMADecayTime is the shortest decay time accepted.
+	minPeakEWMADecayTime              = 100 * time.Millisecond
+	DefaultEndpointBaseEjectionTime   = 30 * time.Second
+	DefaultEndpointMaxEjectionTime    = 300 * time.Second
+	DefaultEndpointMaxEjectionPercent = 50
+	DefaultFailurePercentageVolume    = 20
+	DefaultFailurePercentageWindow    = 10 * time.Second
 	// minFailurePercentageWindow is the shortest failure-rate window
 	// accepted (the window is 10 buckets of a tenth each).
 	minFailurePercentageWindow = 100 * time.Millisecond
@@ -46,22 +54,41 @@ const (
 type EndpointPolicy struct {
 	// ChildPolicy chooses the order of picks among the endpoints:
 	// "round_robin" (the default, "") rotates, "pick_first" sends every
-	// call to the first usable endpoint in the resolver's order. Either
-	// way every endpoint gets its own connection (see the package
-	// interceptor/endpoint's documentation). The child's own settings are
-	// refused (pick_first's shuffleAddressList, except false), not dropped.
+	// call to the first usable endpoint in the resolver's order, and
+	// "peak_ewma" picks the better of two random endpoints by their
+	// latency (a peak-sensitive moving average, weighted by the requests
+	// outstanding). Every endpoint gets its own connection (see the
+	// package interceptor/endpoint's documentation). The child's own
+	// settings are refused (pick_first's shuffleAddressList, except false),
+	// not dropped; peak_ewma takes decayTime.
 	ChildPolicy string
+	// DecayTime is peak_ewma's decay time τ ({"peak_ewma": {"decayTime":
+	// "10s"}}): 0 means 10s (Finagle's and Linkerd's), else at least
+	// 100ms. Only with ChildPolicy "peak_ewma".
+	DecayTime time.Duration
 	// ConsecutiveFailures ejects an endpoint after that many failures in a
 	// row; 0 means 5 unless FailurePercentage is set; −1 is off.
 	ConsecutiveFailures int
+	// ConsecutiveLocalOriginFailures ejects an endpoint after that many
+	// local-origin failures in a row (its connection refused or reset
+	// before any response; Envoy's consecutive_local_origin_failure). They
+	// count apart from the endpoint's own failures, and an ejection they
+	// cause ends as soon as the endpoint is READY on a new connection. 0
+	// means 5; −1 is off.
+	ConsecutiveLocalOriginFailures int
 	// FailurePercentage ejects an endpoint by its failure percentage over
 	// a rolling window; nil is off.
 	FailurePercentage *FailurePercentageEjection
 	// FailureStatusCodes lists the codes that count as an endpoint's
-	// failure; empty means UNAVAILABLE, UNKNOWN, INTERNAL and DATA_LOSS.
+	// failure when it answers with them; empty means UNAVAILABLE, INTERNAL
+	// and DATA_LOSS. UNKNOWN is not among them by default: it is what a
+	// handler's plain (non-status) error becomes, so usually an
+	// application's answer that a caller's request can provoke, and one
+	// caller must not eject healthy endpoints; list it to count it.
 	// RESOURCE_EXHAUSTED, and any status with a server pushback, is
 	// "busy" and never a failure; DEADLINE_EXCEEDED and CANCELLED are the
-	// caller's and are not allowed here.
+	// caller's and are not allowed here (an attempt cut by the Client's
+	// per-attempt timeout counts as a failure without being listed).
 	FailureStatusCodes []codes.Code
 	// BaseEjectionTime is the first ejection's length; the k-th in a row
 	// lasts k times it. 0 means 30s.
@@ -70,9 +97,10 @@ type EndpointPolicy struct {
 	// BaseEjectionTime it means BaseEjectionTime.
 	MaxEjectionTime time.Duration
 	// MaxEjectionPercent bounds the share of endpoints out of rotation at
-	// once, strictly: an ejection that would pass it is refused. In
-	// [1, 100]; 0 means 50.
-	MaxEjectionPercent int
+	// once, strictly: an ejection that would pass it is refused, and when
+	// the endpoints shrink the longest-ejected return until it holds. In
+	// [0, 100]; 0 ejects nothing (gRFC A50); nil means 50.
+	MaxEjectionPercent *int
 }
 
 // FailurePercentageEjection is gRFC A50's failure-percentage detection,
@@ -96,19 +124,28 @@ var callerCodes = []codes.Code{codes.Canceled, codes.DeadlineExceeded}
 // Validate reports the first field out of range, with its JSON path.
 func (p *EndpointPolicy) Validate() error {
 	switch p.ChildPolicy {
-	case "", "round_robin", "pick_first":
+	case "", "round_robin", "pick_first", "peak_ewma":
 	default:
-		return newError("childPolicy", `"`+p.ChildPolicy+`" is not supported: use round_robin or pick_first`)
+		return newError("childPolicy", `"`+p.ChildPolicy+`" is not supported: use round_robin, pick_first or peak_ewma`)
 	}
 	switch {
+	case p.DecayTime != 0 && p.ChildPolicy != "peak_ewma":
+		return newError("childPolicy", "decayTime is peak_ewma's setting")
+	case p.DecayTime < 0:
+		return newError("childPolicy.peak_ewma.decayTime", "must not be negative")
+	case p.DecayTime > 0 && p.DecayTime < minPeakEWMADecayTime:
+		return newError("childPolicy.peak_ewma.decayTime", "must be at least "+minPeakEWMADecayTime.String()+
+			" (or 0 for the default "+DefaultPeakEWMADecayTime.String()+"): a shorter one forgets a slow endpoint between two of its calls")
 	case p.ConsecutiveFailures < -1:
 		return newError("consecutiveFailures", "must be −1 (off), 0 (the default) or positive")
+	case p.ConsecutiveLocalOriginFailures < -1:
+		return newError("consecutiveLocalOriginFailures", "must be −1 (off), 0 (the default) or positive")
 	case p.BaseEjectionTime < 0:
 		return newError("baseEjectionTime", "must not be negative")
 	case p.MaxEjectionTime < 0:
 		return newError("maxEjectionTime", "must not be negative")
-	case p.MaxEjectionPercent < 0 || p.MaxEjectionPercent > 100:
-		return newError("maxEjectionPercent", "must be in [1, 100] (0: the default, 50)")
+	case p.MaxEjectionPercent != nil && (*p.MaxEjectionPercent < 0 || *p.MaxEjectionPercent > 100):
+		return newError("maxEjectionPercent", "must be in [0, 100] (0 ejects nothing; absent: the default, 50)")
 	case p.ConsecutiveFailures == -1 && p.FailurePercentage == nil:
 		return newError("consecutiveFailures", "−1 turns off the only ejection condition: set failurePercentageEjection too")
 	}
@@ -142,15 +179,18 @@ func (p *EndpointPolicy) Validate() error {
 }
 
 type wireEndpoint struct {
-	ChildPolicy               leaf[[]map[string]json.RawMessage]
-	ConsecutiveFailures       leaf[int]
-	FailurePercentageEjection *wireFailurePercentage
-	FailureStatusCodes        leaf[[]code]
-	BaseEjectionTime          leaf[*duration]
-	MaxEjectionTime           leaf[*duration]
-	MaxEjectionPercent        leaf[int]
-	Interval                  leaf[*duration] // gRFC A50's sweep: accepted, ignored
-	SuccessRateEjection       leaf[json.RawMessage]
+	ChildPolicy         leaf[[]map[string]json.RawMessage]
+	ConsecutiveFailures leaf[int]
+	// ConsecutiveLocalOriginFailures is ours (Envoy's
+	// consecutive_local_origin_failure).
+	ConsecutiveLocalOriginFailures leaf[int]
+	FailurePercentageEjection      *wireFailurePercentage
+	FailureStatusCodes             leaf[[]code]
+	BaseEjectionTime               leaf[*duration]
+	MaxEjectionTime                leaf[*duration]
+	MaxEjectionPercent             leaf[*int]      // nil: absent (or null), the default; 0 ejects nothing
+	Interval                       leaf[*duration] // gRFC A50's sweep: accepted, ignored
+	SuccessRateEjection            leaf[json.RawMessage]
 }
 
 type wireFailurePercentage struct {
@@ -178,6 +218,7 @@ func ParseEndpointPolicy(data []byte) (*EndpointPolicy, error) {
 	if err := checkAll("",
 		field{"childPolicy", &w.ChildPolicy},
 		field{"consecutiveFailures", &w.ConsecutiveFailures},
+		field{"consecutiveLocalOriginFailures", &w.ConsecutiveLocalOriginFailures},
 		field{"failureStatusCodes", &w.FailureStatusCodes},
 		field{"baseEjectionTime", &w.BaseEjectionTime},
 		field{"maxEjectionTime", &w.MaxEjectionTime},
@@ -190,17 +231,18 @@ func ParseEndpointPolicy(data []byte) (*EndpointPolicy, error) {
 		return nil, newError("successRateEjection", "is not supported: use failurePercentageEjection or consecutiveFailures")
 	}
 	p := &EndpointPolicy{
-		ConsecutiveFailures: w.ConsecutiveFailures.v,
-		FailureStatusCodes:  codeList(w.FailureStatusCodes.v),
-		BaseEjectionTime:    optDuration(w.BaseEjectionTime.v),
-		MaxEjectionTime:     optDuration(w.MaxEjectionTime.v),
-		MaxEjectionPercent:  w.MaxEjectionPercent.v,
+		ConsecutiveFailures:            w.ConsecutiveFailures.v,
+		ConsecutiveLocalOriginFailures: w.ConsecutiveLocalOriginFailures.v,
+		FailureStatusCodes:             codeList(w.FailureStatusCodes.v),
+		BaseEjectionTime:               optDuration(w.BaseEjectionTime.v),
+		MaxEjectionTime:                optDuration(w.MaxEjectionTime.v),
+		MaxEjectionPercent:             w.MaxEjectionPercent.v,
 	}
-	child, err := childPolicy(w.ChildPolicy.v, w.ChildPolicy.set)
+	child, decay, err := childPolicy(w.ChildPolicy.v, w.ChildPolicy.set)
 	if err != nil {
 		return nil, err
 	}
-	p.ChildPolicy = child
+	p.ChildPolicy, p.DecayTime = child, decay
 	if f := w.FailurePercentageEjection; f != nil {
 		if p.FailurePercentage, err = f.policy(); err != nil {
 			return nil, err
@@ -242,25 +284,58 @@ func (f *wireFailurePercentage) policy() (*FailurePercentageEjection, error) {
 }
 
 // childPolicy returns the first policy of list this policy supports, as
-// grpc takes the first registered one of a loadBalancingConfig.
-func childPolicy(list []map[string]json.RawMessage, set bool) (string, error) {
+// grpc takes the first registered one of a loadBalancingConfig, and
+// peak_ewma's decay time.
+func childPolicy(list []map[string]json.RawMessage, set bool) (string, time.Duration, error) {
 	if !set {
-		return "", nil
+		return "", 0, nil
 	}
 	if len(list) == 0 {
-		return "", newError("childPolicy", `must name a policy such as {"round_robin": {}}`)
+		return "", 0, newError("childPolicy", `must name a policy such as {"round_robin": {}}`)
 	}
 	for i, e := range list {
 		if len(e) != 1 {
-			return "", newError(index("childPolicy", i), "must hold exactly one policy, not "+itoa(len(e)))
+			return "", 0, newError(index("childPolicy", i), "must hold exactly one policy, not "+itoa(len(e)))
 		}
 		for name, settings := range e {
-			if name == "round_robin" || name == "pick_first" {
-				return name, childSettings(join(index("childPolicy", i), name), name, settings)
+			switch name {
+			case "round_robin", "pick_first":
+				return name, 0, childSettings(join(index("childPolicy", i), name), name, settings)
+			case "peak_ewma":
+				d, err := peakEWMASettings(join(index("childPolicy", i), name), settings)
+				return name, d, err
 			}
 		}
 	}
-	return "", newError("childPolicy", "names no supported policy: use round_robin or pick_first")
+	return "", 0, newError("childPolicy", "names no supported policy: use round_robin, pick_first or peak_ewma")
+}
+
+type wirePeakEWMA struct {
+	DecayTime leaf[*duration]
+}
+
+// peakEWMASettings reads peak_ewma's settings: {"decayTime": "10s"}, or
+// none.
+func peakEWMASettings(path string, settings json.RawMessage) (time.Duration, error) {
+	var w wirePeakEWMA
+	if err := json.Unmarshal(settings, &w); err != nil {
+		return 0, newError(path, "must be an object")
+	}
+	if kerr, _ := checkKeys(settings, reflect.TypeFor[wirePeakEWMA](), true); kerr != nil {
+		return 0, prefix(path, kerr)
+	}
+	if err := w.DecayTime.check(join(path, "decayTime")); err != nil {
+		return 0, err
+	}
+	d := optDuration(w.DecayTime.v)
+	switch {
+	case d < 0:
+		return 0, newError(join(path, "decayTime"), "must not be negative")
+	case d > 0 && d < minPeakEWMADecayTime:
+		return 0, newError(join(path, "decayTime"), "must be at least "+minPeakEWMADecayTime.String()+
+			" (or 0 for the default "+DefaultPeakEWMADecayTime.String()+"): a shorter one forgets a slow endpoint between two of its calls")
+	}
+	return d, nil
 }
 
 // childSettings checks the child policy's own settings, which the endpoint

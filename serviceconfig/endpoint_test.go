@@ -22,10 +22,10 @@ func TestParseEndpointPolicy(t *testing.T) {
 	want := EndpointPolicy{ChildPolicy: "pick_first", ConsecutiveFailures: 3,
 		FailurePercentage:  &FailurePercentageEjection{Threshold: 60, RequestVolume: 10, Window: 5 * time.Second},
 		FailureStatusCodes: []codes.Code{codes.Unavailable, codes.Internal},
-		BaseEjectionTime:   time.Second, MaxEjectionTime: 10 * time.Second, MaxEjectionPercent: 34}
+		BaseEjectionTime:   time.Second, MaxEjectionTime: 10 * time.Second, MaxEjectionPercent: ptr(34)}
 	if p.ChildPolicy != want.ChildPolicy || p.ConsecutiveFailures != want.ConsecutiveFailures || *p.FailurePercentage != *want.FailurePercentage ||
 		len(p.FailureStatusCodes) != 2 || p.BaseEjectionTime != want.BaseEjectionTime || p.MaxEjectionTime != want.MaxEjectionTime ||
-		p.MaxEjectionPercent != want.MaxEjectionPercent {
+		p.MaxEjectionPercent == nil || *p.MaxEjectionPercent != *want.MaxEjectionPercent {
 		t.Errorf("ParseEndpointPolicy = %+v, want %+v", p, want)
 	}
 	if p, err := ParseEndpointPolicy([]byte(`{}`)); err != nil || p.ChildPolicy != "" {
@@ -35,7 +35,13 @@ func TestParseEndpointPolicy(t *testing.T) {
 
 func TestParseEndpointPolicyErrorsNameThePath(t *testing.T) {
 	tests := []struct{ doc, want string }{
-		{`{"maxEjectionPercent": 101}`, "maxEjectionPercent: must be in [1, 100]"},
+		{`{"maxEjectionPercent": 101}`, "maxEjectionPercent: must be in [0, 100]"},
+		{`{"maxEjectionPercent": -1}`, "maxEjectionPercent: must be in [0, 100]"},
+		{`{"consecutiveLocalOriginFailures": -2}`, "consecutiveLocalOriginFailures: must be −1 (off)"},
+		{`{"childPolicy": [{"peak_ewma": {"decayTime": "0.01s"}}]}`, "childPolicy[0].peak_ewma.decayTime: must be at least 100ms"},
+		{`{"childPolicy": [{"peak_ewma": {"decayTime": "-1s"}}]}`, "childPolicy[0].peak_ewma.decayTime"},
+		{`{"childPolicy": [{"peak_ewma": {"decay": "1s"}}]}`, "childPolicy[0].peak_ewma.decay"},
+		{`{"childPolicy": [{"peak_ewma": []}]}`, "childPolicy[0].peak_ewma: must be an object"},
 		{`{"maxEjectionPercent": "x"}`, "maxEjectionPercent:"},
 		{`{"baseEjectionTime": "1m"}`, "baseEjectionTime:"},
 		{`{"childPolicy": [{"least_request_experimental": {}}]}`, "childPolicy: names no supported policy"},
@@ -61,7 +67,7 @@ func TestParseEndpointPolicyErrorsNameThePath(t *testing.T) {
 
 func TestParseChecksTheEndpointPolicyInLoadBalancingConfig(t *testing.T) {
 	_, err := Parse([]byte(`{"loadBalancingConfig": [{"resilience_endpoint": {"maxEjectionPercent": 200}}]}`))
-	const want = "loadBalancingConfig[0].resilience_endpoint.maxEjectionPercent: must be in [1, 100]"
+	const want = "loadBalancingConfig[0].resilience_endpoint.maxEjectionPercent: must be in [0, 100]"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Parse = %v, want %q", err, want)
 	}
@@ -105,5 +111,61 @@ func TestEndpointChildPolicyConfigIsNotDroppedSilently(t *testing.T) {
 		if _, err := ParseEndpointPolicy([]byte(ok)); err != nil {
 			t.Errorf("ParseEndpointPolicy(%s) = %v, want ok", ok, err)
 		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestMaxEjectionPercentZeroIsNotTheDefault pins gRFC A50's meaning of an
+// explicit 0, "eject nothing", apart from an absent (or null) key, the
+// default 50. Before: 0 meant 50.
+func TestMaxEjectionPercentZeroIsNotTheDefault(t *testing.T) {
+	tests := []struct {
+		doc  string
+		want *int
+	}{
+		{`{}`, nil},
+		{`{"maxEjectionPercent": null}`, nil},
+		{`{"maxEjectionPercent": 0}`, ptr(0)},
+		{`{"maxEjectionPercent": 100}`, ptr(100)},
+	}
+	for _, tt := range tests {
+		p, err := ParseEndpointPolicy([]byte(tt.doc))
+		if err != nil {
+			t.Fatalf("ParseEndpointPolicy(%s) = %v", tt.doc, err)
+		}
+		if (p.MaxEjectionPercent == nil) != (tt.want == nil) || p.MaxEjectionPercent != nil && *p.MaxEjectionPercent != *tt.want {
+			t.Errorf("ParseEndpointPolicy(%s).MaxEjectionPercent = %v, want %v", tt.doc, p.MaxEjectionPercent, tt.want)
+		}
+	}
+}
+
+// TestParsePeakEWMAChildAndLocalOriginFailures pins the round-2 settings:
+// the peak_ewma child with its decay time (default when absent), and
+// consecutiveLocalOriginFailures.
+func TestParsePeakEWMAChildAndLocalOriginFailures(t *testing.T) {
+	tests := []struct {
+		doc   string
+		child string
+		decay time.Duration
+		local int
+	}{
+		{`{"childPolicy": [{"peak_ewma": {}}]}`, "peak_ewma", 0, 0},
+		{`{"childPolicy": [{"peak_ewma": {"decayTime": "2.5s"}}], "consecutiveLocalOriginFailures": 3}`, "peak_ewma", 2500 * time.Millisecond, 3},
+		{`{"childPolicy": [{"least_request_experimental": {}}, {"peak_ewma": {}}]}`, "peak_ewma", 0, 0},
+		{`{"consecutiveLocalOriginFailures": -1}`, "", 0, -1},
+	}
+	for _, tt := range tests {
+		p, err := ParseEndpointPolicy([]byte(tt.doc))
+		if err != nil {
+			t.Fatalf("ParseEndpointPolicy(%s) = %v", tt.doc, err)
+		}
+		if p.ChildPolicy != tt.child || p.DecayTime != tt.decay || p.ConsecutiveLocalOriginFailures != tt.local {
+			t.Errorf("ParseEndpointPolicy(%s) = %q %v %d, want %q %v %d", tt.doc, p.ChildPolicy, p.DecayTime,
+				p.ConsecutiveLocalOriginFailures, tt.child, tt.decay, tt.local)
+		}
+	}
+	if err := (&EndpointPolicy{DecayTime: time.Second}).Validate(); err == nil || !strings.Contains(err.Error(), "decayTime is peak_ewma's") {
+		t.Errorf("Validate(decayTime without peak_ewma) = %v", err)
 	}
 }

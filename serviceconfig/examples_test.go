@@ -141,6 +141,31 @@ func ExampleParseServer() {
 	// serviceconfig: concurrencyLimit.algorithm: must be "vegas" or "aimd"
 }
 
+func ExampleServerConfig_LookupRateLimits() {
+	cfg, err := serviceconfig.ParseServer([]byte(`{
+	  "rateLimits": [{"name": "server", "rate": 5000, "burst": 500, "key": "shared"}],
+	  "methodConfig": [{"name": [{"service": "shop.Orders", "method": "Create"}],
+	                    "rateLimits": [{"name": "create-per-tenant", "rate": 100, "per": "60s", "burst": 20,
+	                                    "key": "tenant", "distributed": true}]}],
+	  "tenantFairness": {"metadataKey": "x-tenant"}
+	}`))
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range []string{"/shop.Orders/Create", "/shop.Orders/Get"} {
+		for _, a := range cfg.LookupRateLimits(m) {
+			fmt.Printf("%s: %s (scope %q): a token every %v, burst %d, by %s\n", m, a.Limit.Name, a.Scope, a.Limit.Interval(), a.Limit.Burst, a.Limit.Key)
+		}
+	}
+	_, err = serviceconfig.ParseServer([]byte(`{"rateLimits": [{"name": "x", "rate": 10, "burst": 5, "key": "tennant"}]}`))
+	fmt.Println(err)
+	// Output:
+	// /shop.Orders/Create: create-per-tenant (scope "/shop.Orders/Create"): a token every 600ms, burst 20, by tenant
+	// /shop.Orders/Create: server (scope ""): a token every 200µs, burst 500, by shared
+	// /shop.Orders/Get: server (scope ""): a token every 200µs, burst 500, by shared
+	// serviceconfig: rateLimits[0].key: "tennant" is not a key: want one of "tenant", "peer", "idempotencyScope" or "shared" (did you mean "tenant"?)
+}
+
 func ExampleCircuitBreaker_adaptive() {
 	cfg, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{"service": "shop.Orders"}],
 	  "circuitBreaker": {"mode": "adaptive", "k": 2, "window": "60s"}}]}`))

@@ -114,7 +114,7 @@ func TestServerConfigUnknownKeys(t *testing.T) {
 		{`{"methodConfig": [{"name": [{"service": "a.B", "methd": "C"}], "concurrencyLimit": {}}]}`,
 			`serviceconfig: methodConfig[0].name[0].methd: unknown key: did you mean "method"?`},
 		{`{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {}, "zz": 1}]}`,
-			`serviceconfig: methodConfig[0].zz: unknown key; the keys here are name, concurrencyLimit`},
+			`serviceconfig: methodConfig[0].zz: unknown key; the keys here are name, concurrencyLimit, rateLimits`},
 	}
 	for _, tt := range tests {
 		_, err := serviceconfig.ParseServer([]byte(tt.doc))

@@ -114,31 +114,42 @@ func validMetadataKey(k string) bool {
 	return true
 }
 
-// ServerConfig is the server side's document: the concurrency limits of
-// server.New in package interceptor/server (server.Limits.Config). Its
-// JSON form:
+// ServerConfig is the server side's document: the concurrency limits and
+// rate limits of server.New in package interceptor/server
+// (server.Limits.Config). Its JSON form:
 //
 //	{
 //	  "concurrencyLimit": {"algorithm": "vegas", "initialLimit": 20,
 //	                       "minLimit": 1, "maxLimit": 1000, "baseWindow": "30s",
 //	                       "maxQueue": 16, "maxQueueWait": "0.02s"},
+//	  "rateLimits": [{"name": "server", "rate": 5000, "burst": 500, "key": "shared"}],
 //	  "methodConfig": [{
 //	    "name": [{"service": "shop.Orders", "method": "Report"}],
-//	    "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}
+//	    "concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8},
+//	    "rateLimits": [{"name": "report-per-tenant", "rate": 10, "burst": 5, "key": "tenant"}]
 //	  }],
 //	  "tenantFairness": {"metadataKey": "x-tenant-id", "maxTenants": 1024,
 //	                     "idleTimeout": "5s"}
 //	}
 //
-// The top-level limit covers every method no entry names; each name of an
-// entry (a full method, or a service when the method is left out) gets a
-// limit of its own with the entry's settings. Names follow the service
-// config's rules, except that the empty name (the default entry) is not
-// allowed: the top-level block is the default. tenantFairness applies to
-// every limit; without it, all callers are one tenant.
+// The top-level concurrency limit covers every method no entry names; each
+// name of an entry (a full method, or a service when the method is left
+// out) gets a concurrency limit of its own with the entry's settings.
+// Rate limits add up instead: a call must pass every rate limit of its
+// method's entry, of its service's entry and of the top level (see
+// LookupRateLimits), and a limit's buckets are shared by every method in
+// its scope (the server, the service, the method). Names follow the
+// service config's rules, except that the empty name (the default entry)
+// is not allowed: the top-level blocks are the default. An entry has a
+// concurrencyLimit, rateLimits or both. tenantFairness applies to every
+// concurrency limit, and names the tenants of the rate limits keyed by
+// tenant; without it, all callers are one tenant.
 type ServerConfig struct {
 	// ConcurrencyLimit is the server's limit; nil: none.
 	ConcurrencyLimit *ConcurrencyLimit
+	// RateLimits apply to every call of the server (the server exempts
+	// health checks and reflection unless an entry names them).
+	RateLimits []RateLimit
 	// MethodConfig gives methods and services limits of their own.
 	MethodConfig []ServerMethodConfig
 	// TenantFairness shares each limit fairly among tenants; nil: one
@@ -146,10 +157,12 @@ type ServerConfig struct {
 	TenantFairness *TenantFairness
 }
 
-// ServerMethodConfig is one entry of ServerConfig.MethodConfig.
+// ServerMethodConfig is one entry of ServerConfig.MethodConfig: a
+// concurrency limit, rate limits, or both.
 type ServerMethodConfig struct {
 	Name             []Name
 	ConcurrencyLimit *ConcurrencyLimit
+	RateLimits       []RateLimit
 }
 
 // Validate reports the first problem of c, with its JSON path.
@@ -166,6 +179,10 @@ func (c *ServerConfig) Validate() error {
 		if err := f.Validate(); err != nil {
 			return prefix("tenantFairness", err)
 		}
+	}
+	names := map[string]string{}
+	if err := validateRateLimits("rateLimits", c.RateLimits, names); err != nil {
+		return err
 	}
 	seen := map[Name]int{}
 	for i, mc := range c.MethodConfig {
@@ -186,11 +203,16 @@ func (c *ServerConfig) Validate() error {
 			}
 			seen[n] = i
 		}
-		if mc.ConcurrencyLimit == nil {
-			return newError(join(p, "concurrencyLimit"), "is required")
+		if mc.ConcurrencyLimit == nil && len(mc.RateLimits) == 0 {
+			return newError(p, "needs a concurrencyLimit or rateLimits")
 		}
-		if err := mc.ConcurrencyLimit.Validate(); err != nil {
-			return prefix(join(p, "concurrencyLimit"), err)
+		if mc.ConcurrencyLimit != nil {
+			if err := mc.ConcurrencyLimit.Validate(); err != nil {
+				return prefix(join(p, "concurrencyLimit"), err)
+			}
+		}
+		if err := validateRateLimits(join(p, "rateLimits"), mc.RateLimits, names); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -198,6 +220,7 @@ func (c *ServerConfig) Validate() error {
 
 type wireServer struct {
 	ConcurrencyLimit *wireLimit
+	RateLimits       *[]wireRateLimit
 	MethodConfig     *[]wireServerMethod
 	TenantFairness   *wireFairness
 }
@@ -223,6 +246,7 @@ func (w *wireFairness) fairness(path string) (*TenantFairness, error) {
 type wireServerMethod struct {
 	Name             *[]wireName
 	ConcurrencyLimit *wireLimit
+	RateLimits       *[]wireRateLimit
 }
 
 type wireLimit struct {
@@ -279,6 +303,13 @@ func ParseServer(data []byte) (*ServerConfig, error) {
 		}
 		c.ConcurrencyLimit = l
 	}
+	if w.RateLimits != nil {
+		rl, err := rateLimits("rateLimits", *w.RateLimits)
+		if err != nil {
+			return nil, err
+		}
+		c.RateLimits = rl
+	}
 	if w.TenantFairness != nil {
 		f, err := w.TenantFairness.fairness("tenantFairness")
 		if err != nil {
@@ -306,6 +337,13 @@ func ParseServer(data []byte) (*ServerConfig, error) {
 				}
 				mc.ConcurrencyLimit = l
 			}
+			if m.RateLimits != nil {
+				rl, err := rateLimits(join(p, "rateLimits"), *m.RateLimits)
+				if err != nil {
+					return nil, err
+				}
+				mc.RateLimits = rl
+			}
 			c.MethodConfig = append(c.MethodConfig, mc)
 		}
 	}
@@ -315,13 +353,18 @@ func ParseServer(data []byte) (*ServerConfig, error) {
 	return c, nil
 }
 
-// Lookup returns the limit that applies to fullMethod ("/pkg.Service/Method")
-// and the name it was found under: the method's entry, else its service's,
-// else the top-level block (name ""); ok is false when none applies.
+// Lookup returns the concurrency limit that applies to fullMethod
+// ("/pkg.Service/Method") and the name it was found under: the method's
+// entry, else its service's, else the top-level block (name ""); ok is
+// false when none applies. An entry of rate limits only has no concurrency
+// limit to give: the search goes on past it.
 func (c *ServerConfig) Lookup(fullMethod string) (l *ConcurrencyLimit, name string, ok bool) {
 	service, method := SplitMethod(fullMethod)
 	var svc *ConcurrencyLimit
 	for _, mc := range c.MethodConfig {
+		if mc.ConcurrencyLimit == nil {
+			continue
+		}
 		for _, n := range mc.Name {
 			switch {
 			case n.Service == service && n.Method == method && method != "":

@@ -76,7 +76,7 @@ func TestParseServerErrors(t *testing.T) {
 		{"empty service", `{"methodConfig": [{"name": [{}], "concurrencyLimit": {}}]}`, "serviceconfig: methodConfig[0].name[0].service: must not be empty"},
 		{"duplicate", `{"methodConfig": [{"name": [{"service": "a.B"}], "concurrencyLimit": {}}, {"name": [{"service": "a.B"}], "concurrencyLimit": {}}]}`,
 			"serviceconfig: methodConfig[1].name[0]: duplicates methodConfig[0]"},
-		{"no limit", `{"methodConfig": [{"name": [{"service": "a.B"}]}]}`, "serviceconfig: methodConfig[0].concurrencyLimit: is required"},
+		{"no limit", `{"methodConfig": [{"name": [{"service": "a.B"}]}]}`, "serviceconfig: methodConfig[0]: needs a concurrencyLimit or rateLimits"},
 		{"name type", `{"methodConfig": [{"name": [{"service": 1}]}]}`, "serviceconfig: methodConfig[0].name[0].service: must be a string, not a number"},
 		{"slash", `{"methodConfig": [{"name": [{"service": "a/B"}], "concurrencyLimit": {}}]}`, `serviceconfig: methodConfig[0].name[0]: service "a/B" holds a slash: for one method write {"service": "a", "method": "B"}`},
 	}
@@ -94,6 +94,9 @@ func TestParseServerErrors(t *testing.T) {
 func FuzzParseServer(f *testing.F) {
 	f.Add([]byte(`{"concurrencyLimit": {"algorithm": "aimd", "maxLimit": 8}, "methodConfig": [{"name": [{"service": "a.B", "method": "C"}], "concurrencyLimit": {}}]}`))
 	f.Add([]byte(`{"methodConfig": [{"name": [{"service": 1}]}]}`))
+	f.Add([]byte(rateDoc))
+	f.Add([]byte(`{"rateLimits": [{"name": "a", "rate": 1e-3, "per": "3600s", "burst": 1, "key": "peer", "maxKeys": 3}]}`))
+	f.Add([]byte(`{"methodConfig": [{"name": [{"service": "a.B", "method": "C"}], "rateLimits": [{"name": "x", "rate": 1, "burst": 1, "key": "shared", "distributed": true, "fallback": "open"}]}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := serviceconfig.ParseServer(data)
 		if err != nil {
@@ -105,6 +108,14 @@ func FuzzParseServer(f *testing.F) {
 		}
 		if err := c.Validate(); err != nil {
 			t.Fatalf("ParseServer(%q) gave a config that does not validate: %v", data, err)
+		}
+		for _, m := range []string{"/shop.Orders/Create", "/a.B/C", "/a/b", "/", ""} {
+			c.Lookup(m)
+			for _, a := range c.LookupRateLimits(m) {
+				if a.Limit.Interval() < 1 {
+					t.Fatalf("ParseServer(%q): limit %q has an interval below 1ns", data, a.Limit.Name)
+				}
+			}
 		}
 	})
 }

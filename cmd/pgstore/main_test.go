@@ -77,3 +77,25 @@ func TestUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateAHostileSchemaName: a schema named with a quote and dollar
+// signs (which broke the migration when it was spliced in) is migrated and
+// checked from the shell, and migrating it again changes nothing.
+func TestMigrateAHostileSchemaName(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	pool := pgtest.Pool(t, dsn)
+	const schema = `o'brien $$ "quoted"`
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgtest.Ident(schema)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgtest.Ident(schema)+" CASCADE") })
+	for range 2 {
+		if code, stdout, stderr := runArgs("migrate", "-dsn", dsn, "-schema", schema); code != exitOK || !strings.Contains(stdout, "ok: schema") {
+			t.Fatalf("migrate -schema %q = %d, %q, %q; want 0 and ok", schema, code, stdout, stderr)
+		}
+	}
+	if code, stdout, stderr := runArgs("check", "-dsn", dsn, "-schema", schema); code != exitOK {
+		t.Fatalf("check -schema %q = %d, %q, %q; want 0", schema, code, stdout, stderr)
+	}
+}

@@ -33,7 +33,8 @@ idempotency store (package pgstore).
 commands:
   check    report whether the schema holds the store's tables and functions
            at this build's version (pgstore.Check); reads only
-  migrate  apply the migration (pgstore.Migrate), then check
+  migrate  apply the migration (pgstore.Migrate: it reads the version first,
+           and changes nothing on a current schema), then check
   sql      print the migration, for your own migration tool
 
 flags:

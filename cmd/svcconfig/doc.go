@@ -48,10 +48,13 @@
 //
 // When loadBalancingConfig selects the endpoint policy (resilience_endpoint,
 // package interceptor/endpoint), check and explain describe it too: the
-// order of picks, the ejection conditions and times with their defaults,
-// and the strict maxEjectionPercent bound with 3 endpoints; A50's interval
-// (ignored by the passive policy) and a percentage that ejects nothing with
-// fewer than a few endpoints are warnings.
+// order of picks (round_robin, pick_first, or peak_ewma with its decay
+// time), the failures that count (and UNKNOWN's default), the local-origin
+// threshold and when its ejections end, the ejection conditions and times
+// with their defaults, and the strict maxEjectionPercent bound with 3
+// endpoints (0: nothing ejected); A50's interval (ignored by the passive
+// policy) and a percentage that ejects nothing with fewer than a few
+// endpoints are warnings.
 //
 // # explain
 //
@@ -98,12 +101,19 @@
 // # server
 //
 // server reads a server document (serviceconfig.ParseServer: the
-// concurrency limits of server.Limits.Config). Without a method it
-// prints "ok" and one line per limit; with one, the limit that applies (the
-// method's own, its service's, or the server's), its settings with the
-// defaults marked, the in-flight count at which each criticality is shed,
-// and what a shed call receives. An invalid document gets its error with
-// the JSON path, and exit status 1.
+// concurrency and rate limits of server.Limits.Config). Without a method it
+// prints "ok" and one line per limit, and warns about a per-tenant rate
+// limit in a document that names no tenant and about per-peer rate limits
+// (behind a proxy every caller has its address); with one, the concurrency
+// limit that applies (the method's own, its service's, or the server's),
+// its settings with the defaults marked, the in-flight count at which each
+// criticality is shed, and what a shed call receives; then every rate
+// limit the call must pass (its method's, its service's, the server's),
+// what it counts by and shares with, whether it is distributed and what it
+// does while Redis is unreachable, the tokens each criticality leaves for
+// the more critical ones, and that health checks and reflection are exempt
+// from the top-level limits. An invalid document gets its error with the
+// JSON path, and exit status 1.
 //
 // # Warnings
 //

@@ -43,12 +43,18 @@ func endpointPolicy(cfg *serviceconfig.Config) (p *serviceconfig.EndpointPolicy,
 func endpointLines(p *serviceconfig.EndpointPolicy, interval bool) (lines, warnings []string) {
 	child := def("round_robin", p.ChildPolicy == "")
 	order := "rotates over the endpoints"
-	if p.ChildPolicy == "pick_first" {
+	switch p.ChildPolicy {
+	case "pick_first":
 		child, order = "pick_first", "sends calls to the first usable endpoint in the resolver's order, with a connection to every endpoint"
+	case "peak_ewma":
+		decay := def(fmtDur(orDur(p.DecayTime, serviceconfig.DefaultPeakEWMADecayTime)), p.DecayTime == 0)
+		child, order = "peak_ewma", "picks the cheaper of two random endpoints, cost = latency estimate × (attempts outstanding + 1); "+
+			"the estimate takes a slower latency at once and forgets it with decay time "+decay+
+			" (an endpoint not picked looks cheaper with time, so a slow one is tried again)"
 	}
 	lines = append(lines,
 		"loadBalancingConfig: "+serviceconfig.EndpointPolicyName+" (import github.com/grpc-resilience/resilience/interceptor/endpoint to register it)",
-		"  childPolicy "+child+": "+order+"; a retry or hedged copy goes to an endpoint its call has not used while one is READY")
+		"  childPolicy "+child+": "+order+"; every attempt's endpoint is recorded, so a retry or hedged copy goes to an endpoint its call has not used while one is READY")
 	var conds []string
 	switch {
 	case p.ConsecutiveFailures > 0:
@@ -64,22 +70,40 @@ func endpointLines(p *serviceconfig.EndpointPolicy, interval bool) (lines, warni
 	}
 	base := orDur(p.BaseEjectionTime, serviceconfig.DefaultEndpointBaseEjectionTime)
 	maxT := orDur(p.MaxEjectionTime, serviceconfig.DefaultEndpointMaxEjectionTime)
-	pct := orInt(p.MaxEjectionPercent, serviceconfig.DefaultEndpointMaxEjectionPercent)
-	failures := "UNAVAILABLE, UNKNOWN, INTERNAL, DATA_LOSS (default)"
+	pct := serviceconfig.DefaultEndpointMaxEjectionPercent
+	if p.MaxEjectionPercent != nil {
+		pct = *p.MaxEjectionPercent
+	}
+	failures := "UNAVAILABLE, INTERNAL, DATA_LOSS (default; not UNKNOWN, a handler's plain error, which a caller's request can provoke)"
 	if len(p.FailureStatusCodes) > 0 {
 		failures = rescodes.Of(p.FailureStatusCodes...).String()
 	}
 	lines = append(lines,
-		"  ejects an endpoint after "+strings.Join(conds, " or ")+"; failures are "+failures+
-			"; RESOURCE_EXHAUSTED and pushback are busy, not failures",
+		"  ejects an endpoint after "+strings.Join(conds, " or ")+"; failures are answers with "+failures+
+			", and attempts the Client's perAttemptRecvTimeout cut; RESOURCE_EXHAUSTED and pushback are busy, not failures; "+
+			"an attempt that sent nothing, the caller's cancellation or deadline, and other codes count for nothing")
+	switch local := p.ConsecutiveLocalOriginFailures; {
+	case local == -1:
+		lines = append(lines, "  local-origin failures (connection refused or reset before a response): counted apart, never eject (consecutiveLocalOriginFailures −1)")
+	default:
+		lines = append(lines, "  local-origin failures (connection refused or reset before a response): counted apart; "+
+			def(itoa(orInt(local, serviceconfig.DefaultEndpointConsecutiveLocalOriginFailures)), local == 0)+
+			" in a row eject, until the endpoint is READY on a new connection")
+	}
+	bound := "at most " + def(itoa(pct), p.MaxEjectionPercent == nil) + "% of the endpoints out at once (strictly: with 3 endpoints, " +
+		itoa(pct*3/100) + " at most), checked against the endpoints listed now: when they shrink, the longest-ejected return first"
+	if pct == 0 {
+		bound = "maxEjectionPercent 0: nothing is ever ejected (gRFC A50)"
+	}
+	lines = append(lines,
 		"  the k-th ejection in a row lasts min(k × "+def(fmtDur(base), p.BaseEjectionTime == 0)+", "+
-			def(fmtDur(max(maxT, base)), p.MaxEjectionTime == 0)+"); at most "+def(itoa(pct), p.MaxEjectionPercent == 0)+
-			"% of the endpoints out at once (strictly: with 3 endpoints, "+itoa(pct*3/100)+" at most)")
+			def(fmtDur(max(maxT, base)), p.MaxEjectionTime == 0)+"); "+bound,
+		"  an ejected endpoint still serves when no other is READY, and returns at once when it answers")
 	if interval {
 		warnings = append(warnings, "loadBalancingConfig: "+serviceconfig.EndpointPolicyName+
 			".interval is ignored: the policy computes ejections on each outcome, with no sweep")
 	}
-	if pct*3/100 == 0 && pct < 100 {
+	if pct > 0 && pct*3/100 == 0 && pct < 100 {
 		warnings = append(warnings, "loadBalancingConfig: "+serviceconfig.EndpointPolicyName+".maxEjectionPercent "+
 			itoa(pct)+" ejects nothing with fewer than "+itoa((100+pct-1)/pct)+" endpoints")
 	}

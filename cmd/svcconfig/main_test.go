@@ -73,6 +73,10 @@ func TestRun(t *testing.T) {
 		{name: "explain_endpoint", args: []string{"explain", "testdata/endpoint.json", "/shop.Orders/Get"}},
 		{name: "check_endpoint_defaults", args: []string{"check", "-"},
 			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"maxEjectionPercent": 10}}]}`},
+		{name: "check_endpoint_peak_ewma", args: []string{"check", "-"},
+			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "5s"}}], "consecutiveLocalOriginFailures": -1, "maxEjectionPercent": 0}}]}`},
+		{name: "check_endpoint_local_origin", args: []string{"check", "-"},
+			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {}}], "consecutiveLocalOriginFailures": 3, "failureStatusCodes": ["UNAVAILABLE", "UNKNOWN"]}}]}`},
 		{name: "check_endpoint_invalid", args: []string{"check", "-"},
 			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"failurePercentageEjection": {"threshold": 0}}}]}`},
 
@@ -89,6 +93,14 @@ func TestRun(t *testing.T) {
 		{name: "server_fair_method", args: []string{"server", "testdata/server_fair.json", "/shop.Orders/Get"}},
 		{name: "server_invalid", args: []string{"server", "-"}, stdin: `{"concurrencyLimit": {"algorithm": "gradient2"}}`},
 		{name: "usage_server_args", args: []string{"server"}},
+		{name: "server_rates_check", args: []string{"server", "testdata/server_rates.json"}},
+		{name: "server_rates_method", args: []string{"server", "testdata/server_rates.json", "/shop.Orders/Create"}},
+		{name: "server_rates_service", args: []string{"server", "testdata/server_rates.json", "/shop.Orders/Get"}},
+		{name: "server_rates_exempt", args: []string{"server", "testdata/server_rates.json", "/grpc.health.v1.Health/Check"}},
+		{name: "server_rates_invalid", args: []string{"server", "-"},
+			stdin: `{"rateLimits": [{"name": "a", "rate": 10, "burst": 0, "key": "tennant"}]}`},
+		{name: "server_rates_misspelt", args: []string{"server", "-"},
+			stdin: `{"rateLimits": [{"name": "a", "rate": 10, "brust": 5, "key": "peer"}]}`},
 
 		// explain: resolution
 		{name: "explain_exact", args: []string{"explain", "testdata/shop.json", "/shop.Orders/Pay"}},

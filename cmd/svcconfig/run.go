@@ -33,9 +33,9 @@ commands:
   explain  show the entry that applies to the method, its policy with the
            defaults filled in, its blocks, and the retry schedule: the delay
            range before each attempt and the worst-case time at its end
-  server   validate a server document (concurrency limits, as
+  server   validate a server document (concurrency and rate limits, as
            serviceconfig.ParseServer reads it) and, given a method, explain
-           the limit that applies to it
+           the limits that apply to it
 
 flags (before or after the arguments):
   -max-attempts-cap N  cap on maxAttempts, as serviceconfig.WithMaxAttemptsCap

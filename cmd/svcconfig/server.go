@@ -34,21 +34,30 @@ func server(w io.Writer, data []byte, fullMethod string) error {
 		} else {
 			p.printf("  (server): no limit\n")
 		}
+		rateSummaries(p, "    ", cfg.RateLimits)
 		for i, mc := range cfg.MethodConfig {
 			names := make([]string, 0, len(mc.Name))
 			for _, n := range mc.Name {
 				names = append(names, limitName(n))
 			}
-			p.printf("  methodConfig[%d] %s: %s\n", i, strings.Join(names, ", "), limitSummary(mc.ConcurrencyLimit))
+			summary := "no concurrency limit"
+			if mc.ConcurrencyLimit != nil {
+				summary = limitSummary(mc.ConcurrencyLimit)
+			}
+			p.printf("  methodConfig[%d] %s: %s\n", i, strings.Join(names, ", "), summary)
+			rateSummaries(p, "    ", mc.RateLimits)
 		}
 		if f := cfg.TenantFairness; f != nil {
 			p.printf("  tenantFairness: %s\n", fairnessSummary(f))
 		}
+		rateWarnings(p, cfg)
 		return p.err
 	}
+	rates := cfg.LookupRateLimits(fullMethod)
 	l, name, ok := cfg.Lookup(fullMethod)
 	if !ok {
 		p.printf("%s: no concurrency limit applies (no entry names it and there is no top-level concurrencyLimit)\n", fullMethod)
+		explainRateLimits(p, cfg, fullMethod, rates)
 		return p.err
 	}
 	switch name {
@@ -61,6 +70,7 @@ func server(w io.Writer, data []byte, fullMethod string) error {
 	}
 	explainLimit(p, l)
 	explainFairness(p, cfg.TenantFairness)
+	explainRateLimits(p, cfg, fullMethod, rates)
 	return p.err
 }
 

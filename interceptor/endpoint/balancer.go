@@ -2,7 +2,9 @@ package endpoint
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +17,9 @@ import (
 	"google.golang.org/grpc/resolver"
 	grpcsc "google.golang.org/grpc/serviceconfig"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/internal/outlier"
+	"github.com/grpc-resilience/resilience/internal/peakewma"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -42,13 +46,33 @@ func (builder) ParseConfig(js json.RawMessage) (grpcsc.LoadBalancingConfig, erro
 }
 
 func (builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
-	b := &lb{cc: cc, target: opts.Target.String(), recorder: cc.MetricsRecorder(), entries: resolver.NewEndpointMap[*entry]()}
-	b.setConfigLocked(newConfig(&serviceconfig.EndpointPolicy{}))
+	b := newLB(opts.Target.String(), cc.MetricsRecorder())
+	b.cc, b.channel = cc, opts.ChannelzParent
 	b.child = endpointsharding.NewBalancer(&childCC{ClientConn: cc, b: b}, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	if b.recorder != nil {
 		b.unregister = b.recorder.RegisterAsyncReporter(estats.AsyncMetricReporterFunc(b.report), ejectedEndpoints)
 	}
+	// The Client's calls on this channel carry trails while the policy
+	// lives. cc.Target is grpc.ClientConn.Target, the string the Client sees
+	// per call without allocating; BuildOptions.Target.String() (what grpc
+	// recommends over the deprecated method) is the parsed form, which can
+	// differ ("localhost:1234" against "passthrough:///localhost:1234").
+	b.unwant = trail.Want(cc.Target())
+	if b.channel != nil {
+		b.adopt(unpark(b.channel))
+	}
 	live.Store(b, struct{}{})
+	return b
+}
+
+// newLB returns the policy's state with the default configuration, before
+// grpc gives it one; recorder may be nil.
+func newLB(target string, recorder estats.MetricsRecorder) *lb {
+	b := &lb{target: target, targetLabel: []string{target}, recorder: recorder, epoch: time.Now(), entries: resolver.NewEndpointMap[*entry](),
+		byOut: map[*outlier.Endpoint]*entry{}, labels: map[string]struct{}{}, rand: rand.Uint64}
+	cfg := newConfig(&serviceconfig.EndpointPolicy{})
+	b.cfg.Store(cfg)
+	b.group, _ = outlier.New(cfg.outlier) // valid: the defaults
 	return b
 }
 
@@ -56,73 +80,95 @@ func (builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balance
 // pick_first child per endpoint, under a picker of its own that chooses
 // the endpoint.
 type lb struct {
-	cc         balancer.ClientConn
-	child      balancer.Balancer // endpointsharding
-	target     string
-	recorder   estats.MetricsRecorder // nil in tests that build it bare
-	unregister func()
+	cc          balancer.ClientConn
+	child       balancer.Balancer // endpointsharding
+	target      string
+	targetLabel []string               // {target}, for the pick path's metric
+	channel     any                    // the channel's channelz identity, stable across idleness; nil in tests
+	recorder    estats.MetricsRecorder // nil in tests that build it bare
+	unregister  func()
+	unwant      func() // ends trail.Want; nil in tests that build it bare
+	// rand draws the peak_ewma picker's candidates: math/rand/v2's, which
+	// takes no lock; a test's seeded source.
+	rand func() uint64
+	// epoch is the origin of peak_ewma's instants (nanotime).
+	epoch time.Time
 
-	cfg atomic.Pointer[lbConfig] // read by Done callbacks
-	// current is group, for the Done callbacks, which take no lock.
-	current atomic.Pointer[outlier.Group]
+	cfg atomic.Pointer[lbConfig] // read by pickers and Done callbacks
+	// group is the channel's ejection state, for the channel's life: a new
+	// configuration changes it in place (outlier.Group.SetConfig).
+	group *outlier.Group
 
 	mu      sync.Mutex // guards what follows
-	group   *outlier.Group
 	entries *resolver.EndpointMap[*entry]
-	last    balancer.State // endpointsharding's latest
+	byOut   map[*outlier.Endpoint]*entry // every entry, by its ejection state
+	last    balancer.State               // endpointsharding's latest
 	closed  bool
+	// labels are the endpoint metric labels given out, at most maxLabels.
+	labels map[string]struct{}
+	// restore is the state a closed policy of the channel left (see
+	// adopt), by endpoint name, until the resolver lists the endpoint.
+	restore map[string]outlier.Saved
 
-	avoided  atomic.Uint64 // picks that passed over an endpoint the call had used
-	overflow atomic.Uint64 // refusals seen by the Done callbacks (see entry.done)
+	avoided atomic.Uint64 // picks that passed over an endpoint the call had used
 }
 
-// setConfigLocked installs cfg; an ejection configuration that changed
-// starts every endpoint afresh in a new group.
-func (b *lb) setConfigLocked(cfg *lbConfig) {
-	old := b.cfg.Load()
-	b.cfg.Store(cfg)
-	if old != nil && old.outlier == cfg.outlier {
+// setConfig installs cfg, keeping every endpoint's ejection state where
+// the new configuration allows (outlier.Group.SetConfig).
+func (b *lb) setConfig(cfg *lbConfig) {
+	old := b.cfg.Swap(cfg)
+	if old.outlier == cfg.outlier {
 		return
 	}
-	g, err := outlier.New(cfg.outlier)
+	returned, err := b.group.SetConfig(cfg.outlier, time.Now())
 	if err != nil { // cannot happen: parseConfig validated it
-		g, _ = outlier.New(newConfig(&serviceconfig.EndpointPolicy{}).outlier)
+		return
 	}
-	b.group = g
-	b.current.Store(g)
-	b.overflow.Store(0)
-	fresh := resolver.NewEndpointMap[*entry]()
-	for ep, e := range b.entries.All() {
-		fresh.Set(ep, b.newEntry(e.order, e.addrs))
-	}
-	b.entries = fresh
+	b.reportReturns(returned)
 }
 
 func (b *lb) UpdateClientConnState(ccs balancer.ClientConnState) error {
-	cfg, _ := ccs.BalancerConfig.(*lbConfig)
-	b.mu.Lock()
-	if cfg != nil {
-		b.setConfigLocked(cfg)
+	if cfg, _ := ccs.BalancerConfig.(*lbConfig); cfg != nil {
+		b.setConfig(cfg)
 	}
+	b.mu.Lock()
+	restored := false
 	fresh := resolver.NewEndpointMap[*entry]()
 	for i, ep := range ccs.ResolverState.Endpoints {
+		if _, dup := fresh.Get(ep); dup {
+			continue // listed twice: one endpoint (endpointsharding keeps the first too)
+		}
 		e, ok := b.entries.Get(ep)
 		if !ok {
-			addrs := make([]string, len(ep.Addresses))
-			for j, a := range ep.Addresses {
-				addrs[j] = a.Addr
-			}
-			e = b.newEntry(i, addrs)
+			var r bool
+			e, r = b.newEntryLocked(ep)
+			restored = restored || r
 		}
 		e.order = i
 		fresh.Set(ep, e)
 	}
+	var gone []*entry
 	for ep, e := range b.entries.All() {
 		if _, ok := fresh.Get(ep); !ok {
-			b.group.Remove(e.out)
+			gone = append(gone, e)
 		}
 	}
 	b.entries = fresh
+	b.restore = nil // what the resolver no longer lists is not carried on
+	b.mu.Unlock()
+	now := time.Now()
+	if restored {
+		b.reportReturns(b.group.Enforce(now))
+	}
+	for _, e := range gone {
+		// The endpoints left may now hold more than the bound allows: the
+		// longest-ejected return.
+		b.reportReturns(b.group.Remove(e.out, now))
+	}
+	b.mu.Lock()
+	for _, e := range gone {
+		delete(b.byOut, e.out)
+	}
 	b.mu.Unlock()
 	// The children get no config of ours, as round_robin gives its own.
 	return b.child.UpdateClientConnState(balancer.ClientConnState{
@@ -150,7 +196,13 @@ func (b *lb) Close() {
 	if b.unregister != nil {
 		b.unregister()
 	}
+	if b.unwant != nil {
+		b.unwant()
+	}
 	live.Delete(b)
+	if b.channel != nil {
+		park(b.channel, b)
+	}
 }
 
 // childCC is the ClientConn endpointsharding sees: its state updates come
@@ -162,23 +214,54 @@ type childCC struct {
 
 func (c *childCC) UpdateState(s balancer.State) {
 	b := c.b
+	now := time.Now()
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return
 	}
 	b.last = s
+	back := b.noteConnectivityLocked(s)
 	p := b.pickerLocked(s)
 	b.mu.Unlock()
 	// endpointsharding sends its updates one at a time, so pickers reach
 	// grpc in order.
 	b.cc.UpdateState(balancer.State{ConnectivityState: s.ConnectivityState, Picker: p})
+	for _, e := range back {
+		if ch := e.out.Reconnected(now); ch != (outlier.Change{}) {
+			b.reportChange(e, ch)
+		}
+	}
+	b.reportReturns(b.group.Sweep(now))
+}
+
+// noteConnectivityLocked records each endpoint's connectivity in s and
+// returns the endpoints READY again after another state: a new connection,
+// whose attempts' local-origin failures are no longer the old one's.
+func (b *lb) noteConnectivityLocked(s balancer.State) []*entry {
+	var back []*entry
+	for _, cs := range endpointsharding.ChildStatesFromPicker(s.Picker) {
+		e, ok := b.entries.Get(cs.Endpoint)
+		if !ok {
+			continue
+		}
+		ready := cs.State.ConnectivityState == connectivity.Ready
+		if ready && !e.ready {
+			e.gen.Add(1)
+			if e.wasReady {
+				back = append(back, e)
+			}
+			e.wasReady = true
+		}
+		e.ready = ready
+	}
+	return back
 }
 
 // pickerLocked returns the picker over the READY endpoints of s.
 func (b *lb) pickerLocked(s balancer.State) balancer.Picker {
 	cfg := b.cfg.Load()
-	p := &picker{b: b, fallback: s.Picker, ordered: cfg.ordered}
+	p := &picker{b: b, fallback: s.Picker, mode: cfg.mode, decay: cfg.decay}
 	for _, cs := range endpointsharding.ChildStatesFromPicker(s.Picker) {
 		if cs.State.ConnectivityState != connectivity.Ready {
 			continue
@@ -187,7 +270,7 @@ func (b *lb) pickerLocked(s balancer.State) balancer.Picker {
 			p.ready = append(p.ready, choice{e: e, picker: cs.State.Picker})
 		}
 	}
-	if cfg.ordered {
+	if cfg.mode == ordered {
 		slices.SortFunc(p.ready, func(x, y choice) int { return x.e.order - y.e.order })
 	}
 	return p
@@ -196,60 +279,56 @@ func (b *lb) pickerLocked(s balancer.State) balancer.Picker {
 // nextID numbers endpoints for the calls' trails, from 1.
 var nextID atomic.Uint64
 
+// maxLabels bounds the distinct values of a channel's endpoint metric
+// label over its life; past it, new endpoints are labelled "other".
+const maxLabels = 100
+
 // entry is one endpoint of the channel. Its fields are set before it is
-// shared and never written after, except order (under lb.mu).
+// shared and never written after, except where noted.
 type entry struct {
 	id    uint64
 	addrs []string
-	order int            // its index in the resolver's list
-	g     *outlier.Group // the group of out
+	name  string // addrs joined by ",", for logs
+	label string // the endpoint metric label: name, or "other" past maxLabels
+	order int    // its index in the resolver's list; under lb.mu
 	out   *outlier.Endpoint
 	b     *lb
-	// done is e.record, as a func value made once: a pick on the success
-	// path allocates nothing for it.
-	done func(balancer.DoneInfo)
+
+	ready    bool // under lb.mu: READY in the last state seen
+	wasReady bool // under lb.mu: has been READY
+	// gen counts the endpoint's connections (READY after another state).
+	// A local-origin failure of an attempt picked on an earlier connection
+	// says nothing of the new one and is dropped.
+	gen atomic.Uint32
+	// outstanding counts attempts picked and not yet done.
+	outstanding atomic.Int32
+	// lat is the latency estimate (peak_ewma; kept in every mode, fed only
+	// in it).
+	lat peakewma.Estimator
 }
 
-func (b *lb) newEntry(order int, addrs []string) *entry {
-	e := &entry{id: nextID.Add(1), addrs: addrs, order: order, g: b.group, out: b.group.Add(), b: b}
-	e.done = e.record
-	return e
-}
-
-// record counts the outcome of an attempt sent to e, when it ends.
-func (e *entry) record(di balancer.DoneInfo) {
-	b := e.b
-	o := outcome(di.Err, di.Trailer, di.BytesReceived, b.cfg.Load().failures)
-	if o != outlier.Success && o != outlier.Failure {
-		return
+// newEntryLocked returns a new entry for ep, with the state a closed
+// policy of the channel left for it if any (restored).
+func (b *lb) newEntryLocked(ep resolver.Endpoint) (e *entry, restored bool) {
+	addrs := make([]string, len(ep.Addresses))
+	for j, a := range ep.Addresses {
+		addrs[j] = a.Addr
 	}
-	if e.out.Record(time.Now(), o) {
-		b.count(ejectionsEnforced)
-		return
+	e = &entry{id: nextID.Add(1), addrs: addrs, name: strings.Join(addrs, ","), b: b}
+	if saved, ok := b.restore[e.name]; ok {
+		e.out, restored = b.group.AddSaved(saved), true
+		delete(b.restore, e.name)
+	} else {
+		e.out = b.group.Add()
 	}
-	if o == outlier.Failure {
-		b.noteOverflow(e.g)
-	}
-}
-
-// noteOverflow records, once each, the refusals of g's bound (g is the
-// current group, or one a new configuration replaced, whose refusals are
-// then dropped).
-func (b *lb) noteOverflow(g *outlier.Group) {
-	if g != b.current.Load() {
-		return
-	}
-	_, refused := g.Ejections()
-	for {
-		seen := b.overflow.Load()
-		if refused <= seen {
-			return
-		}
-		if b.overflow.CompareAndSwap(seen, refused) {
-			for range refused - seen {
-				b.count(ejectionsOverflow)
-			}
-			return
+	e.label = e.name
+	if _, ok := b.labels[e.name]; !ok {
+		if len(b.labels) >= maxLabels {
+			e.label = "other"
+		} else {
+			b.labels[e.name] = struct{}{}
 		}
 	}
+	b.byOut[e.out] = e
+	return e, restored
 }

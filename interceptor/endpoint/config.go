@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	grpcsc "google.golang.org/grpc/serviceconfig"
 	"google.golang.org/grpc/status"
 
@@ -16,39 +16,68 @@ import (
 )
 
 // defaultFailures are the codes that count as an endpoint's failure when
-// the policy lists none (see serviceconfig.EndpointPolicy).
-const defaultFailures = rescodes.Set(1<<codes.Unavailable | 1<<codes.Unknown | 1<<codes.Internal | 1<<codes.DataLoss)
+// the policy lists none (see serviceconfig.EndpointPolicy): not UNKNOWN,
+// which is what a handler's plain error becomes, an answer a caller can
+// provoke.
+const defaultFailures = rescodes.Set(1<<codes.Unavailable | 1<<codes.Internal | 1<<codes.DataLoss)
+
+// mode is the order of picks among the endpoints (the child policy).
+type mode uint8
+
+const (
+	rotate  mode = iota // round_robin
+	ordered             // pick_first: the resolver's order
+	p2c                 // peak_ewma: the better of two random endpoints by latency
+)
+
+var modeNames = [...]string{"round_robin", "pick_first", "peak_ewma"}
+
+func (m mode) String() string { return modeNames[m] }
 
 // lbConfig is the policy's parsed configuration, as grpc hands it back.
 type lbConfig struct {
 	grpcsc.LoadBalancingConfig
-	ordered  bool // pick_first: the resolver's order, not a rotation
+	mode     mode
+	decay    time.Duration // peak_ewma's τ
 	outlier  outlier.Config
 	failures rescodes.Set
 }
 
 // newConfig normalizes p, which is valid.
 func newConfig(p *serviceconfig.EndpointPolicy) *lbConfig {
-	c := &lbConfig{ordered: p.ChildPolicy == "pick_first", failures: defaultFailures}
+	c := &lbConfig{failures: defaultFailures, decay: orDuration(p.DecayTime, serviceconfig.DefaultPeakEWMADecayTime)}
+	switch p.ChildPolicy {
+	case "pick_first":
+		c.mode = ordered
+	case "peak_ewma":
+		c.mode = p2c
+	}
 	if len(p.FailureStatusCodes) > 0 {
 		c.failures = rescodes.Of(p.FailureStatusCodes...)
 	}
 	o := outlier.Config{
-		ConsecutiveFailures: p.ConsecutiveFailures,
-		MinimumCalls:        serviceconfig.DefaultFailurePercentageVolume,
-		Window:              serviceconfig.DefaultFailurePercentageWindow,
-		BaseEjectionTime:    orDuration(p.BaseEjectionTime, serviceconfig.DefaultEndpointBaseEjectionTime),
-		MaxEjectionTime:     orDuration(p.MaxEjectionTime, serviceconfig.DefaultEndpointMaxEjectionTime),
-		MaxEjectionPercent:  p.MaxEjectionPercent,
+		ConsecutiveFailures:      p.ConsecutiveFailures,
+		ConsecutiveLocalFailures: p.ConsecutiveLocalOriginFailures,
+		MinimumCalls:             serviceconfig.DefaultFailurePercentageVolume,
+		Window:                   serviceconfig.DefaultFailurePercentageWindow,
+		BaseEjectionTime:         orDuration(p.BaseEjectionTime, serviceconfig.DefaultEndpointBaseEjectionTime),
+		MaxEjectionTime:          orDuration(p.MaxEjectionTime, serviceconfig.DefaultEndpointMaxEjectionTime),
+		MaxEjectionPercent:       serviceconfig.DefaultEndpointMaxEjectionPercent,
 	}
-	if o.MaxEjectionPercent == 0 {
-		o.MaxEjectionPercent = serviceconfig.DefaultEndpointMaxEjectionPercent
+	if p.MaxEjectionPercent != nil {
+		o.MaxEjectionPercent = *p.MaxEjectionPercent // an explicit 0 ejects nothing
 	}
 	switch {
 	case o.ConsecutiveFailures == -1:
 		o.ConsecutiveFailures = 0
 	case o.ConsecutiveFailures == 0 && p.FailurePercentage == nil:
 		o.ConsecutiveFailures = serviceconfig.DefaultEndpointConsecutiveFailures
+	}
+	switch o.ConsecutiveLocalFailures {
+	case -1:
+		o.ConsecutiveLocalFailures = 0
+	case 0:
+		o.ConsecutiveLocalFailures = serviceconfig.DefaultEndpointConsecutiveLocalOriginFailures
 	}
 	if f := p.FailurePercentage; f != nil {
 		o.FailureRate = float64(f.Threshold) / 100
@@ -82,32 +111,70 @@ func parseConfig(js json.RawMessage) (*lbConfig, error) {
 	return newConfig(p), nil
 }
 
-// outcome classifies how an attempt on an endpoint ended: busy when the
-// server refused it for load (RESOURCE_EXHAUSTED, or any status with a
-// pushback), a failure when its code is in failures, a success when it
-// succeeded, and nothing otherwise (the caller's cancellation or deadline,
-// an application's error). received says whether anything came back from
-// the endpoint (balancer.DoneInfo.BytesReceived): without it, only
-// UNAVAILABLE (the endpoint could not be reached, or its connection broke)
-// is the endpoint's; another code is the client's own (grpc's INTERNAL for
-// a request that does not marshal), which a caller chooses.
-func outcome(err error, trailer metadata.MD, received bool, failures rescodes.Set) outlier.Outcome {
-	if err == nil {
-		return outlier.Success
+// latencyUse says what an attempt's latency tells the peak_ewma estimate.
+type latencyUse uint8
+
+const (
+	latencyNone   latencyUse = iota // nothing (no answer, or the caller cut it short)
+	latencySample                   // a latency: the endpoint answered
+	latencyPeak                     // a lower bound: raise the estimate, never lower it
+)
+
+// attemptEnd is what the policy knows of an attempt when grpc reports its
+// end, besides grpc's DoneInfo.
+type attemptEnd struct {
+	// own: the attempt's deadline was the Client's per-attempt timeout, not
+	// its caller's (package trail: Trail.OwnDeadline).
+	own bool
+	// timedOut: the Client's per-attempt timer ended the attempt (streams:
+	// Trail.MarkTimedOut before it cancels).
+	timedOut bool
+}
+
+// classify returns how the attempt that ended with di counts toward its
+// endpoint's ejection, and what its latency says:
+//
+//   - nothing was sent (grpc abandoned the pick, or the client failed
+//     before the stream existed, as per-RPC credentials do): nothing;
+//   - success: a success, and a latency;
+//   - RESOURCE_EXHAUSTED, or any status with a pushback: busy;
+//   - the Client's own per-attempt timeout (DEADLINE_EXCEEDED with the
+//     attempt's own deadline, or a stream's timer): a failure, its time a
+//     lower bound of the latency;
+//   - nothing received and UNAVAILABLE: a local-origin failure (the
+//     connection was refused or reset before any response);
+//   - nothing received, another code: nothing (the client's own error,
+//     e.g. a request that does not marshal, which a caller can send);
+//   - a code in failures: a failure;
+//   - the caller's cancellation or deadline: nothing;
+//   - another code (an application's answer): nothing, and its time only
+//     raises the latency estimate: a caller could provoke quick errors on a
+//     slow endpoint, which must not make it look fast.
+func classify(di balancer.DoneInfo, failures rescodes.Set, end attemptEnd) (outlier.Outcome, latencyUse) {
+	if !di.BytesSent {
+		return outlier.Ignored, latencyNone
 	}
-	if len(trailer[pushbackKey]) > 0 {
-		return outlier.Busy
+	if di.Err == nil {
+		return outlier.Success, latencySample
 	}
-	c := status.Code(err)
-	switch {
+	if len(di.Trailer[pushbackKey]) > 0 {
+		return outlier.Busy, latencyNone
+	}
+	switch c := status.Code(di.Err); {
 	case c == codes.ResourceExhausted:
-		return outlier.Busy
-	case !received && c != codes.Unavailable:
-		return outlier.Ignored
+		return outlier.Busy, latencyNone
+	case c == codes.DeadlineExceeded && end.own, c == codes.Canceled && end.timedOut:
+		return outlier.Failure, latencyPeak
+	case !di.BytesReceived && c == codes.Unavailable:
+		return outlier.LocalFailure, latencyNone
+	case !di.BytesReceived:
+		return outlier.Ignored, latencyNone
 	case failures.Has(c):
-		return outlier.Failure
+		return outlier.Failure, latencyPeak
+	case c == codes.Canceled || c == codes.DeadlineExceeded:
+		return outlier.Ignored, latencyNone
 	}
-	return outlier.Ignored
+	return outlier.Ignored, latencyPeak
 }
 
 // pushbackKey is gRFC A6's server pushback trailer.

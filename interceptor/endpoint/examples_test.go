@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/endpoint"
@@ -63,4 +66,91 @@ func Example() {
 	// Output:
 	// 60 of 60 calls succeeded; retries sent to the failing backend: 0
 	// ejections: 1; backend-0 ejected: true
+}
+
+// SetLogger sends the policy's events to a logger of your choice: here a
+// text handler on standard output, without the time and the target (which
+// vary from run to run).
+func ExampleSetLogger() {
+	endpoint.SetLogger(slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey || a.Key == "target" {
+				return slog.Attr{}
+			}
+			return a
+		},
+	})))
+	defer endpoint.SetLogger(nil)
+
+	cluster, stop, err := resiliencetest.ServeCluster(3, []grpc.DialOption{grpc.WithDefaultServiceConfig(
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 3, "baseEjectionTime": "30s"}}]}`)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
+	waitReady(cluster)
+	cluster.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
+		return resiliencetest.Step{Code: codes.Unavailable}
+	})
+	echo := cluster.EchoClient()
+	for range 30 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, _ = echo.Echo(ctx, &echov1.EchoRequest{Message: "hi"}, grpc.WaitForReady(true))
+		cancel()
+	}
+	// Output:
+	// level=WARN msg="resilience_endpoint: endpoint ejected" endpoint=backend-0 cause=consecutive_failures ejections=1 duration=30s
+}
+
+// The peak_ewma child picks the cheaper of two random endpoints by their
+// latency: a backend 500× slower than the others gets almost no call,
+// with no retry, hedge or error involved. (It is measured by the calls it
+// gets: its first, or one while the others' estimates are still unknown.)
+func Example_peakEWMA() {
+	cluster, stop, err := resiliencetest.ServeCluster(3, []grpc.DialOption{grpc.WithDefaultServiceConfig(
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s"}}]}}]}`)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
+	waitReady(cluster)
+	for i, b := range cluster.Backends {
+		d := 2 * time.Millisecond
+		if i == 1 {
+			d = time.Second
+		}
+		b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: d} })
+	}
+	echo := cluster.EchoClient()
+	for range 100 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := echo.Echo(ctx, &echov1.EchoRequest{Message: "hi"}, grpc.WaitForReady(true)); err != nil {
+			log.Fatal(err)
+		}
+		cancel()
+	}
+	slow := len(cluster.Backends[1].Attempts(resiliencetest.EchoMethod))
+	fmt.Println("the slow backend served fewer than 5 of 100 calls:", slow < 5)
+	// Output:
+	// the slow backend served fewer than 5 of 100 calls: true
+}
+
+// waitReady waits until every backend of the cluster is READY, as the
+// policy's snapshot shows.
+func waitReady(cluster *resiliencetest.Cluster) {
+	cluster.Conn.Connect()
+	for {
+		for _, s := range endpoint.Snapshots(time.Now()) {
+			ready := 0
+			for _, e := range s.Endpoints {
+				if s.Target == cluster.Conn.Target() && e.Connectivity == connectivity.Ready {
+					ready++
+				}
+			}
+			if ready == len(cluster.Backends) {
+				return
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

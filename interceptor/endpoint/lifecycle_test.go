@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/grpc-resilience/resilience/interceptor/endpoint"
+	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
 )
@@ -34,9 +35,15 @@ func TestClosedChannelLeavesNoSnapshot(t *testing.T) {
 	if !has() {
 		t.Fatal("no snapshot for a live channel")
 	}
+	if !trail.Wanted(cl.Conn.Target()) {
+		t.Fatal("the Client is not told that the live channel's policy reads trails")
+	}
 	stop()
 	if has() {
 		t.Fatal("a closed channel's snapshot stayed")
+	}
+	if trail.Wanted(cl.Conn.Target()) {
+		t.Fatal("a closed channel's policy still asks for trails (trail.Want not released)")
 	}
 }
 

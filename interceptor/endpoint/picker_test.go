@@ -2,6 +2,8 @@ package endpoint
 
 import (
 	"context"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,16 +32,25 @@ type fakeSubConn struct {
 }
 
 // newTestPicker returns a picker over n READY endpoints "ep0", ... and the
-// policy behind it, configured by p.
-func newTestPicker(t *testing.T, n int, p serviceconfig.EndpointPolicy, ordered bool) (*picker, *lb) {
+// policy behind it, configured by p, with a seeded random source.
+func newTestPicker(t testing.TB, n int, p serviceconfig.EndpointPolicy) (*picker, *lb) {
 	t.Helper()
-	b := &lb{entries: resolver.NewEndpointMap[*entry]()}
-	b.setConfigLocked(newConfig(&p))
-	pk := &picker{b: b, ordered: ordered}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b := newLB("test", nil)
+	b.rand = rand.New(rand.NewPCG(1, 2)).Uint64
+	b.setConfig(newConfig(&p))
+	cfg := b.cfg.Load()
+	pk := &picker{b: b, mode: cfg.mode, decay: cfg.decay}
+	b.mu.Lock()
 	for i := range n {
-		e := b.newEntry(i, []string{"ep" + string(rune('0'+i))})
+		e, _ := b.newEntryLocked(resolver.Endpoint{Addresses: []resolver.Address{{Addr: "ep" + string(rune('0'+i))}}})
+		e.order = i
+		e.ready, e.wasReady = true, true
 		pk.ready = append(pk.ready, choice{e: e, picker: fixedPicker{&fakeSubConn{name: e.addrs[0]}}})
 	}
+	b.mu.Unlock()
 	return pk, b
 }
 
@@ -48,62 +59,101 @@ func pickedName(t *testing.T, res balancer.PickResult) string {
 	return res.SubConn.(*fakeSubConn).name
 }
 
-// TestPickOnTheSuccessPathAllocatesNothing pins the pick's cost: 0
-// allocations for a call's first attempt (no trail), for a retry's (with
-// its trail), and for the Done callback of a success.
-func TestPickOnTheSuccessPathAllocatesNothing(t *testing.T) {
-	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{}, false)
-	bare := balancer.PickInfo{FullMethodName: "/s/M", Ctx: context.Background()}
-	trailed := balancer.PickInfo{FullMethodName: "/s/M", Ctx: trail.NewContext(context.Background(), "ep0")}
-	for _, tt := range []struct {
-		name string
-		info balancer.PickInfo
-	}{{"first attempt", bare}, {"with a trail", trailed}} {
-		n := testing.AllocsPerRun(1000, func() {
-			res, err := pk.Pick(tt.info)
-			if err != nil {
-				t.Fatal(err)
+// pickOne picks with ctx and ends the attempt with di.
+func pickOne(t *testing.T, pk *picker, ctx context.Context, di balancer.DoneInfo) string {
+	t.Helper()
+	res, err := pk.Pick(balancer.PickInfo{FullMethodName: "/s/M", Ctx: ctx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := pickedName(t, res)
+	res.Done(di)
+	return name
+}
+
+var (
+	ok          = balancer.DoneInfo{BytesSent: true, BytesReceived: true}
+	unavailable = balancer.DoneInfo{Err: status.Error(codes.Unavailable, "down"), BytesSent: true, BytesReceived: true}
+	reset       = balancer.DoneInfo{Err: status.Error(codes.Unavailable, "connection reset"), BytesSent: true}
+)
+
+// TestPickAndDoneAllocateNothing pins the pick's cost, exactly: 0
+// allocations for a call's first attempt (no trail), for an attempt with
+// a trail in a reused Context (the Client's pooled one), in every child
+// mode, with an endpoint ejected, and for the Done callback. Run without
+// the race detector, which makes sync.Pool drop records on purpose.
+func TestPickAndDoneAllocateNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
+	for _, child := range []string{"round_robin", "pick_first", "peak_ewma"} {
+		pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: child, ConsecutiveFailures: 1, MaxEjectionPercent: ptr(50)})
+		// Eject ep0 for the last row.
+		for range 3 {
+			if pickOne(t, pk, context.Background(), unavailable) == "ep0" {
+				break
 			}
-			res.Done(balancer.DoneInfo{})
-		})
-		if n != 0 {
-			t.Errorf("Pick+Done (%s): %v allocs, want 0", tt.name, n)
+		}
+		var tc trail.Context
+		for _, tt := range []struct {
+			name string
+			ctx  func() context.Context
+		}{
+			{"first attempt", context.Background},
+			{"with a trail", func() context.Context {
+				tc.Reset(context.Background(), time.Time{})
+				return &tc
+			}},
+		} {
+			n := testing.AllocsPerRun(1000, func() {
+				res, err := pk.Pick(balancer.PickInfo{FullMethodName: "/s/M", Ctx: tt.ctx()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				res.Done(ok)
+			})
+			if n != 0 {
+				t.Errorf("%s, %s: Pick+Done %v allocs, want 0", child, tt.name, n)
+			}
 		}
 	}
 }
 
+func ptr[T any](v T) *T { return &v }
+
+// TestPickPrefersAnEndpointTheCallHasNotUsed pins exact identity: every
+// pick of a call with a trail, the first included, is recorded, and later
+// picks avoid them whatever the endpoints' addresses.
 func TestPickPrefersAnEndpointTheCallHasNotUsed(t *testing.T) {
-	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{}, false)
-	ctx := trail.NewContext(context.Background(), "ep1") // the first attempt's peer
-	info := balancer.PickInfo{Ctx: ctx}
-	seen := map[string]bool{"ep1": true}
-	for range 2 {
-		res, err := pk.Pick(info)
-		if err != nil {
-			t.Fatal(err)
+	for _, child := range []string{"round_robin", "pick_first", "peak_ewma"} {
+		pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: child})
+		ctx := trail.NewContext(context.Background(), time.Time{})
+		seen := map[string]bool{}
+		for range 3 {
+			name := pickOne(t, pk, ctx, unavailable)
+			if seen[name] {
+				t.Fatalf("%s: picked %s again; the call used %v", child, name, seen)
+			}
+			seen[name] = true
 		}
-		name := pickedName(t, res)
-		if seen[name] {
-			t.Fatalf("picked %s again; the call used %v", name, seen)
+		if got := trail.FromContext(ctx).Len(); got != 3 {
+			t.Fatalf("%s: trail holds %d picks, want 3 (the first included)", child, got)
 		}
-		seen[name] = true
-	}
-	// All used: any READY endpoint.
-	if _, err := pk.Pick(info); err != nil {
-		t.Fatalf("Pick with every endpoint used = %v, want a pick", err)
+		// All used: any READY endpoint.
+		pickOne(t, pk, ctx, ok)
 	}
 }
 
 func TestPickOrderedIsPickFirstsOrder(t *testing.T) {
-	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{}, true)
+	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "pick_first"})
 	for range 5 {
-		res, _ := pk.Pick(balancer.PickInfo{Ctx: context.Background()})
-		if got := pickedName(t, res); got != "ep0" {
+		if got := pickOne(t, pk, context.Background(), ok); got != "ep0" {
 			t.Fatalf("ordered pick = %s, want ep0", got)
 		}
 	}
-	res, _ := pk.Pick(balancer.PickInfo{Ctx: trail.NewContext(context.Background(), "ep0")})
-	if got := pickedName(t, res); got != "ep1" {
+	ctx := trail.NewContext(context.Background(), time.Time{})
+	pickOne(t, pk, ctx, unavailable)
+	if got := pickOne(t, pk, ctx, ok); got != "ep1" {
 		t.Fatalf("ordered pick after ep0 = %s, want ep1", got)
 	}
 }
@@ -111,15 +161,12 @@ func TestPickOrderedIsPickFirstsOrder(t *testing.T) {
 // TestPickSkipsEjectedEndpointsAndTheyReturn drives ejection through the
 // Done callbacks, with the outcomes classified as the policy does.
 func TestPickSkipsEjectedEndpointsAndTheyReturn(t *testing.T) {
-	pk, b := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ConsecutiveFailures: 2, BaseEjectionTime: time.Hour}, true)
-	fail := balancer.DoneInfo{Err: status.Error(codes.Unavailable, "down")}
+	pk, b := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "pick_first", ConsecutiveFailures: 2, BaseEjectionTime: time.Hour})
 	for range 2 {
-		res, _ := pk.Pick(balancer.PickInfo{Ctx: context.Background()})
-		res.Done(fail)
+		pickOne(t, pk, context.Background(), unavailable)
 	}
 	for range 5 {
-		res, _ := pk.Pick(balancer.PickInfo{Ctx: context.Background()})
-		if got := pickedName(t, res); got != "ep1" {
+		if got := pickOne(t, pk, context.Background(), ok); got != "ep1" {
 			t.Fatalf("pick with ep0 ejected = %s, want ep1", got)
 		}
 	}
@@ -128,65 +175,221 @@ func TestPickSkipsEjectedEndpointsAndTheyReturn(t *testing.T) {
 	}
 }
 
-func TestOutcomeBusyIsNotBroken(t *testing.T) {
-	fail := defaultFailures
-	if want := rescodes.Of(codes.Unavailable, codes.Unknown, codes.Internal, codes.DataLoss); fail != want {
-		t.Fatalf("defaultFailures = %v, want %v", fail, want)
+// TestAbandonedPickIsNoOutcome pins REVIEW class 11: grpc abandons a pick
+// whose connection closed before the attempt started (Done with an empty
+// DoneInfo); that is no success, so a crash-looping endpoint failing every
+// attempt that reaches it still has its run of failures. Before: each
+// abandoned pick counted as a success and broke the run.
+func TestAbandonedPickIsNoOutcome(t *testing.T) {
+	pk, b := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "pick_first", ConsecutiveFailures: 3})
+	for range 3 {
+		pickOne(t, pk, context.Background(), unavailable)
+		pickOne(t, pk, context.Background(), balancer.DoneInfo{}) // abandoned
 	}
+	if ej, _ := b.group.Ejections(); ej != 1 {
+		t.Fatalf("%d ejections, want 1: abandoned picks broke the run of failures", ej)
+	}
+}
+
+// TestLocalFailureOfAReplacedConnectionIsDropped pins the connection
+// generation: a reset reported after the endpoint reconnected (an attempt
+// of the old connection ending late) does not count against the new one.
+func TestLocalFailureOfAReplacedConnectionIsDropped(t *testing.T) {
+	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "pick_first", ConsecutiveLocalOriginFailures: 1})
+	res, err := pk.Pick(balancer.PickInfo{Ctx: context.Background()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := pk.ready[0].e
+	e.gen.Add(1) // it reconnected meanwhile
+	res.Done(reset)
+	if s := e.out.State(time.Now()); s.ConsecutiveLocalFailures != 0 || !s.EjectedUntil.IsZero() {
+		t.Fatalf("a late reset of the old connection counted: %+v", s)
+	}
+	pickOne(t, pk, context.Background(), reset)
+	if s := e.out.State(time.Now()); s.EjectedUntil.IsZero() || s.Cause != outlier.LocalOrigin {
+		t.Fatalf("a reset of the current connection did not eject at consecutiveLocalOriginFailures 1: %+v", s)
+	}
+}
+
+// TestClassify pins how each way an attempt ends counts, per the
+// classify doc.
+func TestClassify(t *testing.T) {
+	if want := rescodes.Of(codes.Unavailable, codes.Internal, codes.DataLoss); defaultFailures != want {
+		t.Fatalf("defaultFailures = %v, want %v (UNKNOWN is an answer a caller can provoke)", defaultFailures, want)
+	}
+	st := func(c codes.Code) error { return status.Error(c, "") }
+	sent := func(err error, received bool) balancer.DoneInfo {
+		return balancer.DoneInfo{Err: err, BytesSent: true, BytesReceived: received}
+	}
+	own, timer := attemptEnd{own: true}, attemptEnd{timedOut: true}
 	tests := []struct {
-		name     string
-		err      error
-		trailer  metadata.MD
-		received bool
-		want     outlier.Outcome
+		name string
+		di   balancer.DoneInfo
+		end  attemptEnd
+		want outlier.Outcome
+		lat  latencyUse
 	}{
-		{"ok", nil, nil, true, outlier.Success},
-		{"unavailable", status.Error(codes.Unavailable, ""), nil, true, outlier.Failure},
-		{"unreachable", status.Error(codes.Unavailable, ""), nil, false, outlier.Failure},
-		{"internal", status.Error(codes.Internal, ""), nil, true, outlier.Failure},
-		{"client's own internal (no marshal)", status.Error(codes.Internal, ""), nil, false, outlier.Ignored},
-		{"resource exhausted", status.Error(codes.ResourceExhausted, ""), nil, true, outlier.Busy},
-		{"unavailable with pushback", status.Error(codes.Unavailable, ""), metadata.Pairs(pushbackKey, "100"), true, outlier.Busy},
-		{"caller's cancel", status.Error(codes.Canceled, ""), nil, true, outlier.Ignored},
-		{"caller's deadline", status.Error(codes.DeadlineExceeded, ""), nil, true, outlier.Ignored},
-		{"application error", status.Error(codes.NotFound, ""), nil, true, outlier.Ignored},
+		{"ok", sent(nil, true), attemptEnd{}, outlier.Success, latencySample},
+		{"abandoned pick (empty done info)", balancer.DoneInfo{}, attemptEnd{}, outlier.Ignored, latencyNone},
+		{"unavailable, nothing sent (per-RPC credentials)", balancer.DoneInfo{Err: st(codes.Unavailable)}, attemptEnd{}, outlier.Ignored, latencyNone},
+		{"unavailable answered", sent(st(codes.Unavailable), true), attemptEnd{}, outlier.Failure, latencyPeak},
+		{"reset before any response", sent(st(codes.Unavailable), false), attemptEnd{}, outlier.LocalFailure, latencyNone},
+		{"internal", sent(st(codes.Internal), true), attemptEnd{}, outlier.Failure, latencyPeak},
+		{"unknown (an application's plain error)", sent(st(codes.Unknown), true), attemptEnd{}, outlier.Ignored, latencyPeak},
+		{"client's own internal (no marshal)", sent(st(codes.Internal), false), attemptEnd{}, outlier.Ignored, latencyNone},
+		{"resource exhausted", sent(st(codes.ResourceExhausted), true), attemptEnd{}, outlier.Busy, latencyNone},
+		{"unavailable with pushback", balancer.DoneInfo{Err: st(codes.Unavailable), BytesSent: true, BytesReceived: true,
+			Trailer: metadata.Pairs(pushbackKey, "100")}, attemptEnd{}, outlier.Busy, latencyNone},
+		{"caller's cancel", sent(st(codes.Canceled), true), attemptEnd{}, outlier.Ignored, latencyNone},
+		{"caller's deadline", sent(st(codes.DeadlineExceeded), false), attemptEnd{}, outlier.Ignored, latencyNone},
+		{"per-attempt timeout", sent(st(codes.DeadlineExceeded), false), own, outlier.Failure, latencyPeak},
+		{"per-attempt timeout, server's status", sent(st(codes.DeadlineExceeded), true), own, outlier.Failure, latencyPeak},
+		{"stream's per-attempt timer", sent(st(codes.Canceled), true), timer, outlier.Failure, latencyPeak},
+		{"cancel, not the timer", sent(st(codes.Canceled), true), own, outlier.Ignored, latencyNone},
+		{"application error", sent(st(codes.NotFound), true), attemptEnd{}, outlier.Ignored, latencyPeak},
 	}
 	for _, tt := range tests {
-		if got := outcome(tt.err, tt.trailer, tt.received, fail); got != tt.want {
-			t.Errorf("outcome(%s) = %v, want %v", tt.name, got, tt.want)
+		if got, lat := classify(tt.di, defaultFailures, tt.end); got != tt.want || lat != tt.lat {
+			t.Errorf("classify(%s) = %v, %v; want %v, %v", tt.name, got, lat, tt.want, tt.lat)
 		}
 	}
 }
 
 func TestParseConfigErrorNamesThePolicyAndPath(t *testing.T) {
 	_, err := builder{}.ParseConfig([]byte(`{"maxEjectionPercent": 101}`))
-	const want = "resilience_endpoint.maxEjectionPercent: must be in [1, 100] (0: the default, 50)"
+	const want = "resilience_endpoint.maxEjectionPercent: must be in [0, 100] (0 ejects nothing; absent: the default, 50)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("ParseConfig = %v, want %q", err, want)
 	}
 }
 
-// TestLateFailureUnderAReplacedConfigAddsNoOverflow pins that the
-// refusals of a group a new ejection configuration replaced are dropped,
-// as noteOverflow says: a failure reported late by an attempt picked
-// under the old configuration must not add the old group's refusals to
-// the new one's count. Before: Snapshot.Overflow jumped from 0 to the old
-// group's total (and the metric with it).
-func TestLateFailureUnderAReplacedConfigAddsNoOverflow(t *testing.T) {
-	pk, b := newTestPicker(t, 2, serviceconfig.EndpointPolicy{ConsecutiveFailures: 1, MaxEjectionPercent: 1}, true)
-	fail := balancer.DoneInfo{Err: status.Error(codes.Unavailable, "down")}
-	old := pk.ready[0].e
-	for range 5 {
-		old.done(fail) // 1% of 2 endpoints: its ejection held back
+// TestPeakEWMAPicksTheCheaperOfTwo pins the peak_ewma choice: of three
+// endpoints, one measured 10× slower is picked only when it is not among
+// the two candidates' cheaper (never, with the others idle and fast), and
+// load spreads over the others by their outstanding attempts.
+func TestPeakEWMAPicksTheCheaperOfTwo(t *testing.T) {
+	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma"})
+	now := pk.b.nanotime(time.Now())
+	for i, d := range []time.Duration{time.Millisecond, 10 * time.Millisecond, time.Millisecond} {
+		pk.ready[i].e.lat.Observe(now, d, pk.decay)
 	}
-	if got := b.overflow.Load(); got != 1 {
-		t.Fatalf("overflow = %d under the first config, want 1", got)
+	counts := map[string]int{}
+	var held []balancer.PickResult
+	for range 300 {
+		res, err := pk.Pick(balancer.PickInfo{Ctx: context.Background()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[pickedName(t, res)]++
+		held = append(held, res) // outstanding: the cost grows with them
+		if len(held) == 8 {
+			for _, r := range held {
+				r.Done(balancer.DoneInfo{Err: status.Error(codes.Canceled, ""), BytesSent: true}) // no sample
+			}
+			held = held[:0]
+		}
 	}
+	for _, r := range held {
+		r.Done(balancer.DoneInfo{})
+	}
+	if counts["ep1"] > 15 || counts["ep0"] < 120 || counts["ep2"] < 120 {
+		t.Fatalf("picks = %v, want the slow ep1 (10×) rarely, ep0 and ep2 about even", counts)
+	}
+	for _, c := range pk.ready {
+		if n := c.e.outstanding.Load(); n != 0 {
+			t.Fatalf("%s: %d outstanding after every Done", c.e.name, n)
+		}
+	}
+}
+
+// TestPeakEWMASkipsEjectedAndUsedEndpoints pins that peak_ewma chooses
+// among READY, non-ejected, untried endpoints first: with ep0 ejected and
+// ep1 used by the call, a retry goes to ep2 even when ep2 is the slowest.
+func TestPeakEWMASkipsEjectedAndUsedEndpoints(t *testing.T) {
+	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma", ConsecutiveFailures: 1, MaxEjectionPercent: ptr(50)})
+	now := pk.b.nanotime(time.Now())
+	for i, d := range []time.Duration{time.Millisecond, time.Millisecond, time.Second} {
+		pk.ready[i].e.lat.Observe(now, d, pk.decay)
+	}
+	pk.ready[0].e.out.Record(time.Now(), outlier.Failure)
+	for range 50 {
+		ctx := trail.NewContext(context.Background(), time.Time{})
+		trail.FromContext(ctx).Add(pk.ready[1].e.id)
+		if got := pickOne(t, pk, ctx, ok); got != "ep2" {
+			t.Fatalf("retry picked %s, want ep2 (ep0 ejected, ep1 used)", got)
+		}
+	}
+}
+
+// TestPeakEWMAMeasuresTimeoutsAsAPeak pins that an attempt cut by the
+// Client's per-attempt timeout raises the endpoint's latency estimate
+// (to at least the time it ran), so peak_ewma moves calls away from a
+// silent endpoint before any ejection.
+func TestPeakEWMAMeasuresTimeoutsAsAPeak(t *testing.T) {
+	pk, _ := newTestPicker(t, 1, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma", ConsecutiveFailures: 1000})
+	var tc trail.Context
+	tc.Reset(context.Background(), time.Now().Add(time.Hour))
+	ctx, cancel := context.WithDeadline(&tc, time.Now().Add(time.Minute)) // before the bound: the Client's own timeout
+	defer cancel()
+	res, err := pk.Pick(balancer.PickInfo{Ctx: ctx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := pk.ready[0].e
+	start := time.Now()
+	for time.Since(start) < 2*time.Millisecond { // let the attempt run a little
+	}
+	res.Done(balancer.DoneInfo{Err: status.Error(codes.DeadlineExceeded, ""), BytesSent: true})
+	if got := e.lat.Estimate(pk.b.nanotime(time.Now()), pk.decay); got < 2*time.Millisecond {
+		t.Fatalf("estimate after a per-attempt timeout of ≥2ms = %v", got)
+	}
+	if s := e.out.State(time.Now()); s.ConsecutiveFailures != 1 {
+		t.Fatalf("a per-attempt timeout did not count as a failure: %+v", s)
+	}
+}
+
+// TestEndpointLabelIsBoundedPerChannel pins REVIEW class 4 for the
+// optional endpoint metric label: a channel gives out at most maxLabels
+// distinct values over its life (endpoints come and go with deployments),
+// then "other"; an endpoint seen before keeps its label.
+func TestEndpointLabelIsBoundedPerChannel(t *testing.T) {
+	b := newLB("t", nil)
 	b.mu.Lock()
-	b.setConfigLocked(newConfig(&serviceconfig.EndpointPolicy{ConsecutiveFailures: 2, MaxEjectionPercent: 1}))
-	b.mu.Unlock()
-	old.done(fail) // an attempt in flight across the change
-	if got := b.overflow.Load(); got != 0 {
-		t.Fatalf("overflow = %d after a late failure under the replaced config, want 0", got)
+	defer b.mu.Unlock()
+	ep := func(i int) resolver.Endpoint {
+		return resolver.Endpoint{Addresses: []resolver.Address{{Addr: "10.1." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) + ":443"}}}
+	}
+	for i := range maxLabels + 5 {
+		e, _ := b.newEntryLocked(ep(i))
+		if want := i < maxLabels; (e.label == e.name) != want || !want && e.label != "other" {
+			t.Fatalf("endpoint %d: label %q, name %q", i, e.label, e.name)
+		}
+	}
+	if e, _ := b.newEntryLocked(ep(3)); e.label != e.name {
+		t.Fatalf("an endpoint seen before lost its label: %q", e.label)
+	}
+}
+
+// BenchmarkPick measures a pick and its Done on the success path, each
+// child, from parallel callers (the rotation's counter and the records'
+// pool are the shared state).
+func BenchmarkPick(b *testing.B) {
+	for _, child := range []string{"round_robin", "pick_first", "peak_ewma"} {
+		b.Run(child, func(b *testing.B) {
+			pk, lb := newTestPicker(b, 3, serviceconfig.EndpointPolicy{ChildPolicy: child})
+			lb.rand = rand.Uint64 // the seeded source is not safe for parallel use
+			info := balancer.PickInfo{FullMethodName: "/s/M", Ctx: context.Background()}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					res, err := pk.Pick(info)
+					if err != nil {
+						b.Fatal(err)
+					}
+					res.Done(ok)
+				}
+			})
+		})
 	}
 }

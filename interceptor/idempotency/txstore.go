@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -50,11 +51,42 @@ type Txn interface {
 	// the caller must not answer with the outcome (its writes may not have
 	// happened) but with a status its client retries: the retry finds the
 	// record committed and replays it, or finds the key free, the writes
-	// rolled back with it, and runs the call again.
+	// rolled back with it, and runs the call again. Two errors say more:
+	// one wrapping ErrTxConflict (nothing committed, a retry would succeed:
+	// answer ABORTED with a retry hint), and a *ReplacedError (the store
+	// stored its own verdict as the key's outcome: answer with it).
 	Commit(ctx context.Context, rec *Record, ttl time.Duration) error
 
 	// Rollback rolls back the transaction: the handler's writes and the
 	// claim. It ends the Txn; an error is only worth logging (the database
 	// rolls back a transaction whose connection is gone).
 	Rollback(ctx context.Context) error
+}
+
+// ErrTxConflict is wrapped by the error of Txn.Commit when the call's
+// transaction failed with a conflict that a retry of it resolves, a
+// serialization failure or a deadlock (PostgreSQL's SQLSTATE 40001 and
+// 40P01), met by a statement of the handler or by the COMMIT: nothing was
+// committed nor stored, so the key is free. The interceptor answers
+// ABORTED with its retry hint, and the retry runs the call again.
+var ErrTxConflict = errors.New("idempotency: the call's transaction met a conflict with another " +
+	"(a serialization failure or a deadlock) and was rolled back; a retry runs it again")
+
+// ReplacedError is the error of Txn.Commit when the store committed
+// Record, its own verdict, as the key's outcome in place of the record it
+// was given, because the handler broke the rules of its transaction (for
+// pgstore: it ended the transaction itself, or answered success over an
+// aborted one). The key is not run again: every duplicate gets Record.
+// The interceptor answers the call with Record too, as it answers a
+// replay.
+type ReplacedError struct {
+	// Record is the outcome stored for the key.
+	Record *Record
+	// Reason says what the handler did.
+	Reason string
+}
+
+// Error returns the reason.
+func (e *ReplacedError) Error() string {
+	return "idempotency: the call's outcome was replaced by the store's verdict: " + e.Reason
 }

@@ -21,8 +21,10 @@ import (
 //	claimJoined ──► runJoined ──► settleJoined: Commit (stored code), or Rollback
 //	     │
 //	     └─ Completed: replay; Mismatch: FAILED_PRECONDITION; InProgress
-//	        (the owner's transaction outlasted the store's wait): ABORTED
-//	        with pushback, never a second execution
+//	        (the owner's transaction holds the key): poll, as for a lease
+//	        elsewhere, claiming again (the store's lookup, one round trip,
+//	        no connection held between), or ABORTED with pushback when
+//	        waiting is off; never a second execution
 //
 // There is no lease to renew: the open transaction holds the key, and the
 // database rolls back a dead owner's transaction, which frees it. Nothing
@@ -32,30 +34,40 @@ import (
 // claimJoined is step claim in joined mode, for the flight the call leads
 // (claim finishes the flight).
 func (c *srvIdemCall) claimJoined() (any, error) {
-	start := c.s.m.start()
-	cl, txn, err := c.s.tx.ClaimTx(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
-	c.s.m.storeDone(c.ctx, c.info.FullMethod, srvOpClaim, start, err)
-	if err != nil {
-		return c.claimFailed(err)
-	}
-	switch cl.State {
-	case idempotency.Owned:
-		if txn == nil {
-			return nil, status.Error(codes.Internal, "idempotency: the store returned an owned claim without its transaction")
+	for {
+		start := c.s.m.start()
+		cl, txn, err := c.s.tx.ClaimTx(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
+		c.s.m.storeDone(c.ctx, c.info.FullMethod, srvOpClaim, start, err)
+		if err != nil {
+			return c.claimFailed(err)
 		}
-		return c.runJoined(txn)
-	case idempotency.Completed:
-		return c.completed(cl.Record)
-	case idempotency.Mismatch:
-		return c.mismatch()
-	case idempotency.InProgress:
-		// The store has waited for the owner's transaction already, up to
-		// its bound: the duplicate gives its connection back and retries.
-		c.f.out = c.s.inProgress
-		c.s.m.conflict(c.ctx, c.info.FullMethod, srvInProgress)
-		return c.s.replayShared(c.ctx, &c.f.out)
+		switch cl.State {
+		case idempotency.Owned:
+			if txn == nil {
+				return nil, status.Error(codes.Internal, "idempotency: the store returned an owned claim without its transaction")
+			}
+			return c.runJoined(txn)
+		case idempotency.Completed:
+			return c.completed(cl.Record)
+		case idempotency.Mismatch:
+			return c.mismatch()
+		case idempotency.InProgress:
+			// The owner's transaction holds the key. The store answered at
+			// once and holds no connection: wait here, as for a lease held
+			// elsewhere, and claim again.
+			if c.s.noWait {
+				c.f.out = c.s.inProgress
+				c.s.m.conflict(c.ctx, c.info.FullMethod, srvInProgress)
+				return c.s.replayShared(c.ctx, &c.f.out)
+			}
+			c.s.m.wait(c.ctx, c.info.FullMethod, srvWaitPoll)
+			if err := c.poll(cl.RetryAfter); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", cl.State)
+		}
 	}
-	return nil, status.Errorf(codes.Internal, "idempotency: store returned claim state %v", cl.State)
 }
 
 // runJoined is step run in joined mode: the handler runs with the
@@ -113,6 +125,12 @@ func (c *srvIdemCall) settleJoined(txn idempotency.Txn, resp any, herr error, pa
 	start := c.s.m.start()
 	err := txn.Commit(c.sctx, rec, c.s.ttl)
 	c.s.m.storeDone(c.sctx, c.info.FullMethod, srvOpComplete, start, err)
+	if replaced, ok := errors.AsType[*idempotency.ReplacedError](err); ok && replaced.Record != nil {
+		// The store stored its own verdict for the key (the handler broke
+		// its transaction's rules): the call gets it, as every duplicate.
+		c.s.log.warn("idempotency: the store replaced the call's outcome with its verdict", "method", c.info.FullMethod, "error", err)
+		return c.completed(replaced.Record)
+	}
 	if err != nil {
 		return nil, c.notCommitted(err)
 	}
@@ -132,9 +150,20 @@ func (c *srvIdemCall) rollbackJoined(txn idempotency.Txn) {
 }
 
 // notCommitted answers a call whose transaction did not commit, or may
-// not have: UNAVAILABLE with the retry hint (a record over the store's
-// bound: INTERNAL, which a retry would meet again).
+// not have: UNAVAILABLE with the retry hint (a conflict with another
+// transaction: ABORTED with the hint; a record over the store's bound:
+// INTERNAL, which a retry would meet again).
 func (c *srvIdemCall) notCommitted(err error) error {
+	if errors.Is(err, idempotency.ErrTxConflict) {
+		msg := "idempotency: the call's transaction met a conflict with another (serialization failure or deadlock) " +
+			"and was rolled back; retry with the same key: " + err.Error()
+		st := status.New(codes.Aborted, msg)
+		if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
+			st = withHint
+		}
+		_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
+		return &srvRejection{code: codes.Aborted, msg: msg, sentinel: idempotency.ErrTxConflict, st: st}
+	}
 	if errors.Is(err, idempotency.ErrRecordTooLarge) {
 		c.s.log.warn("idempotency: outcome larger than the store's bound; its transaction was rolled back",
 			"method", c.info.FullMethod, "error", err)

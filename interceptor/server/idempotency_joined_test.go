@@ -53,6 +53,13 @@ func newPgJoined(t *testing.T) *pgJoined {
 // warmed up; cfg, when set, edits the pool's configuration first.
 func (p *pgJoined) store(t *testing.T, cfg func(*pgxpool.Config), opts ...pgstore.Option) *pgstore.JoinedStore {
 	t.Helper()
+	s, _ := p.storeAndPool(t, cfg, opts...)
+	return s
+}
+
+// storeAndPool is store, with the store's pool.
+func (p *pgJoined) storeAndPool(t *testing.T, cfg func(*pgxpool.Config), opts ...pgstore.Option) (*pgstore.JoinedStore, *pgxpool.Pool) {
+	t.Helper()
 	c, err := pgxpool.ParseConfig(p.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +74,7 @@ func (p *pgJoined) store(t *testing.T, cfg func(*pgxpool.Config), opts ...pgstor
 		t.Fatal(err)
 	}
 	pgWarm(t, s)
-	return s.Joined()
+	return s.Joined(), pool
 }
 
 // rows returns the charges committed for key.
@@ -246,31 +253,16 @@ func TestIdempotencyJoinedStoredErrorUndoesTheWritesAndIsReplayed(t *testing.T) 
 	}
 }
 
-// waitForLockWaiter waits until a backend of the cluster waits on a lock:
-// a duplicate's claim waiting for the owner's transaction.
-func (p *pgJoined) waitForLockWaiter(t *testing.T) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		var n int
-		if err := p.admin.QueryRow(context.Background(),
-			"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // polling the server's view
-	}
-	t.Fatal("no backend waited on a lock within 10s")
-}
-
-// TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit: a duplicate on
-// another server waits on the owner's transaction, then replays what it
-// committed; past the store's bound it gets ABORTED with a pushback, and
-// its retry replays. The handler runs once.
-func TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit(t *testing.T) {
-	for _, pastTheBound := range []bool{false, true} {
-		t.Run("PastTheBound="+strconv.FormatBool(pastTheBound), func(t *testing.T) {
+// TestIdempotencyJoinedDuplicateDoesNotWaitOnTheOwnersRowLock: a
+// duplicate on another server learns at its lookup that the owner's
+// transaction holds the key (its advisory lock), without a wait on the
+// owner's row lock and without holding a pool connection: it polls, as for
+// a lease held elsewhere, and replays what the owner committed; with
+// waiting off it gets ABORTED with a pushback at once. The handler runs
+// once; no backend of the cluster ever waits on a lock.
+func TestIdempotencyJoinedDuplicateDoesNotWaitOnTheOwnersRowLock(t *testing.T) {
+	for _, noWait := range []bool{false, true} {
+		t.Run("NoWait="+strconv.FormatBool(noWait), func(t *testing.T) {
 			p := newPgJoined(t)
 			gate, entered := make(chan struct{}), make(chan struct{})
 			e := p.chargeEcho(func(context.Context, pgx.Tx) error {
@@ -278,19 +270,23 @@ func TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit(t *testing.T) {
 				<-gate
 				return nil
 			})
-			bound := pgstore.WithLockTimeout(300 * time.Millisecond)
-			ccA := idemStart(t, e, Idempotency{Store: p.store(t, nil, bound)})
-			ccB := idemStart(t, e, Idempotency{Store: p.store(t, nil, bound), Pushback: 250 * time.Millisecond})
+			// The duplicate's server has one connection: held while it
+			// waited, it would have none for its polls.
+			ccA := idemStart(t, e, Idempotency{Store: p.store(t, nil)})
+			dupStore, dupPool := p.storeAndPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+			ccB := idemStart(t, e, Idempotency{Store: dupStore, NoWait: noWait, Pushback: 250 * time.Millisecond})
 			ctx := idemCtx(t)
 			firstDone := make(chan idemCall)
 			go func() { firstDone <- idemDo(ctx, ccA, "k", "m") }()
 			<-entered
-			dupDone := make(chan idemCall)
-			go func() { dupDone <- idemDo(ctx, ccB, "k", "m") }()
 			var first, dup idemCall
-			if pastTheBound {
-				dup = <-dupDone
-				wantCode(t, "duplicate past the lock timeout", dup.err, codes.Aborted, "in progress")
+			if noWait {
+				start := time.Now()
+				dup = idemDo(ctx, ccB, "k", "m")
+				wantCode(t, "duplicate with waiting off", dup.err, codes.Aborted, "in progress")
+				if took := time.Since(start); took > pgLockTimeout/2 {
+					t.Errorf("duplicate answered in %v, want at once (the store's lock timeout is %v)", took, pgLockTimeout)
+				}
 				if got := dup.trailer.Get("grpc-retry-pushback-ms"); len(got) != 1 || got[0] != "250" {
 					t.Errorf("grpc-retry-pushback-ms = %q, want [250]", got)
 				}
@@ -298,7 +294,9 @@ func TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit(t *testing.T) {
 				first = <-firstDone
 				dup = idemDo(ctx, ccB, "k", "m")
 			} else {
-				p.waitForLockWaiter(t)
+				dupDone := make(chan idemCall)
+				go func() { dupDone <- idemDo(ctx, ccB, "k", "m") }()
+				p.waitForPolls(t, dupPool)
 				close(gate)
 				first, dup = <-firstDone, <-dupDone
 			}
@@ -316,6 +314,30 @@ func TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit(t *testing.T) {
 	}
 }
 
+// waitForPolls waits until the duplicate's store has polled the key twice
+// with its one connection idle in between (its pool's acquisitions count
+// the polls), and checks that no backend of the cluster waits on a lock.
+func (p *pgJoined) waitForPolls(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	start := pool.Stat().AcquireCount()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		st := pool.Stat()
+		if st.AcquireCount() >= start+2 && st.AcquiredConns() == 0 {
+			var n int
+			if err := p.admin.QueryRow(context.Background(),
+				"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n > 0 {
+				t.Errorf("%d backends wait on a lock while a duplicate polls; want none", n)
+			}
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // observing the pool's counters
+	}
+	t.Fatal("the duplicate did not poll twice within 10s")
+}
+
 // TestIdempotencyJoinedDeadOwnerFreesTheKeyAtOnce: when the owner's
 // connection dies (its process was killed), PostgreSQL rolls its
 // transaction back, write and claim: a duplicate runs the call at once,
@@ -328,7 +350,11 @@ func TestIdempotencyJoinedDeadOwnerFreesTheKeyAtOnce(t *testing.T) {
 		first := false
 		once.Do(func() { first = true })
 		if first {
-			pid <- tx.Conn().PgConn().PID()
+			var p uint32
+			if err := tx.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&p); err != nil {
+				return err
+			}
+			pid <- p
 			<-hold // the process is dead: it never goes on (until the test ends)
 		}
 		return nil
@@ -384,13 +410,14 @@ func TestIdempotencyJoinedCommitOutcomeUnknownNeverRunsTwice(t *testing.T) {
 		name := map[pgtest.Fault]string{pgtest.LoseReply: "LoseReply", pgtest.DropRequest: "DropRequest"}[tt.fault]
 		t.Run(name, func(t *testing.T) {
 			var once sync.Once
-			e := p.chargeEcho(func(_ context.Context, tx pgx.Tx) error {
-				once.Do(func() { pgtest.FaultConnOf(tx.Conn().PgConn()).Next(tt.fault) }) // the next request is the commit
+			var faults *pgtest.Faults
+			e := p.chargeEcho(func(context.Context, pgx.Tx) error {
+				once.Do(func() { faults.Next(tt.fault) }) // the next request of the pool's one connection is the commit
 				return nil
 			})
 			cc := idemStart(t, e, Idempotency{Store: p.store(t, func(c *pgxpool.Config) {
 				c.MaxConns = 1
-				pgtest.InjectFaults(c)
+				faults = pgtest.InjectFaults(c)
 			})})
 			ctx := idemCtx(t)
 			key := "unknown-" + name

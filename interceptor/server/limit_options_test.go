@@ -32,7 +32,7 @@ func TestLimitsValidateAgreesWithNew(t *testing.T) {
 			"server: Limits.Config: serviceconfig: concurrencyLimit.minLimit: must not be negative"},
 		{"Config: a methodConfig entry without a limit", Limits{Config: serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{
 			{Name: []serviceconfig.Name{{Service: "a.B"}}}}}},
-			"server: Limits.Config: serviceconfig: methodConfig[0].concurrencyLimit: is required"},
+			"server: Limits.Config: serviceconfig: methodConfig[0]: needs a concurrencyLimit or rateLimits"},
 		{"Config: a bad tenant metadataKey", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top(),
 			TenantFairness: &serviceconfig.TenantFairness{MetadataKey: "X-Tenant"}}},
 			"server: Limits.Config: serviceconfig: tenantFairness.metadataKey: must be a lower-case metadata key"},
@@ -170,4 +170,16 @@ func newServer(t *testing.T, opts ...Option) *Server {
 		t.Fatalf("New() = %v", err)
 	}
 	return srv
+}
+
+// TestRateLimitsRefusedUntilServed: a document with rate limits is refused
+// by a server that does not serve them, never accepted and ignored.
+func TestRateLimitsRefusedUntilServed(t *testing.T) {
+	rl := []serviceconfig.RateLimit{{Name: "a", Rate: 10, Burst: 1, Key: serviceconfig.KeyShared}}
+	for _, cfg := range []serviceconfig.ServerConfig{
+		{RateLimits: rl},
+		{MethodConfig: []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "a.B"}}, RateLimits: rl}}},
+	} {
+		wantLimitsError(t, Limits{Config: cfg}, "server: Limits.Config: rateLimits are not served by this version of the server yet")
+	}
 }

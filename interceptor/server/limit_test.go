@@ -316,7 +316,7 @@ func TestWithServerConfig(t *testing.T) {
 		}
 	}
 	bad := serviceconfig.ServerConfig{MethodConfig: []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "a.B"}}}}}
-	wantLimitsError(t, Limits{Config: bad}, "server: Limits.Config: serviceconfig: methodConfig[0].concurrencyLimit: is required")
+	wantLimitsError(t, Limits{Config: bad}, "server: Limits.Config: serviceconfig: methodConfig[0]: needs a concurrencyLimit or rateLimits")
 }
 
 func TestCPUSheddingOptions(t *testing.T) {

@@ -433,11 +433,21 @@ func (l *Limits) apply(o *options) {
 		o.errs = append(o.errs, fmt.Errorf("server: Limits.Config: %v", err))
 		return
 	}
+	if hasRateLimits(cfg) {
+		// Refused rather than ignored: a quota that does nothing must not
+		// pass for one (the rate limits are parsed and validated, and are
+		// served once the server's admission path takes them).
+		o.errs = append(o.errs, errorf("Limits.Config: rateLimits are not served by this version of the server yet"))
+		return
+	}
 	if cl := cfg.ConcurrencyLimit; cl != nil {
 		c := *cl
 		o.limit = &c
 	}
 	for _, mc := range cfg.MethodConfig {
+		if mc.ConcurrencyLimit == nil { // an entry of rate limits only
+			continue
+		}
 		for _, n := range mc.Name {
 			o.methodLimits = append(o.methodLimits, methodLimit{nameKey(n), n, *mc.ConcurrencyLimit})
 		}
@@ -511,4 +521,17 @@ func WithLimits(l Limits) Option {
 		o.limit, o.methodLimits, o.streamLimits, o.fairness, o.cpu = set.limit, set.methodLimits, set.streamLimits, set.fairness, set.cpu
 		o.criticality, o.limitRand = set.criticality, set.limitRand
 	})
+}
+
+// hasRateLimits reports whether cfg has a rate limit anywhere.
+func hasRateLimits(cfg *serviceconfig.ServerConfig) bool {
+	if len(cfg.RateLimits) > 0 {
+		return true
+	}
+	for _, mc := range cfg.MethodConfig {
+		if len(mc.RateLimits) > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -39,7 +39,7 @@ func TestEjectionFollowsTheMonotonicClockNotTheWallClock(t *testing.T) {
 	cfg.ConsecutiveFailures, cfg.BaseEjectionTime = 1, 10*time.Second
 	_, eps := newGroup(t, cfg, 2)
 	e := eps[0]
-	if !e.Record(now, Failure) {
+	if !e.Record(now, Failure).Ejected() {
 		t.Fatal("no ejection")
 	}
 	tests := []struct {

@@ -33,7 +33,7 @@ func TestConsecutiveFailuresEjectForBaseTime(t *testing.T) {
 	_, eps := newGroup(t, testConfig(), 3)
 	e := eps[0]
 	for i, want := range []bool{false, false, true} {
-		if got := e.Record(at(0), Failure); got != want {
+		if got := e.Record(at(0), Failure).Ejected(); got != want {
 			t.Fatalf("failure %d: Record = %v, want %v", i+1, got, want)
 		}
 	}
@@ -54,7 +54,7 @@ func TestSuccessBreaksTheRunButBusyDoesNot(t *testing.T) {
 	a.Record(at(0), Failure)
 	a.Record(at(0), Failure)
 	a.Record(at(0), Success)
-	if a.Record(at(0), Failure) {
+	if a.Record(at(0), Failure).Ejected() {
 		t.Fatal("a success did not reset the run of failures")
 	}
 	b.Record(at(0), Failure)
@@ -66,7 +66,7 @@ func TestSuccessBreaksTheRunButBusyDoesNot(t *testing.T) {
 	if b.Ejected(at(0)) {
 		t.Fatal("busy outcomes ejected an endpoint")
 	}
-	if !b.Record(at(0), Failure) {
+	if !b.Record(at(0), Failure).Ejected() {
 		t.Fatal("busy outcomes broke the run of failures")
 	}
 }
@@ -82,12 +82,12 @@ func TestFailureRateOverWindow(t *testing.T) {
 		if i%2 == 0 {
 			o = Failure
 		}
-		if e.Record(at(time.Duration(i)*time.Millisecond), o) {
+		if e.Record(at(time.Duration(i)*time.Millisecond), o).Ejected() {
 			t.Fatalf("outcome %d ejected under MinimumCalls", i+1)
 		}
 	}
 	// The 10th: 5 failures of 10 reach 0.5.
-	if !e.Record(at(10*time.Millisecond), Failure) {
+	if !e.Record(at(10*time.Millisecond), Failure).Ejected() {
 		t.Fatal("5 failures in 10 outcomes with FailureRate 0.5 did not eject")
 	}
 	// Old outcomes leave the window: 20 s later, one failure alone is under
@@ -97,7 +97,7 @@ func TestFailureRateOverWindow(t *testing.T) {
 		f.Record(at(time.Duration(i)*time.Millisecond), Failure)
 		f.Record(at(time.Duration(i)*time.Millisecond), Success)
 	}
-	if f.Record(at(20*time.Second), Failure) {
+	if f.Record(at(20*time.Second), Failure).Ejected() {
 		t.Fatal("outcomes older than the window counted")
 	}
 }
@@ -108,7 +108,7 @@ func TestRepeatedEjectionsGrowToMaxAndDecay(t *testing.T) {
 	eject := func(now time.Time) time.Duration {
 		t.Helper()
 		for range 3 {
-			if e.Record(now, Failure) {
+			if e.Record(now, Failure).Ejected() {
 				return e.EjectedUntil(now).Sub(now)
 			}
 		}
@@ -144,7 +144,7 @@ func TestProbationEjectsOnFirstFailureOnly(t *testing.T) {
 	for range 3 {
 		e.Record(at(0), Failure)
 	}
-	if e.Record(at(time.Second), Success); e.Record(at(time.Second), Failure) {
+	if e.Record(at(time.Second), Success); e.Record(at(time.Second), Failure).Ejected() {
 		t.Fatal("a failure after a success on return ejected at once: probation outlived the success")
 	}
 }
@@ -156,7 +156,7 @@ func TestOutcomesWhileEjectedAreDropped(t *testing.T) {
 		e.Record(at(0), Failure)
 	}
 	for range 10 {
-		if e.Record(at(500*time.Millisecond), Failure) {
+		if e.Record(at(500*time.Millisecond), Failure).Ejected() {
 			t.Fatal("an in-flight failure re-ejected an ejected endpoint")
 		}
 	}
@@ -214,7 +214,7 @@ func TestEjectedEndpointReturnsWithoutTraffic(t *testing.T) {
 
 func TestRemovedEndpointFreesItsShare(t *testing.T) {
 	g, eps := newGroup(t, testConfig(), 2)
-	g.Remove(eps[1])
+	g.Remove(eps[1], at(0))
 	for range 10 {
 		eps[0].Record(at(0), Failure)
 	}
@@ -324,7 +324,7 @@ func TestHugeEjectionTimeSaturatesInsteadOfOverflowing(t *testing.T) {
 		// past maxEjectionTime/base, so maxEjectionTime): eject, return,
 		// fail on probation, and again.
 		for range 3 {
-			if !e.Record(now, Failure) {
+			if !e.Record(now, Failure).Ejected() {
 				t.Fatalf("base %v max %v: a failure did not eject", cfg.BaseEjectionTime, cfg.MaxEjectionTime)
 			}
 			if !e.Ejected(now) || !e.Ejected(now.Add(century/2)) {
@@ -339,7 +339,7 @@ func TestHugeEjectionTimeSaturatesInsteadOfOverflowing(t *testing.T) {
 			}
 			// Force a return by hand, as time cannot run past the end.
 			e.mu.Lock()
-			e.returnLocked(g.ns(now))
+			e.returnLocked(g.ns(now), Expired)
 			e.mu.Unlock()
 		}
 	}
@@ -354,8 +354,8 @@ func TestOutcomeOfARemovedEndpointIsNotAnOverflow(t *testing.T) {
 	cfg := testConfig()
 	cfg.ConsecutiveFailures = 1
 	g, eps := newGroup(t, cfg, 4)
-	g.Remove(eps[0])
-	if eps[0].Record(at(0), Failure) {
+	g.Remove(eps[0], at(0))
+	if eps[0].Record(at(0), Failure).Ejected() {
 		t.Fatal("a removed endpoint was ejected")
 	}
 	if ej, refused := g.Ejections(); ej != 0 || refused != 0 {

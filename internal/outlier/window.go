@@ -1,5 +1,7 @@
 package outlier
 
+import "time"
+
 // window counts outcomes over a rolling window of numBuckets buckets of
 // width ns each, indexed by epoch = floor(t / width): the newest bucket and
 // the numBuckets−1 before it. An outcome at an earlier epoch than the newest
@@ -10,6 +12,14 @@ type window struct {
 	b     [numBuckets]struct{ calls, failures int }
 	// Sums over b.
 	calls, failures int
+}
+
+// resize gives the window the span span (numBuckets buckets of a tenth),
+// starting it empty when its bucket width changes (or was never set).
+func (w *window) resize(span time.Duration) {
+	if width := max(int64(span)/numBuckets, 1); width != w.width {
+		*w = window{width: width}
+	}
 }
 
 func (w *window) add(t int64, failed bool) {

@@ -6,8 +6,14 @@
 // land kills where they hurt most: after the business commit, between the
 // COMMIT and the reply.
 //
+// With -outbox-to, each charge also writes an outbox message (package
+// pgstore/outbox) in the call's transaction, and the process runs a relay
+// that delivers the messages to that address: another chargeserver with
+// -store receiver, whose handler writes a delivery row per message in its
+// own joined transaction, keyed by the message's id.
+//
 // It is a test program: its flags are the harness's, and it logs nothing
-// but its listening address.
+// but its listening address (and its relay's warnings, on stderr).
 package main
 
 import (
@@ -27,12 +33,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/outbox"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
 	"github.com/grpc-resilience/resilience/interceptor/server"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -51,6 +60,9 @@ const (
 	// redis: redisstore; the charge row is written in a transaction of the
 	// handler's own, committed before the handler returns.
 	storeRedis = "redis"
+	// receiver: pgstore in joined mode, the receiver of the charges' outbox
+	// messages: a delivery row per message, in the call's transaction.
+	storeReceiver = "receiver"
 )
 
 // The kill points, as -die-at names them (POINT:N, the Nth time the point
@@ -69,6 +81,7 @@ const (
 
 type config struct {
 	addr, dsn, schema, store, redisAddr string
+	outboxTo                            string
 	lease                               time.Duration
 	dieAt                               string
 	dieN                                int64
@@ -87,7 +100,8 @@ func run() error {
 	flag.StringVar(&c.addr, "addr", "127.0.0.1:0", "listen address")
 	flag.StringVar(&c.dsn, "dsn", "", "PostgreSQL connection string")
 	flag.StringVar(&c.schema, "schema", "public", "schema of the store and of the business tables")
-	flag.StringVar(&c.store, "store", storeJoined, "joined, phases or redis")
+	flag.StringVar(&c.store, "store", storeJoined, "joined, phases, redis or receiver")
+	flag.StringVar(&c.outboxTo, "outbox-to", "", "joined, phases: write an outbox message per charge, delivered to this address")
 	flag.StringVar(&c.redisAddr, "redis-addr", "", "Redis address, for -store redis")
 	flag.DurationVar(&c.lease, "lease", time.Second, "the interceptor's lease")
 	flag.StringVar(&dieAt, "die-at", "", "POINT:N: SIGKILL itself the Nth time POINT is reached (write, commit, order, pay)")
@@ -127,7 +141,15 @@ func run() error {
 	defer srv.Close()
 	k := &killer{point: c.dieAt, n: c.dieN}
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(k.afterCommit, srv.UnaryServerInterceptor()))
-	echov1.RegisterEchoServiceServer(gs, &charger{c: &c, pool: pool, k: k, q: pgx.Identifier{c.schema}.Sanitize()})
+	ch := &charger{c: &c, pool: pool, k: k, q: pgx.Identifier{c.schema}.Sanitize()}
+	if c.outboxTo != "" {
+		stop, err := ch.startRelay(ctx)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	echov1.RegisterEchoServiceServer(gs, ch)
 	lis, err := net.Listen("tcp", c.addr)
 	if err != nil {
 		return err
@@ -138,7 +160,7 @@ func run() error {
 
 func openStore(ctx context.Context, c *config, pool *pgxpool.Pool) (idempotency.Store, error) {
 	switch c.store {
-	case storeJoined, storePhases:
+	case storeJoined, storePhases, storeReceiver:
 		s, err := pgstore.Open(ctx, pool, pgstore.WithSchema(c.schema), pgstore.WithLockTimeout(300*time.Millisecond))
 		if err != nil {
 			return nil, err
@@ -147,7 +169,7 @@ func openStore(ctx context.Context, c *config, pool *pgxpool.Pool) (idempotency.
 	case storeRedis:
 		return redisstore.Open(ctx, redis.NewClient(&redis.Options{Addr: c.redisAddr}), redisstore.WithScopeQuota(0, 0))
 	}
-	return nil, fmt.Errorf("-store %q: want joined, phases or redis", c.store)
+	return nil, fmt.Errorf("-store %q: want joined, phases, redis or receiver", c.store)
 }
 
 // killer kills the process the nth time its point is reached.
@@ -181,12 +203,50 @@ type charger struct {
 	c    *config
 	pool *pgxpool.Pool
 	k    *killer
-	q    string // the schema, quoted
+	q    string         // the schema, quoted
+	ob   *outbox.Outbox // with -outbox-to
+}
+
+// echoMethod is the method the outbox's messages are requests of: the
+// receiver's Echo.
+const echoMethod = "/resilience.echo.v1.EchoService/Echo"
+
+// startRelay starts the relay of the outbox to -outbox-to; stop stops it.
+func (s *charger) startRelay(ctx context.Context) (stop func(), err error) {
+	if s.ob, err = outbox.New(s.c.schema); err != nil {
+		return nil, err
+	}
+	cc, err := grpc.NewClient("passthrough:///"+s.c.outboxTo, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.5, MaxDelay: 50 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}))
+	if err != nil {
+		return nil, err
+	}
+	relay, err := outbox.NewRelay(s.ob, s.pool, cc, nil, outbox.RelayConfig{Batch: 32, Lease: 3 * time.Second, Timeout: time.Second,
+		PollInterval: 20 * time.Millisecond, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	if err != nil {
+		_ = cc.Close()
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = relay.Run(rctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+		_ = relay.Close()
+		_ = cc.Close()
+	}, nil
 }
 
 // Echo charges the call's key and answers "charge <id>", the charge row's
 // id.
-func (s *charger) Echo(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+func (s *charger) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 	key := metadata.ValueFromIncomingContext(ctx, "idempotency-key")[0]
 	var (
 		id  int64
@@ -199,6 +259,8 @@ func (s *charger) Echo(ctx context.Context, _ *echov1.EchoRequest) (*echov1.Echo
 		id, err = s.chargePhases(ctx, key)
 	case storeRedis:
 		id, err = s.chargeOwnTx(ctx, key)
+	case storeReceiver:
+		id, err = s.receive(ctx, key, req.GetMessage())
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "charging %s: %v", key, err)
@@ -217,8 +279,26 @@ func (s *charger) chargeJoined(ctx context.Context, key string) (int64, error) {
 	if err := tx.QueryRow(ctx, "INSERT INTO "+s.q+".charges (key) VALUES ($1) RETURNING id", key).Scan(&id); err != nil {
 		return 0, err
 	}
+	if s.ob != nil {
+		if _, err := s.ob.Enqueue(ctx, tx, echoMethod, &echov1.EchoRequest{Message: key}); err != nil {
+			return 0, err
+		}
+	}
 	s.k.at(pointWrite)
 	return id, nil
+}
+
+// receive is the receiver's Echo: a delivery row for the charge the
+// message names (msg), in the call's transaction, keyed by the message's
+// idempotency key.
+func (s *charger) receive(ctx context.Context, key, msg string) (int64, error) {
+	tx, ok := pgstore.Tx(ctx)
+	if !ok {
+		return 0, errNoTx
+	}
+	var id int64
+	err := tx.QueryRow(ctx, "INSERT INTO "+s.q+".deliveries (key, charge) VALUES ($1, $2) RETURNING id", key, msg).Scan(&id)
+	return id, err
 }
 
 func (s *charger) chargePhases(ctx context.Context, key string) (int64, error) {

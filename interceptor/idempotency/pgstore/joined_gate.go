@@ -2,11 +2,13 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The gate between the handler's statements and the ends of its txn.
@@ -30,12 +32,19 @@ import (
 //     long query) has the connection abandoned: it leaves the pool, and its
 //     socket is closed, which ends the session, so PostgreSQL rolls the
 //     transaction back; the call is not committed, and an error is logged.
+//
+// When a statement's round trip ends (txn.exit), the gate reads what it
+// did to the transaction (txn.observe): the connection left outside any
+// transaction (the handler's COMMIT or ROLLBACK: every statement after is
+// refused with ErrTxEnded), a serialization failure or deadlock, the
+// failure that aborted the transaction. The commit reads them.
 
-// enter admits a statement of the handler: it returns the current
-// transaction and its generation; the caller calls exit once the
-// statement's round trip has ended. While a phase commits, it waits for
-// the commit; once the txn has ended, it returns pgx.ErrTxClosed.
-func (t *txn) enter() (pgx.Tx, int, error) {
+// enter admits a statement of the handler: it returns the connection and
+// the transaction's generation; the caller calls exit once the statement's
+// round trip has ended. While a phase commits, it waits for the commit;
+// once the txn has ended, it returns pgx.ErrTxClosed, and once the handler
+// ended the transaction itself, ErrTxEnded.
+func (t *txn) enter() (*pgx.Conn, int, error) {
 	t.mu.Lock()
 	for t.excl != nil && !t.done {
 		wait := t.excl
@@ -44,22 +53,55 @@ func (t *txn) enter() (pgx.Tx, int, error) {
 		t.mu.Lock()
 	}
 	defer t.mu.Unlock()
-	if t.done {
+	switch {
+	case t.done:
 		return nil, 0, pgx.ErrTxClosed
+	case t.ended:
+		return nil, 0, ErrTxEnded
 	}
 	t.busy++
-	return t.tx, t.gen, nil
+	return t.conn.Conn(), t.gen, nil
 }
 
-// exit ends a statement that enter admitted.
-func (t *txn) exit() {
+// exit ends a statement that enter admitted, whose error was err.
+func (t *txn) exit(err error) {
 	t.mu.Lock()
+	t.observe(err)
 	t.busy--
 	if t.busy == 0 && t.idle != nil {
 		close(t.idle)
 		t.idle = nil
 	}
 	t.mu.Unlock()
+}
+
+// errAbortedUnseen stands for the failure that aborted the transaction
+// when the gate did not see its error (a batch's).
+var errAbortedUnseen = errors.New("a statement failed")
+
+// observe records what a statement of the handler, whose error was err,
+// did to the transaction. t.mu is held.
+func (t *txn) observe(err error) {
+	if err != nil && t.conflict == nil && isConflict(err) {
+		t.conflict = err
+	}
+	pc := t.conn.Conn().PgConn()
+	if pc.IsClosed() {
+		return
+	}
+	switch pc.TxStatus() {
+	case 'I':
+		t.ended = true
+	case 'E':
+		if t.aborted == nil {
+			t.aborted = err
+			if err == nil {
+				t.aborted = errAbortedUnseen
+			}
+		}
+	case 'T':
+		t.aborted = nil // a rollback to a savepoint
+	}
 }
 
 // quiesce waits, up to the lock timeout, for the statements under way to
@@ -88,11 +130,11 @@ func (t *txn) quiesce() bool {
 // wait for it (enter), those under way have up to the lock timeout to end.
 // The commit counts as a statement under way, so that an end waits for it
 // too. endExclusive ends it.
-func (t *txn) exclusive() (pgx.Tx, error) {
+func (t *txn) exclusive() (*pgx.Conn, ending, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.done {
-		return nil, pgx.ErrTxClosed
+		return nil, ending{}, pgx.ErrTxClosed
 	}
 	excl := make(chan struct{})
 	t.excl = excl
@@ -100,13 +142,13 @@ func (t *txn) exclusive() (pgx.Tx, error) {
 		t.excl = nil
 		close(excl)
 		if t.done {
-			return nil, pgx.ErrTxClosed
+			return nil, ending{}, pgx.ErrTxClosed
 		}
-		return nil, fmt.Errorf("a statement of the handler (rows not closed, or a goroutine it started) was still under way after %v",
+		return nil, ending{}, fmt.Errorf("a statement of the handler (rows not closed, or a goroutine it started) was still under way after %v",
 			t.j.opts.lockTimeout)
 	}
 	t.busy++
-	return t.tx, nil
+	return t.conn.Conn(), ending{bad: t.bad, ended: t.ended, conflict: t.conflict, aborted: t.aborted, xid: t.xid, gen: t.gen}, nil
 }
 
 // endExclusive ends what exclusive began.
@@ -114,8 +156,12 @@ func (t *txn) endExclusive() {
 	t.mu.Lock()
 	close(t.excl)
 	t.excl = nil
+	t.busy--
+	if t.busy == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
 	t.mu.Unlock()
-	t.exit()
 }
 
 // abandon ends a txn whose handler's statements were still under way a
@@ -137,90 +183,70 @@ func (t *txn) abandon(op string) error {
 }
 
 // stmtGate is a view of a txn the handler uses (joinedTx, savepointTx):
-// enter admits a statement on the view's transaction, exit ends it.
+// enter admits a statement on the view's transaction, exit ends it with the
+// statement's error.
 type stmtGate interface {
-	enter() (pgx.Tx, error)
-	exit()
+	enter() (*pgx.Conn, error)
+	exit(err error)
 }
 
-func (v *joinedTx) enter() (pgx.Tx, error) {
-	tx, _, err := v.t.enter()
-	return tx, err
+// The statements of a view, each entered for its round trip. A view that
+// cannot enter answers with enter's error.
+
+func gatedExec(g stmtGate, ctx context.Context, sql string, args ...any) (tag pgconn.CommandTag, err error) {
+	c, err := g.enter()
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer func() { g.exit(err) }()
+	return c.Exec(ctx, sql, args...)
 }
 
-func (v *joinedTx) exit() { v.t.exit() }
-
-func (s *savepointTx) enter() (pgx.Tx, error) {
-	_, gen, err := s.t.enter()
+func gatedPrepare(g stmtGate, ctx context.Context, name, sql string) (sd *pgconn.StatementDescription, err error) {
+	c, err := g.enter()
 	if err != nil {
 		return nil, err
 	}
-	if gen != s.gen { // a phase committed since: the savepoint is gone
-		s.t.exit()
-		return nil, pgx.ErrTxClosed
-	}
-	return s.sp, nil
+	defer func() { g.exit(err) }()
+	return c.Prepare(ctx, name, sql)
 }
 
-func (s *savepointTx) exit() { s.t.exit() }
-
-// The statements of a view, each entered for its round trip. A view that
-// cannot enter answers as a closed pgx.Tx does.
-
-func gatedExec(g stmtGate, ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, err := g.enter()
+func gatedCopyFrom(g stmtGate, ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (n int64, err error) {
+	c, err := g.enter()
 	if err != nil {
-		return closedTx().Exec(ctx, sql, args...)
+		return 0, err
 	}
-	defer g.exit()
-	return tx.Exec(ctx, sql, args...)
-}
-
-func gatedPrepare(g stmtGate, ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, err := g.enter()
-	if err != nil {
-		return closedTx().Prepare(ctx, name, sql)
-	}
-	defer g.exit()
-	return tx.Prepare(ctx, name, sql)
-}
-
-func gatedCopyFrom(g stmtGate, ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	tx, err := g.enter()
-	if err != nil {
-		return closedTx().CopyFrom(ctx, table, cols, src)
-	}
-	defer g.exit()
-	return tx.CopyFrom(ctx, table, cols, src)
+	defer func() { g.exit(err) }()
+	return c.CopyFrom(ctx, table, cols, src)
 }
 
 func gatedQuery(g stmtGate, ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, err := g.enter()
+	c, err := g.enter()
 	if err != nil {
-		return closedTx().Query(ctx, sql, args...)
+		return &errRows{err: err}, err
 	}
-	rows, err := tx.Query(ctx, sql, args...)
+	rows, err := c.Query(ctx, sql, args...)
 	if err != nil {
-		g.exit()
+		g.exit(err)
 		return rows, err
 	}
 	return &gatedRows{Rows: rows, g: g}, nil
 }
 
 func gatedQueryRow(g stmtGate, ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, err := g.enter()
+	c, err := g.enter()
 	if err != nil {
-		return closedTx().QueryRow(ctx, sql, args...)
+		return errRow{err}
 	}
-	return &gatedRow{row: tx.QueryRow(ctx, sql, args...), g: g}
+	return &gatedRow{row: c.QueryRow(ctx, sql, args...), g: g}
 }
 
 func gatedSendBatch(g stmtGate, ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, err := g.enter()
+	c, err := g.enter()
 	if err != nil {
-		return closedTx().SendBatch(ctx, b)
+		return pgx.FailedBatchResults(b, err)
 	}
-	return &gatedBatch{BatchResults: tx.SendBatch(ctx, b), g: g}
+	return &gatedBatch{BatchResults: c.SendBatch(ctx, b), g: g}
 }
 
 // gatedRows holds its statement entered until the rows are closed: by
@@ -234,7 +260,7 @@ type gatedRows struct {
 func (r *gatedRows) done() {
 	if !r.exited {
 		r.exited = true
-		r.g.exit()
+		r.g.exit(r.Rows.Err())
 	}
 }
 
@@ -251,6 +277,9 @@ func (r *gatedRows) Close() {
 	r.done()
 }
 
+// Conn is nil: the connection is the store's (see Tx).
+func (r *gatedRows) Conn() *pgx.Conn { return nil }
+
 // gatedRow holds its statement entered until Scan.
 type gatedRow struct {
 	row    pgx.Row
@@ -262,23 +291,89 @@ func (r *gatedRow) Scan(dest ...any) error {
 	err := r.row.Scan(dest...)
 	if !r.exited {
 		r.exited = true
-		r.g.exit()
+		scanErr := err
+		if errors.Is(err, pgx.ErrNoRows) {
+			scanErr = nil // the statement ran
+		}
+		r.g.exit(scanErr)
 	}
 	return err
 }
 
-// gatedBatch holds its statements entered until the results are closed.
+// gatedBatch holds its statements entered until the results are closed,
+// and remembers the first error of its statements for the gate.
 type gatedBatch struct {
 	pgx.BatchResults
 	g      stmtGate
+	first  error
 	exited bool
+}
+
+func (b *gatedBatch) keep(err error) {
+	if b.first == nil && err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		b.first = err
+	}
+}
+
+func (b *gatedBatch) Exec() (pgconn.CommandTag, error) {
+	tag, err := b.BatchResults.Exec()
+	b.keep(err)
+	return tag, err
+}
+
+func (b *gatedBatch) Query() (pgx.Rows, error) {
+	rows, err := b.BatchResults.Query()
+	b.keep(err)
+	return noConnRows{rows}, err
+}
+
+// noConnRows are rows of a batch of the handler's, whose Conn is nil (see
+// Tx).
+type noConnRows struct{ pgx.Rows }
+
+func (noConnRows) Conn() *pgx.Conn { return nil }
+
+func (b *gatedBatch) QueryRow() pgx.Row {
+	return batchRow{row: b.BatchResults.QueryRow(), b: b}
 }
 
 func (b *gatedBatch) Close() error {
 	err := b.BatchResults.Close()
 	if !b.exited {
 		b.exited = true
-		b.g.exit()
+		b.keep(err)
+		b.g.exit(b.first)
 	}
 	return err
 }
+
+// batchRow is a row of a gatedBatch, whose Scan's error the batch keeps.
+type batchRow struct {
+	row pgx.Row
+	b   *gatedBatch
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	r.b.keep(err)
+	return err
+}
+
+// errRow is a pgx.Row whose Scan returns err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// errRows is pgx.Rows that failed with err before any row.
+type errRows struct{ err error }
+
+func (r *errRows) Close()                                       {}
+func (r *errRows) Err() error                                   { return r.err }
+func (r *errRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r *errRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r *errRows) Next() bool                                   { return false }
+func (r *errRows) Scan(...any) error                            { return r.err }
+func (r *errRows) Values() ([]any, error)                       { return nil, r.err }
+func (r *errRows) RawValues() [][]byte                          { return nil }
+func (r *errRows) Conn() *pgx.Conn                              { return nil }
+func (r *errRows) TypeMap() *pgtype.Map                         { return nil }

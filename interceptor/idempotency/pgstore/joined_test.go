@@ -168,7 +168,12 @@ func TestPhaseResumesAfterAKillAtEveryBoundary(t *testing.T) {
 // process would: PostgreSQL rolls back what it had not committed.
 func terminate(t *testing.T, pool *pgxpool.Pool, tx pgx.Tx) {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", tx.Conn().PgConn().PID()); err != nil {
+	ctx := context.Background()
+	var pid uint32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -9,6 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,12 +36,16 @@ const (
 	// before its scope may evict it to make room within its quota (or until
 	// its TTL, if shorter).
 	DefaultMinRetention = time.Minute
-	// DefaultLockTimeout bounds how long a claim in joined mode waits for
-	// the transaction of another call with the same key (see WithLockTimeout).
+	// DefaultLockTimeout bounds the store's own waits for a lock in joined
+	// mode (see WithLockTimeout).
 	DefaultLockTimeout = time.Second
 	// DefaultTxIdleTimeout ends a joined transaction left idle that long
 	// (see WithTxIdleTimeout).
 	DefaultTxIdleTimeout = time.Minute
+	// DefaultConnCheckInterval is how often PostgreSQL checks, during a
+	// statement of a joined transaction, that the store's connection is
+	// still there (see WithConnCheckInterval).
+	DefaultConnCheckInterval = 250 * time.Millisecond
 	// DefaultPhaseRetention is how long a call's committed phases are kept
 	// for a retry to resume (see WithPhaseRetention).
 	DefaultPhaseRetention = 24 * time.Hour
@@ -75,6 +82,7 @@ type options struct {
 	minRetention   time.Duration
 	lockTimeout    time.Duration
 	txIdleTimeout  time.Duration
+	connCheck      time.Duration
 	phaseRetention time.Duration
 	reapInterval   time.Duration
 	reapBatch      int
@@ -147,14 +155,18 @@ func WithMinRetention(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.minRetention = d })
 }
 
-// WithLockTimeout sets how long a claim in joined mode waits for the
-// transaction of another call with the same key (PostgreSQL's lock_timeout
-// for that statement; default DefaultLockTimeout): when that transaction
-// commits, the waiting call replays its outcome; when it rolls back, the
-// waiting call owns the key; when the bound passes first, the claim is
-// InProgress and the interceptor answers ABORTED with a pushback. The
-// waiting call holds a pool connection meanwhile: a longer bound turns more
-// duplicates into replays and holds connections longer.
+// WithLockTimeout bounds the store's own waits for a lock in joined mode
+// (PostgreSQL's lock_timeout, default DefaultLockTimeout), for the claim's
+// statement only: the handler's statements run under the session's own
+// lock_timeout, restored in the same statement. A claim never waits for
+// another call's transaction (a duplicate sees the key's advisory lock
+// held and is InProgress at once); it waits for a store statement that
+// holds the key's row for a moment, or for a lock on the store's table (a
+// migration's, an operator's): past the bound it fails, and the
+// interceptor answers UNAVAILABLE with its retry hint. It also bounds the
+// wait of a phase's next transaction for the key's lock, and the end of a
+// call for its handler's statements still under way (see Tx). It is the
+// RetryAfter of an InProgress claim and of a refusal by WithJoinedTxLimit.
 func WithLockTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.lockTimeout = d })
 }
@@ -166,15 +178,39 @@ func WithLockTimeout(d time.Duration) Option {
 // owner that is cut off (a network partition, a frozen process) holds its
 // key; a crashed process's connection closes, and its transaction ends at
 // once. A handler must not stay idle in its transaction longer (a slow
-// foreign call belongs in a Phase of its own, or before the write). 0
-// leaves the server's setting.
+// foreign call belongs in a Phase of its own, or before the write). Keep it
+// above the server's bound on a detached handler
+// (server.Idempotency.DetachedMax, 30 s), so that a session ends only after
+// the handler's context has.
+//
+// 0 leaves the setting of the server, database or role: the risky choice,
+// since PostgreSQL's own default, 0, never ends such a session, and a
+// cut-off owner then holds its key until TCP gives up on the connection
+// (keepalives: hours by default).
 func WithTxIdleTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.txIdleTimeout = d })
 }
 
+// WithConnCheckInterval sets PostgreSQL's client_connection_check_interval
+// for the joined transactions (default DefaultConnCheckInterval):
+// during a statement, the server checks that often whether the store's
+// connection is still there, and, when it is gone (the owner's process
+// died), cancels the statement and rolls the transaction back. Without it
+// a dead owner's statement runs to its end (a slow query, a lock wait)
+// before its transaction is rolled back, and its key stays held until then;
+// with it, the key is free within about the interval. (An idle
+// transaction's dead connection is noticed at once either way.) It needs
+// PostgreSQL 14 or later on Linux, macOS or BSD: [Open] checks. 0 leaves
+// the server's setting (PostgreSQL's default, 0, is off).
+func WithConnCheckInterval(d time.Duration) Option {
+	return optionFunc(func(o *options) { o.connCheck = d })
+}
+
 // WithPhaseRetention sets how long a call's committed phases (see Phase)
 // are kept after the last one, for a retry to resume them, when the call
-// does not complete (default DefaultPhaseRetention).
+// does not complete (default DefaultPhaseRetention; see Completer, which
+// finishes them sooner), and how long the store's verdict on a handler that
+// ended its joined transaction itself is kept (see Tx).
 func WithPhaseRetention(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.phaseRetention = d })
 }
@@ -190,7 +226,11 @@ func WithReaper(interval time.Duration, batch int) Option {
 
 // WithTxOptions sets the options of the joined transactions, such as their
 // isolation level (default: PostgreSQL's default, READ COMMITTED unless the
-// server says otherwise). BeginQuery and CommitQuery are not used.
+// server says otherwise). BeginQuery and CommitQuery are not supported.
+// Under REPEATABLE READ and SERIALIZABLE, a serialization failure (or a
+// deadlock, under any level) is never stored as the call's outcome: the
+// interceptor answers ABORTED with its retry hint, and the retry runs the
+// call again (see Tx).
 func WithTxOptions(opts pgx.TxOptions) Option {
 	return optionFunc(func(o *options) { o.txOptions = opts })
 }
@@ -199,12 +239,15 @@ func WithTxOptions(opts pgx.TxOptions) Option {
 // once: at most perScope for the keyed calls of one scope
 // (idempotency.RecordKey.Scope: one caller or tenant, or every caller with
 // server.SharedScope), and at most total in all. Each holds a pool
-// connection while its handler runs, slow or not. A claim past a bound is
-// refused at once, after its lookup (so a replay of a completed key is
-// never refused), with an [*idempotency.FullError] (Scope true when the
-// scope's bound is what is full, RetryAfter the lock timeout): the
-// interceptor answers RESOURCE_EXHAUSTED with a RetryInfo, which clients
-// honour as a pushback.
+// connection while its handler runs, slow or not. A claim past a bound,
+// after its lookup (so a replay of a completed key, or a duplicate of a
+// call in progress, never counts), waits for a slot, holding no pool
+// connection, up to the lock timeout and half of the caller's time left: a
+// burst of fast calls queues for a moment. Past it, the claim is refused with an [*idempotency.FullError]
+// (Scope true when the scope's bound is what is full, RetryAfter the lock
+// timeout): the interceptor answers RESOURCE_EXHAUSTED with a RetryInfo,
+// which clients honour as a pushback. See the package documentation for
+// sizing the pool.
 //
 // 0 takes the default, a share of the pool's MaxConns: half of it per scope,
 // so that one caller's slow calls never hold more than half the
@@ -254,7 +297,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	o := options{
 		schema: DefaultSchema, maxRecordBytes: DefaultMaxRecordBytes, scopeBytes: DefaultScopeBytes,
 		partitions: DefaultScopePartitions, minRetention: DefaultMinRetention, lockTimeout: DefaultLockTimeout,
-		txIdleTimeout: DefaultTxIdleTimeout, phaseRetention: DefaultPhaseRetention,
+		txIdleTimeout: DefaultTxIdleTimeout, connCheck: DefaultConnCheckInterval, phaseRetention: DefaultPhaseRetention,
 		reapInterval: DefaultReapInterval, reapBatch: DefaultReapBatch, logger: slog.Default(),
 	}
 	for _, opt := range opts {
@@ -267,7 +310,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, opts: o, sql: newStatements(o.schema), quota: o.share(), slots: slots}, nil
+	return &Store{pool: pool, opts: o, sql: newStatements(o.schema, o.txOptions), quota: o.share(), slots: slots}, nil
 }
 
 // slots returns the bounds of WithJoinedTxLimit for a pool of maxConns.
@@ -292,6 +335,8 @@ func (o *options) validate(pool *pgxpool.Pool) error {
 		return errors.New("pgstore: pool must not be nil")
 	case o.schema == "":
 		return errors.New("pgstore: WithSchema(\"\"): the schema must be named")
+	case len(o.schema) > maxIdentifier || strings.ContainsRune(o.schema, 0):
+		return fmt.Errorf("pgstore: WithSchema(%q): a PostgreSQL identifier is at most %d bytes, without NUL", o.schema, maxIdentifier)
 	case o.maxRecordBytes < 1:
 		return fmt.Errorf("pgstore: WithMaxRecordBytes(%d): must be positive", o.maxRecordBytes)
 	case o.scopeEntries < 0 || o.scopeBytes < 0:
@@ -305,8 +350,10 @@ func (o *options) validate(pool *pgxpool.Pool) error {
 		return fmt.Errorf("pgstore: WithMinRetention(%v): must not be negative", o.minRetention)
 	case o.lockTimeout < time.Millisecond:
 		return fmt.Errorf("pgstore: WithLockTimeout(%v): must be at least 1ms", o.lockTimeout)
-	case o.txIdleTimeout < 0:
-		return fmt.Errorf("pgstore: WithTxIdleTimeout(%v): must not be negative", o.txIdleTimeout)
+	case o.txIdleTimeout < 0 || o.txIdleTimeout > 0 && o.txIdleTimeout < time.Millisecond:
+		return fmt.Errorf("pgstore: WithTxIdleTimeout(%v): must be 0 (the server's setting) or at least 1ms", o.txIdleTimeout)
+	case o.connCheck < 0 || o.connCheck > 0 && o.connCheck < time.Millisecond:
+		return fmt.Errorf("pgstore: WithConnCheckInterval(%v): must be 0 (the server's setting) or at least 1ms", o.connCheck)
 	case o.phaseRetention < time.Millisecond:
 		return fmt.Errorf("pgstore: WithPhaseRetention(%v): must be at least 1ms", o.phaseRetention)
 	case o.reapInterval < 0 || o.reapInterval > 0 && o.reapBatch < 1:
@@ -315,9 +362,19 @@ func (o *options) validate(pool *pgxpool.Pool) error {
 		return errors.New("pgstore: WithLogger(nil): logger must not be nil")
 	case o.txOptions.BeginQuery != "" || o.txOptions.CommitQuery != "":
 		return errors.New("pgstore: WithTxOptions: BeginQuery and CommitQuery are not supported (the store begins and commits)")
+	case !slices.Contains([]pgx.TxIsoLevel{"", pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted, pgx.ReadUncommitted}, o.txOptions.IsoLevel):
+		return fmt.Errorf("pgstore: WithTxOptions: IsoLevel %q: want one of pgx's TxIsoLevel constants", o.txOptions.IsoLevel)
+	case !slices.Contains([]pgx.TxAccessMode{"", pgx.ReadWrite}, o.txOptions.AccessMode):
+		return fmt.Errorf("pgstore: WithTxOptions: AccessMode %q: a joined transaction writes its record; want pgx.ReadWrite or none", o.txOptions.AccessMode)
+	case !slices.Contains([]pgx.TxDeferrableMode{"", pgx.Deferrable, pgx.NotDeferrable}, o.txOptions.DeferrableMode):
+		return fmt.Errorf("pgstore: WithTxOptions: DeferrableMode %q: want one of pgx's TxDeferrableMode constants", o.txOptions.DeferrableMode)
 	}
 	return nil
 }
+
+// maxIdentifier is PostgreSQL's bound on an identifier's length in bytes
+// (NAMEDATALEN - 1): a longer schema name would be cut.
+const maxIdentifier = 63
 
 // share returns each partition's share of the scope quota (at least 1 of a
 // bound that is set).
@@ -335,7 +392,8 @@ func (o *options) share() quota {
 
 // Open returns a Store on pool, as New does, after checking that the schema
 // was migrated ([Check]: the tables and functions exist, at this package's
-// version), and starts the reaper (see WithReaper). Close stops it.
+// version) and that the server accepts WithConnCheckInterval's setting, and
+// starts the reaper (see WithReaper). Close stops it.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	s, err := New(pool, opts...)
 	if err != nil {
@@ -343,6 +401,15 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, erro
 	}
 	if err := Check(ctx, pool, s.opts.schema); err != nil {
 		return nil, err
+	}
+	if s.opts.connCheck > 0 {
+		// PostgreSQL 13 does not know the setting, and a server on a
+		// platform without the kernel's support refuses any value but 0.
+		if _, err := pool.Exec(ctx, "SELECT set_config('client_connection_check_interval', $1, true)",
+			strconv.FormatInt(s.opts.connCheck.Milliseconds(), 10)); err != nil {
+			return nil, fmt.Errorf("pgstore: WithConnCheckInterval(%v): the server refuses client_connection_check_interval "+
+				"(PostgreSQL 14 or later, on Linux, macOS or BSD): %w; WithConnCheckInterval(0) leaves it to the server", s.opts.connCheck, err)
+		}
 	}
 	if s.opts.reapInterval > 0 {
 		s.reaper = startReaper(s)

@@ -1,12 +1,12 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -125,19 +125,51 @@ func foreignKey(k *recordKey, phase string) string {
 }
 
 // commitPhase commits the current transaction with the phase's recovery
-// point, then begins the next one, which takes the row's lock again. On
-// error the txn can only roll back (t.bad). The handler's statements wait
-// meanwhile (see joined_gate.go).
+// point, and begins the next one, which takes the key's advisory lock
+// again, in one pipeline (one round trip). On error the txn can only roll
+// back (t.bad). The handler's statements wait meanwhile (see
+// joined_gate.go).
 func (t *txn) commitPhase(ctx context.Context, name string, res []byte) error {
-	tx, err := t.exclusive()
+	c, e, err := t.exclusive()
 	if err != nil {
 		return t.fail(fmt.Errorf("pgstore: committing phase %q: %w", name, err))
 	}
 	defer t.endExclusive()
+	switch {
+	case e.ended:
+		return t.fail(fmt.Errorf("pgstore: committing phase %q: %w", name, ErrTxEnded))
+	case e.bad != nil:
+		return e.bad
+	}
 	j := t.j
 	b := &pgx.Batch{}
-	b.Queue(j.sql.phase, t.k.id, t.token, name, res, millis(t.lease), millis(j.opts.phaseRetention))
-	if err := j.commitBatch(ctx, tx, b, &t.k); err != nil {
+	b.Queue(j.sql.phaseJoined, t.k.id, t.token, e.xid, name, res, millis(t.lease), millis(j.opts.phaseRetention))
+	b.Queue("COMMIT")
+	b.Queue(j.sql.begin)
+	b.Queue(j.sql.relock, t.k.id, t.token, millis(j.opts.lockTimeout), j.opts.txIdleTimeout.Milliseconds(),
+		j.opts.connCheck.Milliseconds())
+	b.Queue("SAVEPOINT " + savepoint)
+	br := c.SendBatch(ctx, b)
+	_, phaseErr := br.Exec()
+	tag, commitErr := br.Exec()
+	if phaseErr == nil && commitErr == nil && tag.String() == "ROLLBACK" {
+		commitErr = pgx.ErrTxCommitRollback
+	}
+	var xid *int64
+	_, beginErr := br.Exec()
+	relockErr := br.QueryRow().Scan(&xid)
+	_, spErr := br.Exec()
+	closeErr := br.Close()
+	if err := cmp.Or(phaseErr, commitErr); err != nil {
+		// The phase did not commit (or, the connection broken, may have:
+		// its retry finds out, as for any commit).
+		j.rollback(ctx, c)
+		if isEndedByHandler(err) {
+			t.mu.Lock()
+			t.ended = true
+			t.mu.Unlock()
+			err = ErrTxEnded
+		}
 		return t.fail(fmt.Errorf("pgstore: committing phase %q: %w", name, err))
 	}
 	t.mu.Lock()
@@ -147,26 +179,19 @@ func (t *txn) commitPhase(ctx context.Context, name string, res []byte) error {
 	}
 	t.phases[name] = res
 	t.mu.Unlock()
-
-	nb := &pgx.Batch{}
-	nb.BeginTx(j.opts.txOptions)
-	nb.Queue(j.sql.setTimeouts, strconv.FormatInt(j.opts.lockTimeout.Milliseconds(), 10),
-		strconv.FormatInt(j.opts.txIdleTimeout.Milliseconds(), 10))
-	nb.Queue(j.sql.relock, t.k.id, t.token)
-	nb.Queue("SAVEPOINT " + savepoint)
-	br := t.conn.Conn().SendBatch(ctx, nb)
-	next := br.Tx()
-	var held bool
-	err = readBatch(br, 2, func() error { return br.QueryRow().Scan(&held) }, 1)
-	t.mu.Lock()
-	t.tx = next // the one to roll back from now on
-	t.mu.Unlock()
-	switch {
-	case err != nil:
-		return t.fail(fmt.Errorf("pgstore: beginning the transaction after phase %q: %w", name, err))
-	case !held:
+	switch err := cmp.Or(beginErr, relockErr, spErr, closeErr); {
+	case isLockTimeout(err) || err == nil && xid == nil:
+		// Another claim took the key over in the moment between the commit
+		// and the lock (the owner seemed gone), or has it since.
+		j.rollback(ctx, c)
 		return t.fail(ErrClaimLost)
+	case err != nil:
+		j.rollback(ctx, c)
+		return t.fail(fmt.Errorf("pgstore: beginning the transaction after phase %q: %w", name, err))
 	}
+	t.mu.Lock()
+	t.xid = *xid
+	t.mu.Unlock()
 	return nil
 }
 

@@ -1,7 +1,16 @@
 -- The schema of package pgstore (github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore),
--- version 1. pgstore.Migrate applies it in one transaction, under an advisory lock; it is idempotent
--- (CREATE ... IF NOT EXISTS, CREATE OR REPLACE). __SCHEMA__ stands for the store's schema (pgstore.WithSchema,
--- default public), quoted. `go run ./cmd/pgstore sql -schema NAME` prints it with the name filled in.
+-- version 2. pgstore.Migrate applies it in one transaction, under an advisory lock, and only when the schema
+-- is not already at this version (pgstore.Check first: catalog reads, no lock on the store's tables). Applied
+-- again it changes nothing but the functions' text: tables are created IF NOT EXISTS, and columns and indexes
+-- are added only when missing, so that a schema at this version takes no lock on its tables. __SCHEMA__
+-- stands for the store's schema (pgstore.WithSchema, default public), quoted as an identifier;
+-- __SCHEMA_LITERAL__ for its name as a string literal. `go run ./cmd/pgstore sql -schema NAME` prints it with
+-- the name filled in.
+--
+-- Version 1 to 2: the columns joined and pending, the joined-mode functions resilience_idem_*_joined, the
+-- key's advisory lock (resilience_idem_lock_key), resilience_idem_poison, and the outbox table. Version 1's
+-- functions stay, unchanged in what they do, so that replicas of the previous version keep working during a
+-- rolling deploy.
 
 -- One row per record key: absent, in progress under a lease (token set, record NULL), or completed
 -- (record set, token NULL). Timestamps are the database's clock (statement_timestamp()), so every replica
@@ -21,14 +30,40 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.resilience_idempotency (
     size          integer     NOT NULL,             -- bytes the row holds, as its scope's quota counts them
     charged       integer,                          -- bytes charged to the quota table for it; NULL: not counted
     phases        text[]      NOT NULL DEFAULT '{}', -- the phases committed (pgstore.Phase), in order
-    phase_results bytea[]     NOT NULL DEFAULT '{}'  -- what each returned
+    phase_results bytea[]     NOT NULL DEFAULT '{}', -- what each returned
+    joined        boolean     NOT NULL DEFAULT false, -- written by joined mode (version 2): its owner holds the key's advisory lock
+    pending       boolean     NOT NULL DEFAULT false  -- joined: the owner's transaction has work past its last recovery point;
+                                                      -- committed true, the handler ended that transaction itself
 );
--- The reaper's: rows past their end, oldest first.
-CREATE INDEX IF NOT EXISTS resilience_idempotency_expires ON __SCHEMA__.resilience_idempotency (expires_at);
--- A scope at its quota: its own ended rows, and its completed records past their minimum retention, oldest first.
-CREATE INDEX IF NOT EXISTS resilience_idempotency_scope ON __SCHEMA__.resilience_idempotency (scope_id, part, expires_at);
-CREATE INDEX IF NOT EXISTS resilience_idempotency_retain ON __SCHEMA__.resilience_idempotency (scope_id, part, retain_until)
-    WHERE record IS NOT NULL;
+-- Version 1's table gains the columns of version 2, only when they are missing (ALTER TABLE takes an ACCESS
+-- EXCLUSIVE lock even with IF NOT EXISTS).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(format('%I.%I', __SCHEMA_LITERAL__, 'resilience_idempotency'))
+                   AND attname = 'pending' AND NOT attisdropped) THEN
+        EXECUTE format('ALTER TABLE %I.resilience_idempotency ADD COLUMN IF NOT EXISTS joined boolean NOT NULL DEFAULT false, '
+            'ADD COLUMN IF NOT EXISTS pending boolean NOT NULL DEFAULT false', __SCHEMA_LITERAL__);
+    END IF;
+END $$;
+-- The reaper's: rows past their end, oldest first. A scope at its quota: its own ended rows, and its completed
+-- records past their minimum retention, oldest first. Each is created only when missing: CREATE INDEX IF NOT
+-- EXISTS takes a SHARE lock on the table even when the index exists, and waits for every open joined
+-- transaction, while every claim waits behind it.
+DO $$
+DECLARE
+    ix record;
+BEGIN
+    FOR ix IN SELECT * FROM (VALUES
+        ('resilience_idempotency_expires', '(expires_at)', ''),
+        ('resilience_idempotency_scope', '(scope_id, part, expires_at)', ''),
+        ('resilience_idempotency_retain', '(scope_id, part, retain_until)', ' WHERE record IS NOT NULL')) v(name, cols, pred)
+    LOOP
+        IF to_regclass(format('%I.%I', __SCHEMA_LITERAL__, ix.name)) IS NULL THEN
+            EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.resilience_idempotency %s%s', ix.name, __SCHEMA_LITERAL__,
+                ix.cols, ix.pred);
+        END IF;
+    END LOOP;
+END $$;
 
 -- What each scope partition holds, as the quota counts it: rows whose charged is not NULL.
 CREATE TABLE IF NOT EXISTS __SCHEMA__.resilience_idempotency_quota (
@@ -42,7 +77,8 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.resilience_idempotency_quota (
 -- The schema's version, for pgstore.Check.
 CREATE TABLE IF NOT EXISTS __SCHEMA__.resilience_idempotency_version (version integer NOT NULL);
 INSERT INTO __SCHEMA__.resilience_idempotency_version (version)
-    SELECT 1 WHERE NOT EXISTS (SELECT FROM __SCHEMA__.resilience_idempotency_version);
+    SELECT 2 WHERE NOT EXISTS (SELECT FROM __SCHEMA__.resilience_idempotency_version);
+UPDATE __SCHEMA__.resilience_idempotency_version SET version = 2 WHERE version < 2;
 
 -- Lock order, so that no two statements wait on each other: a record row, then its scope partition's
 -- quota row. The one statement that holds a quota row and then takes record rows (resilience_idem_room's
@@ -407,7 +443,7 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtext('resilience_idem_reap ' || '__SCHEMA__')) THEN
+    IF NOT pg_try_advisory_xact_lock(hashtext('resilience_idem_reap ' || __SCHEMA_LITERAL__)) THEN
         RETURN 0;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -424,4 +460,316 @@ BEGIN
         FROM agg WHERE q.scope_id = agg.scope_id AND q.part = agg.part AND agg.entries > 0)
     SELECT coalesce(sum(agg.n), 0) INTO n FROM agg;
     RETURN n;
+END $$;
+
+-- Joined mode, version 2.
+--
+-- The transaction that owns a key in joined mode holds the key's advisory lock (resilience_idem_lock_key)
+-- from its claim to its end, and the key's row, which it inserted or took over with pending = true. Until it
+-- commits, the row is invisible to others; the lock is not: a duplicate's lookup, one autocommit statement,
+-- tries the lock in SHARE mode and finds it held, and answers "in progress" at once, holding no connection
+-- and no row lock while it waits. When the owner dies, PostgreSQL rolls its transaction back, which releases
+-- the lock and the row together: the next duplicate owns the key. The lock is never waited on by a claim
+-- while an owner holds it.
+--
+-- A row is committed in progress (token set, record NULL) in two ways only:
+--   * pending = false: a phase committed (resilience_idem_phase_joined), a recovery point. Its owner's next
+--     transaction holds the lock again (resilience_idem_relock_joined); a claim that gets the lock finds the
+--     owner gone and resumes after the last phase, at once.
+--   * pending = true: the handler committed the owner's transaction itself (COMMIT, COMMIT AND CHAIN), so
+--     its writes may be committed without their record. The key is never run again: claims answer it as
+--     ended (state 6), and the owner's settle stores the store's verdict in it (resilience_idem_poison).
+-- The record is written only by the transaction that claimed the row, checked by its transaction id
+-- (txid_current()): a handler that ended that transaction and went on in another one cannot store it.
+
+-- resilience_idem_lock_key is the key's advisory lock: the first 64 bits of the row's id, salted with the
+-- schema's name, so that the stores of two schemas never share a lock (the two-integer advisory locks of
+-- applications are another key space; their bigint locks a 1 in 2^64 chance).
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_lock_key(p_id bytea) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ('x' || encode(substring(p_id FROM 1 FOR 8), 'hex'))::bit(64)::bigint # hashtextextended(__SCHEMA_LITERAL__, 0)
+$$;
+
+-- resilience_idem_lookup is the lookup of joined mode, one autocommit statement: the key's row, if any, and
+-- whether an owner holds the key's advisory lock (a SHARE try: lookups never stop each other, and hold it for
+-- this statement only). It waits for a lock on the table (a migration's, an operator's) up to p_lock_ms, not
+-- the session's lock_timeout.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_lookup(p_id bytea, p_lock_ms bigint,
+    OUT fingerprint bytea, OUT record bytea, OUT wait_ms bigint, OUT lease_live boolean, OUT row_live boolean,
+    OUT joined boolean, OUT pending boolean, OUT free boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now timestamptz := statement_timestamp();
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    -- The lock first, then the row, read with a snapshot taken after it: an owner's commit is visible before
+    -- its lock is released, so a lock found free comes with the row that owner committed, if any.
+    free := pg_try_advisory_xact_lock_shared(__SCHEMA__.resilience_idem_lock_key(p_id));
+    SELECT r.fingerprint, r.record, __SCHEMA__.resilience_idem_ms(r.lease_until - now), r.lease_until > now,
+        r.expires_at > now, r.joined, r.pending
+    INTO fingerprint, record, wait_ms, lease_live, row_live, joined, pending
+    FROM __SCHEMA__.resilience_idempotency r WHERE r.id = p_id;
+END $$;
+
+-- resilience_idem_pin sets, for the rest of the joined transaction only (SET LOCAL), what the guarantee rests
+-- on whatever the server's, database's or role's settings: synchronous_commit on, so that a commit that was
+-- acknowledged survives a crash of the database; the idle timeout that frees the key of an owner cut off in
+-- its transaction; and the connection check that ends the statement of an owner that died during it. A
+-- value of 0 leaves the session's setting.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_pin(p_idle_ms bigint, p_check_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+    IF p_idle_ms > 0 THEN
+        PERFORM set_config('idle_in_transaction_session_timeout', p_idle_ms::text, true);
+    END IF;
+    IF p_check_ms > 0 THEN
+        PERFORM set_config('client_connection_check_interval', p_check_ms::text, true);
+    END IF;
+END $$;
+
+-- resilience_idem_claim_joined is the claim of joined mode, the first statement of the transaction the
+-- handler joins. It pins the transaction's settings (resilience_idem_pin), takes the key's advisory lock
+-- without waiting for an owner, then inserts the key's row or takes over a committed one, under
+-- lock_timeout p_lock_ms for this statement only: the handler's statements run under the session's own.
+-- States as resilience_idem_claim's (1 owned, 2 completed, 3 in progress, 4 mismatch, 5 the partition over
+-- its quota), and 6: the key's first execution ended its transaction itself (see above). For an owned row
+-- that resumes, the phases already committed; for an owned row, the transaction's id.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_claim_joined(p_id bytea, p_scope bytea, p_part smallint,
+    p_method text, p_key text, p_fp bytea, p_token text, p_lease_ms bigint, p_hold_ms bigint, p_size integer,
+    p_max_entries bigint, p_max_bytes bigint, p_lock_ms bigint, p_idle_ms bigint, p_check_ms bigint,
+    OUT state smallint, OUT record bytea, OUT wait_ms bigint, OUT phases text[], OUT phase_results bytea[],
+    OUT xid bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now timestamptz := statement_timestamp();
+    lease interval := p_lease_ms * interval '1 millisecond';
+    hold interval := p_hold_ms * interval '1 millisecond';
+    lk bigint := __SCHEMA__.resilience_idem_lock_key(p_id);
+    prev_lock text := current_setting('lock_timeout');
+    r __SCHEMA__.resilience_idempotency%ROWTYPE;
+    q __SCHEMA__.resilience_idempotency_quota%ROWTYPE;
+BEGIN
+    wait_ms := 0;
+    PERFORM __SCHEMA__.resilience_idem_pin(p_idle_ms, p_check_ms);
+    IF NOT pg_try_advisory_xact_lock(lk) THEN
+        -- Held. In SHARE mode by lookups only, for the moment of their statement: wait for them, briefly. In
+        -- EXCLUSIVE mode by an owner: in progress, at once.
+        IF NOT pg_try_advisory_xact_lock_shared(lk) THEN
+            state := 3;
+            wait_ms := p_lock_ms;
+            RETURN;
+        END IF;
+        PERFORM set_config('lock_timeout', least(p_lock_ms, 100)::text, true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock(lk);
+        EXCEPTION WHEN lock_not_available THEN -- another claim of the key got there first
+            PERFORM set_config('lock_timeout', prev_lock, true);
+            state := 3;
+            wait_ms := p_lock_ms;
+            RETURN;
+        END;
+    END IF;
+    PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    FOR attempt IN 1..3 LOOP
+        INSERT INTO __SCHEMA__.resilience_idempotency (id, scope_id, part, method, key, fingerprint, token,
+            lease_until, expires_at, size, joined, pending)
+        VALUES (p_id, p_scope, p_part, p_method, p_key, p_fp, p_token, now + lease, now + hold, p_size, true, true)
+        ON CONFLICT (id) DO NOTHING;
+        IF FOUND THEN
+            SELECT * INTO q FROM __SCHEMA__.resilience_idempotency_quota WHERE scope_id = p_scope AND part = p_part;
+            IF FOUND AND ((p_max_entries > 0 AND q.entries + 1 > p_max_entries) OR
+                          (p_max_bytes > 0 AND q.bytes + p_size > p_max_bytes)) THEN
+                PERFORM set_config('lock_timeout', prev_lock, true);
+                state := 5;
+                wait_ms := 1;
+                RETURN;
+            END IF;
+            state := 1;
+            EXIT;
+        END IF;
+        -- A committed row holds the key. No joined owner runs (this transaction holds the advisory lock): its
+        -- lock is held, briefly, by another store statement at most.
+        SELECT * INTO r FROM __SCHEMA__.resilience_idempotency WHERE id = p_id FOR UPDATE;
+        CONTINUE WHEN NOT FOUND; -- deleted since (released, reaped): insert again
+        IF r.expires_at <= now THEN
+            -- Ended: the key is free. Take the row over as a fresh claim; its charge stays until this
+            -- transaction's row is charged (or, rolled back, the ended row comes back as it was).
+            UPDATE __SCHEMA__.resilience_idempotency SET method = p_method, key = p_key, fingerprint = p_fp,
+                token = p_token, lease_until = now + lease, record = NULL, retain_until = NULL, expires_at = now + hold,
+                size = p_size, phases = '{}', phase_results = '{}', joined = true, pending = true
+            WHERE id = p_id;
+            state := 1;
+            EXIT;
+        END IF;
+        IF r.fingerprint <> p_fp THEN
+            state := 4;
+        ELSIF r.record IS NOT NULL THEN
+            state := 2;
+            record := r.record;
+        ELSIF r.joined AND r.pending THEN
+            state := 6;
+        ELSIF NOT r.joined AND r.lease_until > now AND r.token IS DISTINCT FROM p_token THEN
+            state := 3; -- a lease mode owner's (or a joined one of version 1's)
+            wait_ms := __SCHEMA__.resilience_idem_ms(r.lease_until - now);
+        END IF;
+        IF state IS NOT NULL THEN
+            PERFORM set_config('lock_timeout', prev_lock, true);
+            RETURN;
+        END IF;
+        -- A joined call's committed phases whose owner is gone (its transaction would hold the lock), or a
+        -- lease that ended: resume after the last phase.
+        UPDATE __SCHEMA__.resilience_idempotency SET token = p_token, lease_until = now + lease,
+            expires_at = greatest(expires_at, now + hold), joined = true, pending = true
+        WHERE id = p_id;
+        state := 1;
+        phases := r.phases;
+        phase_results := r.phase_results;
+        EXIT;
+    END LOOP;
+    IF state IS NULL THEN
+        RAISE EXCEPTION 'resilience_idem_claim_joined: the key changed under three claims in a row';
+    END IF;
+    PERFORM set_config('lock_timeout', prev_lock, true);
+    xid := txid_current();
+END $$;
+
+-- resilience_idem_owns checks that the joined transaction is still the one that claimed the row (p_xid): a
+-- handler that ended it (COMMIT AND CHAIN, ROLLBACK AND CHAIN) goes on in another transaction, whose writes
+-- must not commit with a record or a phase. It raises RSI01 otherwise.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_owns(p_xid bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF txid_current() <> p_xid THEN
+        RAISE EXCEPTION 'the handler ended the joined transaction itself (transaction % is not the claim''s %)',
+            txid_current(), p_xid USING ERRCODE = 'RSI01';
+    END IF;
+END $$;
+
+-- resilience_idem_complete_joined completes the joined transaction's own row, in that transaction.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_complete_joined(p_id bytea, p_token text, p_xid bigint,
+    p_record bytea, p_size integer, p_ttl_ms bigint, p_retain_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now timestamptz := clock_timestamp();
+BEGIN
+    PERFORM __SCHEMA__.resilience_idem_owns(p_xid);
+    UPDATE __SCHEMA__.resilience_idempotency SET record = p_record, token = NULL, pending = false,
+        lease_until = NULL, retain_until = now + p_retain_ms * interval '1 millisecond',
+        expires_at = now + p_ttl_ms * interval '1 millisecond', size = p_size, phases = '{}', phase_results = '{}'
+    WHERE id = p_id AND token = p_token;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'resilience_idem_complete_joined: the joined transaction no longer holds its row'
+            USING ERRCODE = 'P0002';
+    END IF;
+END $$;
+
+-- resilience_idem_phase_joined writes a phase's recovery point in the joined transaction, which commits it
+-- next: the row is then committed in progress, resumable (pending false), its end moved to p_hold_ms on.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_phase_joined(p_id bytea, p_token text, p_xid bigint,
+    p_name text, p_result bytea, p_lease_ms bigint, p_hold_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now timestamptz := clock_timestamp();
+BEGIN
+    PERFORM __SCHEMA__.resilience_idem_owns(p_xid);
+    UPDATE __SCHEMA__.resilience_idempotency SET phases = phases || p_name,
+        phase_results = phase_results || coalesce(p_result, ''::bytea), pending = false,
+        lease_until = now + p_lease_ms * interval '1 millisecond',
+        expires_at = greatest(expires_at, now + p_hold_ms * interval '1 millisecond'),
+        size = size + octet_length(p_name) + octet_length(coalesce(p_result, ''::bytea))
+    WHERE id = p_id AND token = p_token;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'resilience_idem_phase_joined: the joined transaction no longer holds its row'
+            USING ERRCODE = 'P0002';
+    END IF;
+END $$;
+
+-- resilience_idem_relock_joined begins the joined transaction that follows a phase's commit: it pins its
+-- settings, takes the key's advisory lock again (waiting, up to p_lock_ms, for lookups, or for a claim that
+-- took the key over in the moment between), and marks the row pending. It returns the transaction's id, or
+-- NULL when another owner has taken the row over since.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_relock_joined(p_id bytea, p_token text, p_lock_ms bigint,
+    p_idle_ms bigint, p_check_ms bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    prev_lock text := current_setting('lock_timeout');
+BEGIN
+    PERFORM __SCHEMA__.resilience_idem_pin(p_idle_ms, p_check_ms);
+    PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    PERFORM pg_advisory_xact_lock(__SCHEMA__.resilience_idem_lock_key(p_id));
+    UPDATE __SCHEMA__.resilience_idempotency SET pending = true WHERE id = p_id AND token = p_token AND record IS NULL;
+    PERFORM set_config('lock_timeout', prev_lock, true);
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN txid_current();
+END $$;
+
+-- resilience_idem_poison stores p_record, the store's verdict on a call whose handler ended its joined
+-- transaction itself or answered success over an aborted one, as the key's outcome, so that the key never
+-- runs again: in the call's row (its token's, or a resumable one it had taken over), or in a new row when the
+-- call's claim was rolled back. An autocommit statement, after the call's transaction has ended. It returns
+-- false and changes nothing when another owner holds the key, or its row holds a record.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_poison(p_id bytea, p_scope bytea, p_part smallint,
+    p_method text, p_key text, p_fp bytea, p_token text, p_record bytea, p_size integer, p_ttl_ms bigint,
+    p_retain_ms bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    now timestamptz := statement_timestamp();
+    r __SCHEMA__.resilience_idempotency%ROWTYPE;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+    IF NOT pg_try_advisory_xact_lock(__SCHEMA__.resilience_idem_lock_key(p_id)) THEN
+        RETURN false; -- another owner runs the key: its outcome is the key's
+    END IF;
+    SELECT * INTO r FROM __SCHEMA__.resilience_idempotency WHERE id = p_id FOR UPDATE;
+    IF FOUND AND r.record IS NULL AND (r.token = p_token OR r.joined OR r.expires_at <= now) THEN
+        UPDATE __SCHEMA__.resilience_idempotency SET fingerprint = p_fp, record = p_record, token = NULL,
+            pending = false, lease_until = NULL, retain_until = now + p_retain_ms * interval '1 millisecond',
+            expires_at = now + p_ttl_ms * interval '1 millisecond', size = p_size, phases = '{}', phase_results = '{}'
+        WHERE id = p_id;
+        RETURN true;
+    END IF;
+    IF FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO __SCHEMA__.resilience_idempotency (id, scope_id, part, method, key, fingerprint, record,
+        retain_until, expires_at, size, joined)
+    VALUES (p_id, p_scope, p_part, p_method, p_key, p_fp, p_record, now + p_retain_ms * interval '1 millisecond',
+        now + p_ttl_ms * interval '1 millisecond', p_size, true);
+    RETURN true;
+END $$;
+
+-- resilience_idem_abandoned lists phased joined calls left in progress: committed phases, no owner (the key's
+-- advisory lock is free), no phase for p_idle_ms. For pgstore's completer, which takes each over as a claim.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_abandoned(p_idle_ms bigint, p_limit integer)
+RETURNS TABLE (id bytea, scope_id bytea, part smallint, fingerprint bytea, method text, key text) LANGUAGE sql AS $$
+    SELECT r.id, r.scope_id, r.part, r.fingerprint, r.method, r.key FROM __SCHEMA__.resilience_idempotency r
+    WHERE r.joined AND NOT r.pending AND r.record IS NULL AND r.expires_at > statement_timestamp()
+      AND r.lease_until + p_idle_ms * interval '1 millisecond' <= statement_timestamp()
+    ORDER BY r.lease_until LIMIT p_limit
+$$;
+
+-- The transactional outbox (package pgstore/outbox): messages to deliver to a gRPC service, written in the
+-- transaction of the work that sends them (a joined call's, or any), and delivered at least once by a relay,
+-- each with its id as the idempotency key, so that the receiver's idempotency makes it once. A row leaves the
+-- table when the receiver has answered it.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.resilience_outbox (
+    seq        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY, -- the order of the writes
+    id         text        NOT NULL UNIQUE,                        -- the delivery's idempotency key: 128 random bits
+    method     text        NOT NULL,                               -- the full gRPC method, /package.Service/Method
+    payload    bytea       NOT NULL,                               -- the request, marshalled
+    created_at timestamptz NOT NULL DEFAULT statement_timestamp(),
+    next_at    timestamptz NOT NULL DEFAULT statement_timestamp(), -- not delivered before: a relay's lease, or a retry's backoff
+    attempts   integer     NOT NULL DEFAULT 0,                     -- deliveries begun
+    last_error text,                                               -- the last failed delivery's
+    dead_at    timestamptz                                         -- refused for good by the receiver: not retried
+);
+DO $$
+BEGIN
+    IF to_regclass(format('%I.%I', __SCHEMA_LITERAL__, 'resilience_outbox_due')) IS NULL THEN
+        EXECUTE format('CREATE INDEX IF NOT EXISTS resilience_outbox_due ON %I.resilience_outbox (next_at) '
+            'WHERE dead_at IS NULL', __SCHEMA_LITERAL__);
+    END IF;
 END $$;

@@ -4,10 +4,16 @@
 //
 // [DSN] returns $PG_DSN when it is set; otherwise the cluster shared by the
 // test binary, started at its first use (initdb and start take about a
-// second) and stopped by [StopShared], which the package's TestMain calls
-// after m.Run. [Start] starts a cluster of the caller's own, stopped by a
-// cleanup of the test, for tests that kill or restart it; [Launch] one for a
-// benchmark command, which stops it itself.
+// second) and stopped by [StopShared], from a TestMain after m.Run. A test
+// binary without one leaves nothing behind all the same: each cluster is
+// watched by a small process (sh) that holds the read end of a pipe whose
+// write end only the test binary holds; when the binary exits, however it
+// exits (a return, a panic, a timeout, SIGKILL), the pipe ends and the
+// watcher stops the cluster and removes its directory (about 40 MB).
+// [Start] and [StartWith] start a cluster of the caller's own, stopped by a
+// cleanup of the test, for tests that kill, restart ([Server.Restart], -m
+// fast or -m immediate) or configure it; [Launch] one for a benchmark
+// command, which stops it itself.
 //
 // The binaries (initdb, postgres) are found with pg_config --bindir, then
 // in /usr/lib/postgresql/*/bin (Debian's postgresql package), then on PATH.
@@ -24,5 +30,7 @@
 //
 // Tests sharing a cluster keep apart by schema: [Schema] creates one that
 // is unique to the test and drops it at its end. [CountRoundTrips] counts
-// the round trips of a pool's connections.
+// the round trips of a pool's connections; [InjectFaults] breaks them on
+// purpose (a reply lost, a request dropped, every socket closed at once as
+// when the process that holds them dies).
 package pgtest

@@ -31,20 +31,68 @@ const (
 var ErrInjected = errors.New("pgtest: connection broken by an injected fault")
 
 // InjectFaults makes the connections cfg dials [FaultConn]s, whose next
-// exchange a test can disturb (see [FaultConnOf]). Call it before the pool
-// is made.
-func InjectFaults(cfg *pgxpool.Config) {
+// exchange a test can disturb (see [FaultConnOf], and the returned Faults
+// for all of them at once). Call it before the pool is made.
+func InjectFaults(cfg *pgxpool.Config) *Faults {
+	f := &Faults{}
 	dial := cfg.ConnConfig.DialFunc
 	if dial == nil {
 		var d net.Dialer
 		dial = d.DialContext
 	}
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		f.mu.Lock()
+		severed := f.severed
+		f.mu.Unlock()
+		if severed {
+			return nil, ErrInjected // a dead process dials nothing, cancel requests included
+		}
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &FaultConn{Conn: c}, nil
+		fc := &FaultConn{Conn: c}
+		f.mu.Lock()
+		f.conns = append(f.conns, fc)
+		f.mu.Unlock()
+		return fc, nil
+	}
+	return f
+}
+
+// Faults are the connections of one pool made with InjectFaults.
+type Faults struct {
+	mu      sync.Mutex
+	conns   []*FaultConn // every connection dialed; guarded by mu
+	severed bool         // Sever was called: no dial succeeds; guarded by mu
+}
+
+// Next arms fault for the next request of every connection of the pool:
+// with a pool of one connection (MaxConns 1), the next request the pool
+// sends, from whichever caller.
+func (f *Faults) Next(fault Fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		c.Next(fault)
+	}
+}
+
+// Sever closes the sockets of every connection of the pool at once, as the
+// death of the process that holds them would: the server sees them closed
+// (the statements under way run on until it notices), and the client's
+// next read or write fails with ErrInjected. No connection is dialed after
+// it: not even the cancel request pgx sends when a read fails, which a
+// dead process would not send.
+func (f *Faults) Sever() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.severed = true
+	for _, c := range f.conns {
+		c.mu.Lock()
+		c.broken = true
+		c.mu.Unlock()
+		_ = c.Conn.Close()
 	}
 }
 

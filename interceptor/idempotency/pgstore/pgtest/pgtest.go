@@ -38,9 +38,14 @@ type Server struct {
 	// Port is its TCP port on 127.0.0.1.
 	Port int
 
-	dir  string // the cluster's directory: data/ and the Unix socket; removed by Stop
-	cmd  *exec.Cmd
-	done <-chan struct{} // closed when the postmaster has exited and its log is drained
+	dir, bin, data string      // the cluster's directory (data/ and the Unix socket), binaries and data directory
+	args           []string    // the postgres arguments after the defaults (StartWith)
+	cred           *credential // who runs it
+	cleaner        func()      // ends the cleaner (startCleaner), once the directory is gone
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd       // the postmaster; guarded by mu
+	done <-chan struct{} // closed when it has exited and its log is drained; guarded by mu
 	once sync.Once
 }
 
@@ -49,8 +54,15 @@ type Server struct {
 // PostgreSQL binaries are missing.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith is Start with extra postgres arguments after the test
+// defaults, which they override, such as "-c", "synchronous_commit=off".
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
 	bin := binDir(t)
-	s, err := start(bin)
+	s, err := start(bin, args...)
 	if err != nil {
 		t.Fatalf("pgtest: starting PostgreSQL: %v", err)
 	}
@@ -66,8 +78,11 @@ var shared struct {
 
 // DSN returns the connection string of a database the test may use:
 // $PG_DSN, or the cluster shared by the test binary, started at the first
-// call. Tests keep apart by schema ([Schema]). The package's TestMain stops
-// the shared cluster with [StopShared] after m.Run.
+// call. Tests keep apart by schema ([Schema]). [StopShared] stops the
+// shared cluster and removes its directory; without it (a package with no
+// TestMain), a process that the cluster's start left watching the test
+// binary does both once the binary has exited, however it exits: nothing
+// is left behind either way.
 func DSN(t testing.TB) string {
 	t.Helper()
 	if dsn := os.Getenv("PG_DSN"); dsn != "" {
@@ -86,7 +101,9 @@ func DSN(t testing.TB) string {
 }
 
 // StopShared stops the cluster DSN started, if any, and removes its
-// directory. Call it from TestMain after m.Run.
+// directory, at once rather than when the test binary exits. Call it from
+// TestMain after m.Run, so that a goroutine leak check that follows sees
+// none of its connections' goroutines.
 func StopShared() {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
@@ -102,15 +119,47 @@ func StopShared() {
 // once.
 func (s *Server) Stop() {
 	s.once.Do(func() {
-		_ = s.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-s.done:
-		case <-time.After(stopTimeout):
-			_ = s.cmd.Process.Kill()
-			<-s.done
-		}
+		s.stop(syscall.SIGINT)
 		_ = os.RemoveAll(s.dir)
+		s.cleaner()
 	})
+}
+
+// stop stops the postmaster with sig, SIGKILL if it has not exited within
+// 10 s, and waits for it.
+func (s *Server) stop(sig syscall.Signal) {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(stopTimeout):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// Restart stops the cluster and starts it again on the same port and data:
+// with immediate, as `pg_ctl restart -m immediate` (SIGQUIT: no checkpoint,
+// what was not written to the WAL on disk is lost, and the start recovers
+// from the WAL, as after a crash of the database server); otherwise as `-m
+// fast` (SIGINT: open transactions are rolled back, a checkpoint is
+// written). Clients' connections break either way.
+func (s *Server) Restart(immediate bool) error {
+	sig := syscall.SIGINT
+	if immediate {
+		sig = syscall.SIGQUIT
+	}
+	s.stop(sig)
+	cmd, done, err := launch(s.bin, s.dir, s.data, s.cred, s.Port, s.args)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	return nil
 }
 
 // binDir returns the directory of initdb and postgres, or skips t (fails it
@@ -183,10 +232,19 @@ func start(bin string, args ...string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	cleaner, err := startCleaner(dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	fail := func(err error) (*Server, error) {
+		_ = os.RemoveAll(dir)
+		cleaner()
+		return nil, err
+	}
 	if cred != nil {
 		if err := chownTo(dir, cred); err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, err
+			return fail(err)
 		}
 	}
 	data := filepath.Join(dir, "data")
@@ -195,26 +253,29 @@ func start(bin string, args ...string) (*Server, error) {
 	initdb.SysProcAttr = initdbAttr(cred)
 	initdb.Dir = dir // the cluster's user may not reach the test's working directory
 	if out, err := initdb.CombinedOutput(); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+		return fail(fmt.Errorf("initdb: %v\n%s", err, out))
 	}
 	var lastErr error
 	for range 3 { // a free port may be taken between choosing and binding
-		s, err := startOn(bin, dir, data, cred, args)
+		port, err := proctest.FreePort()
+		if err != nil {
+			return fail(err)
+		}
+		cmd, done, err := launch(bin, dir, data, cred, port, args)
 		if err == nil {
-			return s, nil
+			return &Server{
+				DSN:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+				Port: port, dir: dir, bin: bin, data: data, args: args, cred: cred, cleaner: cleaner, cmd: cmd, done: done,
+			}, nil
 		}
 		lastErr = err
 	}
-	_ = os.RemoveAll(dir)
-	return nil, lastErr
+	return fail(lastErr)
 }
 
-func startOn(bin, dir, data string, cred *credential, extra []string) (*Server, error) {
-	port, err := proctest.FreePort()
-	if err != nil {
-		return nil, err
-	}
+// launch starts the postmaster of data on port and waits until it is
+// ready.
+func launch(bin, dir, data string, cred *credential, port int, extra []string) (*exec.Cmd, <-chan struct{}, error) {
 	cmd := exec.Command(filepath.Join(bin, "postgres"), append([]string{"-D", data, "-p", strconv.Itoa(port), "-k", dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200", "-c", "log_min_messages=warning"}, extra...)...)
@@ -224,17 +285,14 @@ func startOn(bin, dir, data string, cred *credential, extra []string) (*Server, 
 	cmd.Dir = dir
 	out, err := cmd.StderrPipe()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cmd.Stdout = io.Discard
 	done, err := proctest.Start(cmd, out, "postgres", "ready to accept connections", startTimeout)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &Server{
-		DSN:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-		Port: port, dir: dir, cmd: cmd, done: done,
-	}, nil
+	return cmd, done, nil
 }
 
 // Pool returns a pool on dsn, closed when t ends.

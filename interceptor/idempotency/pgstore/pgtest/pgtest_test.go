@@ -1,9 +1,16 @@
 package pgtest_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -79,4 +86,90 @@ func TestCountRoundTripsCountsABatchAsOne(t *testing.T) {
 	if got := rt.N() - before; got != 1 {
 		t.Errorf("one Exec = %d round trips, want 1", got)
 	}
+}
+
+// TestDSNLeavesNothingWithoutStopShared: a test binary that uses DSN and
+// never calls StopShared (no TestMain), or that is killed, leaves no
+// cluster running and no directory behind (a 39 MB one per run, before).
+// The test runs itself as the child binary (TestHelperDSNChild).
+func TestDSNLeavesNothingWithoutStopShared(t *testing.T) {
+	if os.Getenv("PG_DSN") != "" {
+		t.Skip("PG_DSN is set: DSN starts no cluster")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []string{"exit", "SIGKILL"} {
+		t.Run(how, func(t *testing.T) {
+			cmd := exec.Command(exe, "-test.run=^TestHelperDSNChild$", "-test.v")
+			cmd.Env = append(os.Environ(), "PGTEST_CHILD="+how)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var dir, dsn string
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if d, ok := strings.CutPrefix(sc.Text(), "data_directory="); ok {
+					dir, dsn, _ = strings.Cut(d, " dsn=")
+					break
+				}
+			}
+			if dir == "" {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				t.Fatal("the child printed no data directory")
+			}
+			if how == "SIGKILL" {
+				_ = cmd.Process.Kill()
+			}
+			go func() { _, _ = io.Copy(io.Discard, out) }()
+			_ = cmd.Wait()
+			clusterDir := filepath.Dir(dir)
+			for deadline := time.Now().Add(20 * time.Second); ; {
+				_, err := os.Stat(clusterDir)
+				if os.IsNotExist(err) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s still exists 20s after the test binary ended (%s)", clusterDir, how)
+				}
+				time.Sleep(20 * time.Millisecond) // the cleaner stops the cluster, then removes it
+			}
+			pool := pgtest.Pool(t, dsn+"&connect_timeout=1")
+			if err := pool.Ping(context.Background()); err == nil {
+				t.Errorf("the child's cluster still answers after its directory was removed")
+			}
+		})
+	}
+}
+
+// TestHelperDSNChild is the child of TestDSNLeavesNothingWithoutStopShared:
+// it starts the shared cluster, prints where it lives, and exits without
+// StopShared (PGTEST_CHILD=exit), or waits to be killed (SIGKILL).
+func TestHelperDSNChild(t *testing.T) {
+	how := os.Getenv("PGTEST_CHILD")
+	if how == "" {
+		t.Skip("the child process of TestDSNLeavesNothingWithoutStopShared")
+	}
+	dsn := pgtest.DSN(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dir string
+	if err := pool.QueryRow(context.Background(), "SHOW data_directory").Scan(&dir); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	fmt.Printf("data_directory=%s dsn=%s\n", dir, dsn)
+	if how == "SIGKILL" {
+		select {} // until killed
+	}
+	os.Exit(0) // past TestMain's StopShared, as a package without a TestMain
 }

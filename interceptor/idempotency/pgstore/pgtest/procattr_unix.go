@@ -5,6 +5,7 @@ package pgtest
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"os/user"
 	"strconv"
 	"syscall"
@@ -42,4 +43,49 @@ func chownTo(dir string, cred *credential) error {
 // initdbAttr runs initdb as cred (nil: the current user).
 func initdbAttr(cred *credential) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Credential: cred}
+}
+
+// cleanerScript stops the cluster in $1 (its postmaster, by the PID in its
+// postmaster.pid, if that process is still a postgres) and removes the
+// directory, once its standard input ends: when the test binary that
+// started it has exited, however it exited, or has closed the pipe (Stop).
+// It ignores the signals a terminal's Ctrl-C or a hang-up sends to the whole
+// process group, so that it outlives the test binary to do its work.
+const cleanerScript = `trap '' INT TERM HUP
+read -r _ || :
+pidfile="$1/data/postmaster.pid"
+if [ -f "$pidfile" ]; then
+	pid=$(head -n 1 "$pidfile")
+	comm=""
+	if [ -r "/proc/$pid/comm" ]; then comm=$(cat "/proc/$pid/comm"); else comm=$(ps -o comm= -p "$pid" 2>/dev/null); fi
+	case "$comm" in
+	*postgres*)
+		kill -INT "$pid" 2>/dev/null
+		i=0
+		while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+		kill -KILL "$pid" 2>/dev/null
+		;;
+	esac
+fi
+rm -rf "$1"
+`
+
+// startCleaner starts the process that removes dir, with its cluster,
+// once this process exits (see cleanerScript), so that a test binary
+// without a TestMain leaves nothing behind. stop ends it now, after the
+// caller has stopped the cluster, and waits for it.
+func startCleaner(dir string) (stop func(), err error) {
+	cmd := exec.Command("sh", "-c", cleanerScript, "pgtest-cleaner", dir)
+	in, err := cmd.StdinPipe() // its write end stays open in this process only
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = nil, nil // never the test binary's: go test waits for those to close
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() {
+		_ = in.Close()
+		_ = cmd.Wait()
+	}, nil
 }

@@ -1,0 +1,331 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	rescodes "github.com/grpc-resilience/resilience/codes"
+	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// RelayConfig is the configuration of a [Relay]. Zero fields take the
+// defaults.
+type RelayConfig struct {
+	// Batch is how many messages a pass takes and delivers at once
+	// (default 16).
+	Batch int
+	// Lease is how long the messages a pass took are the relay's: another
+	// relay (another replica, or this one after a crash) takes them again
+	// once it has passed, so it must exceed a delivery's Timeout (default
+	// 30 s).
+	Lease time.Duration
+	// Timeout bounds one delivery, its attempts and backoffs included
+	// (default 10 s).
+	Timeout time.Duration
+	// PollInterval is the wait of Run after a pass that found the outbox
+	// drained, before the next (default 500 ms). A pass that took a full
+	// batch is followed at once by the next.
+	PollInterval time.Duration
+	// InitialBackoff and MaxBackoff space the passes that deliver a message
+	// again after a delivery failed for a reason worth retrying: the n-th
+	// failure waits InitialBackoff·2^(n-1), at most MaxBackoff (defaults
+	// 1 s and 5 minutes). Such a message is retried until it is delivered.
+	InitialBackoff, MaxBackoff time.Duration
+	// RetryableCodes are the delivery failures worth retrying (default:
+	// UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
+	// CANCELLED, INTERNAL and UNKNOWN). A failure with another code is the
+	// receiver's answer for good: the message is marked dead (dead_at and
+	// last_error set; it stays in the table, for an operator) and OnDead is
+	// called.
+	RetryableCodes rescodes.Set
+	// OnDead, when set, is called synchronously with a message marked dead
+	// and the receiver's error.
+	OnDead func(m Message, err error)
+	// Logger gets the relay's warnings (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// DefaultRetryableCodes are RelayConfig.RetryableCodes's default.
+var DefaultRetryableCodes = rescodes.Of(codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted,
+	codes.Canceled, codes.Internal, codes.Unknown)
+
+// Validate reports a field out of range, naming it.
+func (c *RelayConfig) Validate() error {
+	switch {
+	case c.Batch < 0:
+		return fmt.Errorf("outbox: RelayConfig.Batch %d: must not be negative", c.Batch)
+	case c.Lease < 0 || c.Timeout < 0 || c.PollInterval < 0 || c.InitialBackoff < 0 || c.MaxBackoff < 0:
+		return errors.New("outbox: RelayConfig: durations must not be negative")
+	case c.Lease > 0 && c.Timeout > 0 && c.Lease <= c.Timeout:
+		return fmt.Errorf("outbox: RelayConfig.Lease %v: must exceed Timeout %v, or another relay takes a message "+
+			"while it is being delivered", c.Lease, c.Timeout)
+	case c.InitialBackoff > 0 && c.MaxBackoff > 0 && c.MaxBackoff < c.InitialBackoff:
+		return fmt.Errorf("outbox: RelayConfig.MaxBackoff %v: below InitialBackoff %v", c.MaxBackoff, c.InitialBackoff)
+	}
+	return nil
+}
+
+// Relay delivers the messages of an outbox to a gRPC service, at least
+// once: a message leaves the outbox only once the receiver has answered
+// it. Every delivery of a message carries the message's ID as its
+// idempotency key (interceptor.ContextWithIdempotencyKey), and passes
+// through a client of this module (interceptor.Client: retries with
+// backoff, a circuit breaker), so that a receiver with server-side
+// idempotency (package server, with pgstore's joined mode for exactly-once
+// writes) runs each message once, however often the relay delivers it.
+//
+// Messages survive crashes on both sides: the relay's (a message taken and
+// not yet answered is taken again once its Lease has passed) and the
+// receiver's (the delivery fails, and is retried). Relays on many replicas
+// share an outbox: each pass takes messages no other relay holds (FOR
+// UPDATE SKIP LOCKED), oldest first. Order is not kept across retries.
+type Relay struct {
+	ob     *Outbox
+	pool   *pgxpool.Pool
+	conn   *grpc.ClientConn
+	unary  grpc.UnaryClientInterceptor
+	owned  *interceptor.Client // the default client, closed by Close; nil when the caller gave one
+	cfg    RelayConfig
+	closed sync.Once
+}
+
+// NewRelay returns a Relay of ob's messages, read through pool and
+// delivered on conn. Dial conn without this module's client interceptor:
+// the relay calls through client's (retries, breaker, idempotency key),
+// or, when client is nil, through its own, whose policy retries each
+// delivery up to 4 attempts (100 ms backoff, doubling to 1 s) and opens a
+// breaker after 5 failures in a row for 5 s; Close closes it. It does not
+// start: call Run (in a goroutine of its own) or Once.
+func NewRelay(ob *Outbox, pool *pgxpool.Pool, conn *grpc.ClientConn, client *interceptor.Client, cfg RelayConfig) (*Relay, error) {
+	switch {
+	case ob == nil:
+		return nil, errors.New("outbox: NewRelay: outbox must not be nil")
+	case pool == nil:
+		return nil, errors.New("outbox: NewRelay: pool must not be nil")
+	case conn == nil:
+		return nil, errors.New("outbox: NewRelay: conn must not be nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Batch = cmp.Or(cfg.Batch, 16)
+	cfg.Timeout = cmp.Or(cfg.Timeout, 10*time.Second)
+	cfg.Lease = cmp.Or(cfg.Lease, max(30*time.Second, 2*cfg.Timeout))
+	if cfg.Lease <= cfg.Timeout {
+		return nil, fmt.Errorf("outbox: RelayConfig.Lease %v: must exceed Timeout %v", cfg.Lease, cfg.Timeout)
+	}
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 500*time.Millisecond)
+	cfg.InitialBackoff = cmp.Or(cfg.InitialBackoff, time.Second)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, max(5*time.Minute, cfg.InitialBackoff))
+	if cfg.RetryableCodes == 0 {
+		cfg.RetryableCodes = DefaultRetryableCodes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	r := &Relay{ob: ob, pool: pool, conn: conn, cfg: cfg}
+	if client == nil {
+		c, err := interceptor.NewClient(interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+			Name:           []serviceconfig.Name{{}},
+			RetryPolicy:    &serviceconfig.RetryPolicy{MaxAttempts: 4, InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5, OpenDuration: 5 * time.Second},
+		}))
+		if err != nil {
+			return nil, fmt.Errorf("outbox: NewRelay: the default client: %w", err)
+		}
+		client, r.owned = c, c
+	}
+	r.unary = client.UnaryClientInterceptor()
+	return r, nil
+}
+
+// Close closes the relay's own client, if NewRelay made one. Stop Run
+// first (its context).
+func (r *Relay) Close() error {
+	var err error
+	r.closed.Do(func() {
+		if r.owned != nil {
+			err = r.owned.Close()
+		}
+	})
+	return err
+}
+
+// Run runs passes until ctx ends, and returns ctx's error: a pass right
+// after a pass that took a full batch, else after PollInterval. A pass that
+// fails (PostgreSQL unreachable) is logged and tried again after
+// PollInterval.
+func (r *Relay) Run(ctx context.Context) error {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		took, _, err := r.pass(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.cfg.Logger.Warn("outbox: a relay pass failed; trying again", "error", err)
+			t.Reset(r.cfg.PollInterval)
+		case took == r.cfg.Batch:
+			t.Reset(0)
+		default:
+			t.Reset(r.cfg.PollInterval)
+		}
+	}
+}
+
+// Once runs one pass: it takes up to Batch due messages and delivers them,
+// concurrently, and returns how many the receiver answered (delivered or
+// refused for good), and the first error of the outbox's statements.
+func (r *Relay) Once(ctx context.Context) (int, error) {
+	_, answered, err := r.pass(ctx)
+	return answered, err
+}
+
+// pass is a pass: it returns how many messages it took, and how many of
+// them the receiver answered.
+func (r *Relay) pass(ctx context.Context) (took, answered int, err error) {
+	rows, err := r.pool.Query(ctx, r.ob.sql.take, int32(r.cfg.Batch), r.cfg.Lease.Milliseconds())
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox: taking messages: %w", err)
+	}
+	var msgs []Message
+	for rows.Next() {
+		var m Message
+		var attempts int32
+		if err := rows.Scan(&m.seq, &m.ID, &m.FullMethod, &m.Payload, &attempts, &m.CreatedAt); err != nil {
+			rows.Close()
+			return 0, 0, fmt.Errorf("outbox: taking messages: %w", err)
+		}
+		m.Attempts = int(attempts)
+		msgs = append(msgs, m)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, fmt.Errorf("outbox: taking messages: %w", err)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for i := range msgs {
+		wg.Go(func() {
+			done, err := r.deliver(ctx, &msgs[i])
+			mu.Lock()
+			defer mu.Unlock()
+			if done {
+				answered++
+			}
+			if err != nil && first == nil {
+				first = err
+			}
+		})
+	}
+	wg.Wait()
+	return len(msgs), answered, first
+}
+
+// deliver delivers m and settles its row: deleted once the receiver
+// answered, dead for an answer that is not worth retrying, else due again
+// after its backoff (or, the breaker open, at once for a later pass,
+// without counting the attempt). answered reports the first two; err a
+// failed statement of the outbox's.
+func (r *Relay) deliver(ctx context.Context, m *Message) (answered bool, err error) {
+	derr := r.send(ctx, m)
+	// The row's update must happen even when ctx ended (Run stopping): on a
+	// context of its own, bounded.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	code := status.Code(derr)
+	switch {
+	case derr == nil:
+		_, err = r.pool.Exec(sctx, r.ob.sql.ack, m.seq)
+		return true, wrap("acknowledging", err)
+	case errors.Is(derr, interceptor.ErrCircuitOpen) || ctx.Err() != nil:
+		// Not the message's fault: give it back, for a later pass.
+		_, err = r.pool.Exec(sctx, r.ob.sql.release, m.seq, int32(m.Attempts), r.cfg.InitialBackoff.Milliseconds())
+		return false, wrap("giving back", err)
+	case !r.cfg.RetryableCodes.Has(code):
+		_, err = r.pool.Exec(sctx, r.ob.sql.dead, m.seq, int32(m.Attempts), derr.Error())
+		r.cfg.Logger.Error("outbox: the receiver refused a message for good; it stays in the outbox, marked dead",
+			"id", m.ID, "method", m.FullMethod, "error", derr)
+		if r.cfg.OnDead != nil {
+			r.cfg.OnDead(*m, derr)
+		}
+		return true, wrap("marking dead", err)
+	}
+	_, err = r.pool.Exec(sctx, r.ob.sql.retry, m.seq, int32(m.Attempts), r.backoff(m.Attempts).Milliseconds(), derr.Error())
+	return false, wrap("scheduling a retry", err)
+}
+
+func wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("outbox: %s a message: %w", what, err)
+}
+
+// backoff is the wait after the attempts-th failed delivery.
+func (r *Relay) backoff(attempts int) time.Duration {
+	d := r.cfg.InitialBackoff
+	for i := 1; i < attempts && d < r.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.MaxBackoff)
+}
+
+// send makes one delivery of m: the request decoded as its method's input
+// type, through the client's interceptor, with m's ID as the idempotency
+// key, bounded by Timeout.
+func (r *Relay) send(ctx context.Context, m *Message) error {
+	md, err := lookupMethod(m.FullMethod)
+	if err != nil {
+		return status.Error(codes.Unimplemented, err.Error()) // this binary cannot deliver it: not retried here
+	}
+	req, err := newMessage(md.Input())
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	if err := proto.Unmarshal(m.Payload, req); err != nil {
+		return status.Errorf(codes.InvalidArgument, "outbox: the payload of %s is not a %s: %v", m.ID, md.Input().FullName(), err)
+	}
+	reply, err := newMessage(md.Output())
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	ctx, cancel := context.WithTimeout(interceptor.ContextWithIdempotencyKey(ctx, m.ID), r.cfg.Timeout)
+	defer cancel()
+	return r.unary(ctx, m.FullMethod, req, reply, r.conn, invoke)
+}
+
+// invoke is the invoker under the client's interceptor: grpc's own.
+func invoke(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+	return cc.Invoke(ctx, method, req, reply, opts...)
+}
+
+// newMessage returns a new message of d's type: the generated type when it
+// is linked in, else a dynamic one.
+func newMessage(d protoreflect.MessageDescriptor) (proto.Message, error) {
+	if mt, err := protoregistry.GlobalTypes.FindMessageByName(d.FullName()); err == nil {
+		return mt.New().Interface(), nil
+	}
+	return dynamicpb.NewMessage(d), nil
+}

@@ -1,0 +1,138 @@
+// Package peakewma estimates an endpoint's latency with a peak-sensitive
+// exponentially weighted moving average (Finagle's and Linkerd's "peak
+// EWMA"), and turns it into the cost that a power-of-two-choices balancer
+// compares: the estimate weighted by the requests outstanding. It knows
+// nothing of gRPC: the caller passes every instant (nanoseconds on a
+// monotonic clock of its own) and every latency.
+//
+// # Algorithm
+//
+// The estimate c moves with each observed latency x, weighted by the time
+// since the last observation, td, against the decay time τ:
+//
+//	x > c:  c ← x                              (a peak is taken at once)
+//	x ≤ c:  c ← c·w + x·(1 − w),  w = e^(−td/τ)
+//
+// and between observations it decays toward zero: read at instant t, it is
+// c·e^(−(t − stamp)/τ). The weighting is by time, not by count, so the
+// estimate forgets at the same pace whatever the request rate: after a
+// slow spell ends it takes about τ·ln(slow/fast) to look fast again. The
+// decay toward zero is what brings back an endpoint that a balancer stopped
+// picking because it looked slow: with no new observation its cost falls
+// until it is picked again and measured (REVIEW class 1: a state that only
+// moves through the traffic it refuses must also age with time).
+//
+// Cost, for the balancer, is c·(outstanding + 1): an endpoint with work in
+// flight is dearer in proportion. An endpoint with work in flight and no
+// observation within τ (never measured, or back after a long absence) costs
+// Penalty + outstanding: it gets one request at a time until that request
+// measures it, instead of every request while its stale estimate looks
+// cheap.
+//
+// # Decay time
+//
+// Finagle and Linkerd both use τ = 10 s, the default here
+// (DefaultDecayTime). Shorter, one slow response is forgotten sooner but a
+// slow endpoint is probed again sooner (a probe costs one caller the slow
+// latency); longer, the balancer remembers a bad spell longer. 10 s keeps a
+// 10× slower endpoint out for about τ·ln(10) ≈ 23 s between probes when it
+// is idle, while a healthy endpoint's estimate follows its latency within
+// seconds.
+//
+// # Concurrency
+//
+// An Estimator is safe for concurrent use. Cost and Estimate read two atomic
+// words with no lock and allocate nothing; Observe takes a mutex. A read
+// racing an observation may pair the new estimate with the old instant (or
+// the reverse), which decays it a little more or less for that one read.
+package peakewma
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultDecayTime is Finagle's and Linkerd's decay time τ.
+const DefaultDecayTime = 10 * time.Second
+
+// Penalty is the cost of an endpoint with work outstanding and no recent
+// observation: far above any latency, so that it gets another request only
+// when every candidate is as unknown (Finagle's penalty, about 39 hours in
+// nanoseconds).
+const Penalty = float64(math.MaxInt64 >> 16)
+
+// Estimator is one endpoint's latency estimate. The zero value is an
+// endpoint never measured.
+type Estimator struct {
+	mu    sync.Mutex    // held by Observe
+	cost  atomic.Uint64 // the estimate c at stamp: float64 bits, nanoseconds
+	stamp atomic.Int64  // the instant of the last observation; 0: none
+}
+
+// Observe counts the latency rtt of a request that ended at now.
+func (e *Estimator) Observe(now int64, rtt time.Duration, tau time.Duration) {
+	e.observe(now, rtt, tau, false)
+}
+
+// ObservePeak counts rtt as a lower bound of a latency (a request cut short
+// by a timeout): it raises the estimate to rtt when it is above it, and
+// never lowers it.
+func (e *Estimator) ObservePeak(now int64, rtt time.Duration, tau time.Duration) {
+	e.observe(now, rtt, tau, true)
+}
+
+func (e *Estimator) observe(now int64, rtt, tau time.Duration, peakOnly bool) {
+	x := float64(max(rtt, 0))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c, stamp := math.Float64frombits(e.cost.Load()), e.stamp.Load()
+	switch {
+	case x > c || stamp == 0:
+		c = x
+	case peakOnly:
+		c = decay(c, now-stamp, tau) // what a read would give
+		if x > c {
+			c = x
+		}
+	default:
+		w := math.Exp(-float64(max(now-stamp, 0)) / float64(tau))
+		c = c*w + x*(1-w)
+	}
+	e.cost.Store(math.Float64bits(c))
+	e.stamp.Store(max(now, 1))
+}
+
+// Estimate returns the latency estimate at now, decayed since the last
+// observation; 0 when never measured.
+func (e *Estimator) Estimate(now int64, tau time.Duration) time.Duration {
+	stamp := e.stamp.Load()
+	if stamp == 0 {
+		return 0
+	}
+	return time.Duration(decay(math.Float64frombits(e.cost.Load()), now-stamp, tau))
+}
+
+// Cost returns the balancer's cost of the endpoint at now with outstanding
+// requests in flight: Estimate × (outstanding + 1), or Penalty +
+// outstanding when requests are outstanding and no observation came within
+// tau.
+func (e *Estimator) Cost(now int64, outstanding int, tau time.Duration) float64 {
+	stamp := e.stamp.Load()
+	if outstanding > 0 && (stamp == 0 || now-stamp > int64(tau)) {
+		return Penalty + float64(outstanding)
+	}
+	if stamp == 0 {
+		return 0
+	}
+	return decay(math.Float64frombits(e.cost.Load()), now-stamp, tau) * float64(outstanding+1)
+}
+
+// decay returns c after td nanoseconds of decay with time constant tau.
+func decay(c float64, td int64, tau time.Duration) float64 {
+	if td <= 0 {
+		return c
+	}
+	return c * math.Exp(-float64(td)/float64(tau))
+}

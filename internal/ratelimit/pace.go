@@ -1,0 +1,74 @@
+package ratelimit
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Pace spaces a client's attempts of one method while its server is
+// pushing back: after an answer that says "come back after w"
+// (RESOURCE_EXHAUSTED with a google.rpc.RetryInfo), the attempts of the
+// method go one per w, each in a slot of its own, until an attempt
+// succeeds; so at most one attempt per pushback period meets the limit,
+// where a plain retry loop sends one per call. The zero value paces
+// nothing. It is safe for concurrent use; an attempt while nothing is
+// paced costs an atomic load.
+type Pace struct {
+	active atomic.Bool // a pushback is in force; written under mu
+
+	mu     sync.Mutex
+	next   time.Time     // the next free slot; guarded by mu
+	period time.Duration // the last pushback; guarded by mu
+}
+
+// Slot returns how long an attempt at now must wait for its slot, and
+// takes the slot when that is at most maxWait: the caller waits that long
+// and sends. When it is longer, ok is false, nothing is taken, and wait is
+// how long it would be: the caller fails the attempt at once, locally.
+func (p *Pace) Slot(now time.Time, maxWait time.Duration) (wait time.Duration, ok bool) {
+	if !p.active.Load() {
+		return 0, true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active.Load() {
+		return 0, true
+	}
+	slot := p.next
+	if slot.Before(now) {
+		slot = now
+	}
+	wait = slot.Sub(now)
+	if wait > maxWait {
+		return wait, false
+	}
+	p.next = slot.Add(p.period)
+	return wait, true
+}
+
+// Pushback records, at now, an answer that said to come back after w:
+// no slot starts before now + w, and the slots after it are w apart.
+func (p *Pace) Pushback(now time.Time, w time.Duration) {
+	if w <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if at := now.Add(w); at.After(p.next) {
+		p.next = at
+	}
+	p.period = w
+	p.active.Store(true)
+}
+
+// Success records an attempt that the server admitted: the pacing ends.
+func (p *Pace) Success() {
+	if !p.active.Load() {
+		return
+	}
+	p.mu.Lock()
+	p.active.Store(false)
+	p.period = 0
+	p.mu.Unlock()
+}
