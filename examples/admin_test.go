@@ -159,15 +159,9 @@ func watchCLI(t *testing.T, addr string) *watcher {
 
 // causeOf is when the cause of event e happened: when the part refused or
 // changed state (the hooks record the event on the call's goroutine, at
-// that instant); for an ejection, which the view learns by looking, when
-// the endpoint policy ejected the endpoint: ejected_until less the first
-// ejection's length (the policy's default, 30s).
-func causeOf(e *adminv1.Event) time.Time {
-	if e.GetKind() == adminv1.EventKind_EVENT_KIND_EJECTED && e.GetUntil() != nil {
-		return e.GetUntil().AsTime().Add(-30 * time.Second)
-	}
-	return e.GetTime().AsTime()
-}
+// that instant), or when the endpoint policy ejected the endpoint (the
+// view stamps an ejection with the policy's EjectedSince).
+func causeOf(e *adminv1.Event) time.Time { return e.GetTime().AsTime() }
 
 // until reads watch's events until match accepts one, calling more
 // between reads (nil: no more calls; more returns true when the test

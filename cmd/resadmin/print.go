@@ -182,13 +182,23 @@ func parens(s string) string {
 }
 
 func printChannel(w io.Writer, ch *adminv1.Channel) {
-	fmt.Fprintf(w, "\nCHANNEL %s (resilience_endpoint, %s): %d ejections, %d refused by maxEjectionPercent, %d attempts sent elsewhere\n",
-		ch.GetTarget(), ch.GetChildPolicy(), ch.GetEjections(), ch.GetOverflow(), ch.GetAttemptsAvoided())
+	idle := ""
+	if ch.GetIdle() {
+		idle = ", idle"
+	}
+	fmt.Fprintf(w, "\nCHANNEL %s (resilience_endpoint, %s%s): %d ejections, %d returns, %d refused by maxEjectionPercent, %d attempts sent elsewhere\n",
+		ch.GetTarget(), ch.GetChildPolicy(), idle, ch.GetEjections(), ch.GetReturns(), ch.GetOverflow(), ch.GetAttemptsAvoided())
 	t := newTable(w, "ENDPOINT", "CONNECTIVITY", "STATE", "FAILURES", "WHY")
 	for _, e := range ch.GetEndpoints() {
 		state := "in rotation"
+		if e.GetProbation() {
+			state += ", on probation"
+		}
 		if e.GetEjectedUntil() != nil {
 			state = "EJECTED until " + clock(e.GetEjectedUntil())
+			if e.GetEjectedSince() != nil {
+				state = "EJECTED " + clock(e.GetEjectedSince()) + "-" + clock(e.GetEjectedUntil())
+			}
 		}
 		t.row(strings.Join(e.GetAddresses(), ","), e.GetConnectivity(), state,
 			fmt.Sprintf("%d in a row, %d/%d in the window", e.GetConsecutiveFailures(), e.GetFailures(), e.GetCalls()), dash(e.GetCause()))

@@ -79,11 +79,14 @@
 // A failed attempt reaches the view through the Client's retry and stop
 // hooks, which run for methods under a retry policy: a breaker of a method
 // without one opens with no failures to show (the event says so). The
-// endpoint policy has no hook for its ejections: the view reads
+// endpoint policy reports its ejections to a process-wide logger, the
+// user's (endpoint.SetLogger), not to a hook: the view reads
 // endpoint.Snapshots when it is asked (and every 250ms while a watcher
-// follows the events), so an ejection that begins and ends between two
-// looks shows only in the endpoint's count. Rate limits are not yet in the
-// library: the view has a part for them (PART_RATE_LIMIT) and no source.
+// follows the events) and stamps each ejection it finds with when the
+// policy ejected the endpoint, so an ejection that begins and ends between
+// two looks shows only in the endpoint's count. Rate limits are not yet in
+// the library: the view has a part for them (PART_RATE_LIMIT) and no
+// source.
 //
 // # Concurrency
 //

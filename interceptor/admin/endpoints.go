@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/grpc-resilience/resilience/interceptor/endpoint"
 	adminv1 "github.com/grpc-resilience/resilience/proto/resilience/admin/v1"
 )
@@ -33,10 +35,12 @@ type seenEndpoint struct {
 }
 
 // endpointWatch turns the endpoint policy's snapshots into events. The
-// policy has no hook for its ejections (the endpoint round-2 issue adds a
-// logger for them), so the view reads endpoint.Snapshots when it is asked
-// (a snapshot, a page, a watcher's poll) and records an ejection or a
-// return it had not seen: an ejection that began and ended between two
+// policy reports its ejections to a process-wide logger
+// (endpoint.SetLogger), which is the user's, not a hook the view may
+// take; so the view reads endpoint.Snapshots when it is asked (a
+// snapshot, a page, a watcher's poll) and records an ejection or a return
+// it had not seen, an ejection stamped with when the policy ejected the
+// endpoint (EjectedSince). An ejection that began and ended between two
 // looks shows in the endpoint's count of ejections, not as an event.
 type endpointWatch struct {
 	events *eventLog
@@ -62,15 +66,23 @@ func (w *endpointWatch) poll(now time.Time) []*adminv1.Channel {
 	out := make([]*adminv1.Channel, 0, len(snaps))
 	for _, s := range snaps {
 		ch := &adminv1.Channel{Target: s.Target, ChildPolicy: s.ChildPolicy, Ejections: s.Ejections, Overflow: s.Overflow,
-			AttemptsAvoided: s.AttemptsAvoided}
+			AttemptsAvoided: s.AttemptsAvoided, Returns: s.Returns, Idle: s.Idle}
 		for _, e := range s.Endpoints {
 			pe := &adminv1.Endpoint{Addresses: e.Addresses, Connectivity: e.Connectivity.String(), Ejections: e.Ejections,
-				ConsecutiveFailures: int64(e.ConsecutiveFailures), Calls: int64(e.Calls), Failures: int64(e.Failures)}
+				ConsecutiveFailures: int64(e.ConsecutiveFailures), Calls: int64(e.Calls), Failures: int64(e.Failures),
+				EjectionCause: e.Cause, Multiplier: int64(e.Multiplier), Probation: e.Probation,
+				ConsecutiveLocalFailures: int64(e.ConsecutiveLocalFailures), Outstanding: int64(e.Outstanding)}
+			if e.Latency > 0 {
+				pe.Latency = durationpb.New(e.Latency)
+			}
 			k := endpointKey{target: s.Target, addrs: strings.Join(e.Addresses, ",")}
 			live[k] = true
 			ejected := !e.EjectedUntil.IsZero()
 			if ejected {
 				pe.EjectedUntil = ts(e.EjectedUntil)
+				if !e.EjectedSince.IsZero() {
+					pe.EjectedSince = ts(e.EjectedSince)
+				}
 			}
 			pe.Cause = w.noteLocked(k, e, ejected, now)
 			ch.Endpoints = append(ch.Endpoints, pe)
@@ -105,9 +117,15 @@ func (w *endpointWatch) noteLocked(k endpointKey, e endpoint.EndpointState, ejec
 	key := partKey{side: sideChannel, source: k.target, part: adminv1.Part_PART_ENDPOINT, subject: k.addrs}
 	switch {
 	case ejected && (!prev.ejected || e.Ejections > prev.ejections):
-		prev.cause, prev.since = ejectionCause(e), now
-		w.events.add(&event{key: key, kind: adminv1.EventKind_EVENT_KIND_EJECTED, cause: prev.cause,
-			to: "until " + e.EjectedUntil.Format("15:04:05.000"), until: e.EjectedUntil})
+		// The event is stamped with when the policy ejected the endpoint,
+		// which may be before the view looked.
+		at := e.EjectedSince
+		if at.IsZero() || at.After(now) {
+			at = now
+		}
+		prev.cause, prev.since = ejectionCause(e), at
+		w.events.addAt(&event{key: key, kind: adminv1.EventKind_EVENT_KIND_EJECTED, cause: prev.cause,
+			to: "until " + e.EjectedUntil.Format("15:04:05.000"), until: e.EjectedUntil}, at)
 	case !ejected && prev.ejected:
 		w.events.add(&event{key: key, kind: adminv1.EventKind_EVENT_KIND_RETURNED, cause: "ejection time ended: back in rotation"})
 		prev.cause = ""
@@ -119,9 +137,25 @@ func (w *endpointWatch) noteLocked(k endpointKey, e endpoint.EndpointState, ejec
 	return prev.cause
 }
 
-// ejectionCause says why an ejected endpoint is out: its failures, as
-// the policy counts them until it returns.
+// ejectionCause says why an ejected endpoint is out: the policy's cause
+// and its failures, as the policy counts them until it returns.
 func ejectionCause(e endpoint.EndpointState) string {
-	return fmt.Sprintf("ejected (ejection %d) after %d failures in a row; %d of %d attempts failed in the window",
-		e.Ejections, e.ConsecutiveFailures, e.Failures, e.Calls)
+	var why string
+	switch e.Cause {
+	case "consecutive_failures":
+		why = fmt.Sprintf("after %d failures in a row", e.ConsecutiveFailures)
+	case "failure_rate":
+		why = "for its failure rate"
+	case "local_origin":
+		why = fmt.Sprintf("after %d local-origin failures in a row (connections refused or reset before an answer)", e.ConsecutiveLocalFailures)
+	case "probation":
+		why = "failed again on probation, back from its last ejection"
+	default:
+		why = fmt.Sprintf("after %d failures in a row", e.ConsecutiveFailures)
+	}
+	length := ""
+	if e.Multiplier > 1 {
+		length = fmt.Sprintf(", %d× the base ejection time", e.Multiplier)
+	}
+	return fmt.Sprintf("ejected (ejection %d%s) %s; %d of %d attempts failed in the window", e.Ejections, length, why, e.Failures, e.Calls)
 }

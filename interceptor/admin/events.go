@@ -164,10 +164,15 @@ func (l *eventLog) changedLocked() {
 
 // add appends e, a transition, stamped now, and returns its sequence.
 func (l *eventLog) add(e *event) uint64 {
-	now := l.now()
+	return l.addAt(e, l.now())
+}
+
+// addAt appends e, a transition that happened at t (which a part reported,
+// perhaps before the view learnt of it), and returns its sequence.
+func (l *eventLog) addAt(e *event, t time.Time) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.addLocked(e, now)
+	return l.addLocked(e, t)
 }
 
 func (l *eventLog) addLocked(e *event, now time.Time) uint64 {

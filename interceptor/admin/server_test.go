@@ -102,26 +102,28 @@ func TestEndpointEjectionsAreEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	until := clk.now().Add(30 * time.Second)
+	until := clk.now().Add(28 * time.Second)
+	since := clk.now().Add(-2 * time.Second) // before the view looked
 	snap := endpoint.Snapshot{Target: "dns:///orders:50051", ChildPolicy: "round_robin", Ejections: 1, Endpoints: []endpoint.EndpointState{
 		{Addresses: []string{"10.0.0.1:50051"}, Connectivity: connectivity.Ready, Calls: 40, Failures: 1},
-		{Addresses: []string{"10.0.0.2:50051"}, Connectivity: connectivity.Ready, EjectedUntil: until, Ejections: 1,
-			ConsecutiveFailures: 5, Calls: 12, Failures: 9},
+		{Addresses: []string{"10.0.0.2:50051"}, Connectivity: connectivity.Ready, EjectedUntil: until, EjectedSince: since,
+			Cause: "consecutive_failures", Ejections: 1, Multiplier: 1, ConsecutiveFailures: 5, Calls: 12, Failures: 9},
 	}}
 	v.eps.snapshots = func(time.Time) []endpoint.Snapshot { return []endpoint.Snapshot{snap} }
 	view := v.Snapshot()
 	ej := eventsOf(v, adminv1.Part_PART_ENDPOINT, adminv1.EventKind_EVENT_KIND_EJECTED)
 	want := "ejected (ejection 1) after 5 failures in a row; 9 of 12 attempts failed in the window"
 	if len(ej) != 1 || ej[0].GetSubject() != "10.0.0.2:50051" || ej[0].GetSource() != snap.Target || ej[0].GetCause() != want ||
-		!ej[0].GetUntil().AsTime().Equal(until) {
-		t.Fatalf("ejection events = %v, want one of 10.0.0.2 with cause %q", ej, want)
+		!ej[0].GetUntil().AsTime().Equal(until) || !ej[0].GetTime().AsTime().Equal(since) {
+		t.Fatalf("ejection events = %v, want one of 10.0.0.2 with cause %q, stamped when the policy ejected it", ej, want)
 	}
 	r := refusingOf(view, adminv1.Part_PART_ENDPOINT)
 	if r == nil || !strings.HasPrefix(r.GetCause(), want) || r.GetSequence() != ej[0].GetSequence() {
 		t.Errorf("refusing now = %v, want the ejected endpoint with its cause", view.GetRefusing())
 	}
-	if e := view.GetChannels()[0].GetEndpoints()[1]; e.GetCause() != want || e.GetEjectedUntil() == nil {
-		t.Errorf("endpoint row = %v, want ejected with its cause", e)
+	if e := view.GetChannels()[0].GetEndpoints()[1]; e.GetCause() != want || e.GetEjectedUntil() == nil ||
+		!e.GetEjectedSince().AsTime().Equal(since) || e.GetEjectionCause() != "consecutive_failures" {
+		t.Errorf("endpoint row = %v, want ejected since when it was, with its cause", e)
 	}
 	v.Snapshot() // a second look at the same state is no new event
 	snap.Endpoints[1].EjectedUntil = time.Time{}
@@ -133,3 +135,25 @@ func TestEndpointEjectionsAreEvents(t *testing.T) {
 }
 
 var _ grpc.ServiceRegistrar = (*grpc.Server)(nil)
+
+// TestEjectionCauses: the words of each cause the endpoint policy gives.
+func TestEjectionCauses(t *testing.T) {
+	tests := []struct {
+		e    endpoint.EndpointState
+		want string
+	}{
+		{endpoint.EndpointState{Cause: "consecutive_failures", Ejections: 1, Multiplier: 1, ConsecutiveFailures: 5, Calls: 5, Failures: 5},
+			"ejected (ejection 1) after 5 failures in a row; 5 of 5 attempts failed in the window"},
+		{endpoint.EndpointState{Cause: "failure_rate", Ejections: 3, Multiplier: 3, Calls: 40, Failures: 30},
+			"ejected (ejection 3, 3× the base ejection time) for its failure rate; 30 of 40 attempts failed in the window"},
+		{endpoint.EndpointState{Cause: "local_origin", Ejections: 1, Multiplier: 1, ConsecutiveLocalFailures: 4},
+			"ejected (ejection 1) after 4 local-origin failures in a row (connections refused or reset before an answer); 0 of 0 attempts failed in the window"},
+		{endpoint.EndpointState{Cause: "probation", Ejections: 2, Multiplier: 2, Calls: 1, Failures: 1},
+			"ejected (ejection 2, 2× the base ejection time) failed again on probation, back from its last ejection; 1 of 1 attempts failed in the window"},
+	}
+	for _, tt := range tests {
+		if got := ejectionCause(tt.e); got != tt.want {
+			t.Errorf("ejectionCause(%s) = %q, want %q", tt.e.Cause, got, tt.want)
+		}
+	}
+}

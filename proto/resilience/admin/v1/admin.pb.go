@@ -1841,8 +1841,14 @@ type Channel struct {
 	Overflow uint64 `protobuf:"varint,5,opt,name=overflow,proto3" json:"overflow,omitempty"`
 	// attempts_avoided: see ejections.
 	AttemptsAvoided uint64 `protobuf:"varint,6,opt,name=attempts_avoided,json=attemptsAvoided,proto3" json:"attempts_avoided,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// returns counts the ejections that ended.
+	Returns uint64 `protobuf:"varint,7,opt,name=returns,proto3" json:"returns,omitempty"`
+	// idle is set for a channel whose policy grpc closed (the channel went
+	// idle, or was closed) while endpoints were still ejected: the policy
+	// keeps them for the channel's next policy.
+	Idle          bool `protobuf:"varint,8,opt,name=idle,proto3" json:"idle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Channel) Reset() {
@@ -1917,6 +1923,20 @@ func (x *Channel) GetAttemptsAvoided() uint64 {
 	return 0
 }
 
+func (x *Channel) GetReturns() uint64 {
+	if x != nil {
+		return x.Returns
+	}
+	return 0
+}
+
+func (x *Channel) GetIdle() bool {
+	if x != nil {
+		return x.Idle
+	}
+	return false
+}
+
 // Endpoint is one endpoint of a channel.
 type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1936,7 +1956,26 @@ type Endpoint struct {
 	// failures: see consecutive_failures.
 	Failures int64 `protobuf:"varint,7,opt,name=failures,proto3" json:"failures,omitempty"`
 	// cause says why it is ejected, in words; empty in rotation.
-	Cause         string `protobuf:"bytes,8,opt,name=cause,proto3" json:"cause,omitempty"`
+	Cause string `protobuf:"bytes,8,opt,name=cause,proto3" json:"cause,omitempty"`
+	// ejected_since is when its ejection began; unset while in rotation.
+	EjectedSince *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=ejected_since,json=ejectedSince,proto3" json:"ejected_since,omitempty"`
+	// ejection_cause is the policy's cause of the ejection:
+	// "consecutive_failures", "failure_rate", "local_origin" or "probation";
+	// empty in rotation.
+	EjectionCause string `protobuf:"bytes,10,opt,name=ejection_cause,json=ejectionCause,proto3" json:"ejection_cause,omitempty"`
+	// multiplier is the last ejection's multiplier (its length is multiplier
+	// × baseEjectionTime).
+	Multiplier int64 `protobuf:"varint,11,opt,name=multiplier,proto3" json:"multiplier,omitempty"`
+	// probation is set for an endpoint back from an ejection with no success
+	// since: its next failure ejects it again.
+	Probation bool `protobuf:"varint,12,opt,name=probation,proto3" json:"probation,omitempty"`
+	// consecutive_local_failures is its current run of local-origin failures
+	// (connections refused or reset before an answer).
+	ConsecutiveLocalFailures int64 `protobuf:"varint,13,opt,name=consecutive_local_failures,json=consecutiveLocalFailures,proto3" json:"consecutive_local_failures,omitempty"`
+	// outstanding is its attempts in flight.
+	Outstanding int64 `protobuf:"varint,14,opt,name=outstanding,proto3" json:"outstanding,omitempty"`
+	// latency is its peak_ewma latency estimate; unset when not measured.
+	Latency       *durationpb.Duration `protobuf:"bytes,15,opt,name=latency,proto3" json:"latency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2025,6 +2064,55 @@ func (x *Endpoint) GetCause() string {
 		return x.Cause
 	}
 	return ""
+}
+
+func (x *Endpoint) GetEjectedSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EjectedSince
+	}
+	return nil
+}
+
+func (x *Endpoint) GetEjectionCause() string {
+	if x != nil {
+		return x.EjectionCause
+	}
+	return ""
+}
+
+func (x *Endpoint) GetMultiplier() int64 {
+	if x != nil {
+		return x.Multiplier
+	}
+	return 0
+}
+
+func (x *Endpoint) GetProbation() bool {
+	if x != nil {
+		return x.Probation
+	}
+	return false
+}
+
+func (x *Endpoint) GetConsecutiveLocalFailures() int64 {
+	if x != nil {
+		return x.ConsecutiveLocalFailures
+	}
+	return 0
+}
+
+func (x *Endpoint) GetOutstanding() int64 {
+	if x != nil {
+		return x.Outstanding
+	}
+	return 0
+}
+
+func (x *Endpoint) GetLatency() *durationpb.Duration {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
 }
 
 // Event is one thing that happened to a part: a transition, or an episode
@@ -2370,14 +2458,16 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\bfailures\x18\x02 \x01(\x04R\bfailures\x12!\n" +
 	"\flast_failure\x18\x03 \x01(\tR\vlastFailure\x12F\n" +
 	"\x11last_failure_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastFailureTime\x12 \n" +
-	"\vdescription\x18\x05 \x01(\tR\vdescription\"\xe6\x01\n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\"\x94\x02\n" +
 	"\aChannel\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12!\n" +
 	"\fchild_policy\x18\x02 \x01(\tR\vchildPolicy\x12;\n" +
 	"\tendpoints\x18\x03 \x03(\v2\x1d.resilience.admin.v1.EndpointR\tendpoints\x12\x1c\n" +
 	"\tejections\x18\x04 \x01(\x04R\tejections\x12\x1a\n" +
 	"\boverflow\x18\x05 \x01(\x04R\boverflow\x12)\n" +
-	"\x10attempts_avoided\x18\x06 \x01(\x04R\x0fattemptsAvoided\"\xa6\x02\n" +
+	"\x10attempts_avoided\x18\x06 \x01(\x04R\x0fattemptsAvoided\x12\x18\n" +
+	"\areturns\x18\a \x01(\x04R\areturns\x12\x12\n" +
+	"\x04idle\x18\b \x01(\bR\x04idle\"\xe1\x04\n" +
 	"\bEndpoint\x12\x1c\n" +
 	"\taddresses\x18\x01 \x03(\tR\taddresses\x12\"\n" +
 	"\fconnectivity\x18\x02 \x01(\tR\fconnectivity\x12?\n" +
@@ -2386,7 +2476,17 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\x14consecutive_failures\x18\x05 \x01(\x03R\x13consecutiveFailures\x12\x14\n" +
 	"\x05calls\x18\x06 \x01(\x03R\x05calls\x12\x1a\n" +
 	"\bfailures\x18\a \x01(\x03R\bfailures\x12\x14\n" +
-	"\x05cause\x18\b \x01(\tR\x05cause\"\xb1\x05\n" +
+	"\x05cause\x18\b \x01(\tR\x05cause\x12?\n" +
+	"\rejected_since\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fejectedSince\x12%\n" +
+	"\x0eejection_cause\x18\n" +
+	" \x01(\tR\rejectionCause\x12\x1e\n" +
+	"\n" +
+	"multiplier\x18\v \x01(\x03R\n" +
+	"multiplier\x12\x1c\n" +
+	"\tprobation\x18\f \x01(\bR\tprobation\x12<\n" +
+	"\x1aconsecutive_local_failures\x18\r \x01(\x03R\x18consecutiveLocalFailures\x12 \n" +
+	"\voutstanding\x18\x0e \x01(\x03R\voutstanding\x123\n" +
+	"\alatency\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\alatency\"\xb1\x05\n" +
 	"\x05Event\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
@@ -2535,25 +2635,27 @@ var file_resilience_admin_v1_admin_proto_depIdxs = []int32{
 	29, // 28: resilience.admin.v1.Store.last_failure_time:type_name -> google.protobuf.Timestamp
 	27, // 29: resilience.admin.v1.Channel.endpoints:type_name -> resilience.admin.v1.Endpoint
 	29, // 30: resilience.admin.v1.Endpoint.ejected_until:type_name -> google.protobuf.Timestamp
-	29, // 31: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 32: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
-	3,  // 33: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
-	29, // 34: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
-	21, // 35: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
-	29, // 36: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
-	4,  // 37: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
-	6,  // 38: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
-	8,  // 39: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
-	10, // 40: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
-	5,  // 41: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
-	7,  // 42: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
-	9,  // 43: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
-	11, // 44: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
-	41, // [41:45] is the sub-list for method output_type
-	37, // [37:41] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	29, // 31: resilience.admin.v1.Endpoint.ejected_since:type_name -> google.protobuf.Timestamp
+	30, // 32: resilience.admin.v1.Endpoint.latency:type_name -> google.protobuf.Duration
+	29, // 33: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 34: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
+	3,  // 35: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
+	29, // 36: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
+	21, // 37: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
+	29, // 38: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
+	4,  // 39: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
+	6,  // 40: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
+	8,  // 41: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
+	10, // 42: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
+	5,  // 43: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
+	7,  // 44: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
+	9,  // 45: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
+	11, // 46: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
+	43, // [43:47] is the sub-list for method output_type
+	39, // [39:43] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_resilience_admin_v1_admin_proto_init() }
