@@ -276,6 +276,27 @@ func forwarding(t *testing.T, cfg string, backends ...[]string) (ec echov1.EchoS
 	return ec, front, addrs
 }
 
+// waitReady waits until the view of the front server at admin shows n
+// endpoints READY on its forwarding channel: a retry can go elsewhere only
+// once the other backends are connected.
+func waitReady(t *testing.T, admin adminv1.AdminServiceClient, n int) {
+	t.Helper()
+	waitView(t, admin, fmt.Sprintf("%d endpoints READY", n), func(v *adminv1.View) bool {
+		for _, ch := range v.GetChannels() {
+			ready := 0
+			for _, e := range ch.GetEndpoints() {
+				if e.GetConnectivity() == "READY" {
+					ready++
+				}
+			}
+			if ready == n {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 // untilRefused makes calls with call until one fails with a status whose
 // message contains want, at most n calls.
 func untilRefused(t *testing.T, n int, want string, call func(ctx context.Context) error) func() bool {
@@ -414,6 +435,8 @@ func TestCLIShowsTheEndpointEjected(t *testing.T) {
 		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s", "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}],
 		"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 3, "childPolicy": [{"round_robin": {}}]}}]}`,
 		[]string{"-fail-rate", "1"}, nil, nil)
+	_, admin := dialEcho(t, front)
+	waitReady(t, admin, 3)
 	w := watchCLI(t, front)
 	e := w.until(t, calls(t, 200, func(ctx context.Context) error {
 		if err := echo(ctx, ec, "x"); err != nil {

@@ -61,6 +61,7 @@ func TestBrowserShowsTheOpenBreakerAndTheEjectedEndpoint(t *testing.T) {
 		 "loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 3, "baseEjectionTime": "300s",
 		   "childPolicy": [{"round_robin": {}}]}}]}`))
 	ec, admin := dialEcho(t, front)
+	waitReady(t, admin, 3)
 
 	// Echo until the failing backend is out of rotation.
 	ejected := func(v *adminv1.View) bool {

@@ -130,5 +130,6 @@ func (c *config) newForwarder(view *admin.View, mp metric.MeterProvider) (*forwa
 		client.Close()
 		return nil, err
 	}
+	conn.Connect() // a middle tier connects to its backends before its first call
 	return &forwarder{client: client, conn: conn, echo: echov1.NewEchoServiceClient(conn)}, nil
 }
