@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	adminv1 "github.com/grpc-resilience/resilience/proto/resilience/admin/v1"
@@ -89,7 +90,8 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithNow sets the clock of the view's timestamps and of its episodes of
-// refusals; time.Now by default. For tests.
+// refusals; by default the wall clock (read as time.Now reads it, at most
+// once a second, and on the monotonic clock in between). For tests.
 func WithNow(now func() time.Time) Option {
 	return optionFunc(func(o *options) {
 		if now == nil {
@@ -109,7 +111,7 @@ func WithoutEndpoints() Option {
 
 // New returns an empty View configured by opts.
 func New(opts ...Option) (*View, error) {
-	o := options{now: time.Now, endpoints: true}
+	o := options{now: (&anchoredClock{}).now, endpoints: true}
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, errors.New("admin: New: nil Option")
@@ -225,4 +227,26 @@ func (v *View) Snapshot() *adminv1.View {
 // number of events the bounded log has let go.
 func (v *View) Events(after uint64, max int) (events []*adminv1.Event, dropped uint64) {
 	return v.events.list(after, max)
+}
+
+// anchoredClock reads the time as an anchor read with time.Now at most
+// anchorFor before, plus the monotonic time since: a refused call stamps
+// its refusal with it, and on virtual machines without a fast wall clock
+// time.Now was most of what a refusal cost the view. The wall clock's
+// adjustments within anchorFor (NTP slews at most 0.5 ms per second) are
+// all that it can miss.
+type anchoredClock struct{ anchor atomic.Pointer[time.Time] }
+
+// anchorFor is how long an anchor serves.
+const anchorFor = time.Second
+
+func (c *anchoredClock) now() time.Time {
+	if a := c.anchor.Load(); a != nil {
+		if d := time.Since(*a); d < anchorFor {
+			return a.Add(d)
+		}
+	}
+	t := time.Now()
+	c.anchor.Store(&t)
+	return t
 }

@@ -6,10 +6,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/server"
+	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -94,4 +97,53 @@ func TestViewAllocatesNothingOnTheSuccessPath(t *testing.T) {
 		t.Errorf("server success path: %v allocs per call with the view's hook, %v without; want the same", with, without)
 	}
 	t.Logf("server success path: %v allocs per call either way", with)
+}
+
+// TestRefusalInAnEpisodeAllocatesNothing pins what a refused call pays the
+// view while its part refuses steadily: once its episode's event exists,
+// the next refusals only count, with no allocation, for the client's full
+// bulkhead and spent budget and the server's limit (a tenant over its
+// share) and store.
+func TestRefusalInAnEpisodeAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("exact allocation counts: sync.Pool drops items under the race detector")
+	}
+	clk := newFakeClock() // every refusal within the episode's gap
+	v := newView(t, WithNow(clk.now))
+	cs, _ := v.Client("c")
+	ss, _ := v.Server("s")
+	ctx := context.Background()
+	// The errors are built once, as the client and the server build their
+	// rejections once.
+	down := status.Error(codes.Unavailable, "backend down")
+	full := status.Error(codes.ResourceExhausted, "bulkhead full")
+	shed := status.Error(codes.ResourceExhausted, "over the limit")
+	tests := []struct {
+		name   string
+		refuse func()
+	}{
+		{"client bulkhead", func() {
+			cs.OnStop(ctx, interceptor.StopEvent{FullMethod: echoMethod, Attempts: 1, Reason: interceptor.StopBulkheadFull, Err: full})
+		}},
+		{"client budget", func() {
+			cs.OnStop(ctx, interceptor.StopEvent{FullMethod: echoMethod, Attempts: 2, Reason: interceptor.StopBudget, Err: down})
+		}},
+		{"server limit", func() {
+			ss.OnRefusal(ctx, server.Refusal{FullMethod: echoMethod, Reason: server.RefusalLimit, Criticality: wire.Sheddable,
+				Tenant: "noisy", Tenants: 2, OverShare: true, Err: shed})
+		}},
+		{"server store", func() {
+			ss.OnRefusal(ctx, server.Refusal{FullMethod: echoMethod, Reason: server.RefusalStoreUnavailable, Err: down})
+		}},
+	}
+	for _, tt := range tests {
+		tt.refuse() // the episode's event
+		if n := testing.AllocsPerRun(1000, tt.refuse); n != 0 {
+			t.Errorf("%s: %v allocations per refusal in an episode, want 0", tt.name, n)
+		}
+	}
+	all, _ := v.Events(0, 0)
+	if len(all) != len(tests) {
+		t.Errorf("%d events, want one episode per part: %v", len(all), all)
+	}
 }

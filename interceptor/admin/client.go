@@ -125,8 +125,11 @@ func (s *ClientSource) OnStop(_ context.Context, e interceptor.StopEvent) {
 	if !ok {
 		return
 	}
-	ev := &event{key: s.key(part, e.FullMethod), kind: adminv1.EventKind_EVENT_KIND_REFUSED, reason: reason,
-		code: rescodes.Name(status.Code(e.Err))}
+	key, kind := s.key(part, e.FullMethod), adminv1.EventKind_EVENT_KIND_REFUSED
+	if s.v.events.bump(key, kind, episode{reason: reason}, now) {
+		return // the episode under way counts it: nothing built
+	}
+	ev := &event{key: key, kind: kind, reason: reason, code: rescodes.Name(status.Code(e.Err))}
 	switch e.Reason {
 	case interceptor.StopBulkheadFull:
 		ev.cause = "bulkhead full: no slot within its queue bounds"
@@ -137,7 +140,7 @@ func (s *ClientSource) OnStop(_ context.Context, e interceptor.StopEvent) {
 	case interceptor.StopThrottled:
 		ev.cause = "retry throttling (gRFC A6) withheld a retry after " + describeErr(e.Err)
 	}
-	s.v.events.refuse(ev)
+	s.v.events.refuse(ev, now)
 }
 
 // describeErr is "CODE: message" of err.

@@ -124,8 +124,11 @@ type eventLog struct {
 	ver     uint64 // bumped by every change, new event or new count
 	parts   map[partKey]*ring
 	dropped uint64
-	// changed is closed and replaced on every change: watchers wait on it.
+	// changed is closed and replaced at the first change after a watcher
+	// took it (handed is set), so that the changes no one waits for
+	// allocate nothing.
 	changed chan struct{}
+	handed  bool
 }
 
 func newEventLog(now func() time.Time) *eventLog {
@@ -158,8 +161,17 @@ func (l *eventLog) ringLocked(k partKey) *ring {
 // changedLocked bumps the version and wakes the watchers.
 func (l *eventLog) changedLocked() {
 	l.ver++
-	close(l.changed)
-	l.changed = make(chan struct{})
+	if l.handed {
+		close(l.changed)
+		l.changed = make(chan struct{})
+		l.handed = false
+	}
+}
+
+// nextLocked returns the channel closed at the next change, for a watcher.
+func (l *eventLog) nextLocked() <-chan struct{} {
+	l.handed = true
+	return l.changed
 }
 
 // add appends e, a transition, stamped now, and returns its sequence.
@@ -190,25 +202,43 @@ func (l *eventLog) addLocked(e *event, now time.Time) uint64 {
 	return e.seq
 }
 
-// refuse records a refusal: one more in the current episode of its part
-// when one is under way (same episode, the last refusal within
-// episodeGap), else a new event.
-func (l *eventLog) refuse(e *event) {
-	now := l.now()
+// bump counts one more refusal at now in the episode ep of kind of part k
+// when one is under way (the last refusal within episodeGap), and reports
+// whether it did. It allocates nothing: a part refusing steadily costs
+// each refused call this, and the caller builds an event only when bump
+// finds no episode.
+func (l *eventLog) bump(k partKey, kind adminv1.EventKind, ep episode, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ep := e.episode()
-	if r := l.parts[e.key]; r != nil {
-		for k := range r.n {
-			old := r.newest(k)
-			if old.kind == e.kind && old.episode() == ep && now.Sub(old.last) < episodeGap {
-				old.count++
-				old.last = now
-				l.changedLocked()
-				old.ver = l.ver
-				return
-			}
+	return l.bumpLocked(k, kind, ep, now)
+}
+
+func (l *eventLog) bumpLocked(k partKey, kind adminv1.EventKind, ep episode, now time.Time) bool {
+	r := l.parts[k]
+	if r == nil {
+		return false
+	}
+	for i := range r.n {
+		old := r.newest(i)
+		if old.kind == kind && old.episode() == ep && now.Sub(old.last) < episodeGap {
+			old.count++
+			old.last = now
+			l.changedLocked()
+			old.ver = l.ver
+			return true
 		}
+	}
+	return false
+}
+
+// refuse records a refusal at now: one more in the current episode of its
+// part when one is under way (same episode, the last refusal within
+// episodeGap), else e as a new event.
+func (l *eventLog) refuse(e *event, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bumpLocked(e.key, e.kind, e.episode(), now) {
+		return
 	}
 	l.addLocked(e, now)
 }
@@ -268,7 +298,7 @@ func (l *eventLog) changes(ver uint64) (events []*adminv1.Event, now uint64, nex
 	for _, e := range l.collectLocked(func(e *event) bool { return e.ver > ver }) {
 		events = append(events, toProto(e))
 	}
-	return events, l.ver, l.changed
+	return events, l.ver, l.nextLocked()
 }
 
 // position returns the log's newest sequence and version.
@@ -353,5 +383,5 @@ func (l *eventLog) backlog(after *uint64) (events []*adminv1.Event, ver uint64, 
 			events = append(events, toProto(e))
 		}
 	}
-	return events, l.ver, l.changed
+	return events, l.ver, l.nextLocked()
 }

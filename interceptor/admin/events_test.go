@@ -65,7 +65,7 @@ func TestEventLogIsBoundedUnderAFlood(t *testing.T) {
 			l.add(&event{key: partKey{side: sideClient, source: src, part: adminv1.Part_PART_BREAKER, subject: subject},
 				kind: adminv1.EventKind_EVENT_KIND_BREAKER_STATE, cause: long, fails: fails})
 		} else {
-			l.refuse(refusal(src, subject, "limit", strconv.Itoa(i)+long))
+			l.refuse(refusal(src, subject, "limit", strconv.Itoa(i)+long), clk.now())
 		}
 		clk.add(time.Microsecond)
 	}
@@ -113,12 +113,12 @@ func TestRefusalsCoalesceIntoEpisodes(t *testing.T) {
 	l := newEventLog(clk.now)
 	start := clk.now()
 	for range 100 {
-		l.refuse(overShare("a"))
+		l.refuse(overShare("a"), clk.now())
 		clk.add(episodeGap / 2) // each within the gap of the one before
 	}
-	l.refuse(overShare("b"))
+	l.refuse(overShare("b"), clk.now())
 	clk.add(episodeGap)
-	l.refuse(overShare("a"))
+	l.refuse(overShare("a"), clk.now())
 	got, _ := l.list(0, 0)
 	if len(got) != 3 {
 		t.Fatalf("%d events, want 3 (tenant a's episode, b's, a's next): %v", len(got), got)
@@ -175,11 +175,33 @@ func TestTenantNamesWithinTheirShareMakeOneEpisode(t *testing.T) {
 	clk := newFakeClock()
 	l := newEventLog(clk.now)
 	for i := range 10_000 {
-		l.refuse(refusal("api", "(server)", "limit", "t"+strconv.Itoa(i)))
+		l.refuse(refusal("api", "(server)", "limit", "t"+strconv.Itoa(i)), clk.now())
 		clk.add(time.Microsecond)
 	}
 	got, _ := l.list(0, 0)
 	if len(got) != 1 || got[0].GetCount() != 10_000 || got[0].GetTenant() != "t0" {
 		t.Errorf("%d events (first %v), want one of 10,000 refusals naming the first tenant", len(got), got[0])
+	}
+}
+
+// TestAnchoredClockFollowsTheWallClock: the default clock reads within a
+// millisecond of time.Now, moves forward, and takes a new anchor after
+// anchorFor.
+func TestAnchoredClockFollowsTheWallClock(t *testing.T) {
+	c := &anchoredClock{}
+	prev := c.now()
+	for range 1000 {
+		before := time.Now()
+		got := c.now()
+		after := time.Now()
+		if got.Before(prev) || got.Before(before.Add(-time.Millisecond)) || got.After(after.Add(time.Millisecond)) {
+			t.Fatalf("now() = %v between time.Now() %v and %v (previous %v)", got, before, after, prev)
+		}
+		prev = got
+	}
+	old := time.Now().Add(-2 * anchorFor)
+	c.anchor.Store(&old)
+	if got := c.now(); got.Sub(old) < anchorFor || c.anchor.Load() == &old {
+		t.Errorf("after an anchor older than anchorFor, now() = %v from anchor %v: want a new anchor", got, old)
 	}
 }

@@ -34,7 +34,7 @@ type ServerSource struct {
 	storeDesc string
 	storeSet  bool      // the Server has a store (DescribeStore, or a store event)
 	storeErrs uint64    // store failures heard of
-	storeErr  string    // the latest's error
+	storeErr  error     // the latest's error
 	storeAt   time.Time // when
 }
 
@@ -77,36 +77,65 @@ func (s *ServerSource) Close() {
 // criticality and tenant within a second of the last). Call it from your
 // own hook to keep both.
 func (s *ServerSource) OnRefusal(_ context.Context, r server.Refusal) {
-	ev := &event{kind: adminv1.EventKind_EVENT_KIND_REFUSED, reason: r.Reason.String(), method: r.FullMethod,
-		code: rescodes.Name(status.Code(r.Err))}
+	now := s.v.opts.now()
+	if r.Reason == server.RefusalStoreUnavailable || r.Reason == server.RefusalStoreFailedOpen || r.Reason == server.RefusalStoreFull {
+		s.storeFailed(r, now)
+	}
+	key, kind, ep := s.refusalKey(r)
+	if s.v.events.bump(key, kind, ep, now) {
+		return // the episode under way counts it: nothing built
+	}
+	ev := &event{key: key, kind: kind, reason: ep.reason, method: r.FullMethod, code: rescodes.Name(status.Code(r.Err))}
 	switch r.Reason {
 	case server.RefusalLimit, server.RefusalQueueTimeout, server.RefusalDeadline:
-		ev.key = s.key(adminv1.Part_PART_LIMIT, limitName(r.Limit))
-		ev.crit, ev.tenant, ev.tenants, ev.over = r.Criticality.String(), r.Tenant, int64(r.Tenants), r.OverShare
+		ev.crit, ev.tenant, ev.tenants, ev.over = ep.crit, r.Tenant, int64(r.Tenants), r.OverShare
 		ev.cause = limitCause(r)
 	case server.RefusalCPU:
-		ev.key = s.key(adminv1.Part_PART_CPU, server.CPUSheddingName)
-		ev.crit = r.Criticality.String()
+		ev.crit = ep.crit
 		ev.cause = "the CPU is hot: shed " + r.Criticality.String() + " call of " + r.FullMethod
 	case server.RefusalHeadroom:
-		ev.key = s.key(adminv1.Part_PART_HEADROOM, r.FullMethod)
 		ev.cause = "too little of the caller's deadline left to start: " + describeErr(r.Err)
 	case server.RefusalStoreUnavailable, server.RefusalStoreFull, server.RefusalStoreFailedOpen:
-		ev.key = s.key(adminv1.Part_PART_IDEMPOTENCY_STORE, "idempotency store")
 		ev.cause = storeCause(r)
-		s.storeFailed(r)
 		if r.Reason == server.RefusalStoreFailedOpen {
-			ev.kind = adminv1.EventKind_EVENT_KIND_STORE_FAILED
 			ev.code = ""
+		}
+	default:
+		ev.cause = r.Reason.String() + ": refused: " + describeErr(r.Err)
+	}
+	s.v.events.refuse(ev, now)
+}
+
+// refusalKey returns the part, the kind of event and the episode of a
+// refusal, without allocating.
+func (s *ServerSource) refusalKey(r server.Refusal) (partKey, adminv1.EventKind, episode) {
+	kind := adminv1.EventKind_EVENT_KIND_REFUSED
+	ep := episode{reason: r.Reason.String(), method: r.FullMethod}
+	var k partKey
+	switch r.Reason {
+	case server.RefusalLimit, server.RefusalQueueTimeout, server.RefusalDeadline:
+		k = s.key(adminv1.Part_PART_LIMIT, limitName(r.Limit))
+		ep.crit, ep.over = r.Criticality.String(), r.OverShare
+		if r.OverShare {
+			ep.tenant = r.Tenant
+		}
+	case server.RefusalCPU:
+		k = s.key(adminv1.Part_PART_CPU, server.CPUSheddingName)
+		ep.crit = r.Criticality.String()
+	case server.RefusalHeadroom:
+		k = s.key(adminv1.Part_PART_HEADROOM, r.FullMethod)
+	case server.RefusalStoreUnavailable, server.RefusalStoreFull, server.RefusalStoreFailedOpen:
+		k = s.key(adminv1.Part_PART_IDEMPOTENCY_STORE, "idempotency store")
+		if r.Reason == server.RefusalStoreFailedOpen {
+			kind = adminv1.EventKind_EVENT_KIND_STORE_FAILED
 		}
 	default:
 		// A reason this view does not know yet. Rate limits (issue 34)
 		// add theirs here, as Part_PART_RATE_LIMIT with the limit's name
 		// and key as the subject.
-		ev.key = s.key(adminv1.Part_PART_UNSPECIFIED, r.FullMethod)
-		ev.cause = r.Reason.String() + ": refused: " + describeErr(r.Err)
+		k = s.key(adminv1.Part_PART_UNSPECIFIED, r.FullMethod)
 	}
-	s.v.events.refuse(ev)
+	return k, kind, ep
 }
 
 func (s *ServerSource) key(part adminv1.Part, subject string) partKey {
@@ -164,20 +193,18 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// storeFailed notes a store failure for the store's health.
-func (s *ServerSource) storeFailed(r server.Refusal) {
+// storeFailed notes a store failure at now for the store's health.
+func (s *ServerSource) storeFailed(r server.Refusal, now time.Time) {
 	if r.Reason == server.RefusalStoreFull {
 		s.mu.Lock()
 		s.storeSet = true
 		s.mu.Unlock()
 		return
 	}
-	now := s.v.opts.now()
-	msg := cut(errText(r.Err))
 	s.mu.Lock()
 	s.storeSet = true
 	s.storeErrs++
-	s.storeErr, s.storeAt = msg, now
+	s.storeErr, s.storeAt = r.Err, now // its text is read when shown
 	s.mu.Unlock()
 }
 
@@ -203,7 +230,7 @@ func (s *ServerSource) snapshot(now time.Time) *adminv1.Server {
 	defer s.mu.Unlock()
 	if s.storeSet {
 		out.Store = &adminv1.Store{Healthy: s.storeAt.IsZero() || now.Sub(s.storeAt) >= recentWindow, Failures: s.storeErrs,
-			LastFailure: s.storeErr, Description: s.storeDesc}
+			LastFailure: cut(errText(s.storeErr)), Description: s.storeDesc}
 		if !s.storeAt.IsZero() {
 			out.Store.LastFailureTime = ts(s.storeAt)
 		}
