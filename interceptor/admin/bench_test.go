@@ -57,4 +57,3 @@ func BenchmarkRefusalInAnEpisode(b *testing.B) {
 		})
 	})
 }
-
