@@ -95,7 +95,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("target %q: its cell is missing from the results", row[0])
 		}
 	}
-	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "### Targets (issues 10, 20 and 22)", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
+	for _, s := range []string{"# Benchmarks", "GOMAXPROCS", "### Targets (issues 10, 20, 22 and 32)", "google.golang.org/grpc v1.", "github.com/failsafe-go/failsafe-go v", "## transient failures"} {
 		if !strings.Contains(buf.String(), s) {
 			t.Errorf("report lacks %q", s)
 		}

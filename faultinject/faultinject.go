@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -25,7 +24,7 @@ type Option interface{ apply(*options) }
 type options struct {
 	metadataFaults bool
 	now            func() time.Time
-	logger         *slog.Logger // nil: grpclog
+	logger         *slog.Logger // nil: slog.Default()
 }
 
 type optionFunc func(*options)
@@ -48,7 +47,8 @@ func WithNow(now func() time.Time) Option {
 
 // WithLogger sets the logger of New's warnings: a fault's method whose
 // service no code linked into the program registers (see [New]). By
-// default they go to grpclog (component "resilience").
+// default they go to slog.Default(); not to grpclog, whose default logger
+// discards warnings.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(o *options) { o.logger = l })
 }
@@ -89,9 +89,6 @@ func (c *compiled) matches(fullMethod string) bool {
 	_, ok := c.services[svc]
 	return ok
 }
-
-// grpcLog is where New writes its warnings without WithLogger.
-var grpcLog = grpclog.Component("resilience")
 
 // exemptServices are the services no fault reaches unless a fault names
 // them: health checks and reflection, which tools such as grpcurl call
@@ -144,7 +141,7 @@ func New(cfg Config, opts ...Option) (*Injector, error) {
 		if o.logger != nil {
 			o.logger.Warn(w)
 		} else {
-			grpcLog.Warning(w)
+			slog.Warn(w) // not grpclog, whose default logger discards warnings
 		}
 	}
 	inj := &Injector{

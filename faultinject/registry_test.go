@@ -70,3 +70,24 @@ func TestFaultMethodsAreCheckedAgainstTheRegistry(t *testing.T) {
 		})
 	}
 }
+
+// TestWarningsWithoutALoggerReachSlogDefault pins where New writes its
+// warnings without WithLogger: slog.Default(). Before, grpclog's
+// "resilience" component, whose default logger discards warnings, so a
+// fault on a misspelt, unregistered service injected nothing and said so
+// to no one. Not parallel: it replaces slog's default logger.
+func TestWarningsWithoutALoggerReachSlogDefault(t *testing.T) {
+	var log bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	_, err := faultinject.New(faultinject.Config{Faults: []faultinject.Fault{{
+		Methods: []string{"zz.slogdefault.Unregistered/Pay"}, Abort: &faultinject.Abort{Code: codes.Unavailable}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `faults[0].methods[0]: \"zz.slogdefault.Unregistered/Pay\": service zz.slogdefault.Unregistered is not registered`
+	if got := log.String(); strings.Count(got, want) != 1 {
+		t.Errorf("slog.Default() got %q, want one line with %q", got, want)
+	}
+}

@@ -224,7 +224,7 @@ func TestBulkheadRemovedAndAddedAgainReleasesEverySlotOnce(t *testing.T) {
 		srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: time.Second} })
 		one := &serviceconfig.Bulkhead{MaxConcurrent: 1}
 		stub, c := newEcho(t, srv, WithServiceConfig(echoBulkheadConfig(one)))
-		first := c.state.Load().kept(echoMethod).g.bulkhead
+		first := keptPolicy(c, echoMethod).g.bulkhead
 		before := echoAsync(t, stub, 1)
 		if err := c.UpdateServiceConfig(echoBulkheadConfig(nil)); err != nil {
 			t.Fatal(err)

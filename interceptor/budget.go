@@ -19,25 +19,20 @@ type stormControl struct {
 	throttle    *throttle.Throttle // nil: off
 }
 
-// budgetRatio returns the ratio of the retry budget in force (its default
-// when the block leaves it 0), or 0 without a budget.
-func (sc *stormControl) budgetRatio() float64 {
-	switch {
-	case sc.budget == nil:
-		return 0
-	case sc.budgetCfg.Ratio > 0:
-		return sc.budgetCfg.Ratio
-	}
-	return budget.DefaultConfig().Ratio
-}
-
+// newBudget builds the budget of block b; a zero budget (b.Zero) pays for
+// no retry and no hedged copy.
 func newBudget(b *serviceconfig.RetryBudget, now time.Time) (*budget.Budget, error) {
 	cfg := budget.DefaultConfig()
-	if b.Ratio > 0 {
-		cfg.Ratio = b.Ratio
-	}
-	if b.MinRetriesPerSecond > 0 {
-		cfg.MinRetriesPerSecond = b.MinRetriesPerSecond
+	switch {
+	case b.Zero:
+		cfg.Ratio, cfg.MinRetriesPerSecond = 0, 0
+	default:
+		if b.Ratio > 0 {
+			cfg.Ratio = b.Ratio
+		}
+		if b.MinRetriesPerSecond > 0 {
+			cfg.MinRetriesPerSecond = b.MinRetriesPerSecond
+		}
 	}
 	if b.TTL > 0 {
 		cfg.TTL = b.TTL

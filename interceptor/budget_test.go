@@ -245,3 +245,46 @@ func TestA6ThrottlingCountsSuccessesOfMethodsWithoutAPolicy(t *testing.T) {
 		}
 	})
 }
+
+// Issue 32, finding 6: an explicit "retryBudget": {"ratio": 0,
+// "minRetriesPerSecond": 0}, an incident's kill switch, was read as the
+// default budget (20% of requests plus 10 a second): a failing server saw
+// 4 attempts per call under maxAttempts 4 where the operator asked for 1.
+// Both zeros written out now make a zero budget: one attempt per call, and
+// a hedged call sends its first copy alone; with the block absent the
+// default budget retries. Over real gRPC.
+func TestExplicitZeroBudgetTurnsRetriesOff(t *testing.T) {
+	const entries = `"methodConfig": [
+		{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Echo"}], "retryPolicy": {"maxAttempts": 4,
+			"initialBackoff": "0.001s", "maxBackoff": "0.001s", "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}},
+		{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Lookup"}], "hedgingPolicy": {"maxAttempts": 3,
+			"hedgingDelay": "0.001s", "nonFatalStatusCodes": ["UNAVAILABLE"]}}]`
+	for _, tt := range []struct {
+		name             string
+		doc              string
+		echoes, lookups  int // attempts the server sees per call
+		budgetStopReason bool
+	}{
+		{"explicit zero budget", `{` + entries + `, "retryBudget": {"ratio": 0, "minRetriesPerSecond": 0}}`, 1, 1, true},
+		{"no budget block: the default", `{` + entries + `}`, 4, 3, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+					return testserver.Outcome{Delay: 10 * time.Millisecond, Err: status.Error(codes.Unavailable, "down")}
+				})
+				stub, _ := newEcho(t, srv, parsedConfig(t, tt.doc))
+				_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+				if re, ok := errors.AsType[*RetryError](err); !ok || (re.Reason == StopBudget) != tt.budgetStopReason {
+					t.Errorf("Echo = %v, want a RetryError stopped by the budget: %v", err, tt.budgetStopReason)
+				}
+				_, _ = stub.Lookup(t.Context(), &echov1.LookupRequest{})
+				synctest.Wait()
+				if e, l := srv.Count("Echo"), srv.Count("Lookup"); e != tt.echoes || l != tt.lookups {
+					t.Errorf("the server saw %d attempts of Echo and %d copies of Lookup, want %d and %d", e, l, tt.echoes, tt.lookups)
+				}
+			})
+		})
+	}
+}

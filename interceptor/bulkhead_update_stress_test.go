@@ -57,11 +57,7 @@ func TestBulkheadUpdatesWithHedgesAndStreamsHoldNothing(t *testing.T) {
 	collect := func() {
 		mu.Lock()
 		defer mu.Unlock()
-		c.state.Load().all(func(p *methodPolicy) {
-			if b := p.g.bulkhead; b != nil {
-				seen[b] = true
-			}
-		})
+		eachBulkhead(c, func(b *bulkhead.Bulkhead) { seen[b] = true })
 	}
 	collect()
 	stop := make(chan struct{})

@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -28,7 +29,8 @@ type Client struct {
 	log      *warnLog // the client's warnings, each logged once
 	metrics  instruments
 	state    atomic.Pointer[clientState]
-	updateMu sync.Mutex // serializes UpdateServiceConfig, and ForceOpen and the like with it
+	table    methodTable // the per-method state (methods.go)
+	updateMu sync.Mutex  // serializes config updates
 
 	closeOnce sync.Once
 	closeErr  error // of the first Close; written once, inside closeOnce
@@ -51,7 +53,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{opts: o, log: &warnLog{l: o.logger}}
+	c := &Client{opts: o, log: &warnLog{l: o.logger}, table: newMethodTable()}
 	m, err := newInstruments(o.meterProvider, c)
 	if err != nil {
 		return nil, fmt.Errorf("interceptor: metrics: %w", err)
@@ -59,6 +61,11 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	c.metrics = m
 	cfg := o.config
 	if err := c.update(&cfg); err != nil {
+		// A Client not returned holds nothing: the gauges' callback goes
+		// with it, or the provider would read (and keep) it for ever.
+		if g := m.gauges; g != nil {
+			_ = g.Unregister()
+		}
 		return nil, err
 	}
 	c.log.warnAll(warnings)
@@ -101,31 +108,41 @@ func (c *Client) Close() error {
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
 // applied its cap); in a config built in Go, a MaxAttempts above the
 // client's cap (WithMaxAttemptsCap) is an error.
+//
+// A nil cfg is refused, as WithServiceConfig refuses it: it is most likely
+// the result of a Parse whose error was dropped, and would remove every
+// policy. Pass &serviceconfig.Config{} to remove them.
 func (c *Client) UpdateServiceConfig(cfg *serviceconfig.Config) error {
-	return c.updateFrom("UpdateServiceConfig", cfg, true)
+	if cfg == nil {
+		return errors.New("interceptor: UpdateServiceConfig: nil config (pass &serviceconfig.Config{} to remove every policy)")
+	}
+	warnings, err := c.updateFrom("UpdateServiceConfig", cfg, true)
+	c.log.warnAll(warnings)
+	return err
 }
 
 // updateFrom checks cfg, given by option, and makes it the client's
-// config, logging its warnings. direct is false for a resolver's config,
-// which grpc-go applies whatever its names say: what checkEntries would
-// refuse in it for the registry's sake is logged instead.
-func (c *Client) updateFrom(option string, cfg *serviceconfig.Config, direct bool) error {
+// config; it returns the warnings to log, its own and the checks', for the
+// caller to log once no lock is held (a logger is the user's code, and may
+// call the client; WrapResolver's calls come under its lock). direct is
+// false for a resolver's config, which grpc-go applies whatever its names
+// say: what checkEntries would refuse in it for the registry's sake is
+// returned as warnings instead.
+func (c *Client) updateFrom(option string, cfg *serviceconfig.Config, direct bool) ([]string, error) {
 	if cfg == nil {
 		cfg = &serviceconfig.Config{}
 	}
 	if err := checkBlocks(option, cfg); err != nil {
-		return err
+		return nil, err
 	}
 	warnings, err := checkEntries(cfg.MethodConfig, originsOf(option, cfg), c.opts.maxAttemptsCap, direct)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := c.update(cfg); err != nil {
-		return err
+		return nil, err
 	}
-	c.log.warnAll(parseWarnings(option, cfg))
-	c.log.warnAll(warnings)
-	return nil
+	return append(parseWarnings(option, cfg), warnings...), nil
 }
 
 // update makes cfg, whose entries were checked (checkEntries), the
@@ -137,13 +154,21 @@ func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err := validateGuards(cfg); err != nil {
 		return err
 	}
+	c.table.ensureSeed(cfg, c.opts.rand) // the user's random source: before the locks
 	c.updateMu.Lock()
 	defer c.updateMu.Unlock()
-	st, err := newClientState(cfg, &c.opts, &c.metrics, c.state.Load())
+	st, err := newClientState(cfg, &c.opts, &c.metrics, &c.table, c.state.Load())
 	if err != nil {
 		return err
 	}
+	// The table follows the new config and the config is published under
+	// one lock, so that a row made meanwhile is made under the config in
+	// force (methods.go). No user code runs under it.
+	c.table.mu.Lock()
+	c.table.rebuild(st)
 	c.state.Store(st)
+	c.table.mu.Unlock()
+	c.table.forgetNames(st)
 	return nil
 }
 
@@ -192,9 +217,8 @@ func (s *unaryScratch) put() {
 }
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	st := c.state.Load()
 	co := scanCallOptions(opts)
-	mp := st.policy(method, co.static)
+	st, mp := c.resolve(method, co.static)
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}

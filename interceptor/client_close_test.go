@@ -4,10 +4,12 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"weak"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
@@ -151,5 +153,81 @@ func TestClosedClientStillServesItsCalls(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Errorf("Close() again = %v, want nil", err)
+	}
+}
+
+// countingProvider is a meter provider that counts the callbacks
+// registered on it and not yet unregistered.
+type countingProvider struct {
+	metric.MeterProvider
+	live atomic.Int64
+}
+
+type countingMeter struct {
+	metric.Meter
+	p *countingProvider
+}
+
+type countingRegistration struct {
+	metric.Registration
+	p    *countingProvider
+	once sync.Once
+}
+
+func (p *countingProvider) Meter(name string, opts ...metric.MeterOption) metric.Meter {
+	return countingMeter{Meter: p.MeterProvider.Meter(name, opts...), p: p}
+}
+
+func (m countingMeter) RegisterCallback(f metric.Callback, instruments ...metric.Observable) (metric.Registration, error) {
+	r, err := m.Meter.RegisterCallback(f, instruments...)
+	if err != nil {
+		return nil, err
+	}
+	m.p.live.Add(1)
+	return &countingRegistration{Registration: r, p: m.p}, nil
+}
+
+func (r *countingRegistration) Unregister() error {
+	r.once.Do(func() { r.p.live.Add(-1) })
+	return r.Registration.Unregister()
+}
+
+// A NewClient that returned an error left its gauges' callback registered
+// on the meter provider: 100 refused constructions, 100 live callbacks,
+// each keeping its Client reachable and read on every collection. A failed
+// NewClient now holds nothing (0), whatever refused it: a MaxAttempts above
+// the client's cap, a config that does not validate. A Client built and
+// closed holds nothing either.
+func TestFailedNewClientHoldsNothing(t *testing.T) {
+	_, sdk := newMeterReader()
+	t.Cleanup(func() { _ = sdk.Shutdown(context.Background()) })
+	p := &countingProvider{MeterProvider: sdk}
+	refused := []ClientOption{
+		WithMethodConfig(serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
+			RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 100}}),
+		WithMethodConfig(serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{FailureRateThreshold: 2}}),
+	}
+	for i := range 100 {
+		if c, err := NewClient(WithMeterProvider(p), refused[i%len(refused)]); err == nil {
+			_ = c.Close()
+			t.Fatalf("NewClient with %d-th refused option = nil error", i%len(refused))
+		}
+	}
+	if n := p.live.Load(); n != 0 {
+		t.Errorf("after 100 refused NewClient, %d gauge callbacks registered, want 0", n)
+	}
+	c, err := NewClient(WithMeterProvider(p), closeTestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := p.live.Load(); n != 1 {
+		t.Errorf("a Client built: %d callbacks registered, want 1", n)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.live.Load(); n != 0 {
+		t.Errorf("a Client closed: %d callbacks registered, want 0", n)
 	}
 }

@@ -47,7 +47,8 @@ func TestGoPolicyTakesGRPCCodes(t *testing.T) {
 // TestConfigUpdateKeepsBreakerWhenFailureCodesReordered pins that a
 // breaker block whose failure codes are the same set in another order is
 // the same block: the breaker and its forced state carry over (a changed
-// block's new breaker keeps the forced state too: breaker.Adopt).
+// block changes the breaker in place, which keeps the forced state too:
+// breaker.Reconfigure).
 func TestConfigUpdateKeepsBreakerWhenFailureCodesReordered(t *testing.T) {
 	block := func(cs ...codes.Code) *serviceconfig.Config {
 		return &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
@@ -69,7 +70,7 @@ func TestConfigUpdateKeepsBreakerWhenFailureCodesReordered(t *testing.T) {
 		t.Fatal(err)
 	}
 	if st := c.Status(echoMethod).Breaker; st.State != BreakerForcedOpen {
-		t.Errorf("breaker after an update with other codes = %v, want a new breaker that kept the forced state", st.State)
+		t.Errorf("breaker after an update with other codes = %v, want the breaker, reconfigured, with the forced state kept", st.State)
 	}
 }
 

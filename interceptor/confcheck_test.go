@@ -3,7 +3,9 @@ package interceptor
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -155,13 +157,41 @@ func TestAResolverConfigKeepsGRPCsLeniency(t *testing.T) {
 	}
 }
 
+// TestAResolverConfigWithoutEntriesStillLogsItsTypo pins the issue's
+// second typo on the resolver's path: {"methodConfigs": [...]} leaves a
+// document with nothing for the client (grpc-go's reading), which
+// replaces the client's config as grpc's own channel would replace its
+// default (no policy: one attempt), and the client says why. Before, the warning was never
+// logged: a document the client does not run skipped updateFrom, where
+// Parse's warnings are logged, and the platform's policies were dropped
+// in silence.
+func TestAResolverConfigWithoutEntriesStillLogsItsTypo(t *testing.T) {
+	logger, rec := withRecorder()
+	c := newTestClient(t, logger, WithRetryBudget(nil), WithRetryPolicy(fastPolicy(2)))
+	e := newResolverEnv(t, c, true)
+	for range 2 {
+		e.deliver(`{"loadBalancingConfig": [{"round_robin": {}}],
+			"methodConfigs": [{"name": [{"service": "resilience.echo.v1.EchoService"}], "timeout": "1s"}]}`)
+	}
+	if n := e.attempts(); n != 1 {
+		t.Errorf("server saw %d attempts, want 1: the document, which holds no policy, replaces the client's own", n)
+	}
+	const want = `interceptor: the resolver's service config: methodConfigs: unknown key: did you mean "methodConfig"? ` +
+		`grpc-go ignores it, so the entries it holds apply to no method (coverage)`
+	if got := rec.logged(); !slices.Equal(got, []string{want}) {
+		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), want)
+	}
+}
+
 // TestSettingsThatDoNothingAreRefused pins NewClient's refusals of
 // settings that cannot be right, each naming where it was written: the
 // option and its Go fields for a policy written in Go, the JSON path for a
 // parsed document. Before, each was accepted: an entry without a Name and
 // a misspelt method applied to no call, hedging on a stream and keys or a
 // fallback for a stream did nothing, and errors of Go options named JSON
-// paths the caller never wrote (methodConfig[0].retryPolicy...).
+// paths the caller never wrote (methodConfig[0].retryPolicy...). And
+// WithRetryPolicy(nil, names...), a policy variable never set, made an
+// entry without a policy: the names lost the default policy, in silence.
 func TestSettingsThatDoNothingAreRefused(t *testing.T) {
 	p := fastPolicy(3)
 	echo := func(m string) []serviceconfig.Name { return []serviceconfig.Name{{Service: echoService, Method: m}} }
@@ -199,6 +229,10 @@ func TestSettingsThatDoNothingAreRefused(t *testing.T) {
 			`interceptor: WithIdempotentMethods("/resilience.echo.v1.EchoService/Echoo"): service resilience.echo.v1.EchoService has no method "Echoo" (did you mean "Echo"?)`},
 		{"a message for a service", []ClientOption{WithExemptMethods("resilience.echo.v1.EchoRequest")},
 			`interceptor: WithExemptMethods("resilience.echo.v1.EchoRequest"): "resilience.echo.v1.EchoRequest" is not a service but a message`},
+		{"a nil retry policy", []ClientOption{WithRetryPolicy(nil, echoService)},
+			"interceptor: WithRetryPolicy: nil policy (to run methods without retries, give them an entry without a retryPolicy: WithMethodConfig)"},
+		{"a nil default retry policy", []ClientOption{WithRetryPolicy(nil)},
+			"interceptor: WithRetryPolicy: nil policy"},
 		{"a negative backoff", []ClientOption{WithRetryPolicy(&serviceconfig.RetryPolicy{InitialBackoff: -1})},
 			"interceptor: WithRetryPolicy: InitialBackoff: must not be negative"},
 		{"a bad bulkhead", []ClientOption{WithMethodConfig(serviceconfig.MethodConfig{Name: echo("Echo"), Bulkhead: &serviceconfig.Bulkhead{}})},
@@ -229,7 +263,9 @@ func TestSettingsThatDoNothingAreRefused(t *testing.T) {
 
 // TestUpdateServiceConfigRefusesWhatNewClientRefuses pins that a config
 // handed over later is held to NewClient's rules, and that the old config
-// stays.
+// stays. A nil config too, as WithServiceConfig(nil) is refused: before,
+// UpdateServiceConfig(nil) (a Parse whose error was dropped) removed every
+// policy in silence.
 func TestUpdateServiceConfigRefusesWhatNewClientRefuses(t *testing.T) {
 	c := newTestClient(t, WithRetryPolicy(fastPolicy(3)))
 	tests := []struct {
@@ -237,6 +273,7 @@ func TestUpdateServiceConfigRefusesWhatNewClientRefuses(t *testing.T) {
 		cfg     *serviceconfig.Config
 		wantErr string
 	}{
+		{"nil config", nil, "interceptor: UpdateServiceConfig: nil config (pass &serviceconfig.Config{} to remove every policy)"},
 		{"no name", &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{RetryPolicy: fastPolicy(2)}}},
 			"interceptor: UpdateServiceConfig: MethodConfig[0]: has no Name, so it applies to no method"},
 		{"hedged stream", &serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
@@ -250,7 +287,7 @@ func TestUpdateServiceConfigRefusesWhatNewClientRefuses(t *testing.T) {
 			if err := c.UpdateServiceConfig(tt.cfg); err == nil || !strings.HasPrefix(err.Error(), tt.wantErr) {
 				t.Fatalf("UpdateServiceConfig() = %v, want %q", err, tt.wantErr)
 			}
-			if c.state.Load().policy(echoMethod, false).retry == nil {
+			if policyOf(c, echoMethod).retry == nil {
 				t.Error("a refused config replaced the old one")
 			}
 		})
@@ -281,7 +318,7 @@ func TestNamesNoCodeRegistersAreLoggedOnce(t *testing.T) {
 	e := newResolverEnv(t, c, true)
 	e.deliver(`{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService", "method": "BidiStream"}], "hedgingPolicy": {"maxAttempts": 2}},
 		{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Ecko"}], "timeout": "1s"}]}`)
-	if got := c.state.Load().policy("/resilience.echo.v1.EchoService/Ecko", false).timeout; got != time.Second {
+	if got := policyOf(c, "/resilience.echo.v1.EchoService/Ecko").timeout; got != time.Second {
 		t.Errorf("timeout of Ecko under the resolver's config = %v, want 1s: the config is applied, as grpc-go applies it", got)
 	}
 	e.deliver("")
@@ -298,5 +335,85 @@ func TestNamesNoCodeRegistersAreLoggedOnce(t *testing.T) {
 	}
 	if got := rec.logged(); !slices.Equal(got, want) {
 		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestWarningsWithoutALoggerReachSlogDefault pins where a Client that was
+// given no WithLogger writes its warnings: slog.Default(), as it is when
+// the warning is written. Before, they went to grpclog's "resilience"
+// component, whose default logger discards warnings (it writes errors only
+// unless GRPC_GO_LOG_SEVERITY_LEVEL asks for more): a resolver's config
+// whose typo widened a retry policy to every method was applied and said
+// so to no one. Not parallel: it replaces slog's default logger.
+func TestWarningsWithoutALoggerReachSlogDefault(t *testing.T) {
+	rec := &logRecorder{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(rec))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	c := newTestClient(t, WithRetryBudget(nil), WithRetryPolicy(fastPolicy(2), "zz.slogdefault.Unregistered"))
+	e := newResolverEnv(t, c, true)
+	e.deliver(typoDoc)
+	if n := e.attempts(); n != 5 {
+		t.Errorf("server saw %d attempts, want 5: the resolver's config as grpc-go reads it", n)
+	}
+	for _, want := range []string{
+		`interceptor: WithRetryPolicy("zz.slogdefault.Unregistered"): service "zz.slogdefault.Unregistered" is not registered in this program`,
+		`interceptor: the resolver's service config: methodConfig[0].name[0].services: unknown key: did you mean "service"?`,
+	} {
+		if n := rec.count(want); n != 1 {
+			t.Errorf("slog.Default() got %q %d times, want once; it got:\n%s", want, n, strings.Join(rec.logged(), "\n"))
+		}
+	}
+}
+
+// TestWarnLogIsBoundedInCountAndBytes pins the memory of a Client's
+// warn-once log against texts its callers choose: names given to Status or
+// HedgingDelay, the keys of the documents a resolver delivers. It holds at
+// most maxWarned entries, and each is a hash, not the text: before, it
+// kept each text whole, so maxWarned names of 64 KiB each held 16 MiB.
+// Each text is still written once until the log forgets.
+func TestWarnLogIsBoundedInCountAndBytes(t *testing.T) {
+	rec := &logRecorder{}
+	w := &warnLog{l: slog.New(rec)}
+	for i := range 10 * maxWarned {
+		w.warn("short " + strconv.Itoa(i))
+		if n := len(w.seen); n > maxWarned {
+			t.Fatalf("after %d texts the log remembers %d, want at most %d", i+1, n, maxWarned)
+		}
+	}
+	w.warn("again")
+	w.warn("again")
+	if n := rec.count("again"); n != 1 {
+		t.Errorf("a text given twice was written %d times, want once", n)
+	}
+
+	const size = 64 << 10
+	quiet := &warnLog{l: slog.New(slog.DiscardHandler)}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range maxWarned {
+		quiet.warn(strings.Repeat("x", size) + strconv.Itoa(i))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if held := int64(after.HeapAlloc) - int64(before.HeapAlloc); held > maxWarned*size/4 {
+		t.Errorf("the log holds %d bytes after %d texts of %d bytes, want far less than their %d", held, maxWarned, size, maxWarned*size)
+	}
+	runtime.KeepAlive(quiet)
+}
+
+// TestIdempotencyKeysWithoutNamesAreLogged pins WithIdempotencyKeys given
+// no names (an empty list from a config, or a call meant as "every
+// method", as WithFallback without names is): it keys nothing, which is
+// legal, and says so once. Before, it was accepted in silence.
+func TestIdempotencyKeysWithoutNamesAreLogged(t *testing.T) {
+	logger, rec := withRecorder()
+	newTestClient(t, logger, WithIdempotencyKeys())
+	const want = "interceptor: WithIdempotencyKeys without names: no method gets keys " +
+		"(WithAutomaticIdempotencyKeys keys every method not known to be idempotent)"
+	if got := rec.logged(); !slices.Equal(got, []string{want}) {
+		t.Errorf("logged %q, want %q", got, want)
 	}
 }

@@ -30,22 +30,24 @@
 // (serviceconfig.Config.Lookup); entries of different levels are not merged.
 // Calls then read it without locks. UpdateServiceConfig swaps the whole
 // configuration atomically; calls in flight finish under the configuration
-// they started with, and a method's breaker, bulkhead and latency estimate
-// carry over when their blocks are unchanged. A breaker whose block changed
-// is new but keeps what the old one was doing: a forced state stays, an
-// open period ends when the old one's would, at most the new block's
-// maxOpenDuration after the update; its counts start afresh. A bulkhead
+// they started with. A method's breaker, bulkhead and latency estimate are
+// its own (see Bounded state), and stay the same objects across updates
+// while its entry keeps their block: a breaker whose block changed takes
+// the new settings in place and keeps what it was doing (a forced state
+// stays; an open period ends when it would have, at most the new block's
+// maxOpenDuration after the update; its counts start afresh), so an
+// operator's ForceOpen is never lost to a concurrent update. A bulkhead
 // whose block changed stays, with the new limits, so they count the
-// attempts already in flight and queued (Statuses and the gauges too),
-// and admit the later attempts of calls begun before the update: a
-// raised maxConcurrent lets queued attempts in at once; a lowered one
-// stops no attempt in flight and admits none until fewer than it are in
-// flight; under a lowered maxQueue the attempts queued keep their places
-// and new ones are refused until fewer than it wait; a new maxQueueWait
-// bounds the waits that begin after the update. A bulkhead block removed
-// drops the bulkhead (its attempts in flight still release into it, and
-// its queued attempts go at once); one added again takes it back, so that
-// its limits count the attempts in flight since before the removal. WrapResolver
+// attempts already in flight and queued (Statuses and the gauges too), and
+// admit the later attempts of calls begun before the update: a raised
+// maxConcurrent lets queued attempts in at once; a lowered one stops no
+// attempt in flight and admits none until fewer than it are in flight;
+// under a lowered maxQueue the attempts queued keep their places and new
+// ones are refused until fewer than it wait; a new maxQueueWait bounds the
+// waits that begin after the update. A bulkhead block removed drops the
+// bulkhead (its attempts in flight still release into it, and its queued
+// attempts go at once); one added again takes it back, so that its limits
+// count the attempts in flight since before the removal. WrapResolver
 // passes the service config a resolver delivers (DNS TXT records, a control
 // plane) to UpdateServiceConfig; the resolver's config then wins over the
 // one given to NewClient, which stays the default (see WrapResolver).
@@ -97,8 +99,8 @@
 // generated code registers with protoregistry.GlobalFiles. A service that
 // is not registered may still be called without generated code, so its
 // name is only logged, once, as are the warnings of a parsed config
-// (serviceconfig.Config.Warnings), through WithLogger's logger or grpclog's
-// "resilience" component. serviceconfig.Parse itself refuses a typo that
+// (serviceconfig.Config.Warnings), through WithLogger's logger or
+// slog.Default(). serviceconfig.Parse itself refuses a typo that
 // changes which methods a policy covers ({"services": ...} in a name);
 // WrapResolver reads a resolver's config as grpc-go does
 // (serviceconfig.Lenient) and applies what grpc-go would apply, logging
@@ -237,42 +239,68 @@
 // reply); a call of a hedged method with other messages, and a stream, runs
 // one attempt through the guards.
 //
-// With HedgingDelayQuantile (an extension of hedgingPolicy) the delay is
-// not tuned by hand: each call waits the method's observed attempt latency
-// at that quantile, at least HedgingDelayFloor, so that at most about a
-// share 1 − quantile of calls is hedged, however the latency drifts. The
-// latency is read from a histogram of the method's last 256 to 512 copies
-// (eight logarithmic buckets per octave, rounded up to the bucket: at most
-// 12.5 % above), where a copy that a sibling's answer cut off counts as at
-// least as long as it ran; it carries over config updates while the method
-// stays adaptive. Until HedgingDelayMinSamples copies were observed (100 by
-// default) the call waits HedgingDelay, or, without one, sends further
-// copies only after non-fatal failures. Client.HedgingDelay reports the
-// delay in force. Reading it costs at most four atomic loads per call.
+// A limit, and why: gRFC A6 commits a hedged call to the copy that received
+// the server's response headers, at once. grpc-go hands a unary call's
+// headers to its caller only when the call returns (grpc.Header is filled
+// then; no call option, and nothing an interceptor can install per call,
+// tells of their arrival earlier, short of a stats handler on every call of
+// the connection, which would cost every call its allocations), so the
+// client commits when that copy ends: until then the other copies run, and
+// the delay may send more, up to MaxAttempts (headers sent at once, an
+// answer at 300 ms, a 50 ms delay and 3 attempts: 3 copies, as a test of
+// this package pins). The committed copy's
+// outcome then decides the call, as A6 says, a failure included
+// (StopCommitted).
 //
-// Hedges are kept on the calls that are slow. A quantile that falls on the
-// edge of a slow mode (latencies that are fast, or many times slower for
-// about the share 1 − quantile of calls, as a cache miss or a GC pause
-// makes them) would jump into the slow mode and hedge only its tail: the
-// adaptive delay is capped at 1.25× the quantile with twice the tail share
-// (the p90 for a p95), so the delay stays just above the fast mode and the
-// whole slow mode is hedged. Under the retry budget a fixed HedgingDelay is
-// rationed: when more calls outlast it than the budget pays for (a share
-// above the budget's ratio, a fifth by default: say the latency tripled
-// since the delay was set), it is raised to the method's observed p95 (with
-// the same cap), so that the budget's hedges go to the slowest calls rather
-// than to the first calls of each period that outlast the delay, fast or
-// not; a fixed delay within the budget's means runs as set, and without a
-// retry budget it is never changed. A delay taken from the window (adaptive,
-// or rationed) lags a change of the latency for a few dozen calls, during
-// which every call would outlast it: the hedges the delay sends (not those
-// after failures) are rationed to twice the share 1 − quantile of the
-// method's calls, in bursts of at most 4 (a copy refused counts as a budget
-// denial). On a model of bench/'s slow tail that triples (the base latency
-// triples halfway, 5% of attempts 20× slower; a test of this package runs it),
-// the adaptive p95 keeps the p99 at 0.14× the unhedged for 4.8% extra
-// attempts (0.18× for 6.0% before), and a fixed 5ms delay set for the first
-// half at 0.13× for 7.5% (1.00× for 23%, no gain, before rationing).
+// # What a hedge may spend
+//
+// One rule: a copy goes to a call when it has run for the method's hedging
+// delay, and the delay is the longest of the policy's and of the latency
+// that the share s of calls outlasts, where s is the policy's share (1 −
+// HedgingDelayQuantile; every call past HedgingDelay for a fixed one) and
+// at most three quarters of the share b of calls the retry budget pays a
+// retry for (Ratio + MinRetriesPerSecond ÷ the client's calls per second;
+// the last quarter is left for retries): the hedges the budget affords go
+// to the slowest calls. Where that latency falls past a gap into a cluster
+// of slow calls (a slow backend, a cache miss) no bigger than twice the
+// policy's share and than b, the delay is the gap's fast edge (at most
+// 1.25× the latency that share outlasts), so the cluster is hedged whole
+// rather than its own tail. Each copy after the first takes a budget token,
+// as a retry does, and goes only while gRFC A6 throttling allows it (A6
+// first, as A6 specifies for hedging); a timed copy the budget or A6
+// refuses is not sent and the call goes on, and a copy after a non-fatal
+// failure is A6's retry: it goes when they allow it, whatever became of the
+// timed ones; a call that ends for want of a copy says which refused it
+// (StopBudget, StopThrottled). The latency is read from a histogram of the
+// method's last 256 to 512 copies (eight logarithmic buckets per octave,
+// rounded up to the bucket: at most 12.5 % above), where a copy that a
+// sibling's answer cut off counts as at least as long as it ran, once past
+// the delay; it carries over config updates. Until HedgingDelayMinSamples
+// copies were observed (100 by default; 32 for a fixed delay) the call
+// waits HedgingDelay, or, without one, sends further copies only after
+// non-fatal failures. Client.HedgingDelay reports the delay in force; a
+// call reads it in one or two atomic loads, and it is recomputed every 16
+// copies (hedge_delay.go).
+//
+// What hedging can and cannot do under a budget follows: it can lower the
+// latency of the calls above the (1 − s)-quantile to about the delay plus
+// a fast call's, so the p99 drops when the slow calls are fewer than the
+// budget pays for; when more calls are slow, the delay stays above them
+// (hedging a part of them, picked at random by the budget's refusals,
+// would spend the budget for nothing), and if they are more than 1% of the
+// calls, the p99 stays where it was. With one backend of three 50×
+// slower, fixed 5ms delay and the default budget, on fake time (a test of
+// this package runs it): at 40 calls a
+// second the budget pays for 45% of the calls, more than the slow third,
+// and the p99 drops to 0.04× the unhedged for 33% extra attempts; at 400 a
+// second it pays for 22.5%, less than the slow third, and the delay stays
+// above the slow calls once the budget's share shows it (18.5% extra
+// attempts, spent in the run's first seconds): the p99 stays at 1.00×. On
+// a model of bench/'s slow tail that triples (a test of this package runs
+// it), the adaptive p95 keeps the p99 at 0.14× the unhedged for 6.0% extra
+// attempts, and a fixed 5ms delay, below every call of the second half, at
+// 0.12× for 12.8%: three quarters of the budget's share over that half. bench/ measures both in
+// real time (the slow-backend and drift scenarios, BENCHMARKS.md).
 //
 // # Another endpoint for each retry and hedge
 //
@@ -305,8 +333,10 @@
 // refunded, so independent failures are retried freely while a full outage
 // costs about 1.2 attempts per call instead of MaxAttempts. A hedged copy
 // after the first is never refunded once sent, won or cancelled: it was
-// extra load, so the budget bounds hedging too (a hedging delay set too
-// short is rationed: see Hedging). gRFC A6
+// extra load, so the budget bounds hedging too (see What a hedge may
+// spend). A block with ratio and minRetriesPerSecond both written out as 0
+// is a zero budget, an incident's kill switch: no call is retried and no
+// copy sent after the first (serviceconfig.RetryBudget.Zero). gRFC A6
 // retryThrottling runs exactly as A6 specifies when the config has it, and
 // counts what grpc-go counts: every successful call on the client, and every
 // uncommitted attempt that fails with a code its method's retry policy lists
@@ -347,14 +377,19 @@
 // A circuitBreaker block with "mode": "adaptive" is the SRE book's
 // client-side adaptive throttling instead (see serviceconfig.CircuitBreaker):
 // no states, but each attempt is rejected locally (ErrCircuitOpen, without
-// a hint) with probability max(0, (requests − K·accepts)/(requests + 1))
-// over the method's last window, at most 0.9, where the backend's
-// RESOURCE_EXHAUSTED and UNAVAILABLE are not accepts. An attempt counts once
-// its outcome is known; attempts the method's other guards refused (a full
-// bulkhead) never count; once the backend refused nothing for 250ms, the
-// formula over the last second applies when it is lower, so traffic
-// follows a recovery within seconds (see package internal/adaptive for the
-// trade-off). Such a rejection stops the call as
+// a hint) with a probability that settles where the client sends K times
+// what the backend accepts, at most 0.9. Only the backend's answers move
+// it: a RESOURCE_EXHAUSTED or UNAVAILABLE up, any other outcome down, by
+// steps of 0.02/K and 0.02·(1 − 1/K); the client's own rejections, the
+// caller's cancellations and attempts the method's other guards refused (a
+// full bulkhead) move nothing. So it sheds 90% of an outage within about 90
+// refusals and lets go within about 90 acceptances after it, whatever small
+// error rate remains: at 1,000 calls a second over gRPC, 10 successes in a
+// row 0.21 s after a 1.5 s outage, 92% of the calls after it succeeding (90%
+// with 1% still refused; a test of this package pins it), where the SRE
+// book's formula, which counts local rejections as requests with no accept,
+// let 17% through and never 10 in a row (see package internal/adaptive).
+// Such a rejection stops the call as
 // StopAdaptiveThrottle and counts in resilience.client.rejections with
 // reason adaptive_throttle; MethodStatus.Adaptive shows its counts, and
 // resilience.client.adaptive.reject_probability the probability.
@@ -409,8 +444,22 @@
 //
 // # Observability
 //
-// Hooks (WithOnRetry, WithOnStop, WithOnStateChange) run synchronously on
-// the goroutine of the call that caused them, outside every lock.
+// Hooks (WithOnRetry, WithOnStop, WithOnStateChange, WithFallback) run
+// outside every lock of the client's, after what they report is published,
+// so a hook may call any method of the Client (UpdateServiceConfig,
+// ForceOpen, a call through its interceptors;
+// a test of this package calls every one from every hook, and from the
+// meter provider's instruments). OnRetry, OnStop and a
+// fallback run on the goroutine of the call they are about. The breaker
+// transitions of one method reach WithOnStateChange one at a time, in the
+// order they happened (each from is the last to), once Status shows them:
+// reported by the goroutine whose call made a transition and found none
+// being reported, which reports those made meanwhile too (a hook's own
+// ForceOpen is reported after that hook returns). Reading a breaker
+// (Status, Statuses, the gauges) changes nothing and reports nothing: an
+// open breaker whose open time has passed reads as half-open, and turns so
+// on its next call. The gauges' callback runs no hook and takes no lock of
+// the client's.
 // WithMeterProvider records attempts, retries, stops by reason, breaker
 // state changes and the retry budget through the OpenTelemetry metric API.
 //
@@ -425,44 +474,56 @@
 //
 // # Bounded state
 //
-// A Client keeps per-method state (policy, breaker, bulkhead, latency,
-// hedging window) for the methods its config names exactly, resolved with
-// the config, for the methods its generated stubs call (grpc.StaticMethod),
-// and for at most 1024 other methods, resolved on their first call: names a
-// proxy forwards from its callers, or that Status, ForceOpen or
-// HedgingDelay were given (Status and HedgingDelay keep nothing for a
-// method no call has resolved), and methods that only an earlier config
-// named. Past that bound a method keeps nothing of its own: each call
-// resolves its policy, and runs under the breaker, bulkhead and latency its
-// config entry keeps for all such methods, which Statuses reports as
-// "/pkg.Service/*" (or "/*" for the default entry) once a call used it. No
-// breaker is dropped for room while the config names its method exactly or
-// a generated stub called it. With metrics on, a kept method not named
-// costs about 2 KiB; 100,000 invented names keep about 2 MiB (measured by a
-// test of this package).
+// A Client keeps what the calls of a method build up (breaker, bulkhead,
+// latency estimate, hedging window) in one table, one row per method, apart
+// from the per-config policies; methods.go states the table's invariants,
+// which a test of this package checks after each of 12,000 random steps
+// against a reference model. A method
+// has a row while its entry gives it state: a circuitBreaker or bulkhead
+// block (not exempt), a retryPolicy or a hedgingPolicy. A method no entry
+// applies to, or whose entry has none of these, holds nothing and counts
+// nothing, whatever the number of names a proxy forwards. The methods the
+// config names exactly and those its generated stubs call
+// (grpc.StaticMethod) always have their row. The others, named by the
+// callers (a proxy's, an admin page's ForceOpen), count against a bound of
+// 1024 per entry that applies to them (a service's, the default): past it,
+// a new method takes the row of one that is idle (nothing in its bulkhead,
+// its breaker closed with no failure counted, its adaptive throttle
+// refusing nothing, and not called since the entry's clock hand last
+// passed); when none is, the method runs untracked, its calls under its
+// entry's policy with no breaker and no bulkhead (once per update, a
+// warning says so), and ForceOpen on it returns an error saying why. A
+// method is never merged into a state shared with others: a method's
+// breaker opens on its own failures alone. Status and HedgingDelay keep
+// nothing for a method no call has resolved.
 //
-// A config update resolves every kept method under the new config at once,
-// so Statuses and the gauges never lose the breaker (a forced-open one
-// included) of a kept method whose config has one. A method the update no
-// longer names exactly, and no generated stub called, joins the other
-// methods under the bound: it keeps its state (a forced-open breaker
-// stays forced open) while the bound has room, taken in the order the
-// config before named them; else, or when it has no state of its own under
-// the new config (no breaker, bulkhead or latency to keep, nor a
-// dropped bulkhead that attempts still hold), it is let go,
-// and its next call resolves it as a method never called, with the default
-// policy where no entry applies. So a control plane whose every push names
-// new methods keeps at most 1024 of those it dropped: 3000 such updates
-// keep 1 method and take 40 ms, where they kept 3000 and took 6 s (a test
-// of this package pins it). An update costs a
-// resolution per method the new config names and per method kept, about
-// 1–2 µs each, so about 2 ms with the bound full.
+// An update keeps every row whose method still has state: the pinned ones
+// (named exactly, or called by a stub), then, within each entry's bound,
+// the others, those live (a breaker not closed or with failures counted, a
+// bulkhead in use) first, then the oldest. A row let go takes its state
+// with it (a forced-open breaker included), but for a bulkhead that
+// attempts still hold, kept until they end so that a block added again
+// counts them. So a control plane whose every push names new methods keeps
+// the rows its config names now: 3000 such updates keep 1 method and take
+// 40 ms, where they once kept 3000 and took 6 s (a test of this package
+// pins it). An update costs a
+// resolution per method the new config names, per method a stub called and
+// per row, about 1–2 µs each. With metrics on, a row costs about 2 KiB;
+// 100,000 invented names keep about 2 MiB (measured by a test of this
+// package).
 //
 // # Concurrency and cost
 //
 // Clients are safe for concurrent use. A successful call
 // allocates nothing in the client interceptor, with every feature on, and
-// neither does a call an open breaker rejects.
+// neither does a call an open breaker rejects. A whole unary call through
+// the client costs 4 allocations more than a bare one, grpc's copies of the
+// header and trailer a retry needs (pinned exactly by a test); a call
+// without grpc.StaticMethod (a hand-written Invoke, a proxy) costs the
+// interceptor the same, but shows 5 against a bare Invoke without options:
+// grpc-go allocates a slice for every call that has options (its
+// newClientStream prepends its own), which a stub's call always pays and
+// the client's calls always have (pinned exactly too).
 //
 // # Metrics
 //
@@ -541,12 +602,13 @@
 // # Where things are
 //
 // client.go (Client, NewClient, the unary call), options.go (every
-// ClientOption) and calloptions.go (per-call options), policy.go and
-// methods.go (per-method policies, their bound and their carry-over across
-// config updates), retry.go (the retry decision), budget.go (the retry
+// ClientOption) and calloptions.go (per-call options), policy.go (the
+// per-config policies) and methods.go (the per-method table, its bound and
+// its invariants), retry.go (the retry decision), budget.go (the retry
 // budget and A6 throttling), guard.go and reject.go (breakers, bulkheads
 // and their rejections), status.go (MethodStatus and the operator's
-// breaker controls), hedge.go (hedged unary calls), stream.go,
+// breaker controls), hedge.go (hedged unary calls) and hedge_delay.go (the
+// hedging delay: what a hedge may spend), stream.go,
 // stream_attempt.go and stream_retry.go (retried streams: the caller's
 // methods, one attempt and its release, the transitions of the state
 // machine; the attempts' trail of endpoints, attemptBase, in client.go and

@@ -11,7 +11,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -30,8 +29,8 @@ import (
 
 // lbConfig returns a service config selecting the endpoint policy with
 // the given JSON object.
-func lbConfig(policy string) grpc.DialOption {
-	return grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"` + endpoint.Name + `": ` + policy + `}]}`)
+func lbConfig(policy string) resiliencetest.ClusterOption {
+	return resiliencetest.WithServiceConfig(`{"loadBalancingConfig": [{"` + endpoint.Name + `": ` + policy + `}]}`)
 }
 
 // noEjection is a policy that ejects nothing in these tests' volumes: they
@@ -39,36 +38,11 @@ func lbConfig(policy string) grpc.DialOption {
 const noEjection = `{"consecutiveFailures": -1, "failurePercentageEjection": {"threshold": 100, "requestVolume": 1000000}}`
 
 // startCluster starts n backends behind the endpoint policy configured by
-// policy, with c's interceptors, and waits until every backend is READY.
+// policy, with c's interceptors; StartCluster returns once every backend
+// is READY.
 func startCluster(t *testing.T, n int, c *Client, policy string) *resiliencetest.Cluster {
 	t.Helper()
-	cl := resiliencetest.StartCluster(t, n, append(c.DialOptions(), lbConfig(policy)))
-	waitReady(t, cl, n)
-	return cl
-}
-
-// waitReady waits until the policy reports n READY endpoints.
-func waitReady(t *testing.T, cl *resiliencetest.Cluster, n int) {
-	t.Helper()
-	cl.Conn.Connect()
-	for range 1000 {
-		for _, s := range endpoint.Snapshots(time.Now()) {
-			if s.Target != cl.Conn.Target() {
-				continue
-			}
-			ready := 0
-			for _, e := range s.Endpoints {
-				if e.Connectivity.String() == "READY" {
-					ready++
-				}
-			}
-			if ready == n {
-				return
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("%d endpoints never READY", n)
+	return resiliencetest.StartCluster(t, n, c.DialOptions(), lbConfig(policy))
 }
 
 func snapshotOf(t *testing.T, cl *resiliencetest.Cluster) endpoint.Snapshot {

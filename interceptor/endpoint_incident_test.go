@@ -60,8 +60,9 @@ func TestEjectedEndpointRemovedThenReAddedFreesItsShare(t *testing.T) {
 		if s := snapshotOf(t, cl); s.Endpoints[0].EjectedUntil.IsZero() {
 			t.Fatalf("backend 0 not ejected:\n%s", s)
 		}
-		cl.SetEndpoints(1, 2)
-		waitReady(t, cl, 2)
+		if err := cl.SetEndpoints(1, 2); err != nil {
+			t.Fatal(err)
+		}
 		cl.Backends[0].OnCall(nil)
 		cl.Backends[1].OnCall(failAlways(codes.Unavailable))
 		for range 20 {
@@ -71,8 +72,9 @@ func TestEjectedEndpointRemovedThenReAddedFreesItsShare(t *testing.T) {
 		if len(s.Endpoints) != 2 || s.Endpoints[0].EjectedUntil.IsZero() {
 			t.Fatalf("with backend 0 removed, backend 1 (1 of 2, 50%%) is not ejected:\n%s", s)
 		}
-		cl.SetEndpoints(0, 1, 2)
-		waitReady(t, cl, 3)
+		if err := cl.SetEndpoints(0, 1, 2); err != nil {
+			t.Fatal(err)
+		}
 		before := cl.Counts(resiliencetest.EchoMethod)[0]
 		for range 30 {
 			echoOK(t, client)
@@ -102,14 +104,17 @@ func TestAllEndpointsRemovedThenBackRecovers(t *testing.T) {
 				}
 			})
 		}
-		cl.SetEndpoints()
+		if err := cl.SetEndpoints(); err != nil {
+			t.Fatal(err)
+		}
 		if s := snapshotOf(t, cl); len(s.Endpoints) != 0 {
 			t.Fatalf("snapshot with no endpoint:\n%s", s)
 		}
 		time.Sleep(100 * time.Millisecond)
-		cl.SetEndpoints(2, 1, 0)
+		if err := cl.SetEndpoints(2, 1, 0); err != nil {
+			t.Fatal(err)
+		}
 		wg.Wait()
-		waitReady(t, cl, 3)
 		for range 10 {
 			echoOK(t, client)
 		}
@@ -233,7 +238,7 @@ func TestChannelClosedWhileCallsRunHoldsNothing(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(3)), WithRetryBudget(nil))
 		targets := map[string]bool{}
 		for range 5 {
-			cl, stopCluster, err := resiliencetest.ServeCluster(3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 2}`)))
+			cl, stopCluster, err := resiliencetest.ServeCluster(3, c.DialOptions(), lbConfig(`{"consecutiveFailures": 2}`))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -217,3 +217,10 @@ type rigAddr string
 
 func (rigAddr) Network() string  { return "tcp" }
 func (a rigAddr) String() string { return string(a) }
+
+// lbDial is the dial option that puts a rig's connection on the endpoint
+// policy configured by policy (lbConfig is its resiliencetest cluster's
+// option).
+func lbDial(policy string) grpc.DialOption {
+	return grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"` + endpoint.Name + `": ` + policy + `}]}`)
+}

@@ -62,7 +62,7 @@ func TestRetryAvoidsTheFirstAttemptsEndpointWithHostNames(t *testing.T) {
 		t.Run(child, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
-				rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"childPolicy": [{"`+child+`": {}}], `+noEjection[1:]))...)
+				rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"`+child+`": {}}], `+noEjection[1:]))...)
 				rg.waitReady(3)
 				rg.backends[0].OnCall(failAlways(codes.Unavailable))
 				if errs := callN(rg.echo(), 16, 25); len(errs) > 0 {
@@ -111,7 +111,7 @@ func TestRetryAvoidsTheFirstAttemptsEndpointOverLoopback(t *testing.T) {
 				c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
 				cc, err := grpc.NewClient(r.Scheme()+":///db", append(c.DialOptions(), grpc.WithResolvers(r),
 					grpc.WithTransportCredentials(insecure.NewCredentials()),
-					lbConfig(`{"childPolicy": [{"`+child+`": {}}], `+noEjection[1:]))...)
+					lbDial(`{"childPolicy": [{"`+child+`": {}}], `+noEjection[1:]))...)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -153,7 +153,7 @@ func TestUnavailableWithNothingSentEjectsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryBudget(nil))
 		rg := newRig(t, 3, append(c.DialOptions(), grpc.WithPerRPCCredentials(failingCreds{}),
-			lbConfig(`{"consecutiveFailures": 1, "consecutiveLocalOriginFailures": 1}`))...)
+			lbDial(`{"consecutiveFailures": 1, "consecutiveLocalOriginFailures": 1}`))...)
 		rg.waitReady(3)
 		ctx := metadata.AppendToOutgoingContext(t.Context(), "fail-creds", "1")
 		for range 30 {
@@ -179,7 +179,7 @@ func TestUnavailableWithNothingSentEjectsNothing(t *testing.T) {
 func TestBackendRestartedInPlaceIsBackWhenReady(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveLocalOriginFailures": 3, "baseEjectionTime": "30s"}`))...)
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveLocalOriginFailures": 3, "baseEjectionTime": "30s"}`))...)
 		rg.waitReady(3)
 		rg.backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: time.Hour} })
 		var wg sync.WaitGroup
@@ -244,7 +244,7 @@ func TestPerAttemptTimeoutCountsAgainstASilentBackend(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				c := newTestClient(t, WithRetryPolicy(tt.policy), WithRetryBudget(nil))
-				rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 3, "baseEjectionTime": "600s"}`))...)
+				rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveFailures": 3, "baseEjectionTime": "600s"}`))...)
 				rg.waitReady(3)
 				rg.backends[1].OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
 					return resiliencetest.Step{Delay: 500 * time.Millisecond}
@@ -286,7 +286,7 @@ func TestStreamPerAttemptTimeoutCountsAgainstASilentBackend(t *testing.T) {
 		p := fastPolicy(2)
 		p.PerAttemptRecvTimeout = 50 * time.Millisecond
 		c := newTestClient(t, WithRetryPolicy(p), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
 		rg.waitReady(3)
 		rg.backends[2].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: time.Hour} })
 		for range 12 {
@@ -311,7 +311,7 @@ func TestStreamPerAttemptTimeoutCountsAgainstASilentBackend(t *testing.T) {
 func TestScaleDownReturnsTheLongestEjectedFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
-		rg := newRig(t, 4, append(c.DialOptions(), lbConfig(`{"childPolicy": [{"pick_first": {}}], "consecutiveFailures": 2, "baseEjectionTime": "600s", "maxEjectionPercent": 50}`))...)
+		rg := newRig(t, 4, append(c.DialOptions(), lbDial(`{"childPolicy": [{"pick_first": {}}], "consecutiveFailures": 2, "baseEjectionTime": "600s", "maxEjectionPercent": 50}`))...)
 		rg.waitReady(4)
 		rg.backends[0].OnCall(failAlways(codes.Unavailable))
 		for range 5 {
@@ -353,7 +353,7 @@ func TestLastResortAnswersReturnEndpointsAtOnce(t *testing.T) {
 		t.Run(child, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
-				rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"childPolicy": [{"`+child+`": {}}], "consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": 100}`))...)
+				rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"`+child+`": {}}], "consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": 100}`))...)
 				rg.waitReady(3)
 				for _, b := range rg.backends {
 					b.OnCall(failAlways(codes.Unavailable))
@@ -396,7 +396,7 @@ func TestLastResortAnswersReturnEndpointsAtOnce(t *testing.T) {
 func TestDuplicateEndpointIsOneEndpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": 50}`))...)
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": 50}`))...)
 		rg.setEndpoints(rg.names[0], rg.names[1], rg.names[0], rg.names[2])
 		rg.waitReady(3)
 		if s := rg.snapshot(); len(s.Endpoints) != 3 {
@@ -419,7 +419,7 @@ func TestDuplicateEndpointIsOneEndpoint(t *testing.T) {
 func TestMaxEjectionPercentZeroEjectsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveFailures": 1, "maxEjectionPercent": 0}`))...)
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveFailures": 1, "maxEjectionPercent": 0}`))...)
 		rg.waitReady(3)
 		rg.backends[0].OnCall(failAlways(codes.Unavailable))
 		for range 30 {
@@ -440,7 +440,7 @@ func TestIdleChannelKeepsItsEjections(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(2)), WithRetryBudget(nil))
 		rg := newRig(t, 3, append(c.DialOptions(), grpc.WithIdleTimeout(time.Second),
-			lbConfig(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
+			lbDial(`{"consecutiveFailures": 2, "baseEjectionTime": "600s"}`))...)
 		rg.waitReady(3)
 		rg.backends[0].OnCall(failAlways(codes.Unavailable))
 		for range 10 {
@@ -490,7 +490,7 @@ func TestPeakEWMAMovesCallsAwayFromASlowBackend(t *testing.T) {
 		t.Run(tt.child, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				c := newTestClient(t, WithRetryBudget(nil))
-				rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"childPolicy": [{"`+tt.child+`": {}}]}`))...)
+				rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"`+tt.child+`": {}}]}`))...)
 				rg.waitReady(3)
 				for i, b := range rg.backends {
 					d := time.Millisecond
@@ -527,7 +527,7 @@ func TestPeakEWMAMovesCallsAwayFromASlowBackend(t *testing.T) {
 func TestCrashLoopingBackendIsEjected(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(3)), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbConfig(`{"consecutiveLocalOriginFailures": 3, "baseEjectionTime": "600s"}`))...)
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"consecutiveLocalOriginFailures": 3, "baseEjectionTime": "600s"}`))...)
 		rg.waitReady(3)
 		crash := make(chan struct{}, 1)
 		rg.backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step {

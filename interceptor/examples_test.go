@@ -207,7 +207,7 @@ func ExampleClient_ForceOpen() {
 	// Output:
 	// forced-open
 	// closed
-	// interceptor: /shop.Catalog/List has no circuit breaker
+	// interceptor: ForceOpen(/shop.Catalog/List): no methodConfig entry applies to the method: it has no circuit breaker
 }
 
 // In a service that both serves and calls, WithOneLayerRetry on its client

@@ -15,11 +15,14 @@ import (
 // ForceOpen racing a config update that changed the method's breaker
 // block could be lost: ForceOpen forced the breaker of the state it read,
 // while the update, building the next state, had already copied that
-// breaker's state into the new one (breaker.Adopt); once the update was
-// published the method's breaker was closed and ForceOpen had returned
-// nil. ForceOpen, ForceClosed and ResetBreaker now wait for an update in
-// progress, so an operator's forced state is never lost to a concurrent
-// update.
+// breaker's state into a new breaker; once the update was published the
+// method's breaker was closed and ForceOpen had returned nil. The fix made
+// the controls wait for the update lock, under which the state-change hook
+// then ran (a deadlock for a hook that called the client:
+// TestHooksMayCallEveryMethodOfTheClient). A method's breaker is now one
+// object while its entry keeps the block, changed in place
+// (breaker.Reconfigure; methods.go, T5): there is no copy to lose the
+// forced state to, and the controls take no lock.
 func TestForceOpenRacingAnUpdateIsNeverLost(t *testing.T) {
 	others := make([]serviceconfig.Name, 300) // an update takes a while after Echo
 	for i := range others {

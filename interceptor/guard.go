@@ -18,23 +18,18 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// guards are the per-method breaker and bulkhead, shared by every call of
-// the method under one config (and carried over to the next config when
-// their blocks are unchanged; the bulkhead also when its block changed,
-// with the new limits: clientState.guards).
+// guards are a method's breaker (or adaptive throttle) and bulkhead, held
+// by its row (methods.go), and copied into every policy of the method, so
+// shared by all its calls whatever config they started under: an update
+// changes them in place (methodTable.configure).
 type guards struct {
-	breakerCfg  *serviceconfig.CircuitBreaker // as configured, for carry-over
+	breakerCfg  *serviceconfig.CircuitBreaker // as configured, to tell a changed block
 	bulkheadCfg *serviceconfig.Bulkhead
 	breaker     *breaker.Breaker   // nil: none
 	adaptive    *adaptive.Throttle // the breaker in mode "adaptive"; nil: none
 	bulkhead    *bulkhead.Bulkhead // nil: none
-	// dropped is the bulkhead of the method under a config before, whose
-	// block an update removed: its attempts in flight still release into
-	// it, and a block added again takes it over (clientState.guards), so
-	// that the new limits count them.
-	dropped    *bulkhead.Bulkhead
-	failures   rescodes.Set // codes that count against the breaker
-	rejections *rejections  // set with either guard
+	failures    rescodes.Set       // codes that count against the breaker
+	rejections  *rejections        // set with either guard
 }
 
 // any reports whether the method has a guard: a breaker of either mode or
@@ -46,6 +41,27 @@ func (g *guards) any() bool {
 // newBreaker builds the breaker of fullMethod from its block. The hook, when
 // set, learns the method's state changes.
 func newBreaker(fullMethod string, cb *serviceconfig.CircuitBreaker, hook func(string, BreakerState, BreakerState)) (*breaker.Breaker, error) {
+	cfg := engineBreakerConfig(cb)
+	if hook != nil {
+		cfg.OnStateChange = func(from, to breaker.State) {
+			hook(fullMethod, BreakerState(from), BreakerState(to))
+		}
+	}
+	return breaker.New(cfg)
+}
+
+// failureCodes returns the codes that count against the breaker of block
+// cb.
+func failureCodes(cb *serviceconfig.CircuitBreaker) rescodes.Set {
+	if len(cb.FailureStatusCodes) == 0 {
+		return rescodes.DefaultBreakerFailures
+	}
+	return rescodes.Of(cb.FailureStatusCodes...)
+}
+
+// engineBreakerConfig is the engine's config of a circuitBreaker block, with no
+// hook.
+func engineBreakerConfig(cb *serviceconfig.CircuitBreaker) breaker.Config {
 	cfg := breaker.Config{
 		ConsecutiveFailures:   cb.ConsecutiveFailures,
 		FailureRateThreshold:  cb.FailureRateThreshold,
@@ -61,12 +77,7 @@ func newBreaker(fullMethod string, cb *serviceconfig.CircuitBreaker, hook func(s
 		cfg.ConsecutiveFailures = breaker.DefaultConsecutiveFailures
 		cfg.FailureRateThreshold = breaker.DefaultFailureRateThreshold
 	}
-	if hook != nil {
-		cfg.OnStateChange = func(from, to breaker.State) {
-			hook(fullMethod, BreakerState(from), BreakerState(to))
-		}
-	}
-	return breaker.New(cfg)
+	return cfg
 }
 
 // admission is what one attempt holds while it runs.
@@ -202,7 +213,9 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	}
 	if g.adaptive != nil {
 		now := since(a.start)
-		g.adaptive.Done(now, backendAccepted(ctx, err))
+		if answered, accepted := backendAnswer(ctx, err); answered {
+			g.adaptive.Done(now, accepted)
+		}
 		return now
 	}
 	if g.breaker == nil {
@@ -224,19 +237,23 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 	return now
 }
 
-// backendAccepted reports whether an attempt that ended with err counts as
-// accepted for adaptive throttling: every outcome but RESOURCE_EXHAUSTED
-// and UNAVAILABLE from the backend. The caller's own cancellation and
-// grpc's message errors are not the backend's refusal.
-func backendAccepted(ctx context.Context, err error) bool {
-	if err == nil {
-		return true
+// backendAnswer says what an attempt that ended with err tells adaptive
+// throttling of the backend: answered false when nothing (the caller's own
+// cancellation or deadline, grpc's message errors, which are the client's),
+// else whether the backend accepted it: every outcome but RESOURCE_EXHAUSTED
+// and UNAVAILABLE. Only answers move the rejection probability.
+func backendAnswer(ctx context.Context, err error) (answered, accepted bool) {
+	switch {
+	case err == nil:
+		return true, true
+	case callerErr(ctx) != nil || isMessageError(err):
+		return false, false
 	}
 	switch rescodes.Classify(err) {
 	case codes.ResourceExhausted, codes.Unavailable:
-		return callerErr(ctx) != nil || isMessageError(err)
+		return true, false
 	}
-	return true
+	return true, true
 }
 
 // newAdaptive builds the throttle of a circuitBreaker block in mode
@@ -249,14 +266,13 @@ func newAdaptive(cb *serviceconfig.CircuitBreaker, seed uint64) (*adaptive.Throt
 // interceptor, or a stream attempt that ended on the client: the caller's
 // cancellation with no call at work on it, a closed connection): its slot
 // is returned and its breaker token recorded as Ignored, which frees a
-// half-open probe. Adaptive throttling counts it as accepted, as it counts
-// the caller's cancellation (backendAccepted): the backend refused nothing.
+// half-open probe. Adaptive throttling counts nothing, as for the caller's
+// cancellation (backendAnswer): the backend said nothing.
 func (g *guards) abandon(a admission) {
 	if a.slot {
 		g.bulkhead.Release()
 	}
 	if g.adaptive != nil {
-		g.adaptive.Done(since(a.start), true)
 		return
 	}
 	if g.breaker != nil {

@@ -427,8 +427,9 @@ func TestConfigUpdatesCarryStateWithoutCallsInBetween(t *testing.T) {
 			t.Errorf("bulkhead in flight %d after the call ended, want its slot back in the carried bulkhead", st.InFlight)
 		}
 
-		// A change and a change back, with no call in between: new
-		// breakers, which keep the forced state (breaker.Adopt).
+		// A change and a change back, with no call in between: the
+		// breaker, reconfigured in place, keeps the forced state
+		// (breaker.Reconfigure).
 		if err := c.UpdateServiceConfig(block(4)); err != nil {
 			t.Fatal(err)
 		}

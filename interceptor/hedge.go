@@ -22,7 +22,6 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/internal/budget"
-	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -48,76 +47,44 @@ type hedgePolicy struct {
 	maxAttempts int // ≥ 2, within the cap of where the policy came from (checkCaps)
 	// delay is the wait between copies: 0 sends them all at once, and
 	// noTimedCopies sends further copies only after non-fatal failures.
-	// In a methodPolicy with a quantile it is the delay until minSamples;
-	// in a hedgeCall, the delay of that call.
+	// In a methodPolicy it is the policy's HedgingDelay (the delay until
+	// the method's window is ready, hedge_delay.go); in a hedgeCall, the
+	// delay of that call.
 	delay    time.Duration
 	nonFatal rescodes.Set // codes after which hedging goes on
-	// quantile, when > 0, makes the delay adaptive: the method's
-	// hedgeWindow at this quantile, at least floor, once minSamples
-	// attempts were observed.
-	quantile   float64
-	floor      time.Duration
+	// quantile, when > 0, is hedgingDelayQuantile: the policy hedges the
+	// share 1 − quantile of the calls, at least floor after they start.
+	quantile float64
+	floor    time.Duration
+	// minSamples is the copies the window must hold before the delay is
+	// read from it.
 	minSamples uint64
-	// ration, when > 0, rations a fixed delay under the retry budget: the
-	// quantile 1 − the budget's ratio, below which the fixed delay would
-	// hedge more calls than the budget pays for (see hedgeDelay).
-	ration float64
 }
 
 // noTimedCopies is the delay of a call that sends further copies only
 // after non-fatal failures: an adaptive policy without a HedgingDelay, while
-// it has too few samples.
+// it has too few samples, or a retry budget that pays for no copy.
 const noTimedCopies time.Duration = -1
 
-// Hedging that buys the tail: how a delay is kept on the calls that are
-// slow (see hedgeDelay and the package documentation, Hedging).
-const (
-	// cliffFactor caps an adaptive delay at this many times the quantile
-	// with twice the tail share (the p90 for a p95): where the quantile
-	// falls past a cliff in the latencies, into a slow mode that holds
-	// about the share 1 − quantile, the delay stays just above the fast
-	// mode and the slow mode is hedged, rather than only its own tail.
-	cliffFactor = 1.25
-	// rationQuantile is the quantile a rationed fixed delay is raised to
-	// (with the same cap): hedges go to the slowest calls, about one in
-	// twenty.
-	rationQuantile = 0.95
-)
-
-// newHedgePolicy resolves p; budgetRatio is the ratio of the client's retry
-// budget, 0 when it has none (a fixed delay is then never rationed).
-func newHedgePolicy(p *serviceconfig.HedgingPolicy, budgetRatio float64) *hedgePolicy {
-	hp := &hedgePolicy{maxAttempts: p.MaxAttempts, delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...)}
-	switch {
-	case p.HedgingDelayQuantile > 0:
+// newHedgePolicy resolves p.
+func newHedgePolicy(p *serviceconfig.HedgingPolicy) *hedgePolicy {
+	hp := &hedgePolicy{maxAttempts: p.MaxAttempts, delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...),
+		minSamples: fixedMinSamples}
+	if p.HedgingDelayQuantile > 0 {
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))
 		if hp.delay == 0 {
 			hp.delay = noTimedCopies
 		}
-	case hp.delay > 0 && budgetRatio > 0 && budgetRatio < 1:
-		hp.ration = 1 - budgetRatio
-		hp.minSamples = serviceconfig.DefaultHedgingDelayMinSamples
 	}
 	return hp
 }
 
-// windowQuantiles returns the quantiles the method's window reads for hp,
-// the primary first, or nil when its delay is fixed and not rationed. An
-// adaptive delay reads its quantile q and, for q ≥ 0.75, 2q − 1 (the
-// cliff's cap); a rationed one rationQuantile, its cap's quantile, and
-// ration.
-func (hp *hedgePolicy) windowQuantiles() []float64 {
-	switch {
-	case hp.quantile >= 0.75:
-		return []float64{hp.quantile, 2*hp.quantile - 1}
-	case hp.quantile > 0:
-		return []float64{hp.quantile}
-	case hp.ration > 0:
-		return []float64{rationQuantile, 2*rationQuantile - 1, hp.ration}
-	}
-	return nil
-}
+// fixedMinSamples is the copies a fixed delay's window must hold before the
+// budget's rule may raise the delay (hedge_delay.go): fewer than an
+// adaptive delay needs to place its quantile, since until then the delay,
+// as configured, may hedge more calls than the budget pays for.
+const fixedMinSamples = 32
 
 // orDefault returns v, or def when v is zero.
 func orDefault(v, def int) int {
@@ -127,73 +94,28 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// hedgeDelay returns the delay between the copies of a call of mp starting
-// now, once the method's window holds enough samples (before, the policy's
-// HedgingDelay):
-//   - adaptive: the window's quantile, capped at cliffFactor × the quantile
-//     with twice its tail share, at least the floor;
-//   - fixed and rationed: the HedgingDelay, unless it would hedge more
-//     calls than the retry budget pays for (it is below the window's
-//     quantile 1 − ratio): then at least the window's rationQuantile, with
-//     the same cap. Without rationing, the budget would spend its hedges on
-//     the first calls of each period that outlast the delay, fast or not,
-//     and leave the slow ones unhedged.
-//
-// At most four atomic loads; no lock.
-func (mp *methodPolicy) hedgeDelay() (d time.Duration, rationed bool) {
-	hp, w := mp.hedge, mp.hedgeWindow
-	if w == nil || w.Samples() < hp.minSamples {
-		return hp.delay, false
-	}
-	if hp.quantile > 0 {
-		return max(capped(w, hp.quantile >= 0.75), hp.floor), true
-	}
-	if hp.delay < w.QuantileAt(2) {
-		return max(hp.delay, capped(w, true)), true
-	}
-	return hp.delay, false
-}
-
-// allowanceBurst is the burst of the hedge allowance of a method whose
-// delay comes from its window (a budget.Allowance): tail copies (sent by
-// the hedging delay, not after a failure) go out for at most twice the
-// share 1 − quantile of its calls (rationQuantile's for a rationed fixed
-// delay), at most 4 in a row. While the window lags a change (the latency
-// rose, and for a while every call outlasts the delay), the hedges it would
-// send to every call are rationed; in a steady state hedging about the
-// share 1 − quantile, it is never short.
-const allowanceBurst = 4
-
-// capped returns w's primary quantile, capped, when cliff is set, at
-// cliffFactor × its second (see cliffFactor).
-func capped(w *latency.Window, cliff bool) time.Duration {
-	d := w.Quantile()
-	if cliff {
-		d = min(d, time.Duration(cliffFactor*float64(w.QuantileAt(1))))
-	}
-	return d
-}
-
 // HedgingDelay returns the delay between the copies of a hedged call of
 // fullMethod ("/pkg.Service/Method"; the leading slash may be left out)
-// that started now, resolving its policy if no call has yet: the fixed
-// hedgingDelay, or the adaptive one (hedgingDelayQuantile) as observed so
-// far. ok is false when the method is not hedged, or when its adaptive
-// policy is still gathering samples and has no hedgingDelay to use
-// meanwhile (further copies then go out only after non-fatal failures). A
-// name that is not a full method has no delay (ok is false), and why is
-// logged once (WithLogger), as Status does.
+// that started now: the hedgingDelay until the method's window holds
+// enough copies, then the delay of the package documentation's rule
+// (Hedging: what a hedge may spend), read from the latencies observed and
+// the retry budget's share. ok is false when the method is not hedged,
+// or when no timed copy would be sent (an adaptive policy still gathering
+// samples with no hedgingDelay to use meanwhile, or a retry budget that
+// pays for no copy): further copies then go out only after non-fatal
+// failures. A name that is not a full method has no delay (ok is false),
+// and why is logged once (WithLogger), as Status does.
 func (c *Client) HedgingDelay(fullMethod string) (d time.Duration, ok bool) {
 	full, err := rpcname.FullMethod("HedgingDelay", fullMethod)
 	if err != nil {
 		c.log.warn(err.Error())
 		return 0, false
 	}
-	mp := c.state.Load().peek(full)
+	mp := c.peek(full)
 	if mp.hedge == nil {
 		return 0, false
 	}
-	if d, _ = mp.hedgeDelay(); d == noTimedCopies {
+	if d = mp.tail.delayOf(mp.hedge); d == noTimedCopies {
 		return 0, false
 	}
 	return d, true
@@ -288,12 +210,13 @@ type hedgeCall struct {
 	// idleAt is when the last running copy failed while the call went on;
 	// zero while a copy runs or none has failed.
 	idleAt time.Time
-	// rationed is set when the call's delay came from the method's window:
-	// copies its timer sends take a token of the method's allowance.
-	rationed bool
 	// tail is set while the timer is armed for the hedging delay (not a
-	// server's pushback): the copy it sends is for the tail.
+	// server's pushback): the copy it sends is a timed one.
 	tail bool
+	// tailRefused says why the last timed copy was not sent (StopBudget,
+	// StopThrottled); StopNone if none was refused. It does not stop the
+	// call's copies after failures (stopped does).
+	tailRefused StopReason
 }
 
 // hedgeable reports whether a call with req and reply can be hedged: both
@@ -310,10 +233,7 @@ func hedgeable(req, reply any) bool {
 func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPolicy, co *callOptions, maxAttempts int) *hedgeCall {
 	h := &hedgeCall{c: c, st: st, hp: *mp.hedge}
 	h.hp.maxAttempts = maxAttempts
-	h.hp.delay, h.rationed = mp.hedgeDelay() // one delay for the whole call
-	if h.rationed {
-		mp.hedgeAllowance.Credit()
-	}
+	h.hp.delay = mp.tail.delayOf(mp.hedge) // one delay for the whole call
 	h.r = retrier{ctx: ctx, c: c, st: st, mp: mp, mm: c.metrics.forCall(mp, co.static),
 		rp: retryPolicy{maxAttempts: maxAttempts}, wrap: true, hedged: true}
 	if co.setAttempt {
@@ -350,7 +270,7 @@ func (h *hedgeCall) run(req any, out proto.Message) error {
 	if bounded && timeout <= 0 {
 		return h.r.outOfTime(nil)
 	}
-	if err := h.launch(budget.Retry{}, false, now, timeout); err != nil {
+	if err := h.launch(budget.Retry{}, now, timeout); err != nil {
 		return h.refused(err, req, out)
 	}
 	h.arm(h.hp.delay, true)
@@ -526,8 +446,8 @@ func (h *hedgeCall) onRefused(err error) {
 }
 
 // another starts a copy if next allows it and the guards admit it, and
-// reports it, sent delay after the one before, for the tail (tail) or after
-// a failure. When it cannot, stopped says why.
+// reports it, sent delay after the one before, timed (tail) or after a
+// failure. When it cannot, refused or stopped says why (see next).
 func (h *hedgeCall) another(delay time.Duration, tail bool) {
 	if h.job.halt.Load() {
 		return // a copy's outcome, not yet taken, ends the copies
@@ -536,15 +456,14 @@ func (h *hedgeCall) another(delay time.Duration, tail bool) {
 	if !ok {
 		return
 	}
-	allowed := tail && h.rationed // next took a token of the allowance
 	now := time.Now()
 	timeout, bounded := h.r.attemptTimeout(h.ctx, now)
 	if bounded && timeout <= 0 {
-		h.job.refund(tok, allowed)
+		h.job.refund(tok)
 		h.stopped = h.r.skip(StopDeadline).stop
 		return
 	}
-	if err := h.launch(tok, allowed, now, timeout); err != nil {
+	if err := h.launch(tok, now, timeout); err != nil {
 		if h.stopped, _ = isRejection(err); h.stopped == StopNone {
 			h.stopped = stopOfContext(h.ctx.Err())
 		} else {
@@ -555,35 +474,44 @@ func (h *hedgeCall) another(delay time.Duration, tail bool) {
 	h.r.onRetryHedge(h.ctx, delay)
 }
 
-// next says whether another copy may start now, taking a budget token for
-// it (and, for a tail copy of a rationed call, a token of the method's
-// allowance); when not, it records why in stopped.
+// next says whether another copy may start now, taking a retry budget
+// token for it: one gRFC A6 throttling allows (as A6 specifies for every
+// copy after the first), that fits in the deadline, and that the budget
+// pays for (hedge_delay.go). A timed copy (tail) that may not is not sent
+// and the call goes on, tailRefused saying why: a failure may still send a
+// copy. A copy after a failure that may not stops the copies, stopped
+// saying why, as a refused retry ends a retried call.
 func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
 	if !h.copiesLeft() {
 		return budget.Retry{}, false
 	}
 	if th := h.st.storm.throttle; th != nil && !th.Allow() {
-		h.stopped = h.r.skip(StopThrottled).stop
+		h.refuse(tail, StopThrottled)
 		return budget.Retry{}, false
 	}
 	now := time.Now()
 	if !h.fits(now, 0) {
 		return budget.Retry{}, false
 	}
-	allowance := h.r.mp.hedgeAllowance
-	if tail && h.rationed && !allowance.Take() {
-		h.stopped = h.r.skip(StopBudget).stop // the method's allowance, a budget of its own
-		return budget.Retry{}, false
-	}
 	if b := h.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
-			h.job.refund(budget.Retry{}, tail && h.rationed)
-			h.stopped = h.r.skip(StopBudget).stop
+			h.refuse(tail, StopBudget)
 		}
 		return tok, ok
 	}
 	return budget.Retry{}, true
+}
+
+// refuse records that a copy was not sent for why: in tailRefused for a timed
+// one, in stopped for one after a failure; the metrics count the denial.
+func (h *hedgeCall) refuse(tail bool, why StopReason) {
+	h.r.skip(why)
+	if tail {
+		h.tailRefused = why
+		return
+	}
+	h.stopped = why
 }
 
 // copiesLeft reports whether a further copy may still start: none has
@@ -617,13 +545,13 @@ func (h *hedgeCall) mayFollow(delay time.Duration) bool {
 }
 
 // launch starts the next copy at now, bounded by timeout when positive and
-// holding tok, the budget's token for it (zero for the first copy), and
-// when allowed a token of the method's allowance. When the guards refuse
-// it, both are refunded (by the copy, when it is refused in the queue).
+// holding tok, the budget's token for it (zero for the first copy). When
+// the guards refuse it, tok is refunded (by the copy, when it is refused in
+// the queue).
 // The first copy waits here for a bulkhead slot, as an attempt does
 // (nothing else can end the call meanwhile); a later copy that must queue
 // waits on its own goroutine, so that a sibling's answer is taken at once.
-func (h *hedgeCall) launch(tok budget.Retry, allowed bool, now time.Time, timeout time.Duration) error {
+func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duration) error {
 	h.r.begin(now)
 	g := &h.job.mp.g
 	var (
@@ -637,7 +565,7 @@ func (h *hedgeCall) launch(tok budget.Retry, allowed bool, now time.Time, timeou
 		adm, queue, err = g.admitNow(now)
 	}
 	if err != nil {
-		h.job.refund(tok, allowed)
+		h.job.refund(tok)
 		return err
 	}
 	if h.running == 0 && !h.idleAt.IsZero() {
@@ -646,7 +574,7 @@ func (h *hedgeCall) launch(tok budget.Retry, allowed bool, now time.Time, timeou
 	}
 	h.r.attempts++
 	h.running++
-	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, allowed: allowed, start: now, timeout: timeout, results: h.results}
+	cp := &hedgeCopy{job: h.job, n: h.r.attempts, adm: adm, queued: queue, tok: tok, start: now, timeout: timeout, results: h.results}
 	go cp.run(h.copies)
 	return nil
 }
@@ -711,15 +639,11 @@ func newHedgeJob(c *Client, st *clientState, mp *methodPolicy, nonFatal rescodes
 	}
 }
 
-// refund gives back what was taken for a copy that was never sent: tok to
-// the retry budget (the zero token, the first copy's, is a no-op), and,
-// when allowed, a token to the method's allowance.
-func (j *hedgeJob) refund(tok budget.Retry, allowed bool) {
+// refund gives back tok, taken from the retry budget for a copy that was
+// never sent (the zero token, the first copy's, is a no-op).
+func (j *hedgeJob) refund(tok budget.Retry) {
 	if tok != (budget.Retry{}) {
 		j.budget.Refund(tok)
-	}
-	if allowed {
-		j.mp.hedgeAllowance.Return()
 	}
 }
 
@@ -733,7 +657,6 @@ type hedgeCopy struct {
 	// bulkhead's queue (guards.queue) before it is sent.
 	queued  bool
 	tok     budget.Retry  // the budget's token for the copy, refunded if it is never sent
-	allowed bool          // it holds a token of the allowance, given back if it is never sent
 	start   time.Time     // when it was admitted; once queued, when it got its slot
 	timeout time.Duration // the copy's own timeout from start; 0: none
 	results chan<- hedgeResult
@@ -850,7 +773,7 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
 	if res.refused { // never sent: queue gave its breaker token back
-		j.refund(cp.tok, cp.allowed)
+		j.refund(cp.tok)
 		return
 	}
 	aborted := res.panicked != nil || res.goexit
@@ -858,18 +781,18 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	if !aborted {
 		j.c.metrics.attempt(ctx, j.mm, res.err)
 		j.c.metrics.replayed(ctx, j.mm, res.header)
-		if end.IsZero() && (j.mp.latency != nil || j.mp.hedgeWindow != nil) {
+		if end.IsZero() && (j.mp.latency != nil || j.mp.tail != nil) {
 			end = since(cp.start)
 		}
 		if res.err == nil && j.mp.latency != nil {
 			j.mp.latency.Observe(end.Sub(cp.start))
 		}
-		if w := j.mp.hedgeWindow; w != nil {
+		if t := j.mp.tail; t != nil {
 			switch {
 			case res.err == nil:
-				w.Observe(end.Sub(cp.start))
+				t.observe(end.Sub(cp.start), false)
 			case ctx.Err() != nil || res.timedOut:
-				w.ObserveAtLeast(end.Sub(cp.start))
+				t.observe(end.Sub(cp.start), true)
 			}
 		}
 	}

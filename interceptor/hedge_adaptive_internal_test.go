@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grpc-resilience/resilience/internal/budget"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -29,18 +30,18 @@ func TestAdaptiveHedgeDelayCostsNoAllocation(t *testing.T) {
 			if err := ic(ctx, echoMethod, req, reply, nil, okInvoker); err != nil {
 				t.Fatal(err)
 			}
-		}), c.state.Load().policy(echoMethod, false)
+		}), policyOf(c, echoMethod)
 	}
 	fixed, _ := hedgedCallAllocs(&serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour})
 	adaptive, mp := hedgedCallAllocs(&serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9, HedgingDelayFloor: time.Hour})
-	if mp.hedgeWindow == nil || mp.hedgeWindow.Samples() < serviceconfig.DefaultHedgingDelayMinSamples {
+	if mp.tail == nil || mp.tail.window.Samples() < serviceconfig.DefaultHedgingDelayMinSamples {
 		t.Fatalf("the adaptive policy has no window, or too few samples in it")
 	}
-	if d, _ := mp.hedgeDelay(); d != time.Hour {
-		t.Errorf("hedgeDelay() = %v, want the floor, 1h", d)
+	if d := mp.tail.delayOf(mp.hedge); d != time.Hour {
+		t.Errorf("delayOf() = %v, want the floor, 1h", d)
 	}
-	if n := testing.AllocsPerRun(1000, func() { _, _ = mp.hedgeDelay() }); n != 0 {
-		t.Errorf("hedgeDelay allocates %v times, want 0", n)
+	if n := testing.AllocsPerRun(1000, func() { _ = mp.tail.delayOf(mp.hedge) }); n != 0 {
+		t.Errorf("delayOf allocates %v times, want 0", n)
 	}
 	t.Logf("a hedged call allocates %v times with a fixed delay, %v with an adaptive one", fixed, adaptive)
 	if adaptive > fixed+0.5 {
@@ -48,20 +49,19 @@ func TestAdaptiveHedgeDelayCostsNoAllocation(t *testing.T) {
 	}
 }
 
-// TestHedgeDelayKeepsHedgesOnTheSlowCalls pins hedgeDelay's rules (issue
-// 20, hedging that buys the tail) on windows fed known latencies: the
-// adaptive delay is its quantile capped at cliffFactor (1.25) × the
-// quantile with twice the tail share; a fixed delay is rationed under a
-// retry budget of ratio 0.2 (raised to the capped p95) only when more than
-// a fifth of the calls outlast it, and never without a budget.
-func TestHedgeDelayKeepsHedgesOnTheSlowCalls(t *testing.T) {
+// TestHedgingDelayRule pins the rule of hedge_delay.go on windows fed
+// known latencies, with budgets of known shares b: delay = max(base,
+// min(L(1 − s), 1.25 × L(1 − m))), s the policy's share and at most ¾·b, m
+// twice the policy's share and at most b, the second term when m ≤ 0.5;
+// no timed copy under a budget that pays for none.
+func TestHedgingDelayRule(t *testing.T) {
 	// feed returns latencies that are fast, or slow for a share of them
-	// (every 100/share-th), 1000 of them.
+	// (percentSlow in every 100, spread evenly), 1000 of them.
 	feed := func(fast, slow time.Duration, percentSlow int) []time.Duration {
 		var ds []time.Duration
 		for i := range 1000 {
 			d := fast
-			if i%100 < percentSlow {
+			if i*percentSlow%100 < percentSlow {
 				d = slow
 			}
 			ds = append(ds, d)
@@ -69,40 +69,65 @@ func TestHedgeDelayKeepsHedgesOnTheSlowCalls(t *testing.T) {
 		return ds
 	}
 	const ms = time.Millisecond
-	edge2, edge6 := 2097152*time.Nanosecond, 6291456*time.Nanosecond // the buckets' upper edges of 2ms and 6ms
+	// The buckets' upper edges of 2ms, 5ms, 6ms and 40ms.
+	edge2, edge5, edge6, edge40, edge250 := 2097152*time.Nanosecond, 5242880*time.Nanosecond, 6291456*time.Nanosecond,
+		41943040*time.Nanosecond, 251658240*time.Nanosecond
+	type bg struct {
+		ratio, min float64
+		calls      int // requests in the window (TTL 10s): the share is ratio + 10·min/calls
+	}
 	tests := []struct {
 		name   string
 		policy serviceconfig.HedgingPolicy
-		ratio  float64 // the retry budget's; 0: none
+		budget *bg // nil: none
 		seen   []time.Duration
 		want   time.Duration
 	}{
 		{"adaptive p95, 4% slow: the quantile", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
-			0.2, feed(2*ms, 40*ms, 4), edge2},
-		{"adaptive p95, 7% slow: past the cliff, capped at 1.25 × p90", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
-			0.2, feed(2*ms, 40*ms, 7), edge2 * 5 / 4},
+			nil, feed(2*ms, 40*ms, 4), edge2},
+		{"adaptive p95, 7% slow: in the gap, its fast edge, 1.25 × p90", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
+			nil, feed(2*ms, 40*ms, 7), edge2 * 5 / 4},
 		{"adaptive p95, 20% slow: p90 in the slow mode too", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.95},
-			0.2, feed(2*ms, 40*ms, 20), 41943040},
-		{"adaptive p50: no cap", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.5},
-			0.2, feed(2*ms, 40*ms, 60), 41943040},
-		{"fixed 5ms above the calls: as set", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
-			0.2, feed(2*ms, 40*ms, 5), 5 * ms},
-		{"fixed 5ms below every call: rationed to the capped p95", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
-			0.2, feed(6*ms, 120*ms, 7), edge6 * 5 / 4},
+			nil, feed(2*ms, 40*ms, 20), edge40},
+		{"adaptive p50: no gap rule past a share of 0.25", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.5},
+			nil, feed(2*ms, 40*ms, 60), edge40},
+		{"adaptive p90 under a budget paying for 5%, 12% slow: the budget's share, past the gap", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelayQuantile: 0.9},
+			&bg{0.05, 0, 1000}, feed(2*ms, 40*ms, 12), edge40},
+		{"fixed 5ms above the calls' 80%: as set", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
+			&bg{0.2, 0, 1000}, feed(2*ms, 40*ms, 5), 5 * ms},
+		{"fixed 5ms below every call, budget 20%: raised to the slow calls' edge", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
+			&bg{0.2, 0, 1000}, feed(6*ms, 120*ms, 7), edge6},
 		{"fixed 5ms below every call, no budget: as set", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
-			0, feed(6*ms, 120*ms, 7), 5 * ms},
+			nil, feed(6*ms, 120*ms, 7), 5 * ms},
+		{"a third slow, budget paying for 40% (50 calls/s): past the gap, its fast edge, 1.25 × L(0.6)", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
+			&bg{0.2, 10, 500}, feed(5*ms, 250*ms, 33), edge5 * 5 / 4},
+		{"a third slow, budget paying for 20%: above the slow calls, which it cannot pay for", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
+			&bg{0.2, 0, 1000}, feed(5*ms, 250*ms, 33), edge250},
+		{"a budget paying for nothing: no timed copy", serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * ms},
+			&bg{0, 0, 1000}, feed(2*ms, 40*ms, 5), noTimedCopies},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			mp := &methodPolicy{hedge: newHedgePolicy(&tt.policy, tt.ratio)}
-			if qs := mp.hedge.windowQuantiles(); qs != nil {
-				mp.hedgeWindow = hedgeWindowOf(nil, qs)
-				for _, d := range tt.seen {
-					mp.hedgeWindow.Observe(d)
+			var b *budget.Budget
+			if tt.budget != nil {
+				now := time.Now()
+				var err error
+				if b, err = budget.New(budget.Config{Ratio: tt.budget.ratio, MinRetriesPerSecond: tt.budget.min, TTL: 10 * time.Second}, now); err != nil {
+					t.Fatal(err)
+				}
+				for range tt.budget.calls {
+					b.OnRequest(now)
 				}
 			}
-			if got, _ := mp.hedgeDelay(); got != tt.want {
-				t.Errorf("hedgeDelay() = %v, want %v", got, tt.want)
+			hp := newHedgePolicy(&tt.policy)
+			tail := newHedgeTail()
+			tail.configure(hp, b)
+			for _, d := range tt.seen {
+				tail.observe(d, false)
+			}
+			tail.maybeRecompute(tail.window.Samples(), true)
+			if got := tail.delayOf(hp); got != tt.want {
+				t.Errorf("delay = %v, want %v", got, tt.want)
 			}
 		})
 	}

@@ -359,10 +359,14 @@ func TestAdaptiveHedgingConcurrentCallers(t *testing.T) {
 // the base with probability 5%; the base is 2ms for the first half of the
 // calls and 6ms for the second; 4 concurrent callers, 3200 calls. The
 // adaptive delay (p95) keeps the p99 within 0.15× of the unhedged with at
-// most 6% extra attempts; a fixed 5ms delay, set for the first half, is
-// rationed under the default retry budget: within 0.25× and 10%. Before
-// rationing the fixed delay hedged every call of the second half until the
-// budget ran out, and left the tail unhedged.
+// most 6% extra attempts (the drift target of issue 32); a fixed 5ms delay,
+// set for the first half, is below every call of the second: under the
+// default retry budget (which pays for about 21% of calls here, 1,600 a
+// second: 0.2 + 10/1600) the delay is raised to the latency the slowest
+// 21% outlast (hedge_delay.go), so the p99 stays within 0.25× for at most
+// the budget's share of extra attempts over the second half (14% overall).
+// Before any such rule, the fixed delay hedged every call of the second
+// half until the budget ran out, and left the tail unhedged.
 func TestHedgingBuysTheTailWhenLatencyTriples(t *testing.T) {
 	const total = 3200
 	run := func(hedgingPolicy string) (p99 time.Duration, extra float64) {
@@ -433,7 +437,7 @@ func TestHedgingBuysTheTailWhenLatencyTriples(t *testing.T) {
 		maxP99, maxExtra float64
 	}{
 		{"adaptive p95", `{"maxAttempts": 2, "hedgingDelayQuantile": 0.95}`, 0.15, 0.06},
-		{"fixed 5ms", `{"maxAttempts": 2, "hedgingDelay": "0.005s"}`, 0.25, 0.10},
+		{"fixed 5ms", `{"maxAttempts": 2, "hedgingDelay": "0.005s"}`, 0.25, 0.14},
 	}
 	for _, tt := range tests {
 		p99, extra := run(tt.policy)

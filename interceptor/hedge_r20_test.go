@@ -19,13 +19,13 @@ import (
 // Regression tests from the adversarial review of issue 20 (r20), each
 // named after what it pins.
 
-// A rationed call's tail copy takes a token of the method's allowance
-// before the guards see it; when the bulkhead refused the copy (or no time
-// was left for it), the budget's token went back but the allowance's did
-// not, so hedges refused while the bulkhead was full drained the allowance
-// for the calls after: once the bulkhead had room again, a slow call went
-// unhedged for the next five calls per token lost.
-func TestRefusedHedgeGivesBackItsAllowance(t *testing.T) {
+// Hedges the bulkhead refused (it was full) must not keep later calls from
+// being hedged: a rationed call's tail copy once took a token of a
+// per-method allowance that a refused copy never gave back, so once the
+// bulkhead had room again, a slow call went unhedged for the next five
+// calls per token lost. The allowance is gone (hedge_delay.go: one rule);
+// this pins that refused hedges cost the calls after them nothing.
+func TestHedgesRefusedByTheBulkheadLeaveLaterCallsHedged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &testserver.Server{}
 		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {

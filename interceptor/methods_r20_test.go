@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/internal/bulkhead"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -26,8 +28,8 @@ import (
 // table with every push, and each update copied all of it. 3000 updates,
 // each naming one new method, kept 3000 methods and took 5.9 s (O(n²)); now
 // a method no longer named by the config nor called by a generated stub
-// counts against the bound like any other, and one with no state of its
-// own under the new config is let go at once: 1 method kept, 40 ms. With
+// has a row only while it has state, and under no entry it has none: 1
+// method kept, 40 ms. With
 // metrics on, the metrics' names let the dropped methods go too.
 func TestMethodsNamedOnlyByOldConfigsAreBounded(t *testing.T) {
 	_, meters := newMeterReader()
@@ -38,8 +40,8 @@ func TestMethodsNamedOnlyByOldConfigsAreBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := keptMethods(c); n > maxMethods+1 {
-		t.Errorf("after %d updates each naming one new method, %d methods kept, want at most %d", updates, n, maxMethods+1)
+	if n := keptMethods(c); n != 1 {
+		t.Errorf("after %d updates each naming one new method, %d methods kept, want 1 (the one named now)", updates, n)
 	}
 	n := 0
 	c.metrics.names.Range(func(_, _ any) bool { n++; return true })
@@ -65,27 +67,71 @@ func namingOne(method string, guarded bool) *serviceconfig.Config {
 	return cfg
 }
 
-// keptMethods returns how many methods c's state keeps.
+// keptMethods returns how many rows c's table holds (draining ones
+// included).
 func keptMethods(c *Client) int {
-	n := 0
-	c.state.Load().methods.Range(func(_, _ any) bool { n++; return true })
-	return n
+	c.table.mu.Lock()
+	defer c.table.mu.Unlock()
+	return len(c.table.rows)
+}
+
+// kept reports whether fullMethod has a row that is not draining.
+func kept(c *Client, fullMethod string) bool {
+	return keptPolicy(c, fullMethod) != nil
+}
+
+// keptPolicy returns the policy of fullMethod under the config in force
+// when it has a row that is not draining, else nil.
+func keptPolicy(c *Client, fullMethod string) *methodPolicy {
+	c.table.mu.Lock()
+	r := c.table.rows[fullMethod]
+	draining := r != nil && !r.g.any() && r.latency == nil
+	c.table.mu.Unlock()
+	if r == nil || draining {
+		return nil
+	}
+	v, ok := c.state.Load().methods.Load(fullMethod)
+	if !ok {
+		return nil
+	}
+	return v.(*methodPolicy)
+}
+
+// policyOf returns the policy a call of fullMethod (not through a
+// generated stub) runs under.
+func policyOf(c *Client, fullMethod string) *methodPolicy {
+	_, p := c.resolve(fullMethod, false)
+	return p
+}
+
+// eachBulkhead calls f with every bulkhead c's table holds: in force, or
+// dropped.
+func eachBulkhead(c *Client, f func(*bulkhead.Bulkhead)) {
+	c.table.mu.Lock()
+	defer c.table.mu.Unlock()
+	for _, r := range c.table.rows {
+		for _, b := range []*bulkhead.Bulkhead{r.g.bulkhead, r.dropped} {
+			if b != nil {
+				f(b)
+			}
+		}
+	}
 }
 
 // fillBound keeps n methods that no config names, as a proxy's callers
-// would by calling them.
+// would by calling them: "/invented.vN.Service/MethodN", which the default
+// entry of the config applies to.
 func fillBound(c *Client, n int) {
-	st := c.state.Load()
 	for i := range n {
-		st.policy(callerNamed(i), false)
+		c.resolve(callerNamed(i), false)
 	}
 }
 
 // The same with state to keep: under a default entry with a breaker, each
-// dropped method keeps a breaker of its own, so it stays while the bound
-// has room and is let go past it, in the order its configs named it; the
-// methods kept before stay. Statuses lists exactly the methods kept (and
-// nothing of those let go).
+// dropped method keeps a breaker of its own, so it stays while the default
+// entry's key has room and is let go past it, oldest first (the rows are
+// idle); the methods kept before stay. Statuses lists exactly the methods
+// kept (and nothing of those let go).
 func TestMethodsDroppedWithStateKeepItWhileTheBoundHasRoom(t *testing.T) {
 	c := newTestClient(t, WithServiceConfig(namingOne("Start", true)))
 	const room, updates = 10, 50
@@ -95,27 +141,26 @@ func TestMethodsDroppedWithStateKeepItWhileTheBoundHasRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st := c.state.Load()
-	kept := func(m string) bool { return st.kept(m) != nil }
 	if n := keptMethods(c); n != maxMethods+1 {
 		t.Errorf("after %d updates, %d methods kept, want %d (the bound, and the method named now)", updates, n, maxMethods+1)
 	}
 	// Start, then M0..M8 filled the room; M9..M48 were let go; M49 is named.
 	for i, want := range map[int]bool{0: true, 8: true, 9: false, 48: false, 49: true} {
-		if m := fmt.Sprintf("/tenant.Service/M%d", i); kept(m) != want {
-			t.Errorf("%s kept %v, want %v", m, kept(m), want)
+		if m := fmt.Sprintf("/tenant.Service/M%d", i); kept(c, m) != want {
+			t.Errorf("%s kept %v, want %v", m, kept(c, m), want)
 		}
 	}
-	if !kept("/tenant.Service/Start") || !kept(callerNamed(0)) || !kept(callerNamed(maxMethods-room-1)) {
+	if !kept(c, "/tenant.Service/Start") || !kept(c, callerNamed(0)) || !kept(c, callerNamed(maxMethods-room-1)) {
 		t.Errorf("a method kept before the updates was let go")
 	}
 	var want []string
-	st.methods.Range(func(k, v any) bool {
-		if v.(*methodPolicy).g.any() {
-			want = append(want, k.(string))
+	c.table.mu.Lock()
+	for m, r := range c.table.rows {
+		if r.g.any() {
+			want = append(want, m)
 		}
-		return true
-	})
+	}
+	c.table.mu.Unlock()
 	slices.Sort(want)
 	var got []string
 	for _, s := range c.Statuses() {
@@ -129,91 +174,105 @@ func TestMethodsDroppedWithStateKeepItWhileTheBoundHasRoom(t *testing.T) {
 	}
 }
 
+// inventedEcho returns the i-th name a proxy's callers invent in the echo
+// service, which its service entry applies to.
+func inventedEcho(i int) string { return fmt.Sprintf("/%s/Invented%d", echoService, i) }
+
 // A method dropped from the config with its breaker forced open (ForceOpen),
 // whose calls now fall under a service entry with the same breaker block:
-//   - kept (the bound has room): its breaker carries over, still forced
-//     open, and its calls are rejected;
-//   - let go (the bound is full): its breaker is dropped, with its forced
-//     state; its calls run under the breaker its entry shares among the
-//     methods past the bound ("/pkg.Service/*", closed here) and reach the
-//     server;
-//   - under no entry at all: it has no state to keep, so it is let go
-//     whatever the room, and its calls run under the default policy
-//     (no breaker).
+//   - kept (its key has room): its breaker carries over, still forced open,
+//     and its calls are rejected;
+//   - its key full of idle rows: a forced breaker is live, so the update
+//     keeps it (and lets an idle row go);
+//   - its key full of live rows older than it: it is let go, with its
+//     forced state; its calls run untracked, with no breaker at all (never
+//     another method's), and reach the server; ForceOpen says why it
+//     cannot act;
+//   - under no entry at all: it has no state, so it is let go whatever the
+//     room, and its calls run under the default policy (no breaker).
 //
 // A method a generated stub called keeps its state whatever the bound
-// (grpc.StaticMethod: its number is the code's, not the callers').
+// (grpc.StaticMethod: its number is the code's, not the callers'). Before
+// the table, a method let go ran under the breaker its entry shared among
+// the methods past the bound ("/pkg.Service/*"), which another method's
+// failures could open, and ForceOpen forced that shared breaker.
 func TestMethodDroppedFromTheConfigKeepsItsBreakerOnlyWhileKept(t *testing.T) {
 	const withService = `{"methodConfig": [
 		{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Echo"}], "circuitBreaker": {"consecutiveFailures": 3}}%s]}`
 	const serviceEntry = `{"name": [{"service": "resilience.echo.v1.EchoService"}], "circuitBreaker": {"consecutiveFailures": 3}}`
 	tests := []struct {
-		name    string
-		full    bool   // the bound is full at the update
-		static  bool   // a generated stub called Echo before the update
-		after   string // the config after the update
-		forced  bool   // Echo's calls after the update are rejected (its forced-open breaker)
-		kept    bool   // Echo is kept after the update
-		breaker string // whose breaker Echo's calls run under: "own", "shared" (its entry's, past the bound) or ""
+		name   string
+		fill   string // how the service's key is filled before the update: "", "idle" or "live"
+		static bool   // a generated stub called Echo before the update
+		after  string // the config after the update
+		forced bool   // Echo's calls after the update are rejected (its forced-open breaker)
+		kept   bool   // Echo is kept after the update
 	}{
-		{name: "kept", after: serviceEntry, forced: true, kept: true, breaker: "own"},
-		{name: "let go", full: true, after: serviceEntry, breaker: "shared"},
+		{name: "kept", after: serviceEntry, forced: true, kept: true},
+		{name: "key full of idle rows", fill: "idle", after: serviceEntry, forced: true, kept: true},
+		{name: "key full of live rows", fill: "live", after: serviceEntry},
 		{name: "no entry", after: ""},
-		{name: "generated stub, bound full", full: true, static: true, after: serviceEntry, forced: true, kept: true, breaker: "own"},
+		{name: "generated stub, key full of live rows", fill: "live", static: true, after: serviceEntry, forced: true, kept: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := &testserver.Server{}
-			c := newTestClient(t, parsedConfig(t, fmt.Sprintf(withService, ","+serviceEntry)))
+			// The service's key is filled first, then Echo is named: its
+			// row is the newest.
+			c := newTestClient(t, parsedConfig(t, `{"methodConfig": [`+serviceEntry+`]}`))
+			c.table.bound = 8
 			cc := testserver.Start(t, srv, c.DialOptions()...)
-			if err := c.ForceOpen(echoMethod); err != nil {
+			for i := range c.table.bound {
+				switch tt.fill {
+				case "idle":
+					policyOf(c, inventedEcho(i))
+				case "live":
+					if err := c.ForceOpen(inventedEcho(i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := c.UpdateServiceConfig(mustParse(t, fmt.Sprintf(withService, ","+serviceEntry))); err != nil {
 				t.Fatal(err)
 			}
 			if tt.static {
-				if _, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{}); !errors.Is(err, ErrCircuitOpen) {
-					t.Fatalf("Echo through the stub, forced open = %v, want ErrCircuitOpen", err)
+				if _, err := echov1.NewEchoServiceClient(cc).Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+					t.Fatal(err)
 				}
 			}
-			if tt.full {
-				fillBound(c, maxMethods)
+			if err := c.ForceOpen(echoMethod); err != nil {
+				t.Fatal(err)
 			}
 			after := `{"methodConfig": [` + tt.after + `]}`
 			if err := c.UpdateServiceConfig(mustParse(t, after)); err != nil {
 				t.Fatal(err)
 			}
-			if got := c.state.Load().kept(echoMethod) != nil; got != tt.kept {
+			if got := kept(c, echoMethod); got != tt.kept {
 				t.Errorf("Echo kept %v after the update, want %v", got, tt.kept)
 			}
-			// Not through the stub: its call would keep Echo, past the bound too.
+			// Not through the stub: its call would pin Echo.
 			err := cc.Invoke(t.Context(), echoMethod, &echov1.EchoRequest{}, &echov1.EchoResponse{})
 			if tt.forced != errors.Is(err, ErrCircuitOpen) || !tt.forced && err != nil {
 				t.Errorf("Echo after the update = %v, want rejected %v", err, tt.forced)
 			}
-			if want := map[bool]int{true: 0, false: 1}[tt.forced]; srv.Count("Echo") != want {
-				t.Errorf("the server saw %d calls of Echo, want %d", srv.Count("Echo"), want)
-			}
-			if tt.after == "" && c.state.Load().kept(echoMethod) == nil {
-				t.Errorf("Echo, called after the update, not kept: want it kept as any method called")
+			if want := map[bool]int{true: 0, false: 1}[tt.forced]; srv.Count("Echo")-map[bool]int{true: 1}[tt.static] != want {
+				t.Errorf("the server saw %d calls of Echo, want %d", srv.Count("Echo")-map[bool]int{true: 1}[tt.static], want)
 			}
 			listed := slices.ContainsFunc(c.Statuses(), func(s MethodStatus) bool { return s.FullMethod == echoMethod })
 			if listed != tt.kept {
 				t.Errorf("Statuses() lists Echo %v, want %v", listed, tt.kept)
 			}
-			state := c.state.Load()
-			whose, b := "", state.peek(echoMethod).g.breaker
-			switch {
-			case b == nil:
-			case len(state.shared) == 1 && b == state.shared[&state.cfg.MethodConfig[0].Name[0]].g.breaker:
-				whose = "shared"
-			default:
-				whose = "own"
+			if tt.fill == "live" && !tt.kept {
+				if p := policyOf(c, echoMethod); p.g.breaker != nil {
+					t.Errorf("Echo, untracked, runs under a breaker: want none")
+				}
+				err := c.ForceOpen(echoMethod)
+				if err == nil || !strings.Contains(err.Error(), "none is idle") {
+					t.Errorf("ForceOpen(Echo), its key full of live rows = %v, want an error saying there is no room", err)
+				}
 			}
-			if whose != tt.breaker {
-				t.Errorf("Echo's calls run under breaker %q, want %q", whose, tt.breaker)
-			}
-			want := map[bool]BreakerState{true: BreakerForcedOpen, false: BreakerClosed}[tt.forced]
-			if st := c.Status(echoMethod); b != nil && (st.Breaker == nil || st.Breaker.State != want) {
-				t.Errorf("Status(Echo) = %+v, want %v", st.Breaker, want)
+			if tt.fill == "idle" && keptMethods(c) > c.table.bound {
+				t.Errorf("%d rows kept, want at most the bound, %d", keptMethods(c), c.table.bound)
 			}
 		})
 	}
@@ -259,8 +318,11 @@ func TestMethodsConcurrentCallsDuringUpdatesThatDropThem(t *testing.T) {
 			}
 		})
 	}
+	// At least 200 updates, and on until the calls of each kind ran
+	// beside them (an update takes microseconds: on a busy machine 200 can
+	// be over before a goroutine runs), within a minute.
 	const updates = 200
-	for i := range updates {
+	for i, until := 0, time.Now().Add(time.Minute); i < updates || (srv.Count("Echo") < 20 || srv.Count("Lookup") < 20) && time.Now().Before(until); i++ {
 		cfg := namingOne(fmt.Sprintf("M%d", i), i%3 != 0)
 		if i%2 == 0 {
 			cfg.MethodConfig[0].Name = append(cfg.MethodConfig[0].Name, serviceconfig.Name{Service: "resilience.echo.v1.EchoService", Method: "Echo"})
@@ -311,7 +373,7 @@ func TestMethodsDroppedFromTheConfigAllocateNothingWhileKept(t *testing.T) {
 		if err := c.UpdateServiceConfig(mustParse(t, cfg)); err != nil {
 			t.Fatal(err)
 		}
-		if c.state.Load().kept(echoMethod) == nil {
+		if !kept(c, echoMethod) {
 			t.Fatal("Echo not kept")
 		}
 		for _, opts := range [][]grpc.CallOption{nil, static} {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/internal/breaker"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -35,8 +36,9 @@ func callerNamed(i int) string { return fmt.Sprintf("/invented.v%d.Service/Metho
 // Item 2: every new method name copied the whole per-method map and kept
 // state for ever, so a proxy forwarding caller-chosen names grew it without
 // bound (and its metric labels with it). 5000 invented names kept 5000
-// methods' state; now at most maxMethods are kept, the rest share their
-// config entry's state, the config's exact methods (a forced-open breaker
+// methods' state; now at most maxMethods are kept under the default entry
+// (an idle one makes room for the next: methods.go, T6b), each with a
+// breaker of its own, the config's exact methods (a forced-open breaker
 // here) and a generated stub's methods keep theirs, and grpc.method is
 // "other" for calls that are not a generated stub's.
 func TestCallerChosenMethodNamesKeepBoundedState(t *testing.T) {
@@ -74,9 +76,18 @@ func TestCallerChosenMethodNamesKeepBoundedState(t *testing.T) {
 	if _, ok := byName[lookupMethod]; !ok {
 		t.Errorf("Statuses() lacks Lookup, called by a generated stub past the bound")
 	}
-	if s, ok := byName["/*"]; !ok || s.Breaker == nil || s.Bulkhead == nil {
-		t.Errorf("Statuses() lacks the shared state of the default entry's methods past the bound (/*): %+v", s)
+	if rows := keptMethods(c); rows > maxMethods+2 {
+		t.Errorf("%d rows kept, want at most %d", rows, maxMethods+2)
 	}
+	breakers := map[*breaker.Breaker]string{}
+	c.table.mu.Lock()
+	for m, r := range c.table.rows {
+		if other, ok := breakers[r.g.breaker]; ok && r.g.breaker != nil {
+			t.Errorf("%s and %s share a breaker", m, other)
+		}
+		breakers[r.g.breaker] = m
+	}
+	c.table.mu.Unlock()
 
 	got := collect(t, reader)
 	_, attempts := got.Points(t, metricAttempts)
@@ -175,9 +186,11 @@ func TestPerMethodMemoryUnder100kCallerNames(t *testing.T) {
 // rejecting calls among them. A seeded model runs sequences of calls,
 // ForceOpen and updates among configs that keep, change or drop the
 // breaker's block, and checks after each step that Statuses lists exactly
-// the methods touched whose config has guards, forced open exactly when
-// forced since their breaker was last dropped (a changed block keeps the
-// breaker's state: breaker.Adopt).
+// the methods a generated stub called (pinned: methods.go, T2) and those
+// given to ForceOpen since their config last had no guard, while the config
+// has guards, forced open exactly when forced since their breaker was last
+// dropped (a changed block keeps the breaker, and its state:
+// breaker.Reconfigure).
 func TestStatusesCompleteAfterAnySequenceOfUpdates(t *testing.T) {
 	const entry = `{"name": [{"service": "resilience.echo.v1.EchoService"}], %s}`
 	configs := []string{
@@ -195,14 +208,17 @@ func TestStatusesCompleteAfterAnySequenceOfUpdates(t *testing.T) {
 			cfg := 0
 			c := newTestClient(t, parsedConfig(t, `{"methodConfig": [`+configs[cfg]+`]}`))
 			stub := echov1.NewEchoServiceClient(testserver.Start(t, srv, c.DialOptions()...))
-			touched, forced := map[string]bool{}, map[string]bool{}
+			// called: a generated stub called it (pinned for ever: its row is
+			// made by every config with guards); touched: ForceOpen made its
+			// row since the config last had no guard.
+			called, touched, forced := map[string]bool{}, map[string]bool{}, map[string]bool{}
 			var steps []string
 			for range 30 {
 				m := methods[r.IntN(len(methods))]
 				switch r.IntN(3) {
 				case 0:
 					steps = append(steps, "call "+m)
-					touched[m] = true
+					called[m] = true
 					callMethod(t, stub, m)
 				case 1:
 					if breakerOf[cfg] == "" {
@@ -217,7 +233,8 @@ func TestStatusesCompleteAfterAnySequenceOfUpdates(t *testing.T) {
 					next := r.IntN(len(configs))
 					steps = append(steps, fmt.Sprint("update to config ", next))
 					if breakerOf[next] == "" {
-						clear(forced) // a dropped block drops its breaker; a changed one keeps its state
+						clear(forced)  // a dropped block drops its breaker; a changed one keeps its state
+						clear(touched) // and with no state, a method not pinned holds nothing (methods.go, T1)
 					}
 					cfg = next
 					if err := c.UpdateServiceConfig(mustParse(t, `{"methodConfig": [`+configs[cfg]+`]}`)); err != nil {
@@ -226,7 +243,7 @@ func TestStatusesCompleteAfterAnySequenceOfUpdates(t *testing.T) {
 				}
 				var want []string
 				for _, m := range methods {
-					if touched[m] && cfg != 3 {
+					if (called[m] || touched[m]) && cfg != 3 {
 						want = append(want, m)
 					}
 				}
@@ -298,7 +315,9 @@ func TestGaugesKeepEveryGuardAcrossAnUpdate(t *testing.T) {
 // Item 2, the operator's calls: Status and HedgingDelay with names from
 // elsewhere (an admin page's request) kept each name's state for ever;
 // they now keep nothing for a method no call resolved, and ForceOpen keeps
-// at most maxMethods.
+// at most maxMethods breakers of the default entry: past them (all forced
+// open, none idle) it refuses, saying why, where it used to force the
+// breaker the methods past the bound shared, and return nil.
 func TestStatusAndHedgingDelayKeepNothingForUncalledMethods(t *testing.T) {
 	c := newTestClient(t, parsedConfig(t, guardedDefault))
 	for i := range 3000 {
@@ -313,14 +332,18 @@ func TestStatusAndHedgingDelayKeepNothingForUncalledMethods(t *testing.T) {
 		t.Errorf("Statuses() has %d methods after Status and HedgingDelay of 3000 names, want 1", n)
 	}
 	for i := range 3000 {
-		if err := c.ForceOpen(callerNamed(i)); err != nil {
-			t.Fatal(err)
+		err := c.ForceOpen(callerNamed(i))
+		switch {
+		case i < maxMethods && err != nil:
+			t.Fatalf("ForceOpen(%s), with room = %v", callerNamed(i), err)
+		case i >= maxMethods && (err == nil || !strings.Contains(err.Error(), "none is idle")):
+			t.Fatalf("ForceOpen(%s), past the bound = %v, want an error saying there is no room", callerNamed(i), err)
 		}
 	}
-	if n := len(c.Statuses()); n > maxMethods+2 {
-		t.Errorf("Statuses() has %d methods after ForceOpen of 3000 names, want at most %d", n, maxMethods+2)
+	if n := len(c.Statuses()); n != maxMethods+1 {
+		t.Errorf("Statuses() has %d methods after ForceOpen of 3000 names, want %d", n, maxMethods+1)
 	}
-	for _, st := range c.Statuses() { // every breaker a ForceOpen reached, the shared one included
+	for _, st := range c.Statuses() { // every breaker a ForceOpen reached
 		if st.FullMethod != echoMethod && st.Breaker.State != BreakerForcedOpen {
 			t.Errorf("%s: %v after ForceOpen, want forced open", st.FullMethod, st.Breaker.State)
 		}

@@ -309,6 +309,15 @@ func (in *instruments) named(fullMethod string) *methodMetrics {
 	return v.(*methodMetrics)
 }
 
+// namedIfOn returns the attribute sets of fullMethod, a named method, or
+// nil when metrics are off.
+func (in *instruments) namedIfOn(fullMethod string) *methodMetrics {
+	if !in.on {
+		return nil
+	}
+	return in.named(fullMethod)
+}
+
 // forCall returns the attribute sets a call of mp records under: its
 // method's for a call of a generated stub (static) once the method is
 // named, else "other" (gRFC A66); nil when metrics are off.

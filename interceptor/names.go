@@ -1,10 +1,9 @@
 package interceptor
 
 import (
+	"hash/maphash"
 	"log/slog"
 	"sync"
-
-	"google.golang.org/grpc/grpclog"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 )
@@ -24,33 +23,41 @@ var (
 	streamMethods = rpcname.StreamMethods
 )
 
-// grpcLog is where a Client writes its warnings without WithLogger.
-var grpcLog = grpclog.Component("resilience")
-
 // maxWarned bounds the warnings a warnLog remembers having written; past
 // it, it forgets them all and starts again, so a resolver delivering ever
-// new configs cannot grow it.
+// new configs cannot grow it. It remembers a hash of each text, not the
+// text, whose length the caller chooses (a name given to Status, a key of
+// a resolver's document): its memory is bounded in bytes too.
 const maxWarned = 256
 
 // warnLog writes a Client's warnings, each text once: to its slog.Logger
-// (WithLogger), or to grpclog's "resilience" component. A config given
-// again (a resolver's that comes back, the client's own restored) does
-// not log its warnings again. Safe for concurrent use.
+// (WithLogger), or to slog.Default(), read at each warning so that a
+// program's slog.SetDefault applies whenever it runs. Not to grpclog: its
+// default logger discards warnings (it writes errors only, unless
+// GRPC_GO_LOG_SEVERITY_LEVEL asks for more), so a program that set no
+// logger would never see a resolver's typo widening a policy. A config
+// given again (a resolver's that comes back, the client's own restored)
+// does not log its warnings again. Safe for concurrent use.
 type warnLog struct {
-	l    *slog.Logger // nil: grpclog
+	l    *slog.Logger // nil: slog.Default()
 	mu   sync.Mutex
-	seen map[string]struct{} // the texts written; guarded by mu
+	seed maphash.Seed        // of the hashes in seen; set with seen
+	seen map[uint64]struct{} // the hashes of the texts written; guarded by mu
 }
 
 // warn writes msg, unless it was written before.
 func (w *warnLog) warn(msg string) {
 	w.mu.Lock()
-	_, dup := w.seen[msg]
+	if w.seen == nil {
+		w.seed, w.seen = maphash.MakeSeed(), make(map[uint64]struct{})
+	}
+	h := maphash.String(w.seed, msg)
+	_, dup := w.seen[h]
 	if !dup {
-		if w.seen == nil || len(w.seen) >= maxWarned {
-			w.seen = make(map[string]struct{})
+		if len(w.seen) >= maxWarned {
+			clear(w.seen)
 		}
-		w.seen[msg] = struct{}{}
+		w.seen[h] = struct{}{}
 	}
 	w.mu.Unlock()
 	switch {
@@ -58,7 +65,7 @@ func (w *warnLog) warn(msg string) {
 	case w.l != nil:
 		w.l.Warn(msg)
 	default:
-		grpcLog.Warning(msg)
+		slog.Warn(msg)
 	}
 }
 

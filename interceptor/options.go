@@ -134,9 +134,18 @@ func WithMethodConfig(mcs ...serviceconfig.MethodConfig) ClientOption {
 
 // WithRetryPolicy retries the methods named by names with p: full methods
 // ("/pkg.Service/Method") or services ("pkg.Service"). Without names, p is
-// the default policy of every method that has no entry of its own.
+// the default policy of every method that has no entry of its own. p must
+// not be nil: to run some methods without retries under a default policy,
+// give them an entry without one (WithMethodConfig).
 func WithRetryPolicy(p *serviceconfig.RetryPolicy, names ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
+		if p == nil {
+			// An entry without a policy: no retries for the names, and
+			// nothing at all without names; most likely a policy never set.
+			o.errorf("WithRetryPolicy: nil policy (to run methods without retries, " +
+				"give them an entry without a retryPolicy: WithMethodConfig)")
+			return
+		}
 		mc := serviceconfig.MethodConfig{RetryPolicy: p}
 		if len(names) == 0 {
 			mc.Name = []serviceconfig.Name{{}}
@@ -314,9 +323,17 @@ func WithFallback(f Fallback, names ...string) ClientOption {
 // A keyed call is safe to retry even when its method has side effects, so
 // the default retry rules treat it as idempotent: ABORTED and
 // DEADLINE_EXCEEDED are retried too (the latter while the caller's own
-// deadline holds).
+// deadline holds). Without names it keys nothing, unlike WithFallback
+// without names, and says so in the client's log: WithAutomaticIdempotencyKeys
+// keys every method.
 func WithIdempotencyKeys(names ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
+		if len(names) == 0 {
+			// Legal (an empty list from a config), but likely meant as
+			// "every method", as WithFallback without names is.
+			o.warnings = append(o.warnings, "interceptor: WithIdempotencyKeys without names: no method gets keys "+
+				"(WithAutomaticIdempotencyKeys keys every method not known to be idempotent)")
+		}
 		for _, n := range names {
 			if _, err := rpcname.Parse(n); err != nil {
 				o.errorf("WithIdempotencyKeys: %v", err)
@@ -427,8 +444,12 @@ func WithOnStop(f func(ctx context.Context, e StopEvent)) ClientOption {
 }
 
 // WithOnStateChange calls f on every state change of any method's breaker,
-// synchronously and outside the breaker's lock, on the goroutine of the call
-// that caused it. Changes in quick succession may be reported concurrently.
+// once the change is published, with no lock of the client's held: f may
+// call any method of the Client. The changes of one method are reported one
+// at a time, in the order they happened, by the goroutine whose call made
+// one and found none being reported (it reports those made meanwhile too);
+// a change f itself makes (a ForceOpen) is reported after f returns. f must
+// not block.
 func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.onStateChange = f })
 }
@@ -437,8 +458,9 @@ func WithOnStateChange(f func(fullMethod string, from, to BreakerState)) ClientO
 // cannot be sure of (a name no code linked into the program registers, a
 // resolver's config with a typo grpc-go applies anyway, each warning of a
 // parsed config it is given), and the names Status and HedgingDelay cannot
-// read. Each text is logged once. By default they go to grpclog
-// (component "resilience").
+// read. Each text is logged once, at level Warn. By default they go to
+// slog.Default(), as it is when each is logged; not to grpclog, whose
+// default logger discards warnings.
 func WithLogger(l *slog.Logger) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.logger = l })
 }

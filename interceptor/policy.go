@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"cmp"
 	"reflect"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/internal/backoff"
-	"github.com/grpc-resilience/resilience/internal/budget"
 	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -64,30 +62,32 @@ func jitterOf(j serviceconfig.Jitter) backoff.Jitter {
 }
 
 // methodPolicy is what one method runs under, resolved once per method and
-// config. It is immutable once published, but for static and mm (set once)
-// and used.
+// config. It is immutable once published, but for static and mm (set once).
 type methodPolicy struct {
 	fullMethod   string
 	retry        *retryPolicy // nil: no retry
 	hedge        *hedgePolicy // nil: no hedging; never set with retry
 	timeout      time.Duration
 	waitForReady *bool
-	idempotent   bool               // declared idempotent (proto or WithIdempotentMethods)
-	keyed        bool               // calls get an idempotency key
-	g            guards             // breaker and bulkhead; zero when none
-	latency      *latency.Estimator // attempt durations; nil without a retry policy
-	fallback     Fallback           // answers local rejections of unary calls; nil: none
-	// A method is named when the config of this state names it exactly
-	// (configured, set before the state is published) or a generated stub
-	// called it, under this config or one before (static, set once and
-	// carried across updates: grpc.StaticMethod). A named method does not
-	// count against maxMethods and may be named in metrics: mm then holds
-	// its attribute sets (nil when metrics are off), set before static.
-	// A method not named is recorded as "other" (instruments.named); one
-	// that only an earlier config named is not named (methods.go).
-	configured bool
-	static     atomic.Bool
-	mm         atomic.Pointer[methodMetrics]
+	idempotent   bool     // declared idempotent (proto or WithIdempotentMethods)
+	keyed        bool     // calls get an idempotency key
+	fallback     Fallback // answers local rejections of unary calls; nil: none
+	// g, latency and tail are the method's row's (methods.go), zero or nil
+	// when it has none: its guards, its attempt durations, and its hedging
+	// state (hedge_delay.go).
+	g       guards
+	latency *latency.Estimator
+	tail    *hedgeTail
+	// row is the method's row when it is counted against the bound, whose
+	// use the calls mark (methodRow.ref); nil otherwise.
+	row *methodRow
+	// static is set once a generated stub called the method
+	// (grpc.StaticMethod), under this config or one before; mm holds the
+	// method's metric attribute sets while it is named (its entry names it
+	// exactly, or static), set before static; nil when metrics are off or
+	// the method is recorded as "other" (instruments.named).
+	static atomic.Bool
+	mm     atomic.Pointer[methodMetrics]
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool
@@ -97,76 +97,41 @@ type methodPolicy struct {
 	// attempt changes the outcome of a rejection (hedging, a fallback, a
 	// config timeout, an idempotency key made here, one-layer retry).
 	early bool
-	// hedgeWindow holds the recent durations of hedged copies, read at
-	// hedge.windowQuantiles; nil unless the hedging delay is adaptive or
-	// rationed. hedgeAllowance rations the tail copies of calls whose
-	// delay comes from it; set with it.
-	hedgeWindow    *latency.Window
-	hedgeAllowance *budget.Allowance
-	// used is set on a shared policy (clientState.shared) once a method
-	// past the bound ran under it, so that Statuses shows it.
-	used atomic.Bool
 }
 
 // clientState is one service config in force, with the per-method policies
-// resolved from it (methods.go). A Client swaps the whole state atomically
-// on a config update; calls keep the policy they started with.
+// resolved from it. A Client swaps the whole state atomically on a config
+// update; calls keep the policy they started with. The state the methods'
+// calls build up is in the Client's methodTable, which outlives states.
 type clientState struct {
 	cfg     *serviceconfig.Config
 	opts    *clientOptions
 	metrics *instruments
 	storm   stormControl
+	table   *methodTable
 
-	// methods maps full method names to their policies: those the config
-	// names exactly, resolved with the state, and the others once called,
-	// at most maxMethods of them unless a generated stub called them
-	// (methods.go). Lock-free to read; additions take mu.
+	// methods maps full methods to their policies: every method with a
+	// row (methods.go, T4), every method the config names exactly, and the
+	// methods without state that generated stubs call. Lock-free to read;
+	// added to by Client.add.
 	methods sync.Map
-	mu      sync.Mutex
-	unnamed int         // methods kept that are not named (methodPolicy.configured, static); guarded by mu
-	full    atomic.Bool // unnamed reached maxMethods
-	// shared holds, for each config entry that names a service or is the
-	// default, the state its methods past the bound share (breaker,
-	// bulkhead, latency), keyed by the entry's first Name. Built with the
-	// state, never modified.
-	shared map[*serviceconfig.Name]*methodPolicy
+	// cache maps other methods without state to their policies: a pure
+	// cache of resolutions, which starts over once it holds cacheBound.
+	cache  sync.Map
+	cached atomic.Int64
 }
 
-func newClientState(cfg *serviceconfig.Config, opts *clientOptions, metrics *instruments, prev *clientState) (*clientState, error) {
+func newClientState(cfg *serviceconfig.Config, opts *clientOptions, metrics *instruments, table *methodTable, prev *clientState) (*clientState, error) {
 	storm, err := newStormControl(cfg, opts, prev)
 	if err != nil {
 		return nil, err
 	}
-	s := &clientState{cfg: cfg, opts: opts, metrics: metrics, storm: storm}
-	s.populate(prev)
-	return s, nil
-}
-
-// resolve returns the policy of fullMethod under s, with the state (breaker,
-// bulkhead, latency, hedging window) of old, the method's policy under the
-// config before, where its blocks are unchanged; old may be nil.
-func (s *clientState) resolve(fullMethod string, old *methodPolicy) *methodPolicy {
-	p, mc, ok := s.shape(fullMethod)
-	if ok && !matchName(s.opts.exempt, fullMethod) {
-		p.g = s.guards(fullMethod, mc, old)
-	}
-	p.g.keepDropped(old)
-	s.giveState(p, old)
-	s.settle(p)
-	return p
-}
-
-// keepDropped keeps in g, which has no bulkhead, the bulkhead of old (the
-// method's policy under the config before) or the one old kept, for a
-// block added again (clientState.guards).
-func (g *guards) keepDropped(old *methodPolicy) {
-	if g.bulkhead == nil && old != nil {
-		g.dropped = cmp.Or(old.g.bulkhead, old.g.dropped)
-	}
+	return &clientState{cfg: cfg, opts: opts, metrics: metrics, storm: storm, table: table}, nil
 }
 
 // shape returns the policy of fullMethod without its state (guards,
-// latency, hedging window), and the config entry that applies, if any.
+// latency, hedging window), settled, and the config entry that applies, if
+// any.
 func (s *clientState) shape(fullMethod string) (*methodPolicy, serviceconfig.MethodConfig, bool) {
 	p := &methodPolicy{fullMethod: fullMethod, idempotent: s.isIdempotent(fullMethod)}
 	p.keyed = matchName(s.opts.keyed, fullMethod) || s.opts.autoKeys && !p.idempotent
@@ -180,7 +145,7 @@ func (s *clientState) shape(fullMethod string) (*methodPolicy, serviceconfig.Met
 			p.retry = newRetryPolicy(mc.RetryPolicy)
 		}
 		if mc.HedgingPolicy != nil {
-			p.hedge = newHedgePolicy(mc.HedgingPolicy, s.storm.budgetRatio())
+			p.hedge = newHedgePolicy(mc.HedgingPolicy)
 		}
 	}
 	for _, fb := range s.opts.fallbacks {
@@ -188,27 +153,8 @@ func (s *clientState) shape(fullMethod string) (*methodPolicy, serviceconfig.Met
 			p.fallback = fb.f
 		}
 	}
+	s.settle(p)
 	return p, mc, ok
-}
-
-// giveState gives p the latency estimator and hedging window it needs:
-// old's (a method's latency does not change with its config), or new ones.
-func (s *clientState) giveState(p, old *methodPolicy) {
-	if old != nil && old.latency != nil {
-		p.latency = old.latency
-	} else if p.retry != nil || p.hedge != nil {
-		p.latency = newEstimator(s.opts.estimateFloor)
-	}
-	if p.hedge != nil {
-		if qs := p.hedge.windowQuantiles(); qs != nil {
-			p.hedgeWindow = hedgeWindowOf(old, qs)
-			if old != nil && old.hedgeAllowance != nil {
-				p.hedgeAllowance = old.hedgeAllowance
-			} else {
-				p.hedgeAllowance = budget.NewAllowance(2*(1-qs[0]), allowanceBurst)
-			}
-		}
-	}
 }
 
 // settle sets p's shortcuts from what it holds.
@@ -222,21 +168,6 @@ func (s *clientState) settle(p *methodPolicy) {
 		p.timeout == 0 && !p.keyed && s.opts.oneLayer == 0
 }
 
-// hedgeWindowOf returns the window of a method's hedged copies read at
-// quantiles: that of old, its policy under the config before, whose
-// observations carry over (a method's latency does not change with its
-// config), or a new one.
-func hedgeWindowOf(old *methodPolicy, quantiles []float64) *latency.Window {
-	if old != nil && old.hedgeWindow != nil {
-		if w, err := old.hedgeWindow.WithQuantiles(quantiles...); err == nil {
-			return w
-		}
-	}
-	// The quantiles were validated with the config, so this cannot fail.
-	w, _ := latency.NewWindow(latency.DefaultWindowSize, quantiles...)
-	return w
-}
-
 // sameBreaker reports whether two breaker blocks ask for the same breaker:
 // equal fields, and the same set of failure codes in any order.
 func sameBreaker(a, b serviceconfig.CircuitBreaker) bool {
@@ -245,70 +176,6 @@ func sameBreaker(a, b serviceconfig.CircuitBreaker) bool {
 	}
 	a.FailureStatusCodes, b.FailureStatusCodes = nil, nil
 	return reflect.DeepEqual(a, b)
-}
-
-// guards builds the breaker and bulkhead of fullMethod from mc, or carries
-// them over from old, its policy under the config before, when their blocks
-// are unchanged; a breaker built for a changed block adopts the state of
-// old's (breaker.Adopt), and old's bulkhead takes a changed block's limits
-// (bulkhead.Resize), so it is shared by old and the new policy. The blocks
-// were validated with the config, so construction cannot fail. Only
-// populate passes an old (itself or through sharedPolicy), once per
-// update, for the state it publishes.
-func (s *clientState) guards(fullMethod string, mc serviceconfig.MethodConfig, old *methodPolicy) guards {
-	var g guards
-	if cb := mc.CircuitBreaker; cb != nil && cb.Mode == serviceconfig.ModeAdaptive {
-		g.breakerCfg = cb
-		if old != nil && old.g.breakerCfg != nil && sameBreaker(*old.g.breakerCfg, *cb) && old.g.adaptive != nil {
-			g.adaptive = old.g.adaptive
-		} else if a, err := newAdaptive(cb, uint64(s.opts.rand()*(1<<53))); err == nil {
-			g.adaptive = a
-		}
-	} else if cb != nil {
-		g.breakerCfg = cb
-		g.failures = rescodes.Of(cb.FailureStatusCodes...)
-		if len(cb.FailureStatusCodes) == 0 {
-			g.failures = rescodes.DefaultBreakerFailures
-		}
-		if old != nil && old.g.breakerCfg != nil && sameBreaker(*old.g.breakerCfg, *cb) {
-			g.breaker = old.g.breaker
-		} else if b, err := newBreaker(fullMethod, cb, s.stateHook()); err == nil {
-			if old != nil && old.g.breaker != nil {
-				// A changed block keeps what the breaker was doing: an
-				// operator's forced state, an outage's open period.
-				b.Adopt(old.g.breaker, time.Now())
-			}
-			g.breaker = b
-		}
-	}
-	if bh := mc.Bulkhead; bh != nil {
-		g.bulkheadCfg = bh
-		if old != nil && old.g.bulkhead != nil {
-			// The same bulkhead under the new block's limits, so that they
-			// count the attempts in flight and queued (bulkhead.Resize).
-			if *old.g.bulkheadCfg != *bh {
-				_ = old.g.bulkhead.Resize(bulkheadConfig(bh))
-			}
-			g.bulkhead = old.g.bulkhead
-		} else if old != nil && old.g.dropped != nil {
-			// A block added again: the bulkhead dropped, which the
-			// attempts begun before still hold.
-			_ = old.g.dropped.Resize(bulkheadConfig(bh))
-			g.bulkhead = old.g.dropped
-		} else if b, err := newBulkhead(bh); err == nil {
-			g.bulkhead = b
-		}
-	}
-	if g.any() {
-		// A method's rejections depend on its name alone: old's serve,
-		// so that an update does not rebuild them for every kept method.
-		if old != nil && old.g.rejections != nil {
-			g.rejections = old.g.rejections
-		} else {
-			g.rejections = newRejections(fullMethod)
-		}
-	}
-	return g
 }
 
 // matchName reports whether names holds fullMethod or its service.

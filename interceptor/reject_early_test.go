@@ -90,7 +90,7 @@ func TestRejectEarlyMatchesTheFullPath(t *testing.T) {
 				}
 			}
 			log.take()
-			if mp := c.state.Load().policy(echoMethod, false); !mp.early {
+			if mp := policyOf(c, echoMethod); !mp.early {
 				t.Fatal("methodPolicy.early = false, want true")
 			}
 			call := func(ctx context.Context, opts ...grpc.CallOption) (error, []StopEvent) {

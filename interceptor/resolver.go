@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"fmt"
 	"sync"
 
 	"google.golang.org/grpc/resolver"
@@ -23,28 +24,34 @@ import (
 // turns grpc's own retry off, and with it the retryPolicy the resolver
 // delivered.
 //
-// Which config wins: the resolver's, when it delivers one, replaces the
-// client's config as a whole, as UpdateServiceConfig does, and as grpc-go
-// lets a resolver's config replace WithDefaultServiceConfig. The config
-// given to NewClient (WithServiceConfig, WithMethodConfig,
-// WithRetryPolicy) is the default: it applies until the resolver delivers
-// a config, and again when the resolver delivers none, or one with none
-// of methodConfig, retryThrottling and retryBudget (only a load-balancing
-// config, say). Per-call options (MaxAttempts, NoRetry) apply on top of
-// either. A config grpc-go refuses is kept out as grpc-go keeps it out (the
-// previous one stays); one that grpc-go accepts but serviceconfig.Parse
-// refuses (a bad extension block) leaves the client's config as it was, as
-// does an update that refuses it, and the reason is logged. The config is
-// read as grpc-go reads it (serviceconfig.Lenient), since grpc-go applies
-// it anyway: a typo that changes which methods a policy covers, a method
-// the program's generated code lacks, a hedging policy on a stream are
-// applied as grpc-go would apply them, where NewClient and
-// UpdateServiceConfig refuse them, and logged. Logs go to WithLogger's
-// logger (grpclog's "resilience" component without it), each text once
-// per Client, however often the resolver delivers it. A config equal to
-// the one in force is not applied again, so breakers keep their state
-// across the resolver's periodic re-resolutions, and across the resolvers
-// grpc builds anew when the connection leaves idle: the builder WrapResolver
+// Which config wins follows grpc-go's own rule for a channel's config
+// (ClientConn.updateResolverStateAndUnlock and
+// maybeApplyDefaultServiceConfig in grpc's clientconn.go): the config given
+// to NewClient (WithServiceConfig, WithMethodConfig, WithRetryPolicy) is
+// the default, as grpc.WithDefaultServiceConfig is grpc's; it applies until
+// the resolver delivers a config. A config the resolver delivers replaces
+// the client's config as a whole, as UpdateServiceConfig does, even one
+// with nothing for the client (only a loadBalancingConfig: the client then
+// runs no method config, as grpc runs no retry policy). The last config the
+// resolver delivered stays until it delivers another: an update with no
+// service config (grpc's DNS resolver sends addresses alone when its TXT
+// lookup fails or finds nothing), a resolver error, and a config grpc
+// refuses (ServiceConfig.Err) all keep it, as grpc keeps its own. Per-call
+// options (MaxAttempts, NoRetry) apply on top of either. A config that
+// grpc-go accepts but serviceconfig.Parse refuses (a bad extension block)
+// leaves the client's config as it was, as does an update that refuses
+// it, and the reason is logged. The config is read as grpc-go reads it
+// (serviceconfig.Lenient), since grpc-go applies it anyway: a typo that
+// changes which methods a policy covers, a method the program's generated
+// code lacks, a hedging policy on a stream are applied as grpc-go would
+// apply them, where NewClient and UpdateServiceConfig refuse them, and
+// logged. Logs go to WithLogger's logger (slog.Default()
+// without it), each text once per Client, however often the resolver
+// delivers it, and after the wrapper's lock is released (a logger is the
+// user's code, and may call back into the client). A config equal to the
+// one in force is not applied again, so breakers keep their state across
+// the resolver's periodic re-resolutions, and across the resolvers grpc
+// builds anew when the connection leaves idle: the builder WrapResolver
 // returns remembers the config in force, so give each connection its own.
 // A config delivered after the resolver was closed, or with
 // grpc.WithDisableServiceConfig, is ignored, as grpc ignores it.
@@ -80,7 +87,7 @@ type configResolver struct {
 	mu      sync.Mutex // serializes the resolvers' calls into the client
 	parsed  [4]parsed  // the latest parses, newest at next-1; guarded by mu
 	next    int        // guarded by mu
-	applied string     // the JSON in force from the resolver, "" for none; guarded by mu
+	applied string     // the JSON in force from the resolver, "" before it delivered one; guarded by mu
 }
 
 // Build builds the wrapped builder's resolver. With
@@ -147,65 +154,50 @@ func (cc *configConn) ParseServiceConfig(js string) *grpcsc.ParseResult {
 }
 
 // UpdateState applies the state's service config to the client, unless
-// the resolver was closed, then hands the state to grpc.
+// the resolver was closed, then hands the state to grpc. What there is to
+// log is logged once the wrapper's lock is released.
 func (cc *configConn) UpdateState(s resolver.State) error {
+	var logs []string
 	cc.r.mu.Lock()
 	if !cc.closed {
-		cc.r.apply(s.ServiceConfig)
+		logs = cc.r.apply(s.ServiceConfig)
 	}
 	cc.r.mu.Unlock()
+	cc.r.c.log.warnAll(logs)
 	return cc.ClientConn.UpdateState(s)
 }
 
-// apply makes the client's config follow sc, the resolver's latest; see
-// WrapResolver for the rules. Called with mu held.
-func (r *configResolver) apply(sc *grpcsc.ParseResult) {
-	if sc != nil && sc.Err != nil {
-		return // grpc keeps its previous config, and so do we
+// apply makes the client's config follow sc, the resolver's latest, and
+// returns what to log; see WrapResolver for the rules. Called with mu
+// held.
+func (r *configResolver) apply(sc *grpcsc.ParseResult) (logs []string) {
+	if sc == nil || sc.Err != nil {
+		// No config, or one grpc refuses: grpc keeps the config in force
+		// (maybeApplyDefaultServiceConfig re-applies cc.sc, its last; the
+		// default only while it has none), and so does the client.
+		return nil
 	}
 	var p *parsed
 	for i := range r.parsed {
-		if sc != nil && r.parsed[i].grpc == sc {
+		if r.parsed[i].grpc == sc {
 			p = &r.parsed[i]
 		}
 	}
-	log := r.c.log
 	switch {
-	case sc != nil && p == nil:
-		log.warn("interceptor: the resolver delivered a service config it did not parse through this builder; the client's config is left as it is")
-		return
-	case p != nil && p.err != nil:
-		log.warn("interceptor: the resolver's service config is refused, the client's config is left as it is: " + p.err.Error())
-		return
-	case p == nil || !forClient(p.cfg):
-		if r.applied != "" {
-			if err := r.c.restore(); err != nil {
-				log.warn("interceptor: restoring the client's own config: " + err.Error())
-				return
-			}
-			r.applied = ""
-		}
-		return
+	case p == nil:
+		return []string{"interceptor: the resolver delivered a service config it did not parse through this builder; the client's config is left as it is"}
+	case p.err != nil:
+		return []string{fmt.Sprintf("interceptor: the resolver's service config is refused, the client's config is left as it is: %v", p.err)}
 	case p.json == r.applied:
-		return
+		return nil
 	}
 	// Its warnings, those of kind WarningCoverage included, and the names
 	// no linked-in code registers are logged, once each: grpc-go applies
 	// the config whatever they say.
-	if err := r.c.updateFrom(resolverOrigin, p.cfg, false); err != nil {
-		log.warn("interceptor: the resolver's service config is refused, the client's config is left as it is: " + err.Error())
-		return
+	warnings, err := r.c.updateFrom(resolverOrigin, p.cfg, false)
+	if err != nil {
+		return append(warnings, "interceptor: the resolver's service config is refused, the client's config is left as it is: "+err.Error())
 	}
 	r.applied = p.json
-}
-
-// forClient reports whether cfg holds anything the client runs.
-func forClient(cfg *serviceconfig.Config) bool {
-	return len(cfg.MethodConfig) > 0 || cfg.RetryThrottling != nil || cfg.RetryBudget != nil
-}
-
-// restore makes the config given to NewClient the client's config again.
-func (c *Client) restore() error {
-	cfg := c.opts.config
-	return c.update(&cfg)
+	return warnings
 }

@@ -60,11 +60,10 @@ func TestWrapResolverIgnoresAClosedResolversUpdates(t *testing.T) {
 
 // TestWrapResolverConfigCarriesOverIdle pins that the resolver's config in
 // force outlives the resolver: grpc closes a channel's resolver when the
-// channel goes idle and builds another when a call wakes it, and a config
-// the new resolver then withdraws (a DNS TXT record removed while idle)
-// must give the client its own config back. Before: the new resolver knew
-// of no config in force and the withdrawn maxAttempts 2 stayed (2
-// attempts); after, the client's own 4.
+// channel goes idle and builds another when a call wakes it, keeping the
+// config in force (enterIdleMode leaves cc.sc as it is). The new resolver's
+// update with no config (a DNS TXT lookup that fails) keeps it, as grpc
+// does; its next config replaces it.
 func TestWrapResolverConfigCarriesOverIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(4), echoService))
@@ -83,8 +82,12 @@ func TestWrapResolverConfigCarriesOverIdle(t *testing.T) {
 			t.Errorf("after idle, the same config: %d attempts, want 2", got)
 		}
 		e.deliver("")
-		if got := e.attempts(); got != 4 {
-			t.Errorf("after idle, the config withdrawn: %d attempts, want the client's own 4", got)
+		if got := e.attempts(); got != 2 {
+			t.Errorf("after idle, an update with no config: %d attempts, want the resolver's last, 2", got)
+		}
+		e.deliver(resolverConfig("3"))
+		if got := e.attempts(); got != 3 {
+			t.Errorf("after idle, the resolver's maxAttempts 3: %d attempts, want 3", got)
 		}
 	})
 }

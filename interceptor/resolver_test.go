@@ -77,37 +77,84 @@ func (e *resolverEnv) attempts() int {
 }
 
 // TestResolverConfigReachesTheClient pins that a service config the
-// resolver delivers, then changes, then withdraws, drives the client when
-// its resolver is wrapped. Before WrapResolver (the connection as
-// DialOptions makes it, second half of the test): the resolver's
-// maxAttempts 3 gave 1 attempt per failing call, since grpc's retry is off
-// and the client never saw the config; after, 3.
+// resolver delivers, then changes, drives the client when its resolver is
+// wrapped, by grpc-go's rule for which config is in force, and compares it
+// step by step with grpc's own retry on a connection of its own, given the
+// client's config as its default (grpc.WithDefaultServiceConfig). Before
+// WrapResolver (the connection as DialOptions makes it, second half of the
+// test): the resolver's maxAttempts 3 gave 1 attempt per failing call,
+// since grpc's retry is off and the client never saw the config; after, 3.
+//
+// The steps with no service config are what grpc's DNS resolver delivers
+// when its TXT lookup fails or finds nothing (lookupTXT returns nil in
+// grpc's internal/resolver/dns/dns_resolver.go, and lookup sends the
+// addresses alone): grpc keeps the resolver's last config
+// (ClientConn.updateResolverStateAndUnlock → maybeApplyDefaultServiceConfig
+// re-applies cc.sc), and so does the client. It used to go back to its own
+// config: 4 attempts where grpc makes 3.
 func TestResolverConfigReachesTheClient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newTestClient(t, WithRetryPolicy(fastPolicy(4), echoService))
 		e := newResolverEnv(t, c, true)
+		own := newGRPCRetryEnv(t, resolverConfig("4"))
 		steps := []struct {
 			what, doc string
 			want      int
+			grpc      int // grpc's own retry, when it differs
 		}{
-			{"before any config: the client's own (maxAttempts 4)", "", 4},
-			{"the resolver's maxAttempts 3", resolverConfig("3"), 3},
-			{"the resolver changes it to 2", resolverConfig("2"), 2},
-			{"the same config again", resolverConfig("2"), 2},
-			{"a config grpc takes but Parse refuses: the previous stays",
-				`{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService"}], "bulkhead": {"maxConcurent": 1}}]}`, 2},
-			{"a config with nothing for the client (load balancing only): the client's own",
-				`{"loadBalancingConfig": [{"round_robin": {}}]}`, 4},
-			{"the resolver's maxAttempts 3 again", resolverConfig("3"), 3},
-			{"no config at all: the client's own", "", 4},
+			{what: "before any config: the client's own (maxAttempts 4)", want: 4},
+			{what: "the resolver's maxAttempts 3", doc: resolverConfig("3"), want: 3},
+			{what: "addresses alone (DNS: the TXT lookup failed): the resolver's last stays", want: 3},
+			{what: "a config grpc refuses (ServiceConfig.Err): the resolver's last stays", doc: "{not json", want: 3},
+			{what: "the resolver changes it to 2", doc: resolverConfig("2"), want: 2},
+			{what: "the same config again", doc: resolverConfig("2"), want: 2},
+			{what: "a config grpc takes but Parse refuses: the previous stays (grpc: it applies, with no retry policy)",
+				doc: `{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService"}], "bulkhead": {"maxConcurent": 1}}]}`, want: 2, grpc: 1},
+			{what: "the resolver's maxAttempts 3 again", doc: resolverConfig("3"), want: 3},
+			{what: "a config with nothing for the client (load balancing only): it replaces the client's config",
+				doc: `{"loadBalancingConfig": [{"round_robin": {}}]}`, want: 1},
+			{what: "addresses alone again: the load-balancing config stays", want: 1},
+			{what: "the resolver's maxAttempts 3 once more", doc: resolverConfig("3"), want: 3},
 		}
 		for _, s := range steps {
 			e.deliver(s.doc)
+			own.deliver(s.doc)
 			if got := e.attempts(); got != s.want {
 				t.Errorf("%s: %d attempts, want %d", s.what, got, s.want)
 			}
+			want := s.want
+			if s.grpc != 0 {
+				want = s.grpc
+			}
+			if got := own.attempts(); got != want {
+				t.Errorf("%s: grpc's own retry made %d attempts, want %d", s.what, got, want)
+			}
 		}
 	})
+}
+
+// newGRPCRetryEnv is a connection through a manual resolver with grpc's own
+// retry, and def as its default service config: no Client.
+func newGRPCRetryEnv(t *testing.T, def string) *resolverEnv {
+	t.Helper()
+	e := &resolverEnv{t: t, r: manual.NewBuilderWithScheme("grpcown"), srv: &testserver.Server{},
+		addr: []resolver.Address{{Addr: "bufnet"}}}
+	e.r.InitialState(resolver.State{Addresses: e.addr})
+	dial, stop := testserver.Listen(func(gs *grpc.Server) { echov1.RegisterEchoServiceServer(gs, e.srv) })
+	cc, err := grpc.NewClient("grpcown:///echo", append(dial, grpc.WithResolvers(e.r), grpc.WithDefaultServiceConfig(def))...)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cc.Close()
+		stop()
+	})
+	e.stub = echov1.NewEchoServiceClient(cc)
+	if _, err := e.stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil { // builds the resolver
+		t.Fatal(err)
+	}
+	return e
 }
 
 // TestResolverConfigIgnoredWithoutWrapResolver pins the behaviour

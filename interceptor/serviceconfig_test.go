@@ -114,7 +114,7 @@ func TestUpdateServiceConfigRefusesABadConfig(t *testing.T) {
 	if !errors.As(err, &sce) || sce.Path != "methodConfig[0].bulkhead.maxConcurrent" {
 		t.Fatalf("UpdateServiceConfig(bad) = %v, want a serviceconfig.Error at methodConfig[0].bulkhead.maxConcurrent", err)
 	}
-	if c.state.Load().policy(echoMethod, false).retry == nil {
+	if policyOf(c, echoMethod).retry == nil {
 		t.Error("a refused config replaced the old one")
 	}
 }

@@ -3,10 +3,12 @@ package interceptor
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/internal/breaker"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // BreakerState is the state of a method's circuit breaker.
@@ -67,26 +69,22 @@ type MethodStatus struct {
 // fullMethod ("/pkg.Service/Method"; the leading slash may be left out) go
 // through. It keeps nothing for a method no call has resolved (its guards
 // are then fresh), so names from elsewhere cannot grow the client's state.
-// A method past the client's bound on methods (see the package
-// documentation, Bounded state) reports the state it shares with the
-// others of its config entry. A name that is not a full method has no
-// guards: its status is empty, and why is logged once (WithLogger).
+// A name that is not a full method has no guards: its status is empty, and
+// why is logged once (WithLogger).
 func (c *Client) Status(fullMethod string) MethodStatus {
 	full, err := rpcname.FullMethod("Status", fullMethod)
 	if err != nil {
 		c.log.warn(err.Error())
 		return MethodStatus{FullMethod: fullMethod}
 	}
-	p := c.state.Load().peek(full)
-	return p.status(time.Now())
+	return c.peek(full).status(time.Now())
 }
 
 // Statuses returns a snapshot of every method with a breaker (of either
-// mode) or a bulkhead that the config names exactly or that was called,
-// sorted by method, and the shared state of the methods past the bound
-// ("/pkg.Service/*", "/*") once one was called. It is complete after any
-// sequence of config updates: a method's state carries over while its
-// blocks are unchanged.
+// mode) or a bulkhead that the config names exactly, or that was called
+// (or given to ForceOpen, ForceClosed or ResetBreaker) and is kept (see the
+// package documentation, Bounded state), sorted by method. It is complete
+// after any sequence of config updates.
 func (c *Client) Statuses() []MethodStatus {
 	now := time.Now()
 	var out []MethodStatus
@@ -95,15 +93,7 @@ func (c *Client) Statuses() []MethodStatus {
 			out = append(out, p.status(now))
 		}
 	})
-	slices.SortFunc(out, func(a, b MethodStatus) int {
-		switch {
-		case a.FullMethod < b.FullMethod:
-			return -1
-		case a.FullMethod > b.FullMethod:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b MethodStatus) int { return strings.Compare(a.FullMethod, b.FullMethod) })
 	return out
 }
 
@@ -128,45 +118,68 @@ func (p *methodPolicy) status(now time.Time) MethodStatus {
 }
 
 // ForceOpen holds the breaker of fullMethod open, rejecting every call,
-// until ResetBreaker. It is an error when the method has no breaker, or
+// until ResetBreaker or ForceClosed, and across config updates while the
+// method's entry keeps a circuitBreaker block. It acts on the breaker of
+// that method alone. It is an error, saying why, when the method has no
+// breaker (no entry with a circuitBreaker block applies to it, the block is
+// in mode "adaptive", or the method is exempt), when the client has no room
+// to keep one for it (see the package documentation, Bounded state), or
 // when fullMethod is not a full method "/pkg.Service/Method" (the leading
-// slash may be left out): the error quotes it and says what is wrong.
+// slash may be left out).
+//
+// ForceOpen, ForceClosed and ResetBreaker take no lock of the client's
+// while the breaker changes, and the WithOnStateChange hook runs after the
+// change is published: a hook may call them, or any other method of the
+// Client.
 func (c *Client) ForceOpen(fullMethod string) error {
 	return c.control("ForceOpen", fullMethod, (*breaker.Breaker).ForceOpen)
 }
 
 // ForceClosed holds the breaker of fullMethod closed, admitting every call,
-// until ResetBreaker. It is an error when the method has no breaker.
+// until ResetBreaker or ForceOpen. Its errors are ForceOpen's.
 func (c *Client) ForceClosed(fullMethod string) error {
 	return c.control("ForceClosed", fullMethod, (*breaker.Breaker).ForceClosed)
 }
 
 // ResetBreaker returns the breaker of fullMethod to closed with empty
-// counts, ending a forced state. It is an error when the method has no
-// breaker.
+// counts, ending a forced state. Its errors are ForceOpen's.
 func (c *Client) ResetBreaker(fullMethod string) error {
 	return c.control("ResetBreaker", fullMethod, (*breaker.Breaker).Reset)
 }
 
-// control applies f to the breaker that fullMethod's calls go through,
-// keeping the method's state as a call would (within the bound; past it,
-// the breaker its config entry shares). It waits for an update in
-// progress, which may have copied the breaker's state into the next
-// config's already (breaker.Adopt): f applies to the breaker of the config
-// in force, and the next update carries it over.
+// control applies f to the breaker of fullMethod's row, made as a call
+// would make it (methods.go), with no lock held: the row's breaker is the
+// method's under every config that keeps its block (T5), so f is never
+// lost to an update.
 func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Time)) error {
 	fullMethod, err := rpcname.FullMethod(op, fullMethod)
 	if err != nil {
 		return err
 	}
-	c.updateMu.Lock()
-	defer c.updateMu.Unlock()
-	p := c.state.Load().policy(fullMethod, false)
-	if p.g.breaker == nil {
-		return fmt.Errorf("interceptor: %s has no circuit breaker", fullMethod)
+	st, p, untracked := c.add(fullMethod, false)
+	if b := p.g.breaker; b != nil {
+		f(b, time.Now())
+		return nil
 	}
-	f(p.g.breaker, time.Now())
-	return nil
+	return fmt.Errorf("interceptor: %s(%s): %s", op, fullMethod, st.noBreaker(fullMethod, untracked))
+}
+
+// noBreaker says why fullMethod has no breaker under st.
+func (st *clientState) noBreaker(fullMethod string, untracked bool) string {
+	mc, ok := st.cfg.Lookup(fullMethod)
+	switch {
+	case !ok:
+		return "no methodConfig entry applies to the method: it has no circuit breaker"
+	case mc.CircuitBreaker == nil:
+		return fmt.Sprintf("the methodConfig entry that applies to it (%s) has no circuitBreaker block", entryKey(mc, fullMethod))
+	case mc.CircuitBreaker.Mode == serviceconfig.ModeAdaptive:
+		return "its circuitBreaker is in mode \"adaptive\", which has no state to force"
+	case matchName(st.opts.exempt, fullMethod):
+		return "the method is exempt from breakers (WithExemptMethods)"
+	case untracked:
+		return fmt.Sprintf("the client keeps breakers for at most %d methods of %s that the config does not name exactly, and none is idle to make room: name the method in the config, or call it through a generated stub", st.table.bound, entryKey(mc, fullMethod))
+	}
+	return "it has no circuit breaker"
 }
 
 // RetryStatus is a snapshot of the limits a Client's retries share, from

@@ -24,9 +24,8 @@ func (c *Client) StreamClientInterceptor() grpc.StreamClientInterceptor {
 }
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	st := c.state.Load()
 	co := scanCallOptions(opts)
-	mp := st.policy(method, co.static)
+	st, mp := c.resolve(method, co.static)
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
@@ -361,6 +360,13 @@ func (s *retryStream) CloseSend() error {
 	}
 	panicking = false
 	return err
+}
+
+// halfClosed reports whether the caller has closed its sending side.
+func (s *retryStream) halfClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closeSent
 }
 
 // Trailer returns the trailer of the live attempt, or of the latest.

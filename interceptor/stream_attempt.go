@@ -103,9 +103,12 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		a.timer = time.AfterFunc(s.r.rp.perAttempt, func() {
 			if s.ctx.Err() == nil {
 				a.timedOut.Store(true)
-				if !s.r.attemptByCaller {
+				if !s.r.attemptByCaller && s.halfClosed() {
 					// Before the cancel: the endpoint policy reads the
-					// mark when grpc reports the attempt CANCELLED.
+					// mark when grpc reports the attempt CANCELLED. Only
+					// once the caller has sent its whole request: before,
+					// the endpoint may be waiting on the caller, whose
+					// pace must not count against it.
 					s.trail.Trail().MarkTimedOut()
 				}
 			}

@@ -10,6 +10,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/faultinject"
@@ -156,4 +159,75 @@ func Example_faultinject() {
 	// attempt 2 reached the handler: false
 	// attempt 3 reached the handler: true
 	// aborts injected: 2
+}
+
+// A Server of your own service, here grpc's health service: the script
+// fails the first two Checks before the handler, the client's retry
+// policy makes the third attempt, and the Server recorded each attempt of
+// the method with its grpc-previous-rpc-attempts and metadata. The same
+// works for a hand-written service:
+// NewServer(func(s *grpc.Server) { s.RegisterService(&desc, impl) }).
+func ExampleNewServer_registeredService() {
+	hs := health.NewServer()
+	srv := resiliencetest.NewServer(func(s *grpc.Server) { healthgrpc.RegisterHealthServer(s, hs) })
+	const check = "/grpc.health.v1.Health/Check"
+	srv.Script(check, resiliencetest.FailTimes(2, codes.Unavailable)...)
+	client, err := interceptor.NewClient(interceptor.WithRetryPolicy(&serviceconfig.RetryPolicy{
+		MaxAttempts:          3,
+		InitialBackoff:       time.Millisecond,
+		RetryableStatusCodes: []codes.Code{codes.Unavailable},
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// In a test: conn := resiliencetest.Start(t, srv, client.DialOptions())
+	conn, stop, err := resiliencetest.Serve(srv, client.DialOptions())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
+
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "caller", "checkout")
+	resp, err := healthgrpc.NewHealthClient(conn).Check(ctx, &healthgrpc.HealthCheckRequest{})
+	fmt.Println(resp.GetStatus(), err)
+	for _, a := range srv.Attempts(check) {
+		fmt.Println("attempt", a.N, "grpc-previous-rpc-attempts", a.Previous, "caller", a.MD.Get("caller"))
+	}
+	// Output:
+	// SERVING <nil>
+	// attempt 1 grpc-previous-rpc-attempts -1 caller [checkout]
+	// attempt 2 grpc-previous-rpc-attempts 1 caller [checkout]
+	// attempt 3 grpc-previous-rpc-attempts 2 caller [checkout]
+}
+
+// A cluster of your own service: three backends of the health service,
+// each with an implementation of its own, behind round_robin. Backend 2
+// reports NOT_SERVING, and backend 0 fails every Check by its script.
+// ServeCluster returns once every backend is READY, so the first three
+// Checks already reach the three backends.
+func ExampleWithService() {
+	servers := []*health.Server{health.NewServer(), health.NewServer(), health.NewServer()}
+	servers[2].SetServingStatus("", healthgrpc.HealthCheckResponse_NOT_SERVING)
+	cluster, stop, err := resiliencetest.ServeCluster(3, nil,
+		resiliencetest.WithServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
+		resiliencetest.WithService(func(i int, s *grpc.Server) { healthgrpc.RegisterHealthServer(s, servers[i]) }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
+	cluster.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
+		return resiliencetest.Step{Code: codes.Unavailable, Message: "draining"}
+	})
+
+	hc := healthgrpc.NewHealthClient(cluster.Conn)
+	answers := map[string]int{}
+	for range 3 {
+		resp, err := hc.Check(context.Background(), &healthgrpc.HealthCheckRequest{})
+		answers[fmt.Sprint(status.Code(err), " ", resp.GetStatus())]++
+	}
+	fmt.Println(answers)
+	fmt.Println("Checks per backend:", cluster.Counts("/grpc.health.v1.Health/Check"))
+	// Output:
+	// map[OK NOT_SERVING:1 OK SERVING:1 Unavailable UNKNOWN:1]
+	// Checks per backend: [1 1 1]
 }

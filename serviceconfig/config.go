@@ -50,7 +50,9 @@ type Config struct {
 // document order: grpc-go ignores them, and so does Parse (a key that is
 // one of this module's own misspelt or misplaced is an error instead),
 // each with the known key it most likely misspells. Those are of kind
-// [WarningIgnoredKey]. Then, only in a Config parsed with [Lenient], the
+// [WarningIgnoredKey], and so is a negative timeout, which grpc-go
+// ignores (the methods get no timeout). Then, only in a Config parsed with
+// [Lenient], the
 // problems that change which methods a policy covers, of kind
 // [WarningCoverage], which Parse otherwise refuses. svcconfig check prints
 // the warnings, and fails on them with -strict; a Client logs them once.
@@ -76,11 +78,13 @@ type WarningKind uint8
 
 const (
 	// WarningIgnoredKey is an unknown key in gRFC A6's objects, ignored as
-	// grpc-go ignores it. The field it likely misspells keeps its default,
-	// but which methods each policy covers does not change.
+	// grpc-go ignores it, or a value grpc-go ignores (a negative timeout).
+	// The field keeps its default, but which methods each policy covers
+	// does not change.
 	WarningIgnoredKey WarningKind = iota + 1
 	// WarningCoverage changes which methods a policy covers: a typo that
-	// widens an entry to every method (a name holding an unknown key), or
+	// widens an entry to every method (a name holding an unknown key, or
+	// null, or a key given twice), or
 	// leaves a policy applying to no method (an entry without a name, a
 	// misspelt methodConfig). Parse refuses these unless given [Lenient].
 	WarningCoverage
@@ -333,8 +337,11 @@ type HedgingPolicy struct {
 	// at once. With HedgingDelayQuantile set, it is the wait only until
 	// HedgingDelayMinSamples were observed, and 0 then means that, until
 	// then, further copies go out only after non-fatal failures. A client
-	// with a retry budget raises a fixed delay that more calls outlast than
-	// its budget pays for (see package interceptor, Hedging).
+	// with a retry budget raises the delay, fixed or adaptive, to the
+	// latency that the share of calls its budget pays for outlasts, once
+	// 100 copies were observed (HedgingDelayMinSamples), so that the
+	// budget's hedges go to the slowest calls (see package interceptor,
+	// What a hedge may spend).
 	HedgingDelay time.Duration
 	// NonFatalStatusCodes are the codes after which hedging goes on; any
 	// other code ends the call. A list, as RetryableStatusCodes.
@@ -346,9 +353,12 @@ type HedgingPolicy struct {
 	// is hedged whatever the latencies are, and stays so as they drift. The
 	// latency is the lower quantile over the method's last few hundred
 	// attempts, rounded up by at most 12.5 %; a copy cut off by a sibling's
-	// answer counts as at least as long as it ran. From 0.75, the delay is
-	// capped at 1.25× the quantile with twice the tail share, so a slow mode
-	// is hedged whole. 0 keeps HedgingDelay fixed.
+	// answer counts as at least as long as it ran. From 0.75, where the
+	// quantile falls in a gap before a cluster of slow calls, the delay is
+	// the gap's fast edge (at most 1.25× the quantile with twice the tail
+	// share), so the cluster is hedged whole. A client's retry budget may
+	// raise the delay further (see HedgingDelay). 0 keeps HedgingDelay
+	// fixed.
 	HedgingDelayQuantile float64
 	// HedgingDelayFloor is the least adaptive delay, ≥ 0 (an extension
 	// field): hedges never go out sooner, however fast the method. Needs
@@ -390,6 +400,14 @@ type RetryBudget struct {
 	MinRetriesPerSecond float64
 	// TTL is the sliding window; 0 means 10s.
 	TTL time.Duration
+	// Zero makes a budget that pays for nothing: no call is retried and no
+	// hedged copy is sent after the first, an incident's kill switch. Ratio
+	// and MinRetriesPerSecond must then be 0. In JSON it is written with
+	// both written out as 0: "retryBudget": {"ratio": 0,
+	// "minRetriesPerSecond": 0}; a 0 written out for one of them alone is
+	// an error (it cannot mean "none of this part": left out, a field takes
+	// its default).
+	Zero bool
 }
 
 // CircuitBreaker trips a method's breaker on consecutive failures, on a
@@ -401,21 +419,21 @@ type RetryBudget struct {
 //
 // With Mode "adaptive" the block is the client-side adaptive throttling of
 // the SRE book ("Handling Overload") instead: no open or closed states, but
-// each attempt is rejected locally with probability
-//
-//	max(0, (requests − K·accepts) / (requests + 1))
-//
-// over the last Window (0 means 60s in this mode), where requests counts
-// the attempts the backend answered and those the throttle rejected, and
-// accepts those the backend accepted: every outcome but RESOURCE_EXHAUSTED
-// and UNAVAILABLE from the backend. An attempt counts once its outcome is
-// known (attempts in flight do not look refused), and attempts that never
-// reached the backend (the method's bulkhead full, its deadline spent) do
-// not count. Once the backend refused nothing for 250ms, the formula over
-// the last second applies when it is lower, so that the client follows a
-// recovery within seconds, and the probability is at most 0.9: a backend
-// that refuses everything still receives a tenth of the attempts (see
-// package interceptor's doc). Only K and Window apply in this mode.
+// each attempt is rejected locally with a probability p that settles where
+// the client sends K times what the backend accepts. Each answer of the
+// backend moves p: a refusal (RESOURCE_EXHAUSTED or UNAVAILABLE from the
+// backend) up by 0.02/K, an acceptance (every other outcome) down by
+// 0.02·(1 − 1/K); the client's own rejections, the caller's cancellations
+// and attempts that never reached the backend (the method's bulkhead full,
+// its deadline spent) move nothing, and an attempt counts once its outcome
+// is known (attempts in flight do not look refused). So p rises to its cap
+// of 0.9 within about 90 refusals in an outage (a backend that refuses
+// everything still receives a tenth of the attempts) and falls back within
+// about 90 acceptances after it, whatever small error rate remains; it
+// halves every Window/4 without an answer (Window: 0 means 60s in this
+// mode, over which MethodStatus counts requests and accepts). See package
+// internal/adaptive of the module for the derivation. Only K and Window
+// apply in this mode.
 type CircuitBreaker struct {
 	// Mode is "" for the breaker with states, or "adaptive".
 	Mode string
@@ -437,8 +455,9 @@ type CircuitBreaker struct {
 	// MinimumCalls is the number of calls in Window before a rate can trip
 	// the breaker. 0 means 20.
 	MinimumCalls int
-	// Window is the rolling window of the rates. 0 means 10s (60s in mode
-	// "adaptive").
+	// Window is the rolling window of the rates. 0 means 10s (in mode
+	// "adaptive": 60s, the window of the counts MethodStatus reports, four
+	// times the half-life of the probability without an answer).
 	Window time.Duration
 	// OpenDuration is how long the breaker stays open after its first trip.
 	// 0 means 5s.

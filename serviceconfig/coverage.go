@@ -13,6 +13,15 @@ import (
 //   - an unknown key in a name: {"services": "shop.Orders"} is the name {},
 //     the default entry, so a 10-attempt policy meant for one service
 //     applies to every method, health checks included;
+//   - null in a name: grpc-go reads {"service": null} as {}, the default
+//     entry, a null element of the name list too, and {"service":
+//     "shop.Orders", "method": null} as the whole service: what a template
+//     whose variable is unset writes;
+//   - a key given twice where grpc-go merges the two values into a name
+//     neither wrote: in a name ({"service": "shop.Orders", "service": ""}
+//     is the default entry), "name" in an entry, "methodConfig" at the top
+//     level (the second list is decoded into the first, element by
+//     element);
 //   - a key in an entry that most likely misspells "name", and an entry
 //     whose name is absent, null or an empty list: the entry applies to
 //     no method;
@@ -26,7 +35,8 @@ import (
 // warningsOf returns the warnings of the decoded document w whose unknown
 // keys are unknown: the unknown keys in document order, each of kind
 // WarningCoverage when it changes which methods a policy covers, else
-// WarningIgnoredKey; then the entries that select no method, in entry order.
+// WarningIgnoredKey; then, in entry order, a negative timeout (ignored)
+// and the entries that select no method.
 func warningsOf(w *wireConfig, unknown []unknownKey) []*Warning {
 	root := schemaOf(reflect.TypeFor[wireConfig](), "the top level")
 	entrySchema := childSchema(root, "methodConfig")
@@ -35,16 +45,23 @@ func warningsOf(w *wireConfig, unknown []unknownKey) []*Warning {
 	misspeltName := map[int]bool{} // entries with a key that misspells "name"
 	for _, u := range unknown {
 		var msg string
-		switch u.in {
-		case nameSchema:
+		switch {
+		case u.note != noteUnknown:
+			// A known key repeated or null, or a null element: a warning
+			// only where it changes coverage.
+			if msg = oddInCoverage(w, u, root, entrySchema, nameSchema); msg != "" {
+				out = append(out, &Warning{Kind: WarningCoverage, Path: u.path(), Err: errors.New(msg)})
+			}
+			continue
+		case u.in == nameSchema:
 			msg = unknownInName(w, u)
-		case entrySchema:
+		case u.in == entrySchema:
 			if u.suggestion == "name" {
 				i := u.indices[0]
 				misspeltName[i] = true
 				msg = misspeltNameKey(entry(w, i))
 			}
-		case root:
+		case u.in == root:
 			msg = unknownAtTop(w, u)
 		}
 		if msg == "" {
@@ -57,6 +74,10 @@ func warningsOf(w *wireConfig, unknown []unknownKey) []*Warning {
 		return out
 	}
 	for i, m := range *w.MethodConfig {
+		if t := m.Timeout.v; t != nil && *t < 0 && m.Name != nil {
+			out = append(out, &Warning{Kind: WarningIgnoredKey, Path: index("methodConfig", i) + ".timeout", Err: errors.New(
+				"is negative, which grpc-go ignores, and so does Parse: the methods get no timeout")})
+		}
 		switch {
 		case m.Name == nil && !misspeltName[i]:
 			out = append(out, &Warning{Kind: WarningCoverage, Path: index("methodConfig", i), Err: errors.New(
@@ -92,21 +113,58 @@ func unknownInName(w *wireConfig, u unknownKey) string {
 	if u.suggestion != "" {
 		msg = `unknown key: did you mean "` + u.suggestion + `"?`
 	}
-	msg += " grpc-go ignores it"
-	m := entry(w, u.indices[0])
-	if m == nil || m.Name == nil || u.indices[1] >= len(*m.Name) {
-		return msg
+	return msg + " grpc-go ignores it" + nameLeft(w, u.indices)
+}
+
+// nameLeft says, after a comma, what the name at indices ([entry, name])
+// of w selects when that is more methods than one: the default entry, or a
+// whole service; "" otherwise.
+func nameLeft(w *wireConfig, indices []int) string {
+	if len(indices) < 2 {
+		return ""
 	}
-	n := (*m.Name)[u.indices[1]]
+	m := entry(w, indices[0])
+	if m == nil || m.Name == nil || indices[1] >= len(*m.Name) {
+		return ""
+	}
+	n := (*m.Name)[indices[1]]
 	switch svc, method := n.Service.v, n.Method.v; {
 	case svc == "" && method == "":
-		msg += ", which leaves the name {}, the default entry: its policies would apply to every method"
+		return ", which leaves the name {}, the default entry: its policies would apply to every method"
 	case method == "":
 		quoted, _ := json.Marshal(svc)
-		msg += `, which leaves the name {"service": ` + string(quoted) +
+		return `, which leaves the name {"service": ` + string(quoted) +
 			`}: its policies would apply to every method of ` + svc
 	}
-	return msg
+	return ""
+}
+
+// oddInCoverage words u, a known key repeated or null or a null element,
+// when it changes which methods a policy covers, or returns "": null in a
+// name or as a name, and a key given twice in a name, "name" given twice
+// in an entry, "methodConfig" given twice. The schemas are those of the
+// document, an entry and a name.
+func oddInCoverage(w *wireConfig, u unknownKey, root, entrySchema, nameSchema *schema) string {
+	f, _ := u.in.field(u.key)
+	switch {
+	case u.note == noteNullElement && u.in == nameSchema:
+		return `null: grpc-go reads it as {}, the default entry: its policies would apply to every method ` +
+			`(write {} if every method is meant)`
+	case u.note == noteNull && u.in == nameSchema:
+		meant := ` (write {} if every method is meant)`
+		if f.name == "method" {
+			meant = ` (leave "method" out if the whole service is meant)`
+		}
+		return `null: grpc-go reads it as ""` + nameLeft(w, u.indices) + meant
+	case u.note != noteRepeated:
+	case u.in == nameSchema:
+		return "given twice: grpc-go keeps the last value" + nameLeft(w, u.indices)
+	case u.in == entrySchema && f.name == "name", u.in == root && f.name == "methodConfig":
+		return "given twice: grpc-go decodes the second list into the first, element by element " +
+			"(their fields merge, and elements past the second list's end are dropped), " +
+			"so the methods selected are not those either list names"
+	}
+	return ""
 }
 
 // misspeltNameKey words a key of entry m that most likely misspells

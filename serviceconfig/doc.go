@@ -47,7 +47,9 @@
 //     which methods a policy covers. A key given twice
 //     decodes twice, as in encoding/json: the last value wins, objects and
 //     arrays merge into the earlier ones, and a value that failed to decode
-//     fails the document even if a later one is good.
+//     fails the document even if a later one is good (but see "A typo
+//     never widens a policy" for a key given twice in a name, and "name"
+//     or "methodConfig" given twice).
 //   - null means absent for timeout, waitForReady, the message sizes, the
 //     policies, and the blocks. For a number or string field it leaves the
 //     field as it was (absent, so zero). initialBackoff and maxBackoff hold
@@ -59,7 +61,8 @@
 //     errors. More than 315,576,000,000 s is an error; past the ~292 years a
 //     time.Duration holds the value is clamped. Like grpc-go, the parser
 //     takes a sign after the "-" or the "." as written ("+1s" is 1s).
-//   - A negative timeout is accepted and, as in grpc-go, means no timeout.
+//   - A negative timeout is accepted and, as in grpc-go, means no timeout;
+//     [Config.Warnings] reports it.
 //   - maxAttempts is a JSON integer greater than 1 (2.0 and "3" are errors)
 //     and is lowered to the cap, 5 unless [WithMaxAttemptsCap] raises it.
 //     initialBackoff and maxBackoff must be greater than 0, backoffMultiplier
@@ -71,7 +74,10 @@
 //     JSON string: "14" and names with escape sequences are errors. A null
 //     element reads as OK (0), as it does in grpc-go.
 //   - Names: {"service", "method"} selects one method, {"service"} (or an
-//     empty method) a whole service, {} (or a null element) is the default.
+//     empty method) a whole service, {} (or an empty service) is the
+//     default. null in a name is refused (see "A typo never widens a
+//     policy"); with [Lenient], as in grpc-go, a null element is {} and a
+//     null service or method is "".
 //     A method without a service is an error. A name given twice anywhere in
 //     the document is an error; names are compared as grpc-go files them,
 //     by the key "/service/method". A name that no well-formed call carries is
@@ -104,7 +110,7 @@
 // (zero means no timeout in MethodConfig, so "0s" cannot parse to zero),
 // which the interceptor package runs the same way: a call under it fails
 // at once, before any attempt. A negative timeout is ignored, as grpc-go
-// ignores it: it parses to a Timeout of 0, no timeout.
+// ignores it: it parses to a Timeout of 0, no timeout, with a warning.
 //
 // # Where Parse differs from grpc-go
 //
@@ -171,12 +177,20 @@
 // That is: any unknown key in a name; a key that most likely misspells
 // "name" in an entry, or "methodConfig" at the top level; any other unknown
 // top-level key in a document without methodConfig (unless it most likely
-// misspells another top-level key); and an entry whose name is absent,
-// null or an empty list, which applies to no method. A document delivered
-// by a resolver, which grpc-go applies whatever it holds, is read with
-// [Lenient]; each [Warning] has a Kind that tells these
-// ([WarningCoverage]) from the unknown keys that only leave a field at
-// its default ([WarningIgnoredKey]).
+// misspells another top-level key); an entry whose name is absent, null or
+// an empty list, which applies to no method; null in a name, which grpc-go
+// reads as "" ({"service": null} and [null] are the default entry, a null
+// method widens a name to its service: what a template whose variable is
+// unset writes); and a key given twice in a name, or "name" twice in an
+// entry, or "methodConfig" twice, which grpc-go merges into names neither
+// copy wrote:
+//
+//	serviceconfig: methodConfig[0].name[0].service: null: grpc-go reads it as "", which leaves the name {}, the default entry: its policies would apply to every method (write {} if every method is meant)
+//
+// A document delivered by a resolver, which grpc-go applies whatever it
+// holds, is read with [Lenient]; each [Warning] has a Kind that tells
+// these ([WarningCoverage]) from the unknown keys that only leave a field
+// at its default ([WarningIgnoredKey]).
 //
 // # Extension blocks
 //

@@ -108,8 +108,8 @@ func (s *schema) field(key string) (schemaField, bool) {
 }
 
 // keyCheck walks a document against a schema and collects what it finds:
-// the first unknown key that is an error, and the warnings, in document
-// order.
+// the first unknown key that is an error, and the notes (the other unknown
+// keys, and the known keys repeated or null), in document order.
 type keyCheck struct {
 	root     *schema
 	strict   bool // the whole document is ours (the server config)
@@ -121,16 +121,32 @@ type keyCheck struct {
 	indices []int
 }
 
-// unknownKey is an unknown key that is only warned about.
+// unknownKey is a note of the walk: an unknown key that is only warned
+// about, or (note) a known key given twice in one object or given null, or
+// a null element of an array of objects. Parse decides which of the notes
+// change which methods a policy covers (coverage.go); the others are no
+// warning.
 type unknownKey struct {
 	parent, key, suggestion string
-	in                      *schema // the object holding the key
+	in                      *schema // the object holding the key (the array's element schema for noteNullElement)
 	indices                 []int   // keyCheck.indices where the key is
+	note                    noteKind
 }
+
+// noteKind says what an unknownKey notes.
+type noteKind uint8
+
+const (
+	noteUnknown     noteKind = iota // a key the object does not know
+	noteRepeated                    // a known key given again in the same object
+	noteNull                        // a known key whose value is null
+	noteNullElement                 // a null element of an array of objects: parent is its path, key ""
+)
 
 // checkKeys checks the keys of data, a document that decoded, against
 // the schema of the wire type root. It returns the first unknown key that
-// is an error and the warnings.
+// is an error and the notes: the other unknown keys, and the known keys
+// repeated or null and the null elements of arrays of objects.
 func checkKeys(data []byte, root reflect.Type, strict bool) (*Error, []unknownKey) {
 	k := &keyCheck{root: schemaOf(root, "the top level"), strict: strict}
 	k.value(data, k.root, "", strict)
@@ -152,6 +168,9 @@ func (k *keyCheck) value(raw []byte, s *schema, path string, ours bool) {
 		}
 		for i, e := range elems {
 			k.indices = append(k.indices, i)
+			if isNull(e) {
+				k.note(unknownKey{parent: index(path, i), in: s, note: noteNullElement})
+			}
 			k.value(e, s, index(path, i), ours)
 			k.indices = k.indices[:len(k.indices)-1]
 		}
@@ -166,6 +185,7 @@ func (k *keyCheck) object(raw []byte, s *schema, path string, ours bool) {
 	if _, err := dec.Token(); err != nil { // '{'
 		return
 	}
+	var given []string // the fields given so far, by their names
 	for dec.More() && k.err == nil {
 		t, err := dec.Token()
 		key, ok := t.(string)
@@ -174,6 +194,13 @@ func (k *keyCheck) object(raw []byte, s *schema, path string, ours bool) {
 			return
 		}
 		if f, known := s.field(key); known {
+			if slices.Contains(given, f.name) {
+				k.note(unknownKey{parent: path, key: key, in: s, note: noteRepeated})
+			}
+			given = append(given, f.name)
+			if isNull(v) {
+				k.note(unknownKey{parent: path, key: key, in: s, note: noteNull})
+			}
 			k.value(v, f.child, join(path, key), ours || f.ours)
 			continue
 		}
@@ -202,6 +229,15 @@ func (k *keyCheck) unknown(s *schema, path, key string, ours bool) {
 		k.warnings = append(k.warnings, unknownKey{parent: path, key: key, suggestion: best, in: s, indices: slices.Clone(k.indices)})
 	}
 }
+
+// note records u at the walk's current indices.
+func (k *keyCheck) note(u unknownKey) {
+	u.indices = slices.Clone(k.indices)
+	k.warnings = append(k.warnings, u)
+}
+
+// isNull reports whether the JSON value raw is null.
+func isNull(raw []byte) bool { return string(bytes.TrimSpace(raw)) == "null" }
 
 // names lists the keys of s, for an error.
 func (s *schema) names() string {
@@ -323,8 +359,13 @@ func (u unknownKey) warning() *Warning {
 	return &Warning{Kind: WarningIgnoredKey, Path: u.path(), Err: errors.New(msg)}
 }
 
-// path returns the JSON path of the key.
-func (u unknownKey) path() string { return join(u.parent, u.key) }
+// path returns the JSON path of the key, or of the element.
+func (u unknownKey) path() string {
+	if u.note == noteNullElement {
+		return u.parent
+	}
+	return join(u.parent, u.key)
+}
 
 // hint adds to err, an error of Parse at the path of a key the document
 // lacks, the unknown key that most likely misspells it: a required field
@@ -335,7 +376,7 @@ func hint(err error, unknown []unknownKey) error {
 		return err
 	}
 	for _, u := range unknown {
-		if u.suggestion != "" && join(u.parent, u.suggestion) == e.Path {
+		if u.note == noteUnknown && u.suggestion != "" && join(u.parent, u.suggestion) == e.Path {
 			return &Error{Path: e.Path, Err: errors.New(e.Err.Error() + ` (the document has "` + u.key + `": a misspelling?)`)}
 		}
 	}

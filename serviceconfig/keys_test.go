@@ -123,3 +123,21 @@ func TestServerConfigUnknownKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestNegativeTimeoutIsAWarning pins a value grpc-go ignores: a negative
+// timeout parses, as in grpc-go, to no timeout, and Warnings says so,
+// where before it was dropped in silence ("timeout": "-1s" read as no
+// timeout, and svcconfig check printed "ok").
+func TestNegativeTimeoutIsAWarning(t *testing.T) {
+	c, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{"service": "shop.Orders"}], "timeout": "-1s"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.MethodConfig[0].Timeout; got != 0 {
+		t.Errorf("Timeout = %v, want 0 (none), as grpc-go reads it", got)
+	}
+	const want = "ignored key: serviceconfig: methodConfig[0].timeout: is negative, which grpc-go ignores, and so does Parse: the methods get no timeout"
+	if ws := c.Warnings(); len(ws) != 1 || ws[0].Kind.String()+": "+ws[0].Error() != want {
+		t.Errorf("Warnings() = %v, want [%s]", ws, want)
+	}
+}

@@ -46,10 +46,12 @@ func (c Config) MarshalJSON() ([]byte, error) {
 		out.HealthCheckConfig = &jsonHealthCheck{ServiceName: h.ServiceName}
 	}
 	if b := c.RetryBudget; b != nil {
-		out.RetryBudget = &jsonBudget{
-			Ratio:               b.Ratio,
-			MinRetriesPerSecond: b.MinRetriesPerSecond,
-			TTL:                 jsonDuration(b.TTL),
+		out.RetryBudget = &jsonBudget{TTL: jsonDuration(b.TTL)}
+		if b.Ratio != 0 || b.Zero {
+			out.RetryBudget.Ratio = &b.Ratio
+		}
+		if b.MinRetriesPerSecond != 0 || b.Zero {
+			out.RetryBudget.MinRetriesPerSecond = &b.MinRetriesPerSecond
 		}
 	}
 	return json.Marshal(out)
@@ -200,8 +202,10 @@ type jsonHealthCheck struct {
 }
 
 type jsonBudget struct {
-	Ratio               float64      `json:"ratio,omitempty"`
-	MinRetriesPerSecond float64      `json:"minRetriesPerSecond,omitempty"`
+	// Ratio and MinRetriesPerSecond are written when set, and as 0 for a
+	// zero budget (RetryBudget.Zero).
+	Ratio               *float64     `json:"ratio,omitempty"`
+	MinRetriesPerSecond *float64     `json:"minRetriesPerSecond,omitempty"`
 	TTL                 jsonDuration `json:"ttl,omitempty"`
 }
 

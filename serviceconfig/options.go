@@ -48,8 +48,11 @@ func (lenientOption) apply(o *parseOptions) { o.lenient = true }
 // Parse refuses it: an unknown key in a name ({"services": "shop.Orders"}
 // is the name {}, the default entry, to grpc-go), a key that most likely
 // misspells "name" in an entry or "methodConfig" at the top level, an
-// unknown top-level key in a document without methodConfig, and an entry
-// whose name is absent, null or empty (it applies to no method). With
+// unknown top-level key in a document without methodConfig, an entry
+// whose name is absent, null or empty (it applies to no method), null in a
+// name ({"service": null} is the default entry to grpc-go), and a key
+// given twice in a name, or "name" twice in an entry, or "methodConfig"
+// twice (grpc-go merges the copies). With
 // Lenient they are accepted as grpc-go accepts them and reported by
 // [Config.Warnings] as warnings of kind [WarningCoverage].
 //

@@ -162,14 +162,19 @@ type wireBulkhead struct {
 // the leaf's path. It sticks: grpc-go rejects a document in which any
 // occurrence of a key fails to decode, even when a later one would succeed.
 type leaf[T any] struct {
-	v   T
-	set bool   // the key appeared, possibly as null
-	err error  // the first decoding error
-	bad []byte // the value that failed, for error details
+	v    T
+	set  bool   // the key appeared, possibly as null
+	null bool   // the key appeared as null
+	err  error  // the first decoding error
+	bad  []byte // the value that failed, for error details
 }
+
+// written reports whether the key appeared with a value other than null.
+func (l *leaf[T]) written() bool { return l.set && !l.null }
 
 func (l *leaf[T]) UnmarshalJSON(b []byte) error {
 	l.set = true
+	l.null = string(bytes.TrimSpace(b)) == "null"
 	if err := json.Unmarshal(b, &l.v); err != nil && l.err == nil {
 		l.err, l.bad = err, bytes.Clone(b)
 	}
@@ -406,6 +411,18 @@ func (w *wireConfig) config(o parseOptions) (*Config, error) {
 			Ratio:               b.Ratio.v,
 			MinRetriesPerSecond: b.MinRetriesPerSecond.v,
 			TTL:                 optDuration(b.TTL.v),
+		}
+		ratioZero := b.Ratio.written() && b.Ratio.v == 0
+		minZero := b.MinRetriesPerSecond.written() && b.MinRetriesPerSecond.v == 0
+		switch {
+		case ratioZero && minZero:
+			c.RetryBudget.Zero = true // the kill switch: no retry at all
+		case ratioZero:
+			return nil, &Error{Path: "retryBudget.ratio", Err: errors.New("0 written out alone: a budget has no zero share of requests beside a reserve; " +
+				"write minRetriesPerSecond: 0 too for a budget that pays for no retry (the kill switch), or leave ratio out for its default, 0.2")}
+		case minZero:
+			return nil, &Error{Path: "retryBudget.minRetriesPerSecond", Err: errors.New("0 written out alone: a budget has no zero reserve beside a share of requests; " +
+				"write ratio: 0 too for a budget that pays for no retry (the kill switch), or leave minRetriesPerSecond out for its default, 10")}
 		}
 		if err := c.RetryBudget.Validate(); err != nil {
 			return nil, prefix("retryBudget", err)

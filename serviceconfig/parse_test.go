@@ -177,7 +177,7 @@ func parseCases() []parseCase {
 		{name: "other service", doc: orders(`"timeout": "2s"`), meth: "/shop.Carts/Create"},
 		{name: "default name", doc: `{"methodConfig": [{"name": [{}], "timeout": "3s"}]}`, meth: "/any.Service/Any",
 			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{}}, Timeout: 3 * time.Second}},
-		{name: "null name element is the default name", doc: `{"methodConfig": [{"name": [null], "timeout": "3s"}]}`,
+		{name: "null name element is the default name with Lenient", doc: `{"methodConfig": [{"name": [null], "timeout": "3s"}]}`, lenient: true,
 			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{}}, Timeout: 3 * time.Second}},
 		{name: "exact beats service and default", doc: precedence,
 			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "shop.Orders", Method: "Create"}}, Timeout: 1 * time.Second}},
@@ -227,6 +227,40 @@ func parseCases() []parseCase {
 		{name: "any unknown key in a name is refused", grpc: diffCoverage,
 			doc:     `{"methodConfig": [{"name": [{"service": "shop.Orders", "method": "Create", "comment": "x"}], "timeout": "1s"}]}`,
 			wantErr: `serviceconfig: methodConfig[0].name[0].comment: unknown key (a name holds only "service" and "method"): grpc-go ignores it`},
+		// null in a name, as a template whose variable is unset writes it,
+		// and a key given twice where grpc-go merges the two into a name
+		// neither wrote: refused, and with Lenient read as grpc-go reads it.
+		{name: "null name element is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Carts"}, null], "retryPolicy": ` + retry() + `}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name[1]: null: grpc-go reads it as {}, the default entry: its policies would apply to every method (write {} if every method is meant)`},
+		{name: "null service is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": null}], "retryPolicy": ` + retry() + `}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name[0].service: null: grpc-go reads it as "", which leaves the name {}, the default entry: its policies would apply to every method (write {} if every method is meant)`},
+		{name: "null service makes the default entry with Lenient", lenient: true, meth: "/grpc.health.v1.Health/Check",
+			doc:  `{"methodConfig": [{"name": [{"service": null}], "retryPolicy": ` + retry() + `}]}`,
+			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{}}, RetryPolicy: baseRetry()}},
+		{name: "null method widening a name to its service is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Orders", "method": null}], "timeout": "1s"}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name[0].method: null: grpc-go reads it as "", which leaves the name {"service": "shop.Orders"}: its policies would apply to every method of shop.Orders (leave "method" out if the whole service is meant)`},
+		{name: "null method widens a name to its service with Lenient", lenient: true,
+			doc:  `{"methodConfig": [{"name": [{"service": "shop.Orders", "method": null}], "timeout": "1s"}]}`,
+			want: svc(serviceconfig.MethodConfig{Timeout: time.Second})},
+		{name: "key given twice in a name is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Carts", "Service": ""}], "retryPolicy": ` + retry() + `}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name[0].Service: given twice: grpc-go keeps the last value, which leaves the name {}, the default entry: its policies would apply to every method`},
+		{name: "key given twice in a name makes the default entry with Lenient", lenient: true,
+			doc:  `{"methodConfig": [{"name": [{"service": "shop.Carts", "Service": ""}], "retryPolicy": ` + retry() + `}]}`,
+			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{}}, RetryPolicy: baseRetry()}},
+		{name: "name given twice in an entry is refused", grpc: diffCoverage,
+			doc: `{"methodConfig": [{"name": [{"service": "shop.Orders", "method": "Pay"}], "timeout": "1s", "name": [{"service": "shop.Carts"}]}]}`,
+			wantErr: `serviceconfig: methodConfig[0].name: given twice: grpc-go decodes the second list into the first, element by element ` +
+				`(their fields merge, and elements past the second list's end are dropped), so the methods selected are not those either list names`},
+		{name: "name given twice merges the lists with Lenient", lenient: true, meth: "/shop.Carts/Pay",
+			doc:  `{"methodConfig": [{"name": [{"service": "shop.Orders", "method": "Pay"}], "timeout": "1s", "name": [{"service": "shop.Carts"}]}]}`,
+			want: &serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: "shop.Carts", Method: "Pay"}}, Timeout: time.Second}},
+		{name: "methodConfig given twice is refused", grpc: diffCoverage,
+			doc:     `{"methodConfig": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}, {"name": [{"service": "shop.Carts"}]}], "methodConfig": [{"waitForReady": true}]}`,
+			wantErr: `serviceconfig: methodConfig: given twice: grpc-go decodes the second list into the first`},
 		{name: "misspelt methodConfig is refused", grpc: diffCoverage,
 			doc:     `{"methodConfigs": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}]}`,
 			wantErr: `serviceconfig: methodConfigs: unknown key: did you mean "methodConfig"? grpc-go ignores it, so the entries it holds apply to no method`},
@@ -500,7 +534,7 @@ func parseCases() []parseCase {
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.MaxAttempts = 3 })})},
 		{name: "repeated key: objects merge", doc: orders(`"retryPolicy": ` + retry(`"maxAttempts": 1`) + `, "retryPolicy": {"maxAttempts": 3}`),
 			want: svc(serviceconfig.MethodConfig{RetryPolicy: rp(func(p *serviceconfig.RetryPolicy) { p.MaxAttempts = 3 })})},
-		{name: "repeated key: array elements merge", doc: `{"methodConfig": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}], "methodConfig": [{"waitForReady": true}]}`,
+		{name: "repeated key: array elements merge with Lenient", lenient: true, doc: `{"methodConfig": [{"name": [{"service": "shop.Orders"}], "timeout": "1s"}], "methodConfig": [{"waitForReady": true}]}`,
 			want: svc(serviceconfig.MethodConfig{Timeout: time.Second, WaitForReady: ptr(true)})},
 
 		// Extension blocks.
@@ -838,5 +872,55 @@ func exported(c *serviceconfig.Config) serviceconfig.Config {
 		MethodConfig: c.MethodConfig, RetryThrottling: c.RetryThrottling, RetryBudget: c.RetryBudget,
 		LoadBalancingPolicy: c.LoadBalancingPolicy, LoadBalancingConfig: c.LoadBalancingConfig,
 		HealthCheckConfig: c.HealthCheckConfig,
+	}
+}
+
+// TestRetryBudgetZeroWrittenOut pins the kill switch (issue 32): both
+// ratio and minRetriesPerSecond written out as 0 make a zero budget; one
+// of them written out as 0 alone is an error naming its path, since a 0
+// left out means the default; null is as left out. Marshal writes a zero
+// budget back as both zeros.
+func TestRetryBudgetZeroWrittenOut(t *testing.T) {
+	tests := []struct {
+		doc     string
+		want    *serviceconfig.RetryBudget
+		errPath string
+	}{
+		{`{"retryBudget": {"ratio": 0, "minRetriesPerSecond": 0}}`, &serviceconfig.RetryBudget{Zero: true}, ""},
+		{`{"retryBudget": {"ratio": 0, "minRetriesPerSecond": 0, "ttl": "5s"}}`, &serviceconfig.RetryBudget{Zero: true, TTL: 5 * time.Second}, ""},
+		{`{"retryBudget": {}}`, &serviceconfig.RetryBudget{}, ""},
+		{`{"retryBudget": {"ratio": null, "minRetriesPerSecond": null}}`, &serviceconfig.RetryBudget{}, ""},
+		{`{"retryBudget": {"ratio": 0.1}}`, &serviceconfig.RetryBudget{Ratio: 0.1}, ""},
+		{`{"retryBudget": {"ratio": 0}}`, nil, "retryBudget.ratio"},
+		{`{"retryBudget": {"ratio": 0, "minRetriesPerSecond": 5}}`, nil, "retryBudget.ratio"},
+		{`{"retryBudget": {"minRetriesPerSecond": 0}}`, nil, "retryBudget.minRetriesPerSecond"},
+	}
+	for _, tt := range tests {
+		cfg, err := serviceconfig.Parse([]byte(tt.doc))
+		var se *serviceconfig.Error
+		switch {
+		case tt.errPath != "":
+			if !errors.As(err, &se) || se.Path != tt.errPath {
+				t.Errorf("Parse(%s) = %v, want an error at %s", tt.doc, err, tt.errPath)
+			}
+			continue
+		case err != nil:
+			t.Errorf("Parse(%s) = %v", tt.doc, err)
+			continue
+		}
+		if *cfg.RetryBudget != *tt.want {
+			t.Errorf("Parse(%s).RetryBudget = %+v, want %+v", tt.doc, *cfg.RetryBudget, *tt.want)
+		}
+		js, err := cfg.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := serviceconfig.Parse(js)
+		if err != nil || *back.RetryBudget != *tt.want {
+			t.Errorf("Parse(Marshal(Parse(%s))) = %+v, %v; JSON %s", tt.doc, back.RetryBudget, err, js)
+		}
+	}
+	if err := (&serviceconfig.RetryBudget{Zero: true, Ratio: 0.2}).Validate(); err == nil {
+		t.Error("RetryBudget{Zero, Ratio 0.2}.Validate() = nil, want an error")
 	}
 }

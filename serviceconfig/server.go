@@ -82,8 +82,10 @@ type TenantFairness struct {
 	// MaxTenants bounds the tenants each limit remembers at once; the names
 	// beyond share one tenant. 0 means 1024.
 	MaxTenants int
-	// IdleTimeout is how long a tenant with no call in flight keeps its
-	// share after its last call; then it is forgotten. 0 means 5s.
+	// IdleTimeout is how long a tenant with no call in flight is
+	// remembered after its last call; then it is forgotten. (A fair share
+	// is over the tenants with calls in flight or queued only.) 0 means
+	// 5s.
 	IdleTimeout time.Duration
 }
 

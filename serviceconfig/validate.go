@@ -146,6 +146,9 @@ func (t *RetryThrottling) Validate() error {
 
 // Validate reports the first field of b that is out of range.
 func (b *RetryBudget) Validate() error {
+	if b.Zero && (b.Ratio != 0 || b.MinRetriesPerSecond != 0) {
+		return newError("ratio", "must be 0, with minRetriesPerSecond, in a zero budget (Zero)")
+	}
 	if !(b.Ratio >= 0 && b.Ratio <= 1000) {
 		return newError("ratio", "must be between 0 and 1000")
 	}

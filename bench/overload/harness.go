@@ -35,6 +35,53 @@ type capacityServer struct {
 	// refuse, when it returns a status, answers Echo with it at once.
 	refuse func() error
 	calls  atomic.Int64 // Echo calls that reached the handler
+
+	// busy sums, in nanoseconds, the time tokens were held within
+	// [from, to) since t0 (set before the load starts), so that a run can
+	// tell a limit that left tokens idle from calls that were served
+	// late.
+	t0        time.Time
+	from, to  time.Duration
+	busy      atomic.Int64
+	holds     atomic.Int64 // calls that took a token within the window
+	holdNanos atomic.Int64 // their time holding it, nanoseconds
+}
+
+// window makes s sum the time its tokens are held within [from, to) since
+// t0.
+func (s *capacityServer) window(t0 time.Time, from, to time.Duration) {
+	s.t0, s.from, s.to = t0, from, to
+}
+
+// held adds the part of [start, end) within the window to busy.
+func (s *capacityServer) held(start, end time.Time) {
+	if s.t0.IsZero() {
+		return
+	}
+	a, b := max(start.Sub(s.t0), s.from), min(end.Sub(s.t0), s.to)
+	if b > a {
+		s.busy.Add(int64(b - a))
+	}
+	if at := start.Sub(s.t0); at >= s.from && at < s.to {
+		s.holds.Add(1)
+		s.holdNanos.Add(int64(end.Sub(start)))
+	}
+}
+
+// meanHold is the mean time a call held its token, of the calls that took
+// one within the window: the service time as the machine delivered it
+// (a sleep overshoots on a busy machine, and the capacity with it).
+func (s *capacityServer) meanHold() time.Duration {
+	if n := s.holds.Load(); n > 0 {
+		return time.Duration(s.holdNanos.Load() / n)
+	}
+	return 0
+}
+
+// utilization is the share of the tokens' time within the window that
+// they were held.
+func (s *capacityServer) utilization() float64 {
+	return float64(s.busy.Load()) / (float64(cap(s.tokens)) * float64(s.to-s.from))
 }
 
 func newCapacityServer(tokens int, service time.Duration) *capacityServer {
@@ -59,7 +106,9 @@ func (s *capacityServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*ec
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+	start := time.Now()
 	time.Sleep(s.service)
+	s.held(start, time.Now())
 	<-s.tokens
 	return &echov1.EchoResponse{}, nil
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/failsafe-go/failsafe-go/adaptivelimiter"
 	"github.com/failsafe-go/failsafe-go/failsafegrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
@@ -149,6 +150,21 @@ type Result struct {
 	// Calls counts the calls started; Attempts the calls the server's
 	// handler or limiter saw (retries included).
 	Calls, Attempts int
+	// Utilization is the share of the tokens' time they were held during
+	// the overload after Settle; Late the calls answered OK after their
+	// deadline there, as a share of the capacity. Goodput is at most
+	// Utilization: what it lacks is tokens left idle (a limit below the
+	// service's concurrency, gaps between a slot's release and the next
+	// admission) or work done for calls that came back late.
+	Utilization, Late float64
+	// Codes counts the calls of the overload after Settle by the status
+	// the client saw ("OK late" for an OK past the deadline).
+	Codes map[string]int
+	// MeanHold is the mean time a call held a token then: Service as the
+	// machine delivered it. A busy machine's sleeps overshoot, and the
+	// capacity the server really had is Tokens/MeanHold, not
+	// Tokens/Service.
+	MeanHold time.Duration
 }
 
 // AttemptsPerCall is Attempts/Calls.
@@ -203,10 +219,15 @@ func newProtection(name string) (protection, error) {
 	return protection{}, nil
 }
 
-// ourLimits is grpc-resilience's concurrency limit in every scenario: the
-// defaults.
+// OurLimit is grpc-resilience's concurrency limit in every scenario: the
+// defaults unless a command sets it (cmd/overload's -queue and -queuewait
+// try a queue).
+var OurLimit serviceconfig.ConcurrencyLimit
+
+// ourLimits is the server-wide limit OurLimit.
 func ourLimits() server.Limits {
-	return server.Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}}
+	l := OurLimit
+	return server.Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &l}}
 }
 
 // retryingClient is grpc-resilience's client retrying RESOURCE_EXHAUSTED
@@ -250,7 +271,8 @@ func runStep(cfg Config, name string, retrying bool) (Result, error) {
 	if prot.icpt != nil {
 		chain = append(chain, prot.icpt)
 	}
-	srv, err := serve(newCapacityServer(cfg.Tokens, cfg.Service), grpc.ChainUnaryInterceptor(chain...))
+	capsrv := newCapacityServer(cfg.Tokens, cfg.Service)
+	srv, err := serve(capsrv, grpc.ChainUnaryInterceptor(chain...))
 	if err != nil {
 		return Result{}, err
 	}
@@ -273,6 +295,7 @@ func runStep(cfg Config, name string, retrying bool) (Result, error) {
 	var rec recorder
 	t0 := time.Now()
 	att.t0 = t0
+	capsrv.window(t0, cfg.LowFor+cfg.Settle, cfg.LowFor+cfg.HighFor)
 	var lim *sampler
 	if prot.limit != nil {
 		lim = sample(t0, prot.limit)
@@ -288,6 +311,7 @@ func runStep(cfg Config, name string, retrying bool) (Result, error) {
 		})
 	r := analyse(cfg, capacity, rec.all())
 	r.Name, r.Retrying, r.Attempts = name, retrying, int(att.n.Load())
+	r.Utilization, r.MeanHold = capsrv.utilization(), capsrv.meanHold()
 	up, down := cfg.LowFor, cfg.LowFor+cfg.HighFor
 	srvOK := att.rec.all()
 	_, lat := good(pick(srvOK, -1, 0, up))
@@ -312,6 +336,17 @@ func analyse(cfg Config, capacity float64, calls []outcome) Result {
 	r.UnloadedP99 = quantile(unloaded, 0.99)
 	r.AdmittedP99 = quantile(admitted, 0.99)
 	r.Goodput = float64(n) / (capacity * (cfg.HighFor - cfg.Settle).Seconds())
+	late := 0
+	r.Codes = map[string]int{}
+	for _, o := range pick(calls, -1, up+cfg.Settle, down) {
+		c := o.code.String()
+		if o.code == codes.OK && !o.ok {
+			late++
+			c = "OK late"
+		}
+		r.Codes[c]++
+	}
+	r.Late = float64(late) / (capacity * (cfg.HighFor - cfg.Settle).Seconds())
 	r.Converge = settleTime(calls, up, down, func(b []outcome) bool {
 		n, ok := good(b)
 		return float64(n) >= 0.9*capacity*bucket.Seconds() && quantile(ok, 0.9) <= 2*r.UnloadedP99

@@ -57,13 +57,13 @@ func TestSuiteSmoke(t *testing.T) {
 	if os.Getenv("OVERLOAD_BENCH") != "1" {
 		t.Skip("set OVERLOAD_BENCH=1 to run the suite once (about a minute); cmd/overload runs it in full")
 	}
-	s := &Suite{Runs: 1, Only: []string{ScenHostile, ScenFairness, ScenThrottle}}
+	s := &Suite{Runs: 1, Only: []string{ScenHostile, ScenFairness, ScenThrottle, ScenRecovery}}
 	if err := s.Run(); err != nil {
 		t.Fatal(err)
 	}
 	md := s.Markdown()
 	t.Log("\n" + md)
-	for _, want := range []string{tHostile, tFair, tIso, tOutage, tQuota, "Targets of issue 19"} {
+	for _, want := range []string{tHostile, tFair, tIso, tOutage, tQuota, tRecover, "Targets of issues 19 and 32"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -14,10 +14,12 @@ const (
 	ScenHostile  = "hostile"
 	ScenFairness = "fairness"
 	ScenThrottle = "throttle"
+	ScenCost     = "cost"
+	ScenRecovery = "recovery"
 )
 
 // Scenarios lists them in report order.
-var Scenarios = []string{ScenStep, ScenHostile, ScenFairness, ScenThrottle}
+var Scenarios = []string{ScenStep, ScenCost, ScenHostile, ScenFairness, ScenThrottle, ScenRecovery}
 
 // measure is one number of one run: a cell of a table.
 type measure struct {
@@ -81,6 +83,11 @@ func (s *Suite) Run() error {
 				return err
 			}
 		}
+		if s.wants(ScenCost) {
+			if err := s.cost(cfg, run); err != nil {
+				return err
+			}
+		}
 		if s.wants(ScenHostile) {
 			if err := s.hostile(cfg, run); err != nil {
 				return err
@@ -96,6 +103,11 @@ func (s *Suite) Run() error {
 				return err
 			}
 		}
+		if s.wants(ScenRecovery) {
+			if err := s.recovery(run); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -103,11 +115,53 @@ func (s *Suite) Run() error {
 const (
 	tStep    = "Step 0.5× → 3× → 0.5× (server)"
 	tHostile = "Hostile callers beside honest CRITICAL ones (grpc-resilience)"
+	tCost    = "A cheap method at 1% of the calls beside the expensive one, under one server-wide limit"
 	tFair    = "Fairness: tenant A at 10× its share, tenant B at half (grpc-resilience)"
 	tIso     = "Adaptive throttling: isolation (64 callers on a 500ms method, fast method beside it, fresh client)"
 	tOutage  = "Adaptive throttling: 1.5s outage, then healthy (200 calls/s, default K 2 and window 60s)"
 	tQuota   = "Adaptive throttling: backend accepting 30% of the load (K 2, window 10s, 100 calls/s)"
+	tRecover = "Throttling through an outage and 1.5s after it (fresh client, 2,000 calls/s open loop, 1s deadlines)"
 )
+
+// recoveryRow names a row of tRecover.
+func recoveryRow(contender string, outage time.Duration, failing float64) string {
+	return fmt.Sprintf("%s, outage %v, %.0f%% refused after", contender, outage, 100*failing)
+}
+
+// Columns of tRecover.
+const (
+	colRecovered = "10 successes in a row after the outage"
+	colAdmitted  = "calls after the outage admitted (not rejected locally)"
+	colSucceeded = "calls after the outage that succeed"
+	colTimedOut  = "calls after the outage past their deadline (a busy machine)"
+	colInOutage  = "attempts reaching the backend in the outage"
+)
+
+func (s *Suite) recovery(run int) error {
+	for _, c := range RecoveryContenders {
+		for _, o := range RecoveryOutages {
+			for _, f := range []float64{0, 0.01} {
+				r, err := RunRecovery(c, o, f)
+				if err != nil {
+					return err
+				}
+				row := recoveryRow(c, o, f)
+				s.add(tRecover, row, colRecovered, durMS(r.Recovered), ms)
+				s.add(tRecover, row, colAdmitted, 1-r.RejectedAfter, pct)
+				s.add(tRecover, row, colSucceeded, r.Succeeded, pct)
+				s.add(tRecover, row, colTimedOut, r.TimedOutAfter, pct)
+				s.add(tRecover, row, colInOutage, float64(r.AttemptsInOutage), num)
+				s.logf("run %d recovery %v", run, r)
+			}
+		}
+	}
+	return nil
+}
+
+// recoveryBefore is the median, over three runs, of the attempts that
+// reached the backend in the outage through the adaptive mode before
+// issue 32 (commit 6257047, the SRE book's formula), per outage.
+var recoveryBefore = map[time.Duration]float64{time.Second: 212, 1250 * time.Millisecond: 255, 1500 * time.Millisecond: 315}
 
 func (s *Suite) step(cfg Config, run int) error {
 	rep, err := Run(cfg)
@@ -122,19 +176,40 @@ func (s *Suite) step(cfg Config, run int) error {
 			row += ", no retries"
 		}
 		s.add(tStep, row, "goodput (of capacity)", r.Goodput, pct)
+		s.add(tStep, row, "goodput (of the capacity delivered)", r.Goodput*float64(r.MeanHold)/float64(cfg.Service), pct)
 		s.add(tStep, row, "admitted p99 / unloaded p99", ratio(r.AdmittedP99, r.UnloadedP99), x)
 		s.add(tStep, row, "unloaded p99", durMS(r.UnloadedP99), ms)
 		s.add(tStep, row, "in the server: admitted p99 / unloaded p99", ratio(r.ServerAdmittedP99, r.ServerUnloadedP99), x)
 		s.add(tStep, row, "attempts/call", r.AttemptsPerCall(), num2)
+		s.add(tStep, row, "tokens busy (overload)", r.Utilization, pct)
+		s.add(tStep, row, "answered late (of capacity)", r.Late, pct)
+		s.add(tStep, row, "service time as delivered", float64(r.MeanHold)/float64(time.Millisecond), func(v float64) string { return fmt.Sprintf("%.2fms", v) })
 		if r.LimitBefore > 0 {
 			s.add(tStep, row, "limit before overload", r.LimitBefore, num)
 			s.add(tStep, row, "limit in overload", r.LimitOverload, num)
 			s.add(tStep, row, "limit back within 10% after step down", durMS(r.LimitBack), ms)
 		}
-		s.logf("run %d step %s: goodput %s, p99 %v (%s of %v; in the server %s), limit %.0f → %.0f, back after %s, %.2f attempts/call",
-			run, row, pct(r.Goodput), r.AdmittedP99.Round(time.Millisecond), x(ratio(r.AdmittedP99, r.UnloadedP99)),
+		s.logf("run %d step %s: goodput %s (tokens busy %s, late %s, service as delivered %v), p99 %v (%s of %v; in the server %s), limit %.0f → %.0f, back after %s, %.2f attempts/call",
+			run, row, pct(r.Goodput), pct(r.Utilization), pct(r.Late), r.MeanHold.Round(10*time.Microsecond), r.AdmittedP99.Round(time.Millisecond), x(ratio(r.AdmittedP99, r.UnloadedP99)),
 			r.UnloadedP99.Round(time.Millisecond), x(ratio(r.ServerAdmittedP99, r.ServerUnloadedP99)), r.LimitBefore, r.LimitOverload,
 			ms(durMS(r.LimitBack)), r.AttemptsPerCall())
+		s.logf("run %d step %s: codes %v", run, row, r.Codes)
+	}
+	return nil
+}
+
+func (s *Suite) cost(cfg Config, run int) error {
+	for _, load := range CostLoads {
+		for _, name := range []string{Failsafe, Ours} {
+			r, err := RunCost(cfg, name, load)
+			if err != nil {
+				return err
+			}
+			row := fmt.Sprintf("%s, %.1f× the capacity", name, load)
+			s.add(tCost, row, "expensive calls shed", r.Shed, pct)
+			s.add(tCost, row, "goodput (of capacity)", r.Goodput, pct)
+			s.logf("run %d cost %v", run, r)
+		}
 	}
 	return nil
 }
@@ -309,10 +384,14 @@ type target struct {
 var targets = []target{
 	{"ours ≥ 95% goodput at 3×, every run", tStep, Ours + ", no retries", "goodput (of capacity)", 0.95, 10, true},
 	{"ours admitted p99 ≤ 2× unloaded, every run", tStep, Ours + ", no retries", "admitted p99 / unloaded p99", 0, 2, true},
+	{"ours ≥ 95% of the capacity the machine delivered at 3×, every run", tStep, Ours + ", no retries", "goodput (of the capacity delivered)", 0.95, 10, true},
 	{"ours ≥ 95% goodput with our client retrying, every run", tStep, Ours + ", our client retrying", "goodput (of capacity)", 0.95, 10, true},
 	{"ours p99 ≤ 2× with our client retrying (in the server: per attempt), every run", tStep, Ours + ", our client retrying", "in the server: admitted p99 / unloaded p99", 0, 2, true},
 	{"limit back within 10% within 2s of the step down, every run", tStep, Ours + ", no retries", "limit back within 10% after step down", 0, 2000, true},
 	{"limit back within 10% within 2s, our client retrying", tStep, Ours + ", our client retrying", "limit back within 10% after step down", 0, 2000, true},
+	{"cheap method at 1%: ours sheds ≤ 5% of the expensive calls at 0.5×", tCost, Ours + ", 0.5× the capacity", "expensive calls shed", 0, 0.05, true},
+	{"cheap method at 1%: ours sheds ≤ 5% of the expensive calls at 0.9×", tCost, Ours + ", 0.9× the capacity", "expensive calls shed", 0, 0.05, true},
+	{"cheap method at 1%: ours ≥ 95% goodput at 3×", tCost, Ours + ", 3.0× the capacity", "goodput (of capacity)", 0.95, 10, true},
 	{"fast failures: honest ≥ 99%", tHostile, FastFailures, "honest CRITICAL success", 0.99, 1, true},
 	{"fast failures: limit within 20%", tHostile, FastFailures, "drift from alone", -0.2, 0.2, true},
 	{"short deadlines: honest ≥ 99%", tHostile, ShortDeadline, "honest CRITICAL success", 0.99, 1, true},
@@ -326,10 +405,23 @@ var targets = []target{
 	{"30% backend: sent ≈ K·accepted ±20%", tQuota, "adaptive throttling", "sent / (K·accepted)", 0.8, 1.2, true},
 }
 
+func init() {
+	for _, o := range RecoveryOutages {
+		for _, f := range []float64{0, 0.01} {
+			row := recoveryRow(RecAdaptive, o, f)
+			what := fmt.Sprintf("adaptive, outage %v, %.0f%% refused after (issue 32): ", o, 100*f)
+			targets = append(targets,
+				target{what + "10 in a row within 0.6s", tRecover, row, colRecovered, 0, 600, true},
+				target{what + "≥ 80% of the calls after admitted", tRecover, row, colAdmitted, 0.8, 1, true},
+				target{what + fmt.Sprintf("attempts in the outage ≤ 2× before (%.0f)", recoveryBefore[o]), tRecover, row, colInOutage, 0, 2 * recoveryBefore[o], true})
+		}
+	}
+}
+
 // targets checks the issue's targets against the cells present.
 func (s *Suite) targets(cells map[[3]string]*cell) string {
 	var b strings.Builder
-	b.WriteString("\n### Targets of issue 19\n\n| target | runs meeting it | result |\n|---|---|---|\n")
+	b.WriteString("\n### Targets of issues 19, 32 and 33\n\n| target | runs meeting it | result |\n|---|---|---|\n")
 	for _, t := range targets {
 		c := cells[[3]string{t.table, t.row, t.col}]
 		if c == nil {

@@ -21,7 +21,12 @@ func clock(t *timestamppb.Timestamp) string {
 	return t.AsTime().Local().Format("15:04:05.000")
 }
 
+// partName is a part as the admin page names it: "other" for the refusals
+// of a reason the view does not know.
 func partName(p adminv1.Part) string {
+	if p == adminv1.Part_PART_UNSPECIFIED {
+		return "other"
+	}
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(p.String(), "PART_")), "_", " ")
 }
 

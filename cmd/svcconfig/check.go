@@ -70,7 +70,9 @@ func check(w io.Writer, data []byte, opts options) (warnings, coverage int, err 
 	if t := d.cfg.RetryThrottling; t != nil {
 		p.printf("retryThrottling: maxTokens %s, tokenRatio %s\n", num(t.MaxTokens), num(t.TokenRatio))
 	}
-	if b := d.cfg.RetryBudget; b != nil {
+	if b := d.cfg.RetryBudget; b != nil && b.Zero {
+		p.printf("retryBudget: ratio 0 and minRetriesPerSecond 0: a zero budget, the kill switch: no call is retried, and no hedged copy is sent after the first\n")
+	} else if b != nil {
 		ratio, perSec, ttl := budgetValues(b)
 		p.printf("retryBudget: ratio %s, minRetriesPerSecond %s, ttl %s\n", ratio, perSec, ttl)
 	} else {

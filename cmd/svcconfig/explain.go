@@ -72,7 +72,7 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	case a.retry != nil:
 		explainRetry(p, a, d.cfg, mc.Timeout)
 	case mc.HedgingPolicy != nil:
-		explainHedging(p, mc.HedgingPolicy, a, mc.Timeout)
+		explainHedging(p, mc.HedgingPolicy, d.cfg.RetryBudget, a, mc.Timeout)
 	default:
 		a.warnings = append(a.warnings, "nothing to explain: the entry has neither retryPolicy nor hedgingPolicy, so calls are not retried")
 	}
@@ -132,15 +132,20 @@ func explainRetry(p *printer, a analysis, cfg *serviceconfig.Config, timeout tim
 
 	p.printf("\nretry limits (shared by every method of the client)\n")
 	t = p.table()
-	if b := cfg.RetryBudget; b != nil {
-		ratio, perSec, ttl := budgetValues(b)
-		t.row("  retryBudget", "ratio "+ratio+", minRetriesPerSecond "+perSec+", ttl "+ttl)
+	if b := cfg.RetryBudget; b != nil && b.Zero {
+		t.row("  retryBudget", "ratio 0 and minRetriesPerSecond 0: a zero budget, the kill switch: "+
+			"no call is retried, and no hedged copy is sent after the first")
 	} else {
-		t.row("  retryBudget", fmt.Sprintf("ratio %s, minRetriesPerSecond %s, ttl %v",
-			num(budget.DefaultRatio), num(budget.DefaultMinRetriesPerSecond), budget.DefaultTTL))
-		t.row("", "the client's default: the document has no retryBudget (WithRetryBudget(nil) turns it off)")
+		if b != nil {
+			ratio, perSec, ttl := budgetValues(b)
+			t.row("  retryBudget", "ratio "+ratio+", minRetriesPerSecond "+perSec+", ttl "+ttl)
+		} else {
+			t.row("  retryBudget", fmt.Sprintf("ratio %s, minRetriesPerSecond %s, ttl %v",
+				num(budget.DefaultRatio), num(budget.DefaultMinRetriesPerSecond), budget.DefaultTTL))
+			t.row("", "the client's default: the document has no retryBudget (WithRetryBudget(nil) turns it off)")
+		}
+		t.row("", "a retry is sent while retries over the last ttl stay within ratio × requests + minRetriesPerSecond × ttl")
 	}
-	t.row("", "a retry is sent while retries over the last ttl stay within ratio × requests + minRetriesPerSecond × ttl")
 	if th := cfg.RetryThrottling; th != nil {
 		t.row("  retryThrottling", fmt.Sprintf("maxTokens %s, tokenRatio %s: retries stop while the tokens are at most %s; "+
 			"each retryable failure takes 1, each success gives back %s",
@@ -151,6 +156,9 @@ func explainRetry(p *printer, a analysis, cfg *serviceconfig.Config, timeout tim
 	t.flush()
 
 	p.printf("\nretry schedule\n")
+	if b := cfg.RetryBudget; b != nil && b.Zero {
+		p.printf("  WARNING: the zero retry budget sends none of the retries below: every call makes one attempt\n")
+	}
 	p.printf("  the delay before attempt k ≥ 2 is in [lo, hi], per the jitter, with\n")
 	p.printf("  d = min(initialBackoff × backoffMultiplier^(k−2), maxBackoff)\n")
 	p.printf("  %s\n", attemptTimeNote(a))
@@ -172,7 +180,7 @@ func explainRetry(p *printer, a analysis, cfg *serviceconfig.Config, timeout tim
 }
 
 // explainHedging writes the hedging policy and its schedule.
-func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, timeout time.Duration) {
+func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, b *serviceconfig.RetryBudget, a analysis, timeout time.Duration) {
 	p.printf("\nhedgingPolicy\n")
 	t := p.table()
 	t.row("  maxAttempts", fmt.Sprintf("%d: the first call and up to %d hedged copies", h.MaxAttempts, h.MaxAttempts-1))
@@ -214,6 +222,18 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, a analysis, time
 	}
 	t.flush()
 	p.printf("note: the grpc-resilience client hedges unary calls only (a non-fatal failure sends the next copy at once); streams are called once\n")
+	switch {
+	case b != nil && b.Zero:
+		p.printf("WARNING: the zero retry budget sends no copy after the first: calls are not hedged\n")
+	default:
+		if !adaptive {
+			minSamples = 32 // a fixed delay's window is read from 32 copies (package interceptor)
+		}
+		p.printf("what a hedge may spend: once %d attempts were observed, the wait is at least the latency that three quarters\n", minSamples)
+		p.printf("  of the share of calls the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ calls per second;\n")
+		p.printf("  without a budget, no limit), so the budget's hedges go to the slowest calls; each copy takes a budget token,\n")
+		p.printf("  and when more calls are slow than the budget pays for, the wait stays above them: hedging cannot lower the p99\n")
+	}
 	p.printf("\nhedging schedule (gRFC A6)\n")
 	switch {
 	case adaptive && h.HedgingDelay > 0:
@@ -386,15 +406,16 @@ func explainAdaptive(p *printer, cb *serviceconfig.CircuitBreaker) {
 		window = adaptive.DefaultWindow
 	}
 	t.row("  k", def(num(k), cb.K == 0)+": the client sends about k times what the backend accepts")
-	t.row("  window", def(window.String(), cb.Window == 0)+": requests and accepts are counted over it")
+	t.row("  window", def(window.String(), cb.Window == 0)+": requests and accepts are reported over it; without an answer, the probability halves every window/4")
 	t.flush()
-	p.printf("each attempt is rejected locally (UNAVAILABLE, not retried) with probability\n")
-	p.printf("  max(0, (requests - k*accepts) / (requests + 1))\n")
-	p.printf("at most 0.9, where requests counts every attempt the backend answered or the throttle rejected\n")
-	p.printf("(once its outcome is known; not those another guard refused) and accepts every one the backend\n")
-	p.printf("did not answer with RESOURCE_EXHAUSTED or UNAVAILABLE; with a backend that\n")
-	p.printf("accepts a share a < 1/k of the offered load, about k*a of it is sent; once the backend refused\n")
-	p.printf("nothing for 250ms, the formula over the last second applies when lower, so traffic follows a recovery within seconds\n")
+	p.printf("each attempt is rejected locally (UNAVAILABLE, not retried) with a probability p, at most 0.9,\n")
+	p.printf("that each answer of the backend moves: up by 0.02/k for a RESOURCE_EXHAUSTED or UNAVAILABLE,\n")
+	p.printf("down by 0.02*(1 - 1/k) for any other outcome; the client's own rejections and the caller's\n")
+	p.printf("cancellations move nothing. With a backend that accepts a share a < 1/k of the offered load,\n")
+	target := max(1-1/k, 0.05) // internal/adaptive's: the share of refusals p settles at
+	up, down := 0.9/(0.02*(1-target)), 0.9/(0.02*target)
+	p.printf("about k*a of it is sent; p reaches 0.9 within about %.0f refusals in an outage and falls back\n", up)
+	p.printf("within about %.0f acceptances after it, whatever small error rate remains\n", down)
 }
 
 // explainBulkhead writes a bulkhead block with its defaults.

@@ -178,8 +178,12 @@ func (v *View) servePage(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// partName is a part as the page and the CLI name it ("breaker").
+// partName is a part as the page and the CLI name it ("breaker"; "other"
+// for the refusals of a reason the view does not know).
 func partName(p adminv1.Part) string {
+	if p == adminv1.Part_PART_UNSPECIFIED { // a refusal of a reason the view does not know
+		return "other"
+	}
 	s := strings.ToLower(strings.TrimPrefix(p.String(), "PART_"))
 	return strings.ReplaceAll(s, "_", " ")
 }

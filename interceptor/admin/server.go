@@ -100,6 +100,8 @@ func (s *ServerSource) OnRefusal(_ context.Context, r server.Refusal) {
 		if r.Reason == server.RefusalStoreFailedOpen {
 			ev.code = ""
 		}
+	case server.RefusalShuttingDown:
+		ev.cause = "the server is shutting down (Server.Shutdown): refused a call of " + r.FullMethod
 	default:
 		ev.cause = r.Reason.String() + ": refused: " + describeErr(r.Err)
 	}
@@ -129,6 +131,8 @@ func (s *ServerSource) refusalKey(r server.Refusal) (partKey, adminv1.EventKind,
 		if r.Reason == server.RefusalStoreFailedOpen {
 			kind = adminv1.EventKind_EVENT_KIND_STORE_FAILED
 		}
+	case server.RefusalShuttingDown:
+		k = s.key(adminv1.Part_PART_SHUTDOWN, r.FullMethod)
 	default:
 		// A reason this view does not know yet. Rate limits (issue 34)
 		// add theirs here, as Part_PART_RATE_LIMIT with the limit's name

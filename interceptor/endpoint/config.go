@@ -139,8 +139,9 @@ type attemptEnd struct {
 //   - success: a success, and a latency;
 //   - RESOURCE_EXHAUSTED, or any status with a pushback: busy;
 //   - the Client's own per-attempt timeout (DEADLINE_EXCEEDED with the
-//     attempt's own deadline, or a stream's timer): a failure, its time a
-//     lower bound of the latency;
+//     attempt's own deadline, or a stream's timer when the caller had
+//     sent its whole request and nothing was received): a failure, its
+//     time a lower bound of the latency;
 //   - nothing received and UNAVAILABLE: a local-origin failure (the
 //     connection was refused or reset before any response);
 //   - nothing received, another code: nothing (the client's own error,
@@ -163,7 +164,10 @@ func classify(di balancer.DoneInfo, failures rescodes.Set, end attemptEnd) (outl
 	switch c := status.Code(di.Err); {
 	case c == codes.ResourceExhausted:
 		return outlier.Busy, latencyNone
-	case c == codes.DeadlineExceeded && end.own, c == codes.Canceled && end.timedOut:
+	case c == codes.DeadlineExceeded && end.own, c == codes.Canceled && end.timedOut && !di.BytesReceived:
+		// A stream's timer counts only when the endpoint had sent nothing:
+		// a stream commits on the caller's reads, so one that the caller
+		// reads late is cut though its endpoint answered in time.
 		return outlier.Failure, latencyPeak
 	case !di.BytesReceived && c == codes.Unavailable:
 		return outlier.LocalFailure, latencyNone

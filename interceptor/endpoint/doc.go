@@ -57,9 +57,12 @@
 //     (perAttemptRecvTimeout from the service config: the attempt's
 //     deadline was earlier than the caller's, less the Client's headroom;
 //     for a stream, the Client's timer marks the attempt before it cancels
-//     it). The caller's deadline never counts, nor a per-attempt timeout a
-//     caller set by call option: a caller must not be able to eject a
-//     healthy endpoint;
+//     it, and it counts only when the caller had closed its sending side
+//     and nothing was received: a stream commits on the caller's reads, so
+//     a caller that sends or reads slowly is cut by the timer while its
+//     endpoint waits on it or has answered). The caller's deadline never
+//     counts, nor a per-attempt timeout a caller set by call option: a
+//     caller must not be able to eject a healthy endpoint;
 //   - a local-origin failure: UNAVAILABLE with nothing received, the
 //     connection refused or reset before any response (Envoy's
 //     split_external_local_origin_errors). Counted apart, with its own

@@ -33,7 +33,7 @@ func Example() {
 	const config = `{"loadBalancingConfig": [{"resilience_endpoint": {
 		"childPolicy": [{"round_robin": {}}],
 		"consecutiveFailures": 5, "baseEjectionTime": "30s", "maxEjectionPercent": 50}}]}`
-	cluster, stop, err := resiliencetest.ServeCluster(3, append(client.DialOptions(), grpc.WithDefaultServiceConfig(config)))
+	cluster, stop, err := resiliencetest.ServeCluster(3, client.DialOptions(), resiliencetest.WithServiceConfig(config))
 	if err != nil {
 		log.Fatal(err)
 	}

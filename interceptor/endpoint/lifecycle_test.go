@@ -16,8 +16,8 @@ import (
 // a channel's entry in Snapshots goes with the channel, and no goroutine
 // stays (the package's goleak).
 func TestClosedChannelLeavesNoSnapshot(t *testing.T) {
-	cl, stop, err := resiliencetest.ServeCluster(2, []grpc.DialOption{
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"resilience_endpoint": {}}]}`)})
+	cl, stop, err := resiliencetest.ServeCluster(2, nil,
+		resiliencetest.WithServiceConfig(`{"loadBalancingConfig": [{"resilience_endpoint": {}}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,8 +50,8 @@ func TestClosedChannelLeavesNoSnapshot(t *testing.T) {
 // TestUnknownChildPolicyIsRefusedByTheChannel pins that grpc refuses the
 // service config with the policy's JSON path error.
 func TestUnknownChildPolicyIsRefusedByTheChannel(t *testing.T) {
-	_, _, err := resiliencetest.ServeCluster(2, []grpc.DialOption{
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"weighted_round_robin": {}}]}}]}`)})
+	_, _, err := resiliencetest.ServeCluster(2, nil, resiliencetest.WithServiceConfig(
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"weighted_round_robin": {}}]}}]}`))
 	if err == nil {
 		t.Fatal("grpc.NewClient accepted a child policy the endpoint policy does not support")
 	}

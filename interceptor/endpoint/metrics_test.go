@@ -52,10 +52,10 @@ func TestMetricsThroughGrpcOpenTelemetryAndClosedChannelsReportNothing(t *testin
 		MeterProvider: mp,
 		Metrics:       opentelemetry.DefaultMetrics().Add(enforced, gauge),
 	}})
-	dial := []grpc.DialOption{otel, grpc.WithDefaultServiceConfig(
-		`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 1, "baseEjectionTime": "600s"}}]}`)}
+	sc := resiliencetest.WithServiceConfig(
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 1, "baseEjectionTime": "600s"}}]}`)
 	for i := range 10 {
-		cl, stop, err := resiliencetest.ServeCluster(3, dial)
+		cl, stop, err := resiliencetest.ServeCluster(3, []grpc.DialOption{otel}, sc)
 		if err != nil {
 			t.Fatal(err)
 		}

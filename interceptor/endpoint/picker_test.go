@@ -245,7 +245,10 @@ func TestClassify(t *testing.T) {
 		{"caller's deadline", sent(st(codes.DeadlineExceeded), false), attemptEnd{}, outlier.Ignored, latencyNone},
 		{"per-attempt timeout", sent(st(codes.DeadlineExceeded), false), own, outlier.Failure, latencyPeak},
 		{"per-attempt timeout, server's status", sent(st(codes.DeadlineExceeded), true), own, outlier.Failure, latencyPeak},
-		{"stream's per-attempt timer", sent(st(codes.Canceled), true), timer, outlier.Failure, latencyPeak},
+		{"stream's per-attempt timer", sent(st(codes.Canceled), false), timer, outlier.Failure, latencyPeak},
+		// A stream commits on the caller's reads: one whose endpoint had
+		// answered and whose caller read late is cut by the timer too.
+		{"stream's per-attempt timer, the endpoint had answered", sent(st(codes.Canceled), true), timer, outlier.Ignored, latencyNone},
 		{"cancel, not the timer", sent(st(codes.Canceled), true), own, outlier.Ignored, latencyNone},
 		{"application error", sent(st(codes.NotFound), true), attemptEnd{}, outlier.Ignored, latencyPeak},
 	}

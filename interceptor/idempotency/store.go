@@ -89,6 +89,19 @@ type Claim struct {
 // is not InProgress. A Claim that finds the key free takes it over, so a
 // waiter becomes the owner when the first owner released the key or its lease
 // ended.
+//
+// Every method is bounded by its context: it returns once ctx is done (its
+// deadline passed or it was cancelled), whatever the store's backend does
+// (a partition, a server that stopped answering), with an error wrapping
+// ctx.Err(); a store may take a short, bounded time more to undo a Claim
+// whose outcome it cannot know (the Redis store: at most 500 ms). The
+// interceptor relies on it to bound a call's wait for its claim and the
+// store calls after a handler; a lease's cutoff does not rely on it (the
+// server cancels a handler whose lease was not renewed in time on its own
+// clock). An operation cut short by its context has an unknown effect, as
+// after any error: a Claim's key then ends with its lease at the latest.
+// The conformance suite (package storetest) checks the bound against a
+// backend that hangs.
 type Store interface {
 	// Claim takes key for the request whose fingerprint is given, under a
 	// lease of the given duration, when the key is absent (or its lease or

@@ -66,11 +66,12 @@ type Txn interface {
 // ErrTxConflict is wrapped by the error of Txn.Commit when the call's
 // transaction failed with a conflict that a retry of it resolves, a
 // serialization failure or a deadlock (PostgreSQL's SQLSTATE 40001 and
-// 40P01), met by a statement of the handler or by the COMMIT: nothing was
+// 40P01), or a wait cut short by a lock or statement timeout (55P03,
+// 57014), met by a statement of the handler or by the COMMIT: nothing was
 // committed nor stored, so the key is free. The interceptor answers
 // ABORTED with its retry hint, and the retry runs the call again.
 var ErrTxConflict = errors.New("idempotency: the call's transaction met a conflict with another " +
-	"(a serialization failure or a deadlock) and was rolled back; a retry runs it again")
+	"(a serialization failure, a deadlock, a lock or statement timeout) and was rolled back; a retry runs it again")
 
 // ReplacedError is the error of Txn.Commit when the store committed
 // Record, its own verdict, as the key's outcome in place of the record it

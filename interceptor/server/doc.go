@@ -19,7 +19,7 @@
 //	WithLimits(Limits{...})            overload protection: adaptive limits, criticality, CPU, tenants
 //	WithHeadroom(headroom, floor)      handlers' deadlines end headroom before the caller's
 //	WithMeterProvider(mp)              OpenTelemetry metrics (the table under Metrics)
-//	WithLogger(l)                      where warnings go (grpclog's "resilience" component by default)
+//	WithLogger(l)                      where warnings go (slog.Default() by default)
 //
 // [Idempotency] and [Limits] are plain structs with Validate, like the
 // structs of package serviceconfig: zero fields are off or take the
@@ -27,7 +27,14 @@
 // that serviceconfig.ParseServer reads from JSON, so Go code and JSON build
 // the same values. New validates every option and returns an error naming
 // the first bad field ("server: Idempotency.TTL is ..."); it never panics
-// on bad configuration.
+// on bad configuration, and it refuses a setting that cannot apply (a
+// Limits.Tenant without Config.TenantFairness, a Limits.Streams name that
+// no limit covers). One rule for every option: each is given once, and a
+// second of the same kind is refused, naming it, rather than silently
+// replacing the first. An Option is a value: it holds a copy of what it
+// was given and New does the work, so one Option may build any number of
+// Servers, which share nothing through it (each seeds its own generator
+// from a Limits.Rand).
 //
 //	srv, err := server.New(
 //		server.WithIdempotency(server.Idempotency{Store: store, Scope: server.PeerScope}),
@@ -36,11 +43,15 @@
 //		}}),
 //		server.WithHeadroom(20*time.Millisecond, 5*time.Millisecond),
 //	)
-//	defer srv.Close() // once gs has stopped
 //	gs := grpc.NewServer(
 //		grpc.ChainUnaryInterceptor(recovery, auth, srv.UnaryServerInterceptor()),
 //		grpc.ChainStreamInterceptor(srv.StreamServerInterceptor()),
 //	)
+//
+// and on shutdown, beside gs.GracefulStop (see [Server.Shutdown]):
+//
+//	go gs.GracefulStop()
+//	err := srv.Shutdown(ctx) // drains the keyed handlers detached from their callers within ctx, then cancels them
 //
 // Install the unary interceptor after authentication (the scope function
 // reads what authentication put in the context) and after a panic-recovery
@@ -49,22 +60,34 @@
 // handler again. A Server with no option only marks the contexts of calls
 // whose caller retries (see One layer of retries).
 //
-// # One call, and the order of the layers
+// # One call, and the one admission path
 //
 // A unary call goes through the layers in this order, outermost first:
 //
-//	criticality, tenant ─► remaining deadline < the door's service time? ── yes ─► DEADLINE_EXCEEDED, not started
-//	                    ─► in flight ≥ the criticality's (and tenant's) share of the limit? ── yes ─► wait in the queue
-//	                       (MaxQueue, MaxQueueWait; the most critical first) if it has room, else RESOURCE_EXHAUSTED + pushback
-//	                    ─► headroom (and the caller-retries mark) ─► idempotency ─► handler
-//	                    ─► a latency sample for the limit when the handler answered OK
+//	shutting down? ─► headroom (and the caller-retries mark) ─► idempotency (a keyed call: key, join, claim)
+//	    ─► the one admission path, right before the handler, whichever way the call came:
+//	         the method's limit: remaining deadline < its door's service time? ─► DEADLINE_EXCEEDED, not started
+//	                             in flight ≥ the criticality's (and tenant's) share? ─► wait in the queue (MaxQueue,
+//	                             MaxQueueWait; the most critical first), else RESOURCE_EXHAUSTED + pushback
+//	         or, for a method without a limit, the CPU shedder
+//	    ─► handler ─► a latency sample for the method's cost class when the handler answered OK
 //
-// A keyed call on a Server with idempotency is limited around its handler
-// only: a duplicate that waits for the running execution, or gets its
-// stored outcome, takes no slot and gives no sample (it costs the keyed
-// call one allocation). A stream goes through its method's limit only
-// when Limits.Streams names it, then the headroom; idempotency is for
-// unary calls only.
+// Every handler the Server runs goes through the one admission path: a
+// call without idempotency or without a key, a keyed call of a KeyIgnored
+// method or one run plainly because the store failed (FailOpen), and the
+// owner of a key, in lease or joined mode. The path admits on the caller's
+// context (a caller that gives up leaves the queue at once, and a call
+// whose caller has gone by the time it is admitted does not run) and runs
+// the handler on the handler's own context (for a keyed call, detached from
+// the caller by default). A keyed call is admitted after its claim and
+// only when it runs the handler: a duplicate that waits for the running
+// execution, or replays its outcome, takes no slot and gives no sample.
+// What the path refuses (shed by the limit, its door or queue, or the CPU
+// shedder; refused while shutting down) is never stored as a key's
+// outcome, whatever Idempotency.UnstoredCodes says, so a retry runs the
+// call once there is room. A stream goes through the same gate when
+// Limits.Streams names its method (never for its deadline), then the
+// headroom; idempotency is for unary calls only.
 //
 // # Idempotency
 //
@@ -93,7 +116,16 @@
 // Every answer the handler did not run for (a replay, or a concurrent
 // duplicate's coalesced answer) carries the response header
 // idempotency-replayed: true (wire.IdempotencyReplayedHeader), which
-// wire.IdempotencyReplayed reads from a call's grpc.Header.
+// wire.IdempotencyReplayed reads from a call's grpc.Header; the handler of
+// a keyed call cannot set it, on any path (the owner's, a KeyIgnored
+// method's, fail open's): it is taken out of what the handler sets.
+//
+// A keyed call reaches its handler through the one admission path (above),
+// after its claim: the limit's or the CPU shedder's shed, and every other
+// refusal of the path, ends the claim with a release, never a stored
+// outcome (in lease mode, on Redis or in memory, as in joined mode, where
+// the transaction is rolled back), and the call's caller, not the
+// detached handler's context, bounds its wait in a limit's queue.
 //
 // The scope is required: Idempotency.Scope names the caller, from the
 // authenticated principal or tenant, [PeerScope] for callers with verified
@@ -103,7 +135,14 @@
 //
 // The owner of a key holds it for a lease (Idempotency.Lease, 30s),
 // renewed every lease/3 while the handler runs; if its process crashes the
-// key is free one lease after the last renewal. By default the handler of
+// key is free one lease after the last renewal. The handler's context ends
+// at nine tenths of a lease that was not renewed in time, on the server's
+// own clock, whatever the store does (a Renew that hangs in a partition
+// does not hold the cutoff), so a duplicate on another replica, which may
+// claim the key once the lease has ended, never starts while the first
+// handler's context is live; every store call is bounded by its context
+// (the idempotency.Store contract), and the store calls after a handler by
+// one lease. By default the handler of
 // a keyed call runs detached from its caller: its context keeps the
 // caller's values but not its cancellation or deadline, bounded instead by
 // Idempotency.DetachedMax (30s) and the lease, so a handler that committed
@@ -144,14 +183,36 @@
 // method's entry wins over its service's), each with the algorithm of
 // serviceconfig.ConcurrencyLimit: TCP Vegas against the base RTT by
 // default, AIMD as the simple alternative (the algorithm and why Vegas is
-// in package internal/limit). Vegas probes: every few round trips, while
-// it sheds nothing, it takes the latest latency for the base RTT, and a
-// limit that falls while the latency does not takes the new latency too,
+// in package internal/limit).
+//
+// A limit knows what each method costs: each method under it is a cost
+// class of its own, with its own base RTT and door, and a window of
+// latencies is judged as the sum of its latencies over the sum of their
+// methods' base RTTs. So the server-wide limit is safe for a service whose
+// methods differ in cost: with one shared base RTT, a method answered in
+// microseconds became the base and every 10ms call looked queued (16
+// callers of a 10ms method and 1% cheap calls: an AIMD limit fell to 1 and
+// shed 87% of them; now it sheds none). A limit tells apart the first 63
+// methods it sees; the methods beyond share one class (a proxy forwarding
+// any name cannot grow it). A method with a limit of its own is still the
+// better choice for a method much costlier than the rest, so that its
+// callers do not take the others' slots.
+//
+// Vegas probes: every few round trips of a method, while the limit sheds
+// nothing, it takes that method's latest latency for its base RTT, and a
+// limit that falls while the latencies do not takes the new latencies too,
 // so when the service itself becomes slower for good (a deploy, a slower
 // dependency) the limit recovers within seconds instead of shedding a
-// server that is not overloaded for a minute; under overload there is no
-// probe, so queued latencies never become the base (at 1.2 times the
-// capacity they did, and the limit grew without bound).
+// server that is not overloaded for a minute. While it sheds, a probe on
+// one latency would take a queued latency for the base (at 1.2 times the
+// capacity the limit grew without bound), so the limit probes by draining
+// instead, as TCP BBR does: when 16 updates in a row called for a lower
+// limit while it sheds (at most once per 64 to 128 smoothed latencies), it
+// admits half of itself for two smoothed latencies, and each method's base
+// RTT starts anew from the least latency admitted after that, so a limit
+// that sheds never rests on a base RTT that has become wrong (an AIMD limit
+// whose service became three times slower sat at 1 of 8 slots for a
+// minute).
 //
 // Only a call the handler answered OK is a latency sample: a failure (a
 // validation error returns in microseconds) or a cancelled call teaches
@@ -159,9 +220,13 @@
 // limit, only when that deadline left it twice the base RTT: a caller's
 // own short deadline is not the server's overload, whether its
 // cancellation or the server's timer ends the call. The door refuses a
-// call whose deadline is shorter than the least latency of the last 32 to
-// 64 calls; it opens once none has completed for 8 smoothed latencies, so
-// it never rests on a stale service time. Health checks and reflection are
+// call whose deadline is shorter than the least latency of its method's
+// last 32 to 64 calls; it lets one such call through per service time it
+// holds, so once the service is fast again the door learns it within about
+// one of its service times (after a 400ms slow phase, a 150ms call was
+// served 250ms after the service was fast; it used to take 3.2s), and it
+// opens once none has completed for 8 smoothed latencies. Health checks
+// and reflection are
 // outside every limit and the CPU shedding unless a Limits.Config entry
 // names them: a health check shed under overload has Kubernetes restart a
 // pod that is only busy, and its load moves onto the others.
@@ -238,6 +303,10 @@
 // metadataKey by default, for a key an authenticating proxy sets): under
 // pressure a tenant over its fair share is shed before any tenant under
 // it, and a tenant under its share is admitted whatever the others hold.
+// The fair share is over the tenants with calls in flight or queued (a
+// tenant with one call takes one slot, the others share the rest): a
+// tenant that called a second ago and holds nothing claims no share (60
+// tenants calling once every 2s used to shrink every share under a slot).
 // Tenants are bounded (MaxTenants per limit) and forgotten when idle.
 // Fairness shares the slots, not the wait: a quiet tenant's admitted calls
 // still queue, as everyone's do, behind the calls the limit admits beyond
@@ -303,7 +372,9 @@
 // A Server is safe for concurrent use; its per-method policy and its
 // in-process coalescing state are shared by all calls. It starts no
 // background goroutine and owns no store (close a store's client
-// yourself): Close has only the gauges to unregister. A call without an
+// yourself). [Server.Shutdown] stops it, drains the keyed handlers that
+// run detached from their callers within its context and cancels the
+// rest, and unregisters its gauges; [Server.Close] only unregisters them. A call without an
 // idempotency key allocates no more than under a pass-through interceptor
 // (an allocation test pins it), and an admitted call allocates nothing
 // for the limit.
@@ -311,12 +382,15 @@
 // # Where things are
 //
 // options.go (Option, every With* option, Idempotency and Limits with their
-// validation), server.go (Server, New, both interceptors), headroom.go (the
-// deadline headroom), pushback.go (SetRetryPushback and the shed statuses),
-// idempotency.go, idempotency_call.go, idempotency_joined.go,
-// idempotency_detached.go and idempotency_flight.go (the idempotency path:
-// key policies and scopes; one keyed call; a handler joined to a pgstore
-// transaction; the detached handler's context; the in-process coalescing),
+// validation), server.go (Server, New, Shutdown, both interceptors),
+// admission.go (the one admission path), headroom.go (the deadline
+// headroom), pushback.go (SetRetryPushback and the shed statuses),
+// idempotency.go, idempotency_call.go, idempotency_lease.go,
+// idempotency_joined.go, idempotency_detached.go, idempotency_handlers.go
+// and idempotency_flight.go (the idempotency path: key policies and
+// scopes; one keyed call; the lease's renewal and cutoff; a handler joined
+// to a pgstore transaction; the handler's context; the running handlers,
+// for Shutdown; the in-process coalescing),
 // limit.go, limit_stream.go and limit_tenant.go (the concurrency limits,
 // streams under them, tenants), criticality.go, cpu.go, metrics.go and
 // limit_metrics.go.

@@ -217,10 +217,13 @@ type srvIdem struct {
 	// contexts, so it is spared the allocation.
 	detach       bool
 	flights      srvFlights
+	handlers     srvHandlers // the keyed handlers running, for Server.Shutdown
 	replyTypes   sync.Map    // full name -> protoreflect.MessageType, of the replies replayed
 	streamWarned atomic.Bool // a stream call refused by streamPolicyErr was logged
 	m            *srvMetrics // set by New before the Server is used; never nil then
-
+	// runHandler is the Server's one admission path (Server.runHandler),
+	// through which every handler this layer runs is run; set by New.
+	runHandler func(caller, hctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error)
 	// refused is the Server's WithOnRefusal hook; nil: none. Set by New
 	// before the Server is used.
 	refused func(context.Context, Refusal)
@@ -663,4 +666,11 @@ func (s *srvIdem) refuse(ctx context.Context, r Refusal) {
 	if s.refused != nil {
 		s.refused(ctx, r)
 	}
+}
+
+// shuttingDown reports a keyed call of fullMethod refused because the
+// Server is shutting down, and returns its error.
+func (s *srvIdem) shuttingDown(ctx context.Context, fullMethod string) error {
+	s.refuse(ctx, Refusal{FullMethod: fullMethod, Reason: RefusalShuttingDown, Err: errSrvShuttingDown})
+	return errSrvShuttingDown
 }

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -61,7 +60,11 @@ type srvIdemCall struct {
 func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	pol := s.policy(info.FullMethod)
 	if pol == KeyIgnored {
-		return handler(ctx, req)
+		hctx := ctx
+		if hasKey(ctx) { // a caller that sent a key reads the replay mark: the handler must not forge it
+			hctx = stripped(ctx)
+		}
+		return s.runHandler(ctx, hctx, req, info, handler)
 	}
 	key, ok, err := srvIdemKey(metadata.ValueFromIncomingContext(ctx, wire.IdempotencyKeyHeader))
 	if err != nil {
@@ -71,7 +74,7 @@ func (s *srvIdem) intercept(ctx context.Context, req any, info *grpc.UnaryServer
 		if pol == KeyRequired {
 			return nil, srvInvalidKey("method " + info.FullMethod + " requires idempotency-key metadata")
 		}
-		return handler(ctx, req)
+		return s.runHandler(ctx, ctx, req, info, handler)
 	}
 	c := srvIdemCall{s: s, ctx: ctx, req: req, info: info, handler: handler, backoff: s.pollInitial}
 	if err := c.key(key); err != nil {
@@ -159,8 +162,8 @@ func (c *srvIdemCall) claim() (any, error) {
 	}
 	for {
 		start := c.s.m.start() // zero without metrics
-		if start.IsZero() && c.s.detachMax > 0 {
-			start = time.Now() // a detached handler's lease runs from here at the latest
+		if start.IsZero() {
+			start = time.Now() // the lease runs from here at the latest
 		}
 		cl, err := c.s.store.Claim(c.ctx, c.f.key.rk, c.f.key.fp[:], c.s.lease)
 		c.s.m.storeDone(c.ctx, c.info.FullMethod, srvOpClaim, start, err)
@@ -229,7 +232,7 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 		c.s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
 			"method", c.info.FullMethod, "error", err)
 		c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFailedOpen, Err: err})
-		return c.handler(c.ctx, c.req)
+		return c.s.runHandler(c.ctx, stripped(c.ctx), c.req, c.info, c.handler)
 	}
 	// Fail closed, with the retry hint both ways a client may read it.
 	msg := "idempotency: store unavailable: " + err.Error()
@@ -261,190 +264,68 @@ func (c *srvIdemCall) poll(retryAfter time.Duration) error {
 }
 
 // run is step run: the call owns the claim (token) and runs the handler,
-// whose metadata it captures, renewing the lease every lease/3 while the
-// handler runs; then it settles the claim: deferred, so that a panic
-// settles it too before it goes on. By default the handler runs detached
-// from the caller (srvDetached), until the server's maximum, counted, as
-// its lease is, from claimed: a time before the Claim was sent (zero when
-// the handler is not detached).
+// whose metadata it captures, under the lease's renewal (srvRenewal), which
+// cancels the handler's context at the lease's cutoff on the server's own
+// clock; then it settles the claim: deferred, so that a panic settles it
+// too before it goes on. By default the handler runs detached from the
+// caller (srvDetached), until the server's maximum, counted, as its lease
+// is, from claimed: a time before the Claim was sent. A claim that came
+// back too late to run under its lease (the store answered after the
+// cutoff) does not run the handler: it is released, and the call gets
+// UNAVAILABLE, which a retry may try again.
 func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error) {
 	c.token, c.sctx = token, c.ctx
 	if c.s.detach || c.s.detachMax > 0 {
 		c.sctx = context.WithoutCancel(c.ctx)
 	}
-	hctx := c.ctx
-	var det *srvDetached
+	var hctx *srvDetached
 	if c.s.detachMax > 0 {
-		// Idempotency.DetachedMax: the caller's end does not reach
-		// the handler; the server's maximum and a lost lease do (the
-		// renewal ends det), and so does the handler's return, as grpc
-		// ends a call's context (deferred after settle, so it runs last).
-		det = newSrvDetached(c.sctx, claimed.Add(c.s.detachMax))
-		hctx = det
-		defer det.end(context.Canceled)
+		// Idempotency.DetachedMax: the caller's end does not reach the
+		// handler; the server's maximum and the lease do (the renewal ends
+		// hctx), and so does the handler's return, as grpc ends a call's
+		// context (deferred after settle, so it runs last).
+		hctx = newSrvDetached(c.sctx, claimed.Add(c.s.detachMax))
+	} else {
+		hctx = newSrvAttached(c.ctx)
 	}
+	defer hctx.release()
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, det, claimed)
+	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, hctx, claimed)
 	panicked := true
+	running := c.s.handlers.add(hctx) // Shutdown waits for it, or cancels it
+	if running {
+		defer c.s.handlers.remove(hctx) // after settle
+	}
 	defer func() { c.settle(resp, err, panicked) }()
+	switch {
+	case !running:
+		panicked = false
+		return nil, c.s.shuttingDown(c.ctx, c.info.FullMethod)
+	case !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease))):
+		panicked = false
+		return nil, c.claimedTooLate()
+	}
 	c.s.m.execution(c.ctx, c.info.FullMethod)
-	resp, err = c.handler(grpc.NewContextWithServerTransportStream(hctx, c.own), c.req)
+	resp, err = c.s.runHandler(c.ctx, grpc.NewContextWithServerTransportStream(hctx, c.own), c.req, c.info, c.handler)
 	panicked = false
 	return resp, err
 }
 
-// srvRenewal renews an owned claim's lease every lease/3 while the handler
-// runs (finding 4 of issue 14: a handler that outlived its lease ran again,
-// concurrently, on another server), and ends a detached handler's context
-// at its deadline, when the lease is lost, and when the lease may end
-// before a renewal can reach the store: a tenth of the lease before the end
-// of the last lease the store granted (srvLeaseMargin), so that a
-// duplicate on another replica, which can claim the key only once the
-// lease has ended, never starts while the handler's context is live. It
-// is the timer's, not the record's: nothing stored points to it.
-//
-// Renewals are pooled with their timer (srvIdem.renewals), so that a first
-// execution does not allocate a timer and its state: a renewal goes back to
-// the pool only when stop removed its pending timer, so no run of fire is
-// under way or to come that could see the next call's fields.
-type srvRenewal struct {
-	// The fields up to t are set by startRenewal, under mu, before the
-	// timer is armed, and immutable until the renewal is back in the pool.
-	s      *srvIdem
-	sctx   context.Context // the store's context
-	rk     idempotency.RecordKey
-	token  string
-	lease  time.Duration
-	method string
-	det    *srvDetached // a detached handler's context, ended at its deadline or when the lease is lost; nil otherwise
-	t      *time.Timer  // made once per pooled renewal; Reset and Stop under mu
-
-	mu      sync.Mutex
-	next    time.Time // when the next renewal is due; guarded by mu
-	cutoff  time.Time // with det: when det ends unless a renewal succeeds first; guarded by mu
-	stopped bool      // guarded by mu; no renewal starts once set
-}
-
-// srvLeaseMargin is what is left of a lease when a detached handler whose
-// renewals have all failed is cancelled: the lease's tenth, for the
-// lateness of timers and the time the cancellation takes to reach the
-// handler.
-func srvLeaseMargin(lease time.Duration) time.Duration { return lease / 10 }
-
-// startRenewal returns a running renewal of the claim of rk held with token,
-// its first renewal due after lease/3; its timer fires first at det's
-// deadline when that is sooner. claimed is a time before the claim was
-// sent (zero without det): the store's lease ends after claimed+lease.
-func startRenewal(s *srvIdem, sctx context.Context, rk idempotency.RecordKey, token string, lease time.Duration,
-	method string, det *srvDetached, claimed time.Time) *srvRenewal {
-	r, _ := s.renewals.Get().(*srvRenewal)
-	if r == nil {
-		r = new(srvRenewal)
+// claimedTooLate is the answer of a call whose Claim came back after its
+// lease's cutoff: the handler does not run, since a duplicate may claim the
+// key before it ends. UNAVAILABLE, with the retry hint, and not stored.
+func (c *srvIdemCall) claimedTooLate() error {
+	c.s.log.warn("idempotency: the store answered the claim too late to run the handler under its lease; not running it",
+		"method", c.info.FullMethod)
+	msg := "idempotency: the store answered too late to run the call under its lease; retry"
+	st := status.New(codes.Unavailable, msg)
+	if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
+		st = withHint
 	}
-	r.mu.Lock() // fire waits for the fields and t
-	r.s, r.sctx, r.rk, r.token, r.lease, r.method, r.det, r.stopped = s, sctx, rk, token, lease, method, det, false
-	first := lease / 3
-	if det != nil {
-		r.next = claimed.Add(first)
-		r.cutoff = claimed.Add(lease - srvLeaseMargin(lease))
-		first = min(first, det.deadline.Sub(claimed))
-	} else {
-		r.next = time.Time{} // due at the first firing
-	}
-	if r.t == nil {
-		r.t = time.AfterFunc(first, r.fire)
-	} else {
-		r.t.Reset(first)
-	}
-	r.mu.Unlock()
-	return r
-}
-
-// fire is the timer's function: it ends a detached handler's context at
-// its deadline or its lease's cutoff, renews the lease when a renewal is
-// due, and sets the timer again, until stop or the lease is no longer the
-// call's.
-func (r *srvRenewal) fire() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stopped {
-		return
-	}
-	now := time.Now()
-	if r.det != nil && !now.Before(r.det.deadline) {
-		r.det.end(context.DeadlineExceeded) // the server's maximum
-	}
-	if !now.Before(r.next) {
-		if !r.renew(now) {
-			return
-		}
-		now = time.Now()
-		r.next = now.Add(r.lease / 3)
-	}
-	d := r.next.Sub(now)
-	if r.det != nil && !r.det.ended() {
-		if !now.Before(r.cutoff) {
-			r.s.log.warn("idempotency: the lease may end before a renewal reaches the store; "+
-				"cancelling the detached handler, since a duplicate may then run it", "method", r.method)
-			r.det.end(context.Canceled)
-		} else {
-			d = min(d, r.det.deadline.Sub(now), r.cutoff.Sub(now))
-		}
-	}
-	r.t.Reset(d)
-}
-
-// renew renews the lease, under mu, and reports whether it is still the
-// call's. now is when it starts: a successful renewal's lease ends after
-// now+lease.
-func (r *srvRenewal) renew(now time.Time) bool {
-	// A renewal that takes longer than the time to the next one is of no
-	// use, and stop (the call's settle) waits for it under mu: bound it, so
-	// a stalled store cannot hold up the end of the call; with a detached
-	// handler, bound it by the cutoff too, so that a stalled renewal does
-	// not hold up the handler's cancellation.
-	timeout := r.lease / 3
-	if r.det != nil && !r.det.ended() {
-		timeout = min(timeout, max(r.cutoff.Sub(now), time.Millisecond))
-	}
-	ctx, cancel := context.WithTimeout(r.sctx, timeout)
-	start := r.s.m.start()
-	err := r.s.store.Renew(ctx, r.rk, r.token, r.lease)
-	cancel()
-	r.s.m.storeDone(r.sctx, r.method, srvOpRenew, start, err)
-	switch {
-	case err == nil:
-		r.cutoff = now.Add(r.lease - srvLeaseMargin(r.lease))
-	case errors.Is(err, idempotency.ErrNotOwner):
-		r.s.log.warn("idempotency: the lease ended while the handler ran; a duplicate may run it too",
-			"method", r.method, "error", err)
-		if r.det != nil {
-			r.det.end(context.Canceled) // a detached handler is bounded by its lease
-		}
-		return false
-	default:
-		r.s.log.warn("idempotency: renewing the lease failed; trying again", "method", r.method, "error", err)
-	}
-	return true
-}
-
-// stop ends the renewals: one running finishes first (mu), none starts
-// after. The caller must not use r afterwards: when its timer was still
-// pending (the usual case: the handler ran for less than lease/3), no run
-// of fire can come, and r goes back to the pool.
-func (r *srvRenewal) stop() {
-	r.mu.Lock()
-	r.stopped = true
-	pending := r.t.Stop()
-	s := r.s
-	if pending {
-		// Drop what the next call must not keep alive.
-		r.s, r.sctx, r.rk, r.token, r.det = nil, nil, idempotency.RecordKey{}, "", nil
-	}
-	r.mu.Unlock()
-	if pending {
-		s.renewals.Put(r)
-	}
+	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
+	shed := &srvShed{&srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}}
+	c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: shed})
+	return shed
 }
 
 // settle is step settle: the one place where an owned claim ends. It stops
@@ -465,7 +346,13 @@ func (r *srvRenewal) stop() {
 //     runs the handler again.
 //   - caller cancellation: the handler returns CANCELLED or
 //     DEADLINE_EXCEEDED, unstored by default: release. The store calls here
-//     use sctx, which the caller's cancellation does not reach.
+//     use sctx, which the caller's cancellation does not reach; a store
+//     over the network gets one lease for them (a Release that takes longer
+//     is no use: the lease ends by then; a store that hangs does not hold
+//     the call for ever).
+//   - the server's refusal on the admission path (a *srvShed: shed by the
+//     limit or the CPU, shutting down, the caller gone while queued, the
+//     claim answered too late): release, whatever UnstoredCodes says.
 //   - handler panic: release (run's defer), and the panic goes on.
 //   - store error: in Complete, as above, release; in Claim, no claim is
 //     held (see claimFailed).
@@ -473,6 +360,11 @@ func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
 	c.renewal.stop()
 	c.renewal = nil // pooled: no longer the call's
 	c.own.close()
+	if c.s.detach { // a store over the network: bound its calls (the memory store never blocks)
+		var cancel context.CancelFunc
+		c.sctx, cancel = context.WithTimeout(c.sctx, c.s.lease)
+		defer cancel()
+	}
 	if !panicked && c.complete(resp, herr) {
 		return
 	}
@@ -489,7 +381,7 @@ func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
 // flight's waiters), or no longer ours. false: the caller must release it.
 func (c *srvIdemCall) complete(resp any, herr error) bool {
 	method := c.info.FullMethod
-	if _, shed := herr.(limitShed); shed || c.s.retryable.Has(rescodes.Classify(herr)) {
+	if isShed(herr) || c.s.retryable.Has(rescodes.Classify(herr)) { // the server's refusal is never the key's outcome
 		return false
 	}
 	if err := srvRecord(c.own, resp, herr); err != nil {

@@ -3,16 +3,19 @@ package server
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -45,27 +48,91 @@ func TestIdempotencyCommittedHandlerRunsOnceWithDefaultOptions(t *testing.T) {
 
 func testIdemCommittedCharges(t *testing.T, env *idemEnv, attached bool, wantCharges int64) {
 	var charges atomic.Int64
-	returned := make(chan struct{}, 2)
+	committed, returned := make(chan struct{}, 2), make(chan struct{}, 2)
+	// The first call's deadline passes once its handler has committed, on
+	// both sides (regression: a 50 ms deadline in real time sometimes
+	// passed while a loaded machine was still claiming the key in Redis or
+	// Postgres, so the handler never ran and the test waited for ever).
+	client, server := newExpiring(context.Background()), newExpiring(context.Background())
 	e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 		defer func() { returned <- struct{}{} }()
-		charges.Add(1)                     // committed
-		time.Sleep(200 * time.Millisecond) // writing the receipt, while the caller's deadline passes
+		if charges.Add(1) > 1 { // committed; a retry's handler answers at once
+			return &echov1.EchoResponse{Message: "charged"}, nil
+		}
+		committed <- struct{}{}
+		// Writing the receipt while the caller's deadline passes: a handler
+		// on the caller's context sees it end; a detached one does not.
+		if attached {
+			<-ctx.Done()
+		} else {
+			<-client.Done()
+		}
 		if err := ctx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
 		}
 		return &echov1.EchoResponse{Message: "charged"}, nil
 	}}
-	cc := idemStart(t, e, Idempotency{Store: env.store, AttachedHandler: attached})
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	first := idemDo(ctx, cc, "charge-1", "10 EUR")
-	cancel()
-	wantCode(t, "first attempt", first.err, codes.DeadlineExceeded, "")
-	<-returned // the first handler has returned and its claim is settled
+	var first atomic.Bool
+	expireFirst := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if first.CompareAndSwap(false, true) {
+			server.within(ctx)
+			return h(server, req)
+		}
+		return h(ctx, req)
+	}
+	srv, err := New(WithIdempotency(Idempotency{Store: env.store, Scope: SharedScope, AttachedHandler: attached}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := testserver.StartWith(t, e, []grpc.ServerOption{grpc.ChainUnaryInterceptor(expireFirst, srv.UnaryServerInterceptor())})
+	done := make(chan idemCall, 1)
+	go func() { done <- idemDo(client, cc, "charge-1", "10 EUR") }()
+	select {
+	case <-committed:
+	case r := <-done:
+		t.Fatalf("first attempt ended before its handler ran: %v", r.err)
+	}
+	server.expire() // the server's view of the caller's deadline first, then the caller's
+	client.expire()
+	wantCode(t, "first attempt", (<-done).err, codes.DeadlineExceeded, "")
+	<-returned // the first handler has returned
 	if r := idemDo(idemCtx(t), cc, "charge-1", "10 EUR"); r.err != nil {
 		t.Fatalf("retry: %v", r.err)
 	}
 	if got := charges.Load(); got != wantCharges {
 		t.Errorf("charged %d times, want %d", got, wantCharges)
+	}
+}
+
+// expiring is a context whose deadline passes when the test says so: after
+// expire, Done is closed and Err is context.DeadlineExceeded, as for a
+// deadline that passed. Values come from the context it is within.
+type expiring struct {
+	context.Context // for Value; replaced by within
+	done            chan struct{}
+	once            sync.Once
+}
+
+func newExpiring(parent context.Context) *expiring {
+	return &expiring{Context: parent, done: make(chan struct{})}
+}
+
+// within makes ctx the source of the expiring context's values (a
+// server call's metadata and stream); call it before handing it on.
+func (e *expiring) within(ctx context.Context) { e.Context = ctx }
+
+func (e *expiring) expire() { e.once.Do(func() { close(e.done) }) }
+
+func (e *expiring) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+func (e *expiring) Done() <-chan struct{} { return e.done }
+
+func (e *expiring) Err() error {
+	select {
+	case <-e.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
 	}
 }
 

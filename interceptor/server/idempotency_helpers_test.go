@@ -261,6 +261,18 @@ func idemStart(t testing.TB, impl echov1.EchoServiceServer, idem Idempotency, op
 // such as a Client's DialOptions.
 func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.DialOption, idem Idempotency, opts ...Option) *grpc.ClientConn {
 	t.Helper()
+	_, cc := idemStartServerDial(t, impl, dial, idem, opts...)
+	return cc
+}
+
+// idemStartServer is idemStart, returning the Server too.
+func idemStartServer(t testing.TB, impl echov1.EchoServiceServer, idem Idempotency, opts ...Option) (*Server, *grpc.ClientConn) {
+	t.Helper()
+	return idemStartServerDial(t, impl, nil, idem, opts...)
+}
+
+func idemStartServerDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.DialOption, idem Idempotency, opts ...Option) (*Server, *grpc.ClientConn) {
+	t.Helper()
 	if idem.Scope == nil {
 		idem.Scope = SharedScope
 	}
@@ -272,7 +284,7 @@ func idemStartDial(t testing.TB, impl echov1.EchoServiceServer, dial []grpc.Dial
 		t.Fatalf("New() error = %v", err)
 	}
 	sopts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(idemRecover, idemInject, s.UnaryServerInterceptor())}
-	return testserver.StartWith(t, impl, sopts, dial...)
+	return s, testserver.StartWith(t, impl, sopts, dial...)
 }
 
 // idemCall is one Echo call's result, as raw reply bytes and metadata.
@@ -306,9 +318,15 @@ func idemDo(ctx context.Context, cc *grpc.ClientConn, key, msg string, kv ...str
 	return c
 }
 
-// idemCtx bounds a test's calls.
+// idemCtx is the context of a test's calls, cancelled when the test ends.
+// It has no deadline: the calls take what the machine makes them take, and
+// one that never ends is caught by go test's -timeout, with every
+// goroutine's stack (inside synctest: as a deadlock). Regression: a 20s
+// deadline shared by all of a test's calls ran out on a loaded machine
+// before a flood of 3,200 calls, or a burst of 128 calls with 250 KB
+// replies, was over, and the next call failed with DEADLINE_EXCEEDED.
 func idemCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	return ctx
 }

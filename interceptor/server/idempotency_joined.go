@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -78,17 +79,28 @@ func (c *srvIdemCall) claimJoined() (any, error) {
 // goes on.
 func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 	c.sctx = context.WithoutCancel(c.ctx)
-	hctx := c.ctx
+	var hctx *srvDetached
 	if c.s.detachMax > 0 {
-		var cancel context.CancelFunc
-		hctx, cancel = context.WithTimeout(c.sctx, c.s.detachMax)
-		defer cancel() // after settleJoined: deferred calls run last in, first out
+		hctx = newSrvDetached(c.sctx, time.Now().Add(c.s.detachMax))
+		deadline := time.AfterFunc(c.s.detachMax, func() { hctx.end(context.DeadlineExceeded) })
+		defer deadline.Stop()
+	} else {
+		hctx = newSrvAttached(c.ctx)
 	}
+	defer hctx.release() // after settleJoined: deferred calls run last in, first out
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
 	panicked := true
+	running := c.s.handlers.add(hctx) // Shutdown waits for it, or cancels it
+	if running {
+		defer c.s.handlers.remove(hctx)
+	}
 	defer func() { resp, err = c.settleJoined(txn, resp, err, panicked) }()
+	if !running {
+		panicked = false
+		return nil, c.s.shuttingDown(c.ctx, c.info.FullMethod)
+	}
 	c.s.m.execution(c.ctx, c.info.FullMethod)
-	resp, err = c.handler(grpc.NewContextWithServerTransportStream(txn.Context(hctx), c.own), c.req)
+	resp, err = c.s.runHandler(c.ctx, grpc.NewContextWithServerTransportStream(txn.Context(hctx), c.own), c.req, c.info, c.handler)
 	panicked = false
 	return resp, err
 }
@@ -103,7 +115,8 @@ func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 //     happen, or is unknown: the call gets UNAVAILABLE with the retry hint,
 //     never the reply, and its retry replays the committed record or runs
 //     the call again after a rollback (see package pgstore).
-//   - an unstored code (UNAVAILABLE, ABORTED, ...), a panic, or an outcome
+//   - the server's refusal on the admission path (a *srvShed), an
+//     unstored code (UNAVAILABLE, ABORTED, ...), a panic, or an outcome
 //     that cannot be recorded (a reply that is not a proto message):
 //     Rollback, of the writes and the claim; the call gets the handler's
 //     error, the panic goes on, or INTERNAL.
@@ -111,7 +124,12 @@ func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 // The store calls use sctx, which the caller's end does not reach.
 func (c *srvIdemCall) settleJoined(txn idempotency.Txn, resp any, herr error, panicked bool) (any, error) {
 	c.own.close()
-	if panicked || c.s.retryable.Has(rescodes.Classify(herr)) {
+	// Bounded, so that a database that hangs does not hold the call for
+	// ever: a Commit cut short is an unknown outcome (notCommitted).
+	sctx, cancel := context.WithTimeout(c.sctx, c.s.lease)
+	defer cancel()
+	c.sctx = sctx
+	if panicked || isShed(herr) || c.s.retryable.Has(rescodes.Classify(herr)) {
 		c.rollbackJoined(txn)
 		return resp, herr
 	}
@@ -155,7 +173,7 @@ func (c *srvIdemCall) rollbackJoined(txn idempotency.Txn) {
 // INTERNAL, which a retry would meet again).
 func (c *srvIdemCall) notCommitted(err error) error {
 	if errors.Is(err, idempotency.ErrTxConflict) {
-		msg := "idempotency: the call's transaction met a conflict with another (serialization failure or deadlock) " +
+		msg := "idempotency: the call's transaction met a conflict with another (serialization failure, deadlock, lock or statement timeout) " +
 			"and was rolled back; retry with the same key: " + err.Error()
 		st := status.New(codes.Aborted, msg)
 		if withHint, err := st.WithDetails(c.s.retryHint); err == nil {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -27,12 +28,39 @@ import (
 func TestIdempotencyDetachedHandlerCancelledBeforeADuplicateCanClaim(t *testing.T) {
 	forEachStore(t, []idemCase{
 		{"RenewalsFail", func(t *testing.T, env *idemEnv) {
-			testIdemCutoff(t, env, idemNoRenewStore{env.store})
+			testIdemCutoff(t, env, idemNoRenewStore{env.store}, false)
 		}},
 		{"RenewalsStall", func(t *testing.T, env *idemEnv) {
-			testIdemCutoff(t, env, idemStalledRenewals{env.store})
+			testIdemCutoff(t, env, idemStalledRenewals{env.store}, false)
+		}},
+		// Issue 33, finding 2: a store that ignores its context (go-redis
+		// by default, for socket I/O) held the cutoff, which was checked
+		// only once Renew returned.
+		{"RenewalsHangWhateverTheContext", func(t *testing.T, env *idemEnv) {
+			hung := idemHungRenewals{Store: env.store, release: make(chan struct{})}
+			defer close(hung.release) // before the test's end, for goleak
+			testIdemCutoff(t, env, hung, false)
+		}},
+		// An attached handler (Idempotency.AttachedHandler) was never cut
+		// off: its context was the caller's alone.
+		{"AttachedRenewalsHang", func(t *testing.T, env *idemEnv) {
+			hung := idemHungRenewals{Store: env.store, release: make(chan struct{})}
+			defer close(hung.release)
+			testIdemCutoff(t, env, hung, true)
 		}},
 	})
+}
+
+// idemHungRenewals is a store whose Renew hangs until release is closed,
+// whatever its context says.
+type idemHungRenewals struct {
+	idempotency.Store
+	release chan struct{}
+}
+
+func (s idemHungRenewals) Renew(context.Context, idempotency.RecordKey, string, time.Duration) error {
+	<-s.release
+	return errors.New("hung store")
 }
 
 // idemStalledRenewals is a store whose Renew never answers: it returns
@@ -44,7 +72,7 @@ func (idemStalledRenewals) Renew(ctx context.Context, _ idempotency.RecordKey, _
 	return ctx.Err()
 }
 
-func testIdemCutoff(t *testing.T, env *idemEnv, cut idempotency.Store) {
+func testIdemCutoff(t *testing.T, env *idemEnv, cut idempotency.Store, attached bool) {
 	if env.joined {
 		t.Skip("joined mode has no lease to cut off: the owner's open transaction holds the key until it ends, and a " +
 			"duplicate on another replica gets ABORTED instead of polling (TestIdempotencyJoinedDuplicateWaitsForTheOwnersCommit, " +
@@ -78,6 +106,7 @@ func testIdemCutoff(t *testing.T, env *idemEnv, cut idempotency.Store) {
 	}}
 	idem := Idempotency{Lease: lease, PollInitial: 10 * time.Millisecond, PollMax: 20 * time.Millisecond}
 	idemA, idemB := idem, idem
+	idemA.AttachedHandler = attached
 	idemA.Store = cut            // cut off from the store's renewals
 	idemB.Store = env.newStore() // another replica
 	ccA := idemStart(t, e, idemA)

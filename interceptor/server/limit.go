@@ -4,16 +4,11 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
-
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
-	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/clock"
 	"github.com/grpc-resilience/resilience/internal/limit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -65,11 +60,45 @@ type namedLimiter struct {
 	l    *srvLimiter
 }
 
-// srvLimiter is one limit with its queue.
+// srvLimiter is one limit with its queue, and the cost classes of its
+// methods.
 type srvLimiter struct {
 	*limit.Limiter
 	maxWait time.Duration // of the queue; immutable
 	name    string        // its LimitStatus.Name; immutable once New returns
+	// classes gives each method under the limit a cost class of its own
+	// (limit.Request.Class), by full method, so that a cheap method never
+	// makes an expensive one look queued (issue 33, finding 1). The first
+	// limit.MaxClasses−1 methods seen get one each; the methods beyond
+	// share class 0, which no method has alone, so the map stays bounded
+	// whatever names a proxy forwards (REVIEW class 4).
+	classes sync.Map    // full method -> int in [1, limit.MaxClasses)
+	full    atomic.Bool // every class is handed out: new methods share class 0
+	classMu sync.Mutex  // hands classes out
+	nclass  int         // classes handed out; guarded by classMu
+}
+
+// class returns the cost class of fullMethod under l. It allocates and
+// locks only for a method's first call.
+func (l *srvLimiter) class(fullMethod string) int {
+	if c, ok := l.classes.Load(fullMethod); ok {
+		return c.(int)
+	}
+	if l.full.Load() {
+		return 0
+	}
+	l.classMu.Lock()
+	defer l.classMu.Unlock()
+	if c, ok := l.classes.Load(fullMethod); ok {
+		return c.(int)
+	}
+	if l.nclass >= limit.MaxClasses-1 {
+		l.full.Store(true)
+		return 0
+	}
+	l.nclass++
+	l.classes.Store(fullMethod, l.nclass)
+	return l.nclass
 }
 
 // newSrvLimits builds the limiters of o; nil when none is configured.
@@ -93,8 +122,9 @@ func newSrvLimits(o *options) (*srvLimits, error) {
 	if ls.cpu, err = newSrvCPU(o.cpu); err != nil {
 		return nil, err
 	}
+	rnd := newSrvRand(o.limitSrc) // the Server's own, whatever other Servers use the source
 	if o.limit != nil {
-		l, err := newLimiter(*o.limit, fair, o.limitRand)
+		l, err := newLimiter(*o.limit, fair, rnd)
 		if err != nil {
 			return nil, errorf("Limits.Config.concurrencyLimit: %v", err)
 		}
@@ -103,7 +133,7 @@ func newSrvLimits(o *options) (*srvLimits, error) {
 	}
 	seen := map[string]int{} // index in all by name
 	for _, m := range o.methodLimits {
-		l, err := newLimiter(m.cfg, fair, o.limitRand)
+		l, err := newLimiter(m.cfg, fair, rnd)
 		if err != nil {
 			return nil, errorf("Limits.Config methodConfig %q: %v", m.raw, err)
 		}
@@ -143,38 +173,6 @@ func newLimiter(cfg serviceconfig.ConcurrencyLimit, fair serviceconfig.TenantFai
 		return nil, err
 	}
 	return &srvLimiter{Limiter: l, maxWait: cfg.MaxQueueWait}, nil
-}
-
-// wait queues r, a call that arrived at now and that the limit shed, when
-// the queue takes it: until a slot is handed to it (admitted), MaxQueueWait
-// passes, its deadline comes within the door's service time, a more
-// critical call takes its place, or its context ends. It returns the slot
-// of an admitted call, and whether the call entered the queue (false: the
-// queue is full of calls it does not displace, or there is none).
-func (l *srvLimiter) wait(ctx context.Context, clk clock.Clock, now time.Time, r limit.Request) (s limit.Slot, admitted, queued bool) {
-	d := l.maxWait
-	if d == 0 {
-		return s, false, false
-	}
-	if r.Left != limit.NoDeadline {
-		d = min(d, r.Left-l.DoorRTT(now))
-	}
-	if d <= 0 {
-		return s, false, false
-	}
-	w, ok := l.Enqueue(now, r)
-	if !ok {
-		return s, false, false
-	}
-	t := clk.NewTimer(d)
-	select {
-	case <-w.Ready():
-	case <-t.C():
-	case <-ctx.Done():
-	}
-	t.Stop()
-	s, admitted = l.Leave(w)
-	return s, admitted, true
 }
 
 // lookup returns the limiter of fullMethod: its own, its service's, or the
@@ -234,141 +232,12 @@ func serviceOf(fullMethod string) (service string, ok bool) {
 	return "", false
 }
 
-// limited runs a unary call under its limiter l: admitted, it runs the rest
-// of the interceptor and the handler and is released when they return or
-// panic; shed, they do not run.
-//
-// A call with an idempotency key, on a Server with idempotency, is limited
-// around its handler only (limitedKeyed): a duplicate that waits for the
-// running execution or gets its stored outcome never runs the handler, so
-// it is no load on it, holds no slot and gives no latency sample (issue
-// 19, defect 4).
-func (s *Server) limited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.idem != nil && len(metadata.ValueFromIncomingContext(ctx, wire.IdempotencyKeyHeader)) > 0 {
-		return s.limitedKeyed(ctx, l, req, info, handler)
-	}
-	return s.runLimited(ctx, l, req, info, handler, true)
-}
-
-// limitedKeyed runs a keyed call on a Server with idempotency: headroom and
-// idempotency first, then, for the call that runs the handler, the limit
-// around the handler, on the handler's context. It costs the keyed call one
-// allocation, the closure.
-func (s *Server) limitedKeyed(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	return s.srvUnaryInner(ctx, req, info, func(hctx context.Context, req any) (any, error) {
-		return s.runLimited(hctx, l, req, info, handler, false)
-	})
-}
-
-// runLimited admits a call under l and runs it: with inner, the rest of the
-// unary interceptor and then handler; without, handler alone. The slot is
-// released when they return or panic (the panic goes on up), with what
-// the call's end says of the server's load (callOutcome).
-func (s *Server) runLimited(ctx context.Context, l *srvLimiter, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, inner bool) (resp any, err error) {
-	now := s.limits.clk.Now()
-	left := limit.NoDeadline
-	if dl, ok := ctx.Deadline(); ok {
-		left = dl.Sub(now)
-	}
-	slot, start, err := s.admit(ctx, l, info.FullMethod, now, left)
-	if err != nil {
-		if !inner { // inside the idempotency layer: no outcome to store
-			err = limitShed{err}
-		}
-		return nil, err
-	}
-	panicked := true
-	defer func() {
-		end := s.limits.clk.Now()
-		l.Release(end, slot, end.Sub(start), callOutcome(ctx, err, panicked))
-	}()
-	if inner {
-		resp, err = s.srvUnaryInner(ctx, req, info, handler)
-	} else {
-		resp, err = handler(ctx, req)
-	}
-	panicked = false
-	return resp, err
-}
-
-// limitShed is the limit's shed of a keyed call, which the limit decides
-// inside the idempotency layer (limitedKeyed): it is no outcome of the
-// handler, and is never stored for the key, whatever
-// Idempotency.UnstoredCodes says, so that a retry runs once there is
-// room. grpc sends its status as is.
-type limitShed struct{ error }
-
-func (e limitShed) GRPCStatus() *status.Status { return status.Convert(e.error) }
-
-func (e limitShed) Unwrap() error { return e.error }
-
-// callOutcome says what a call that ended with err on ctx teaches a limit:
-// a latency sample only when the handler answered OK; when its deadline
-// ended first, a possible drop (limit.DeadlineEnded: a drop only when the
-// deadline left room for the service time); nothing when the caller went
-// away, the handler failed (a failure's latency says nothing reliable of
-// the load: a validation error returns in microseconds) or panicked.
-func callOutcome(ctx context.Context, err error, panicked bool) limit.Outcome {
-	switch {
-	case panicked:
-		return limit.Ignored
-	case ctx.Err() == context.DeadlineExceeded:
-		return limit.DeadlineEnded
-	case ctx.Err() != nil, err != nil:
-		return limit.Ignored
-	}
-	return limit.Completed
-}
-
 // tenantOf names the tenant of a call; "" without tenant fairness.
 func (ls *srvLimits) tenantOf(ctx context.Context) string {
 	if ls.tenant == nil {
 		return ""
 	}
 	return ls.tenant(ctx)
-}
-
-// admit takes a slot of l for a call of fullMethod that arrived at now with
-// left of its deadline (limit.NoDeadline: none, and then it is never shed
-// for its deadline): at once, or from the queue. Admitted, it returns the
-// slot and when the call's service time starts (after its time in the
-// queue, which is not the service's latency), and the caller must give the
-// slot back once (Release or Abandon); shed, it returns the status, and
-// holds nothing.
-func (s *Server) admit(ctx context.Context, l *srvLimiter, fullMethod string, now time.Time, left time.Duration) (slot limit.Slot, start time.Time, err error) {
-	ls := s.limits
-	crit := ls.criticality(ctx)
-	r := limit.Request{Crit: limit.Criticality(crit), Left: left, Tenant: ls.tenantOf(ctx)}
-	slot, v, pushback := l.Acquire(now, r)
-	switch v {
-	case limit.ShedDeadline:
-		ls.m.shedCall(ctx, fullMethod, crit, shedDeadline)
-		err = status.Errorf(codes.DeadlineExceeded,
-			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
-			left.Round(time.Microsecond), l.DoorRTT(now))
-		s.limitRefusal(ctx, l, fullMethod, crit, r.Tenant, RefusalDeadline, err)
-		return slot, now, err
-	case limit.ShedLimit:
-		var admitted, queued bool
-		slot, admitted, queued = l.wait(ctx, ls.clk, now, r)
-		if queued {
-			arrived := now
-			now = ls.clk.Now()
-			ls.m.waited(ctx, fullMethod, now.Sub(arrived))
-		}
-		if !admitted {
-			reason, refusal := shedOverLimit, RefusalLimit
-			if queued {
-				reason, refusal = shedQueueTimeout, RefusalQueueTimeout
-			}
-			ls.m.shedCall(ctx, fullMethod, crit, reason)
-			err = ls.shedError(ctx, crit, pushback)
-			s.limitRefusal(ctx, l, fullMethod, crit, r.Tenant, refusal, err)
-			return slot, now, err
-		}
-	}
-	ls.m.admit(ctx, fullMethod, crit)
-	return slot, now, nil
 }
 
 // LimitStatus is the state of one concurrency limit, from

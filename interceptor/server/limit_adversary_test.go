@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -223,112 +224,96 @@ func dialBuf(t *testing.T, lis *bufconn.Listener) *grpc.ClientConn {
 	return cc
 }
 
-// serveTCP serves impl over loopback TCP behind srv until the test ends.
-func serveTCP(t *testing.T, impl echov1.EchoServiceServer, srv *Server) echov1.EchoServiceClient {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()))
-	echov1.RegisterEchoServiceServer(gs, impl)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = gs.Serve(lis) }()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close(); gs.Stop(); <-done })
-	return echov1.NewEchoServiceClient(cc)
-}
-
-// TestLimitRecoversInRealTimeAfterSlowPhase runs an incident on loopback
-// TCP in real time: 4 callers with 50ms deadlines on a 5ms service, a
-// 100ms slow phase of 1.5s (with 6 callers without deadline, so the limit
-// and the door learn it), then the service is fast again and only the 50ms callers
-// remain. Within 2s of the recovery their calls must succeed again (the
-// door ages, nothing completes otherwise), the limit must be back within
-// 10% of its value before the incident within 5s, and the limit must hold
+// TestLimitRecoversAfterSlowPhaseWithConcurrentCallers runs an incident:
+// 4 callers with 50ms deadlines on a 5ms service, a 100ms slow phase of
+// 1.5s (with 6 callers without deadline, so the limit and the door learn
+// it), then the service is fast again and only the 50ms callers remain.
+// Within 2s of the recovery their calls must succeed again (the door
+// ages, nothing completes otherwise), the limit must be back within 10%
+// of its value before the incident within 5s, and the limit must hold
 // nothing once the callers stop.
-func TestLimitRecoversInRealTimeAfterSlowPhase(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real time: 4.5s to 7.5s")
-	}
-	var svc atomic.Int64
-	svc.Store(int64(5 * time.Millisecond))
-	impl := &fnEcho{fn: func(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
-		select {
-		case <-time.After(time.Duration(svc.Load())):
-			return &echov1.EchoResponse{}, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
+//
+// It runs in testing/synctest. It ran on loopback TCP in real time, and
+// failed in 3 runs of 4 on a loaded 2-core machine, three ways (a 50ms
+// call refused 1.87s after the recovery, no refusal in the slow phase,
+// the limit still 3 at 5s): there a "5ms" handler took 10-25ms, the
+// base RTT read 17ms, and a 50ms deadline was half spent before the call
+// reached the door. Fake time keeps the incident the one the test means;
+// real-time figures belong to bench/, run several times.
+func TestLimitRecoversAfterSlowPhaseWithConcurrentCallers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var svc atomic.Int64
+		svc.Store(int64(5 * time.Millisecond))
+		impl := &fnEcho{fn: func(ctx context.Context, _ *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+			select {
+			case <-time.After(time.Duration(svc.Load())):
+				return &echov1.EchoResponse{}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}}
+		srv := newLimitServer(t, Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}, Rand: rand.NewPCG(1, 2)})
+		client := serveLimited(t, impl, srv)
+		t0 := time.Now()
+		var lastFail atomic.Int64 // since t0, of a 50ms call's start that failed
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				tick := time.NewTicker(10 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					at := time.Since(t0)
+					if err := echoWithin(client, 50*time.Millisecond, "m"); err != nil {
+						lastFail.Store(int64(at))
+					}
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+				}
+			})
 		}
-	}}
-	srv := newLimitServer(t, limitsOf(serviceconfig.ConcurrencyLimit{}))
-	client := serveTCP(t, impl, srv)
-	t0 := time.Now()
-	var lastFail atomic.Int64 // since t0, of a 50ms call's start that failed
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Go(func() {
-			tick := time.NewTicker(10 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				at := time.Since(t0)
-				if err := echoWithin(client, 50*time.Millisecond, "m"); err != nil {
-					lastFail.Store(int64(at))
+		time.Sleep(time.Second)
+		before := srv.LimitStatuses()[0]
+		svc.Store(int64(100 * time.Millisecond))
+		var slow sync.WaitGroup
+		for range 6 { // 90 samples of 100ms: the door learns the slow service
+			slow.Go(func() {
+				for time.Since(t0) < 2500*time.Millisecond {
+					_ = echoWithin(client, 0, "report")
 				}
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-			}
-		})
-	}
-	time.Sleep(time.Second)
-	before := srv.LimitStatuses()[0]
-	svc.Store(int64(100 * time.Millisecond))
-	var slow sync.WaitGroup
-	for range 6 { // 90 samples of 100ms: the door learns the slow service
-		slow.Go(func() {
-			for time.Since(t0) < 2500*time.Millisecond {
-				_ = echoWithin(client, 0, "report")
-			}
-		})
-	}
-	slow.Wait()
-	during := srv.LimitStatuses()[0]
-	svc.Store(int64(5 * time.Millisecond))
-	recovered := time.Since(t0)
-	time.Sleep(2 * time.Second)
-	// The limit, unlike the door, follows the latencies it sees: on a
-	// machine busy with other tests (CI runs packages side by side) the
-	// handler's 5ms are often 12ms, and Vegas takes that for queueing. So
-	// it has until 5s after the recovery to come back, observed every 50ms.
-	back := time.Now()
-	for 10*srv.LimitStatuses()[0].Limit < 9*before.Limit && time.Since(t0)-recovered < 5*time.Second {
-		time.Sleep(50 * time.Millisecond)
-	}
-	backAfter := time.Since(back) + 2*time.Second
-	close(stop)
-	wg.Wait()
-	after := srv.LimitStatuses()[0]
-	last := time.Duration(lastFail.Load()) - recovered
-	t.Logf("before %+v\nslow %+v\nafter %+v\nlast 50ms call failed %v after the recovery; limit back within %v", before, during, after, last.Round(time.Millisecond), backAfter.Round(time.Millisecond))
-	if during.ShedDeadline[wire.Critical] == 0 {
-		t.Errorf("no 50ms call refused at the door in the slow phase: the incident did not happen")
-	}
-	if last > 2*time.Second-200*time.Millisecond {
-		t.Errorf("a 50ms call failed %v after the service was fast again, want none after the first ~2s", last)
-	}
-	if 10*after.Limit < 9*before.Limit {
-		t.Errorf("limit %d 5s after the recovery, want within 10%% of %d", after.Limit, before.Limit)
-	}
-	if after.InFlight != 0 || after.Queued != 0 {
-		t.Errorf("after the callers stopped: %d in flight, %d queued; want 0", after.InFlight, after.Queued)
-	}
+			})
+		}
+		slow.Wait()
+		during := srv.LimitStatuses()[0]
+		svc.Store(int64(5 * time.Millisecond))
+		recovered := time.Since(t0)
+		time.Sleep(2 * time.Second)
+		back := time.Now()
+		for 10*srv.LimitStatuses()[0].Limit < 9*before.Limit && time.Since(t0)-recovered < 5*time.Second {
+			time.Sleep(50 * time.Millisecond)
+		}
+		backAfter := time.Since(back) + 2*time.Second
+		close(stop)
+		wg.Wait()
+		after := srv.LimitStatuses()[0]
+		last := time.Duration(lastFail.Load()) - recovered
+		t.Logf("before %+v\nslow %+v\nafter %+v\nlast 50ms call failed %v after the recovery; limit back within %v", before, during, after, last, backAfter)
+		if during.ShedDeadline[wire.Critical] == 0 {
+			t.Errorf("no 50ms call refused at the door in the slow phase: the incident did not happen")
+		}
+		if last > 2*time.Second-200*time.Millisecond {
+			t.Errorf("a 50ms call failed %v after the service was fast again, want none after the first ~2s", last)
+		}
+		if 10*after.Limit < 9*before.Limit {
+			t.Errorf("limit %d 5s after the recovery, want within 10%% of %d", after.Limit, before.Limit)
+		}
+		if after.InFlight != 0 || after.Queued != 0 {
+			t.Errorf("after the callers stopped: %d in flight, %d queued; want 0", after.InFlight, after.Queued)
+		}
+	})
 }
 
 // TestTenantOverShareMoreCriticalDoesNotStarveOthers: with tenant

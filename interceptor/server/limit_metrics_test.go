@@ -75,10 +75,14 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 		run(t.Context(), m, "SHEDDABLE", time.Millisecond) // queued, shed after 50ms
 		wantCodes(codes.ResourceExhausted, codes.OK)
 
-		// The base RTT is now 10ms: 5ms left is rejected at the door.
+		// The base RTT is now 10ms: 5ms left is rejected at the door, but
+		// for one call per service time, which it lets through to see
+		// whether the service has become fast again (this one outlives its
+		// deadline: no sample).
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Millisecond)
+		run(ctx, m, "", 20*time.Millisecond) // let through
 		run(ctx, m, "", 0)
-		wantCodes(codes.DeadlineExceeded)
+		wantCodes(codes.DeadlineExceeded, codes.OK)
 		cancel()
 		run(t.Context(), other, "", time.Millisecond)
 		wantCodes(codes.OK)
@@ -86,7 +90,7 @@ func TestLimitMetricsAfterAScriptedSequence(t *testing.T) {
 		got := collect(t, reader)
 		const gm, gother = "grpc.method=pkg.S/M", "grpc.method=pkg.S/Other"
 		got.Expect(t, metricSrvLimitAdmitted, "{call}", map[string]float64{
-			gm + ",resilience.criticality=CRITICAL":       2,
+			gm + ",resilience.criticality=CRITICAL":       3,
 			gm + ",resilience.criticality=SHEDDABLE_PLUS": 1,
 			gother + ",resilience.criticality=CRITICAL":   1,
 		})

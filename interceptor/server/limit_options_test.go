@@ -2,10 +2,15 @@ package server
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
+
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -47,9 +52,19 @@ func TestLimitsValidateAgreesWithNew(t *testing.T) {
 		{"Streams: a bad name", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}, Streams: []string{"pkg.S", "/pkg.S/"}},
 			"server: Limits.Streams[1]: "},
 		{"Streams without any limit", Limits{Streams: []string{"pkg.S"}},
-			"server: Limits.Streams: no concurrency limit in Limits.Config to put streams under"},
+			`server: Limits.Streams[0] "pkg.S": no concurrency limit covers it`},
 		{"Streams under CPU shedding only", Limits{CPU: &CPUShedding{}, Streams: []string{"pkg.S"}},
-			"server: Limits.Streams: no concurrency limit in Limits.Config to put streams under"},
+			`server: Limits.Streams[0] "pkg.S": no concurrency limit covers it`},
+		// Issue 33, finding 5: settings that cannot apply were accepted in
+		// silence.
+		{"Streams naming a service no limit covers", Limits{Streams: []string{"/a.B/Watch", "c.D"}, Config: serviceconfig.ServerConfig{
+			MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "a.B", serviceconfig.ConcurrencyLimit{})}}},
+			`server: Limits.Streams[1] "c.D": no concurrency limit covers it`},
+		{"Streams naming a method no limit covers", Limits{Streams: []string{"/c.D/Watch"}, Config: serviceconfig.ServerConfig{
+			MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "/c.D/Other", serviceconfig.ConcurrencyLimit{})}}},
+			`server: Limits.Streams[0] "/c.D/Watch": no concurrency limit covers it`},
+		{"Tenant without TenantFairness", Limits{Tenant: anyone, Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}},
+			"server: Limits.Tenant is set but Limits.Config.TenantFairness is nil"},
 		{"CPU: a bad threshold", Limits{CPU: &CPUShedding{CPUThreshold: 2}}, "server: Limits.CPU: limit: cpuThreshold"},
 		{"Rand: a nil pointer of a source type", Limits{Rand: (*rand.PCG)(nil), Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}},
 			"server: Limits.Rand is a nil *rand.PCG"},
@@ -69,6 +84,9 @@ func TestLimitsValidateAgreesWithNew(t *testing.T) {
 			MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "a.B", serviceconfig.ConcurrencyLimit{})}}}},
 		{"Streams under a method's limit", Limits{Streams: []string{"/a.B/Watch"}, Config: serviceconfig.ServerConfig{
 			MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "a.B", serviceconfig.ConcurrencyLimit{})}}}},
+		{"Streams of a service one of whose methods has a limit", Limits{Streams: []string{"a.B", "/a.B/Watch"}, Config: serviceconfig.ServerConfig{
+			MethodConfig: []serviceconfig.ServerMethodConfig{methodLimitOf(t, "/a.B/Watch", serviceconfig.ConcurrencyLimit{})}}}},
+		{"Streams under the server's limit", Limits{Streams: []string{"c.D"}, Config: serviceconfig.ServerConfig{ConcurrencyLimit: top()}}},
 		{"tenant fairness by metadataKey", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: top(), TenantFairness: byKey}}},
 		// WithTenantFairness(cfg, f) took a tenant function without a
 		// metadataKey; Limits must too (the document's JSON needs the key).
@@ -109,6 +127,14 @@ func TestOptionsGivenTwiceAreRefused(t *testing.T) {
 		{"CPU shedding, then a top-level limit", []Option{WithLimits(Limits{CPU: &CPUShedding{}}), WithLimits(limitsOf(seven))}, "WithLimits given twice"},
 		{"a limit, then Limits{}", []Option{WithLimits(limitsOf(seven)), WithHeadroom(0, 0), WithLimits(Limits{})}, "WithLimits given twice"},
 		{"idempotency twice", []Option{WithIdempotency(idem), WithIdempotency(idem)}, "WithIdempotency given twice"},
+		// Issue 33, finding 5: these took the last, silently.
+		{"headroom twice", []Option{WithHeadroom(time.Millisecond, 0), WithHeadroom(0, 0)}, "WithHeadroom given twice"},
+		{"logger twice", []Option{WithLogger(slog.Default()), WithLogger(nil)}, "WithLogger given twice"},
+		{"meter provider twice", []Option{WithMeterProvider(noop.NewMeterProvider()), WithMeterProvider(noop.NewMeterProvider())},
+			"WithMeterProvider given twice"},
+		{"refusal hook twice", []Option{WithOnRefusal(func(context.Context, Refusal) {}), WithOnRefusal(func(context.Context, Refusal) {})},
+			"WithOnRefusal given twice"},
+		{"nil refusal hook", []Option{WithOnRefusal(nil)}, "WithOnRefusal: nil function"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -170,6 +196,42 @@ func newServer(t *testing.T, opts ...Option) *Server {
 		t.Fatalf("New() = %v", err)
 	}
 	return srv
+}
+
+// TestOptionValuesHoldNoState pins finding 5 of issue 33: WithLimits built
+// the limits' random source when it was called, so two Servers built from
+// one Limits (or one Option) drew from one Limits.Rand at once, which the
+// docs said was serialized: a data race on the source under -race. Now an
+// Option holds only what it was given, and each Server seeds its own
+// generator from the source when New builds it.
+func TestOptionValuesHoldNoState(t *testing.T) {
+	l := Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{InitialLimit: 2, MinLimit: 1}},
+		Rand: rand.NewPCG(1, 2)}
+	opt := WithLimits(l)
+	servers := []*Server{newServer(t, opt), newServer(t, opt), newServer(t, WithLimits(l))}
+	fast := &fnEcho{fn: func(context.Context, *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		return &echov1.EchoResponse{}, nil
+	}}
+	var wg sync.WaitGroup
+	for _, srv := range servers {
+		client := serveLimited(t, fast, srv)
+		for range 4 {
+			wg.Go(func() {
+				for range 200 { // probes every limit or so of samples: each draws from the generator
+					if err := echoWithin(client, 0, "m"); err != nil && status.Code(err) != codes.ResourceExhausted {
+						t.Errorf("Echo: %v", err)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for i, srv := range servers {
+		if st := srv.LimitStatuses()[0]; st.InFlight != 0 {
+			t.Errorf("server %d: %d in flight after the calls, want 0", i, st.InFlight)
+		}
+	}
 }
 
 // TestRateLimitsRefusedUntilServed: a document with rate limits is refused

@@ -114,8 +114,8 @@ func TestStreamConcurrencyLimitOptionErrors(t *testing.T) {
 	}{
 		{"bad name", Limits{Config: serviceconfig.ServerConfig{ConcurrencyLimit: &serviceconfig.ConcurrencyLimit{}}, Streams: []string{"pkg.S", "/pkg.S"}},
 			`server: Limits.Streams[1]: `},
-		{"no limit", Limits{Streams: []string{"pkg.S"}}, "server: Limits.Streams: no concurrency limit"},
-		{"only CPU shedding", Limits{CPU: &CPUShedding{}, Streams: []string{"pkg.S"}}, "server: Limits.Streams: no concurrency limit"},
+		{"no limit", Limits{Streams: []string{"pkg.S"}}, "no concurrency limit covers it"},
+		{"only CPU shedding", Limits{CPU: &CPUShedding{}, Streams: []string{"pkg.S"}}, "no concurrency limit covers it"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { wantLimitsError(t, tt.l, tt.want) })

@@ -217,3 +217,59 @@ func TestTenantHotPathAllocatesNothing(t *testing.T) {
 		t.Errorf("allocs per admitted call with a tenant = %v, want 0", n)
 	}
 }
+
+// TestTenantFairnessSharesAmongActiveTenants pins finding 4 of issue 33:
+// the fair share divided the limit by every tenant seen within the idle
+// timeout (5s), so 60 tenants calling once every 2s, beside tenant A at 10
+// times its share and B at half of it, made the share of each one 1/62 of
+// the limit, under one slot: B was no longer kept from A's flood and kept
+// 25-33% of its calls (99% or more without the 60), with the tenant named
+// by metadata or by a trusted Limits.Tenant alike. Now the share divides
+// the limit among the tenants with calls in flight or queued: the 60 hold
+// a slot each only while their call runs, and B keeps its calls.
+func TestTenantFairnessSharesAmongActiveTenants(t *testing.T) {
+	const dur, from = 3 * time.Second, time.Second
+	// Of every 108 arrivals (0.1s), A sends 100 (1000/s), B 5 (50/s) and
+	// the 60 tenants 3 (30/s: each once every 2s).
+	tenant := func(i int) string {
+		switch r := i % 108; r {
+		case 0, 21, 43, 64, 86:
+			return "b"
+		case 10, 46, 82:
+			return "s-" + strconv.Itoa((i/108*3+r/36)%60)
+		}
+		return "a"
+	}
+	ld := load{gap: time.Second / 1080, dur: dur, deadline: ovDeadline, measureFrom: from,
+		ctx: func(ctx context.Context, i int) context.Context {
+			return metadata.AppendToOutgoingContext(ctx, tenantKey, tenant(i))
+		},
+		class: func(i int) int {
+			if tenant(i) == "b" {
+				return 1
+			}
+			return 0
+		},
+	}
+	fromMD := TenantFromMetadata(tenantKey)
+	tests := []struct {
+		name   string
+		tenant TenantFunc
+	}{
+		{"by metadata", nil},
+		{"trusted Limits.Tenant", func(ctx context.Context) string { return "t:" + fromMD(ctx) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, st := runOverload(t, ld, func(*capacityEcho) []Option {
+				return []Option{WithLimits(fairLimitsOf(serviceconfig.ConcurrencyLimit{},
+					serviceconfig.TenantFairness{MetadataKey: tenantKey}, tt.tenant))}
+			})
+			b := float64(res.good[1]) / float64(res.calls[1])
+			t.Logf("B %d/%d (%.1f%%), the others %d/%d; %+v", res.good[1], res.calls[1], 100*b, res.good[0], res.calls[0], st)
+			if b < 0.97 {
+				t.Errorf("B's success beside A's flood and 60 tenants calling every 2s = %.3f, want ≥ 0.97", b)
+			}
+		})
+	}
+}

@@ -21,37 +21,72 @@ import (
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
-// Option configures [New].
+// Option configures [New]. An Option is a value: it holds what it was
+// given (copied when given), and New does the work, so one Option may
+// build any number of Servers, which share nothing through it. Each option
+// may be given to New once: New refuses a second of the same kind, naming
+// it, rather than let one setting silently replace another (give every
+// setting of WithIdempotency in one Idempotency, of WithLimits in one
+// Limits).
 type Option interface{ apply(*options) }
 
 // options collects the options of New before validation.
 type options struct {
-	logger          *slog.Logger         // nil: grpclog
+	logger          *slog.Logger         // nil: slog.Default()
 	meterProvider   metric.MeterProvider // nil: no metrics
 	headroom, floor time.Duration
-	idem            srvIdemOptions                  // store nil: idempotency off
-	limit           *serviceconfig.ConcurrencyLimit // nil: the server has none
-	cpu             *CPUShedding                    // nil: no CPU-aware shedding
-	methodLimits    []methodLimit
-	streamLimits    []string        // full methods and services whose streams are limited
-	criticality     CriticalityFunc // nil: as sent, at most Critical
-	limitRand       func() float64  // the limits' probe jitter; nil: the runtime's (Limits.Rand)
-	fairness        *srvFairness    // nil: one tenant (Limits.Config.TenantFairness)
-	idemGiven       bool            // WithIdempotency was applied: a second one is refused
-	limitsGiven     bool            // WithLimits was applied: a second one is refused
-	errs            []error         // option errors found while applying, reported by New
+	idemCfg         *Idempotency                   // WithIdempotency's, copied; nil: idempotency off
+	limitsCfg       *Limits                        // WithLimits's, copied; nil: no overload protection
+	onRefusal       func(context.Context, Refusal) // nil: none (WithOnRefusal)
+	given           [numOptionKinds]bool
+	errs            []error // option errors found while applying, reported by New
 
-	onRefusal func(context.Context, Refusal) // nil: none (WithOnRefusal)
+	// Set by New from idemCfg and limitsCfg:
+	idem         srvIdemOptions                  // store nil: idempotency off
+	limit        *serviceconfig.ConcurrencyLimit // nil: the server has none
+	cpu          *CPUShedding                    // nil: no CPU-aware shedding
+	methodLimits []methodLimit
+	streamLimits []string        // full methods and services whose streams are limited
+	criticality  CriticalityFunc // nil: as sent, at most Critical
+	limitSrc     rand.Source     // seeds the limits' probe jitter; nil: the runtime's (Limits.Rand)
+	fairness     *srvFairness    // nil: one tenant (Limits.Config.TenantFairness)
 }
 
-type optionFunc func(*options)
+// optionKind names each kind of Option, for the refusal of a repeat.
+type optionKind uint8
 
-func (f optionFunc) apply(o *options) { f(o) }
+const (
+	optLogger optionKind = iota
+	optMeterProvider
+	optHeadroom
+	optIdempotency
+	optLimits
+	optOnRefusal
+	numOptionKinds
+)
+
+var optionNames = [numOptionKinds]string{"WithLogger", "WithMeterProvider", "WithHeadroom", "WithIdempotency", "WithLimits", "WithOnRefusal"}
+
+// option is an Option of one kind.
+type option struct {
+	kind optionKind
+	f    func(*options)
+}
+
+func (op option) apply(o *options) {
+	if o.given[op.kind] {
+		o.errs = append(o.errs, errorf("%s given twice: give each option once", optionNames[op.kind]))
+		return
+	}
+	o.given[op.kind] = true
+	op.f(o)
+}
 
 // WithLogger sets the logger of the Server's warnings, such as a reply too
-// large to store. By default they go to grpclog (component "resilience").
+// large to store. By default they go to slog.Default(), as it is when each
+// is logged; not to grpclog, whose default logger discards warnings.
 func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(o *options) { o.logger = l })
+	return option{optLogger, func(o *options) { o.logger = l }}
 }
 
 // WithMeterProvider records the Server's metrics with mp: under
@@ -64,13 +99,13 @@ func WithLogger(l *slog.Logger) Option {
 // method. Without this option nothing is recorded, at no cost; a Server
 // with neither idempotency nor limits has nothing to record.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return optionFunc(func(o *options) {
+	return option{optMeterProvider, func(o *options) {
 		if mp == nil {
 			o.errs = append(o.errs, errorf("WithMeterProvider: nil provider"))
 			return
 		}
 		o.meterProvider = mp
-	})
+	}}
 }
 
 // WithHeadroom reserves headroom of every incoming deadline for the
@@ -84,13 +119,13 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // gets all but the last 20ms. Calls without a deadline are left alone.
 // Negative durations are refused.
 func WithHeadroom(headroom, floor time.Duration) Option {
-	return optionFunc(func(o *options) {
+	return option{optHeadroom, func(o *options) {
 		if headroom < 0 || floor < 0 {
 			o.errs = append(o.errs, errorf("WithHeadroom(%v, %v): must not be negative", headroom, floor))
 			return
 		}
 		o.headroom, o.floor = headroom, floor
-	})
+	}}
 }
 
 // Idempotency configures server-side idempotency ([WithIdempotency]): a
@@ -314,22 +349,10 @@ func (c *Idempotency) normalize() (srvIdemOptions, error) {
 
 // WithIdempotency turns on server-side idempotency as c says (see
 // [Idempotency]). New returns c's Validate error, if any. c is taken as it
-// is now (KeyPolicies and OmitMetadata are copied). Give every setting in
-// one Idempotency: New refuses WithIdempotency given twice, rather than
-// let a second one drop the first's settings unseen.
+// is now (KeyPolicies and OmitMetadata are copied).
 func WithIdempotency(c Idempotency) Option {
-	idem, err := c.normalize()
-	return optionFunc(func(o *options) {
-		switch {
-		case o.idemGiven:
-			o.errs = append(o.errs, errorf("WithIdempotency given twice: give every setting in one Idempotency"))
-		case err != nil:
-			o.errs = append(o.errs, err)
-		default:
-			o.idem = idem
-		}
-		o.idemGiven = true
-	})
+	c.KeyPolicies, c.OmitMetadata = maps.Clone(c.KeyPolicies), slices.Clone(c.OmitMetadata)
+	return option{optIdempotency, func(o *options) { o.idemCfg = &c }}
 }
 
 // Limits configures the Server's overload protection ([WithLimits]): the
@@ -351,9 +374,13 @@ type Limits struct {
 	// with RESOURCE_EXHAUSTED, carrying a google.rpc.RetryInfo detail and
 	// the grpc-retry-pushback-ms trailer that say when to come back; a call
 	// whose remaining deadline is shorter than the door's service time (the
-	// least latency of the last 32 to 64 calls, while one of them is
-	// recent) is rejected with DEADLINE_EXCEEDED before its handler runs.
-	// Only a call the handler answered OK is a latency sample. Health
+	// least latency of its method's last 32 to 64 calls, while one of them
+	// is recent; one such call per service time is let through, to see
+	// whether the service has become fast again) is rejected with
+	// DEADLINE_EXCEEDED before its handler runs. Only a call the handler
+	// answered OK is a latency sample, of its method's cost: each method
+	// under a limit has its own base RTT, so a cheap method does not make
+	// a costly one look queued. Health
 	// checks and reflection are never limited unless a methodConfig entry
 	// names them: a probe shed under overload would have the orchestrator
 	// restart a server that is only busy.
@@ -368,8 +395,10 @@ type Limits struct {
 	// Streams are not limited by default: a long stream holds its slot for
 	// as long as it lives, so a few of them under a limit learned from
 	// unary latencies can starve that limit's unary calls. Prefer a limit
-	// of the streaming methods' own. A name here needs some limit in
-	// Config.
+	// of the streaming methods' own. Each name here must be covered by a
+	// limit of Config: the server's, its own entry, its service's (for a
+	// method) or one of its methods' (for a service); one that is not is
+	// refused.
 	Streams []string
 
 	// CPU, when set, sheds the unary calls of methods without a limit of
@@ -391,12 +420,14 @@ type Limits struct {
 
 	// Tenant names the tenant of a call, for Config.TenantFairness; nil:
 	// TenantFromMetadata(Config.TenantFairness.MetadataKey). Without
-	// Config.TenantFairness it is not used, and every call is one tenant.
+	// Config.TenantFairness every call is one tenant, and a Tenant is
+	// refused: it would never be called.
 	Tenant TenantFunc
 
-	// Rand, when set, is the source of the jitter of the limits' probes and
-	// pushbacks, so that a seeded source gives a repeatable run; nil: the
-	// runtime's. The Server serializes its use.
+	// Rand, when set, seeds the jitter of the limits' probes, so that a
+	// seeded source gives a repeatable run; nil: the runtime's. New draws
+	// from it once, to seed a generator of the Server's own, so Servers
+	// built from one Limits share no state through it.
 	Rand rand.Source
 }
 
@@ -418,6 +449,11 @@ func (l *Limits) apply(o *options) {
 		return
 	}
 	cfg, checked := &l.Config, l.Config
+	if l.Tenant != nil && cfg.TenantFairness == nil {
+		o.errs = append(o.errs, errorf("Limits.Tenant is set but Limits.Config.TenantFairness is nil: without it every call is one "+
+			"tenant and Tenant is never called; add a TenantFairness block (its metadataKey may be empty when Tenant names the tenants)"))
+		return
+	}
 	if f := cfg.TenantFairness; f != nil && f.MetadataKey == "" {
 		if l.Tenant == nil {
 			o.errs = append(o.errs, errorf("Limits: Config.TenantFairness has no metadataKey and Limits.Tenant is nil"))
@@ -476,10 +512,16 @@ func (l *Limits) apply(o *options) {
 		o.cpu = &c
 	}
 	limited := o.limit != nil || len(o.methodLimits) > 0
+	if o.limit == nil {
+		for i, n := range o.streamLimits {
+			if !o.coversStreams(n) {
+				o.errs = append(o.errs, errorf("Limits.Streams[%d] %q: no concurrency limit covers it: Limits.Config has no "+
+					"server-wide concurrencyLimit and no methodConfig entry for it or its service, so its streams would not be limited", i, n))
+				return
+			}
+		}
+	}
 	switch {
-	case len(o.streamLimits) > 0 && !limited:
-		o.errs = append(o.errs, errorf("Limits.Streams: no concurrency limit in Limits.Config to put streams under"))
-		return
 	case o.fairness != nil && !limited:
 		o.errs = append(o.errs, errorf("Limits.Config.TenantFairness: no concurrency limit in Limits.Config to share"))
 		return
@@ -487,40 +529,94 @@ func (l *Limits) apply(o *options) {
 		o.errs = append(o.errs, errorf("Limits: Config.ConcurrencyLimit and CPU: choose one for the server"))
 		return
 	}
-	o.criticality = l.Criticality
-	if l.Rand != nil {
-		var mu sync.Mutex
-		r := rand.New(l.Rand)
-		o.limitRand = func() float64 {
-			mu.Lock()
-			defer mu.Unlock()
-			return r.Float64()
+	o.criticality, o.limitSrc = l.Criticality, l.Rand
+}
+
+// coversStreams reports whether a methodConfig entry of o covers the
+// streams of name, a full method or a service of Limits.Streams: the
+// method's own entry or its service's; for a service, its own entry or one
+// of its methods'.
+func (o *options) coversStreams(name string) bool {
+	for _, m := range o.methodLimits {
+		switch {
+		case m.raw == name:
+			return true
+		case strings.HasPrefix(name, "/"): // a full method: its service's entry covers it
+			if svc, ok := serviceOf(name); ok && m.raw == svc {
+				return true
+			}
+		default: // a service: an entry of one of its methods covers some of its streams
+			if svc, ok := serviceOf(m.raw); ok && strings.HasPrefix(m.raw, "/") && svc == name {
+				return true
+			}
 		}
 	}
+	return false
 }
 
 // WithLimits puts the Server's calls under the overload protection l
 // describes (see [Limits]). New returns l's Validate error, if any. l is
 // taken as it is now: what its pointers and slices point to may change
-// afterwards without reaching the Server. Give every setting in one
-// Limits: New refuses WithLimits given twice, rather than let a second one
-// drop the first's limits unseen (a server-wide limit, then a method's).
+// afterwards without reaching the Server.
 func WithLimits(l Limits) Option {
-	var set options
-	l.apply(&set)
-	return optionFunc(func(o *options) {
-		if o.limitsGiven {
-			o.errs = append(o.errs, errorf("WithLimits given twice: give every setting in one Limits"))
-			return
+	l = l.clone()
+	return option{optLimits, func(o *options) { o.limitsCfg = &l }}
+}
+
+// clone returns l with its own copies of what its pointers and slices
+// point to (the functions and the Rand source are shared, as given).
+func (l Limits) clone() Limits {
+	c := &l.Config
+	if c.ConcurrencyLimit != nil {
+		cl := *c.ConcurrencyLimit
+		c.ConcurrencyLimit = &cl
+	}
+	if c.TenantFairness != nil {
+		f := *c.TenantFairness
+		c.TenantFairness = &f
+	}
+	c.RateLimits = slices.Clone(c.RateLimits)
+	mcs := make([]serviceconfig.ServerMethodConfig, len(c.MethodConfig))
+	for i, mc := range c.MethodConfig {
+		mc.Name, mc.RateLimits = slices.Clone(mc.Name), slices.Clone(mc.RateLimits)
+		if mc.ConcurrencyLimit != nil {
+			cl := *mc.ConcurrencyLimit
+			mc.ConcurrencyLimit = &cl
 		}
-		o.limitsGiven = true
-		if len(set.errs) > 0 {
-			o.errs = append(o.errs, set.errs...)
-			return
-		}
-		o.limit, o.methodLimits, o.streamLimits, o.fairness, o.cpu = set.limit, set.methodLimits, set.streamLimits, set.fairness, set.cpu
-		o.criticality, o.limitRand = set.criticality, set.limitRand
-	})
+		mcs[i] = mc
+	}
+	c.MethodConfig = mcs
+	l.Streams = slices.Clone(l.Streams)
+	if l.CPU != nil {
+		cpu := *l.CPU
+		l.CPU = &cpu
+	}
+	return l
+}
+
+// srvRandMu serializes the draws from the Limits.Rand sources that seed
+// each Server's own generator (newSrvRand): a source may be shared by
+// Servers built at once.
+var srvRandMu sync.Mutex
+
+// newSrvRand returns the probe jitter of one Server's limits: its own
+// generator, seeded from src (so that a seeded source gives a repeatable
+// run, and two Servers built from one Limits share no state), serialized
+// among the Server's limiters; nil when src is nil (the runtime's).
+func newSrvRand(src rand.Source) func() float64 {
+	if src == nil {
+		return nil
+	}
+	srvRandMu.Lock()
+	seed := rand.New(src)
+	r := rand.New(rand.NewPCG(seed.Uint64(), seed.Uint64()))
+	srvRandMu.Unlock()
+	var mu sync.Mutex
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.Float64()
+	}
 }
 
 // hasRateLimits reports whether cfg has a rate limit anywhere.

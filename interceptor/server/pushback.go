@@ -34,7 +34,7 @@ func SetRetryPushback(ctx context.Context, d time.Duration) error {
 	return grpc.SetTrailer(ctx, metadata.Pairs(pushback.Key, ms))
 }
 
-// shedError is the status of a call the limit shed, with the pushback as
+// shedError is the status of a call the limit shed (a *srvShed), with the pushback as
 // a RetryInfo detail and as the A6 trailer; when the pushback is
 // limit.NoRetry, the trailer says not to retry (-1) and there is no
 // RetryInfo. The status and trailer are built once per criticality and step
@@ -62,7 +62,7 @@ func (ls *srvLimits) shedError(ctx context.Context, crit wire.Criticality, pushb
 
 // shedEntry is a shed status and trailer, built once; read-only.
 type shedEntry struct {
-	err     error
+	err     *srvShed
 	trailer metadata.MD
 }
 
@@ -70,7 +70,7 @@ func newShedEntry(crit wire.Criticality, wait time.Duration) *shedEntry {
 	e := &shedEntry{}
 	if wait == limit.NoRetry {
 		e.trailer = noRetryTrailer
-		e.err = status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")
+		e.err = &srvShed{status.Error(codes.ResourceExhausted, "resilience: over the concurrency limit ("+crit.String()+"); overloaded, do not retry")}
 		return e
 	}
 	e.trailer = metadata.Pairs(pushback.Key, strconv.FormatInt(wait.Milliseconds(), 10))
@@ -78,7 +78,7 @@ func newShedEntry(crit wire.Criticality, wait time.Duration) *shedEntry {
 	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
 		st = withHint
 	}
-	e.err = st.Err()
+	e.err = &srvShed{st.Err()}
 	return e
 }
 

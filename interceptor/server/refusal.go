@@ -39,6 +39,9 @@ const (
 	// call's key and the Server fails open (Idempotency.FailOpen): the
 	// call was not refused, it ran without idempotency.
 	RefusalStoreFailedOpen
+	// RefusalShuttingDown: the call came, or waited in a limit's queue,
+	// once Server.Shutdown had begun (UNAVAILABLE).
+	RefusalShuttingDown
 )
 
 var refusalTokens = [...]string{
@@ -50,12 +53,13 @@ var refusalTokens = [...]string{
 	RefusalStoreUnavailable: "store_unavailable",
 	RefusalStoreFull:        "store_full",
 	RefusalStoreFailedOpen:  "store_failed_open",
+	RefusalShuttingDown:     "shutting_down",
 }
 
 // String returns the reason's token: "limit", "queue_timeout",
 // "deadline", "cpu" (the reasons of the shed metric), "headroom",
-// "store_unavailable", "store_full" or "store_failed_open"; "unknown" for
-// another value.
+// "store_unavailable", "store_full", "store_failed_open" or
+// "shutting_down"; "unknown" for another value.
 func (r RefusalReason) String() string {
 	if int(r) < len(refusalTokens) && refusalTokens[r] != "" {
 		return refusalTokens[r]
@@ -94,14 +98,20 @@ type Refusal struct {
 
 // WithOnRefusal calls f for every call that a part of the Server refuses
 // (its concurrency limit, the CPU-aware shedder, the deadline headroom, the
-// idempotency store failing or full), and for every call run without
-// idempotency because the store failed open, synchronously on the call's
-// goroutine before its status returns. f must not block: it runs on the
-// refusal path, which overload makes busy. Calls that are admitted never
-// reach it, so it costs the calls that succeed nothing. Without this
-// option nothing is called.
+// idempotency store failing or full, Shutdown), and for every call run
+// without idempotency because the store failed open, synchronously on the
+// call's goroutine before its status returns. f must not block: it runs on
+// the refusal path, which overload makes busy. Calls that are admitted
+// never reach it, so it costs the calls that succeed nothing. A nil f is
+// refused. Without this option nothing is called.
 func WithOnRefusal(f func(ctx context.Context, r Refusal)) Option {
-	return optionFunc(func(o *options) { o.onRefusal = f })
+	return option{optOnRefusal, func(o *options) {
+		if f == nil {
+			o.errs = append(o.errs, errorf("WithOnRefusal: nil function"))
+			return
+		}
+		o.onRefusal = f
+	}}
 }
 
 // refused reports r to the WithOnRefusal hook, if any.
@@ -109,6 +119,13 @@ func (s *Server) refused(ctx context.Context, r Refusal) {
 	if f := s.onRefusal; f != nil {
 		f(ctx, r)
 	}
+}
+
+// shutdownRefusal reports a call of fullMethod refused with
+// errSrvShuttingDown, and returns that error.
+func (s *Server) shutdownRefusal(ctx context.Context, fullMethod string) error {
+	s.refused(ctx, Refusal{FullMethod: fullMethod, Reason: RefusalShuttingDown, Err: errSrvShuttingDown})
+	return errSrvShuttingDown
 }
 
 // limitRefusal builds the Refusal of a call of fullMethod from tenant that

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -124,50 +126,45 @@ func TestOnRefusalReportsTheLimitsShed(t *testing.T) {
 	}
 }
 
-// TestOnRefusalNamesTheTenantOverItsShare: under tenant fairness, the call
-// of a tenant holding its share is reported with the tenant, the number of
-// tenants and OverShare; TenantShare says the same of the engine's state.
+// TestOnRefusalNamesTheTenantOverItsShare: under tenant fairness, a
+// shed call is reported with its tenant, the tenants sharing the limit and
+// whether it was over its share, as the engine judged it (limit 10,
+// CRITICAL's share 9, fairness over the tenants holding calls). quiet
+// holds 1 call and noisy 8: noisy's fair share is 8, so its next call is
+// shed at the limit, within its share. Once other holds 2, the heavy
+// tenants share 8 (max-min): noisy's fair share is 4, and its 8 in flight
+// are twice that, so its next call is shed over its share.
 func TestOnRefusalNamesTheTenantOverItsShare(t *testing.T) {
 	e := newHoldingEcho()
 	ten := serviceconfig.ConcurrencyLimit{InitialLimit: 10, MinLimit: 10, MaxLimit: 10}
 	cc, rs := startRefusing(t, e, WithLimits(fairLimitsOf(ten, serviceconfig.TenantFairness{MetadataKey: tenantKey, IdleTimeout: time.Hour}, nil)))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	as := func(tenant string) context.Context { return metadata.AppendToOutgoingContext(ctx, tenantKey, tenant) }
 	ec := echov1.NewEchoServiceClient(cc)
-	quiet := metadata.AppendToOutgoingContext(ctx, tenantKey, "quiet")
-	if _, err := ec.Echo(quiet, &echov1.EchoRequest{Message: "hello"}); err != nil {
-		t.Fatal(err)
-	}
-	noisy := metadata.AppendToOutgoingContext(ctx, tenantKey, "noisy")
-	// Hold the noisy tenant's calls, one at a time, until one is shed.
-	var wg sync.WaitGroup
-	var err error
-	for held := 0; ; held++ {
-		if held > 20 {
-			t.Fatal("20 noisy calls held and none shed")
+	waits := []func(){holdN(t, as("quiet"), cc, e, 1), holdN(t, as("noisy"), cc, e, 8)}
+	defer func() {
+		close(e.release)
+		for _, w := range waits {
+			w()
 		}
-		errc := make(chan error, 1)
-		wg.Go(func() {
-			_, err := ec.Echo(noisy, &echov1.EchoRequest{Message: "hold"})
-			errc <- err
-		})
-		select {
-		case <-e.entered:
-			continue
-		case <-rs.seen:
-		}
-		err = <-errc
-		break
+	}()
+	if _, err := ec.Echo(as("noisy"), &echov1.EchoRequest{Message: "hello"}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("noisy's 9th call with quiet's 1 in flight: %v, want RESOURCE_EXHAUSTED", err)
 	}
-	close(e.release)
-	wg.Wait()
+	waits = append(waits, holdN(t, as("other"), cc, e, 2))
+	if _, err := ec.Echo(as("noisy"), &echov1.EchoRequest{Message: "hello"}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("noisy's 9th call with quiet's 1 and other's 2 in flight: %v, want RESOURCE_EXHAUSTED", err)
+	}
 	got := rs.all()
-	if len(got) != 1 {
-		t.Fatalf("hook saw %d refusals, want 1: %+v (last error %v)", len(got), got, err)
+	if len(got) != 2 {
+		t.Fatalf("hook saw %d refusals, want 2: %+v", len(got), got)
 	}
-	r := got[0]
-	if r.Reason != RefusalLimit || r.Tenant != "noisy" || r.Tenants != 2 || !r.OverShare {
-		t.Errorf("refusal = %+v, want the limit's shed of tenant noisy, over its share, among 2 tenants", r)
+	if r := got[0]; r.Reason != RefusalLimit || r.Tenant != "noisy" || r.Tenants != 2 || r.OverShare {
+		t.Errorf("first refusal = %+v, want the limit's shed of tenant noisy, within its share, among 2 tenants", r)
+	}
+	if r := got[1]; r.Reason != RefusalLimit || r.Tenant != "noisy" || r.Tenants != 3 || !r.OverShare {
+		t.Errorf("second refusal = %+v, want the limit's shed of tenant noisy, over its share, among 3 tenants", r)
 	}
 }
 
@@ -208,13 +205,60 @@ func TestOnRefusalReportsTheHeadroom(t *testing.T) {
 	}
 }
 
+// TestOnRefusalReportsShutdown: once Shutdown begins, the call taken out
+// of the limit's queue and a call that comes after are each reported as
+// shutting_down with their UNAVAILABLE; the call already running is not
+// refused, and a keyed call refused the same way claims nothing.
+func TestOnRefusalReportsShutdown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHoldingEcho()
+		rs := &refusals{seen: make(chan struct{}, 1)}
+		lim := WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
+			MaxQueue: 1, MaxQueueWait: time.Hour}))
+		store, err := idempotency.NewMemoryStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, cc := idemStartServer(t, e, Idempotency{Store: store}, lim, WithOnRefusal(rs.hook))
+		held := make(chan idemCall, 1)
+		go func() { held <- idemDo(context.Background(), cc, "", "hold") }()
+		synctest.Wait()
+		queued := make(chan idemCall, 1)
+		go func() { queued <- idemDo(context.Background(), cc, "", "queued") }()
+		synctest.Wait()
+		if q := s.LimitStatuses()[0].Queued; q != 1 {
+			t.Fatalf("%d queued, want 1", q)
+		}
+		if err := s.Shutdown(context.Background()); err != nil {
+			t.Fatalf("Shutdown() = %v", err)
+		}
+		wantCode(t, "the queued call", (<-queued).err, codes.Unavailable, "")
+		wantCode(t, "a call after Shutdown", idemDo(context.Background(), cc, "", "late").err, codes.Unavailable, "")
+		wantCode(t, "a keyed call after Shutdown", idemDo(context.Background(), cc, "k", "late").err, codes.Unavailable, "")
+		close(e.release)
+		if r := <-held; r.err != nil {
+			t.Errorf("the call running at Shutdown: %v, want it answered", r.err)
+		}
+		got := rs.all()
+		if len(got) != 3 {
+			t.Fatalf("hook saw %d refusals, want 3: %+v", len(got), got)
+		}
+		for _, r := range got {
+			if r.Reason != RefusalShuttingDown || r.Reason.String() != "shutting_down" ||
+				r.FullMethod != "/resilience.echo.v1.EchoService/Echo" || status.Code(r.Err) != codes.Unavailable {
+				t.Errorf("refusal = %+v, want shutting_down of Echo with UNAVAILABLE", r)
+			}
+		}
+	})
+}
+
 // TestRefusalReasonStrings pins the tokens, which the admin view and logs
 // show.
 func TestRefusalReasonStrings(t *testing.T) {
 	want := map[RefusalReason]string{
 		RefusalLimit: "limit", RefusalQueueTimeout: "queue_timeout", RefusalDeadline: "deadline", RefusalCPU: "cpu",
 		RefusalHeadroom: "headroom", RefusalStoreUnavailable: "store_unavailable", RefusalStoreFull: "store_full",
-		RefusalStoreFailedOpen: "store_failed_open", 0: "unknown", 200: "unknown",
+		RefusalStoreFailedOpen: "store_failed_open", RefusalShuttingDown: "shutting_down", 0: "unknown", 200: "unknown",
 	}
 	for r, w := range want {
 		if got := r.String(); got != w {

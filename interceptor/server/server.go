@@ -2,13 +2,14 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/grpclog"
 )
 
 // Server is the server side of grpc-resilience: it gives the interceptors
@@ -22,8 +23,9 @@ import (
 // WithOneLayerRetry). A Server with no option only marks contexts.
 //
 // A Server is safe for concurrent use; its per-method policy and its
-// in-process coalescing state are shared by all calls. Close it when it is
-// replaced or the grpc.Server stops.
+// in-process coalescing state are shared by all calls. Shut it down
+// (Shutdown) beside the grpc.Server's GracefulStop, or Close it when it is
+// replaced.
 type Server struct {
 	idem     *srvIdem   // nil when idempotency is off; immutable
 	limits   *srvLimits // nil when no concurrency limit is set; immutable
@@ -31,6 +33,11 @@ type Server struct {
 	floor    time.Duration
 	// onRefusal is WithOnRefusal's hook; nil: none. Immutable.
 	onRefusal func(context.Context, Refusal)
+
+	// closing is set, and closed closed, when Shutdown begins: no call is
+	// admitted after.
+	closing atomic.Bool
+	closed  chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error // of the first Close; written once, inside closeOnce
@@ -47,16 +54,23 @@ func New(opts ...Option) (*Server, error) {
 		}
 		opt.apply(&o)
 	}
+	if c := o.idemCfg; c != nil && len(o.errs) == 0 {
+		idem, err := c.normalize()
+		if err != nil {
+			return nil, err
+		}
+		o.idem = idem
+	}
+	if l := o.limitsCfg; l != nil && len(o.errs) == 0 {
+		l.apply(&o)
+	}
 	if len(o.errs) > 0 {
 		return nil, o.errs[0]
 	}
-	s := &Server{headroom: o.headroom, floor: o.floor, onRefusal: o.onRefusal}
+	s := &Server{headroom: o.headroom, floor: o.floor, onRefusal: o.onRefusal, closed: make(chan struct{})}
 	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
 	if err != nil {
 		return nil, err
-	}
-	if idem != nil {
-		idem.refused = o.onRefusal
 	}
 	if idem != nil {
 		if idem.m, err = newSrvMetrics(o.meterProvider, o.idem.failOpen); err != nil {
@@ -64,10 +78,40 @@ func New(opts ...Option) (*Server, error) {
 		}
 	}
 	s.idem = idem
+	if idem != nil {
+		idem.runHandler, idem.refused = s.runHandler, o.onRefusal
+	}
 	if s.limits, err = newSrvLimits(&o); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// Shutdown stops s, as grpc.Server.GracefulStop stops a server: calls
+// that come after it began are refused with UNAVAILABLE before they run
+// anything (a keyed call claims nothing), and calls waiting in a limit's
+// queue leave it, refused alike; the keyed calls' handlers that run
+// detached from their callers (Idempotency.DetachedMax, the default),
+// which neither their callers' end nor grpc.Server.Stop reaches, are
+// waited for until ctx ends, their outcomes stored; those still running
+// then are cancelled (their contexts end with context.Canceled, their
+// outcomes, by default, not stored) and Shutdown returns ctx.Err() without
+// waiting for them to return. Then it does what Close does. Other calls'
+// handlers are grpc's: GracefulStop waits for them, Stop cancels them.
+//
+// Call it beside GracefulStop, which stops the listeners and waits for
+// every handler, detached ones included, to return: Shutdown bounds that
+// wait. Shutdown is safe to call more than once and concurrently; each
+// call waits as its ctx says.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.closing.CompareAndSwap(false, true) {
+		close(s.closed) // wakes the calls in the limits' queues
+	}
+	var err error
+	if s.idem != nil {
+		err = s.idem.handlers.shutdown(ctx)
+	}
+	return errors.Join(err, s.Close())
 }
 
 // Close releases what s holds beyond its calls: it unregisters the
@@ -109,20 +153,14 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return s.srvUnary
 }
 
+// srvUnary is the unary interceptor: the headroom and the caller-retries
+// mark, then idempotency, which runs the handler, if it does, through the
+// one admission path (runHandler; see admission.go), as a call without
+// idempotency does at once.
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.limits != nil && !s.limits.exempt(info.FullMethod) {
-		if l := s.limits.lookup(info.FullMethod); l != nil {
-			return s.limited(ctx, l, req, info, handler)
-		}
-		if s.limits.cpu != nil {
-			return s.shedByCPU(ctx, req, info, handler)
-		}
+	if s.closing.Load() { // no claim either: the handler would not run
+		return nil, s.shutdownRefusal(ctx, info.FullMethod)
 	}
-	return s.srvUnaryInner(ctx, req, info, handler)
-}
-
-// srvUnaryInner is the unary interceptor inside the concurrency limit.
-func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
 		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
@@ -132,7 +170,7 @@ func (s *Server) srvUnaryInner(ctx context.Context, req any, info *grpc.UnarySer
 		defer cancel()
 	}
 	if s.idem == nil {
-		return handler(ctx, req)
+		return s.runHandler(ctx, ctx, req, info, handler)
 	}
 	return s.idem.intercept(ctx, req, info, handler)
 }
@@ -150,6 +188,9 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			if err := s.idem.streamPolicyErr(info.FullMethod); err != nil {
 				return err
 			}
+		}
+		if s.closing.Load() {
+			return s.shutdownRefusal(ss.Context(), info.FullMethod)
 		}
 		if s.limits != nil {
 			if l := s.limits.streamLimiter(info.FullMethod); l != nil {
@@ -184,17 +225,20 @@ type srvStream struct {
 
 func (s *srvStream) Context() context.Context { return s.ctx }
 
-// srvLogger writes the Server's warnings to an slog.Logger or to grpclog.
+// srvLogger writes the Server's warnings to its slog.Logger (WithLogger),
+// or to slog.Default(), read at each warning so that a program's
+// slog.SetDefault applies whenever it runs. Not to grpclog: its default
+// logger discards warnings (it writes errors only, unless
+// GRPC_GO_LOG_SEVERITY_LEVEL asks for more), and it formats slog's
+// key-value pairs as one run of text.
 type srvLogger struct{ l *slog.Logger }
-
-var srvGRPCLog = grpclog.Component("resilience")
 
 func (l srvLogger) warn(msg string, args ...any) {
 	if l.l != nil {
 		l.l.Warn(msg, args...)
 		return
 	}
-	srvGRPCLog.Warning(append([]any{msg + ": "}, args...)...)
+	slog.Warn(msg, args...)
 }
 
 // errorf returns an error of this package's options.

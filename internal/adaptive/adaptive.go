@@ -2,6 +2,7 @@ package adaptive
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -13,14 +14,20 @@ const (
 	DefaultWindow = time.Minute
 )
 
-// ShortWindow is the window of the short counts (see the package doc,
-// "Recovery"); a Window shorter than it has only the one window.
-const ShortWindow = time.Second
-
 // MaxRejectProbability caps the probability of a local rejection, so that
 // a backend that refuses everything still receives a tenth of the
 // requests: the ones that show it has recovered.
 const MaxRejectProbability = 0.9
+
+// Step is the gain of the rejection probability: each outcome of a request
+// that went out moves it by Step × (refused − (1 − 1/K)), up by Step/K for a
+// refusal and down by Step·(1 − 1/K) for an acceptance (see the package doc).
+const Step = 0.02
+
+// minTarget is the least share of refusals among the requests sent that the
+// probability settles at (1 − 1/K), so that a K near 1 still lets the
+// probability fall when the backend accepts nearly everything.
+const minTarget = 0.05
 
 // buckets is the number of buckets in a window.
 const buckets = 16
@@ -30,8 +37,9 @@ const buckets = 16
 type Config struct {
 	// K is the multiplier of accepts, in [1, 100]; 0 means DefaultK.
 	K float64
-	// Window is the length over which requests and accepts are counted; 0
-	// means DefaultWindow. At least 16ns.
+	// Window is the length over which Snapshot counts requests and
+	// accepts, and four times the half-life of the probability without an
+	// answer; 0 means DefaultWindow. At least 16ns.
 	Window time.Duration
 	// Seed seeds the draws.
 	Seed uint64
@@ -96,20 +104,17 @@ func (r *ring) add(accepted bool) {
 	}
 }
 
-// prob is the formula of the package doc over r's window.
-func (r *ring) prob(k float64) float64 {
-	return max(0, (r.sum.requests-k*r.sum.accepts)/(r.sum.requests+1))
-}
-
 // A Throttle is one method's adaptive throttle. Use [New].
 type Throttle struct {
-	k float64 // immutable
+	k      float64       // immutable
+	target float64       // the share of refusals p settles at: 1 − 1/K, at least minTarget; immutable
+	half   time.Duration // p halves every half without an outcome: Window/4; immutable
 
-	mu      sync.Mutex
-	rng     *rand.Rand
-	long    ring
-	short   ring      // over ShortWindow; unused (width 0) when Window is not longer
-	refused time.Time // when the backend last refused a request; zero: never
+	mu   sync.Mutex
+	rng  *rand.Rand
+	p    float64   // the rejection probability, in [0, MaxRejectProbability]
+	at   time.Time // when p was last moved or decayed; zero before the first outcome
+	long ring      // the counts Snapshot reports, over Window
 }
 
 // New returns a Throttle for cfg, or cfg's error.
@@ -124,88 +129,82 @@ func New(cfg Config) (*Throttle, error) {
 		cfg.Window = DefaultWindow
 	}
 	t := &Throttle{
-		k:   cfg.K,
-		rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		k:      cfg.K,
+		target: max(1-1/cfg.K, minTarget),
+		half:   cfg.Window / 4,
+		rng:    rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 	}
 	t.long.width = cfg.Window / buckets
-	if cfg.Window > ShortWindow {
-		t.short.width = ShortWindow / buckets
-	}
 	return t, nil
 }
 
-// rotate moves both windows to now.
-func (t *Throttle) rotate(now time.Time) {
-	t.long.rotate(now)
-	if t.short.width > 0 {
-		t.short.rotate(now)
-	}
-}
-
-// add counts a request in both windows.
-func (t *Throttle) add(accepted bool) {
-	t.long.add(accepted)
-	if t.short.width > 0 {
-		t.short.add(accepted)
-	}
-}
-
-// Allow reports whether a request tried at now may go out. A request it
-// rejects is counted, as a request the backend did not accept; a request
-// that goes out is counted by one Done once its outcome is known, and not
-// at all when it never reaches the backend (a local rejection of another
-// guard): so requests still in flight do not look refused, and only what
-// the backend answered counts.
+// Allow reports whether a request tried at now may go out: a draw against
+// the rejection probability. A request it rejects is counted as a request
+// (for Snapshot) and changes nothing else: a local rejection says nothing
+// of the backend. A request that goes out is counted by one Done once its
+// outcome is known, and not at all when it never reaches the backend (a
+// local rejection of another guard): so requests still in flight do not
+// look refused, and only what the backend answered moves the probability.
 func (t *Throttle) Allow(now time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.rotate(now)
+	t.long.rotate(now)
 	p := t.probLocked(now)
 	if p == 0 || t.rng.Float64() >= p {
 		return true
 	}
-	t.add(false)
+	t.long.add(false)
 	return false
 }
 
 // Done counts, at now, a request that went out and whose outcome is known:
-// accepted by the backend, or refused.
+// accepted by the backend, or refused. It moves the rejection probability
+// by Step/K up for a refusal, by Step·(1 − 1/K) down for an acceptance.
 func (t *Throttle) Done(now time.Time, accepted bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.rotate(now)
-	t.add(accepted)
-	if !accepted {
-		t.refused = now
+	t.long.rotate(now)
+	t.long.add(accepted)
+	p := t.probLocked(now)
+	if accepted {
+		p -= Step * t.target
+	} else {
+		p += Step * (1 - t.target)
 	}
+	t.p = min(max(p, 0), MaxRejectProbability)
 }
 
-// quiet is how long the backend must go without refusing a request before
-// the short window may lower the probability.
-const quiet = ShortWindow / 4
-
-// probLocked is the probability of the package doc at now: the formula over
-// the long window, or, once the backend has refused nothing for quiet, over
-// the short one when that is smaller; at most MaxRejectProbability.
+// probLocked returns the probability at now, decayed for the time since
+// the last outcome: it halves every Window/4 without one, so that a
+// probability left high by an outage that traffic stopped showing does not
+// outlive it (a state that only moves when requests complete ages with
+// time too).
 func (t *Throttle) probLocked(now time.Time) float64 {
-	p := t.long.prob(t.k)
-	if t.short.width > 0 && now.Sub(t.refused) >= quiet {
-		p = min(p, t.short.prob(t.k))
+	if t.p > 0 && now.After(t.at) && !t.at.IsZero() {
+		t.p *= math.Exp2(-float64(now.Sub(t.at)) / float64(t.half))
+		if t.p < 1e-6 {
+			t.p = 0
+		}
 	}
-	return min(p, MaxRejectProbability)
+	if now.After(t.at) {
+		t.at = now
+	}
+	return t.p
 }
 
 // Snapshot is a Throttle's counts over the window at an instant.
 type Snapshot struct {
+	// Requests and Accepts count the requests tried (sent or rejected
+	// locally) and those the backend accepted, over the last Window.
 	Requests, Accepts float64
 	// RejectProbability is the probability of a local rejection now.
 	RejectProbability float64
 }
 
-// Snapshot returns the counts at now.
+// Snapshot returns the counts at now, and the probability, decayed to now.
 func (t *Throttle) Snapshot(now time.Time) Snapshot {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.rotate(now)
+	t.long.rotate(now)
 	return Snapshot{Requests: t.long.sum.requests, Accepts: t.long.sum.accepts, RejectProbability: t.probLocked(now)}
 }

@@ -135,10 +135,17 @@ type Breaker struct {
 
 	mu sync.Mutex
 
-	// Fixed by New.
+	// hook is fixed by New. cfg and slowOn are set by New and Reconfigure,
+	// and read with mu held.
+	hook   func(from, to State)
 	cfg    Config // normalized
 	slowOn bool   // slow-call tripping is on
-	hook   func(from, to State)
+
+	// events are the changes of state not yet reported to hook, in the
+	// order they happened; delivering is set while a goroutine reports
+	// them (deliver). Both guarded by mu.
+	events     []transition
+	delivering bool
 
 	// All guarded by mu.
 	gen         uint64 // incremented on every change of state and on Reset; starts at 1
@@ -166,11 +173,17 @@ func New(cfg Config) (*Breaker, error) {
 		gen:     1,
 		openFor: cfg.OpenDuration,
 	}
+	if b.hook != nil {
+		b.events = make([]transition, 0, 4)
+	}
 	b.win.width = int64(cfg.Window / numBuckets)
 	b.win.end = math.MinInt64 // the first instant sets the head
 	b.word.Store(b.gen << stateBits)
 	return b, nil
 }
+
+// transition is one change of state, for OnStateChange.
+type transition struct{ from, to State }
 
 // Allow asks to admit one attempt at now. On admission it returns a Token for
 // Record and a nil error. On rejection it returns the zero Token, one of
@@ -262,10 +275,11 @@ func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err e
 			err = ErrHalfOpenFull
 		}
 	}
-	b.mu.Unlock()
 	if changed {
-		b.notify(from, StateHalfOpen)
+		b.changedLocked(from, StateHalfOpen)
 	}
+	b.mu.Unlock()
+	b.deliver()
 	return tok, retryAfter, err
 }
 
@@ -292,12 +306,12 @@ func (b *Breaker) Record(tok Token, now time.Time, outcome Outcome, duration tim
 		outcome = Ignored
 	}
 	t := now.UnixNano()
-	slow := b.slowOn && duration > b.cfg.SlowCallDuration
 	b.mu.Lock()
 	if b.word.Load() != tok.w {
 		b.mu.Unlock()
 		return
 	}
+	slow := b.slowOn && duration > b.cfg.SlowCallDuration
 	to := st
 	switch st {
 	case StateClosed, StateForcedClosed:
@@ -337,10 +351,11 @@ func (b *Breaker) Record(tok Token, now time.Time, outcome Outcome, duration tim
 			}
 		}
 	}
-	b.mu.Unlock()
 	if to != st {
-		b.notify(st, to)
+		b.changedLocked(st, to)
 	}
+	b.mu.Unlock()
+	b.deliver()
 }
 
 // shouldTripLocked reports whether a trip condition holds in Closed.
@@ -393,10 +408,54 @@ func (b *Breaker) setStateLocked(s State, t int64) {
 	b.word.Store(b.gen<<stateBits | uint64(s))
 }
 
-func (b *Breaker) notify(from, to State) {
+// changedLocked queues the change from → to for OnStateChange; deliver
+// reports it once mu is released.
+func (b *Breaker) changedLocked(from, to State) {
 	if b.hook != nil && from != to {
-		b.hook(from, to)
+		b.events = append(b.events, transition{from, to})
 	}
+}
+
+// deliver reports the queued changes of state to OnStateChange, in the
+// order they happened, one at a time, with mu released while the hook runs:
+// the goroutine that finds changes queued and nobody reporting them reports
+// them all, those queued while it does included (a hook's own ForceOpen
+// among them). Called after mu is released by whoever may have queued one.
+func (b *Breaker) deliver() {
+	if b.hook == nil {
+		return
+	}
+	b.mu.Lock()
+	if b.delivering || len(b.events) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.delivering = true
+	for len(b.events) > 0 {
+		e := b.events[0]
+		n := copy(b.events, b.events[1:])
+		b.events = b.events[:n]
+		b.mu.Unlock()
+		b.report(e)
+		b.mu.Lock()
+	}
+	b.delivering = false
+	b.mu.Unlock()
+}
+
+// report calls the hook with e, mu released; should the hook panic, the
+// next change is reported all the same, by whoever makes it.
+func (b *Breaker) report(e transition) {
+	returned := false
+	defer func() {
+		if !returned {
+			b.mu.Lock()
+			b.delivering = false
+			b.mu.Unlock()
+		}
+	}()
+	b.hook(e.from, e.to)
+	returned = true
 }
 
 // Snapshot describes a Breaker at one instant.
@@ -424,65 +483,68 @@ type Snapshot struct {
 	Trips uint64
 }
 
-// Snapshot describes the breaker at now. Like Allow, it turns an Open
-// breaker whose open time has passed HalfOpen, and calls OnStateChange if so.
+// Snapshot describes the breaker at now. It changes nothing: an Open
+// breaker whose open time has passed is described as HalfOpen with no probe
+// out, which it turns on the next Allow (and OnStateChange reports then),
+// so that reading a breaker (a metrics callback, an admin page) never runs
+// the hook.
 func (b *Breaker) Snapshot(now time.Time) Snapshot {
 	t := now.UnixNano()
 	b.mu.Lock()
-	from, changed := b.maybeHalfOpenLocked(t)
-	b.win.advance(t)
+	defer b.mu.Unlock()
 	s := Snapshot{
 		State:               b.state,
-		Calls:               b.win.calls,
-		Failures:            b.win.failures,
-		SlowCalls:           b.win.slow,
 		ConsecutiveFailures: b.consecutive,
 		OpenDuration:        b.openFor,
 		Probes:              b.probes,
 		ProbeSuccesses:      b.successes,
 		Trips:               b.trips,
 	}
-	if b.state == StateOpen {
+	switch {
+	case b.state == StateOpen && t >= b.openUntil:
+		s.State = StateHalfOpen
+	case b.state == StateOpen:
 		s.OpenUntil = time.Unix(0, b.openUntil)
-	}
-	b.mu.Unlock()
-	if changed {
-		b.notify(from, StateHalfOpen)
+	case b.state == StateClosed || b.state == StateForcedClosed:
+		s.Calls, s.Failures, s.SlowCalls = b.win.countsAt(t)
 	}
 	return s
 }
 
-// Adopt puts b, new and not yet shared, in the state of old at now, for a
-// breaker that replaces old after a change of its configuration, so that
-// the change does not undo what old was doing: a forced state stays
-// forced; an Open breaker stays open until old's open time ends, but at
-// most b's MaxOpenDuration from now (the new configuration bounds the wait
-// from the change on), with its open period clamped to b's range; one
-// whose open time has passed, or HalfOpen, is HalfOpen with no probe out
-// (old's probes report to old). Counts start afresh, as they were counted
-// against old's thresholds; Trips carries over. OnStateChange is not
-// called on either breaker: to an observer, the state did not change. old
-// is only read, under its lock.
-func (b *Breaker) Adopt(old *Breaker, now time.Time) {
+// Reconfigure gives b the configuration cfg from now, keeping what b was
+// doing, for a change of the configuration of the method it guards: a
+// forced state stays forced; an Open breaker stays open until its open
+// time ends, but at most cfg's MaxOpenDuration from now (the new
+// configuration bounds the wait from the change on), with its open period
+// clamped to cfg's range; one whose open time has passed, or HalfOpen, is
+// HalfOpen with no probe out. Counts start afresh, in a new generation (the
+// outcomes of attempts admitted before are discarded, as they were counted
+// against the old thresholds); Trips carries over. OnStateChange stays
+// New's (cfg's is ignored), and is not called: to an observer, the state
+// did not change. It returns cfg's error, and changes nothing, when cfg is
+// out of range.
+func (b *Breaker) Reconfigure(cfg Config, now time.Time) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.normalized()
 	t := now.UnixNano()
-	old.mu.Lock()
-	s, until, openFor, trips := old.state, old.openUntil, old.openFor, old.trips
-	old.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, until, openFor := b.state, b.openUntil, b.openFor
 	if s == StateOpen && t >= until {
 		s = StateHalfOpen
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.trips = trips
-	if s == StateClosed {
-		return
-	}
+	b.cfg, b.slowOn = cfg, cfg.SlowCallDuration > 0
+	b.win.width = int64(cfg.Window / numBuckets)
+	b.openFor = cfg.OpenDuration
 	b.setStateLocked(s, t)
 	if s == StateOpen {
-		b.openFor = min(max(openFor, b.cfg.OpenDuration), b.cfg.MaxOpenDuration)
-		b.openUntil = min(until, t+int64(b.cfg.MaxOpenDuration))
+		b.openFor = min(max(openFor, cfg.OpenDuration), cfg.MaxOpenDuration)
+		b.openUntil = min(until, t+int64(cfg.MaxOpenDuration))
 		b.openUntilA.Store(b.openUntil)
 	}
+	return nil
 }
 
 // ForceOpen holds the breaker open from now until Reset or ForceClosed:
@@ -510,6 +572,7 @@ func (b *Breaker) force(s State, now time.Time) {
 	}
 	b.openFor = b.cfg.OpenDuration
 	b.setStateLocked(s, t)
+	b.changedLocked(from, s)
 	b.mu.Unlock()
-	b.notify(from, s)
+	b.deliver()
 }

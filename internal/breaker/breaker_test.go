@@ -2,8 +2,12 @@ package breaker
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -563,8 +567,8 @@ func TestStateChangeHookRunsOutsideTheLock(t *testing.T) {
 	runSteps(t, b, []step{
 		call(0, Failure, 0),                 // closed → open
 		call(time.Second, Failure, 0),       // open → half-open (Allow), half-open → open (Record)
-		state(3*time.Second, StateHalfOpen), // open → half-open (Snapshot)
-		call(3*time.Second, Success, 0),     // half-open → closed
+		state(3*time.Second, StateHalfOpen), // described half-open (Snapshot changes nothing)
+		call(3*time.Second, Success, 0),     // open → half-open (Allow), half-open → closed
 		{kind: kReset, at: 3 * time.Second}, // closed → closed: no call
 		{kind: kForceOpen, at: 3 * time.Second},
 		{kind: kForceOpen, at: 3 * time.Second}, // no change: no call
@@ -681,56 +685,166 @@ func TestRejectsPeeksWithoutChanging(t *testing.T) {
 	check("forced closed", t0.Add(2*time.Second), true, nil, 0)
 }
 
-// TestAdoptKeepsTheStateOfTheBreakerItReplaces: old runs its steps, a new
-// breaker of another config adopts it at adoptAt, and the new one then
-// runs its steps. Forced states stay; an open period ends when old's
-// would, at most the new MaxOpenDuration after the adoption; counts start
-// afresh; no hook is called.
-func TestAdoptKeepsTheStateOfTheBreakerItReplaces(t *testing.T) {
+// TestReconfigureKeepsTheState: a breaker runs its steps under oldCfg, is
+// reconfigured to cfg at at, and runs the steps after. Forced states stay;
+// an open period ends when it would have, at most the new MaxOpenDuration
+// after the change; counts start afresh under the new thresholds; no hook
+// is called.
+func TestReconfigureKeepsTheState(t *testing.T) {
 	oldCfg := Config{ConsecutiveFailures: 2, OpenDuration: 100 * ms, MaxOpenDuration: 400 * ms}
 	newCfg := Config{ConsecutiveFailures: 3, OpenDuration: 50 * ms, MaxOpenDuration: 60 * ms}
 	trip := []step{call(0, Failure, 0), call(1*ms, Failure, 0)} // open t0+1ms .. t0+101ms
 	tests := []struct {
-		name    string
-		cfg     Config
-		old     []step
-		adoptAt time.Duration
-		steps   []step
+		name  string
+		cfg   Config
+		old   []step
+		at    time.Duration
+		steps []step
 	}{
 		{"closed stays closed with counts afresh", newCfg, []step{call(0, Failure, 0)}, 2 * ms,
-			[]step{state(2*ms, StateClosed), counts(2*ms, 0, 0, 0), call(3*ms, Failure, 0), call(4*ms, Failure, 0), state(4*ms, StateClosed)}},
+			[]step{state(2*ms, StateClosed), counts(2*ms, 0, 0, 0), call(3*ms, Failure, 0), call(4*ms, Failure, 0), state(4*ms, StateClosed),
+				call(5*ms, Failure, 0), state(5*ms, StateOpen)}},
 		{"forced open stays forced open", oldCfg, []step{{kind: kForceOpen}}, 2 * ms,
 			[]step{reject(3*ms, ErrForcedOpen, 0), state(time.Hour, StateForcedOpen)}},
 		{"forced closed stays forced closed", oldCfg, []step{{kind: kForceClosed}}, 2 * ms,
 			[]step{call(3*ms, Failure, 0), call(4*ms, Failure, 0), call(5*ms, Failure, 0), state(5*ms, StateForcedClosed)}},
-		{"open ends when old's would", Config{ConsecutiveFailures: 3, OpenDuration: 50 * ms, MaxOpenDuration: time.Second}, trip, 20 * ms,
+		{"open ends when it would have", Config{ConsecutiveFailures: 3, OpenDuration: 50 * ms, MaxOpenDuration: time.Second}, trip, 20 * ms,
 			[]step{openFor(20*ms, 100*ms, 101*ms), reject(100*ms, ErrOpen, 1*ms), call(101*ms, Success, 0), state(101*ms, StateClosed)}},
-		{"open at most the new max from the adoption", newCfg, trip, 20 * ms,
+		{"open at most the new max from the change", newCfg, trip, 20 * ms,
 			[]step{openFor(20*ms, 60*ms, 80*ms), reject(79*ms, ErrOpen, 1*ms), state(80*ms, StateHalfOpen)}},
 		{"open past its time is half-open", newCfg, trip, 200 * ms,
 			[]step{state(200*ms, StateHalfOpen), call(201*ms, Success, 0), state(201*ms, StateClosed)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			old, err := New(oldCfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runSteps(t, old, tt.old)
-			cfg, adopting := tt.cfg, true
+			changing := false
+			cfg := oldCfg
 			cfg.OnStateChange = func(from, to State) {
-				if adopting {
-					t.Errorf("OnStateChange(%v, %v) on adoption", from, to)
+				if changing {
+					t.Errorf("OnStateChange(%v, %v) on Reconfigure", from, to)
 				}
 			}
 			b, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			old.cfg.OnStateChange, old.hook = cfg.OnStateChange, cfg.OnStateChange
-			b.Adopt(old, t0.Add(tt.adoptAt))
-			adopting = false
+			runSteps(t, b, tt.old)
+			changing = true
+			if err := b.Reconfigure(tt.cfg, t0.Add(tt.at)); err != nil {
+				t.Fatal(err)
+			}
+			changing = false
 			runSteps(t, b, tt.steps)
 		})
+	}
+}
+
+// TestReconfigureRefusesABadConfig: a config out of range is an error and
+// changes nothing.
+func TestReconfigureRefusesABadConfig(t *testing.T) {
+	b, err := New(Config{ConsecutiveFailures: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Reconfigure(Config{FailureRateThreshold: 2}, t0); err == nil {
+		t.Fatal("Reconfigure(FailureRateThreshold 2) = nil, want an error")
+	}
+	runSteps(t, b, []step{call(0, Failure, 0), state(0, StateOpen)})
+}
+
+// TestStateChangesAreReportedInOrderOneAtATime pins the order of
+// OnStateChange under concurrency: 8 goroutines trip, probe, force and
+// reset one breaker while its hook, which sleeps a little and calls the
+// breaker back (ForceOpen, Snapshot, Reset), checks that no other report
+// runs beside it and that each report's from is the last report's to. Hooks
+// of changes in quick succession used to run concurrently and out of
+// order; a hook that calls the breaker runs after it returns.
+func TestStateChangesAreReportedInOrderOneAtATime(t *testing.T) {
+	var (
+		b        *Breaker
+		running  atomic.Int32
+		mu       sync.Mutex
+		last     = StateClosed
+		reports  int
+		reentry  atomic.Int32
+		badOrder []string
+	)
+	b, err := New(Config{ConsecutiveFailures: 1, OpenDuration: time.Millisecond, OnStateChange: func(from, to State) {
+		if running.Add(1) != 1 {
+			t.Error("two OnStateChange calls at once")
+		}
+		mu.Lock()
+		if from != last {
+			badOrder = append(badOrder, fmt.Sprintf("%v→%v after →%v", from, to, last))
+		}
+		last = to
+		reports++
+		mu.Unlock()
+		if reentry.Add(1)%7 == 0 {
+			b.ForceOpen(time.Now()) // reported after this hook returns
+			b.Reset(time.Now())
+		}
+		_ = b.Snapshot(time.Now())
+		running.Add(-1)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 300 {
+				now := time.Now()
+				switch (g + i) % 5 {
+				case 0, 1:
+					if tok, _, err := b.Allow(now); err == nil {
+						b.Record(tok, time.Now(), Failure, 0)
+					}
+				case 2:
+					if tok, _, err := b.Allow(now); err == nil {
+						b.Record(tok, time.Now(), Success, 0)
+					}
+				case 3:
+					b.ForceOpen(now)
+				case 4:
+					b.Reset(now)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(badOrder) > 0 {
+		t.Errorf("%d of %d reports out of order, first: %s", len(badOrder), reports, badOrder[0])
+	}
+	if got := b.Snapshot(time.Now()).State; got != last {
+		t.Errorf("the last report was →%v, the breaker is %v", last, got)
+	}
+	if reports < 100 {
+		t.Errorf("%d reports, want many", reports)
+	}
+}
+
+// TestAHookThatPanicsDoesNotStopTheReports: the changes after a hook's
+// panic are still reported.
+func TestAHookThatPanicsDoesNotStopTheReports(t *testing.T) {
+	var got []State
+	b, err := New(Config{ConsecutiveFailures: 1, OnStateChange: func(_, to State) {
+		got = append(got, to)
+		if to == StateForcedOpen {
+			panic("hook")
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		b.ForceOpen(t0)
+	}()
+	b.Reset(t0)
+	if want := []State{StateForcedOpen, StateClosed}; !slices.Equal(got, want) {
+		t.Errorf("reports %v, want %v", got, want)
 	}
 }

@@ -78,11 +78,15 @@ type Config struct {
 	HalfOpenProbes int
 
 	// OnStateChange, when set, is called after every change of state, with
-	// the states before and after. It runs synchronously in the goroutine
-	// whose call caused the change (Allow, Record, Snapshot, ForceOpen,
-	// ForceClosed or Reset), after the breaker's lock is released, so it may
-	// call the breaker. Hooks of changes in quick succession may run
-	// concurrently and out of order; Snapshot tells the current state.
+	// the states before and after, once the change is published (Allow and
+	// Snapshot see it) and with no lock held, so it may call the breaker.
+	// The changes of one breaker are reported one at a time, in the order
+	// they happened, each call's from being the last call's to: by the
+	// goroutine whose call (Allow, Record, ForceOpen, ForceClosed or Reset)
+	// caused a change and found no other goroutine reporting, which reports
+	// the changes queued meanwhile too, those its own hook caused included
+	// (after that hook returns). A goroutine whose change another reports
+	// returns without waiting for it.
 	OnStateChange func(from, to State)
 }
 

@@ -75,8 +75,9 @@
 // # Time
 //
 // Time is a parameter: every method takes now, and a transition that time
-// causes (Open to HalfOpen) happens on the next Allow or Snapshot at or after
-// it; there are no timers and no goroutines. Instants are read as Unix
+// causes (Open to HalfOpen) happens on the next Allow at or after it
+// (Snapshot describes it without making it); there are no timers and no
+// goroutines. Instants are read as Unix
 // nanoseconds, so now should come from one wall clock; an instant earlier
 // than one already seen is counted in the newest bucket.
 //
@@ -87,7 +88,9 @@
 // Open or while HalfOpen has every probe out: rejected callers spinning in
 // a closed loop never contend with the probe's Record for the lock; Record takes a mutex except for
 // Ignored outcomes outside HalfOpen; neither allocates. OnStateChange runs
-// synchronously in the goroutine that caused the change, after the lock is
-// released, so it may call the breaker; hooks of changes in quick succession
-// may run concurrently and out of order.
+// with no lock held, so it may call the breaker, after the change is
+// published, one change at a time and in order (see Config.OnStateChange).
+// Reconfigure changes a breaker's configuration in place, keeping its
+// state, so that everything holding the breaker (an operator's ForceOpen
+// included) keeps acting on the one breaker of its method.
 package breaker

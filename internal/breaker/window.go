@@ -6,7 +6,7 @@ package breaker
 // Window of history. Time never runs backwards in a window: an outcome at an
 // earlier epoch than the newest is counted in the newest bucket.
 type window struct {
-	width int64 // ns per bucket, > 0; fixed by New
+	width int64 // ns per bucket, > 0; set by New and Reconfigure
 	head  int64 // epoch of the newest bucket
 	end   int64 // (head+1) × width: the instant the newest bucket ends
 	idx   int   // index in b of the newest bucket: head mod numBuckets
@@ -52,6 +52,24 @@ func (w *window) advance(t int64) *bucket {
 	}
 	w.setHead(e)
 	return &w.b[w.idx]
+}
+
+// countsAt returns the sums of the window as they are at t, without
+// moving it: the buckets older than the window at t are left out.
+func (w *window) countsAt(t int64) (calls, failures, slow int) {
+	if t < w.end {
+		return w.calls, w.failures, w.slow
+	}
+	e := floorDiv(t, w.width)
+	if e-w.head >= numBuckets {
+		return 0, 0, 0
+	}
+	calls, failures, slow = w.calls, w.failures, w.slow
+	for i := w.head + 1; i <= e; i++ {
+		bk := &w.b[mod(i)]
+		calls, failures, slow = calls-bk.calls, failures-bk.failures, slow-bk.slow
+	}
+	return calls, failures, slow
 }
 
 // reset empties the window and starts it at t.

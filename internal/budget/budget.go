@@ -72,6 +72,9 @@ type Budget struct {
 	// an int32, saturating) in the low 32 bits. Bucket e%numBuckets holds
 	// epoch e; a word whose epoch is older is reset by the next write.
 	buckets [numBuckets]atomic.Uint64
+	// calls counts the requests (OnRequest) of each bucket, packed as
+	// buckets are (epoch above, count below, saturating), for Share.
+	calls [numBuckets]atomic.Uint64
 
 	// The fields below are set once by New.
 	start   time.Time     // instant of epoch 0
@@ -105,9 +108,60 @@ type Retry struct {
 // OnRequest deposits Ratio retries: call it once per logical call, before
 // its first attempt. It never blocks and never fails.
 func (b *Budget) OnRequest(now time.Time) {
+	e := b.epoch(now)
 	if b.deposit != 0 {
-		b.add(b.epoch(now), b.deposit, false)
+		b.add(e, b.deposit, false)
 	}
+	b.count(e)
+}
+
+// count counts a request in the bucket of epoch e.
+func (b *Budget) count(e uint64) {
+	slot := &b.calls[e%numBuckets]
+	ep := uint32(e)
+	for {
+		old := slot.Load()
+		var n uint32
+		switch age := int32(ep - uint32(old>>32)); {
+		case age == 0:
+			n = uint32(old)
+			if n == math.MaxUint32 {
+				return
+			}
+			n++
+		case age > 0:
+			n = 1
+		default:
+			return // a newer epoch holds the bucket: now lags a window behind
+		}
+		if slot.CompareAndSwap(old, uint64(ep)<<32|uint64(n)) {
+			return
+		}
+	}
+}
+
+// Share returns the share of the requests over the window at now that the
+// budget pays a retry for: (reserve + Ratio × requests) / requests, that is
+// Ratio + MinRetriesPerSecond / (requests per second); 1 or more when the
+// budget pays for a retry of every request (or there were none), 0 when it
+// pays for none (Ratio and MinRetriesPerSecond 0). It reads the 16
+// buckets; nothing is written.
+func (b *Budget) Share(now time.Time) float64 {
+	if b.deposit == 0 && b.reserve == 0 {
+		return 0
+	}
+	ep := uint32(b.epoch(now))
+	var n uint64
+	for i := range b.calls {
+		w := b.calls[i].Load()
+		if age := int32(ep - uint32(w>>32)); age > -numBuckets && age < numBuckets {
+			n += uint64(uint32(w))
+		}
+	}
+	if n == 0 {
+		return math.Inf(1)
+	}
+	return (float64(b.reserve) + float64(b.deposit)*float64(n)) / (cost * float64(n))
 }
 
 // TryRetry withdraws one retry if the budget can pay for it, that is if

@@ -308,3 +308,39 @@ func TestNoAllocations(t *testing.T) {
 		t.Errorf("OnRequest, TryRetry, Refund and Available allocate %v times per run, want 0", n)
 	}
 }
+
+// TestShare pins Share: Ratio + reserve / requests over the window, +Inf
+// with no request, 0 for a budget that pays nothing; requests leave the
+// window with it.
+func TestShare(t *testing.T) {
+	b, err := New(Config{Ratio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := b.Share(t0); !math.IsInf(s, 1) {
+		t.Errorf("Share with no request = %v, want +Inf", s)
+	}
+	for i := range 1000 { // 100 per second for 10s
+		b.OnRequest(t0.Add(time.Duration(i) * 10 * time.Millisecond))
+	}
+	// The window holds the last 15 or 16 buckets of 625ms: about 938 to
+	// 1000 requests, a reserve of 100 retries.
+	now := t0.Add(9990 * time.Millisecond)
+	if s := b.Share(now); s < 0.2+100.0/1000-1e-9 || s > 0.2+100.0/937+1e-9 {
+		t.Errorf("Share at 100 requests a second = %v, want 0.2 + 10/100 = 0.3", s)
+	}
+	if s := b.Share(now.Add(time.Hour)); !math.IsInf(s, 1) {
+		t.Errorf("Share an hour later = %v, want +Inf (no request left in the window)", s)
+	}
+	zero, err := New(Config{TTL: time.Second}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero.OnRequest(t0)
+	if s := zero.Share(t0); s != 0 {
+		t.Errorf("Share of a budget that pays nothing = %v, want 0", s)
+	}
+	if _, ok := zero.TryRetry(t0); ok {
+		t.Error("a budget that pays nothing granted a retry")
+	}
+}

@@ -202,6 +202,36 @@ func (w *Window) QuantileAt(i int) time.Duration {
 	return time.Duration(w.q[i].Load())
 }
 
+// QuantileOf returns the p-quantile (p in (0, 1)) of the observations in
+// the window now, rounded up to its bucket's upper edge as Quantile is; 0
+// before the first observation. Unlike Quantile it is not kept: it scans
+// the histogram (two generations of 249 buckets) on each call.
+func (w *Window) QuantileOf(p float64) time.Duration {
+	h := w.h
+	var total uint64
+	var c [numBuckets]uint64
+	for i := range c {
+		c[i] = uint64(h.counts[0][i].Load()) + uint64(h.counts[1][i].Load())
+		total += c[i]
+	}
+	if total == 0 {
+		return 0
+	}
+	rank := max(uint64(math.Ceil(p*float64(total))), 1)
+	var sum uint64
+	last := 0
+	for i, n := range c {
+		if n == 0 {
+			continue
+		}
+		last, sum = i, sum+n
+		if sum >= rank {
+			return upperEdge(i)
+		}
+	}
+	return upperEdge(last)
+}
+
 // Samples returns the number of observations ever recorded through w or the
 // windows sharing its observations.
 func (w *Window) Samples() uint64 {

@@ -278,3 +278,35 @@ func TestWindowReadsSeveralQuantilesInOnePass(t *testing.T) {
 		t.Errorf("NewWindow with no quantile: no error")
 	}
 }
+
+// TestQuantileOfReadsAnyQuantile: QuantileOf gives what a window reading
+// that quantile would keep, for quantiles it was not built with.
+func TestQuantileOfReadsAnyQuantile(t *testing.T) {
+	w, err := NewWindow(DefaultWindowSize, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := w.QuantileOf(0.9); d != 0 {
+		t.Errorf("QuantileOf(0.9) of an empty window = %v, want 0", d)
+	}
+	for i := range 200 {
+		d := 2 * time.Millisecond
+		if i%10 == 0 {
+			d = 40 * time.Millisecond
+		}
+		w.Observe(d)
+	}
+	for _, p := range []float64{0.5, 0.85, 0.9, 0.95, 0.99} {
+		ref, _ := NewWindow(DefaultWindowSize, p)
+		for i := range 200 {
+			d := 2 * time.Millisecond
+			if i%10 == 0 {
+				d = 40 * time.Millisecond
+			}
+			ref.Observe(d)
+		}
+		if got, want := w.QuantileOf(p), ref.Quantile(); got != want {
+			t.Errorf("QuantileOf(%v) = %v, want %v", p, got, want)
+		}
+	}
+}

@@ -65,19 +65,34 @@
 // that no latency confirms ages out: after two windows without a sample
 // the base RTT is 0 (unknown) until the next.
 //
+// # Cost classes
+//
+// Requests differ in cost: a method that answers from a cache in
+// microseconds beside one that takes 10ms. With one base RTT, the cheap
+// one became the base and every 10ms request looked queued: with 16
+// callers of a 10ms method, 1% of cheap calls took an AIMD limit to 1 and
+// shed 87% of the 10ms calls (issue 33). So each request names its cost
+// class (Request.Class; the server gives each method its own, at most
+// MaxClasses), and each class has its own base RTT, door and probe. A
+// window's queueing ratio is the sum of its latencies over the sum of
+// their classes' base RTTs, r/b in the formulas: each latency compared
+// with its own class's service time, the costlier weighing more, as they
+// hold their slots longer. With one class it is the average latency over
+// the base RTT.
+//
 // # Probe
 //
 // Vegas's weakness: when the service time itself rises for good (a
 // deploy, a slower dependency), the old base RTT makes every request look
 // queued and the limit falls towards MinLimit. So Vegas probes, as
-// Netflix's VegasLimit does: after about ProbeMultiplier × L samples
-// (default 10; the count is drawn anew after each probe from [½, 1) of
-// that with Config.Rand, so servers started together do not probe in
-// step), the base RTT starts anew from the next sample, and the samples
-// after it fold in as the minimum again. After a lasting slowdown that
-// sample is the new service time: nothing looks queued any more and the
-// limit grows back, with 16 requests in flight at 200ms within about 2s of
-// fake time in the tests (TestVegasLearnsSlowdown,
+// Netflix's VegasLimit does: after about ProbeMultiplier × L samples of a
+// class (default 10; the count is drawn anew after each probe from [½, 1)
+// of that with Config.Rand, so servers started together do not probe in
+// step), the class's base RTT starts anew from its next sample, and the
+// samples after it fold in as the minimum again. After a lasting slowdown
+// that sample is the new service time: nothing looks queued any more and
+// the limit grows back, with 16 requests in flight at 200ms within about
+// 2s of fake time in the tests (TestVegasLearnsSlowdown,
 // server.TestSlowdownLimitRecovers in interceptor/server).
 //
 // Under overload that sample is a queued one. When the overload is heavy
@@ -86,7 +101,7 @@
 // overload (1.2 times the capacity) the queue never drains, each probe
 // raised the base RTT, and the limit grew without bound: 124 for 8 slots,
 // and latencies 14 times the service time (TestNoRatchetUnderMildOverload,
-// server.TestOverloadMildDoesNotRatchet). So there is no probe while
+// server.TestOverloadMildDoesNotRatchet). So there is no such probe while
 // the limit sheds (one shed request in the last 30 or so admitted): there
 // a queue cannot be told from a slowdown by one latency. Nor is there a
 // probe on a latency under a tenth of the base RTT, an outlier as the base
@@ -94,31 +109,49 @@
 // 100ms): the probe waits for the next latency that is not one
 // (TestVegasProbeSkipsOutliers).
 //
-// A slowdown that makes the limit shed is learned by the slowdown
-// detector instead: under overload, when the limit falls the queue
-// shortens and the latency falls with it; when the service itself became
-// slower, it does not. When the limit has fallen to 3/4 of what it was when
-// it last grew (or when the latency last moved by more than 10%), while the
-// average latency of the windows stayed within 10% of what it was then, the base
-// RTT starts anew from the door's service time, the least of the latest
-// latencies (TestSlowdownDetector). AIMD does not probe: its latency test
-// is a Tolerance multiple of the base RTT, and a slowdown within Tolerance
-// does not move it.
+// While the limit sheds, it probes by draining instead, as TCP BBR's
+// ProbeRTT does: a base RTT that has become wrong keeps the limit low, the
+// limit refuses the very traffic whose latencies could correct it, and
+// nothing would move it (an AIMD limit whose service became three times
+// slower sat at 1 for a minute, using one slot of 8). A limit that rests
+// on a wrong base calls for a lower limit at every update, even at its
+// minimum; one that found the capacity does not for long. So when 16
+// updates in a row called for a lower limit while the limit sheds (and at
+// most once per 64 to 128 smoothed latencies, jittered with Config.Rand),
+// the limit admits only half of itself for 2 smoothed latencies: the
+// requests in flight before fall below the server's concurrency, the queue
+// behind them drains, and each class's base RTT starts anew from the least
+// latency of its requests admitted after the drain began
+// (TestDrainLearnsASlowdownWhileShedding). A drain costs about one
+// smoothed latency of half the slots.
+//
+// A slowdown that makes the limit shed is also learned by the slowdown
+// detector: under overload, when the limit falls the queue shortens and
+// the latency falls with it; when the service itself became slower, it
+// does not. When the limit has fallen to 3/4 of what it was when it last
+// grew (or when the queueing ratio last moved by more than 10%), while the
+// ratio of the windows stayed within 10% of what it was then, each class's
+// base RTT starts anew from its door's service time, the least of its
+// latest latencies (TestSlowdownDetector). AIMD does not probe on one
+// latency: its latency test is a Tolerance multiple of the base RTT, and a
+// slowdown within Tolerance does not move it.
 //
 // # The door
 //
-// A request whose remaining deadline is shorter than the door's service
-// time cannot finish in time even without queueing, and is shed at once
-// (ShedDeadline). The door's service time is the least latency of the last
-// 32 to 64 samples, not the base RTT: a fast latency lowers it at once and
-// a probe does not move it, so the door errs towards letting requests in.
-// It must never rest on a stale estimate, since it refuses the very
-// requests whose completion would correct it: once no request completed
-// for 8 smoothed latencies the door is open to every deadline until one
-// does (after a slow phase, callers with short deadlines run again within
-// that time), and every 8 such periods (counted from the first sample) it
-// lets one request it would refuse through, so that requests faster than
-// those that completed can show it.
+// A request whose remaining deadline is shorter than its class's door's
+// service time cannot finish in time even without queueing, and is shed
+// at once (ShedDeadline). The door's service time is the least latency of
+// the class's last 32 to 64 samples, not the base RTT: a fast latency
+// lowers it at once and a probe does not move it, so the door errs
+// towards letting requests in. It must never rest on a stale estimate,
+// since it refuses the very requests whose completion would correct it:
+// it lets one request it would refuse through per service time it holds
+// (counted from the last one let through, or the first sample), so that
+// once the service is fast again the door learns it within about one of
+// its own service times (after a 400ms slow phase, a 150ms call is served
+// within 400ms; it used to take 3.2s); and once no request of the class
+// completed for 8 of its smoothed latencies the door is open to every
+// deadline until one does.
 //
 // # Criticality
 //
@@ -149,15 +182,21 @@
 //
 // # Tenants
 //
-// A request may name its tenant. Under pressure each active tenant (with
-// requests in flight or queued, or seen within TenantIdle, 5s by default)
-// has a fair share: its criticality's share of L divided by the active
-// tenants. A tenant under its fair share may fill the criticality's share
-// of L; one at or over it only what is left once each other tenant under
-// its fair share has a slot kept free (at most a tenth of L in all): a
-// tenant over its share is shed before any tenant under it, and a lone
-// tenant may use the whole limit. Requests in flight are never preempted.
-// At most MaxTenants (1024 by default) named tenants are remembered at once
+// A request may name its tenant. Under pressure each tenant with requests
+// in flight or queued has a fair share of its criticality's share of L:
+// the max-min fair share, a tenant with one request taking one slot and
+// those with more sharing the rest equally. A tenant that called recently
+// and holds nothing is no claimant: dividing L by every tenant seen within
+// TenantIdle shrank each share under a slot when 60 tenants called once
+// every 2s, and a tenant at half its share lost two thirds of its calls
+// beside another's flood (issue 33). A tenant under its fair share may
+// fill the criticality's share of L; one at or over it only what is left
+// once each other tenant under its fair share has a slot kept free (at
+// most a tenth of L in all): a tenant over its share is shed before any
+// tenant under it, and a lone tenant may use the whole limit. Requests in
+// flight are never preempted. At most MaxTenants (1024 by default) named
+// tenants are remembered at once (each for TenantIdle, 5s by default,
+// after its last request, or while it has requests in flight or queued)
 // and the names beyond share one, as do names longer than MaxTenantName
 // (256 bytes); a tenant idle for TenantIdle is forgotten by the next
 // request, whatever tenant it names. With one tenant, the limit behaves as

@@ -59,6 +59,10 @@ const (
 	DefaultTenantIdle = 5 * time.Second
 )
 
+// MaxClasses is the number of cost classes a Limiter tells apart
+// (Request.Class): each has a base RTT and a door of its own.
+const MaxClasses = 64
+
 // Config is the normalized configuration of a [Limiter]. The zero value of
 // a field means its default.
 type Config struct {
@@ -218,13 +222,21 @@ type Request struct {
 	// Tenant names who sent it; "" is the default tenant, the only one of
 	// a server that names none.
 	Tenant string
+	// Class is its cost class, in [0, MaxClasses) (a value out of range
+	// counts as 0): requests of one class cost about the same, those of
+	// different classes need not (a server gives each method its own). Each
+	// class has its own base RTT and door, so that a class answered in
+	// microseconds never makes another's latencies look queued (see the
+	// package doc, "Cost classes").
+	Class int
 }
 
 // Slot is an admitted request's hold on the Limiter, ended by one Release
 // or Abandon. The zero Slot holds nothing.
 type Slot struct {
-	t    *tenant
-	left time.Duration // of the deadline when admitted
+	t     *tenant
+	left  time.Duration // of the deadline when admitted
+	class uint8         // the request's cost class
 }
 
 // Snapshot is a Limiter's state and counters.
@@ -232,9 +244,12 @@ type Snapshot struct {
 	Limit    int
 	InFlight int
 	Queued   int
-	// BaseRTT is the base RTT of the Vegas update; DoorRTT the service
-	// time of the door; SmoothedRTT the EWMA of the samples.
+	// BaseRTT is the base RTT and DoorRTT the door's service time of the
+	// busiest cost class (the one with the most latencies in the base
+	// RTT's windows); SmoothedRTT the EWMA of the samples of every class.
 	BaseRTT, DoorRTT, SmoothedRTT time.Duration
+	// Classes is the number of cost classes seen.
+	Classes int
 	// Count counts the verdicts by criticality.
 	Count [NumVerdicts][NumCriticalities]uint64
 	// Probes counts the Vegas probes: restarts of the base RTT.
@@ -252,21 +267,30 @@ type Limiter struct {
 	limit    float64               // in [MinLimit, MaxLimit]
 	caps     [NumCriticalities]int // in-flight at which each criticality is shed; follows limit
 	inflight int                   // admitted and not yet released
-	base     windowed              // the base RTT: BaseWindow windows, restarted by each probe
-	door     door                  // the door's service time
-	doorPass time.Time             // the last request let past the door, or the first sample
-	anchorL  float64               // the limit and the average latency of the update when the limit last grew,
-	anchorR  time.Duration         // or the latency last moved by 10%: a slowdown shows as the limit falling from there while the latency does not
-	probeN   float64               // samples since the last probe
-	probeAt  float64               // probe when probeN reaches probeAt × limit
+	cls      []class               // the cost classes seen, by Request.Class; cls[0] always
+	anchorL  float64               // the limit and the queueing ratio of the update when the limit last grew,
+	anchorR  float64               // or the ratio last moved by 10%: a slowdown shows as the limit falling from there while the ratio does not
 	probes   uint64                // restarts of the base RTT by a probe
-	srtt     float64               // EWMA of the samples, nanoseconds; 0 before the first
+	srtt     float64               // EWMA of the samples of every class, nanoseconds; 0 before the first
 	win      window                // samples and drops since the last update
 	shedEW   float64               // EWMA of the shed share of decisions
+	drain    drain                 // the probe of a limit that sheds (see drainLocked)
 	count    [NumVerdicts][NumCriticalities]uint64
 	yield    [NumCriticalities]time.Time // a request of this criticality is shed until then: a more critical one was shed
 	ten      tenants
 	q        queue
+}
+
+// class is the state of one cost class: its base RTT, its door and its
+// probe. Guarded by the Limiter's mutex.
+type class struct {
+	base     windowed      // the base RTT: BaseWindow windows, restarted by each probe
+	door     door          // the door's service time
+	doorPass time.Time     // the last request let past the door, or the first sample
+	srtt     float64       // EWMA of the class's samples, nanoseconds; 0 before the first
+	probeN   float64       // samples since the last probe
+	probeAt  float64       // probe when probeN reaches probeAt × limit
+	drainMin time.Duration // the least latency of a request admitted after a drain began; 0: none
 }
 
 // New returns a Limiter for cfg, or cfg's first error.
@@ -276,16 +300,29 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg.normalize()}
 	l.ten.max, l.ten.idle = l.cfg.MaxTenants, l.cfg.TenantIdle
-	l.q.max = l.cfg.MaxQueue
+	l.q.max, l.q.ten = l.cfg.MaxQueue, &l.ten
 	l.setLimit(float64(l.cfg.InitialLimit))
-	l.nextProbe()
+	l.classLocked(0)
 	return l, nil
 }
 
-// nextProbe draws the jittered multiplier of the next probe.
-func (l *Limiter) nextProbe() {
-	l.probeN = 0
-	l.probeAt = l.cfg.ProbeMultiplier * (0.5 + 0.5*l.cfg.Rand())
+// classLocked returns the state of cost class c (0 for a value out of
+// range), made when first seen.
+func (l *Limiter) classLocked(c int) *class {
+	if c < 0 || c >= MaxClasses {
+		c = 0
+	}
+	for len(l.cls) <= c {
+		l.cls = append(l.cls, class{})
+		l.nextProbe(&l.cls[len(l.cls)-1])
+	}
+	return &l.cls[c]
+}
+
+// nextProbe draws the jittered multiplier of k's next probe.
+func (l *Limiter) nextProbe(k *class) {
+	k.probeN = 0
+	k.probeAt = l.cfg.ProbeMultiplier * (0.5 + 0.5*l.cfg.Rand())
 }
 
 // setLimit sets the limit, clamped, and the caps that follow from it.
@@ -296,22 +333,44 @@ func (l *Limiter) setLimit(v float64) {
 	}
 }
 
-// doorStale is how long the door keeps its service time without a new
-// latency: 8 smoothed latencies, within [1ms, BaseWindow]. Then it is
-// open to every deadline until a request completes.
-func (l *Limiter) doorStale() time.Duration {
-	return min(max(8*time.Duration(l.srtt), time.Millisecond), l.cfg.BaseWindow)
+// doorStale is how long k's door keeps its service time without a new
+// latency: 8 of the class's smoothed latencies, within [1ms, BaseWindow].
+// Then it is open to every deadline until a request of the class
+// completes.
+func (l *Limiter) doorStale(k *class) time.Duration {
+	return min(max(8*time.Duration(k.srtt), time.Millisecond), l.cfg.BaseWindow)
 }
 
-// doorPassEvery is how many doorStale periods pass between two requests
-// the door lets through although it would refuse them.
-const doorPassEvery = 8
+// doorLocked is k's door's service time at now.
+func (l *Limiter) doorLocked(now time.Time, k *class) time.Duration {
+	return k.door.value(now, l.doorStale(k))
+}
 
-// doorLocked is the door's service time at now.
-func (l *Limiter) doorLocked(now time.Time) time.Duration { return l.door.value(now, l.doorStale()) }
+// rotateLocked moves the windows of the base RTTs to now.
+func (l *Limiter) rotateLocked(now time.Time) {
+	for i := range l.cls {
+		l.cls[i].base.rotate(now, l.cfg.BaseWindow)
+	}
+}
 
-// rotateLocked moves the windows of the base RTT to now.
-func (l *Limiter) rotateLocked(now time.Time) { l.base.rotate(now, l.cfg.BaseWindow) }
+// passDoorLocked reports whether a request of class k with left of its
+// deadline passes the door at now: when left is at least the door's
+// service time, and otherwise once per service time (counted from the
+// last request let through, or the first sample), so that the door learns
+// that the service has become fast again within about one of its own
+// service times (issue 33: after a slow phase it refused every short
+// deadline for 8 smoothed latencies, 3.21s, and let one through every 64).
+func (l *Limiter) passDoorLocked(now time.Time, k *class, left time.Duration) bool {
+	d := l.doorLocked(now, k)
+	if left >= d {
+		return true
+	}
+	if now.Sub(k.doorPass) < d {
+		return false
+	}
+	k.doorPass = now // one through, to test the door
+	return true
+}
 
 // Acquire decides at now on a request r. It sheds r when its deadline has
 // less left than the door's service time (ShedDeadline, pushback 0: it has
@@ -324,16 +383,15 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rotateLocked(now)
-	if r.Left < l.doorLocked(now) {
-		if now.Sub(l.doorPass) < doorPassEvery*l.doorStale() {
-			l.count[ShedDeadline][c]++
-			return Slot{}, ShedDeadline, 0
-		}
-		l.doorPass = now // one through, to test the door
+	k := l.classLocked(r.Class)
+	if !l.passDoorLocked(now, k, r.Left) {
+		l.count[ShedDeadline][c]++
+		return Slot{}, ShedDeadline, 0
 	}
+	l.drainLocked(now)
 	t := l.ten.get(now, r.Tenant)
 	if l.mayAdmitLocked(now, c, t) {
-		return l.admitLocked(c, t, r.Left), Admitted, 0
+		return l.admitLocked(c, t, r.Left, r.Class), Admitted, 0
 	}
 	l.yieldLocked(now, c)
 	l.count[ShedLimit][c]++
@@ -343,42 +401,43 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 
 // mayAdmitLocked reports whether a request of criticality c from t may
 // take a slot now. With one tenant: while the requests in flight are fewer
-// than c's share of the limit. With several, each has a fair share, c's
-// share divided by the active tenants, against which what a tenant holds
-// is its requests in flight smoothed over its last admissions and ends
-// (so that a latency spike does not make a quiet tenant look greedy), and
-// at most twice the fair share at any moment (so that a burst does not
-// slip under the smoothing). A tenant at or over its fair share is
-// admitted only while the requests in flight are fewer than c's share less
-// a slot kept free for each other tenant under its fair share (at most a
-// tenth of the limit in all), so it is shed before any tenant under its
-// share. A tenant under its fair share (of at least one slot) is admitted
-// beyond c's share, by up to a fair share, whatever the others hold, as a
-// partition under its share is in Netflix's partitioned limiter: the
-// others' excess drains as their requests end (they are not admitted
-// meanwhile), and does not yield to a more critical request shed
+// than c's share of the limit (half of it while the limit drains). With
+// several, each tenant with requests in flight or queued has a fair
+// share of c's share (tenants.fairShare: max-min, a tenant with one
+// request taking one slot), against which what a tenant holds is its
+// requests in flight smoothed over its last admissions and ends (so that a
+// latency spike does not make a quiet tenant look greedy), and at most
+// twice the fair share at any moment (so that a burst does not slip under
+// the smoothing). A tenant at or over its fair share is admitted only
+// while the requests in flight are fewer than c's share less a slot kept
+// free for each other tenant under its fair share (at most a tenth of the
+// limit in all), so it is shed before any tenant under its share. A tenant
+// under its fair share (of at least one slot), smoothed and now, is
+// admitted beyond c's share, by up to a fair share, whatever the others
+// hold, as a partition under its share is in Netflix's partitioned
+// limiter: the others' excess drains as their requests end (they are not
+// admitted meanwhile), and does not yield to a more critical request shed
 // (yieldLocked), which would let a tenant over its share, claiming
 // CriticalPlus, shed every other tenant. With more tenants than slots, a
 // tenant under its share waits for c's share to have room.
 func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 	yielding := now.Before(l.yield[c])
 	limit := l.caps[c]
-	n := 1
-	if l.ten.named != nil || l.ten.overflow.busy() || t != &l.ten.def {
-		n = l.ten.active(now)
+	if d := l.drainCap(now); d > 0 { // the limit drains to probe its base RTTs
+		limit = min(limit, d)
 	}
+	n, fair := l.ten.fairShare(t, limit)
 	if n <= 1 {
 		return !yielding && l.inflight < limit
 	}
-	fair := float64(limit) / float64(n)
 	switch {
 	case t.held >= fair || float64(t.inflight) >= 2*fair:
 		most := max(1, int(math.Ceil(l.limit/10)))
 		return !yielding && l.inflight < limit-l.ten.under(now, t, fair, most)
-	case fair >= 1:
-		// Under its fair share, t does not yield to a more critical
-		// request shed over its tenant's share: that tenant's excess is
-		// no claim on t's share.
+	case fair >= 1 && float64(t.inflight) < fair:
+		// Under its fair share, now as over time, t does not yield to a
+		// more critical request shed over its tenant's share: that
+		// tenant's excess is no claim on t's share.
 		return l.inflight < limit+int(math.Ceil(fair))
 	}
 	return !yielding && l.inflight < limit
@@ -404,39 +463,55 @@ func (l *Limiter) yieldLocked(now time.Time, c Criticality) {
 	}
 }
 
-// admitLocked admits a request of criticality c from t with left of its
-// deadline.
-func (l *Limiter) admitLocked(c Criticality, t *tenant, left time.Duration) Slot {
+// admitLocked admits a request of criticality c and cost class k from t
+// with left of its deadline.
+func (l *Limiter) admitLocked(c Criticality, t *tenant, left time.Duration, k int) Slot {
 	l.inflight++
-	t.add(1)
+	l.ten.add(t, 1)
 	l.count[Admitted][c]++
 	l.shedEW -= l.shedEW / 64
-	return Slot{t: t, left: left}
+	if k < 0 || k >= MaxClasses {
+		k = 0
+	}
+	return Slot{t: t, left: left, class: uint8(k)}
 }
 
 // pushbackLocked is the wait of the package doc, or NoRetry.
 func (l *Limiter) pushbackLocked() time.Duration { return pushback(l.srtt, l.shedEW) }
 
-// BaseRTT returns the base RTT at now: 0 before the first sample, and
-// again once two BaseWindows passed without one.
+// busiestLocked returns the cost class with the most latencies in its base
+// RTT's windows (class 0 when none has any).
+func (l *Limiter) busiestLocked() *class {
+	k, most := &l.cls[0], -1
+	for i := range l.cls {
+		if n := l.cls[i].base.w[0].n + l.cls[i].base.w[1].n; n > most {
+			k, most = &l.cls[i], n
+		}
+	}
+	return k
+}
+
+// BaseRTT returns the base RTT of the busiest cost class at now (see
+// Snapshot): 0 before the first sample, and again once two BaseWindows
+// passed without one.
 func (l *Limiter) BaseRTT(now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rotateLocked(now)
-	return l.base.value()
+	return l.busiestLocked().base.value()
 }
 
-// DoorRTT returns the door's service time at now (see the package doc,
-// "The door"); 0 when the door is open to every deadline.
-func (l *Limiter) DoorRTT(now time.Time) time.Duration {
+// DoorRTT returns the door's service time of cost class c at now (see the
+// package doc, "The door"); 0 when the door is open to every deadline.
+func (l *Limiter) DoorRTT(now time.Time, c int) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.doorLocked(now)
+	return l.doorLocked(now, l.classLocked(c))
 }
 
-// Release ends at now the request that held s (the zero Slot: nothing), admitted rtt before (not
-// counting its time in the queue), with outcome o (see Outcome), and hands
-// the freed slot to a waiter when one may take it.
+// Release ends at now the request that held s (the zero Slot: nothing),
+// admitted rtt before (not counting its time in the queue), with outcome o
+// (see Outcome), and hands the freed slot to a waiter when one may take it.
 func (l *Limiter) Release(now time.Time, s Slot, rtt time.Duration, o Outcome) {
 	if s.t == nil {
 		return // the zero Slot
@@ -445,22 +520,23 @@ func (l *Limiter) Release(now time.Time, s Slot, rtt time.Duration, o Outcome) {
 	defer l.mu.Unlock()
 	inflight := l.inflight
 	l.inflight--
-	s.t.add(-1)
+	l.ten.add(s.t, -1)
 	l.rotateLocked(now)
+	k := l.classLocked(int(s.class))
 	switch o {
 	case Completed:
-		l.sampleLocked(now, max(rtt, 1), inflight)
+		l.sampleLocked(now, k, max(rtt, 1), inflight)
 	case DeadlineEnded:
-		if base := l.base.value(); base > 0 && s.left >= 2*base {
+		if base := k.base.value(); base > 0 && s.left >= 2*base {
 			l.dropLocked(now, inflight)
 		}
 	}
 	l.handoffLocked(now)
 }
 
-// Abandon ends the request that held s (the zero Slot: nothing) without a sample or a drop: it
-// ended for a reason that says nothing of the server's load. It hands the
-// freed slot to a waiter when one may take it.
+// Abandon ends the request that held s (the zero Slot: nothing) without a
+// sample or a drop: it ended for a reason that says nothing of the
+// server's load. It hands the freed slot to a waiter when one may take it.
 func (l *Limiter) Abandon(now time.Time, s Slot) {
 	if s.t == nil {
 		return // the zero Slot
@@ -468,7 +544,7 @@ func (l *Limiter) Abandon(now time.Time, s Slot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inflight--
-	s.t.add(-1)
+	l.ten.add(s.t, -1)
 	l.handoffLocked(now)
 }
 
@@ -477,6 +553,7 @@ type window struct {
 	end      time.Time     // the update happens at the first release at or after end; zero: not started
 	n        int           // samples
 	sum      time.Duration // of their latencies
+	sumBase  time.Duration // of their classes' base RTTs when they came
 	inflight int           // the most in flight at a release
 	dropped  bool          // any drop
 }
@@ -492,23 +569,31 @@ func (l *Limiter) startLocked(now time.Time, inflight int) *window {
 	return w
 }
 
-// sampleLocked takes the latency rtt of a request completed at now, which
-// ran with inflight others (itself included).
-func (l *Limiter) sampleLocked(now time.Time, rtt time.Duration, inflight int) {
-	if l.srtt == 0 {
-		l.srtt = float64(rtt)
-	} else {
-		l.srtt += (float64(rtt) - l.srtt) / 16
+// sampleLocked takes the latency rtt of a request of class k completed at
+// now, which ran with inflight others (itself included).
+func (l *Limiter) sampleLocked(now time.Time, k *class, rtt time.Duration, inflight int) {
+	l.srtt = ewma(l.srtt, rtt)
+	k.srtt = ewma(k.srtt, rtt)
+	l.drainSampleLocked(now, k, rtt)
+	l.observeBase(now, k, rtt)
+	if k.doorPass.IsZero() {
+		k.doorPass = now
 	}
-	l.observeBase(now, rtt)
-	if l.doorPass.IsZero() {
-		l.doorPass = now
-	}
-	l.door.add(now, rtt)
+	k.door.add(now, rtt)
 	w := l.startLocked(now, inflight)
 	w.n++
 	w.sum += rtt
+	w.sumBase += k.base.value()
 	l.updateLocked(now)
+}
+
+// ewma folds rtt into the moving average v (weight 1/16; the first sample
+// is the average).
+func ewma(v float64, rtt time.Duration) float64 {
+	if v == 0 {
+		return float64(rtt)
+	}
+	return v + (float64(rtt)-v)/16
 }
 
 // dropLocked takes a drop at now, with inflight in flight.
@@ -517,74 +602,184 @@ func (l *Limiter) dropLocked(now time.Time, inflight int) {
 	l.updateLocked(now)
 }
 
-// updateLocked moves the limit once the window has ended.
+// updateLocked moves the limit once the window has ended. The window's
+// queueing ratio is the sum of its samples' latencies over the sum of
+// their classes' base RTTs: with one class, the average latency over the
+// base RTT; with several, each sample compared with its own class's
+// service time, the costlier weighing more, as they hold their slots
+// longer.
 func (l *Limiter) updateLocked(now time.Time) {
 	w := &l.win
 	if now.Before(w.end) {
 		return
 	}
-	var avg time.Duration
-	if w.n > 0 {
-		avg = w.sum / time.Duration(w.n)
+	ratio := 0.0 // unknown
+	if w.n > 0 && w.sumBase > 0 {
+		ratio = float64(w.sum) / float64(w.sumBase)
 	}
-	base := l.base.value()
+	var lower bool
 	switch l.cfg.Algorithm {
 	case AIMD:
-		l.aimd(w.inflight, avg, base, w.dropped)
+		lower = l.aimd(w.inflight, ratio, w.n > 0, w.dropped)
 	default:
-		l.vegas(w.inflight, avg, base, w.dropped)
-		l.slowdownLocked(now, avg, w.inflight)
+		lower = l.vegas(w.inflight, ratio, w.dropped)
+		l.slowdownLocked(now, ratio, w.inflight)
+	}
+	if lower {
+		l.drain.lowers++
+	} else {
+		l.drain.lowers = 0
 	}
 	*w = window{}
 }
 
-// observeBase folds rtt into the base RTT, or, at a Vegas probe, starts
-// the base RTT anew from it. There is no probe while the limit sheds: the
-// latest latency may then be a queued one, and taking it for the base
-// ratcheted the limit up under a mild overload (see the package doc). Nor
-// is there one on a latency under a tenth of the base, an outlier (see
-// windowed): the probe waits for the next latency that is not one. A
-// probe on a cheap call's microseconds made them the base until four more
-// latencies came, and every call in flight looked queued.
-func (l *Limiter) observeBase(now time.Time, rtt time.Duration) {
+// observeBase folds rtt into k's base RTT, or, at a Vegas probe, starts
+// the base RTT anew from it. There is no such probe while the limit sheds:
+// the latest latency may then be a queued one, and taking it for the base
+// ratcheted the limit up under a mild overload (see the package doc); the
+// limit then probes by draining (drainLocked). Nor is there one on a
+// latency under a tenth of the base, an outlier (see windowed): the probe
+// waits for the next latency that is not one.
+func (l *Limiter) observeBase(now time.Time, k *class, rtt time.Duration) {
 	if l.cfg.Algorithm == Vegas {
-		l.probeN++
-		if l.probeN >= l.probeAt*l.limit && l.shedEW < probeShedMax && 10*rtt >= l.base.value() {
-			l.nextProbe()
+		k.probeN++
+		if k.probeN >= k.probeAt*l.limit && l.shedEW < probeShedMax && 10*rtt >= k.base.value() {
+			l.nextProbe(k)
 			l.probes++
-			l.base.reset(now, l.cfg.BaseWindow, rtt)
+			k.base.reset(now, l.cfg.BaseWindow, rtt)
 			return
 		}
 	}
-	l.base.add(now, l.cfg.BaseWindow, rtt)
+	k.base.add(now, l.cfg.BaseWindow, rtt)
 }
 
 // probeShedMax is the shed share (Limiter.shedEW) from which there is no
-// probe: about one shed request in the last 30 admitted.
+// probe on one latency: about one shed request in the last 30 admitted.
 const probeShedMax = 0.01
 
-// slowdownLocked learns, from the update of a window whose samples averaged
-// rtt with at most inflight in flight, a slowdown that made the limit shed
-// (so that no probe comes): while in use (the calls in flight at least 9/10
-// of it), the limit fell to 3/4 of what it was when it last grew, the
-// latency last moved by more than 10% or it was last not in use, while the
-// latency stayed within 10% of what it was then. Under overload the
-// latency falls with the limit, as the queue shortens; a slower service
-// does not. (A limit not in use, above the calls in flight, is no evidence:
-// lowering it changes no latency.) The base RTT then starts anew from the
-// door's service time, the least of the latest latencies.
-func (l *Limiter) slowdownLocked(now time.Time, rtt time.Duration, inflight int) {
+// drain is the probe of a limit that sheds, after TCP BBR's ProbeRTT:
+// while it sheds, a queue may hide behind every latency, so no single
+// latency can show a base RTT that has become wrong (a slower service,
+// or, with an AIMD limit, a base that a cheaper mix of requests left
+// low), and admission, which the wrong base keeps low, refuses the very
+// traffic that could correct it (REVIEW class 1). A limit that rests on
+// a wrong base RTT calls for a lower limit at every update, even at its
+// minimum, where one that found the capacity does not for long: so when
+// drainAfter updates in a row called for a lower limit while it sheds (and
+// at most once per drainEvery smoothed latencies, jittered into [½, 1) of
+// that), the limit admits only half of itself for drainFor smoothed
+// latencies: the requests
+// in flight before fall below the server's concurrency, the queue behind
+// them drains, and each class's base RTT starts anew from the least
+// latency of its requests admitted after that (by the class's own
+// completion, drainFor·srtt after the drain began at the earliest).
+type drain struct {
+	from, until time.Time // the drain under way; zero: none
+	next        time.Time // the next drain may begin then; zero: not yet set
+	lowers      int       // updates in a row that called for a lower limit
+}
+
+const (
+	drainEvery = 128 // smoothed latencies between two drains, at least half of it
+	drainFor   = 2   // smoothed latencies a drain lasts
+	drainAfter = 16  // updates in a row calling for a lower limit that begin a drain
+)
+
+// drainLocked begins or ends the limit's drain at now.
+func (l *Limiter) drainLocked(now time.Time) {
+	d := &l.drain
+	srtt := time.Duration(l.srtt)
+	switch {
+	case srtt == 0:
+	case !d.from.IsZero():
+		if !now.Before(d.until) {
+			l.endDrainLocked(now)
+		}
+	case d.next.IsZero():
+		d.next = now.Add(l.drainGap(srtt))
+	case l.shedEW >= probeShedMax && d.lowers >= drainAfter && !now.Before(d.next):
+		d.from, d.until = now, now.Add(drainFor*srtt)
+		for i := range l.cls {
+			l.cls[i].drainMin = 0
+		}
+	}
+}
+
+// drainGap is the jittered time to the next drain.
+func (l *Limiter) drainGap(srtt time.Duration) time.Duration {
+	return time.Duration(float64(drainEvery*srtt) * (0.5 + 0.5*l.cfg.Rand()))
+}
+
+// endDrainLocked ends the drain: each class that completed a request
+// admitted after it began starts its base RTT anew from the least of them.
+func (l *Limiter) endDrainLocked(now time.Time) {
+	d := &l.drain
+	probed := false
+	for i := range l.cls {
+		if k := &l.cls[i]; k.drainMin > 0 {
+			k.base.reset(now, l.cfg.BaseWindow, k.drainMin)
+			k.drainMin, probed = 0, true
+		}
+	}
+	if probed {
+		l.probes++
+	}
+	d.from, d.until = time.Time{}, time.Time{}
+	d.next = now.Add(l.drainGap(time.Duration(l.srtt)))
+}
+
+// drainSampleLocked notes the latency rtt of a request of class k that
+// completed at now, when a drain is under way and the request was
+// admitted after it began.
+func (l *Limiter) drainSampleLocked(now time.Time, k *class, rtt time.Duration) {
+	d := &l.drain
+	if d.from.IsZero() || now.Add(-rtt).Before(d.from) {
+		return
+	}
+	if k.drainMin == 0 || rtt < k.drainMin {
+		k.drainMin = rtt
+	}
+}
+
+// draining returns the cap on requests in flight while the limit drains
+// at now: half the limit, at least one; 0 when it does not drain.
+func (l *Limiter) drainCap(now time.Time) int {
+	if l.drain.from.IsZero() || !now.Before(l.drain.until) {
+		return 0
+	}
+	return max(1, int(l.limit/2))
+}
+
+// slowdownLocked learns, from the update of a window whose samples'
+// queueing ratio was ratio (see updateLocked) with at most inflight in
+// flight, a slowdown that made the limit shed (so that no probe comes):
+// while in use (the calls in flight at least 9/10 of it), the limit fell
+// to 3/4 of what it was when it last grew, the ratio last moved by more
+// than 10% or it was last not in use, while the ratio stayed within 10%
+// of what it was then. Under overload the latency falls with the limit,
+// as the queue shortens; a slower service does not. (A limit not in use,
+// above the calls in flight, is no evidence: lowering it changes no
+// latency.) Each class's base RTT then starts anew from its door's service
+// time, the least of its latest latencies.
+func (l *Limiter) slowdownLocked(now time.Time, ratio float64, inflight int) {
 	inUse := 10*float64(inflight) >= 9*l.limit
 	switch {
-	case rtt == 0:
-	case !inUse || l.anchorR == 0 || l.limit > l.anchorL || 10*rtt < 9*l.anchorR || 10*rtt > 11*l.anchorR:
-		l.anchorL, l.anchorR = l.limit, rtt
+	case ratio == 0:
+	case !inUse || l.anchorR == 0 || l.limit > l.anchorL || 10*ratio < 9*l.anchorR || 10*ratio > 11*l.anchorR:
+		l.anchorL, l.anchorR = l.limit, ratio
 	case 4*l.limit <= 3*l.anchorL:
-		if d := l.door.value(now, l.doorStale()); d > 0 {
-			l.probes++
-			l.base.reset(now, l.cfg.BaseWindow, d)
+		probed := false
+		for i := range l.cls {
+			k := &l.cls[i]
+			if d := k.door.value(now, l.doorStale(k)); d > 0 {
+				k.base.reset(now, l.cfg.BaseWindow, d)
+				probed = true
+			}
 		}
-		l.anchorL, l.anchorR = l.limit, rtt
+		if probed {
+			l.probes++
+		}
+		l.anchorL, l.anchorR = l.limit, ratio
 	}
 }
 
@@ -610,38 +805,44 @@ func (l *Limiter) grow(d, ceiling float64) {
 	}
 }
 
-// vegas is the Vegas update for a window whose samples averaged rtt, the
-// most in flight at its releases being inflight.
-func (l *Limiter) vegas(inflight int, rtt, base time.Duration, dropped bool) {
+// vegas is the Vegas update for a window whose queueing ratio was ratio
+// (0: unknown), the most in flight at its releases being inflight.
+// It reports whether the window called for a lower limit.
+func (l *Limiter) vegas(inflight int, ratio float64, dropped bool) (lower bool) {
 	lg := max(1, math.Log10(l.limit))
 	if dropped {
 		l.setLimit(l.limit - lg)
-		return
+		return true
 	}
-	if base == 0 || rtt == 0 {
-		return
+	if ratio == 0 {
+		return false
 	}
 	alpha, beta := max(1, 3*lg), max(2, 6*lg)
-	queue := math.Ceil(l.limit * (1 - float64(base)/float64(rtt)))
+	queue := math.Ceil(l.limit * (1 - 1/ratio))
 	switch ceiling := l.growCeiling(inflight); {
 	case queue > beta:
 		l.setLimit(l.limit - lg)
+		return true
 	case queue <= lg:
 		l.grow(beta, ceiling)
 	case queue < alpha:
 		l.grow(lg, ceiling)
 	}
+	return false
 }
 
-// aimd is the AIMD update.
-func (l *Limiter) aimd(inflight int, rtt, base time.Duration, dropped bool) {
-	if dropped || base > 0 && float64(rtt) > l.cfg.Tolerance*float64(base) {
+// aimd is the AIMD update: sampled reports whether the window had a
+// sample, ratio its queueing ratio (0: no base RTT yet). It reports whether
+// the window called for a lower limit.
+func (l *Limiter) aimd(inflight int, ratio float64, sampled, dropped bool) (lower bool) {
+	if dropped || ratio > l.cfg.Tolerance {
 		l.setLimit(l.limit * l.cfg.Backoff)
-		return
+		return true
 	}
-	if rtt > 0 {
+	if sampled {
 		l.grow(1, l.growCeiling(inflight))
 	}
+	return false
 }
 
 // Snapshot returns l's state and counters at now.
@@ -650,9 +851,10 @@ func (l *Limiter) Snapshot(now time.Time) Snapshot {
 	defer l.mu.Unlock()
 	l.rotateLocked(now)
 	l.ten.sweep(now)
+	k := l.busiestLocked()
 	return Snapshot{
 		Limit: int(l.limit), InFlight: l.inflight, Queued: len(l.q.w),
-		BaseRTT: l.base.value(), DoorRTT: l.doorLocked(now), SmoothedRTT: time.Duration(l.srtt),
-		Count: l.count, Probes: l.probes, Tenants: l.ten.active(now),
+		BaseRTT: k.base.value(), DoorRTT: l.doorLocked(now, k), SmoothedRTT: time.Duration(l.srtt),
+		Count: l.count, Probes: l.probes, Tenants: l.ten.active(now), Classes: len(l.cls),
 	}
 }

@@ -114,9 +114,9 @@ func releaseAt(l *Limiter, inflight int, rtt time.Duration, dropped bool) int {
 // holding b alone.
 func pinBase(l *Limiter, b time.Duration) {
 	l.cfg.BaseWindow = 1000 * time.Hour
-	l.base.reset(t0, l.cfg.BaseWindow, b)
+	l.cls[0].base.reset(t0, l.cfg.BaseWindow, b)
 	l.srtt = float64(time.Microsecond) // the window of an update ends at once
-	l.cfg.ProbeMultiplier, l.probeAt = 1000, 1000
+	l.cfg.ProbeMultiplier, l.cls[0].probeAt = 1000, 1000
 }
 
 // TestVegasSteps pins the four cases of the Vegas update at L = 100
@@ -613,6 +613,12 @@ func TestVegasLearnsSlowdown(t *testing.T) {
 // open loop, and returns the utilization of the slots and the p99 latency
 // of the requests admitted in the last 3s.
 func simulate(l *Limiter, n int, svc time.Duration, load float64, secs int) (util float64, p99 time.Duration) {
+	return simulateSlowdown(l, n, svc, svc, 0, load, secs)
+}
+
+// simulateSlowdown is simulate with a service time that becomes slow from
+// the time at on, for good; load is in multiples of the capacity before.
+func simulateSlowdown(l *Limiter, n int, svc, slow, at time.Duration, load float64, secs int) (util float64, p99 time.Duration) {
 	type req struct {
 		start, done time.Time
 		slot        Slot
@@ -649,10 +655,14 @@ func simulate(l *Limiter, n int, svc time.Duration, load float64, secs int) (uti
 		if free[k].After(now) {
 			start = free[k]
 		}
-		done := start.Add(svc)
+		took := svc
+		if at > 0 && !start.Before(t0.Add(at)) {
+			took = slow
+		}
+		done := start.Add(took)
 		free[k] = done
 		if !now.Before(from) {
-			busy += svc
+			busy += took
 		}
 		j := len(running)
 		for j > 0 && running[j-1].done.After(done) {
@@ -733,15 +743,37 @@ func TestSlowdownDetectorAnchorsOnRise(t *testing.T) {
 	ms := time.Millisecond
 	l := mustNew(t, Config{})
 	pinBase(l, 50*ms)
-	l.door.add(t0, 86*ms) // the least of the queued latencies
+	l.cls[0].door.add(t0, 86*ms) // the least of the queued latencies
 	for _, w := range []struct {
 		limit float64
 		rtt   time.Duration
 	}{{20, 51 * ms}, {27.8, 51 * ms}, {29.25, 53 * ms}, {26, 117 * ms}, {23, 122 * ms}, {22, 111 * ms}, {20.8, 110 * ms}} {
 		l.setLimit(w.limit)
-		l.slowdownLocked(t0, w.rtt, int(w.limit))
+		l.slowdownLocked(t0, float64(w.rtt)/float64(50*ms), int(w.limit))
 	}
 	if got := l.BaseRTT(t0); got != 50*ms {
 		t.Errorf("base RTT = %v, want it held at 50ms", got)
+	}
+}
+
+// TestDrainLearnsASlowdownWhileShedding pins the probe of a limit that
+// sheds (issue 33, REVIEW class 1): a server of 8 slots whose service
+// becomes three times slower for good (10ms, then 30ms) under twice its
+// first capacity. AIMD does not probe, and its base RTT stayed at 10ms
+// while every latency was 30ms or more: the limit fell to its minimum and
+// stayed there while it shed (a state that only the traffic it refused
+// could move), until the base's windows aged out a minute later, using
+// one slot of 8. Now the limit drains to half of itself now and then while
+// it sheds, so that a latency without a queue shows the new service time:
+// the slots are busy again.
+func TestDrainLearnsASlowdownWhileShedding(t *testing.T) {
+	for _, alg := range []Algorithm{AIMD, Vegas} {
+		l := mustNew(t, Config{Algorithm: alg, Rand: func() float64 { return 0.5 }})
+		util, p99 := simulateSlowdown(l, 8, 10*time.Millisecond, 30*time.Millisecond, 5*time.Second, 2, 20)
+		sn := l.Snapshot(t0.Add(20 * time.Second))
+		t.Logf("algorithm %d: utilization of the last 3s %.3f, p99 %v, %+v", alg, util, p99, sn)
+		if util < 0.9 || p99 > 3*30*time.Millisecond {
+			t.Errorf("algorithm %d: utilization %.3f and p99 %v in the last 3s after the slowdown; want ≥ 0.9 and ≤ 90ms", alg, util, p99)
+		}
 	}
 }

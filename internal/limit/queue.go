@@ -16,11 +16,12 @@ const (
 type Waiter struct {
 	ready chan struct{} // receives once when the waiter is granted or evicted; buffered
 	// Set by Enqueue, immutable until Leave:
-	crit Criticality
-	t    *tenant
-	left time.Duration // of its deadline when it arrived
-	at   time.Time     // when it arrived
-	seq  uint64        // arrival order
+	crit  Criticality
+	class int // cost class
+	t     *tenant
+	left  time.Duration // of its deadline when it arrived
+	at    time.Time     // when it arrived
+	seq   uint64        // arrival order
 	// Guarded by the Limiter's mutex:
 	state waiterState
 	idx   int  // position in queue.w while waiting
@@ -35,7 +36,8 @@ func (w *Waiter) Ready() <-chan struct{} { return w.ready }
 // queue holds the waiters of a Limiter, in no order; guarded by its mutex.
 // Every operation scans it, so it is meant to be short (MaxQueue).
 type queue struct {
-	max  int // immutable; 0: no queue
+	max  int      // immutable; 0: no queue
+	ten  *tenants // the Limiter's; immutable
 	w    []*Waiter
 	seq  uint64
 	free []*Waiter // waiters done with, for reuse: a queued call allocates nothing once the queue has been as long
@@ -70,7 +72,7 @@ func (q *queue) put(w *Waiter) {
 var rank = [NumCriticalities]int{Sheddable: 0, SheddablePlus: 1, Critical: 2, CriticalPlus: 3}
 
 // load is how much of the limit a waiter's tenant holds or waits for.
-func (w *Waiter) load() int { return w.t.inflight + w.t.queued }
+func (w *Waiter) load() int { return w.t.load() }
 
 // before reports whether a is served before b: the more critical first,
 // then the one whose tenant has fewer requests in flight, then the older.
@@ -120,7 +122,7 @@ func displaces(newcomer, w *Waiter) bool {
 func (q *queue) add(w *Waiter) {
 	w.idx = len(q.w)
 	q.w = append(q.w, w)
-	w.t.queued++
+	q.ten.queue(w.t, 1)
 }
 
 func (q *queue) remove(w *Waiter) {
@@ -128,7 +130,7 @@ func (q *queue) remove(w *Waiter) {
 	q.w[w.idx], last.idx = last, w.idx
 	q.w[len(q.w)-1] = nil
 	q.w = q.w[:len(q.w)-1]
-	w.t.queued--
+	q.ten.queue(w.t, -1)
 }
 
 // Enqueue puts a request that Acquire shed over the limit (ShedLimit) in
@@ -146,7 +148,7 @@ func (l *Limiter) Enqueue(now time.Time, r Request) (w *Waiter, ok bool) {
 	defer l.mu.Unlock()
 	w = l.q.get()
 	l.q.seq++
-	w.crit, w.t, w.left, w.at, w.seq, w.state = c, l.ten.get(now, r.Tenant), r.Left, now, l.q.seq, waiting
+	w.crit, w.class, w.t, w.left, w.at, w.seq, w.state = c, r.Class, l.ten.get(now, r.Tenant), r.Left, now, l.q.seq, waiting
 	if len(l.q.w) >= l.q.max {
 		out := l.q.w[l.q.worst()]
 		if !displaces(w, out) {
@@ -196,7 +198,7 @@ func (l *Limiter) handoffLocked(now time.Time) {
 		if left != NoDeadline {
 			left -= now.Sub(next.at)
 		}
-		next.slot = l.admitLocked(next.crit, next.t, left)
+		next.slot = l.admitLocked(next.crit, next.t, left, next.class)
 		next.state = granted
 		next.ready <- struct{}{}
 	}

@@ -72,27 +72,30 @@ func TestDoorAgesWithTime(t *testing.T) {
 		l.Release(t0, s, 100*ms, Completed)
 	}
 	tests := []struct {
-		at   time.Duration
-		door time.Duration
+		at       time.Duration
+		door     time.Duration
+		admitted bool
 	}{
-		{0, 100 * ms},
-		{799 * ms, 100 * ms},
-		{800 * ms, 0}, // 8 smoothed latencies (100ms) without one: open
+		{0, 100 * ms, false},
+		{798 * ms, 100 * ms, true}, // the door lets one through per service time (TestDoorLetsOneThrough)
+		{799 * ms, 100 * ms, false},
+		{800 * ms, 0, true}, // 8 smoothed latencies (100ms) without one: open
+		{801 * ms, 0, true},
 	}
 	for _, tt := range tests {
 		now := t0.Add(tt.at)
-		if got := l.DoorRTT(now); got != tt.door {
+		if got := l.DoorRTT(now, 0); got != tt.door {
 			t.Errorf("DoorRTT at %v = %v, want %v", tt.at, got, tt.door)
 		}
 		s, v, _ := l.Acquire(now, Request{Left: 50 * ms})
-		if want := tt.door == 0; (v == Admitted) != want {
-			t.Errorf("at %v a request with 50ms left: %v, want admitted %v", tt.at, v, want)
+		if (v == Admitted) != tt.admitted {
+			t.Errorf("at %v a request with 50ms left: %v, want admitted %v", tt.at, v, tt.admitted)
 		}
 		l.Abandon(now, s)
 	}
 	s := admit(t, l, Request{Left: NoDeadline})
 	l.Release(t0.Add(time.Second), s, 5*ms, Completed)
-	if got := l.DoorRTT(t0.Add(time.Second)); got != 5*ms {
+	if got := l.DoorRTT(t0.Add(time.Second), 0); got != 5*ms {
 		t.Errorf("after a 5ms latency: DoorRTT = %v, want 5ms", got)
 	}
 }
@@ -123,7 +126,7 @@ func TestDoorFollowsTheFastest(t *testing.T) {
 		for range st.n {
 			sample(st.rtt)
 		}
-		if got := l.DoorRTT(t0); got != st.door {
+		if got := l.DoorRTT(t0, 0); got != st.door {
 			t.Errorf("step %d: DoorRTT = %v, want %v", i, got, st.door)
 		}
 	}
@@ -133,14 +136,16 @@ func TestDoorFollowsTheFastest(t *testing.T) {
 }
 
 // TestDoorLetsOneThrough: a door that refuses a deadline still lets one
-// such request through every 8 door windows, counted from the first
-// sample, so that calls faster than those that completed can show it
-// (issue 19, defect 1).
+// such request through every door service time, counted from the last
+// one let through (the first sample at first), so that calls faster than
+// those that completed can show it within about one service time (issue
+// 19, defect 1; issue 33: every 8 door windows, 6.4s here, kept an idle
+// door shut for 3.21s after the service was fast again).
 func TestDoorLetsOneThrough(t *testing.T) {
 	l := mustNew(t, Config{})
 	ms := time.Millisecond
 	s := admit(t, l, Request{Left: NoDeadline})
-	l.Release(t0, s, 100*ms, Completed) // door 100ms, windows of 800ms, a pass every 6.4s
+	l.Release(t0, s, 100*ms, Completed) // door 100ms: a pass every 100ms
 	keep := func(at time.Duration) {    // keeps the door's windows fed
 		s := admit(t, l, Request{Left: NoDeadline})
 		l.Release(t0.Add(at), s, 100*ms, Completed)
@@ -150,11 +155,12 @@ func TestDoorLetsOneThrough(t *testing.T) {
 		want Verdict
 	}{
 		{0, ShedDeadline},
-		{6399 * ms, ShedDeadline},
-		{6400 * ms, Admitted}, // the pass
-		{6401 * ms, ShedDeadline},
-		{12799 * ms, ShedDeadline},
-		{12800 * ms, Admitted},
+		{99 * ms, ShedDeadline},
+		{100 * ms, Admitted}, // the pass
+		{101 * ms, ShedDeadline},
+		{199 * ms, ShedDeadline},
+		{200 * ms, Admitted},
+		{250 * ms, ShedDeadline},
 	}
 	for _, tt := range tests {
 		keep(tt.at)

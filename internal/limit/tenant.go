@@ -18,10 +18,68 @@ type tenant struct {
 // busy reports whether t holds a slot or waits for one.
 func (t *tenant) busy() bool { return t.inflight > 0 || t.queued > 0 }
 
-// add changes t's requests in flight by d and follows them in held.
-func (t *tenant) add(d int) {
+// add changes t's requests in flight by d and follows them in held, and
+// the count of busy tenants in ts.
+func (ts *tenants) add(t *tenant, d int) {
+	was := t.load()
 	t.inflight += d
 	t.held += (float64(t.inflight) - t.held) / 16
+	ts.follow(t, was)
+}
+
+// queue changes t's requests queued by d, and the counts of light and
+// heavy tenants.
+func (ts *tenants) queue(t *tenant, d int) {
+	was := t.load()
+	t.queued += d
+	ts.follow(t, was)
+}
+
+// follow counts t in or out of the light and heavy tenants, whose load
+// was was before its requests changed.
+func (ts *tenants) follow(t *tenant, was int) {
+	ts.count(was, -1)
+	ts.count(t.load(), 1)
+}
+
+// count adds d to the tenants of load n: light (one request in flight or
+// queued) or heavy (more).
+func (ts *tenants) count(n, d int) {
+	switch {
+	case n == 1:
+		ts.light += d
+	case n > 1:
+		ts.heavy += d
+	}
+}
+
+// load is what t holds or waits for.
+func (t *tenant) load() int { return t.inflight + t.queued }
+
+// fairShare returns how many tenants share a limit of limit slots when t
+// asks for one more, and t's fair share of it: the max-min fair share over
+// the tenants with requests in flight or queued (t counted with the one it
+// asks for), their demands known to two levels. A light tenant (one
+// request) holds one slot, which is at most any share; the heavy ones
+// (more) share what the light ones leave equally. A tenant that called
+// within the idle time and holds nothing is no claimant, and one with a
+// single call takes one slot, not a share: dividing the limit by every
+// tenant seen (issue 33, finding 4) made 60 tenants calling once every 2s
+// shrink each share under a slot, and a tenant at half its share was no
+// longer kept from another's flood.
+func (ts *tenants) fairShare(t *tenant, limit int) (n int, fair float64) {
+	light, heavy := ts.light, ts.heavy
+	switch t.load() { // t with the request it asks for
+	case 0:
+		light++
+	case 1:
+		light, heavy = light-1, heavy+1
+	}
+	n = light + heavy
+	if heavy == 0 {
+		return n, float64(limit)
+	}
+	return n, float64(limit-light) / float64(heavy)
 }
 
 // MaxTenantName is the longest tenant name a Limiter remembers, in bytes:
@@ -43,6 +101,7 @@ type tenants struct {
 	idle time.Duration // immutable
 
 	def, overflow tenant
+	light, heavy  int                // tenants with one request in flight or queued, with more
 	named         map[string]*tenant // nil until the first named tenant
 	head, tail    *tenant            // the named tenants, most recently seen first
 	free          *tenant            // forgotten tenants, for reuse
@@ -168,10 +227,12 @@ func (ts *tenants) under(now time.Time, t *tenant, fair float64, most int) int {
 // TenantShare is one tenant's standing in a Limiter at one instant, for an
 // operator (Limiter.TenantShare).
 type TenantShare struct {
-	// Tenants is the number of tenants sharing the limit.
+	// Tenants is the number of tenants with requests in flight or queued,
+	// the tenant counted with one more request, as admission counts them
+	// when it asks for one.
 	Tenants int
-	// Fair is the tenant's fair share of the criticality's share of the
-	// limit: that share divided by Tenants.
+	// Fair is the tenant's max-min fair share of the criticality's share
+	// of the limit among them (tenants.fairShare).
 	Fair float64
 	// InFlight is the tenant's requests in flight; Held, the moving
 	// average of InFlight that admission compares with Fair.
@@ -184,31 +245,37 @@ type TenantShare struct {
 }
 
 // TenantShare returns the standing at now of the tenant key ("" the
-// default tenant) for requests of criticality c, as mayAdmit judges it; a
-// tenant it does not remember holds nothing (the overflow tenant's
-// standing when the named tenants are at their bound). It remembers
-// nothing new, so that an observer's question cannot grow the tenants.
+// default tenant) for requests of criticality c, as mayAdmitLocked judges
+// it when the tenant asks for one more slot; a tenant it does not remember
+// holds nothing (the overflow tenant's standing when the named tenants are
+// at their bound). It remembers nothing new, so that an observer's question
+// cannot grow the tenants.
 func (l *Limiter) TenantShare(now time.Time, c Criticality, key string) TenantShare {
 	c = c.valid()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ts := &l.ten
-	var t *tenant
+	var unknown tenant
+	t := &unknown
 	switch {
 	case key == "":
 		t = &ts.def
 	case len(key) > MaxTenantName:
 		t = &ts.overflow
 	default:
-		if t = ts.named[key]; t == nil && len(ts.named) >= ts.max {
+		if nt := ts.named[key]; nt != nil {
+			t = nt
+		} else if len(ts.named) >= ts.max {
 			t = &ts.overflow
 		}
 	}
-	n := ts.active(now)
-	s := TenantShare{Tenants: n, Fair: float64(l.caps[c]) / float64(max(n, 1))}
-	if t != nil {
-		s.InFlight, s.Held = t.inflight, t.held
+	limit := l.caps[c]
+	if d := l.drainCap(now); d > 0 {
+		limit = min(limit, d)
 	}
-	s.Over = n > 1 && (s.Held >= s.Fair || float64(s.InFlight) >= 2*s.Fair)
-	return s
+	n, fair := ts.fairShare(t, limit)
+	return TenantShare{
+		Tenants: n, Fair: fair, InFlight: t.inflight, Held: t.held,
+		Over: n > 1 && (t.held >= fair || float64(t.inflight) >= 2*fair),
+	}
 }

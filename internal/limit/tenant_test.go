@@ -144,38 +144,48 @@ func TestQueueFairAmongTenants(t *testing.T) {
 	}
 }
 
-// TestTenantShareMatchesAdmission: TenantShare says a tenant is over its
-// share exactly when Acquire sheds it for that (limit 10, CRITICAL's share
-// 9, two tenants: a fair share of 4.5), and asking about a tenant the
-// limit does not know remembers nothing.
+// TestTenantShareMatchesAdmission: TenantShare reads a tenant's standing
+// as admission judges it (limit 10, CRITICAL's share 9): alone, a tenant
+// takes the share and is shed at it, under its own share; once tenant b
+// holds two requests and c one, c takes one slot and the heavy tenants
+// share the rest, max-min: noisy's fair share is (9-1)/2 = 4, and its 9 in
+// flight are over twice that, so it is over its share when it is shed. Asking about a tenant the limit does not know counts it as
+// admission would, and remembers nothing.
 func TestTenantShareMatchesAdmission(t *testing.T) {
 	l := fixed(t, 10, 0)
-	if _, v, _ := l.Acquire(t0, Request{Tenant: "quiet", Left: NoDeadline}); v != Admitted {
-		t.Fatalf("quiet's first request: %v", v)
+	acquire := func(tenant string) Verdict {
+		_, v, _ := l.Acquire(t0, Request{Tenant: tenant, Left: NoDeadline})
+		return v
 	}
-	if sh := l.TenantShare(t0, Critical, "noisy"); sh.Over || sh.InFlight != 0 || sh.Tenants != 1 {
-		t.Errorf("TenantShare(noisy) before it sent anything = %+v, want not over, nothing in flight, 1 tenant", sh)
-	}
-	if n := l.Snapshot(t0).Tenants; n != 1 {
-		t.Errorf("after TenantShare of an unknown tenant, %d tenants, want 1 (nothing remembered)", n)
-	}
-	for i := 1; ; i++ {
-		_, v, _ := l.Acquire(t0, Request{Tenant: "noisy", Left: NoDeadline})
-		sh := l.TenantShare(t0, Critical, "noisy")
-		if v != Admitted {
-			if !sh.Over || sh.Tenants != 2 || sh.Fair != 4.5 {
-				t.Errorf("noisy shed after %d admissions; TenantShare = %+v, want over its fair share of 4.5 among 2", i-1, sh)
-			}
-			break
-		}
-		if sh.InFlight != i {
-			t.Errorf("after %d admissions, TenantShare(noisy).InFlight = %d", i, sh.InFlight)
-		}
-		if i > 20 {
-			t.Fatal("noisy never shed")
+	for i := 1; i <= 9; i++ {
+		if v := acquire("noisy"); v != Admitted {
+			t.Fatalf("noisy alone, request %d: %v, want admitted", i, v)
 		}
 	}
-	if sh := l.TenantShare(t0, Critical, "quiet"); sh.Over || sh.InFlight != 1 {
-		t.Errorf("TenantShare(quiet) = %+v, want under its share with 1 in flight", sh)
+	if v := acquire("noisy"); v == Admitted {
+		t.Fatal("noisy alone: admitted over CRITICAL's share of 9")
+	}
+	if sh := l.TenantShare(t0, Critical, "noisy"); sh.Over || sh.Tenants != 1 || sh.InFlight != 9 {
+		t.Errorf("TenantShare(noisy) alone = %+v, want not over (one tenant), 9 in flight", sh)
+	}
+	for _, ten := range []string{"b", "b", "c"} {
+		if v := acquire(ten); v != Admitted {
+			t.Fatalf("tenant %s under its share: %v, want admitted", ten, v)
+		}
+	}
+	if v := acquire("noisy"); v == Admitted {
+		t.Fatal("noisy over its share: admitted")
+	}
+	if sh := l.TenantShare(t0, Critical, "noisy"); !sh.Over || sh.Tenants != 3 || sh.Fair != 4 {
+		t.Errorf("TenantShare(noisy) = %+v, want over its fair share of 4 among 3", sh)
+	}
+	if sh := l.TenantShare(t0, Critical, "b"); sh.Over || sh.InFlight != 2 || sh.Tenants != 3 {
+		t.Errorf("TenantShare(b) = %+v, want under its share with 2 in flight, 3 tenants", sh)
+	}
+	if sh := l.TenantShare(t0, Critical, "unknown"); sh.Over || sh.InFlight != 0 || sh.Tenants != 4 {
+		t.Errorf("TenantShare(unknown) = %+v, want not over, nothing in flight, 4 tenants with it", sh)
+	}
+	if n := l.Snapshot(t0).Tenants; n != 3 {
+		t.Errorf("after TenantShare of an unknown tenant, %d tenants, want 3 (nothing remembered)", n)
 	}
 }

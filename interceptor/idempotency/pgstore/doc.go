@@ -76,9 +76,12 @@
 //     work behind. An unstored code (UNAVAILABLE, ABORTED, ...; see
 //     server.Idempotency.UnstoredCodes) or a panic rolls back everything,
 //     writes and claim: the retry runs the call again. So does a
-//     serialization failure or a deadlock (SQLSTATE 40001, 40P01) that the
-//     handler met, whatever it returned, or that COMMIT met: the call gets
-//     ABORTED with the retry hint, and nothing is stored.
+//     serialization failure or a deadlock (SQLSTATE 40001, 40P01), or a
+//     wait cut short by lock_timeout or statement_timeout (55P03, 57014),
+//     that the handler met and did not recover from (in a savepoint), or
+//     that COMMIT met: the call gets ABORTED with the retry hint, and
+//     nothing is stored (stored, the error would be replayed for the TTL,
+//     long after the other transaction had gone).
 //
 // A first execution thus costs one round trip more than the handler's own
 // transaction would (BEGIN, its statements, COMMIT): the lookup (a test
@@ -127,8 +130,12 @@
 //   - synchronous_commit on: a commit is acknowledged only once its WAL is
 //     on disk. With it off (a common tuning), a crash of PostgreSQL loses
 //     acknowledged commits: a reply sent, its record and writes gone, and
-//     the retry runs the call again. The store's own bookkeeping outside
-//     the joined transaction (the quota's count, the reaper) keeps it off.
+//     the retry runs the call again. The record's statement, right before
+//     COMMIT (and a phase's), sets it on again, so that the handler's own
+//     SET LOCAL synchronous_commit = off, SET or RESET ALL in the
+//     transaction cannot undo it for the commit. The store's own
+//     bookkeeping outside the joined transaction (the quota's count, the
+//     reaper) keeps it off.
 //   - idle_in_transaction_session_timeout ([WithTxIdleTimeout], 1 minute):
 //     it ends the session of an owner cut off inside its transaction (a
 //     partition, a frozen process), which frees its key; PostgreSQL's
@@ -239,7 +246,9 @@
 // trip), on the same table, under a lease renewed by the interceptor, as
 // with Redis, for teams with PostgreSQL and no Redis. Its guarantee is the
 // Redis store's: the record commits apart from the handler's writes, so a
-// crash between the two runs the call again once the lease has ended. A
+// crash between the two runs the call again once the lease has ended. Its
+// claim and its record are durable whatever the server's
+// synchronous_commit (their statements set it on). A
 // lease-mode claim of a key that a joined transaction holds waits for it up
 // to the lock timeout, then reports it in progress; the two modes may share
 // one schema.
@@ -292,7 +301,9 @@
 // Stores are safe for concurrent use by many goroutines and processes.
 // The transaction [Tx] returns belongs to one call, until its handler
 // returns: its statements take turns with the store's (step 3 above), and
-// fail with pgx.ErrTxClosed after. Statements of the handler's goroutines
-// at once are its own to order, as on any pgx connection. A [Completer]
+// fail with pgx.ErrTxClosed after. It runs one statement at a time, as a
+// pgx connection does: a statement sent while another is under way (the
+// handler's goroutines at once) fails with [ErrTxBusy] and sends nothing,
+// so the handler orders them. A [Completer]
 // and its CompleteFunc may run on many replicas at once.
 package pgstore

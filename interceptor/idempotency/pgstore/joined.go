@@ -278,6 +278,25 @@ func isConflict(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
+// isTransient reports whether err, met by a statement of the handler, is a
+// failure of the moment that a retry of the call may well not meet: a
+// conflict (isConflict), or a wait cut short, for a lock held by another
+// transaction (lock_timeout, 55P03) or for the statement itself
+// (statement_timeout, or a cancel request: 57014). Such an outcome is
+// never stored: stored, it would be replayed for the TTL to every retry,
+// long after the other transaction, or the load, had gone.
+func isTransient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "40001", "40P01", "55P03", "57014":
+		return true
+	}
+	return false
+}
+
 // isEndedByHandler reports whether err is resilience_idem_owns's: the
 // transaction is not the claim's, the handler ended it.
 func isEndedByHandler(err error) bool {
@@ -315,7 +334,7 @@ type txn struct {
 	// What the handler's statements did, as the gate saw them:
 	ended        bool  // one left the connection outside any transaction: the handler's COMMIT or ROLLBACK
 	commitCalled bool  // the handler called the view's Commit (which refuses): see Commit
-	conflict     error // one failed with a serialization failure or a deadlock
+	conflict     error // one failed with a serialization failure, a deadlock, or a lock or statement timeout (isTransient)
 	aborted      error // the failure that left the transaction aborted; nil while it is not
 }
 
@@ -377,7 +396,8 @@ const commitTimeout = 10 * time.Second
 // of its own.
 //
 // It stores nothing of the outcome, and returns an error that says why, when
-// the transaction met a serialization failure or a deadlock (wrapping
+// the transaction met a serialization failure, a deadlock, or a lock or
+// statement timeout (wrapping
 // idempotency.ErrTxConflict: nothing committed, the retry runs again), or
 // when the handler broke the transaction's rules: it ended the transaction
 // itself, or answered success over a transaction that a failed statement
@@ -575,6 +595,16 @@ var ErrHandlerCommit = errors.New("pgstore: the joined transaction is committed 
 // [Tx]), not the handler's.
 var ErrTxEnded = errors.New("pgstore: the handler ended its joined transaction itself (COMMIT or ROLLBACK through Tx); " +
 	"no statement runs after it, and the call's outcome is an INTERNAL error stored for its key")
+
+// ErrTxBusy is returned by a statement of a joined transaction sent while
+// another statement of it is under way: from another goroutine of the
+// handler's, or from the same one with rows not yet closed (Query until
+// Close, QueryRow until Scan, SendBatch until Close). A PostgreSQL
+// connection runs one statement at a time; the statement is not sent. pgx
+// answers "conn busy" in the same case when it notices, but two goroutines
+// at once on one connection race, and can leave it unable to commit.
+var ErrTxBusy = errors.New("pgstore: another statement of the joined transaction is under way " +
+	"(a connection runs one at a time: wait for it, and close its rows)")
 
 // Tx returns the transaction of a keyed call in joined mode, for its
 // handler: its writes commit with the call's record, or not at all. ok is

@@ -22,8 +22,12 @@ import (
 //   - a handler's statement enters (txn.enter) for its whole round trip:
 //     Exec, Prepare, CopyFrom and Begin until they return; Query until its
 //     rows are closed (Close, or Next returning false); QueryRow until Scan;
-//     SendBatch until its results are closed. Statements enter together, as
-//     they do without the store: the handler orders them.
+//     SendBatch until its results are closed. One at a time: a statement
+//     sent while another is under way (from another goroutine, or rows not
+//     yet closed) fails at once with ErrTxBusy and sends nothing. pgx says
+//     "conn busy" in that case when it sees it, but its check is not safe
+//     for concurrent use: two goroutines' statements at once race on the
+//     connection, and leave it in a state where the store's commit fails.
 //   - a phase's commit stops new statements (they wait for it) and waits
 //     for those under way; the end of the txn (Commit, Rollback) stops
 //     them for good (they fail with pgx.ErrTxClosed) and waits likewise.
@@ -36,14 +40,16 @@ import (
 // When a statement's round trip ends (txn.exit), the gate reads what it
 // did to the transaction (txn.observe): the connection left outside any
 // transaction (the handler's COMMIT or ROLLBACK: every statement after is
-// refused with ErrTxEnded), a serialization failure or deadlock, the
-// failure that aborted the transaction. The commit reads them.
+// refused with ErrTxEnded), a serialization failure, a deadlock, or a lock
+// or statement timeout (isTransient), the failure that aborted the
+// transaction. The commit reads them.
 
 // enter admits a statement of the handler: it returns the connection and
 // the transaction's generation; the caller calls exit once the statement's
 // round trip has ended. While a phase commits, it waits for the commit;
-// once the txn has ended, it returns pgx.ErrTxClosed, and once the handler
-// ended the transaction itself, ErrTxEnded.
+// once the txn has ended, it returns pgx.ErrTxClosed, once the handler
+// ended the transaction itself, ErrTxEnded, and while another statement is
+// under way, ErrTxBusy.
 func (t *txn) enter() (*pgx.Conn, int, error) {
 	t.mu.Lock()
 	for t.excl != nil && !t.done {
@@ -58,6 +64,8 @@ func (t *txn) enter() (*pgx.Conn, int, error) {
 		return nil, 0, pgx.ErrTxClosed
 	case t.ended:
 		return nil, 0, ErrTxEnded
+	case t.busy > 0:
+		return nil, 0, ErrTxBusy
 	}
 	t.busy++
 	return t.conn.Conn(), t.gen, nil
@@ -82,7 +90,7 @@ var errAbortedUnseen = errors.New("a statement failed")
 // observe records what a statement of the handler, whose error was err,
 // did to the transaction. t.mu is held.
 func (t *txn) observe(err error) {
-	if err != nil && t.conflict == nil && isConflict(err) {
+	if err != nil && t.conflict == nil && isTransient(err) {
 		t.conflict = err
 	}
 	pc := t.conn.Conn().PgConn()

@@ -228,7 +228,8 @@ func WithReaper(interval time.Duration, batch int) Option {
 // isolation level (default: PostgreSQL's default, READ COMMITTED unless the
 // server says otherwise). BeginQuery and CommitQuery are not supported.
 // Under REPEATABLE READ and SERIALIZABLE, a serialization failure (or a
-// deadlock, under any level) is never stored as the call's outcome: the
+// deadlock, or a lock or statement timeout, under any level) is never
+// stored as the call's outcome: the
 // interceptor answers ABORTED with its retry hint, and the retry runs the
 // call again (see Tx).
 func WithTxOptions(opts pgx.TxOptions) Option {

@@ -198,6 +198,8 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    -- A claim acknowledged and then lost in a crash of the database would let a duplicate run beside its owner.
+    PERFORM set_config('synchronous_commit', 'on', true);
     FOR attempt IN 1..3 LOOP
         SELECT * INTO r FROM __SCHEMA__.resilience_idempotency WHERE id = p_id FOR UPDATE;
         IF FOUND AND r.expires_at > now THEN
@@ -249,6 +251,9 @@ DECLARE
     now timestamptz := statement_timestamp();
     r __SCHEMA__.resilience_idempotency%ROWTYPE;
 BEGIN
+    -- The record is acknowledged to the interceptor, which answers the caller: whatever the server's
+    -- synchronous_commit, a crash of the database must not lose it (the next duplicate would run again).
+    PERFORM set_config('synchronous_commit', 'on', true);
     SELECT * INTO r FROM __SCHEMA__.resilience_idempotency WHERE id = p_id FOR UPDATE;
     IF FOUND AND r.token = p_token AND r.record IS NULL THEN
         UPDATE __SCHEMA__.resilience_idempotency SET record = p_record, token = NULL, lease_until = NULL,
@@ -646,7 +651,10 @@ BEGIN
     END IF;
 END $$;
 
--- resilience_idem_complete_joined completes the joined transaction's own row, in that transaction.
+-- resilience_idem_complete_joined completes the joined transaction's own row, in that transaction, right
+-- before its COMMIT. It pins synchronous_commit on again: the claim's pin is the transaction's first
+-- statement, and a statement of the handler after it may have undone it (SET LOCAL synchronous_commit = off,
+-- a plain SET, RESET ALL), and the COMMIT that follows is acknowledged to the caller.
 CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_complete_joined(p_id bytea, p_token text, p_xid bigint,
     p_record bytea, p_size integer, p_ttl_ms bigint, p_retain_ms bigint)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -654,6 +662,7 @@ DECLARE
     now timestamptz := clock_timestamp();
 BEGIN
     PERFORM __SCHEMA__.resilience_idem_owns(p_xid);
+    PERFORM set_config('synchronous_commit', 'on', true);
     UPDATE __SCHEMA__.resilience_idempotency SET record = p_record, token = NULL, pending = false,
         lease_until = NULL, retain_until = now + p_retain_ms * interval '1 millisecond',
         expires_at = now + p_ttl_ms * interval '1 millisecond', size = p_size, phases = '{}', phase_results = '{}'
@@ -665,7 +674,8 @@ BEGIN
 END $$;
 
 -- resilience_idem_phase_joined writes a phase's recovery point in the joined transaction, which commits it
--- next: the row is then committed in progress, resumable (pending false), its end moved to p_hold_ms on.
+-- next: the row is then committed in progress, resumable (pending false), its end moved to p_hold_ms on. Like
+-- resilience_idem_complete_joined, it pins synchronous_commit on again for that COMMIT.
 CREATE OR REPLACE FUNCTION __SCHEMA__.resilience_idem_phase_joined(p_id bytea, p_token text, p_xid bigint,
     p_name text, p_result bytea, p_lease_ms bigint, p_hold_ms bigint)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -673,6 +683,7 @@ DECLARE
     now timestamptz := clock_timestamp();
 BEGIN
     PERFORM __SCHEMA__.resilience_idem_owns(p_xid);
+    PERFORM set_config('synchronous_commit', 'on', true);
     UPDATE __SCHEMA__.resilience_idempotency SET phases = phases || p_name,
         phase_results = phase_results || coalesce(p_result, ''::bytea), pending = false,
         lease_until = now + p_lease_ms * interval '1 millisecond',

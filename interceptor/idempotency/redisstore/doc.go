@@ -170,8 +170,21 @@
 // once. A retry that reaches another replica then waits for the lease, as
 // before.
 //
-// Operations are bounded by the context and by the client's own timeouts; a
-// client for this store should keep go-redis's retries low (MaxRetries, and
+// Every operation returns once its context is done (its deadline passed or
+// it was cancelled), whatever Redis does, as the idempotency.Store contract
+// asks: go-redis by default reads a reply until its own ReadTimeout (5 s)
+// whatever the context says, and with ContextTimeoutEnabled it heeds only a
+// deadline, never a cancellation, so the store runs each round trip on a
+// goroutine of its own when the context can end, and returns at the
+// context's end with an error wrapping the context's error. The round trip
+// goes on to the client's own timeouts; a Claim that comes back having
+// taken the key after its caller went is released then, and a failed
+// Claim's release (above) is bounded by its 500 ms whatever the client
+// does. Setting ContextTimeoutEnabled on the client also bounds the
+// abandoned round trips, and so the connections they hold, by the
+// contexts' deadlines.
+//
+// A client for this store should keep go-redis's retries low (MaxRetries, and
 // DialerRetries, whose default of 5 dials 100 ms apart makes each call wait
 // half a second while Redis is down), since a caller waits for them. Know
 // also that once a go-redis client's dials have failed PoolSize times, it
@@ -234,6 +247,7 @@
 //     acknowledged, unless n counts every replica), and it costs one round
 //     trip more per first execution's Claim and Complete, none per replay.
 //
-// The Store holds no goroutine and no connection of its own: close the
-// client to release its connections.
+// The Store holds no connection of its own (close the client to release
+// its connections) and no goroutine but one per round trip whose context
+// can end, which ends with the round trip.
 package redisstore

@@ -390,7 +390,10 @@ func newToken() string {
 // same fingerprint (the caller's retry of the same request, on this
 // replica) claims with that token, and the script, which recognises the
 // token that holds the key, hands it over at once with a new lease. The
-// token is used by that one Claim only, so it never makes two owners.
+// token is used by that one Claim only, so it never makes two owners. A
+// Claim that returned at its context's end while Redis had not answered
+// (see bounded) and whose script then took the key releases it when the
+// reply comes.
 func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprint []byte, lease time.Duration) (idempotency.Claim, error) {
 	rk := s.recordKeys(key)
 	token, ok := s.orphans.take(rk.keys[0], fingerprint)
@@ -398,12 +401,21 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 		token = newToken()
 	}
 	sent := time.Now()
-	cmd, err := s.run(ctx, claimScript, rk.keys[:], claimWrote, fingerprint, token, millis(lease),
-		rk.member, s.leaseBytes(&rk), s.quota.entries, s.quota.bytes, rk.base)
-	var res []any
-	if err == nil {
-		res, err = cmd.Slice()
-	}
+	res, err := bounded(ctx, "claim", func() ([]any, error) {
+		cmd, err := s.run(ctx, claimScript, rk.keys[:], claimWrote, fingerprint, token, millis(lease),
+			rk.member, s.leaseBytes(&rk), s.quota.entries, s.quota.bytes, rk.base)
+		if err != nil {
+			return nil, err
+		}
+		return cmd.Slice()
+	}, func(res []any, err error) {
+		// The caller has gone, and the claim came back after all: a key
+		// it took is no one's. (An error leaves it unknown: the release
+		// below, and the lease, deal with that.)
+		if err == nil && len(res) > 0 && res[0] == int64(1) {
+			s.abandon(ctx, &rk, fingerprint, token, sent.Add(lease))
+		}
+	})
 	if err != nil {
 		if isOOM(err) { // refused at its first write: nothing was claimed
 			return idempotency.Claim{}, s.outOfMemory(err)
@@ -469,14 +481,18 @@ func (s *Store) outOfMemory(err error) error {
 
 // abandon undoes a Claim of rk with token whose outcome is unknown: it
 // releases the key, if token holds it, on a context that ctx's cancellation
-// does not reach, bounded by releaseTimeout. Unless Redis confirms the
+// does not reach, bounded by releaseTimeout (whatever the client does with
+// contexts: see bounded). Unless Redis confirms the
 // release, the claim may outlive the call (the release failed, or ran before
 // a delayed claim), so the token is remembered until until, the latest end
 // of the claim's lease, for the next Claim of rk for fingerprint.
 func (s *Store) abandon(ctx context.Context, rk *recordKeys, fingerprint []byte, token string, until time.Time) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if n, err := releaseScript.Run(rctx, s.client, rk.keys[:], token, rk.member).Int(); err == nil && n == 1 {
+	n, err := bounded(rctx, "release", func() (int, error) {
+		return releaseScript.Run(rctx, s.client, rk.keys[:], token, rk.member).Int()
+	}, nil)
+	if err == nil && n == 1 {
 		return
 	}
 	s.orphans.put(rk.keys[0], fingerprint, token, until)
@@ -599,13 +615,15 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	rk := s.recordKeys(key)
-	cmd, err := s.run(ctx, completeScript, rk.keys[:], completeWrote, token, data, millis(ttl), rec.Fingerprint,
-		rk.member, s.entryBytes(&rk, len(data)+len(rec.Fingerprint)), min(s.opts.minRetention, ttl).Milliseconds(),
-		s.quota.bytes, rk.base)
-	var ok int
-	if err == nil {
-		ok, err = cmd.Int()
-	}
+	ok, err := bounded(ctx, "complete", func() (int, error) {
+		cmd, err := s.run(ctx, completeScript, rk.keys[:], completeWrote, token, data, millis(ttl), rec.Fingerprint,
+			rk.member, s.entryBytes(&rk, len(data)+len(rec.Fingerprint)), min(s.opts.minRetention, ttl).Milliseconds(),
+			s.quota.bytes, rk.base)
+		if err != nil {
+			return 0, err
+		}
+		return cmd.Int()
+	}, nil)
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -618,7 +636,9 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 // Renew implements idempotency.Store in one round trip.
 func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token string, lease time.Duration) error {
 	rk := s.recordKeys(key)
-	ok, err := renewScript.Run(ctx, s.client, rk.keys[:], token, millis(lease), rk.member, s.leaseBytes(&rk)).Int()
+	ok, err := bounded(ctx, "renew", func() (int, error) {
+		return renewScript.Run(ctx, s.client, rk.keys[:], token, millis(lease), rk.member, s.leaseBytes(&rk)).Int()
+	}, nil)
 	if err != nil {
 		return fmt.Errorf("redisstore: renew: %w", err)
 	}
@@ -631,7 +651,9 @@ func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token stri
 // Release implements idempotency.Store in one round trip.
 func (s *Store) Release(ctx context.Context, key idempotency.RecordKey, token string) error {
 	rk := s.recordKeys(key)
-	ok, err := releaseScript.Run(ctx, s.client, rk.keys[:], token, rk.member).Int()
+	ok, err := bounded(ctx, "release", func() (int, error) {
+		return releaseScript.Run(ctx, s.client, rk.keys[:], token, rk.member).Int()
+	}, nil)
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}

@@ -22,8 +22,19 @@ func TestMain(m *testing.M) {
 const testMaxRecord = 4096
 
 func TestConformance(t *testing.T) {
-	client := redistest.Client(t, redistest.Addr(t))
-	storetest.Run(t, conformanceHarness(client))
+	proxy := redistest.StartProxy(t, redistest.Addr(t))
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// A client with go-redis's defaults (a 5 s read timeout, the
+		// context's deadline ignored for socket I/O) behind a proxy that
+		// can stop forwarding: the store's calls must still end with their
+		// contexts.
+		h := conformanceHarness(redistest.Client(t, proxy.Addr))(t)
+		h.Stall = func(testing.TB) func() {
+			proxy.Stall()
+			return proxy.Resume
+		}
+		return h
+	})
 }
 
 // conformanceHarness returns the storetest harness of a store over client

@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -34,6 +35,13 @@ type Harness struct {
 	// quota tests.
 	QuotaStore   idempotency.Store
 	QuotaEntries int
+	// Stall, for a store with a backend over the network, makes the
+	// backend stop answering Store, as a network partition or a server
+	// that hangs does (its requests go out, no reply comes back), until
+	// resume is called; Stall may be called once per test, and the suite
+	// calls resume before the test ends. nil skips the tests of a store
+	// that hangs (a store in memory never waits on anything).
+	Stall func(t testing.TB) (resume func())
 }
 
 // Run runs the conformance suite, a testify suite ([Suite]), each test on
@@ -417,6 +425,63 @@ func (s *Suite) TestScopeQuotaIsolatesScopes() {
 	c, err = claim(in("a", n+1), time.Minute)
 	s.Require().NoError(err, "Claim of scope a once a lease has ended")
 	s.Require().Equal(idempotency.Owned, c.State)
+}
+
+// TestCallsEndWithTheirContext checks the contract's bound: while the
+// store's backend answers nothing (Stall), each method returns once its
+// context is done, its deadline passed or it was cancelled, well before
+// any timeout of the store's own (issue 33: go-redis read on for its 5 s
+// read timeout whatever the context said, and a server's lease cutoff
+// waited for it), with an error wrapping the context's. A Claim so
+// abandoned holds its key no longer than its lease.
+func (s *Suite) TestCallsEndWithTheirContext() {
+	if s.h.Stall == nil {
+		s.T().Skip("the store has no backend that can hang (Harness.Stall is nil)")
+	}
+	ctx := context.Background()
+	held := s.claim(key("held"), fpA, time.Minute) // a token for Complete, Renew and Release
+	resume := s.h.Stall(s.T())
+	defer resume()
+	const wait = 200 * time.Millisecond
+	// Well under any store's own timeout (go-redis's is 5 s), well over a
+	// loaded machine's scheduling delays.
+	const within = 2 * time.Second
+	ops := []struct {
+		name string
+		call func(ctx context.Context) error
+	}{
+		{"Claim", func(ctx context.Context) error {
+			_, err := s.store().Claim(ctx, key("stalled"), fpA, time.Second)
+			return err
+		}},
+		{"Complete", func(ctx context.Context) error {
+			return s.store().Complete(ctx, key("held"), held.Token, sampleRecord(fpA), time.Hour)
+		}},
+		{"Renew", func(ctx context.Context) error { return s.store().Renew(ctx, key("held"), held.Token, time.Minute) }},
+		{"Release", func(ctx context.Context) error { return s.store().Release(ctx, key("held"), held.Token) }},
+	}
+	for _, op := range ops {
+		for _, cancelled := range []bool{false, true} {
+			var cctx context.Context
+			var cancel context.CancelFunc
+			want := context.DeadlineExceeded
+			if cancelled { // cancelled, with no deadline: a caller gone
+				cctx, cancel = context.WithCancel(ctx)
+				time.AfterFunc(wait, cancel)
+				want = context.Canceled
+			} else {
+				cctx, cancel = context.WithTimeout(ctx, wait)
+			}
+			start := time.Now()
+			err := op.call(cctx)
+			took := time.Since(start)
+			cancel()
+			if !errors.Is(err, want) || took > within {
+				s.Failf("a call must end with its context", "%s with a context %v after %v, the backend stalled: "+
+					"returned after %v with %v; want within %v, an error wrapping %v", op.name, want, wait, took, err, within, want)
+			}
+		}
+	}
 }
 
 func equalRecords(got, want *idempotency.Record) error {

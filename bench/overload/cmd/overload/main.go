@@ -27,7 +27,10 @@ func main() {
 	service := flag.Duration("service", d.Service, "the time a call holds a token")
 	deadline := flag.Duration("deadline", d.Deadline, "every call's deadline")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
+	queue := flag.Int("queue", 0, "grpc-resilience's limit: MaxQueue (0: the default, none)")
+	queueWait := flag.Duration("queuewait", 0, "grpc-resilience's limit: MaxQueueWait")
 	flag.Parse()
+	overload.OurLimit.MaxQueue, overload.OurLimit.MaxQueueWait = *queue, *queueWait
 	s := &overload.Suite{
 		Config: overload.Config{Tokens: *tokens, Service: *service, Deadline: *deadline},
 		Runs:   *runs,

@@ -186,6 +186,9 @@ const (
 	Part_PART_RATE_LIMIT Part = 11
 	// PART_ADMIN is the admin view itself: its write actions.
 	Part_PART_ADMIN Part = 12
+	// PART_SHUTDOWN is a Server's Shutdown: the calls it refused once it
+	// had begun (the subject is the method).
+	Part_PART_SHUTDOWN Part = 13
 )
 
 // Enum value maps for Part.
@@ -204,6 +207,7 @@ var (
 		10: "PART_IDEMPOTENCY_STORE",
 		11: "PART_RATE_LIMIT",
 		12: "PART_ADMIN",
+		13: "PART_SHUTDOWN",
 	}
 	Part_value = map[string]int32{
 		"PART_UNSPECIFIED":       0,
@@ -219,6 +223,7 @@ var (
 		"PART_IDEMPOTENCY_STORE": 10,
 		"PART_RATE_LIMIT":        11,
 		"PART_ADMIN":             12,
+		"PART_SHUTDOWN":          13,
 	}
 )
 
@@ -2523,7 +2528,7 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\x12BREAKER_STATE_OPEN\x10\x02\x12\x1b\n" +
 	"\x17BREAKER_STATE_HALF_OPEN\x10\x03\x12\x1d\n" +
 	"\x19BREAKER_STATE_FORCED_OPEN\x10\x04\x12\x1f\n" +
-	"\x1bBREAKER_STATE_FORCED_CLOSED\x10\x05*\x8b\x02\n" +
+	"\x1bBREAKER_STATE_FORCED_CLOSED\x10\x05*\x9e\x02\n" +
 	"\x04Part\x12\x14\n" +
 	"\x10PART_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPART_BREAKER\x10\x01\x12\x11\n" +
@@ -2540,7 +2545,8 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\x12\x13\n" +
 	"\x0fPART_RATE_LIMIT\x10\v\x12\x0e\n" +
 	"\n" +
-	"PART_ADMIN\x10\f*\xc1\x01\n" +
+	"PART_ADMIN\x10\f\x12\x11\n" +
+	"\rPART_SHUTDOWN\x10\r*\xc1\x01\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18EVENT_KIND_BREAKER_STATE\x10\x01\x12\x16\n" +

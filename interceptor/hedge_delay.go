@@ -1,0 +1,155 @@
+package interceptor
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/internal/latency"
+)
+
+// What a hedge may spend: one rule.
+//
+// A hedged call sends a timed copy when it has run for the method's
+// hedging delay, and the delay is chosen so that the copies go to the
+// slowest calls, and to no more of them than the retry budget pays for:
+//
+//	delay = max(base, min(L(1 − s), cliffFactor × L(1 − m)))
+//
+// where L(q) is the q-quantile of the method's latency, read from the
+// window of its last 256 to 512 copies; base is the policy's HedgingDelay
+// (fixed) or HedgingDelayFloor (hedgingDelayQuantile); s, the share of
+// calls to hedge, is the policy's (1 − hedgingDelayQuantile; every call
+// past HedgingDelay for a fixed delay) and at most three quarters of the
+// budget's share b (the share of calls the retry budget pays a retry for:
+// budget.Share, Ratio + MinRetriesPerSecond ÷ the client's calls per
+// second; no limit without a budget, none at all with a zero one), the
+// quarter left for retries and for the noise of a window; and m, the most
+// the delay may hedge, is twice the policy's share and at most b. The
+// second term is the fast edge of a gap: where L(1 − s) falls past a gap
+// into a cluster of slow calls (a slow backend, a cache miss) that holds
+// between s and m of them, the delay stays just above the fast calls and
+// the cluster is hedged whole rather than its own tail; it applies when
+// m ≤ 0.5. Until the window holds minSamples copies (100, or 32 for a
+// fixed delay, which the rule only raises), the delay is the policy's
+// HedgingDelay (none: copies go only after failures). Each copy takes a
+// retry budget token, as a retry does, and is not sent when the budget
+// cannot pay (the call goes on: the next delay, a failure, may still send
+// one); a copy after a non-fatal failure is gRFC A6's, a retry: it is sent
+// when A6 throttling and the budget allow it, whatever became of the
+// timed ones. A6 throttling applies to every copy after the first, timed
+// or not, as A6 specifies for hedging.
+//
+// So hedging cannot lower a percentile above 1 − m: when more of the calls
+// are slow than the budget pays for, the delay stays above them (their
+// hedges would be refused at random, the budget's share spent for nothing
+// while retries go without), and if they are more than 1%, so is the p99.
+
+// cliffFactor bounds the delay at the fast edge of a gap: at most this many
+// times the latency that the most the delay may hedge outlasts (see above).
+const cliffFactor = 1.25
+
+// recomputeEvery is how often, in copies observed, a method's delay is
+// recomputed (with the budget's share as it is then).
+const recomputeEvery = 16
+
+// hedgeTail is a method's hedging state: the window of its copies'
+// durations, and the delay read from it. It belongs to the method's row
+// and outlives configs (a method's latency does not change with its
+// config); in holds what the config in force says.
+type hedgeTail struct {
+	window *latency.Window
+	in     atomic.Pointer[tailInputs]
+	// delay is the delay in force once ready, in nanoseconds, or
+	// noTimedCopies.
+	delay atomic.Int64
+	ready atomic.Bool
+}
+
+// tailInputs are what the delay is computed from under one config.
+type tailInputs struct {
+	base       time.Duration // HedgingDelay, or HedgingDelayFloor with a quantile
+	share      float64       // the policy's share: 1 − quantile, or 1 for a fixed delay
+	minSamples uint64
+	budget     *budget.Budget // the client's retry budget; nil: none
+}
+
+// newHedgeTail returns a method's hedging state with an empty window.
+func newHedgeTail() *hedgeTail {
+	// The window's own quantile is not read (QuantileOf is).
+	w, _ := latency.NewWindow(latency.DefaultWindowSize, 0.5)
+	return &hedgeTail{window: w}
+}
+
+// configure sets what the delay is computed from under hp and the budget
+// b (nil: none), and recomputes it when the window is ready.
+func (t *hedgeTail) configure(hp *hedgePolicy, b *budget.Budget) {
+	in := &tailInputs{base: hp.delay, share: 1, minSamples: hp.minSamples, budget: b}
+	if hp.quantile > 0 {
+		in.base, in.share = hp.floor, 1-hp.quantile
+	}
+	in.base = max(in.base, 0)
+	t.in.Store(in)
+	t.ready.Store(false)
+	t.maybeRecompute(t.window.Samples(), true)
+}
+
+// delayOf returns the delay of a call of a method with hedging policy hp
+// and state t (nil: none, an untracked method): t's once ready, else hp's.
+// One or two atomic loads; no lock.
+func (t *hedgeTail) delayOf(hp *hedgePolicy) time.Duration {
+	if t == nil || !t.ready.Load() {
+		return hp.delay
+	}
+	return time.Duration(t.delay.Load())
+}
+
+// observe records a copy's duration d: a success's, or, when atLeast, a
+// lower bound of it (a copy a sibling's answer or the caller cut off),
+// kept only when at or above the delay in force, where it is known to be
+// on the slow side.
+func (t *hedgeTail) observe(d time.Duration, atLeast bool) {
+	if atLeast && t.ready.Load() && d < time.Duration(t.delay.Load()) {
+		return
+	}
+	t.window.Observe(d)
+	t.maybeRecompute(t.window.Samples(), false)
+}
+
+// maybeRecompute recomputes the delay once the window holds minSamples
+// copies, then every recomputeEvery of them (or now, when force).
+func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
+	in := t.in.Load()
+	if in == nil || n < max(in.minSamples, 1) {
+		return
+	}
+	if !force && t.ready.Load() && n%recomputeEvery != 0 {
+		return
+	}
+	t.delay.Store(int64(t.compute(in, time.Now())))
+	t.ready.Store(true)
+}
+
+// budgetMargin is the part of the budget's share the delay aims at: the
+// rest is left for retries and for the window's noise.
+const budgetMargin = 0.75
+
+// compute returns the delay of the rule above at now.
+func (t *hedgeTail) compute(in *tailInputs, now time.Time) time.Duration {
+	s, m := in.share, min(2*in.share, 1)
+	if in.budget != nil {
+		b := in.budget.Share(now)
+		s, m = min(s, budgetMargin*b), min(m, b)
+	}
+	switch {
+	case s <= 0:
+		return noTimedCopies
+	case s >= 1:
+		return in.base
+	}
+	d := t.window.QuantileOf(1 - s)
+	if m > s && m <= 0.5 {
+		d = min(d, time.Duration(cliffFactor*float64(t.window.QuantileOf(1-m))))
+	}
+	return max(d, in.base)
+}
