@@ -476,23 +476,28 @@ func TestCLIShowsTheServerLimitShed(t *testing.T) {
 	viewShows(t, front, "server", "example", "limit", "(server)", "over the concurrency limit")
 }
 
-// TestCLIShowsTheTenantOverItsShare: under tenant fairness, a quiet tenant
-// holds one call while a noisy one fills the limit; the noisy tenant's
-// next call is shed, and the CLI names the tenant over its share.
+// TestCLIShowsTheTenantOverItsShare: under tenant fairness (limit 10,
+// CRITICAL's share 9, shared max-min among the tenants holding calls), a
+// quiet tenant holds 1 call, a noisy one 8 (its share while the quiet one
+// takes one slot) and another tenant 2; the heavy tenants' fair share is
+// then (9-1)/2 = 4, the noisy tenant's 8 are twice that, so its next call
+// is shed over its share, and the CLI names the tenant over its share.
 func TestCLIShowsTheTenantOverItsShare(t *testing.T) {
-	_, front, _ := startServer(t, "-latency", "10s", "-server-config", writeFile(t, "server.json",
-		`{"concurrencyLimit": {"initialLimit": 4, "minLimit": 4, "maxLimit": 4},
+	_, front, _ := startServer(t, "-latency", "60s", "-server-config", writeFile(t, "server.json",
+		`{"concurrencyLimit": {"initialLimit": 10, "minLimit": 10, "maxLimit": 10},
 		  "tenantFairness": {"metadataKey": "x-tenant", "idleTimeout": "60s"}}`))
 	ec, admin := dialEcho(t, front)
 	w := watchCLI(t, front)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	holding, stop := context.WithCancel(t.Context())
+	defer stop() // before wg.Wait: the held calls end now, not after their latency
 	held := 0
 	hold := func(tenant string) {
 		held++
 		want := held
 		wg.Go(func() {
-			ctx, cancel := callCtx(t)
+			ctx, cancel := context.WithTimeout(holding, time.Minute)
 			defer cancel()
 			_ = echo(metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant), ec, "slow")
 		})
@@ -501,16 +506,16 @@ func TestCLIShowsTheTenantOverItsShare(t *testing.T) {
 		})
 	}
 	hold("quiet")
-	// The noisy tenant's fair share of CRITICAL's 4 slots between 2
-	// tenants is 2; it is over it from twice that in flight.
-	for range 4 {
+	for range 8 {
 		hold("noisy")
 	}
+	hold("other")
+	hold("other")
 	e := w.until(t, untilRefused(t, 1, "over the concurrency limit", func(ctx context.Context) error {
 		return echo(metadata.AppendToOutgoingContext(ctx, "x-tenant", "noisy"), ec, "shed")
-	}), event(adminv1.Part_PART_LIMIT, "(server)", adminv1.EventKind_EVENT_KIND_REFUSED, `tenant "noisy" was over its fair share (2 tenants share the limit)`))
-	if e.GetTenant() != "noisy" || !e.GetOverShare() || e.GetTenants() != 2 {
-		t.Errorf("event %v, want tenant noisy over its share among 2", e)
+	}), event(adminv1.Part_PART_LIMIT, "(server)", adminv1.EventKind_EVENT_KIND_REFUSED, `tenant "noisy" was over its fair share (3 tenants share the limit)`))
+	if e.GetTenant() != "noisy" || !e.GetOverShare() || e.GetTenants() != 3 {
+		t.Errorf("event %v, want tenant noisy over its share among 3", e)
 	}
 	viewShows(t, front, "server", "limit", `tenant "noisy" was over its fair share`)
 }
