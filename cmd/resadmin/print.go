@@ -116,12 +116,12 @@ func printClient(w io.Writer, c *adminv1.Client) {
 	}
 	fmt.Fprintf(w, "\nCLIENT %s (retry budget: %s; retry throttling: %s)\n", c.GetName(), budget, throttling)
 	if len(c.GetMethods()) == 0 {
-		fmt.Fprintln(w, "no method with a guard has been configured or called")
+		fmt.Fprintln(w, "no method with a guard has been configured or called, and none failed")
 		return
 	}
-	t := newTable(w, "METHOD", "BREAKER", "WINDOW", "ADAPTIVE", "BULKHEAD", "HEDGING", "LAST FAILURE")
+	t := newTable(w, "METHOD", "BREAKER", "WINDOW", "ADAPTIVE", "BULKHEAD", "HEDGING", "LAST FAILURE", "POLICY FROM")
 	for _, m := range c.GetMethods() {
-		br, win, ad, bh, hd, last := "-", "-", "-", "-", "-", "-"
+		br, win, ad, bh, hd, last, pol := "-", "-", "-", "-", "-", "-", "-"
 		if b := m.GetBreaker(); b != nil {
 			br = stateName(b.GetState())
 			if b.GetOpenUntil() != nil {
@@ -143,7 +143,10 @@ func printClient(w io.Writer, c *adminv1.Client) {
 			f := fs[len(fs)-1]
 			last = clock(f.GetTime()) + " " + f.GetCode() + " " + strconv.Quote(f.GetMessage())
 		}
-		t.row(m.GetFullMethod(), br, win, ad, bh, hd, last)
+		if p := m.GetPolicySource(); p != "" {
+			pol = p
+		}
+		t.row(m.GetFullMethod(), br, win, ad, bh, hd, last, pol)
 	}
 	_ = t.flush()
 }

@@ -2,7 +2,9 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor"
 	adminv1 "github.com/grpc-resilience/resilience/proto/resilience/admin/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // ClientSource is one Client in a View (View.Client). Its hooks feed the
@@ -223,8 +226,23 @@ func (s *ClientSource) snapshot(now time.Time) *adminv1.Client {
 	if c == nil {
 		return out
 	}
-	for _, st := range c.Statuses() {
+	statuses := c.Statuses()
+	listed := make(map[string]bool, len(statuses))
+	for _, st := range statuses {
+		listed[st.FullMethod] = true
+	}
+	// The methods without a guard that failed recently are listed too,
+	// with their policy: a retried method's failures are in the view.
+	for _, fm := range s.fails.methods() {
+		if !listed[fm] {
+			statuses = append(statuses, interceptor.MethodStatus{FullMethod: fm})
+		}
+	}
+	slices.SortFunc(statuses, func(a, b interceptor.MethodStatus) int { return strings.Compare(a.FullMethod, b.FullMethod) })
+	for _, st := range statuses {
 		m := &adminv1.Method{FullMethod: st.FullMethod}
+		p := c.Policy(st.FullMethod)
+		m.PolicySource, m.Policy = p.Source, policyJSON(p)
 		if b := st.Breaker; b != nil {
 			m.Breaker = breakerProto(b)
 		}
@@ -275,4 +293,31 @@ func breakerState(s interceptor.BreakerState) adminv1.BreakerState {
 		return adminv1.BreakerState_BREAKER_STATE_FORCED_CLOSED
 	}
 	return adminv1.BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+// maxPolicy bounds a method's policy in the view, in bytes.
+const maxPolicy = 1024
+
+// policyJSON returns p's entry as a service config's methodConfig entry in
+// JSON, cut to maxPolicy bytes; "" when none applies or it has no
+// document form (serviceconfig.Config.MarshalJSON).
+func policyJSON(p interceptor.MethodPolicy) string {
+	if p.Source == "" {
+		return ""
+	}
+	doc, err := json.Marshal(serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{p.Config}})
+	if err != nil {
+		return ""
+	}
+	var one struct {
+		MethodConfig []json.RawMessage `json:"methodConfig"`
+	}
+	if json.Unmarshal(doc, &one) != nil || len(one.MethodConfig) != 1 {
+		return ""
+	}
+	out := string(one.MethodConfig[0])
+	if len(out) > maxPolicy {
+		out = strings.ToValidUTF8(out[:maxPolicy], "") + "…"
+	}
+	return out
 }

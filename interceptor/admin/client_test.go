@@ -2,6 +2,8 @@ package admin
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -223,5 +225,44 @@ func TestClientNamesAreChecked(t *testing.T) {
 	}
 	if _, err := v.Server("a"); err != nil {
 		t.Errorf("Server(a) = %v: Servers and Clients have names of their own", err)
+	}
+}
+
+// TestMethodsShowTheirPolicyAndWhereItCameFrom: a method with a breaker,
+// and one with only a retry policy once it failed, are each listed with
+// the entry in force (as service-config JSON) and the option it came from;
+// the page and the CLI's JSON carry both.
+func TestMethodsShowTheirPolicyAndWhereItCameFrom(t *testing.T) {
+	srv := &testserver.Server{}
+	srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+		return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+	})
+	v := newView(t)
+	lookup := "/" + echoService + "/Lookup"
+	ec, _, _ := startClient(t, v, "orders", srv,
+		interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+			Name:           []serviceconfig.Name{{Service: echoService, Method: "Lookup"}},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5},
+		}),
+		interceptor.WithRetryPolicy(retryUnavailable(2), echoService),
+		interceptor.WithRetryBudget(nil))
+	view := v.Snapshot()
+	if ms := view.GetClients()[0].GetMethods(); len(ms) != 1 || ms[0].GetFullMethod() != lookup ||
+		ms[0].GetPolicySource() != "WithMethodConfig: entry 0" || !strings.Contains(ms[0].GetPolicy(), `"consecutiveFailures":5`) {
+		t.Fatalf("methods before any call = %v, want Lookup with its breaker entry from WithMethodConfig", ms)
+	}
+	_, _ = ec.Echo(context.Background(), &echov1.EchoRequest{})
+	ms := v.Snapshot().GetClients()[0].GetMethods()
+	if len(ms) != 2 || ms[0].GetFullMethod() != echoMethod || ms[1].GetFullMethod() != lookup {
+		t.Fatalf("methods after Echo failed = %v, want Echo (its failures) and Lookup, sorted", ms)
+	}
+	if m := ms[0]; m.GetPolicySource() != "WithRetryPolicy" || !strings.Contains(m.GetPolicy(), `"maxAttempts":2`) ||
+		len(m.GetRecentFailures()) != 2 || m.GetBreaker() != nil {
+		t.Errorf("Echo's row = %v, want its retry policy from WithRetryPolicy and its 2 failed attempts", m)
+	}
+	rec := httptest.NewRecorder()
+	v.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if body := rec.Body.String(); !strings.Contains(body, "from WithMethodConfig: entry 0") || !strings.Contains(body, "from WithRetryPolicy") {
+		t.Errorf("the page does not name where the policies came from:\n%s", body)
 	}
 }

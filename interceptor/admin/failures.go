@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -93,5 +94,17 @@ func (fs *failures) recent(fullMethod string) []failure {
 	for i := range r.n {
 		out[i] = r.buf[(r.start+i)%failuresPerMethod]
 	}
+	return out
+}
+
+// methods returns the methods with failures kept, sorted.
+func (fs *failures) methods() []string {
+	fs.mu.Lock()
+	out := make([]string, 0, len(fs.m))
+	for m := range fs.m {
+		out = append(out, m)
+	}
+	fs.mu.Unlock()
+	slices.Sort(out)
 	return out
 }

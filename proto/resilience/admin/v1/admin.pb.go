@@ -1022,8 +1022,17 @@ type Method struct {
 	// recent_failures are the last failed attempts the view heard of (through
 	// the Client's retry and stop hooks), newest last.
 	RecentFailures []*Failure `protobuf:"bytes,6,rep,name=recent_failures,json=recentFailures,proto3" json:"recent_failures,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// policy_source names the method config entry in force for the method
+	// and where it came from (interceptor.Client.Policy):
+	// "WithMethodConfig: entry 0", "WithServiceConfig: methodConfig[1]",
+	// "the resolver's service config: methodConfig[0]"; "" when no entry
+	// applies.
+	PolicySource string `protobuf:"bytes,7,opt,name=policy_source,json=policySource,proto3" json:"policy_source,omitempty"`
+	// policy is that entry in service-config JSON form, cut to 1024 bytes;
+	// "" when none applies or the entry has no document form.
+	Policy        string `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Method) Reset() {
@@ -1096,6 +1105,20 @@ func (x *Method) GetRecentFailures() []*Failure {
 		return x.RecentFailures
 	}
 	return nil
+}
+
+func (x *Method) GetPolicySource() string {
+	if x != nil {
+		return x.PolicySource
+	}
+	return ""
+}
+
+func (x *Method) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
 }
 
 // Breaker is a snapshot of a circuit breaker.
@@ -2402,7 +2425,7 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\amethods\x18\x02 \x03(\v2\x1b.resilience.admin.v1.MethodR\amethods\x12C\n" +
 	"\fretry_budget\x18\x03 \x01(\v2 .resilience.admin.v1.RetryBudgetR\vretryBudget\x12O\n" +
-	"\x10retry_throttling\x18\x04 \x01(\v2$.resilience.admin.v1.RetryThrottlingR\x0fretryThrottling\"\xde\x02\n" +
+	"\x10retry_throttling\x18\x04 \x01(\v2$.resilience.admin.v1.RetryThrottlingR\x0fretryThrottling\"\x9b\x03\n" +
 	"\x06Method\x12\x1f\n" +
 	"\vfull_method\x18\x01 \x01(\tR\n" +
 	"fullMethod\x126\n" +
@@ -2410,7 +2433,9 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\badaptive\x18\x03 \x01(\v2\x1d.resilience.admin.v1.AdaptiveR\badaptive\x129\n" +
 	"\bbulkhead\x18\x04 \x01(\v2\x1d.resilience.admin.v1.BulkheadR\bbulkhead\x12>\n" +
 	"\rhedging_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\fhedgingDelay\x12E\n" +
-	"\x0frecent_failures\x18\x06 \x03(\v2\x1c.resilience.admin.v1.FailureR\x0erecentFailures\"\xaf\x02\n" +
+	"\x0frecent_failures\x18\x06 \x03(\v2\x1c.resilience.admin.v1.FailureR\x0erecentFailures\x12#\n" +
+	"\rpolicy_source\x18\a \x01(\tR\fpolicySource\x12\x16\n" +
+	"\x06policy\x18\b \x01(\tR\x06policy\"\xaf\x02\n" +
 	"\aBreaker\x127\n" +
 	"\x05state\x18\x01 \x01(\x0e2!.resilience.admin.v1.BreakerStateR\x05state\x12\x14\n" +
 	"\x05calls\x18\x02 \x01(\x03R\x05calls\x12\x1a\n" +
