@@ -180,6 +180,23 @@ func printServer(w io.Writer, s *adminv1.Server) {
 			strconv.FormatUint(admitted, 10), strconv.FormatUint(shed, 10))
 	}
 	_ = t.flush()
+	for _, l := range s.GetLimits() {
+		if ts := l.GetBusiestTenants(); len(ts) > 0 {
+			fmt.Fprintf(w, "busiest tenants of %s:", l.GetName())
+			for _, tl := range ts {
+				name := tl.GetTenant()
+				if name == "" {
+					name = "(none)"
+				}
+				fmt.Fprintf(w, " %s %d in flight", name, tl.GetInFlight())
+				if q := tl.GetQueued(); q > 0 {
+					fmt.Fprintf(w, ", %d queued", q)
+				}
+				fmt.Fprint(w, ";")
+			}
+			fmt.Fprintln(w)
+		}
+	}
 }
 
 func parens(s string) string {

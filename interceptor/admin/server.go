@@ -146,6 +146,10 @@ func (s *ServerSource) key(part adminv1.Part, subject string) partKey {
 	return partKey{side: sideServer, source: s.name, part: part, subject: subject}
 }
 
+// maxTenantsShown is how many of a limit's busiest tenants the view
+// shows.
+const maxTenantsShown = 8
+
 // limitName is how the view names a limit: LimitStatus.Name, "(server)"
 // for the server's own.
 func limitName(name string) string {
@@ -222,6 +226,12 @@ func (s *ServerSource) snapshot(now time.Time) *adminv1.Server {
 		for _, l := range srv.LimitStatuses() {
 			pl := &adminv1.Limit{Name: limitName(l.Name), Limit: int64(l.Limit), InFlight: int64(l.InFlight), Queued: int64(l.Queued),
 				BaseRtt: durationpb.New(l.BaseRTT), SmoothedRtt: durationpb.New(l.SmoothedRTT), Tenants: int64(l.Tenants)}
+			if l.Tenants > 0 && l.Name != server.CPUSheddingName {
+				for _, ts := range srv.TenantStatuses(l.Name, maxTenantsShown) {
+					pl.BusiestTenants = append(pl.BusiestTenants, &adminv1.TenantLoad{Tenant: cut(ts.Tenant),
+						InFlight: int64(ts.InFlight), Queued: int64(ts.Queued), Held: ts.Held})
+				}
+			}
 			for c := range l.Admitted {
 				crit := wire.Criticality(c)
 				pl.ByCriticality = append(pl.ByCriticality, &adminv1.CriticalityCounts{Criticality: crit.String(),

@@ -120,6 +120,9 @@ func TestServerSourceOverGRPC(t *testing.T) {
 	}
 	srv := newLimitedServer(t, ss)
 	ec, release := serveHolding(t, srv)
+	if ts := v.Snapshot().GetServers()[0].GetLimits()[0].GetBusiestTenants(); len(ts) != 1 || ts[0].GetTenant() != "" || ts[0].GetInFlight() != 1 {
+		t.Errorf("busiest tenants with the held call = %v, want the default tenant with 1 in flight", ts)
+	}
 	// The same (default) tenant as the held call: another tenant, under
 	// its fair share, would be admitted past the limit by up to a share.
 	_, err = ec.Echo(context.Background(), echoReq("now"))

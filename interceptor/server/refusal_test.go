@@ -266,3 +266,39 @@ func TestRefusalReasonStrings(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantStatusesListTheBusiestTenants: under tenant fairness, a limit's
+// busiest tenants are listed with their calls in flight, the most first;
+// an unknown limit's list is nil, and the tenants are gone once their
+// calls end.
+func TestTenantStatusesListTheBusiestTenants(t *testing.T) {
+	e := newHoldingEcho()
+	ten := serviceconfig.ConcurrencyLimit{InitialLimit: 10, MinLimit: 10, MaxLimit: 10}
+	s, err := New(WithLimits(fairLimitsOf(ten, serviceconfig.TenantFairness{MetadataKey: tenantKey, IdleTimeout: time.Hour}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cc := testserver.StartWith(t, e, []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor())})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	as := func(tenant string) context.Context { return metadata.AppendToOutgoingContext(ctx, tenantKey, tenant) }
+	waits := []func(){holdN(t, as("quiet"), cc, e, 1), holdN(t, as("noisy"), cc, e, 3)}
+	got := s.TenantStatuses("", 10)
+	if len(got) != 2 || got[0].Tenant != "noisy" || got[0].InFlight != 3 || got[1].Tenant != "quiet" || got[1].InFlight != 1 {
+		t.Errorf("TenantStatuses(\"\", 10) = %+v, want noisy with 3 in flight, then quiet with 1", got)
+	}
+	if top := s.TenantStatuses("", 1); len(top) != 1 || top[0].Tenant != "noisy" {
+		t.Errorf("TenantStatuses(\"\", 1) = %+v, want noisy alone", top)
+	}
+	if none := s.TenantStatuses("no.Such/Limit", 10); none != nil {
+		t.Errorf("TenantStatuses of an unknown limit = %+v, want nil", none)
+	}
+	close(e.release)
+	for _, w := range waits {
+		w()
+	}
+	if after := s.TenantStatuses("", 10); len(after) != 0 {
+		t.Errorf("after the calls: TenantStatuses = %+v, want none busy", after)
+	}
+}

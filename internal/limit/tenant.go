@@ -1,6 +1,11 @@
 package limit
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"time"
+)
 
 // tenant is one sender's share of a Limiter.
 type tenant struct {
@@ -278,4 +283,55 @@ func (l *Limiter) TenantShare(now time.Time, c Criticality, key string) TenantSh
 		Tenants: n, Fair: fair, InFlight: t.inflight, Held: t.held,
 		Over: n > 1 && (t.held >= fair || float64(t.inflight) >= 2*fair),
 	}
+}
+
+// OverflowTenant is the name BusyTenants gives the tenant that the names
+// beyond MaxTenants (or longer than MaxTenantName) share.
+const OverflowTenant = "(other tenants)"
+
+// TenantLoad is one tenant's requests in a Limiter at one instant
+// (Limiter.BusyTenants).
+type TenantLoad struct {
+	// Name is the tenant's name: "" the default tenant, OverflowTenant
+	// the tenant the names past the bound share.
+	Name string
+	// InFlight and Queued are its requests admitted and waiting; Held
+	// the moving average of InFlight that admission compares with its
+	// fair share.
+	InFlight, Queued int
+	Held             float64
+}
+
+// BusyTenants returns up to n of the tenants with requests in flight or
+// queued, the most in flight first (then the most queued, then by name),
+// for an operator. It reads at most MaxTenants + 2 tenants under the
+// Limiter's lock and remembers nothing.
+func (l *Limiter) BusyTenants(n int) []TenantLoad {
+	if n <= 0 {
+		return nil
+	}
+	l.mu.Lock()
+	ts := &l.ten
+	var out []TenantLoad
+	add := func(name string, t *tenant) {
+		if t.busy() {
+			out = append(out, TenantLoad{Name: name, InFlight: t.inflight, Queued: t.queued, Held: t.held})
+		}
+	}
+	add("", &ts.def)
+	add(OverflowTenant, &ts.overflow)
+	for t := ts.head; t != nil; t = t.next {
+		add(t.key, t)
+	}
+	l.mu.Unlock()
+	slices.SortFunc(out, func(a, b TenantLoad) int {
+		if c := cmp.Compare(b.InFlight, a.InFlight); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.Queued, a.Queued); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out[:min(n, len(out))]
 }

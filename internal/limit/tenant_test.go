@@ -189,3 +189,39 @@ func TestTenantShareMatchesAdmission(t *testing.T) {
 		t.Errorf("after TenantShare of an unknown tenant, %d tenants, want 3 (nothing remembered)", n)
 	}
 }
+
+// TestBusyTenantsListsTheBusiestFirst: BusyTenants lists the tenants with
+// requests in flight, the most first, at most n of them, the default
+// tenant as "" and the names past the bound as OverflowTenant; idle
+// tenants are left out.
+func TestBusyTenantsListsTheBusiestFirst(t *testing.T) {
+	l := mustNew(t, Config{InitialLimit: 100, MinLimit: 100, MaxLimit: 100, MaxTenants: 2})
+	// a and b are the 2 named tenants remembered; c and d, past the bound,
+	// share the overflow tenant.
+	for _, tn := range []struct {
+		name string
+		n    int
+	}{{"a", 3}, {"b", 1}, {"", 2}, {"c", 4}} {
+		for range tn.n {
+			admit(t, l, Request{Tenant: tn.name, Left: NoDeadline})
+		}
+	}
+	s := admit(t, l, Request{Tenant: "d", Left: NoDeadline})
+	l.Abandon(t0, s) // d's one request ended: the overflow tenant holds c's 4
+	got := l.BusyTenants(10)
+	want := []TenantLoad{{Name: OverflowTenant, InFlight: 4}, {Name: "a", InFlight: 3}, {Name: "", InFlight: 2}, {Name: "b", InFlight: 1}}
+	if len(got) != len(want) {
+		t.Fatalf("BusyTenants(10) = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].Name != want[i].Name || got[i].InFlight != want[i].InFlight || got[i].Queued != 0 || got[i].Held <= 0 {
+			t.Errorf("BusyTenants(10)[%d] = %+v, want %+v with a held average", i, got[i], want[i])
+		}
+	}
+	if top := l.BusyTenants(2); len(top) != 2 || top[0].Name != OverflowTenant || top[1].Name != "a" {
+		t.Errorf("BusyTenants(2) = %+v, want the overflow tenant and a", top)
+	}
+	if none := l.BusyTenants(0); none != nil {
+		t.Errorf("BusyTenants(0) = %+v, want nil", none)
+	}
+}

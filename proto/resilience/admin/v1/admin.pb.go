@@ -1602,9 +1602,12 @@ type Limit struct {
 	// by_criticality counts admissions and sheds by criticality.
 	ByCriticality []*CriticalityCounts `protobuf:"bytes,7,rep,name=by_criticality,json=byCriticality,proto3" json:"by_criticality,omitempty"`
 	// tenants is the number of tenants sharing the limit.
-	Tenants       int64 `protobuf:"varint,8,opt,name=tenants,proto3" json:"tenants,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tenants int64 `protobuf:"varint,8,opt,name=tenants,proto3" json:"tenants,omitempty"`
+	// busiest_tenants are the tenants with the most calls in flight (at
+	// most 8), the most first; under tenant fairness only.
+	BusiestTenants []*TenantLoad `protobuf:"bytes,9,rep,name=busiest_tenants,json=busiestTenants,proto3" json:"busiest_tenants,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Limit) Reset() {
@@ -1693,6 +1696,88 @@ func (x *Limit) GetTenants() int64 {
 	return 0
 }
 
+func (x *Limit) GetBusiestTenants() []*TenantLoad {
+	if x != nil {
+		return x.BusiestTenants
+	}
+	return nil
+}
+
+// TenantLoad is one tenant's calls in a concurrency limit.
+type TenantLoad struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is its name: "" the calls without one, "(other tenants)" the
+	// names past the limit's bound.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// in_flight is its calls admitted and running.
+	InFlight int64 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// queued is its calls waiting for a slot.
+	Queued int64 `protobuf:"varint,3,opt,name=queued,proto3" json:"queued,omitempty"`
+	// held is the moving average of in_flight that admission compares with
+	// the tenant's fair share.
+	Held          float64 `protobuf:"fixed64,4,opt,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantLoad) Reset() {
+	*x = TenantLoad{}
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantLoad) ProtoMessage() {}
+
+func (x *TenantLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantLoad.ProtoReflect.Descriptor instead.
+func (*TenantLoad) Descriptor() ([]byte, []int) {
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TenantLoad) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantLoad) GetInFlight() int64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *TenantLoad) GetQueued() int64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *TenantLoad) GetHeld() float64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
 // CriticalityCounts are a limit's counts for one criticality.
 type CriticalityCounts struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1711,7 +1796,7 @@ type CriticalityCounts struct {
 
 func (x *CriticalityCounts) Reset() {
 	*x = CriticalityCounts{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1808,7 @@ func (x *CriticalityCounts) String() string {
 func (*CriticalityCounts) ProtoMessage() {}
 
 func (x *CriticalityCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +1821,7 @@ func (x *CriticalityCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CriticalityCounts.ProtoReflect.Descriptor instead.
 func (*CriticalityCounts) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CriticalityCounts) GetCriticality() string {
@@ -1789,7 +1874,7 @@ type Store struct {
 
 func (x *Store) Reset() {
 	*x = Store{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1886,7 @@ func (x *Store) String() string {
 func (*Store) ProtoMessage() {}
 
 func (x *Store) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1899,7 @@ func (x *Store) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Store.ProtoReflect.Descriptor instead.
 func (*Store) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Store) GetHealthy() bool {
@@ -1881,7 +1966,7 @@ type Channel struct {
 
 func (x *Channel) Reset() {
 	*x = Channel{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1978,7 @@ func (x *Channel) String() string {
 func (*Channel) ProtoMessage() {}
 
 func (x *Channel) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +1991,7 @@ func (x *Channel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Channel.ProtoReflect.Descriptor instead.
 func (*Channel) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Channel) GetTarget() string {
@@ -2010,7 +2095,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2107,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2120,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -2203,7 +2288,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2300,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2313,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Event) GetSequence() uint64 {
@@ -2467,7 +2552,7 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\x06Server\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06limits\x18\x02 \x03(\v2\x1a.resilience.admin.v1.LimitR\x06limits\x120\n" +
-	"\x05store\x18\x03 \x01(\v2\x1a.resilience.admin.v1.StoreR\x05store\"\xc3\x02\n" +
+	"\x05store\x18\x03 \x01(\v2\x1a.resilience.admin.v1.StoreR\x05store\"\x8d\x03\n" +
 	"\x05Limit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1b\n" +
@@ -2476,7 +2561,14 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\bbase_rtt\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\abaseRtt\x12<\n" +
 	"\fsmoothed_rtt\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vsmoothedRtt\x12M\n" +
 	"\x0eby_criticality\x18\a \x03(\v2&.resilience.admin.v1.CriticalityCountsR\rbyCriticality\x12\x18\n" +
-	"\atenants\x18\b \x01(\x03R\atenants\"\x95\x01\n" +
+	"\atenants\x18\b \x01(\x03R\atenants\x12H\n" +
+	"\x0fbusiest_tenants\x18\t \x03(\v2\x1f.resilience.admin.v1.TenantLoadR\x0ebusiestTenants\"m\n" +
+	"\n" +
+	"TenantLoad\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x16\n" +
+	"\x06queued\x18\x03 \x01(\x03R\x06queued\x12\x12\n" +
+	"\x04held\x18\x04 \x01(\x01R\x04held\"\x95\x01\n" +
 	"\x11CriticalityCounts\x12 \n" +
 	"\vcriticality\x18\x01 \x01(\tR\vcriticality\x12\x1a\n" +
 	"\badmitted\x18\x02 \x01(\x04R\badmitted\x12\x1d\n" +
@@ -2600,7 +2692,7 @@ func file_resilience_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_resilience_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_resilience_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_resilience_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_resilience_admin_v1_admin_proto_goTypes = []any{
 	(BreakerAction)(0),             // 0: resilience.admin.v1.BreakerAction
 	(BreakerState)(0),              // 1: resilience.admin.v1.BreakerState
@@ -2626,67 +2718,69 @@ var file_resilience_admin_v1_admin_proto_goTypes = []any{
 	(*Failure)(nil),                // 21: resilience.admin.v1.Failure
 	(*Server)(nil),                 // 22: resilience.admin.v1.Server
 	(*Limit)(nil),                  // 23: resilience.admin.v1.Limit
-	(*CriticalityCounts)(nil),      // 24: resilience.admin.v1.CriticalityCounts
-	(*Store)(nil),                  // 25: resilience.admin.v1.Store
-	(*Channel)(nil),                // 26: resilience.admin.v1.Channel
-	(*Endpoint)(nil),               // 27: resilience.admin.v1.Endpoint
-	(*Event)(nil),                  // 28: resilience.admin.v1.Event
-	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 30: google.protobuf.Duration
+	(*TenantLoad)(nil),             // 24: resilience.admin.v1.TenantLoad
+	(*CriticalityCounts)(nil),      // 25: resilience.admin.v1.CriticalityCounts
+	(*Store)(nil),                  // 26: resilience.admin.v1.Store
+	(*Channel)(nil),                // 27: resilience.admin.v1.Channel
+	(*Endpoint)(nil),               // 28: resilience.admin.v1.Endpoint
+	(*Event)(nil),                  // 29: resilience.admin.v1.Event
+	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 31: google.protobuf.Duration
 }
 var file_resilience_admin_v1_admin_proto_depIdxs = []int32{
 	12, // 0: resilience.admin.v1.GetViewResponse.view:type_name -> resilience.admin.v1.View
-	28, // 1: resilience.admin.v1.ListEventsResponse.events:type_name -> resilience.admin.v1.Event
-	28, // 2: resilience.admin.v1.WatchEventsResponse.event:type_name -> resilience.admin.v1.Event
+	29, // 1: resilience.admin.v1.ListEventsResponse.events:type_name -> resilience.admin.v1.Event
+	29, // 2: resilience.admin.v1.WatchEventsResponse.event:type_name -> resilience.admin.v1.Event
 	0,  // 3: resilience.admin.v1.ControlBreakerRequest.action:type_name -> resilience.admin.v1.BreakerAction
 	16, // 4: resilience.admin.v1.ControlBreakerResponse.breaker:type_name -> resilience.admin.v1.Breaker
-	29, // 5: resilience.admin.v1.View.time:type_name -> google.protobuf.Timestamp
+	30, // 5: resilience.admin.v1.View.time:type_name -> google.protobuf.Timestamp
 	14, // 6: resilience.admin.v1.View.clients:type_name -> resilience.admin.v1.Client
 	22, // 7: resilience.admin.v1.View.servers:type_name -> resilience.admin.v1.Server
-	26, // 8: resilience.admin.v1.View.channels:type_name -> resilience.admin.v1.Channel
+	27, // 8: resilience.admin.v1.View.channels:type_name -> resilience.admin.v1.Channel
 	13, // 9: resilience.admin.v1.View.refusing:type_name -> resilience.admin.v1.Refusing
 	2,  // 10: resilience.admin.v1.Refusing.part:type_name -> resilience.admin.v1.Part
-	29, // 11: resilience.admin.v1.Refusing.since:type_name -> google.protobuf.Timestamp
+	30, // 11: resilience.admin.v1.Refusing.since:type_name -> google.protobuf.Timestamp
 	15, // 12: resilience.admin.v1.Client.methods:type_name -> resilience.admin.v1.Method
 	19, // 13: resilience.admin.v1.Client.retry_budget:type_name -> resilience.admin.v1.RetryBudget
 	20, // 14: resilience.admin.v1.Client.retry_throttling:type_name -> resilience.admin.v1.RetryThrottling
 	16, // 15: resilience.admin.v1.Method.breaker:type_name -> resilience.admin.v1.Breaker
 	17, // 16: resilience.admin.v1.Method.adaptive:type_name -> resilience.admin.v1.Adaptive
 	18, // 17: resilience.admin.v1.Method.bulkhead:type_name -> resilience.admin.v1.Bulkhead
-	30, // 18: resilience.admin.v1.Method.hedging_delay:type_name -> google.protobuf.Duration
+	31, // 18: resilience.admin.v1.Method.hedging_delay:type_name -> google.protobuf.Duration
 	21, // 19: resilience.admin.v1.Method.recent_failures:type_name -> resilience.admin.v1.Failure
 	1,  // 20: resilience.admin.v1.Breaker.state:type_name -> resilience.admin.v1.BreakerState
-	29, // 21: resilience.admin.v1.Breaker.open_until:type_name -> google.protobuf.Timestamp
-	29, // 22: resilience.admin.v1.Failure.time:type_name -> google.protobuf.Timestamp
+	30, // 21: resilience.admin.v1.Breaker.open_until:type_name -> google.protobuf.Timestamp
+	30, // 22: resilience.admin.v1.Failure.time:type_name -> google.protobuf.Timestamp
 	23, // 23: resilience.admin.v1.Server.limits:type_name -> resilience.admin.v1.Limit
-	25, // 24: resilience.admin.v1.Server.store:type_name -> resilience.admin.v1.Store
-	30, // 25: resilience.admin.v1.Limit.base_rtt:type_name -> google.protobuf.Duration
-	30, // 26: resilience.admin.v1.Limit.smoothed_rtt:type_name -> google.protobuf.Duration
-	24, // 27: resilience.admin.v1.Limit.by_criticality:type_name -> resilience.admin.v1.CriticalityCounts
-	29, // 28: resilience.admin.v1.Store.last_failure_time:type_name -> google.protobuf.Timestamp
-	27, // 29: resilience.admin.v1.Channel.endpoints:type_name -> resilience.admin.v1.Endpoint
-	29, // 30: resilience.admin.v1.Endpoint.ejected_until:type_name -> google.protobuf.Timestamp
-	29, // 31: resilience.admin.v1.Endpoint.ejected_since:type_name -> google.protobuf.Timestamp
-	30, // 32: resilience.admin.v1.Endpoint.latency:type_name -> google.protobuf.Duration
-	29, // 33: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 34: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
-	3,  // 35: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
-	29, // 36: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
-	21, // 37: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
-	29, // 38: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
-	4,  // 39: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
-	6,  // 40: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
-	8,  // 41: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
-	10, // 42: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
-	5,  // 43: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
-	7,  // 44: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
-	9,  // 45: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
-	11, // 46: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
-	43, // [43:47] is the sub-list for method output_type
-	39, // [39:43] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	26, // 24: resilience.admin.v1.Server.store:type_name -> resilience.admin.v1.Store
+	31, // 25: resilience.admin.v1.Limit.base_rtt:type_name -> google.protobuf.Duration
+	31, // 26: resilience.admin.v1.Limit.smoothed_rtt:type_name -> google.protobuf.Duration
+	25, // 27: resilience.admin.v1.Limit.by_criticality:type_name -> resilience.admin.v1.CriticalityCounts
+	24, // 28: resilience.admin.v1.Limit.busiest_tenants:type_name -> resilience.admin.v1.TenantLoad
+	30, // 29: resilience.admin.v1.Store.last_failure_time:type_name -> google.protobuf.Timestamp
+	28, // 30: resilience.admin.v1.Channel.endpoints:type_name -> resilience.admin.v1.Endpoint
+	30, // 31: resilience.admin.v1.Endpoint.ejected_until:type_name -> google.protobuf.Timestamp
+	30, // 32: resilience.admin.v1.Endpoint.ejected_since:type_name -> google.protobuf.Timestamp
+	31, // 33: resilience.admin.v1.Endpoint.latency:type_name -> google.protobuf.Duration
+	30, // 34: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 35: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
+	3,  // 36: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
+	30, // 37: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
+	21, // 38: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
+	30, // 39: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
+	4,  // 40: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
+	6,  // 41: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
+	8,  // 42: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
+	10, // 43: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
+	5,  // 44: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
+	7,  // 45: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
+	9,  // 46: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
+	11, // 47: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
+	44, // [44:48] is the sub-list for method output_type
+	40, // [40:44] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_resilience_admin_v1_admin_proto_init() }
@@ -2701,7 +2795,7 @@ func file_resilience_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_resilience_admin_v1_admin_proto_rawDesc), len(file_resilience_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
