@@ -5,11 +5,12 @@
 //
 //   - each Client's methods: breaker state and counts, adaptive
 //     throttling's rejection probability, bulkhead in flight and queued,
-//     the hedging delay, the recent failed attempts; the retry budget's
-//     balance and A6 throttling's tokens;
+//     the hedging delay, the recent failed attempts, the method config
+//     entry in force and where it came from (interceptor.Client.Policy);
+//     the retry budget's balance and A6 throttling's tokens;
 //   - each Server's concurrency limits (limit, in flight, queued, RTTs,
-//     admitted and shed by criticality, tenants) and its idempotency
-//     store's health as its calls found it;
+//     admitted and shed by criticality, tenants and the busiest of them)
+//     and its idempotency store's health as its calls found it;
 //   - each channel of the resilience_endpoint policy, its endpoints with
 //     their ejection state and why;
 //   - the events: a breaker's changes of state (an opening with the failed
@@ -18,7 +19,8 @@
 //     a spent retry budget, A6 throttling, a limit's shed with the call's
 //     criticality and tenant and whether the tenant was over its fair
 //     share, CPU shedding, the headroom, the idempotency store down or
-//     full), one event per episode, its count growing while it goes on;
+//     full, Shutdown; a reason the view does not know, under the part
+//     "other"), one event per episode, its count growing while it goes on;
 //   - "refusing now": the parts refusing calls at the moment of the view,
 //     each with its cause, which is what the page and the CLI show first.
 //
@@ -70,7 +72,8 @@
 // Each part keeps its last 16 events; at most 256 parts are kept, the
 // parts beyond sharing one overflow part per source; strings are cut to
 // 256 bytes and an event keeps at most 8 failed attempts; each Client
-// keeps the last 8 failures of at most 1,024 methods. The log's memory is
+// keeps the last 8 failures of at most 1,024 methods; a method's policy is
+// cut to 1 KiB and a limit shows at most 8 tenants. The log's memory is
 // therefore bounded whatever the traffic, and it counts the events it let
 // go (ListEventsResponse.dropped).
 //
