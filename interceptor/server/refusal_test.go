@@ -302,3 +302,42 @@ func TestTenantStatusesListTheBusiestTenants(t *testing.T) {
 		t.Errorf("after the calls: TenantStatuses = %+v, want none busy", after)
 	}
 }
+
+// TestOnRefusalReportsStreams: the stream interceptor reports its
+// refusals as the unary one does: a stream arriving with less than the
+// headroom left, and a stream arriving once Shutdown began.
+func TestOnRefusalReportsStreams(t *testing.T) {
+	rs := &refusals{seen: make(chan struct{}, 1)}
+	s, err := New(WithHeadroom(time.Hour, 0), WithOnRefusal(rs.hook))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cc := testserver.StartWith(t, newHoldingEcho(), []grpc.ServerOption{grpc.ChainStreamInterceptor(s.StreamServerInterceptor())})
+	ec := echov1.NewEchoServiceClient(cc)
+	stream := func(ctx context.Context) error {
+		st, err := ec.ServerStream(ctx, &echov1.ServerStreamRequest{})
+		if err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	const method = "/resilience.echo.v1.EchoService/ServerStream"
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := stream(ctx); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("a stream with less than the headroom left: %v, want DEADLINE_EXCEEDED", err)
+	}
+	if err := s.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream(t.Context()); status.Code(err) != codes.Unavailable {
+		t.Errorf("a stream after Shutdown: %v, want UNAVAILABLE", err)
+	}
+	got := rs.all()
+	if len(got) != 2 || got[0].Reason != RefusalHeadroom || got[0].FullMethod != method ||
+		got[1].Reason != RefusalShuttingDown || got[1].FullMethod != method {
+		t.Errorf("refusals %+v, want the stream's headroom, then its shutting_down", got)
+	}
+}
