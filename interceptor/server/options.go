@@ -637,4 +637,3 @@ func newSrvRand(src rand.Source) func() float64 {
 		return r.Float64()
 	}
 }
-

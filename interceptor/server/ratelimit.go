@@ -70,9 +70,9 @@ type srvRateSet struct {
 // distributed (a Limiter of Limits.Quota).
 type srvRate struct {
 	name      string
-	key       uint8                // rateKeyBit of its key kind
-	local     *rlengine.Limiter    // nil for a distributed limit
-	shared    quota.Limiter        // nil for a local limit
+	key       uint8                              // rateKeyBit of its key kind
+	local     *rlengine.Limiter                  // nil for a distributed limit
+	shared    quota.Limiter                      // nil for a local limit
 	violation *errdetails.QuotaFailure_Violation // its QuotaFailure entry, built once; read-only
 	sets      srvRateSets
 }

@@ -445,3 +445,37 @@ func TestRateLimitsAddUp(t *testing.T) {
 		}
 	})
 }
+
+// TestRateLimitAdmittedCallAllocatesNothing pins the hot path: a call
+// admitted under a local rate limit (shared, and by tenant with a tenant
+// already remembered) allocates nothing beyond the call without it.
+func TestRateLimitAdmittedCallAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	tenant := func(context.Context) string { return "tenant-a" }
+	for _, key := range []serviceconfig.RateLimitKey{serviceconfig.KeyShared, serviceconfig.KeyTenant} {
+		t.Run(string(key), func(t *testing.T) {
+			l := Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{
+				{Name: "r", Rate: 1e9, Burst: 1 << 30, Key: key}}}}
+			if key == serviceconfig.KeyTenant {
+				l.Tenant = tenant
+			}
+			srv := newRateServer(t, l)
+			icpt := srv.UnaryServerInterceptor()
+			info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
+			h := func(context.Context, any) (any, error) { return nil, nil }
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-other", "v"))
+			if _, err := icpt(ctx, nil, info, h); err != nil { // remembers the key
+				t.Fatal(err)
+			}
+			if n := testing.AllocsPerRun(1000, func() {
+				if _, err := icpt(ctx, nil, info, h); err != nil {
+					t.Fatal(err)
+				}
+			}); n != 0 {
+				t.Errorf("allocs per admitted call = %v, want 0", n)
+			}
+		})
+	}
+}
