@@ -57,7 +57,7 @@ type srvRates struct {
 	tenant            TenantFunc                                // nil: no limit keys by tenant
 	scope             func(ctx context.Context) (string, error) // Idempotency.Scope; nil: no limit keys by it
 	clk               clock.Clock
-	m                 srvRateMetrics
+	m                 *srvRateMetrics // never nil
 }
 
 // srvRateSet is the limits that apply to some methods.
@@ -361,6 +361,7 @@ func (rs *srvRates) admit(ctx context.Context, set *srvRateSet, fullMethod strin
 		return keys, nil
 	}
 	rs.refundMask(set, keys, admitted, now)
+	rs.m.refused(ctx, fullMethod, crit)
 	return keys, rs.refusal(ctx, set, refused, crit, wait)
 }
 
@@ -435,6 +436,11 @@ var attrRateLimit = attribute.Key("resilience.ratelimit")
 type srvRateMetrics struct {
 	on                bool
 	admitted, limited metric.Int64Counter
+	// shed is the server's resilience.server.limit.shed, where a refused
+	// call counts once, with resilience.reason "ratelimit", beside the
+	// concurrency limit's sheds: one panel of the server's refusals.
+	shed    metric.Int64Counter
+	methods methodSets[[4][]metric.AddOption] // shed's attribute sets by full method, by criticality
 }
 
 // srvRateSets are one limit's attribute sets by criticality, built once.
@@ -442,14 +448,24 @@ type srvRateSets struct {
 	admitted, limited [4][]metric.AddOption
 }
 
-func newSrvRateMetrics(mp metric.MeterProvider) (srvRateMetrics, error) {
+func newSrvRateMetrics(mp metric.MeterProvider) (*srvRateMetrics, error) {
 	if mp == nil {
-		return srvRateMetrics{}, nil
+		return &srvRateMetrics{}, nil
 	}
 	mk := instrumentMaker{meter: mp.Meter(telemetry.MeterName)}
-	m := srvRateMetrics{on: true,
+	m := &srvRateMetrics{on: true,
 		admitted: mk.counter(metricSrvRateAdmitted, "{call}", "Calls admitted by each rate limit of the server."),
 		limited:  mk.counter(metricSrvRateLimited, "{call}", "Calls refused by each rate limit of the server, by criticality."),
+		shed:     mk.counter(metricSrvLimitShed, "{call}", "Calls shed by the server's overload protection, by reason and criticality."),
+	}
+	m.methods.build = func(fullMethod string) *[4][]metric.AddOption {
+		meth := telemetry.AttrMethod.String(strings.TrimPrefix(fullMethod, "/"))
+		var sets [4][]metric.AddOption
+		for c := range sets {
+			sets[c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(meth,
+				attrCriticality.String(wire.Criticality(c).String()), telemetry.AttrReason.String(shedReasonRateLimit)))}
+		}
+		return &sets
 	}
 	return m, mk.err
 }
@@ -470,6 +486,17 @@ func (m *srvRateMetrics) limitSets(name string) srvRateSets {
 func (m *srvRateMetrics) admit(ctx context.Context, r *srvRate, c wire.Criticality) {
 	if m.on {
 		m.admitted.Add(ctx, 1, r.sets.admitted[c&3]...)
+	}
+}
+
+// shedReasonRateLimit is the resilience.reason of a call the rate limits
+// refused.
+const shedReasonRateLimit = "ratelimit"
+
+// refused records a call of fullMethod the rate limits refused.
+func (m *srvRateMetrics) refused(ctx context.Context, fullMethod string, c wire.Criticality) {
+	if m.on {
+		m.shed.Add(ctx, 1, m.methods.get(fullMethod)[c&3]...)
 	}
 }
 

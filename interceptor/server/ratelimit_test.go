@@ -479,3 +479,31 @@ func TestRateLimitAdmittedCallAllocatesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestRateLimitMetrics: each limit counts the calls it admitted and
+// refused by criticality, and a refused call counts once among the
+// server's sheds, with reason ratelimit, beside the concurrency limit's.
+func TestRateLimitMetrics(t *testing.T) {
+	r, mp := newMeterReader()
+	l := Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{{Name: "one", Rate: 1, Per: time.Hour, Burst: 2, Key: serviceconfig.KeyShared}}}}
+	srv := newRateServer(t, l, WithMeterProvider(mp))
+	icpt := srv.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	sheddable := metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.CriticalityKey, "SHEDDABLE"))
+	for range 2 {
+		_, _ = icpt(context.Background(), nil, info, h)
+	}
+	_, _ = icpt(context.Background(), nil, info, h)
+	_, _ = icpt(sheddable, nil, info, h)
+	got := collect(t, r)
+	got.Expect(t, metricSrvRateAdmitted, "{call}", map[string]float64{"resilience.criticality=CRITICAL,resilience.ratelimit=one": 2})
+	got.Expect(t, metricSrvRateLimited, "{call}", map[string]float64{
+		"resilience.criticality=CRITICAL,resilience.ratelimit=one":  1,
+		"resilience.criticality=SHEDDABLE,resilience.ratelimit=one": 1,
+	})
+	got.Expect(t, metricSrvLimitShed, "{call}", map[string]float64{
+		"grpc.method=pkg.S/M,resilience.criticality=CRITICAL,resilience.reason=ratelimit":  1,
+		"grpc.method=pkg.S/M,resilience.criticality=SHEDDABLE,resilience.reason=ratelimit": 1,
+	})
+}
