@@ -376,7 +376,12 @@ type Limits struct {
 	// concurrencyLimit puts every unary call under one adaptive limit; each
 	// name of each methodConfig entry gets a limit of its own (a full
 	// method's entry wins over its service's); its tenantFairness shares
-	// each limit fairly among tenants (see Tenant).
+	// each limit fairly among tenants (see Tenant). Its rateLimits, at the
+	// top level and in entries, add up: a call must pass each that applies
+	// to it, before the concurrency limit (see the package documentation,
+	// "Rate limits"); a distributed one needs Quota, one keyed by tenant
+	// needs Tenant or tenantFairness, one keyed by idempotencyScope needs
+	// WithIdempotency.
 	//
 	// A call that arrives while the calls in flight fill its criticality's
 	// share of its limit waits in the limit's queue when it has one
