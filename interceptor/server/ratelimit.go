@@ -323,11 +323,12 @@ func peerKey(ctx context.Context) string {
 // (see the top of the file). It returns nil, the call having taken a token
 // of each, or the *srvShed of the refusal (RESOURCE_EXHAUSTED with
 // RetryInfo, QuotaFailure and the pushback trailer), having taken none, or
-// the idempotency scope's error. keys are the call's keys, for a refund.
+// the idempotency scope's error (a *srvShed too, its status kept). keys are
+// the call's keys, for a refund.
 func (rs *srvRates) admit(ctx context.Context, set *srvRateSet, fullMethod string) (callKeys, error) {
 	keys, err := rs.keysOf(ctx, set)
-	if err != nil {
-		return keys, err
+	if err != nil { // the scope's error, as is, but never stored as a keyed call's outcome
+		return keys, &srvShed{err}
 	}
 	crit := resolveCriticality(rs.crit, ctx)
 	now := rs.clk.Now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
@@ -506,4 +508,54 @@ func TestRateLimitMetrics(t *testing.T) {
 		"grpc.method=pkg.S/M,resilience.criticality=CRITICAL,resilience.reason=ratelimit":  1,
 		"grpc.method=pkg.S/M,resilience.criticality=SHEDDABLE,resilience.reason=ratelimit": 1,
 	})
+}
+
+// TestRateLimitPeerKeyIsTheIPWithoutPort: callers from one IP share a
+// bucket whatever their port (and an IPv4 address is one key however it is
+// written); another IP has its own.
+func TestRateLimitPeerKeyIsTheIPWithoutPort(t *testing.T) {
+	l := Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{{Name: "p", Rate: 1, Per: time.Hour, Burst: 1, Key: serviceconfig.KeyPeer}}}}
+	srv := newRateServer(t, l)
+	icpt := srv.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: echoMethod}
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	from := func(ip string, port int) error {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}})
+		_, err := icpt(ctx, nil, info, h)
+		return err
+	}
+	if err := from("10.0.0.1", 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := from("::ffff:10.0.0.1", 2000); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("the same IP from another port: %v, want refused", err)
+	}
+	if err := from("10.0.0.2", 1000); err != nil {
+		t.Errorf("another IP: %v, want admitted", err)
+	}
+}
+
+// TestRateLimitScopeErrorReturnedAndNotStored: a limit keyed by the
+// idempotency scope returns the scope's error as is when the scope cannot
+// name the caller, and the handler does not run.
+func TestRateLimitScopeErrorReturnedAndNotStored(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scope := func(ctx context.Context) (string, error) {
+		if v := metadata.ValueFromIncomingContext(ctx, "x-user"); len(v) > 0 {
+			return v[0], nil
+		}
+		return "", status.Error(codes.Unauthenticated, "who are you")
+	}
+	l := Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{{Name: "s", Rate: 1, Burst: 1, Key: serviceconfig.KeyIdempotencyScope}}}}
+	srv := newRateServer(t, l, WithIdempotency(Idempotency{Store: store, Scope: scope}))
+	icpt := srv.UnaryServerInterceptor()
+	var runs int
+	h := func(context.Context, any) (any, error) { runs++; return nil, nil }
+	_, err = icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: echoMethod}, h)
+	if status.Code(err) != codes.Unauthenticated || runs != 0 {
+		t.Errorf("no user: %v, %d runs; want UNAUTHENTICATED, none", err, runs)
+	}
 }
