@@ -559,3 +559,29 @@ func TestRateLimitScopeErrorReturnedAndNotStored(t *testing.T) {
 		t.Errorf("no user: %v, %d runs; want UNAUTHENTICATED, none", err, runs)
 	}
 }
+
+// TestRateLimitSheddableRefusedBeforeCriticalTakesTheLastTokens: a burst's
+// reserve is kept for the more critical calls: SHEDDABLE calls (as sent in
+// metadata) are refused while tokens are left, which CRITICAL calls then
+// take, down to the last.
+func TestRateLimitSheddableRefusedBeforeCriticalTakesTheLastTokens(t *testing.T) {
+	l := Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{{Name: "r", Rate: 1, Per: time.Hour, Burst: 5, Key: serviceconfig.KeyShared}}}}
+	srv := newRateServer(t, l)
+	icpt := srv.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: echoMethod}
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	admitted := func(ctx context.Context) (n int) {
+		for range 10 {
+			if _, err := icpt(ctx, nil, info, h); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	sheddable := admitted(metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.CriticalityKey, "SHEDDABLE")))
+	critical := admitted(context.Background())
+	// Sheddable leaves half the burst above one token: (5 − 1) / 2 = 2.
+	if sheddable != 3 || critical != 2 {
+		t.Errorf("admitted: SHEDDABLE %d, then CRITICAL %d; want 3, then the 2 kept for it", sheddable, critical)
+	}
+}
