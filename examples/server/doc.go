@@ -50,7 +50,9 @@
 //	-tls-cert, -tls-key  serve TLS with this certificate and key (PEM)
 //	-tls-client-ca    require client certificates signed by this CA (PEM): mTLS
 //	-faults           fault-injection config, JSON (see package faultinject)
-//	-server-config    concurrency limits, a server document (see svcconfig server)
+//	-server-config    concurrency and rate limits, a server document (see
+//	                  svcconfig server); limits.json, beside this file, limits
+//	                  each tenant (metadata x-tenant) to 20 calls a second
 //	-fail-rate        shorthand: abort this fraction of calls to the echo service
 //	                  (0 to 1, such as 0.3, or a percentage such as 30%)
 //	-fail-code        shorthand: the code of -fail-rate (default UNAVAILABLE)

@@ -85,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.tlsKey, "tls-key", "", "the key of -tls-cert (PEM)")
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA (PEM): mTLS")
 	fs.StringVar(&c.faults, "faults", "", "fault-injection config (JSON file, see package faultinject)")
-	fs.StringVar(&c.serverConfig, "server-config", "", "concurrency limits: a server document (JSON file, see svcconfig server)")
+	fs.StringVar(&c.serverConfig, "server-config", "", "concurrency and rate limits: a server document (JSON file, see svcconfig server; limits.json has a per-tenant rate limit)")
 	fs.Func("fail-rate", "abort this fraction of calls: 0 to 1, such as 0.3, or a percentage such as 30%", c.setFailRate)
 	fs.StringVar(&c.failCode, "fail-code", "UNAVAILABLE", "status code of -fail-rate")
 	fs.DurationVar(&c.latency, "latency", 0, "delay every call this long")

@@ -38,11 +38,14 @@ import (
 // Idempotency.UnstoredCodes says, so that a retry runs it once there is
 // room.
 //
-// The gates, in order: shutting down (Server.Shutdown); then the method's
-// concurrency limit (the door for its deadline, its share of the limit,
-// the limit's queue), or, for a method without one, the CPU shedder.
-// Issue 34's rate limits are one more gate here: a field of srvPass for
-// what the gate holds, a branch in admit, and its release in release.
+// The gates, in order: shutting down (Server.Shutdown); the method's rate
+// limits (ratelimit.go: every one must admit it; a refused call never
+// holds, nor waits for, a concurrency slot, and a call shed by the next
+// gate gets its tokens back); then the method's concurrency limit (the
+// door for its deadline, its share of the limit, the limit's queue), or,
+// for a method without one, the CPU shedder. The rate gate holds nothing
+// once it has decided, so it has no field in srvPass and nothing in
+// release.
 
 // srvShed is the error of a call the server answered without running its
 // handler on the one admission path: shed by a gate (the limit, its door,
@@ -104,6 +107,28 @@ func (s *Server) admit(caller, hctx context.Context, fullMethod string) (srvPass
 	if s.closing.Load() {
 		return srvPass{}, s.shutdownRefusal(caller, fullMethod)
 	}
+	rs := s.rates
+	if rs == nil {
+		return s.admitConcurrency(caller, hctx, fullMethod)
+	}
+	set := rs.lookup(fullMethod)
+	if set == nil {
+		return s.admitConcurrency(caller, hctx, fullMethod)
+	}
+	keys, err := rs.admit(caller, set, fullMethod)
+	if err != nil {
+		return srvPass{}, err
+	}
+	p, err := s.admitConcurrency(caller, hctx, fullMethod)
+	if err != nil { // shed past the rate limits: the call does not run, and its tokens go back
+		rs.refund(set, keys)
+	}
+	return p, err
+}
+
+// admitConcurrency is admit's second gate: the method's concurrency limit,
+// or the CPU shedder.
+func (s *Server) admitConcurrency(caller, hctx context.Context, fullMethod string) (srvPass, error) {
 	ls := s.limits
 	if ls == nil || ls.exempt(fullMethod) {
 		return srvPass{}, nil

@@ -233,15 +233,3 @@ func TestOptionValuesHoldNoState(t *testing.T) {
 		}
 	}
 }
-
-// TestRateLimitsRefusedUntilServed: a document with rate limits is refused
-// by a server that does not serve them, never accepted and ignored.
-func TestRateLimitsRefusedUntilServed(t *testing.T) {
-	rl := []serviceconfig.RateLimit{{Name: "a", Rate: 10, Burst: 1, Key: serviceconfig.KeyShared}}
-	for _, cfg := range []serviceconfig.ServerConfig{
-		{RateLimits: rl},
-		{MethodConfig: []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "a.B"}}, RateLimits: rl}}},
-	} {
-		wantLimitsError(t, Limits{Config: cfg}, "server: Limits.Config: rateLimits are not served by this version of the server yet")
-	}
-}

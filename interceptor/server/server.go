@@ -29,6 +29,7 @@ import (
 type Server struct {
 	idem     *srvIdem   // nil when idempotency is off; immutable
 	limits   *srvLimits // nil when no concurrency limit is set; immutable
+	rates    *srvRates  // nil when no rate limit is set; immutable
 	headroom time.Duration
 	floor    time.Duration
 	// onRefusal is WithOnRefusal's hook; nil: none. Immutable.
@@ -82,6 +83,9 @@ func New(opts ...Option) (*Server, error) {
 		idem.runHandler, idem.refused = s.runHandler, o.onRefusal
 	}
 	if s.limits, err = newSrvLimits(&o); err != nil {
+		return nil, err
+	}
+	if s.rates, err = newSrvRates(&o, o.idem.scope, o.meterProvider); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -192,13 +196,43 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if s.closing.Load() {
 			return s.shutdownRefusal(ss.Context(), info.FullMethod)
 		}
-		if s.limits != nil {
-			if l := s.limits.streamLimiter(info.FullMethod); l != nil {
-				return s.limitedStream(l, srv, ss, info, handler)
+		if s.rates != nil {
+			if set := s.rates.lookup(info.FullMethod); set != nil {
+				return s.rateLimitedStream(set, srv, ss, info, handler)
 			}
 		}
-		return s.srvStreamInner(srv, ss, info, handler)
+		return s.srvStreamLimited(srv, ss, info, handler)
 	}
+}
+
+// rateLimitedStream runs a stream of a method under the rate limits of
+// set: refused, it does not run; admitted, it goes on to the concurrency
+// limit, and gets its tokens back if that sheds it.
+func (s *Server) rateLimitedStream(set *srvRateSet, srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	keys, err := s.rates.admit(ss.Context(), set, info.FullMethod)
+	if err != nil {
+		return err
+	}
+	ran := false
+	err = s.srvStreamLimited(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
+		ran = true
+		return handler(srv, ss)
+	})
+	if !ran {
+		s.rates.refund(set, keys)
+	}
+	return err
+}
+
+// srvStreamLimited is the stream interceptor past the rate limits: the
+// concurrency limit, for the streams Limits.Streams names, then the rest.
+func (s *Server) srvStreamLimited(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if s.limits != nil {
+		if l := s.limits.streamLimiter(info.FullMethod); l != nil {
+			return s.limitedStream(l, srv, ss, info, handler)
+		}
+	}
+	return s.srvStreamInner(srv, ss, info, handler)
 }
 
 // srvStreamInner is the stream interceptor inside the concurrency limit.
