@@ -62,6 +62,30 @@ func (p *Pace) Pushback(now time.Time, w time.Duration) {
 	p.active.Store(true)
 }
 
+// Cancel gives back, at now, a slot that Slot gave for an attempt that was
+// never sent (its caller gave up while waiting, or a later check refused
+// it): the next free slot moves back one period, never before now, so
+// that callers who all give up leave no queue of empty slots behind them.
+// Slots are interchangeable: the next caller takes the latest free one.
+func (p *Pace) Cancel(now time.Time) {
+	if !p.active.Load() {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active.Load() || !p.next.After(now) {
+		return
+	}
+	if back := p.next.Add(-p.period); back.After(now) {
+		p.next = back
+	} else {
+		p.next = now
+	}
+}
+
+// Active reports whether a pushback is in force.
+func (p *Pace) Active() bool { return p.active.Load() }
+
 // Success records an attempt that the server admitted: the pacing ends.
 func (p *Pace) Success() {
 	if !p.active.Load() {
