@@ -65,3 +65,7 @@ func (b *Bucket) Cancel(now time.Time) {
 
 // Interval returns the emission interval: a token every Interval.
 func (b *Bucket) Interval() time.Duration { return time.Duration(b.p.t) }
+
+// Full reports whether the bucket is full at now: a fresh Bucket would
+// decide every call as it does.
+func (b *Bucket) Full(now time.Time) bool { return b.tat.Load() <= int64(now.Sub(b.epoch)) }

@@ -96,3 +96,17 @@ func (p *Pace) Success() {
 	p.period = 0
 	p.mu.Unlock()
 }
+
+// Snapshot returns the next free slot and the period while a pushback is
+// in force, or zeros when none is.
+func (p *Pace) Snapshot() (next time.Time, period time.Duration) {
+	if !p.active.Load() {
+		return time.Time{}, 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active.Load() {
+		return time.Time{}, 0
+	}
+	return p.next, p.period
+}
