@@ -476,3 +476,32 @@ func TestRateLimitUnderTheRateAllocatesNothing(t *testing.T) {
 	}
 	var _ grpc.UnaryInvoker = okInvoker
 }
+
+// TestRateLimitRefusalMetricsAndStop: a local refusal counts in
+// resilience.client.rejections with reason rate_limited, and a call under
+// a retry policy stops with StopRateLimited, its error a *RejectedError.
+func TestRateLimitRefusalMetricsAndStop(t *testing.T) {
+	reader, mp := newMeterReader()
+	var stops []StopReason
+	c := newTestClient(t, WithMeterProvider(mp), WithOnStop(func(_ context.Context, e StopEvent) {
+		stops = append(stops, e.Reason)
+	}), rateConfig(&serviceconfig.ClientRateLimit{Rate: 1, Per: time.Hour, Burst: 1}, fastPolicy(3)))
+	ic := c.UnaryClientInterceptor()
+	req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+	if err := ic(context.Background(), echoMethod, req, reply, nil, okInvoker, grpc.StaticMethod()); err != nil {
+		t.Fatal(err)
+	}
+	err := ic(context.Background(), echoMethod, req, reply, nil, okInvoker, grpc.StaticMethod())
+	re, ok := errors.AsType[*RejectedError](err)
+	if !ok || !errors.Is(err, ErrRateLimited) || status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second call = %v, want a *RejectedError with ErrRateLimited, RESOURCE_EXHAUSTED", err)
+	}
+	if re.RetryAfter < 59*time.Minute || retryInfo(err) != re.RetryAfter {
+		t.Errorf("RetryAfter %v, RetryInfo %v: want about an hour, the same", re.RetryAfter, retryInfo(err))
+	}
+	if len(stops) != 1 || stops[0] != StopRateLimited {
+		t.Errorf("stop reasons %v, want [%v]", stops, StopRateLimited)
+	}
+	got := collect(t, reader)
+	got.Expect(t, metricRejections, "{attempt}", map[string]float64{echoMethodAttr + ",resilience.reason=rate_limited": 1})
+}
