@@ -74,14 +74,14 @@ func (q *rateGate) limit(ctx context.Context, now time.Time) time.Duration {
 // context's status when the caller gave up while waiting.
 func (q *rateGate) take(ctx context.Context, now time.Time, held bool, rej *rejections) (time.Time, error) {
 	limit := q.limit(ctx, now)
-	var wait time.Duration
+	var slotWait, tokenWait time.Duration
 	paced := false
 	if !held {
 		w, ok := q.pace.Slot(now, limit)
 		if !ok {
 			return now, rej.limited(w)
 		}
-		wait, paced = w, q.pace.Active()
+		slotWait, paced = w, q.pace.Active()
 	}
 	if q.bucket != nil {
 		w, ok := q.bucket.Reserve(now, limit)
@@ -91,27 +91,45 @@ func (q *rateGate) take(ctx context.Context, now time.Time, held bool, rej *reje
 			}
 			return now, rej.limited(w)
 		}
-		wait = max(wait, w)
+		tokenWait = w
 	}
+	wait := max(slotWait, tokenWait)
 	if wait <= 0 {
 		return now, nil
+	}
+	// ended tells a wait for a slot that the pacing ended (an attempt was
+	// admitted): the slot no longer matters, only the token does.
+	var ended <-chan struct{}
+	if paced && slotWait > tokenWait {
+		ended = q.pace.Ended()
 	}
 	q.waiting.Add(1)
 	defer q.waiting.Add(-1)
 	t := time.NewTimer(wait)
-	select {
-	case <-t.C:
-		return time.Now(), nil
-	case <-ctx.Done():
-		t.Stop()
-		end := time.Now()
-		if paced {
-			q.pace.Cancel(end)
+	for {
+		select {
+		case <-t.C:
+			return time.Now(), nil
+		case <-ended:
+			ended, paced = nil, false
+			end := time.Now()
+			rest := tokenWait - end.Sub(now)
+			if rest <= 0 {
+				t.Stop()
+				return end, nil
+			}
+			t.Reset(rest)
+		case <-ctx.Done():
+			t.Stop()
+			end := time.Now()
+			if paced {
+				q.pace.Cancel(end)
+			}
+			if q.bucket != nil {
+				q.bucket.Cancel(end)
+			}
+			return end, status.FromContextError(ctx.Err()).Err()
 		}
-		if q.bucket != nil {
-			q.bucket.Cancel(end)
-		}
-		return end, status.FromContextError(ctx.Err()).Err()
 	}
 }
 

@@ -268,8 +268,10 @@ func TestRateLimitCancelMidWaitHoldsNothing(t *testing.T) {
 
 // TestRateLimitRetryWaitsItsSlot: a retry after a server's RetryInfo of
 // 300ms goes exactly 300ms later, and a call of the method that comes
-// meanwhile (willing to wait 1 s) is paced behind it, one period later,
-// instead of sending a doomed attempt.
+// meanwhile (willing to wait 1 s) is paced behind it, in the slot a period
+// later, instead of sending a doomed attempt; when the retry is admitted,
+// the pacing ends and the waiting call goes at once rather than waiting
+// out a slot that no longer means anything.
 func TestRateLimitRetryWaitsItsSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := newQuotaServer(0)
@@ -285,8 +287,37 @@ func TestRateLimitRetryWaitsItsSlot(t *testing.T) {
 			t.Fatalf("the retried call = %v", err)
 		}
 		admitted, refused := srv.counts()
-		if !equalDurations(refused, []time.Duration{0}) || !equalDurations(admitted, []time.Duration{300 * time.Millisecond, 600 * time.Millisecond}) {
-			t.Fatalf("server refused at %v and admitted at %v; want [0] and [300ms 600ms]", refused, admitted)
+		if !equalDurations(refused, []time.Duration{0}) || !equalDurations(admitted, []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}) {
+			t.Fatalf("server refused at %v and admitted at %v; want [0] and [300ms 300ms]", refused, admitted)
+		}
+	})
+}
+
+// TestRateLimitPacedCallGoesInItsSlot: as above, but the server still
+// refuses the retry at 300ms (over quota until 450ms; every RetryInfo says
+// 300ms): the call waiting behind the retry goes in its slot at 600ms and
+// is admitted, and the retry's next attempt goes in the slot after that,
+// at 900ms, which it took when it decided to wait. Two refused attempts in
+// all.
+func TestRateLimitPacedCallGoesInItsSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := newQuotaServer(0)
+		srv.next = srv.start.Add(450 * time.Millisecond)
+		srv.hint = 300 * time.Millisecond
+		stub, _ := quotaEcho(t, srv, rateConfig(&serviceconfig.ClientRateLimit{MaxWait: time.Second}, fastPolicy(3)))
+		first := make(chan error, 1)
+		go func() { _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); first <- err }()
+		time.Sleep(100 * time.Millisecond)
+		if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+			t.Fatalf("the paced call = %v", err)
+		}
+		if err := <-first; err != nil {
+			t.Fatalf("the retried call = %v", err)
+		}
+		admitted, refused := srv.counts()
+		ms := time.Millisecond
+		if !equalDurations(refused, []time.Duration{0, 300 * ms}) || !equalDurations(admitted, []time.Duration{600 * ms, 900 * ms}) {
+			t.Fatalf("server refused at %v and admitted at %v", refused, admitted)
 		}
 	})
 }

@@ -98,3 +98,33 @@ func TestBucketAllocations(t *testing.T) {
 		t.Fatalf("Reserve allocates %v times, want 0", n)
 	}
 }
+
+// TestPaceEndedAndNewEpisode: Success closes the channel Ended gave the
+// waiters, and a later pushback starts afresh: the slots taken in the
+// pushback that ended (ten periods ahead) delay nothing.
+func TestPaceEndedAndNewEpisode(t *testing.T) {
+	var p Pace
+	if p.Ended() != nil {
+		t.Fatal("Ended() with no pushback in force: want nil")
+	}
+	w := 100 * time.Millisecond
+	p.Pushback(at(0), w)
+	for range 10 {
+		p.Slot(at(0), time.Hour)
+	}
+	ended := p.Ended()
+	p.Success()
+	select {
+	case <-ended:
+	default:
+		t.Fatal("Success did not close Ended()")
+	}
+	p.Success() // twice: no panic
+	p.Pushback(at(time.Second), w)
+	if got, ok := p.Slot(at(time.Second), time.Hour); !ok || got != w {
+		t.Fatalf("Slot in a new pushback = %v, %v; want %v, true (the old slots gone)", got, ok, w)
+	}
+	if next, period := p.Snapshot(); period != w || !next.Equal(at(time.Second+2*w)) {
+		t.Fatalf("Snapshot() = %v, %v", next, period)
+	}
+}

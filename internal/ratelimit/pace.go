@@ -20,6 +20,9 @@ type Pace struct {
 	mu     sync.Mutex
 	next   time.Time     // the next free slot; guarded by mu
 	period time.Duration // the last pushback; guarded by mu
+	// ended is closed when the pushback in force ends (Success): made by
+	// the Pushback that begins it, nil while none is; guarded by mu.
+	ended chan struct{}
 }
 
 // Slot returns how long an attempt at now must wait for its slot, and
@@ -55,11 +58,29 @@ func (p *Pace) Pushback(now time.Time, w time.Duration) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.active.Load() {
+		// A new pushback: the slots of one that ended are no longer held
+		// (their holders were told by ended), so none of them delays it.
+		p.next = time.Time{}
+		p.ended = make(chan struct{})
+	}
 	if at := now.Add(w); at.After(p.next) {
 		p.next = at
 	}
 	p.period = w
 	p.active.Store(true)
+}
+
+// Ended returns a channel closed when the pushback in force ends, so that
+// an attempt waiting for its slot can go at once; nil when none is in
+// force.
+func (p *Pace) Ended() <-chan struct{} {
+	if !p.active.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ended
 }
 
 // Cancel gives back, at now, a slot that Slot gave for an attempt that was
@@ -86,15 +107,21 @@ func (p *Pace) Cancel(now time.Time) {
 // Active reports whether a pushback is in force.
 func (p *Pace) Active() bool { return p.active.Load() }
 
-// Success records an attempt that the server admitted: the pacing ends.
+// Success records an attempt that the server admitted: the pacing ends,
+// and the attempts waiting for their slots are told (Ended).
 func (p *Pace) Success() {
 	if !p.active.Load() {
 		return
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active.Load() {
+		return
+	}
 	p.active.Store(false)
 	p.period = 0
-	p.mu.Unlock()
+	close(p.ended)
+	p.ended = nil
 }
 
 // Snapshot returns the next free slot and the period while a pushback is
