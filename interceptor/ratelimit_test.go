@@ -269,9 +269,7 @@ func TestRateLimitCancelMidWaitHoldsNothing(t *testing.T) {
 // TestRateLimitRetryWaitsItsSlot: a retry after a server's RetryInfo of
 // 300ms goes exactly 300ms later, and a call of the method that comes
 // meanwhile (willing to wait 1 s) is paced behind it, in the slot a period
-// later, instead of sending a doomed attempt; when the retry is admitted,
-// the pacing ends and the waiting call goes at once rather than waiting
-// out a slot that no longer means anything.
+// later, instead of sending a doomed attempt.
 func TestRateLimitRetryWaitsItsSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := newQuotaServer(0)
@@ -287,8 +285,8 @@ func TestRateLimitRetryWaitsItsSlot(t *testing.T) {
 			t.Fatalf("the retried call = %v", err)
 		}
 		admitted, refused := srv.counts()
-		if !equalDurations(refused, []time.Duration{0}) || !equalDurations(admitted, []time.Duration{300 * time.Millisecond, 300 * time.Millisecond}) {
-			t.Fatalf("server refused at %v and admitted at %v; want [0] and [300ms 300ms]", refused, admitted)
+		if !equalDurations(refused, []time.Duration{0}) || !equalDurations(admitted, []time.Duration{300 * time.Millisecond, 600 * time.Millisecond}) {
+			t.Fatalf("server refused at %v and admitted at %v; want [0] and [300ms 600ms]", refused, admitted)
 		}
 	})
 }
@@ -324,7 +322,8 @@ func TestRateLimitPacedCallGoesInItsSlot(t *testing.T) {
 
 // TestRateLimitAbsurdServerHintIsCapped: a server that answers with a
 // RetryInfo of 1,000 hours paces the method by WithMaxServerPushback (2 s)
-// at most: the next call goes 2 s later.
+// at most: the next call goes 2 s later; each admitted call then halves
+// the spacing, until the pacing ends under a millisecond.
 func TestRateLimitAbsurdServerHintIsCapped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := newQuotaServer(0)
@@ -345,8 +344,18 @@ func TestRateLimitAbsurdServerHintIsCapped(t *testing.T) {
 		if d := time.Since(start); d != 2*time.Second {
 			t.Fatalf("the next call waited %v, want 2s", d)
 		}
-		if s := c.Status(echoMethod).RateLimit; s.Period != 0 {
-			t.Fatalf("after an admitted call: %+v, want no pacing", s)
+		if s := c.Status(echoMethod).RateLimit; s.Period != time.Second {
+			t.Fatalf("after an admitted call: %+v, want the spacing halved to 1s", s)
+		}
+		start = time.Now()
+		for c.Status(echoMethod).RateLimit.Period != 0 {
+			if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// 1s + 500ms + ... + 1.95ms: the slots the admitted calls took.
+		if d := time.Since(start); d < 1990*time.Millisecond || d > 2*time.Second {
+			t.Fatalf("back to full speed after %v, want about 2s (twice the capped pushback)", d)
 		}
 	})
 }

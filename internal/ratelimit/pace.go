@@ -9,11 +9,17 @@ import (
 // Pace spaces a client's attempts of one method while its server is
 // pushing back: after an answer that says "come back after w"
 // (RESOURCE_EXHAUSTED with a google.rpc.RetryInfo), the attempts of the
-// method go one per w, each in a slot of its own, until an attempt
-// succeeds; so at most one attempt per pushback period meets the limit,
-// where a plain retry loop sends one per call. The zero value paces
-// nothing. It is safe for concurrent use; an attempt while nothing is
-// paced costs an atomic load.
+// method go one per w, each in a slot of its own; each admitted attempt
+// halves the spacing, and the pacing ends when it is under MinPacePeriod,
+// so a method whose server keeps refusing at the margin sends about one
+// doomed attempt per pushback period, where a plain retry loop sends one
+// per call, and one whose server recovered is back to full speed within
+// about twice the last pushback (w + w/2 + w/4 ...). Ending at the first
+// admitted attempt instead would let every caller through between that
+// answer and the next refusal: three doomed attempts per period in real
+// time on loopback, against one. The zero value paces nothing. It is safe
+// for concurrent use; an attempt while nothing is paced costs an atomic
+// load.
 type Pace struct {
 	active atomic.Bool // a pushback is in force; written under mu
 
@@ -67,7 +73,10 @@ func (p *Pace) Pushback(now time.Time, w time.Duration) {
 	if at := now.Add(w); at.After(p.next) {
 		p.next = at
 	}
-	p.period = w
+	// A refusal's wait is the time until the server's next token, which
+	// may be a sliver of its interval: the spacing keeps the longest wait
+	// asked for, and only admitted attempts shorten it.
+	p.period = max(p.period, w)
 	p.active.Store(true)
 }
 
@@ -107,8 +116,12 @@ func (p *Pace) Cancel(now time.Time) {
 // Active reports whether a pushback is in force.
 func (p *Pace) Active() bool { return p.active.Load() }
 
-// Success records an attempt that the server admitted: the pacing ends,
-// and the attempts waiting for their slots are told (Ended).
+// MinPacePeriod is the spacing under which a Pace ends: a millisecond.
+const MinPacePeriod = time.Millisecond
+
+// Success records an attempt that the server admitted: the spacing halves,
+// and under MinPacePeriod the pacing ends and the attempts waiting for
+// their slots are told (Ended).
 func (p *Pace) Success() {
 	if !p.active.Load() {
 		return
@@ -116,6 +129,15 @@ func (p *Pace) Success() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.active.Load() {
+		return
+	}
+	// The next slot moves back with the spacing: it is the last slot
+	// taken plus the new spacing (slots are interchangeable; an attempt
+	// waiting for a later one keeps it).
+	old := p.period
+	p.period /= 2
+	p.next = p.next.Add(p.period - old)
+	if p.period >= MinPacePeriod {
 		return
 	}
 	p.active.Store(false)
