@@ -152,10 +152,13 @@
 // selects a gate of its own, before the breaker and the bulkhead. After an
 // attempt that the server refused with RESOURCE_EXHAUSTED and a wait (a
 // google.rpc.RetryInfo detail or the grpc-retry-pushback-ms trailer, capped
-// by WithMaxServerPushback), the method's attempts go one per that wait,
-// each in a slot of its own, until one is admitted; so a method sends at
-// most one doomed attempt per pushback period, where a plain retry loop
-// sends one per call. A retry of the refused call takes its slot when it
+// by WithMaxServerPushback), the method's attempts go one per that wait
+// (the longest asked since the pacing began), each in a slot of its own;
+// each admitted attempt halves the spacing, and the pacing ends under a
+// millisecond. So a method at its server's limit sends about one doomed
+// attempt per pushback period, where a plain retry loop sends one per
+// call, and one whose server recovered is at full speed again within about
+// twice the last wait. A retry of the refused call takes its slot when it
 // decides to wait, and waits for it (within the deadline and the retry
 // budget). With a rate, the block also limits the attempts the client
 // sends (GCRA: rate per period, bursts of burst; retries and hedged copies

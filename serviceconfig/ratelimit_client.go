@@ -11,7 +11,8 @@ import "time"
 // Pacing: after an attempt that the server refused with
 // RESOURCE_EXHAUSTED and a wait (a google.rpc.RetryInfo detail, or the
 // grpc-retry-pushback-ms trailer), the method's attempts go one per that
-// wait until one is admitted, rather than each sending a doomed attempt;
+// wait, rather than each sending a doomed attempt; each admitted attempt
+// halves the spacing, until the pacing ends under a millisecond;
 // a retry of the refused call waits for its slot, within the call's
 // deadline and the retry budget. The server's wait is capped by the
 // client's WithMaxServerPushback (30s by default).

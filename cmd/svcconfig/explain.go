@@ -460,8 +460,8 @@ func explainRateLimit(p *printer, r *serviceconfig.ClientRateLimit) {
 	}
 	t.flush()
 	p.printf("after a RESOURCE_EXHAUSTED with RetryInfo or grpc-retry-pushback-ms, the method's attempts go one per\n")
-	p.printf("that wait (capped by WithMaxServerPushback, 30s by default) until one is admitted; a local refusal is\n")
-	p.printf("RESOURCE_EXHAUSTED with a RetryInfo, never reaches the server and never counts as a failure\n")
+	p.printf("that wait (capped by WithMaxServerPushback, 30s by default), each admitted attempt halving the spacing;\n")
+	p.printf("a local refusal is RESOURCE_EXHAUSTED with a RetryInfo, never reaches the server and never counts as a failure\n")
 }
 
 // orSecond is d, or one second when d is 0 (a rate's default period).
