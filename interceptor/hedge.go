@@ -568,6 +568,9 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 		h.job.refund(tok)
 		return err
 	}
+	if adm.paced {
+		now = adm.start // the wait at the rate limit is no part of the copy
+	}
 	if h.running == 0 && !h.idleAt.IsZero() {
 		h.r.waited += now.Sub(h.idleAt)
 		h.idleAt = time.Time{}

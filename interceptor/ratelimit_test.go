@@ -545,3 +545,51 @@ func TestRateLimitRefusalMetricsAndStop(t *testing.T) {
 	got := collect(t, reader)
 	got.Expect(t, metricRejections, "{attempt}", map[string]float64{echoMethodAttr + ",resilience.reason=rate_limited": 1})
 }
+
+// TestRateLimitStreamPacedByTrailer: a stream that the server refuses with
+// RESOURCE_EXHAUSTED and the grpc-retry-pushback-ms trailer (no RetryInfo)
+// paces the method: the next stream fails locally until the wait passed.
+func TestRateLimitStreamPacedByTrailer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Err: status.Error(codes.ResourceExhausted, "over quota"),
+					Trailer: map[string][]string{"grpc-retry-pushback-ms": {"250"}}}
+			}
+			return testserver.Outcome{}
+		})
+		c := newTestClient(t, WithMethodConfig(serviceconfig.MethodConfig{
+			Name:      []serviceconfig.Name{{Service: echoService, Method: "ServerStream"}},
+			RateLimit: &serviceconfig.ClientRateLimit{},
+		}))
+		stub := echov1.NewEchoServiceClient(testserver.Start(t, srv, c.DialOptions()...))
+		recv := func() error {
+			s, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Message: "m", Count: 1})
+			if err != nil {
+				return err
+			}
+			for {
+				if _, err := s.Recv(); err != nil {
+					if err.Error() == "EOF" {
+						return nil
+					}
+					return err
+				}
+			}
+		}
+		if err := recv(); status.Code(err) != codes.ResourceExhausted || errors.Is(err, ErrRateLimited) {
+			t.Fatalf("first stream = %v, want the server's RESOURCE_EXHAUSTED", err)
+		}
+		if err := recv(); !errors.Is(err, ErrRateLimited) || retryInfo(err) != 250*time.Millisecond {
+			t.Fatalf("second stream = %v, want ErrRateLimited with a RetryInfo of 250ms", err)
+		}
+		time.Sleep(250 * time.Millisecond)
+		if err := recv(); err != nil {
+			t.Fatalf("stream after the wait = %v", err)
+		}
+		if n := srv.Count("ServerStream"); n != 2 {
+			t.Fatalf("the server saw %d streams, want 2", n)
+		}
+	})
+}
