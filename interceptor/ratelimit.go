@@ -97,8 +97,9 @@ func (q *rateGate) take(ctx context.Context, now time.Time, held bool, rej *reje
 	if wait <= 0 {
 		return now, nil
 	}
-	// ended tells a wait for a slot that the pacing ended (an attempt was
-	// admitted): the slot no longer matters, only the token does.
+	// ended tells a wait for a slot that the pacing ended (admitted
+	// attempts brought the spacing under a millisecond): the slot no
+	// longer matters, only the token does.
 	var ended <-chan struct{}
 	if paced && slotWait > tokenWait {
 		ended = q.pace.Ended()
