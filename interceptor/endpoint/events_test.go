@@ -64,8 +64,8 @@ func TestEjectionAndReturnAreLoggedOnce(t *testing.T) {
 	endpoint.SetLogger(slog.New(h))
 	defer endpoint.SetLogger(nil)
 	synctest.Test(t, func(t *testing.T) {
-		cl := resiliencetest.StartCluster(t, 3, nil,
-			resiliencetest.WithServiceConfig(`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 2, "baseEjectionTime": "10s"}}]}`))
+		cl := resiliencetest.StartCluster(t, 3, nil, resiliencetest.WithServiceConfig(
+			`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 2, "baseEjectionTime": "10s"}}]}`))
 		waitAllReady(t, cl, 3)
 		cl.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Code: codes.Unavailable} })
 		echo := cl.EchoClient()
