@@ -257,10 +257,10 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return c.hedged(ctx, st, mp, &co, hedge, method, req.(proto.Message), reply.(proto.Message), cc, invoker, s.opts)
 	}
 	u.ctx = ctx
-	if u.r.rp.maxAttempts > 1 || st.storm.throttle != nil {
-		// A retry, and A6 throttling's account of a failure, need the
-		// server's pushback (trailer) and whether the attempt committed
-		// (header).
+	if u.r.rp.maxAttempts > 1 || st.storm.throttle != nil || mp.g.rate != nil {
+		// A retry, A6 throttling's account of a failure and a rate
+		// limit's pace need the server's pushback (trailer), and a retry
+		// whether the attempt committed (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
 	} else if u.r.keyed && c.metrics.on {
 		s.opts = append(s.opts, s.withHeader) // for the replays metric
@@ -414,10 +414,14 @@ func (u *unaryCall) committed() bool {
 func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rejected bool, err error) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
-	adm, rerr := mp.g.admit(u.ctx, now)
+	adm, rerr := mp.g.admit(u.ctx, now, r.paceHeld)
+	r.paceHeld = false
 	if rerr != nil {
 		r.settle(false)
 		return false, true, rerr
+	}
+	if adm.paced {
+		now = adm.start // the wait at the rate limit is no part of the attempt
 	}
 	released := false
 	defer func() {
@@ -442,6 +446,9 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 		timedOut = !end.Before(now.Add(timeout)) && callerErrAt(u.ctx, end) == nil
 	}
 	released = true
+	if q := mp.g.rate; q != nil {
+		q.answer(u.ctx, err, u.s.trailer, since(now))
+	}
 	end := mp.g.release(u.ctx, adm, err, true)
 	r.c.metrics.attempt(u.ctx, r.mm, err)
 	r.c.metrics.replayed(u.ctx, r.mm, u.s.header)

@@ -63,6 +63,20 @@ type MethodStatus struct {
 	Breaker    *BreakerStatus
 	Adaptive   *AdaptiveStatus
 	Bulkhead   *BulkheadStatus
+	RateLimit  *RateLimitStatus
+}
+
+// RateLimitStatus is a snapshot of one method's rate limit (a rateLimit
+// block).
+type RateLimitStatus struct {
+	// Waiting is the number of attempts waiting for their token or slot.
+	Waiting int
+	// PacedUntil is when the next slot of the method's pace is free while
+	// a server's pushback is in force; zero when none is.
+	PacedUntil time.Time
+	// Period is the server's last wait (capped), by which the attempts are
+	// spaced while the pushback is in force; 0 when none is.
+	Period time.Duration
 }
 
 // Status returns a snapshot of the breaker and bulkhead that the calls of
@@ -113,6 +127,10 @@ func (p *methodPolicy) status(now time.Time) MethodStatus {
 	if bh := p.g.bulkhead; bh != nil {
 		s := bh.Snapshot()
 		st.Bulkhead = &BulkheadStatus{InFlight: s.InFlight, Queued: s.Queued}
+	}
+	if q := p.g.rate; q != nil {
+		st.RateLimit = &RateLimitStatus{Waiting: int(q.waiting.Load())}
+		st.RateLimit.PacedUntil, st.RateLimit.Period = q.pace.Snapshot()
 	}
 	return st
 }

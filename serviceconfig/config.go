@@ -165,6 +165,11 @@ type MethodConfig struct {
 	// Bulkhead, an extension block, bounds the attempts of each selected
 	// method in flight and queued.
 	Bulkhead *Bulkhead
+
+	// RateLimit, an extension block, paces each selected method while its
+	// server pushes back, and limits the attempts the client sends when
+	// its Rate is set.
+	RateLimit *ClientRateLimit
 }
 
 // Lookup returns the entry that applies to fullMethod ("/pkg.Service/Method",
