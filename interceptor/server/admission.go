@@ -166,9 +166,10 @@ func (s *Server) release(p *srvPass, hctx context.Context, err error, panicked b
 }
 
 // admitLimit takes a slot of l for a call of fullMethod, of cost class
-// class, that arrived at now with left of its handler's deadline (limit.NoDeadline: none, and then it
-// is never shed for its deadline): at once, or from the queue, waiting on
-// the caller's context and the handler's. Admitted, it returns the slot
+// class, that arrived at now with left of its handler's deadline
+// (limit.NoDeadline: none, and then it is never shed for its deadline): at
+// once, or from the queue, waiting on the caller's context and the
+// handler's. Admitted, it returns the slot
 // and when the call's service time starts (after its time in the queue,
 // which is not the service's latency); shed, it returns a *srvShed with
 // the status, and holds nothing.
