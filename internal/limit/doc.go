@@ -149,9 +149,13 @@
 // (counted from the last one let through, or the first sample), so that
 // once the service is fast again the door learns it within about one of
 // its own service times (after a 400ms slow phase, a 150ms call is served
-// within 400ms; it used to take 3.2s); and once no request of the class
-// completed for 8 of its smoothed latencies the door is open to every
-// deadline until one does.
+// within 400ms; it used to take 3.2s). A request whose deadline has passed
+// is never let through, and one let through that teaches the door nothing
+// (its deadline cut it, its caller went away, it failed, or the limit shed
+// it) lets the next request with more time left through at once, so that
+// callers whose deadlines leave no time for any service cannot take every
+// test. Once no request of the class completed for 8 of its smoothed
+// latencies the door is open to every deadline until one does.
 //
 // # Criticality
 //
