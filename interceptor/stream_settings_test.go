@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"context"
 	"io"
 	"slices"
 	"strings"
@@ -211,5 +212,20 @@ func TestHedgedStreamOfAnUnregisteredMethodIsLoggedAtItsFirstCall(t *testing.T) 
 	}
 	if got := rec.logged(); !slices.Equal(got, want) {
 		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestFallbackForAServiceWithStreamsNamesTheStreams pins WithFallback
+// given a service with streaming methods: a fallback answers unary calls
+// only, and NewClient says so once, naming the streams it leaves alone.
+func TestFallbackForAServiceWithStreamsNamesTheStreams(t *testing.T) {
+	logger, rec := withRecorder()
+	fallback := func(context.Context, string, any, any, error) error { return nil }
+	newTestClient(t, logger, WithFallback(fallback, echoService))
+	const want = `interceptor: WithFallback("resilience.echo.v1.EchoService"): service resilience.echo.v1.EchoService ` +
+		`has streaming methods (ServerStream, ClientStream, BidiStream), which it does not answer: a fallback answers unary calls only ` +
+		`(a stream's rejection is returned as it is)`
+	if got := rec.logged(); !slices.Equal(got, []string{want}) {
+		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), want)
 	}
 }
