@@ -31,9 +31,13 @@
 // relay of another replica; a receiver that is down, slow or overloaded
 // fails the delivery, which the relay's client retries (interceptor.Client:
 // backoff, a circuit breaker), and the relay again in a later pass, with
-// backoff, until it is answered. So every message is delivered at least
-// once, and often more than once after a crash: the receiver's idempotency
-// (the same key on every delivery of a message) makes it once. A message
+// backoff, until it is answered. While the client refuses a method's
+// calls (its breaker open: the receiver down), the relay takes none of
+// that method's messages until the breaker lets a probe through, and
+// counts no attempt for the refusals (Relay.Once). So every message is
+// delivered at least once, and often more than once after a crash: the
+// receiver's idempotency (the same key on every delivery of a message)
+// makes it once. A message
 // the receiver refuses for good (a code outside
 // RelayConfig.RetryableCodes, such as INVALID_ARGUMENT) is marked dead and
 // kept for an operator.

@@ -46,9 +46,10 @@ func newStatements(schema string) statements {
 	return statements{
 		insert: "INSERT INTO " + t + " (id, method, payload) VALUES ($1, $2, $3)",
 		// A relay takes the due rows, oldest first, skipping those another
-		// relay is taking, and holds them for its lease (next_at).
+		// relay is taking and those of the methods it holds ($3, see
+		// Relay.Once), and holds them for its lease (next_at).
 		take: "UPDATE " + t + " o SET next_at = statement_timestamp() + $2 * interval '1 millisecond', attempts = o.attempts + 1 " +
-			"FROM (SELECT seq FROM " + t + " WHERE dead_at IS NULL AND next_at <= statement_timestamp() " +
+			"FROM (SELECT seq FROM " + t + " WHERE dead_at IS NULL AND next_at <= statement_timestamp() AND method <> ALL($3::text[]) " +
 			"ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) due WHERE o.seq = due.seq " +
 			"RETURNING o.seq, o.id, o.method, o.payload, o.attempts, o.created_at",
 		ack:     "DELETE FROM " + t + " WHERE seq = $1",

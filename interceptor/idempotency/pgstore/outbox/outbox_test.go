@@ -165,6 +165,17 @@ func (s *echoService) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov
 	return s.e.Echo(ctx, req)
 }
 
+// Lookup is a second method of the receiver, with a breaker of its own on
+// the relay's client: it does what Echo does, its message prefixed with
+// "lookup:".
+func (s *echoService) Lookup(ctx context.Context, req *echov1.LookupRequest) (*echov1.LookupResponse, error) {
+	resp, err := s.e.Echo(ctx, &echov1.EchoRequest{Message: "lookup:" + req.Message})
+	if err != nil {
+		return nil, err
+	}
+	return &echov1.LookupResponse{Message: resp.Message}, nil
+}
+
 // conn dials the receiver, plainly: the relay applies its client.
 func (e *env) conn(t *testing.T) *grpc.ClientConn {
 	t.Helper()

@@ -102,6 +102,13 @@ type Relay struct {
 	owned  *interceptor.Client // the default client, closed by Close; nil when the caller gave one
 	cfg    RelayConfig
 	closed sync.Once
+
+	mu sync.Mutex
+	// held maps a method whose delivery the client refused (see Once) to
+	// when the client may admit a call of it again: passes take none of its
+	// messages until then. An entry is dropped by the first pass after it;
+	// the keys are methods of the outbox's rows. Guarded by mu.
+	held map[string]time.Time
 }
 
 // NewRelay returns a Relay of ob's messages, read through pool and
@@ -109,8 +116,11 @@ type Relay struct {
 // the relay calls through client's (retries, breaker, idempotency key),
 // or, when client is nil, through its own, whose policy retries each
 // delivery up to 4 attempts (100 ms backoff, doubling to 1 s) and opens a
-// breaker after 5 failures in a row for 5 s; Close closes it. It does not
-// start: call Run (in a goroutine of its own) or Once.
+// breaker after 5 failures in a row for 5 s; Close closes it. Give it a
+// client without a fallback for the receiver's methods: a fallback's answer
+// would count as the receiver's, and its message would leave the outbox
+// undelivered. It does not start: call Run (in a goroutine of its own) or
+// Once.
 func NewRelay(ob *Outbox, pool *pgxpool.Pool, conn *grpc.ClientConn, client *interceptor.Client, cfg RelayConfig) (*Relay, error) {
 	switch {
 	case ob == nil:
@@ -169,7 +179,10 @@ func (r *Relay) Close() error {
 // Run runs passes until ctx ends, and returns ctx's error: a pass right
 // after a pass that took a full batch, else after PollInterval. A pass that
 // fails (PostgreSQL unreachable) is logged and tried again after
-// PollInterval.
+// PollInterval. While the client refuses a method's calls (see Once), the
+// passes skip its messages, so a receiver that is down costs a relay one
+// statement per PollInterval, as an empty outbox does, and not a take and
+// a give-back of every message, batch after batch.
 func (r *Relay) Run(ctx context.Context) error {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -195,6 +208,18 @@ func (r *Relay) Run(ctx context.Context) error {
 // Once runs one pass: it takes up to Batch due messages and delivers them,
 // concurrently, and returns how many the receiver answered (delivered or
 // refused for good), and the first error of the outbox's statements.
+//
+// A delivery that the client refused without sending it (the method's
+// breaker open or half-open with its probes out, its bulkhead full: an
+// interceptor.RejectedError, also after attempts that failed) is not the
+// receiver's answer: its message is given back, its attempt not counted,
+// due again when the breaker lets a probe through (the refusal's
+// RetryAfter; at once when the refusal does not say). Its method is then
+// held: this relay's passes take none of its messages until that time
+// (InitialBackoff when the refusal does not say: a bulkhead's, a breaker
+// forced open or throttling adaptively), unless a delivery of it that
+// ended later in the same pass was admitted (the half-open probe that
+// closed the breaker). Messages of other methods go on meanwhile.
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	_, answered, err := r.pass(ctx)
 	return answered, err
@@ -203,7 +228,7 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 // pass is a pass: it returns how many messages it took, and how many of
 // them the receiver answered.
 func (r *Relay) pass(ctx context.Context) (took, answered int, err error) {
-	rows, err := r.pool.Query(ctx, r.ob.sql.take, int32(r.cfg.Batch), r.cfg.Lease.Milliseconds())
+	rows, err := r.pool.Query(ctx, r.ob.sql.take, int32(r.cfg.Batch), r.cfg.Lease.Milliseconds(), r.heldMethods(time.Now()))
 	if err != nil {
 		return 0, 0, fmt.Errorf("outbox: taking messages: %w", err)
 	}
@@ -221,48 +246,126 @@ func (r *Relay) pass(ctx context.Context) (took, answered int, err error) {
 	if err := rows.Err(); err != nil {
 		return 0, 0, fmt.Errorf("outbox: taking messages: %w", err)
 	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
+	outs := make([]outcome, len(msgs))
+	var wg sync.WaitGroup
 	for i := range msgs {
-		wg.Go(func() {
-			done, err := r.deliver(ctx, &msgs[i])
-			mu.Lock()
-			defer mu.Unlock()
-			if done {
-				answered++
-			}
-			if err != nil && first == nil {
-				first = err
-			}
-		})
+		wg.Go(func() { outs[i] = r.deliver(ctx, &msgs[i]) })
 	}
 	wg.Wait()
-	return len(msgs), answered, first
+	for _, o := range outs {
+		if o.answered {
+			answered++
+		}
+		if o.err != nil && err == nil {
+			err = o.err
+		}
+	}
+	r.hold(msgs, outs)
+	return len(msgs), answered, err
+}
+
+// outcome is how a delivery ended.
+type outcome struct {
+	answered bool      // the receiver answered: delivered, or refused for good
+	refused  bool      // the client refused it, unsent (see Once)
+	until    time.Time // when refused: when the client may admit a call of its method again
+	end      time.Time // when it ended, read after the client returned
+	err      error     // a failed statement of the outbox's
+}
+
+// heldMethods returns the methods held at now (never nil: the take's
+// parameter is an array), and forgets those whose hold has passed.
+func (r *Relay) heldMethods(now time.Time) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	held := make([]string, 0, len(r.held))
+	for m, until := range r.held {
+		if !now.Before(until) {
+			delete(r.held, m)
+			continue
+		}
+		held = append(held, m)
+	}
+	return held
+}
+
+// hold holds the methods of a pass whose last delivery to end was refused
+// by the client (see Once), until the latest time the refusals gave.
+func (r *Relay) hold(msgs []Message, outs []outcome) {
+	type last struct{ admitted, refused, until time.Time }
+	var seen map[string]*last // made on the first refusal: most passes have none
+	for i, o := range outs {
+		if !o.refused {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]*last)
+		}
+		l := seen[msgs[i].FullMethod]
+		if l == nil {
+			l = &last{}
+			seen[msgs[i].FullMethod] = l
+		}
+		if o.end.After(l.refused) {
+			l.refused = o.end
+		}
+		if o.until.After(l.until) {
+			l.until = o.until
+		}
+	}
+	if seen == nil {
+		return
+	}
+	for i, o := range outs {
+		if l := seen[msgs[i].FullMethod]; l != nil && !o.refused && o.end.After(l.admitted) {
+			l.admitted = o.end
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for m, l := range seen {
+		if l.admitted.After(l.refused) {
+			continue // a later delivery was admitted: the breaker let it through
+		}
+		if r.held == nil {
+			r.held = make(map[string]time.Time)
+		}
+		if l.until.After(r.held[m]) {
+			r.held[m] = l.until
+		}
+	}
 }
 
 // deliver delivers m and settles its row: deleted once the receiver
 // answered, dead for an answer that is not worth retrying, else due again
-// after its backoff (or, the breaker open, at once for a later pass,
-// without counting the attempt). answered reports the first two; err a
-// failed statement of the outbox's.
-func (r *Relay) deliver(ctx context.Context, m *Message) (answered bool, err error) {
+// after its backoff, or, the client having refused it unsent, when the
+// refusal says, without counting the attempt (see Once).
+func (r *Relay) deliver(ctx context.Context, m *Message) (o outcome) {
 	derr := r.send(ctx, m)
+	o.end = time.Now()
 	// The row's update must happen even when ctx ended (Run stopping): on a
 	// context of its own, bounded.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	code := status.Code(derr)
+	rej, rejected := errors.AsType[*interceptor.RejectedError](derr)
+	var err error
 	switch {
 	case derr == nil:
 		_, err = r.pool.Exec(sctx, r.ob.sql.ack, m.seq)
-		return true, wrap("acknowledging", err)
-	case errors.Is(derr, interceptor.ErrCircuitOpen) || ctx.Err() != nil:
-		// Not the message's fault: give it back, for a later pass.
+		o.answered, o.err = true, wrap("acknowledging", err)
+	case rejected:
+		// Not the message's fault: give it back, due when the breaker lets
+		// a probe through, and hold its method until then (at least
+		// InitialBackoff when the refusal does not say when).
+		o.refused = true
+		o.until = o.end.Add(cmp.Or(rej.RetryAfter, r.cfg.InitialBackoff))
+		_, err = r.pool.Exec(sctx, r.ob.sql.release, m.seq, int32(m.Attempts), rej.RetryAfter.Milliseconds())
+		o.err = wrap("giving back", err)
+	case ctx.Err() != nil:
+		// Run stopping: give it back, for a later pass.
 		_, err = r.pool.Exec(sctx, r.ob.sql.release, m.seq, int32(m.Attempts), r.cfg.InitialBackoff.Milliseconds())
-		return false, wrap("giving back", err)
+		o.err = wrap("giving back", err)
 	case !r.cfg.RetryableCodes.Has(code):
 		_, err = r.pool.Exec(sctx, r.ob.sql.dead, m.seq, int32(m.Attempts), derr.Error())
 		r.cfg.Logger.Error("outbox: the receiver refused a message for good; it stays in the outbox, marked dead",
@@ -270,10 +373,12 @@ func (r *Relay) deliver(ctx context.Context, m *Message) (answered bool, err err
 		if r.cfg.OnDead != nil {
 			r.cfg.OnDead(*m, derr)
 		}
-		return true, wrap("marking dead", err)
+		o.answered, o.err = true, wrap("marking dead", err)
+	default:
+		_, err = r.pool.Exec(sctx, r.ob.sql.retry, m.seq, int32(m.Attempts), r.backoff(m.Attempts).Milliseconds(), derr.Error())
+		o.err = wrap("scheduling a retry", err)
 	}
-	_, err = r.pool.Exec(sctx, r.ob.sql.retry, m.seq, int32(m.Attempts), r.backoff(m.Attempts).Milliseconds(), derr.Error())
-	return false, wrap("scheduling a retry", err)
+	return o
 }
 
 func wrap(what string, err error) error {
