@@ -64,8 +64,8 @@ func TestEjectionAndReturnAreLoggedOnce(t *testing.T) {
 	endpoint.SetLogger(slog.New(h))
 	defer endpoint.SetLogger(nil)
 	synctest.Test(t, func(t *testing.T) {
-		cl := resiliencetest.StartCluster(t, 3, []grpc.DialOption{grpc.WithDefaultServiceConfig(
-			`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 2, "baseEjectionTime": "10s"}}]}`)})
+		cl := resiliencetest.StartCluster(t, 3, nil, resiliencetest.WithServiceConfig(
+			`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 2, "baseEjectionTime": "10s"}}]}`))
 		waitAllReady(t, cl, 3)
 		cl.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Code: codes.Unavailable} })
 		echo := cl.EchoClient()
@@ -150,8 +150,8 @@ func TestMetricsCountDetectionsAndReturnsWithBoundedEndpointLabels(t *testing.T)
 			if withLabel {
 				mo.OptionalLabels = []string{labelEP}
 			}
-			cl := resiliencetest.StartCluster(t, 3, []grpc.DialOption{opentelemetry.DialOption(opentelemetry.Options{MetricsOptions: mo}),
-				grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": 100}}]}`)})
+			cl := resiliencetest.StartCluster(t, 3, []grpc.DialOption{opentelemetry.DialOption(opentelemetry.Options{MetricsOptions: mo})},
+				resiliencetest.WithServiceConfig(`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": 100}}]}`))
 			waitAllReady(t, cl, 3)
 			for _, b := range cl.Backends[:2] {
 				b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Code: codes.Unavailable} })

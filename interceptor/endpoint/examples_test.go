@@ -82,8 +82,8 @@ func ExampleSetLogger() {
 	})))
 	defer endpoint.SetLogger(nil)
 
-	cluster, stop, err := resiliencetest.ServeCluster(3, []grpc.DialOption{grpc.WithDefaultServiceConfig(
-		`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 3, "baseEjectionTime": "30s"}}]}`)})
+	cluster, stop, err := resiliencetest.ServeCluster(3, nil, resiliencetest.WithServiceConfig(
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 3, "baseEjectionTime": "30s"}}]}`))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -107,8 +107,8 @@ func ExampleSetLogger() {
 // with no retry, hedge or error involved. (It is measured by the calls it
 // gets: its first, or one while the others' estimates are still unknown.)
 func Example_peakEWMA() {
-	cluster, stop, err := resiliencetest.ServeCluster(3, []grpc.DialOption{grpc.WithDefaultServiceConfig(
-		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s"}}]}}]}`)})
+	cluster, stop, err := resiliencetest.ServeCluster(3, nil, resiliencetest.WithServiceConfig(
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s"}}]}}]}`))
 	if err != nil {
 		log.Fatal(err)
 	}
