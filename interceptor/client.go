@@ -60,7 +60,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	}
 	c.metrics = m
 	cfg := o.config
-	if err := c.update(&cfg); err != nil {
+	if err := c.update(&cfg, o.origins); err != nil {
 		// A Client not returned holds nothing: the gauges' callback goes
 		// with it, or the provider would read (and keep) it for ever.
 		if g := m.gauges; g != nil {
@@ -139,15 +139,15 @@ func (c *Client) updateFrom(option string, cfg *serviceconfig.Config, direct boo
 	if err != nil {
 		return nil, err
 	}
-	if err := c.update(cfg); err != nil {
+	if err := c.update(cfg, originsOf(option, cfg)); err != nil {
 		return nil, err
 	}
 	return append(parseWarnings(option, cfg), warnings...), nil
 }
 
-// update makes cfg, whose entries were checked (checkEntries), the
-// client's config.
-func (c *Client) update(cfg *serviceconfig.Config) error {
+// update makes cfg, whose entries were checked (checkEntries) and came
+// from origins, the client's config.
+func (c *Client) update(cfg *serviceconfig.Config, origins []entryOrigin) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -161,6 +161,7 @@ func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err != nil {
 		return err
 	}
+	st.origins = origins
 	// The table follows the new config and the config is published under
 	// one lock, so that a row made meanwhile is made under the config in
 	// force (methods.go). No user code runs under it.
@@ -256,10 +257,10 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return c.hedged(ctx, st, mp, &co, hedge, method, req.(proto.Message), reply.(proto.Message), cc, invoker, s.opts)
 	}
 	u.ctx = ctx
-	if u.r.rp.maxAttempts > 1 || st.storm.throttle != nil {
-		// A retry, and A6 throttling's account of a failure, need the
-		// server's pushback (trailer) and whether the attempt committed
-		// (header).
+	if u.r.rp.maxAttempts > 1 || st.storm.throttle != nil || mp.g.rate != nil {
+		// A retry, A6 throttling's account of a failure and a rate
+		// limit's pace need the server's pushback (trailer), and a retry
+		// whether the attempt committed (header).
 		s.opts = append(s.opts, s.withHeader, s.withTrailer)
 	} else if u.r.keyed && c.metrics.on {
 		s.opts = append(s.opts, s.withHeader) // for the replays metric
@@ -413,10 +414,14 @@ func (u *unaryCall) committed() bool {
 func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rejected bool, err error) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
-	adm, rerr := mp.g.admit(u.ctx, now)
+	adm, rerr := mp.g.admit(u.ctx, now, r.paceHeld)
+	r.paceHeld = false
 	if rerr != nil {
 		r.settle(false)
 		return false, true, rerr
+	}
+	if adm.paced {
+		now = adm.start // the wait at the rate limit is no part of the attempt
 	}
 	released := false
 	defer func() {
@@ -441,6 +446,9 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 		timedOut = !end.Before(now.Add(timeout)) && callerErrAt(u.ctx, end) == nil
 	}
 	released = true
+	if q := mp.g.rate; q != nil {
+		q.answer(u.ctx, err, u.s.trailer, since(now))
+	}
 	end := mp.g.release(u.ctx, adm, err, true)
 	r.c.metrics.attempt(u.ctx, r.mm, err)
 	r.c.metrics.replayed(u.ctx, r.mm, u.s.header)

@@ -58,7 +58,7 @@
 //
 //	WithRetryPolicy(p, names...)     retry the methods or services named (none: every method) with p
 //	WithMethodConfig(entries...)     per method or service: retry or hedging policy, timeout,
-//	                                 circuitBreaker, bulkhead (serviceconfig.MethodConfig)
+//	                                 circuitBreaker, bulkhead, rateLimit (serviceconfig.MethodConfig)
 //	WithServiceConfig(cfg)           a whole service config, as serviceconfig.Parse reads its JSON
 //	WithRetryBudget(b)               the retry budget (on by default; nil turns it off)
 //	WithIdempotencyKeys(names...)    a key per logical call, so calls with side effects are safe to retry
@@ -115,8 +115,8 @@
 //
 // The policies wrap each other in one fixed order, outermost first: the
 // method's timeout, then the retry loop, then per attempt the retry budget
-// and A6 throttling (before a retry), the circuit breaker, the bulkhead, and
-// the per-attempt timeout around the invoker.
+// and A6 throttling (before a retry), the rate limit, the circuit breaker,
+// the bulkhead, and the per-attempt timeout around the invoker.
 //
 //	caller ─► UnaryClientInterceptor
 //	           1. resolve the method's policy; apply call options; attach an
@@ -125,6 +125,8 @@
 //	           3. loop over attempts:
 //	                no time left for an attempt? ───────────► stop (DEADLINE_EXCEEDED
 //	                                                            if none ran)
+//	                rate limit: token and pace slot within
+//	                    maxWait and the deadline? ── no ────► ErrRateLimited (RESOURCE_EXHAUSTED)
 //	                circuit breaker admits? ── no ──────────► ErrCircuitOpen (UNAVAILABLE)
 //	                bulkhead slot within maxQueueWait? ─ no ► ErrBulkheadFull (RESOURCE_EXHAUSTED)
 //	                invoker(...) with grpc-previous-rpc-attempts on retries,
@@ -136,16 +138,47 @@
 //	                server pushback says no? ───────────────► stop
 //	                A6 throttling withholds retries? ───────► stop
 //	                attempts exhausted? ────────────────────► stop
-//	                delay = pushback (capped) or backoff with jitter
+//	                delay = pushback (capped; on a paced method, until the
+//	                    retry's slot) or backoff with jitter
 //	                delay + expected attempt ends past the deadline? ► stop now
 //	                retry budget spent? ────────────────────► stop
 //	                OnRetry hook; wait (ends early if ctx is cancelled)
 //	           4. on stop: the last attempt's error, code intact, as a
 //	              *RetryError that says how many attempts ran and why
 //
-// Local rejections (open breaker, full bulkhead) end the call at once: they
-// are never retried and never count as failures of the method. A call
-// waiting in backoff holds no bulkhead slot.
+// Local rejections (rate limited, open breaker, full bulkhead) end the call
+// at once: they are never retried and never count as failures of the
+// method. A call waiting in backoff, or for its rate limit's token, holds no
+// bulkhead slot and no breaker probe.
+//
+// # Rate limits and pacing
+//
+// A rateLimit block (serviceconfig.ClientRateLimit) gives each method it
+// selects a gate of its own, before the breaker and the bulkhead. After an
+// attempt that the server refused with RESOURCE_EXHAUSTED and a wait (a
+// google.rpc.RetryInfo detail or the grpc-retry-pushback-ms trailer, capped
+// by WithMaxServerPushback), the method's attempts go one per that wait
+// (the longest asked since the pacing began), each in a slot of its own;
+// each admitted attempt halves the spacing, and the pacing ends under a
+// millisecond. So a method at its server's limit sends about one doomed
+// attempt per pushback period, where a plain retry loop sends one per
+// call, and one whose server recovered is at full speed again within about
+// twice the last wait. A retry of the refused call takes its slot when it
+// decides to wait, and waits for it (within the deadline and the retry
+// budget). With a rate, the block also limits the attempts the client
+// sends (GCRA: rate per period, bursts of burst; retries and hedged copies
+// count), to protect a downstream or a paid quota. An attempt waits for
+// its token and slot up to the block's maxWait (0: none), and never starts
+// a wait that its deadline cannot cover; otherwise it fails at once with a
+// *RejectedError, ErrRateLimited, RESOURCE_EXHAUSTED with a RetryInfo
+// saying when it could go. An attempt whose caller gives up while it waits
+// gives its token and slot back. Hedged copies after the first never wait.
+// The pace is per method, not per tenant: a server that limits each tenant
+// paces every tenant's calls of the method through this client.
+// MethodStatus.RateLimit shows the attempts waiting and the pace in force;
+// local refusals are counted as rejections with reason rate_limited.
+// Allocations: none for a call under the rate with nothing paced; a wait
+// costs a timer.
 //
 // # Commit, and what is never retried
 //
@@ -573,7 +606,7 @@
 //	resilience.client.attempts                    counter         {attempt}     grpc.method, grpc.status
 //	resilience.client.retries                     counter         {retry}       grpc.method: retries and hedged copies sent
 //	resilience.client.stops                       counter         {call}        grpc.method, resilience.stop_reason
-//	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full, adaptive_throttle)
+//	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full, adaptive_throttle, rate_limited)
 //	resilience.client.retry.denials               counter         {retry}       grpc.method, resilience.reason (budget, throttled)
 //	resilience.client.retry.deadline_skips        counter         {retry}       grpc.method: retries and hedges that would not fit the deadline
 //	resilience.client.idempotency.replays         counter         {attempt}     grpc.method: attempts answered by a server's replay (idempotency-replayed)
@@ -603,7 +636,7 @@
 //	resilience.retry               resilience.attempt (the attempt that failed), rpc.grpc.status_code,
 //	                               resilience.delay (seconds), resilience.pushback
 //	resilience.hedge               resilience.attempt (the copy's number, 2 for the first hedge), resilience.delay
-//	resilience.rejected            resilience.attempt (the attempt refused), resilience.reason (circuit_open, bulkhead_full)
+//	resilience.rejected            resilience.attempt (the attempt refused), resilience.reason (circuit_open, bulkhead_full, rate_limited)
 //	resilience.retry.stop          resilience.attempt (attempts run), rpc.grpc.status_code, resilience.reason (a stop reason)
 //
 // # Where things are

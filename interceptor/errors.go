@@ -42,6 +42,12 @@ const (
 	// circuitBreaker block in mode "adaptive") rejected the attempt. Its
 	// error is a RejectedError with Reason ErrCircuitOpen.
 	StopAdaptiveThrottle
+	// StopRateLimited: the method's rateLimit block had no token or slot
+	// for the attempt in time (its error is a RejectedError with Reason
+	// ErrRateLimited), or, for a retry after a server's pushback, no slot
+	// of the method's pace within the pushback and maxWait (the call ends
+	// with the server's refusal).
+	StopRateLimited
 )
 
 var stopReasonNames = [...]string{
@@ -59,6 +65,7 @@ var stopReasonNames = [...]string{
 	StopNoRetry:      "retry off",
 
 	StopAdaptiveThrottle: "adaptive throttle",
+	StopRateLimited:      "rate limited",
 }
 
 // stopReasonTokens name the reasons in metrics.
@@ -77,6 +84,7 @@ var stopReasonTokens = [...]string{
 	StopNoRetry:      "no_retry",
 
 	StopAdaptiveThrottle: "adaptive_throttle",
+	StopRateLimited:      "rate_limited",
 }
 
 // token returns the reason's name in metrics, such as "exhausted".

@@ -28,14 +28,15 @@ type guards struct {
 	breaker     *breaker.Breaker   // nil: none
 	adaptive    *adaptive.Throttle // the breaker in mode "adaptive"; nil: none
 	bulkhead    *bulkhead.Bulkhead // nil: none
+	rate        *rateGate          // the rateLimit block (ratelimit.go); nil: none
 	failures    rescodes.Set       // codes that count against the breaker
-	rejections  *rejections        // set with either guard
+	rejections  *rejections        // set with any guard
 }
 
-// any reports whether the method has a guard: a breaker of either mode or
-// a bulkhead.
+// any reports whether the method has a guard: a breaker of either mode, a
+// bulkhead or a rate limit.
 func (g *guards) any() bool {
-	return g.breaker != nil || g.bulkhead != nil || g.adaptive != nil
+	return g.breaker != nil || g.bulkhead != nil || g.adaptive != nil || g.rate != nil
 }
 
 // newBreaker builds the breaker of fullMethod from its block. The hook, when
@@ -85,18 +86,36 @@ type admission struct {
 	tok   breaker.Token
 	slot  bool      // a bulkhead slot is held
 	start time.Time // when the attempt left, for slow-call accounting
+	// paced: the attempt waited at the rate limit's gate, and start is
+	// when that wait ended.
+	paced bool
 }
 
-// admit asks the method's breaker and bulkhead to let an attempt through,
-// waiting in the bulkhead's queue when every slot is taken. A refusal is a
+// admit asks the method's rate limit, breaker and bulkhead to let an
+// attempt through, waiting for its token or slot at the rate limit's gate
+// (held: the call holds its slot of the pace already; see retrier.decide)
+// and in the bulkhead's queue when every slot is taken. A refusal is a
 // *RejectedError, or the context's status when the caller gave up while
-// queued.
-func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
-	a, queue, err := g.admitNow(now)
-	if err != nil || !queue {
-		return a, err
+// waiting. The gate comes first, so that a wait there holds no probe and no
+// slot; a refusal by the breaker or the bulkhead gives the gate's token
+// back.
+func (g *guards) admit(ctx context.Context, now time.Time, held bool) (admission, error) {
+	start := now
+	if g.rate != nil {
+		var err error
+		if now, err = g.rate.take(ctx, now, held, g.rejections); err != nil {
+			return admission{}, err
+		}
 	}
-	return a, g.queue(ctx, &a, now)
+	a, queue, err := g.admitNow1(now)
+	if err == nil && queue {
+		err = g.queue(ctx, &a, now)
+	}
+	if err != nil && g.rate != nil {
+		g.rate.giveBack(now, held)
+	}
+	a.paced = now != start
+	return a, err
 }
 
 // admitNow is admit without the wait in the bulkhead's queue: when every
@@ -106,6 +125,21 @@ func (g *guards) admit(ctx context.Context, now time.Time) (admission, error) {
 // hedged call's copy: its wait must not keep the call from taking a
 // sibling's answer).
 func (g *guards) admitNow(now time.Time) (a admission, queue bool, err error) {
+	if g.rate != nil {
+		if err := g.rate.tryTake(now, g.rejections); err != nil {
+			return a, false, err
+		}
+	}
+	a, queue, err = g.admitNow1(now)
+	if err != nil && g.rate != nil {
+		g.rate.giveBack(now, false)
+	}
+	return a, queue, err
+}
+
+// admitNow1 is admitNow past the rate limit's gate: the breaker and the
+// bulkhead.
+func (g *guards) admitNow1(now time.Time) (a admission, queue bool, err error) {
 	if !g.any() {
 		return a, false, nil
 	}

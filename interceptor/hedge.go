@@ -560,13 +560,16 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 		err   error
 	)
 	if h.r.attempts == 0 {
-		adm, err = g.admit(h.copies, now)
+		adm, err = g.admit(h.copies, now, false)
 	} else {
 		adm, queue, err = g.admitNow(now)
 	}
 	if err != nil {
 		h.job.refund(tok)
 		return err
+	}
+	if adm.paced {
+		now = adm.start // the wait at the rate limit is no part of the copy
 	}
 	if h.running == 0 && !h.idleAt.IsZero() {
 		h.r.waited += now.Sub(h.idleAt)
@@ -777,6 +780,9 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 		return
 	}
 	aborted := res.panicked != nil || res.goexit
+	if q := j.mp.g.rate; q != nil && !aborted {
+		q.answer(ctx, res.err, res.trailer, time.Now())
+	}
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
 	if !aborted {
 		j.c.metrics.attempt(ctx, j.mm, res.err)

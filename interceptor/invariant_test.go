@@ -53,6 +53,9 @@ func heldBy(s MethodStatus) string {
 	if b := s.Bulkhead; b != nil && (b.InFlight != 0 || b.Queued != 0) {
 		held += "bulkhead in flight " + strconv.Itoa(b.InFlight) + ", queued " + strconv.Itoa(b.Queued) + "; "
 	}
+	if r := s.RateLimit; r != nil && r.Waiting != 0 {
+		held += "rate limit waiting " + strconv.Itoa(r.Waiting) + "; "
+	}
 	if b := s.Breaker; b != nil && b.Probes != 0 {
 		held += "breaker " + b.State.String() + " with " + strconv.Itoa(b.Probes) + " probes out; "
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/grpc-resilience/resilience/internal/breaker"
 	"github.com/grpc-resilience/resilience/internal/bulkhead"
 	"github.com/grpc-resilience/resilience/internal/latency"
+	"github.com/grpc-resilience/resilience/internal/ratelimit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -126,9 +127,13 @@ type methodRow struct {
 	// dropped is the bulkhead of a block removed (or of a row let go, when
 	// draining), resized to admit everyone: the attempts in it release into
 	// it, and a block added again takes it back.
-	dropped    *bulkhead.Bulkhead
-	latency    *latency.Estimator
-	tail       *hedgeTail // its hedging state (hedge_delay.go); nil without a hedging policy
+	dropped *bulkhead.Bulkhead
+	latency *latency.Estimator
+	tail    *hedgeTail // its hedging state (hedge_delay.go); nil without a hedging policy
+	// pace is the method's pace after a server's pushback, made with its
+	// first rateLimit block and kept while the row lives, whatever the
+	// block becomes: the server's wait is no property of the config.
+	pace       *ratelimit.Pace
 	rejections *rejections
 	// ref is set by calls of a counted row and cleared by its key's hand
 	// (T6b).
@@ -299,9 +304,9 @@ func (st *clientState) hasState(p *methodPolicy, mc serviceconfig.MethodConfig, 
 }
 
 // guarded reports whether entry mc gives fullMethod a guard: a breaker (of
-// either mode) or a bulkhead, unless the method is exempt.
+// either mode), a bulkhead or a rate limit, unless the method is exempt.
 func (st *clientState) guarded(mc serviceconfig.MethodConfig, fullMethod string) bool {
-	return (mc.CircuitBreaker != nil || mc.Bulkhead != nil) && !matchName(st.opts.exempt, fullMethod)
+	return (mc.CircuitBreaker != nil || mc.Bulkhead != nil || mc.RateLimit != nil) && !matchName(st.opts.exempt, fullMethod)
 }
 
 // entryKey returns the key of fullMethod under its entry mc: fullMethod
@@ -406,6 +411,9 @@ func (r *methodRow) idle(now time.Time) bool {
 			return false
 		}
 	}
+	if q := r.g.rate; q != nil && !q.idle(now) {
+		return false
+	}
 	return true
 }
 
@@ -460,10 +468,22 @@ func (st *clientState) attach(p *methodPolicy, r *methodRow, pinned bool) {
 func (t *methodTable) configure(st *clientState, r *methodRow, p *methodPolicy, mc serviceconfig.MethodConfig, now time.Time) {
 	var cb *serviceconfig.CircuitBreaker
 	var bh *serviceconfig.Bulkhead
+	var rl *serviceconfig.ClientRateLimit
 	if st.guarded(mc, r.method) {
-		cb, bh = mc.CircuitBreaker, mc.Bulkhead
+		cb, bh, rl = mc.CircuitBreaker, mc.Bulkhead, mc.RateLimit
 	}
 	g := &r.g
+	switch {
+	case rl == nil:
+		g.rate = nil
+	case g.rate == nil || g.rate.cfg != *rl || g.rate.capHint != st.opts.maxPushback:
+		// A new or changed block: a new bucket, full; the pace stays.
+		// Attempts waiting at the old gate keep the token they took.
+		if r.pace == nil {
+			r.pace = new(ratelimit.Pace)
+		}
+		g.rate = newRateGate(rl, r.pace, st.opts.maxPushback, now)
+	}
 	switch {
 	case cb != nil && cb.Mode == serviceconfig.ModeAdaptive:
 		if g.adaptive == nil || !sameBreaker(*g.breakerCfg, *cb) {

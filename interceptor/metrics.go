@@ -45,10 +45,10 @@ const (
 	// metricStops counts calls that ended without success under a retry
 	// policy, by resilience.stop_reason: why retrying stopped (exhausted,
 	// non_retryable, deadline, pushback, cancelled, committed, throttled,
-	// budget, circuit_open, bulkhead_full, no_retry, adaptive_throttle).
+	// budget, circuit_open, bulkhead_full, no_retry, adaptive_throttle, rate_limited).
 	metricStops = "resilience.client.stops"
 	// metricRejections counts attempts refused locally, by
-	// resilience.reason: circuit_open, bulkhead_full or adaptive_throttle.
+	// resilience.reason: circuit_open, bulkhead_full, adaptive_throttle or rate_limited.
 	metricRejections = "resilience.client.rejections"
 	// metricDenials counts retries and hedges not sent because the retry
 	// budget or A6 throttling denied them, by resilience.reason: budget or
@@ -161,7 +161,7 @@ func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
 	in.attempts = counter(metricAttempts, "{attempt}", "Attempts of client calls, by method and status.")
 	in.retries = counter(metricRetries, "{retry}", "Retries and hedged copies sent by the client.")
 	in.stops = counter(metricStops, "{call}", "Calls that ended without success under a retry policy, by why retrying stopped.")
-	in.rejections = counter(metricRejections, "{attempt}", "Attempts refused locally by an open circuit breaker or a full bulkhead.")
+	in.rejections = counter(metricRejections, "{attempt}", "Attempts refused locally by an open circuit breaker, a full bulkhead or a rate limit.")
 	in.denials = counter(metricDenials, "{retry}", "Retries and hedges the retry budget or A6 throttling denied.")
 	in.skips = counter(metricDeadlineSkips, "{retry}", "Retries and hedges not sent because they would not fit in the call's deadline.")
 	in.transitions = counter(metricTransitions, "{transition}", "Circuit breaker state changes.")

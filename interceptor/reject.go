@@ -20,6 +20,12 @@ var (
 	// ErrBulkheadFull: the method's bulkhead had no slot within its queue
 	// bounds. Its status is RESOURCE_EXHAUSTED.
 	ErrBulkheadFull = errors.New("bulkhead full")
+	// ErrRateLimited: the method's rateLimit block had no token or slot
+	// for the attempt within its maxWait and the call's deadline: the
+	// client's own rate, or its pace after a server's pushback. Its status
+	// is RESOURCE_EXHAUSTED, with a RetryInfo saying when an attempt could
+	// go.
+	ErrRateLimited = errors.New("rate limited")
 )
 
 // RejectedError is a call or attempt that the client refused locally. It
@@ -32,10 +38,12 @@ type RejectedError struct {
 	// FullMethod is the method rejected.
 	FullMethod string
 	// Reason is ErrCircuitOpen (also for adaptive throttling, whose
-	// RetryError's Reason is StopAdaptiveThrottle) or ErrBulkheadFull.
+	// RetryError's Reason is StopAdaptiveThrottle), ErrBulkheadFull or
+	// ErrRateLimited.
 	Reason error
-	// RetryAfter is the time until the breaker lets a probe through,
-	// rounded up to 10ms; 0 when unknown.
+	// RetryAfter is the time until the breaker lets a probe through, or
+	// until the rate limit would let an attempt go, rounded up to 10ms; 0
+	// when unknown.
 	RetryAfter time.Duration
 
 	// st is the status, built once for a rejection the client made; nil for
@@ -69,7 +77,7 @@ func (e *RejectedError) GRPCStatus() *status.Status {
 
 func (e *RejectedError) status() *status.Status {
 	code := codes.Unavailable
-	if errors.Is(e.Reason, ErrBulkheadFull) {
+	if errors.Is(e.Reason, ErrBulkheadFull) || errors.Is(e.Reason, ErrRateLimited) {
 		code = codes.ResourceExhausted
 	}
 	st := status.New(code, "resilience: "+e.Error())
@@ -100,8 +108,10 @@ type rejections struct {
 	// RetryAfter, stopping as StopAdaptiveThrottle.
 	throttled *RejectedError
 	// open is the latest rejection of an open breaker, for its RetryAfter;
-	// replaced when a rejection needs another.
-	open atomic.Pointer[RejectedError]
+	// replaced when a rejection needs another. limitedLast is the same for
+	// the rate limit's.
+	open        atomic.Pointer[RejectedError]
+	limitedLast atomic.Pointer[RejectedError]
 	// anchor is a time read with time.Now less than anchorFor before now
 	// (or nil), for now.
 	anchor atomic.Pointer[time.Time]
@@ -146,8 +156,11 @@ func newRejection(fullMethod string, reason error, retryAfter time.Duration) *Re
 	e := &RejectedError{FullMethod: fullMethod, Reason: reason, RetryAfter: retryAfter}
 	e.st = e.status()
 	stop := StopCircuitOpen
-	if reason == ErrBulkheadFull {
+	switch reason {
+	case ErrBulkheadFull:
 		stop = StopBulkheadFull
+	case ErrRateLimited:
+		stop = StopRateLimited
 	}
 	e.stopped = &RetryError{Reason: stop, Err: e}
 	return e
@@ -165,5 +178,18 @@ func (r *rejections) circuitOpen(retryAfter time.Duration) *RejectedError {
 	}
 	e := newRejection(r.fullMethod, ErrCircuitOpen, d)
 	r.open.Store(e)
+	return e
+}
+
+// limited returns the rejection of an attempt that the rate limit would
+// let go after wait, rounded up to retryAfterGranule (at least one).
+// Rejections within one granule share one error.
+func (r *rejections) limited(wait time.Duration) *RejectedError {
+	d := max((wait+retryAfterGranule-1)/retryAfterGranule*retryAfterGranule, retryAfterGranule)
+	if e := r.limitedLast.Load(); e != nil && e.RetryAfter == d {
+		return e
+	}
+	e := newRejection(r.fullMethod, ErrRateLimited, d)
+	r.limitedLast.Store(e)
 	return e
 }

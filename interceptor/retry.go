@@ -50,6 +50,10 @@ type retrier struct {
 	// trailBound).
 	attemptByCaller bool
 	waited          time.Duration // time spent with no attempt running (gRFC A96's retry_delay)
+	// paceHeld: the next attempt holds its slot of the method's pace,
+	// taken by decide for the wait after a server's pushback; the attempt
+	// passes the gate without another (guards.admit).
+	paceHeld bool
 }
 
 // retryable reports whether an attempt that ended with code should be
@@ -119,19 +123,40 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 		r.prevDelay = d.delay
 	}
 	now := time.Now()
+	if q := r.mp.g.rate; q != nil && hinted && q.pace.Active() {
+		// The method is paced by the server's wait: the retry takes its
+		// slot now, in line with the method's other attempts, and waits
+		// for it, which is the hint unless others took the slots before.
+		w, ok := q.retrySlot(ctx, now, hint)
+		if !ok {
+			return r.skip(StopRateLimited)
+		}
+		d.delay, r.paceHeld = max(d.delay, w), true
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		if !deadline.Fit(dl, now, d.delay, r.estimate(), r.c.opts.headroom).OK() {
+			r.dropSlot(now)
 			return r.skip(StopDeadline)
 		}
 	}
 	if b := r.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
+			r.dropSlot(now)
 			return r.skip(StopBudget)
 		}
 		r.pending = tok
 	}
 	return d
+}
+
+// dropSlot gives back, at now, the slot of the method's pace that decide
+// took for a retry that will not be sent.
+func (r *retrier) dropSlot(now time.Time) {
+	if r.paceHeld {
+		r.mp.g.rate.pace.Cancel(now)
+		r.paceHeld = false
+	}
 }
 
 // retryableFailure reports whether err, the error of an uncommitted
@@ -291,6 +316,7 @@ func (r *retrier) rejected(rej *RejectedError, lastErr error, reason StopReason)
 // backoff that followed lastErr.
 func (r *retrier) cancelled(cerr, lastErr error) error {
 	r.settle(false)
+	r.dropSlot(time.Now())
 	return r.stopped(status.FromContextError(cerr).Err(), lastErr, stopOfContext(cerr))
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -79,7 +80,8 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		return nil, errStop{s.r.outOfTime(s.r.lastErr)}
 	}
 	s.r.begin(now)
-	adm, rerr := s.mp.g.admit(s.ctx, now)
+	adm, rerr := s.mp.g.admit(s.ctx, now, s.r.paceHeld)
+	s.r.paceHeld = false
 	if rerr != nil {
 		s.r.settle(false)
 		if reason, ok := isRejection(rerr); ok {
@@ -181,6 +183,13 @@ func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
 	if err == errEndedHere {
 		s.mp.g.abandon(a.adm)
 	} else {
+		if q := s.mp.g.rate; q != nil {
+			var trailer metadata.MD
+			if a.cs != nil && status.Code(err) == codes.ResourceExhausted {
+				trailer = a.cs.Trailer() // the stream has ended with err
+			}
+			q.answer(s.ctx, err, trailer, time.Now())
+		}
 		s.mp.g.release(s.ctx, a.adm, err, false)
 	}
 	s.c.metrics.attempt(s.ctx, s.r.mm, err)

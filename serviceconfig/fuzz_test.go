@@ -67,6 +67,7 @@ func FuzzParseMatchesGRPC(f *testing.F) {
 		`{"methodConfig": [{"name": [{"ſervice": "a.B"}], "circuitBreaker": {"\u212a": 2, "mode": "adaptive"}, "bulkhead": {"maxQueue": 1, "maxqueue": 2}}]}`,
 		`{"methodConfig": [{"name": [{"service": "a.B", "method": null}], "bulkhead": null, "retryPolicy": null}], "retryBudget": {"ttl": null}}`,
 		`{"methodConfig": [{"name": [{"service": "a.B"}, {"service": "a.C", "methd": "x"}], "bulkhead": {"max.Queue": 1}}]}`,
+		`{"methodConfig": [{"name": [{"service": "a.B"}], "rateLimit": {"rate": 1e-300, "burst": 9007199254740993, "maxWait": "-0s", "Rate": 0}}]}`,
 		`{"methodConfig": [{"name": [{"service": "a.B"}]}, {"name": [{"service": "a.C"}], "bulkhead": {"maxQueu": 1}}], "methodConfig": [{"name": [{"service": "a.D"}]}]}`,
 		`{"methodConfig": [{"name": [{"service": "a.B"}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 1, "retryableStatusCodes": [14], "JITTER": "full", "perattemptrecvtimeout": "1s"}}]}`,
 		`{"healthCheckConfig": {"serviceName": "x", "ttl": 1}, "retryThrottling": {"maxTokens": 1, "tokenRatio": 0.1, "Ratio": 1}}`,
@@ -111,7 +112,7 @@ func ourKeyRejected(e *serviceconfig.Error) bool {
 // the check below does not share the parser's idea of them.
 var knownKeys = map[string][]string{
 	"":                  {"loadBalancingPolicy", "loadBalancingConfig", "methodConfig", "retryThrottling", "healthCheckConfig", "retryBudget"},
-	"methodConfig":      {"name", "waitForReady", "timeout", "maxRequestMessageBytes", "maxResponseMessageBytes", "retryPolicy", "hedgingPolicy", "circuitBreaker", "bulkhead"},
+	"methodConfig":      {"name", "waitForReady", "timeout", "maxRequestMessageBytes", "maxResponseMessageBytes", "retryPolicy", "hedgingPolicy", "circuitBreaker", "bulkhead", "rateLimit"},
 	"name":              {"service", "method"},
 	"retryPolicy":       {"maxAttempts", "initialBackoff", "maxBackoff", "backoffMultiplier", "retryableStatusCodes", "perAttemptRecvTimeout", "jitter"},
 	"hedgingPolicy":     {"maxAttempts", "hedgingDelay", "nonFatalStatusCodes", "hedgingDelayQuantile", "hedgingDelayFloor", "hedgingDelayMinSamples"},
@@ -120,7 +121,8 @@ var knownKeys = map[string][]string{
 	"retryBudget":       {"ratio", "minRetriesPerSecond", "ttl"},
 	"circuitBreaker": {"mode", "k", "consecutiveFailures", "failureRateThreshold", "slowCallDuration", "slowCallRateThreshold",
 		"minimumCalls", "window", "openDuration", "maxOpenDuration", "halfOpenProbes", "failureStatusCodes"},
-	"bulkhead": {"maxConcurrent", "maxQueue", "maxQueueWait"},
+	"bulkhead":  {"maxConcurrent", "maxQueue", "maxQueueWait"},
+	"rateLimit": {"rate", "per", "burst", "maxWait"},
 }
 
 // refusedKeyIsKnown checks an "unknown key" error of Parse against the
@@ -209,7 +211,7 @@ func neverMatches(e *serviceconfig.Error) bool {
 // not give by design: in our blocks or fields, or in a block gRFC A6 has us
 // validate where grpc-go does not.
 func documentedRejection(path string) bool {
-	for _, p := range []string{".hedgingPolicy", ".circuitBreaker", ".bulkhead", ".perAttemptRecvTimeout", ".jitter"} {
+	for _, p := range []string{".hedgingPolicy", ".circuitBreaker", ".bulkhead", ".rateLimit", ".perAttemptRecvTimeout", ".jitter"} {
 		if strings.Contains(path, p) {
 			return true
 		}

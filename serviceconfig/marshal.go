@@ -130,6 +130,9 @@ func newJSONMethod(mc *MethodConfig) (jsonMethod, error) {
 			MaxQueueWait:  jsonDuration(b.MaxQueueWait),
 		}
 	}
+	if r := mc.RateLimit; r != nil {
+		m.RateLimit = &jsonClientRateLimit{Rate: r.Rate, Per: jsonDuration(r.Per), Burst: r.Burst, MaxWait: jsonDuration(r.MaxWait)}
+	}
 	return m, nil
 }
 
@@ -161,15 +164,16 @@ type jsonConfig struct {
 }
 
 type jsonMethod struct {
-	Name                    []Name        `json:"name"`
-	WaitForReady            *bool         `json:"waitForReady,omitempty"`
-	Timeout                 jsonDuration  `json:"timeout,omitempty"`
-	MaxRequestMessageBytes  *int64        `json:"maxRequestMessageBytes,omitempty"`
-	MaxResponseMessageBytes *int64        `json:"maxResponseMessageBytes,omitempty"`
-	RetryPolicy             *jsonRetry    `json:"retryPolicy,omitempty"`
-	HedgingPolicy           *jsonHedging  `json:"hedgingPolicy,omitempty"`
-	CircuitBreaker          *jsonBreaker  `json:"circuitBreaker,omitempty"`
-	Bulkhead                *jsonBulkhead `json:"bulkhead,omitempty"`
+	Name                    []Name               `json:"name"`
+	WaitForReady            *bool                `json:"waitForReady,omitempty"`
+	Timeout                 jsonDuration         `json:"timeout,omitempty"`
+	MaxRequestMessageBytes  *int64               `json:"maxRequestMessageBytes,omitempty"`
+	MaxResponseMessageBytes *int64               `json:"maxResponseMessageBytes,omitempty"`
+	RetryPolicy             *jsonRetry           `json:"retryPolicy,omitempty"`
+	HedgingPolicy           *jsonHedging         `json:"hedgingPolicy,omitempty"`
+	CircuitBreaker          *jsonBreaker         `json:"circuitBreaker,omitempty"`
+	Bulkhead                *jsonBulkhead        `json:"bulkhead,omitempty"`
+	RateLimit               *jsonClientRateLimit `json:"rateLimit,omitempty"`
 }
 
 type jsonRetry struct {

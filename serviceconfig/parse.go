@@ -86,8 +86,9 @@ type wireMethod struct {
 	MaxResponseMessageBytes leaf[*int64]
 	RetryPolicy             *wireRetry
 	HedgingPolicy           *wireHedging
-	CircuitBreaker          *wireBreaker  `sc:"ours"`
-	Bulkhead                *wireBulkhead `sc:"ours"`
+	CircuitBreaker          *wireBreaker         `sc:"ours"`
+	Bulkhead                *wireBulkhead        `sc:"ours"`
+	RateLimit               *wireClientRateLimit `sc:"ours"`
 }
 
 type wireName struct {
@@ -533,6 +534,11 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 			return mc, false, err
 		}
 	}
+	if r := m.RateLimit; r != nil {
+		if err := r.check("rateLimit"); err != nil {
+			return mc, false, err
+		}
+	}
 	if m.Name == nil {
 		return mc, false, nil
 	}
@@ -582,6 +588,11 @@ func (m *wireMethod) method(o parseOptions, seen map[string]string, i int) (mc M
 			MaxConcurrent: b.MaxConcurrent.v,
 			MaxQueue:      b.MaxQueue.v,
 			MaxQueueWait:  optDuration(b.MaxQueueWait.v),
+		}
+	}
+	if r := m.RateLimit; r != nil {
+		if mc.RateLimit, err = r.limit(); err != nil {
+			return mc, false, prefix("rateLimit", err)
 		}
 	}
 	if err := mc.validate(seen, i); err != nil {

@@ -337,6 +337,7 @@ func (mc *MethodConfig) validate(seen map[string]string, entry int) error {
 		{"hedgingPolicy", mc.HedgingPolicy != nil, mc.HedgingPolicy},
 		{"circuitBreaker", mc.CircuitBreaker != nil, mc.CircuitBreaker},
 		{"bulkhead", mc.Bulkhead != nil, mc.Bulkhead},
+		{"rateLimit", mc.RateLimit != nil, mc.RateLimit},
 	}
 	for _, c := range checks {
 		if !c.ok {

@@ -20,4 +20,10 @@
 // 3× the configured rate for 10 s of real time, from several goroutines;
 // the admitted rate against the configured one, over several runs
 // (min/median/max).
+//
+// The client's pacing (go run ./ratelimit/cmd/pacing, RunPacing): a server
+// admitting one call per 100ms and refusing the others with RetryInfo,
+// called by 8 goroutines every 5ms through a client that retries
+// RESOURCE_EXHAUSTED, with and without a rateLimit block: the attempts the
+// server refuses per pushback period.
 package ratelimit

@@ -147,6 +147,13 @@ func summary(mc serviceconfig.MethodConfig, a analysis) string {
 	if b := mc.Bulkhead; b != nil {
 		parts = append(parts, fmt.Sprintf("bulkhead maxConcurrent %d, maxQueue %d", b.MaxConcurrent, b.MaxQueue))
 	}
+	if r := mc.RateLimit; r != nil {
+		s := "rateLimit pacing only"
+		if r.Rate > 0 {
+			s = fmt.Sprintf("rateLimit %s per %v, burst %d", num(r.Rate), orSecond(r.Per), r.Burst)
+		}
+		parts = append(parts, s+", maxWait "+r.MaxWait.String())
+	}
 	if len(names) == 0 {
 		return "(no names): " + strings.Join(parts, "; ")
 	}

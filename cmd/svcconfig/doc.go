@@ -3,7 +3,7 @@
 //
 // The document is the JSON platform teams hand to grpc-go (gRFC A6), with
 // this module's extension blocks (perAttemptRecvTimeout, jitter,
-// circuitBreaker, bulkhead, retryBudget). It is read with
+// circuitBreaker, bulkhead, rateLimit, retryBudget). It is read with
 // [serviceconfig.Parse], so the verdict is the library's, word for word.
 //
 // Usage:
@@ -73,7 +73,8 @@
 //   - the client-wide retry limits: the retry budget (on by default in the
 //     client, 0.2 of requests plus 10/s over 10s, unless the document has a
 //     retryBudget block) and gRFC A6 throttling;
-//   - the circuitBreaker and bulkhead blocks, if any, with their defaults;
+//   - the circuitBreaker, bulkhead and rateLimit blocks, if any, with their
+//     defaults;
 //   - the retry schedule: for each attempt k, the range [lo, hi] of the
 //     delay before it, and the worst-case times at which it starts and ends
 //     when every delay is at its longest and every attempt takes the attempt

@@ -204,7 +204,7 @@ var (
 	serverEntryKeys = []string{"concurrencyLimit"}
 	clientTopKeys   = []string{"loadBalancingPolicy", "loadBalancingConfig", "retryThrottling", "healthCheckConfig", "retryBudget"}
 	clientEntryKeys = []string{"waitForReady", "timeout", "maxRequestMessageBytes", "maxResponseMessageBytes",
-		"retryPolicy", "hedgingPolicy", "circuitBreaker", "bulkhead"}
+		"retryPolicy", "hedgingPolicy", "circuitBreaker", "bulkhead", "rateLimit"}
 )
 
 // kindKeys returns a key of data that only a server document has and one

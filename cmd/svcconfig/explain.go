@@ -82,8 +82,11 @@ func explain(w io.Writer, data []byte, fullMethod string, opts options) (warning
 	if mc.Bulkhead != nil {
 		explainBulkhead(p, mc.Bulkhead)
 	}
-	if (mc.CircuitBreaker != nil || mc.Bulkhead != nil) && slices.Contains(interceptor.DefaultExemptServices, service) {
-		p.printf("\nnote: the client exempts %s from breakers and bulkheads unless built with WithExemptMethods\n", service)
+	if mc.RateLimit != nil {
+		explainRateLimit(p, mc.RateLimit)
+	}
+	if (mc.CircuitBreaker != nil || mc.Bulkhead != nil || mc.RateLimit != nil) && slices.Contains(interceptor.DefaultExemptServices, service) {
+		p.printf("\nnote: the client exempts %s from breakers, bulkheads and rate limits unless built with WithExemptMethods\n", service)
 	}
 	if ep, interval := endpointPolicy(d.cfg); ep != nil {
 		lines, ws := endpointLines(ep, interval)
@@ -436,6 +439,37 @@ func explainBulkhead(p *printer, b *serviceconfig.Bulkhead) {
 	}
 	t.flush()
 	p.printf("an attempt holds a slot only while it runs, not during backoff; a rejected attempt is not retried\n")
+}
+
+// explainRateLimit writes a client's rateLimit block with its defaults.
+func explainRateLimit(p *printer, r *serviceconfig.ClientRateLimit) {
+	p.printf("\nrateLimit (one per method)\n")
+	t := p.table()
+	if r.Rate > 0 {
+		per := orSecond(r.Per)
+		t.row("  rate", num(r.Rate)+" attempts per "+per.String()+": one every "+
+			(time.Duration(float64(per)/r.Rate)).String()+", every attempt counted (retries and hedged copies too)")
+		t.row("  burst", strconv.Itoa(r.Burst)+": attempts sent at once after a quiet period")
+	} else {
+		t.row("  rate", "none: the block only paces the method as the server says")
+	}
+	if r.MaxWait > 0 {
+		t.row("  maxWait", r.MaxWait.String()+": the longest wait for a token or slot, and never past the deadline")
+	} else {
+		t.row("  maxWait", "0 (default): no attempt waits; one that cannot go at once fails locally")
+	}
+	t.flush()
+	p.printf("after a RESOURCE_EXHAUSTED with RetryInfo or grpc-retry-pushback-ms, the method's attempts go one per\n")
+	p.printf("that wait (capped by WithMaxServerPushback, 30s by default), each admitted attempt halving the spacing;\n")
+	p.printf("a local refusal is RESOURCE_EXHAUSTED with a RetryInfo, never reaches the server and never counts as a failure\n")
+}
+
+// orSecond is d, or one second when d is 0 (a rate's default period).
+func orSecond(d time.Duration) time.Duration {
+	if d == 0 {
+		return time.Second
+	}
+	return d
 }
 
 // budgetValues writes a retryBudget block's fields with their defaults, as

@@ -119,7 +119,13 @@
 // chooses the order of picks:
 //
 //   - "round_robin" (the default) rotates; the share of an endpoint passed
-//     over (ejected, or used by the call) spreads evenly over the others;
+//     over (ejected, or used by the call) spreads evenly over the others. The
+//     rotation is the calls' first attempts': a retry or a hedged copy takes
+//     no turn (it goes to the endpoints the call has not used, in a rotation
+//     of their own), so each endpoint gets its share of the calls however
+//     many of them are hedged. Under grpc's round_robin a hedge takes the
+//     next turn: with one call in flight at a time and one endpoint of three
+//     slow, the slow one gets every other call, half of them;
 //   - "pick_first" sends every call to the first usable endpoint in the
 //     resolver's order, and a retry to the next. Unlike grpc's pick_first,
 //     it keeps a connection to every endpoint: a pick_first holding one
@@ -191,8 +197,8 @@
 //
 // A pick allocates nothing and takes no lock. Round robin: when the
 // rotation's endpoint is neither ejected nor used by the call, a few atomic
-// loads; otherwise a few per READY endpoint, as the others share its turn
-// evenly. peak_ewma: one read of the monotonic clock, a random draw and two
+// loads; otherwise, and for a call's later attempts, a few per READY
+// endpoint, as the others share its turn evenly. peak_ewma: one read of the monotonic clock, a random draw and two
 // costs (an exponential each). No wall-clock read unless an endpoint has
 // been ejected. Each pick takes a record from a sync.Pool, for its Done
 // callback; the callback reads the clock and takes the endpoint's mutex

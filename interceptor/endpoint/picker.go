@@ -41,7 +41,13 @@ type choice struct {
 // on the common path. Otherwise a second rotation runs among the endpoints
 // of the best rank, so that the share of an endpoint passed over (ejected,
 // or used by the call) spreads evenly over the others rather than all
-// going to the one after it.
+// going to the one after it. A call's later attempts (retries, hedged
+// copies: its trail holds an endpoint) take the second rotation and leave
+// the first alone, so that the rotation spreads first attempts, and calls,
+// evenly: when each hedge of a call on a slow endpoint took the next turn,
+// with one call in flight at a time the slow endpoint got every other call
+// (its own turn, then the turn after its hedge's), half of them instead of
+// a third.
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	n := len(p.ready)
 	if n == 0 {
@@ -82,6 +88,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 func (p *picker) inTurn(tr *trail.Trail, now *time.Time) (k, r int) {
 	n := len(p.ready)
 	if p.mode == rotate {
+		if tr != nil && tr.Len() > 0 { // a retry or a hedged copy: not a turn
+			turn := int((p.next.Load() + 1) % uint32(n)) // the turn it would have taken
+			best, rb := p.spill(tr, now)
+			p.noteAvoided(tr, p.rank(turn, tr, now), rb)
+			return best, rb
+		}
 		k = int(p.next.Add(1) % uint32(n))
 	}
 	if r = p.rank(k, tr, now); r == 0 {

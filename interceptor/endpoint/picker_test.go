@@ -396,3 +396,39 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+// TestHedgesLeaveTheRotationToFirstAttempts pins that a call's later
+// attempts (a hedged copy, a retry) do not take a turn of the round_robin
+// rotation: with one call at a time and every call whose first attempt
+// lands on the slow ep1 hedged, each endpoint gets a third of the first
+// attempts. When the hedge took the next turn, ep1 got every other call
+// (its turn, then the turn after the hedge's), half of them, and ep2 none:
+// the bench's hedge-budget scenario, whose budget paid for 45% of the calls
+// against a slow share of 50%. The hedges spread over the other endpoints.
+func TestHedgesLeaveTheRotationToFirstAttempts(t *testing.T) {
+	pk, _ := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "round_robin"})
+	first := map[string]int{}
+	hedges := map[string]int{}
+	const calls = 300
+	for range calls {
+		ctx := trail.NewContext(context.Background(), time.Time{})
+		name := pickOne(t, pk, ctx, ok)
+		first[name]++
+		if name == "ep1" {
+			h := pickOne(t, pk, ctx, ok)
+			if h == "ep1" {
+				t.Fatal("the hedge went to the endpoint its call had used")
+			}
+			hedges[h]++
+		}
+	}
+	for _, ep := range []string{"ep0", "ep1", "ep2"} {
+		if first[ep] != calls/3 {
+			t.Errorf("first attempts %v, want %d each: the hedges took turns", first, calls/3)
+			break
+		}
+	}
+	if hedges["ep0"] != calls/6 || hedges["ep2"] != calls/6 {
+		t.Errorf("hedges %v, want %d each on ep0 and ep2", hedges, calls/6)
+	}
+}

@@ -108,13 +108,14 @@ func (r *ring) add(accepted bool) {
 type Throttle struct {
 	k      float64       // immutable
 	target float64       // the share of refusals p settles at: 1 − 1/K, at least minTarget; immutable
-	half   time.Duration // p halves every half without an outcome: Window/4; immutable
+	half   time.Duration // after half without an outcome, p halves every half: Window/4; immutable
 
-	mu   sync.Mutex
-	rng  *rand.Rand
-	p    float64   // the rejection probability, in [0, MaxRejectProbability]
-	at   time.Time // when p was last moved or decayed; zero before the first outcome
-	long ring      // the counts Snapshot reports, over Window
+	mu       sync.Mutex
+	rng      *rand.Rand
+	p        float64   // the rejection probability, in [0, MaxRejectProbability]
+	answered time.Time // of the last outcome (Done); zero before the first
+	decayed  time.Time // until when p has been decayed for the lack of outcomes
+	long     ring      // the counts Snapshot reports, over Window
 }
 
 // New returns a Throttle for cfg, or cfg's error.
@@ -172,22 +173,33 @@ func (t *Throttle) Done(now time.Time, accepted bool) {
 		p += Step * (1 - t.target)
 	}
 	t.p = min(max(p, 0), MaxRejectProbability)
+	if now.After(t.answered) {
+		t.answered = now
+	}
 }
 
-// probLocked returns the probability at now, decayed for the time since
-// the last outcome: it halves every Window/4 without one, so that a
-// probability left high by an outage that traffic stopped showing does not
-// outlive it (a state that only moves when requests complete ages with
-// time too).
+// probLocked returns the probability at now, decayed for the time without
+// an outcome: after Window/4 without one, it halves every Window/4, so that
+// a probability left high by an outage that traffic stopped showing does
+// not outlive it (a state that only moves when requests complete ages with
+// time too). While outcomes keep coming, time alone moves nothing: a decay
+// between answers would pull p below where the answers settle it (against
+// a backend accepting 30% of the offered load, with K = 2 and a 10 s
+// window, the client sent 73% instead of 60%).
 func (t *Throttle) probLocked(now time.Time) float64 {
-	if t.p > 0 && now.After(t.at) && !t.at.IsZero() {
-		t.p *= math.Exp2(-float64(now.Sub(t.at)) / float64(t.half))
+	if t.p == 0 || t.answered.IsZero() {
+		return t.p
+	}
+	from := t.answered.Add(t.half)
+	if t.decayed.After(from) {
+		from = t.decayed
+	}
+	if now.After(from) {
+		t.p *= math.Exp2(-float64(now.Sub(from)) / float64(t.half))
 		if t.p < 1e-6 {
 			t.p = 0
 		}
-	}
-	if now.After(t.at) {
-		t.at = now
+		t.decayed = now
 	}
 	return t.p
 }

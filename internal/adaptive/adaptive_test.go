@@ -91,8 +91,8 @@ func TestLocalRejectionsAreNotRefusals(t *testing.T) {
 	}
 }
 
-// TestProbabilityHalvesWithoutAnswers pins the decay: p halves every
-// Window/4 with no answer.
+// TestProbabilityHalvesWithoutAnswers pins the decay: after Window/4 with
+// no answer, p halves every Window/4.
 func TestProbabilityHalvesWithoutAnswers(t *testing.T) {
 	th := mustNew(t, Config{Window: 4 * time.Second})
 	for range 80 {
@@ -101,10 +101,32 @@ func TestProbabilityHalvesWithoutAnswers(t *testing.T) {
 	for _, tt := range []struct {
 		at   time.Duration
 		want float64
-	}{{0, 0.8}, {time.Second, 0.4}, {3 * time.Second, 0.1}} {
+	}{{0, 0.8}, {time.Second, 0.8}, {2 * time.Second, 0.4}, {4 * time.Second, 0.1}} {
 		if got := th.Snapshot(t0.Add(tt.at)).RejectProbability; math.Abs(got-tt.want) > 1e-9 {
 			t.Errorf("p %v after the last answer = %v, want %v", tt.at, got, tt.want)
 		}
+	}
+}
+
+// TestAnswersKeepTheProbabilityFromDecaying pins that time alone moves
+// nothing while answers keep coming: answers that cancel out (K = 2: an
+// acceptance and a refusal) every 10ms for 10 windows' quarters leave p
+// where it was. Before, p decayed between answers as if none came, which
+// settled it below the equilibrium: against a backend accepting 30% of the
+// offered load (K 2, window 10 s), the client sent 73% instead of 60%.
+func TestAnswersKeepTheProbabilityFromDecaying(t *testing.T) {
+	th := mustNew(t, Config{Window: 4 * time.Second})
+	for range 50 {
+		th.Done(t0, false)
+	}
+	at := t0
+	for range 1000 {
+		at = at.Add(10 * time.Millisecond)
+		th.Done(at, true)
+		th.Done(at, false)
+	}
+	if got := th.Snapshot(at).RejectProbability; math.Abs(got-0.5) > 1e-9 {
+		t.Errorf("p after 10 s of answers that cancel out = %v, want 0.5", got)
 	}
 }
 

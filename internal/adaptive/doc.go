@@ -43,9 +43,11 @@
 // a backend that is down. A K below 1.05 acts as 1.05 here, so that p can
 // fall when the backend accepts nearly everything.
 //
-// p also halves every Window/4 (15 s by default) without an answer, so that
-// a probability left high by an outage that no traffic shows over does not
-// outlive it.
+// After Window/4 (15 s by default) without an answer, p halves every
+// Window/4, so that a probability left high by an outage that no traffic
+// shows over does not outlive it. While answers keep coming, time alone
+// moves nothing: a decay between answers would settle p below the
+// equilibrium above.
 //
 // # What counts
 //

@@ -148,11 +148,14 @@
 // # Pacing a client
 //
 // Pace is the client's side of a server's pushback: after an answer that
-// says to come back after w, the attempts of the method go one per w, each
-// in a slot of its own, until one succeeds; an attempt whose slot is
-// further than its caller may wait fails at once, locally. So a method
-// sends at most one attempt per pushback period into a limit, where a
-// plain retry loop sends one per call (TestPaceOneAttemptPerPushback).
+// says to come back after w, the attempts of the method go one per w (the
+// longest wait asked since the pacing began), each in a slot of its own;
+// each admitted attempt halves the spacing, and the pacing ends when it is
+// under a millisecond. An attempt whose slot is further than its caller
+// may wait fails at once, locally. So a method sends about one attempt per
+// pushback period into a limit, where a plain retry loop sends one per
+// call: in real time on loopback, 1.08 to 1.10 refused attempts per period
+// against 10.2 to 11.3 (bench/ratelimit/cmd/pacing).
 //
 // # Concurrency
 //

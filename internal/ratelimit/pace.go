@@ -9,17 +9,26 @@ import (
 // Pace spaces a client's attempts of one method while its server is
 // pushing back: after an answer that says "come back after w"
 // (RESOURCE_EXHAUSTED with a google.rpc.RetryInfo), the attempts of the
-// method go one per w, each in a slot of its own, until an attempt
-// succeeds; so at most one attempt per pushback period meets the limit,
-// where a plain retry loop sends one per call. The zero value paces
-// nothing. It is safe for concurrent use; an attempt while nothing is
-// paced costs an atomic load.
+// method go one per w, each in a slot of its own; each admitted attempt
+// halves the spacing, and the pacing ends when it is under MinPacePeriod,
+// so a method whose server keeps refusing at the margin sends about one
+// doomed attempt per pushback period, where a plain retry loop sends one
+// per call, and one whose server recovered is back to full speed within
+// about twice the last pushback (w + w/2 + w/4 ...). Ending at the first
+// admitted attempt instead would let every caller through between that
+// answer and the next refusal: three doomed attempts per period in real
+// time on loopback, against one. The zero value paces nothing. It is safe
+// for concurrent use; an attempt while nothing is paced costs an atomic
+// load.
 type Pace struct {
 	active atomic.Bool // a pushback is in force; written under mu
 
 	mu     sync.Mutex
 	next   time.Time     // the next free slot; guarded by mu
 	period time.Duration // the last pushback; guarded by mu
+	// ended is closed when the pushback in force ends (Success): made by
+	// the Pushback that begins it, nil while none is; guarded by mu.
+	ended chan struct{}
 }
 
 // Slot returns how long an attempt at now must wait for its slot, and
@@ -55,20 +64,98 @@ func (p *Pace) Pushback(now time.Time, w time.Duration) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.active.Load() {
+		// A new pushback: the slots of one that ended are no longer held
+		// (their holders were told by ended), so none of them delays it.
+		p.next = time.Time{}
+		p.ended = make(chan struct{})
+	}
 	if at := now.Add(w); at.After(p.next) {
 		p.next = at
 	}
-	p.period = w
+	// A refusal's wait is the time until the server's next token, which
+	// may be a sliver of its interval: the spacing keeps the longest wait
+	// asked for, and only admitted attempts shorten it.
+	p.period = max(p.period, w)
 	p.active.Store(true)
 }
 
-// Success records an attempt that the server admitted: the pacing ends.
+// Ended returns a channel closed when the pushback in force ends, so that
+// an attempt waiting for its slot can go at once; nil when none is in
+// force.
+func (p *Pace) Ended() <-chan struct{} {
+	if !p.active.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ended
+}
+
+// Cancel gives back, at now, a slot that Slot gave for an attempt that was
+// never sent (its caller gave up while waiting, or a later check refused
+// it): the next free slot moves back one period, never before now, so
+// that callers who all give up leave no queue of empty slots behind them.
+// Slots are interchangeable: the next caller takes the latest free one.
+func (p *Pace) Cancel(now time.Time) {
+	if !p.active.Load() {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active.Load() || !p.next.After(now) {
+		return
+	}
+	if back := p.next.Add(-p.period); back.After(now) {
+		p.next = back
+	} else {
+		p.next = now
+	}
+}
+
+// Active reports whether a pushback is in force.
+func (p *Pace) Active() bool { return p.active.Load() }
+
+// MinPacePeriod is the spacing under which a Pace ends: a millisecond.
+const MinPacePeriod = time.Millisecond
+
+// Success records an attempt that the server admitted: the spacing halves,
+// and under MinPacePeriod the pacing ends and the attempts waiting for
+// their slots are told (Ended).
 func (p *Pace) Success() {
 	if !p.active.Load() {
 		return
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active.Load() {
+		return
+	}
+	// The next slot moves back with the spacing: it is the last slot
+	// taken plus the new spacing (slots are interchangeable; an attempt
+	// waiting for a later one keeps it).
+	old := p.period
+	p.period /= 2
+	p.next = p.next.Add(p.period - old)
+	if p.period >= MinPacePeriod {
+		return
+	}
 	p.active.Store(false)
 	p.period = 0
-	p.mu.Unlock()
+	close(p.ended)
+	p.ended = nil
+}
+
+// Snapshot returns the next free slot and the period while a pushback is
+// in force, or zeros when none is.
+func (p *Pace) Snapshot() (next time.Time, period time.Duration) {
+	if !p.active.Load() {
+		return time.Time{}, 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active.Load() {
+		return time.Time{}, 0
+	}
+	return p.next, p.period
 }

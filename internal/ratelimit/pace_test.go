@@ -37,8 +37,8 @@ func TestPaceOneAttemptPerPushback(t *testing.T) {
 }
 
 // TestPaceDeadlineFailsFast: an attempt whose slot is past what the caller
-// may wait takes nothing and is told how long it would be; a success ends
-// the pacing.
+// may wait takes nothing and is told how long it would be; each success
+// halves the spacing, and the pacing ends under a millisecond.
 func TestPaceDeadlineFailsFast(t *testing.T) {
 	var p Pace
 	if w, ok := p.Slot(t0, 0); !ok || w != 0 {
@@ -55,7 +55,19 @@ func TestPaceDeadlineFailsFast(t *testing.T) {
 		t.Fatalf("the next slot: %v, %v; want 600ms: one per pushback period", w, ok)
 	}
 	p.Success()
-	if w, ok := p.Slot(t0, 0); !ok || w != 0 {
-		t.Fatalf("after a success: %v, %v; want unpaced", w, ok)
+	if _, period := p.Snapshot(); period != 150*time.Millisecond {
+		t.Fatalf("after a success the period is %v, want 150ms (halved)", period)
+	}
+	if w, ok := p.Slot(t0, time.Second); !ok || w != 750*time.Millisecond {
+		t.Fatalf("the slot after a success: %v, %v; want 750ms (the last taken, 600ms, plus the halved 150ms)", w, ok)
+	}
+	if w, ok := p.Slot(t0, time.Second); !ok || w != 900*time.Millisecond {
+		t.Fatalf("the next slot: %v, %v; want 900ms (150ms after)", w, ok)
+	}
+	for range 8 { // 150ms halved 8 times: under 1ms
+		p.Success()
+	}
+	if w, ok := p.Slot(t0, 0); !ok || w != 0 || p.Active() {
+		t.Fatalf("after the spacing fell under a millisecond: %v, %v, active %v; want unpaced", w, ok, p.Active())
 	}
 }

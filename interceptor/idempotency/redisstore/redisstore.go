@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -399,6 +400,13 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 	token, ok := s.orphans.take(rk.keys[0], fingerprint)
 	if !ok {
 		token = newToken()
+	}
+	if ctx.Done() != nil {
+		// bounded may return before the script has run, and its late
+		// function remembers the fingerprint of an orphan claim: neither
+		// may read the caller's slice once Claim has returned (the server
+		// reuses its buffer for the next call's fingerprint).
+		fingerprint = bytes.Clone(fingerprint)
 	}
 	sent := time.Now()
 	res, err := bounded(ctx, "claim", func() ([]any, error) {

@@ -1,0 +1,92 @@
+package interceptor
+
+import (
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/resiliencetest"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// TestHedgingDelayUnderABudgetThatPaysForEveryCallStaysThePolicys pins the
+// bench's endpoint-hedge workload on fake time, where the machine's load
+// cannot reach it: one backend of three 10× slower (5 ms, 50 ms), a fixed
+// hedgingDelay of 7 ms, a retry budget of ratio 1, 16 closed-loop callers
+// under resilience_endpoint. The hedge rule (hedge_delay.go) leaves the
+// delay at 7 ms (the budget pays for every call, so the latency three
+// quarters of the calls outlast, a fast call's, is below it), every slow
+// call is hedged to a fast backend, and the p99 falls to (7 + 5)/50 of the
+// unhedged one: the real-time runs' 1-2.6× under a load average of 20 and
+// more were the machine's, not the rule's.
+func TestHedgingDelayUnderABudgetThatPaysForEveryCallStaysThePolicys(t *testing.T) {
+	run := func(t *testing.T, hedged bool) (p99 time.Duration, delay time.Duration, copies, calls int) {
+		mc := serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}}}
+		if hedged {
+			mc.HedgingPolicy = &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 7 * time.Millisecond,
+				NonFatalStatusCodes: []codes.Code{codes.Unavailable}}
+		}
+		c := newTestClient(t, WithMethodConfig(mc),
+			WithRetryBudget(&serviceconfig.RetryBudget{Ratio: 1, MinRetriesPerSecond: 10, TTL: 10 * time.Second}))
+		cl := startCluster(t, 3, c, noEjection)
+		for i, b := range cl.Backends {
+			d := 5 * time.Millisecond
+			if i == 1 {
+				d = 50 * time.Millisecond
+			}
+			b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: d} })
+		}
+		client := cl.EchoClient()
+		var mu sync.Mutex
+		var lat []time.Duration
+		var wg sync.WaitGroup
+		for g := range 16 {
+			wg.Go(func() {
+				for i := range 100 {
+					ctx := metadata.AppendToOutgoingContext(t.Context(), "call-id", strconv.Itoa(g*1000+i))
+					start := time.Now()
+					if _, err := client.Echo(ctx, &echov1.EchoRequest{Message: "x"}); err != nil {
+						t.Errorf("call %d/%d: %v", g, i, err)
+						return
+					}
+					mu.Lock()
+					lat = append(lat, time.Since(start))
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		time.Sleep(100 * time.Millisecond) // the losers end
+		synctest.Wait()
+		for _, b := range cl.Backends {
+			copies += len(b.Attempts(resiliencetest.EchoMethod))
+		}
+		delay, _ = c.HedgingDelay(resiliencetest.EchoMethod)
+		slices.Sort(lat)
+		return lat[len(lat)*99/100], delay, copies, len(lat)
+	}
+	var unhedged time.Duration
+	synctest.Test(t, func(t *testing.T) { unhedged, _, _, _ = run(t, false) })
+	synctest.Test(t, func(t *testing.T) {
+		p99, delay, copies, calls := run(t, true)
+		if delay != 7*time.Millisecond {
+			t.Errorf("HedgingDelay = %v, want the policy's 7ms: a budget of ratio 1 pays for every call", delay)
+		}
+		if r := float64(p99) / float64(unhedged); r > 0.25 {
+			t.Errorf("hedged p99 %v = %.2f× the unhedged %v, want ≤ 0.25× (the floor is (7+5)/50 = 0.24)", p99, r, unhedged)
+		}
+		// Every slow call is hedged, and nothing else: the slow backend's
+		// first attempts, a third of the calls (the hedges take no turn of
+		// the rotation).
+		if extra := float64(copies-calls) / float64(calls); extra < 0.3 || extra > 0.34 {
+			t.Errorf("%d copies for %d calls: %.0f%% extra, want the slow third (30%%-34%%)", copies, calls, 100*extra)
+		}
+	})
+}
