@@ -409,6 +409,14 @@ func (r *methodRow) idle(now time.Time) bool {
 	return true
 }
 
+// holds reports whether b is the breaker of fullMethod's row.
+func (t *methodTable) holds(fullMethod string, b *breaker.Breaker) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.rows[fullMethod]
+	return r != nil && r.g.breaker == b
+}
+
 // holds reports whether r's bulkhead (in force or dropped) holds attempts.
 func (r *methodRow) holds() bool {
 	for _, b := range []*bulkhead.Bulkhead{r.g.bulkhead, r.dropped} {
