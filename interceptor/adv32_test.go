@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -56,4 +59,38 @@ func TestForceOpenIsNeverLostToAnEvictionOfItsRow(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
+}
+
+// A hedged copy that panicked below the interceptor (or called
+// runtime.Goexit) settled its guards as errCopyAborted, a CANCELLED of
+// its own, which adaptive throttling read as the backend's acceptance (the
+// caller's context was live): every panicking copy pulled the rejection
+// probability down, where a plain call's panic (abandon) counts nothing.
+// The backend said nothing: in both paths, nothing is counted.
+func TestAPanicBelowAHedgedCopyIsNoAnswerToAdaptiveThrottling(t *testing.T) {
+	for _, hedged := range []bool{false, true} {
+		t.Run(fmt.Sprint("hedged=", hedged), func(t *testing.T) {
+			srv := &testserver.Server{}
+			boom := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				panic("boom below")
+			}
+			mc := serviceconfig.MethodConfig{
+				Name:           []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+				CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: serviceconfig.ModeAdaptive},
+			}
+			if hedged {
+				mc.HedgingPolicy = &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour}
+			}
+			stub, c := newEchoBelow(t, srv, []grpc.UnaryClientInterceptor{boom}, WithMethodConfig(mc))
+			for range 5 {
+				func() {
+					defer func() { _ = recover() }()
+					_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+				}()
+			}
+			if a := c.Status(echoMethod).Adaptive; a == nil || a.Accepts != 0 || a.Requests != 0 {
+				t.Errorf("after 5 calls that panicked below: adaptive %+v, want nothing counted", a)
+			}
+		})
+	}
 }
