@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -92,5 +94,48 @@ func TestAPanicBelowAHedgedCopyIsNoAnswerToAdaptiveThrottling(t *testing.T) {
 				t.Errorf("after 5 calls that panicked below: adaptive %+v, want nothing counted", a)
 			}
 		})
+	}
+}
+
+// A unary call that its own ClientConn's Close ended (grpc's CANCELLED
+// "the client connection is closing": the caller's context live, nothing
+// from the backend) was read by adaptive throttling as the backend's
+// acceptance, where a stream's attempt ended the same way (errEndedHere)
+// and a hedged copy's panic count nothing: a client shared by connections
+// that a pool recycles during an outage pulled its rejection probability
+// down with every call in flight on the closed one. A CANCELLED is no
+// answer of the backend's.
+func TestCallsEndedByTheirConnectionsCloseAreNoAnswerToAdaptiveThrottling(t *testing.T) {
+	const calls = 8
+	arrived := make(chan struct{}, calls)
+	srv := &testserver.Server{}
+	srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+		arrived <- struct{}{}
+		return testserver.Outcome{Delay: time.Hour}
+	})
+	c := newTestClient(t, WithMethodConfig(serviceconfig.MethodConfig{
+		Name:           []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+		CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: serviceconfig.ModeAdaptive},
+	}))
+	cc := testserver.Start(t, srv, c.DialOptions()...)
+	stub := echov1.NewEchoServiceClient(cc)
+	errs := make(chan error, calls)
+	for range calls {
+		go func() {
+			_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+			errs <- err
+		}()
+	}
+	for range calls { // every call is at the server
+		<-arrived
+	}
+	_ = cc.Close()
+	for range calls {
+		if err := <-errs; status.Code(err) != codes.Canceled {
+			t.Errorf("a call ended by Close = %v, want CANCELLED", err)
+		}
+	}
+	if a := c.Status(echoMethod).Adaptive; a == nil || a.Accepts != 0 || a.Requests != 0 {
+		t.Errorf("after %d calls ended by their connection's Close: adaptive %+v, want nothing counted", calls, a)
 	}
 }
