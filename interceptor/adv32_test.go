@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -137,5 +138,50 @@ func TestCallsEndedByTheirConnectionsCloseAreNoAnswerToAdaptiveThrottling(t *tes
 	}
 	if a := c.Status(echoMethod).Adaptive; a == nil || a.Accepts != 0 || a.Requests != 0 {
 		t.Errorf("after %d calls ended by their connection's Close: adaptive %+v, want nothing counted", calls, a)
+	}
+}
+
+// Held (adv32): a WithOnRetry or WithOnStop hook that panics while copies
+// of a hedged call are at the server: the panic reaches the caller, the
+// copies are cancelled and give their bulkhead slots and breaker tokens
+// back (newTestClient's check), and no copy's goroutine is left (goleak).
+func TestAPanickingHookOfAHedgedCallLeavesNothingHeld(t *testing.T) {
+	for _, hook := range []string{"OnRetry", "OnStop"} {
+		t.Run(hook, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+					if a.N == 3 {
+						return testserver.Outcome{Err: status.Error(codes.Internal, "fatal")}
+					}
+					return testserver.Outcome{Delay: time.Hour}
+				})
+				boom := func() { panic("boom in " + hook) }
+				opt := WithOnRetry(func(context.Context, RetryEvent) {
+					if hook == "OnRetry" {
+						boom()
+					}
+				})
+				if hook == "OnStop" {
+					opt = WithOnStop(func(context.Context, StopEvent) { boom() })
+				}
+				stub, c := newEcho(t, srv, opt, guardedHedging(
+					serviceconfig.HedgingPolicy{MaxAttempts: 3, HedgingDelay: 10 * time.Millisecond},
+					&serviceconfig.CircuitBreaker{ConsecutiveFailures: 5, OpenDuration: time.Minute, HalfOpenProbes: 1},
+					&serviceconfig.Bulkhead{MaxConcurrent: 3}))
+				recovered := func() (r any) {
+					defer func() { r = recover() }()
+					_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+					return nil
+				}()
+				if fmt.Sprint(recovered) != "boom in "+hook {
+					t.Errorf("the caller recovered %v, want the hook's panic", recovered)
+				}
+				synctest.Wait()
+				if held := heldGuards(c); held != "" {
+					t.Errorf("after the hook's panic: %s", held)
+				}
+			})
+		})
 	}
 }
