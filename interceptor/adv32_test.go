@@ -185,3 +185,27 @@ func TestAPanickingHookOfAHedgedCallLeavesNothingHeld(t *testing.T) {
 		})
 	}
 }
+
+// Status and HedgingDelay of a method with state and no row (peek) built
+// its state for the reading alone, but named the method in the metrics on
+// the way (attach, as for a pinned method): with metrics on, every distinct
+// name a caller asked about (an admin page's input, a proxy asking for the
+// delay of each method it forwards) stayed in the metrics' names until the
+// next config update: 1,000 names kept 1,000 attribute sets. Names
+// hold only the config's exact names and the methods stubs called.
+func TestStatusOfCallerChosenNamesNamesNothingInTheMetrics(t *testing.T) {
+	_, mp := testserver.NewMeterReader()
+	c := newTestClient(t, WithMeterProvider(mp), WithServiceConfig(mustParse(t, `{"methodConfig": [
+		{"name": [{}], "circuitBreaker": {"consecutiveFailures": 3},
+		 "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}]}`)))
+	for i := range 1000 {
+		m := callerNamed(i)
+		_ = c.Status(m)
+		_, _ = c.HedgingDelay(m)
+	}
+	n := 0
+	c.metrics.names.Range(func(any, any) bool { n++; return true })
+	if n != 0 {
+		t.Errorf("after Status and HedgingDelay of 1,000 names: %d names kept by the metrics, want 0", n)
+	}
+}

@@ -447,8 +447,7 @@ func (t *methodTable) release(r *methodRow) {
 // attach makes p, the policy of r's method under st, run under r's state.
 // pinned says whether the method is pinned (its row counts nothing).
 func (st *clientState) attach(p *methodPolicy, r *methodRow, pinned bool) {
-	p.g = r.g
-	p.latency, p.tail = r.latency, r.tail
+	bind(st, p, r)
 	if !pinned {
 		p.row = r
 	}
@@ -458,6 +457,12 @@ func (st *clientState) attach(p *methodPolicy, r *methodRow, pinned bool) {
 	if st.table.isStatic(p.fullMethod) {
 		p.static.Store(true)
 	}
+}
+
+// bind makes p run under r's state, and settles its fast paths.
+func bind(st *clientState, p *methodPolicy, r *methodRow) {
+	p.g = r.g
+	p.latency, p.tail = r.latency, r.tail
 	st.settle(p)
 }
 
@@ -659,7 +664,9 @@ func (c *Client) peek(fullMethod string) *methodPolicy {
 		tmp := &methodTable{}
 		tmp.seed.Store(c.table.seed.Load())
 		tmp.configure(st, r, p, mc, time.Now())
-		st.attach(p, r, true)
+		// Bound, not attached: a name a caller asks about is not named in
+		// the metrics (their names are the config's and the stubs').
+		bind(st, p, r)
 	}
 	return p
 }
