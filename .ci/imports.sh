@@ -26,6 +26,11 @@
 #                 helpers of both sides: of ours, only other internal packages
 #                 (internal/..., interceptor/internal/...), serviceconfig, codes
 #                 and generated code (proto/...: the test servers' echo service)
+#   interceptor/admin
+#                 the admin view: the observer of both sides, so it may import
+#                 the client (interceptor), the server (interceptor/server) and
+#                 the endpoint policy; nothing of ours imports it but examples
+#                 and commands: no side depends on being observed
 #   faultinject, resiliencetest
 #                 testing aids for users: public packages only (nothing internal);
 #                 they may import grpc
@@ -64,7 +69,13 @@ while read -r pkg imports; do
 			is_std "$imp" || check "$rel" "$imp" "standard library only"
 			;;
 		internal/*)
-			if [[ "$imp" == google.golang.org/grpc ]]; then
+			if [[ "$imp" == "$mod"/interceptor/admin ]]; then
+			case "$rel" in
+			examples/* | cmd/*) ;;
+			*) check "$rel" "$imp" "the admin view observes both sides; only examples and commands import it" ;;
+			esac
+		fi
+		if [[ "$imp" == google.golang.org/grpc ]]; then
 				check "$rel" "$imp" "engines know nothing of grpc"
 			elif [[ "$imp" == "$mod"/* && "$imp" != "$mod"/internal/* ]]; then
 				check "$rel" "$imp" "engines import nothing of ours above them"
@@ -102,6 +113,12 @@ while read -r pkg imports; do
 			fi
 			;;
 		esac
+		if [[ "$imp" == "$mod"/interceptor/admin ]]; then
+			case "$rel" in
+			examples/* | cmd/*) ;;
+			*) check "$rel" "$imp" "the admin view observes both sides; only examples and commands import it" ;;
+			esac
+		fi
 		if [[ "$imp" == google.golang.org/grpc ]]; then
 			case "$rel" in
 			interceptor | interceptor/* | faultinject | resiliencetest | proto/* | examples/* | cmd/*) ;;

@@ -27,6 +27,7 @@ const dashboardPath = "dashboards/grafana.json"
 
 // dashboard is the part of a Grafana dashboard that holds queries.
 type dashboard struct {
+	Links      []dashboardLink  `json:"links"`
 	Panels     []dashboardPanel `json:"panels"`
 	Templating struct {
 		List []struct {
@@ -35,8 +36,15 @@ type dashboard struct {
 	} `json:"templating"`
 }
 
+// dashboardLink is a link of the dashboard or of a panel.
+type dashboardLink struct {
+	Title string `json:"title"`
+	URL   string `json:"url"`
+}
+
 type dashboardPanel struct {
-	Title   string `json:"title"`
+	Title   string          `json:"title"`
+	Links   []dashboardLink `json:"links"`
 	Targets []struct {
 		Expr string `json:"expr"`
 	} `json:"targets"`
@@ -257,5 +265,60 @@ func driveDashboardSeries(t *testing.T, conn *grpc.ClientConn) {
 	}
 	if _, err := stub.Echo(keyed, &echov1.EchoRequest{Message: "replay"}); err != nil {
 		t.Errorf("the keyed Echo's duplicate = %v, want its stored reply", err)
+	}
+}
+
+// dashboardLinks returns the URLs of the dashboard's links and of its
+// panels' links.
+func dashboardLinks(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatalf("%s: %v", dashboardPath, err)
+	}
+	var out []string
+	for _, l := range d.Links {
+		out = append(out, l.URL)
+	}
+	var walk func([]dashboardPanel)
+	walk = func(ps []dashboardPanel) {
+		for _, p := range ps {
+			for _, l := range p.Links {
+				out = append(out, l.URL)
+			}
+			walk(p.Panels)
+		}
+	}
+	walk(d.Panels)
+	return out
+}
+
+// requireDashboardLinks fails t unless every link of the dashboard,
+// ${instance} read as each of the instances (the debug ports the
+// dashboard's series are scraped from), serves the admin page.
+func requireDashboardLinks(t *testing.T, instances ...string) {
+	t.Helper()
+	links := dashboardLinks(t)
+	if len(links) == 0 {
+		t.Fatalf("%s links nowhere, want the admin page", dashboardPath)
+	}
+	for _, inst := range instances {
+		for _, l := range links {
+			u := strings.ReplaceAll(l, "${instance}", inst)
+			resp, err := http.Get(u)
+			if err != nil {
+				t.Errorf("the dashboard's link %s: %v", u, err)
+				continue
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<title>resilience: admin view</title>") {
+				t.Errorf("the dashboard's link %s: %d, not the admin page", u, resp.StatusCode)
+			}
+		}
 	}
 }

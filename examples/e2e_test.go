@@ -217,6 +217,7 @@ func TestServerAndClientProcesses(t *testing.T) {
 	scrape(t, srvMetrics, "resilience_server_idempotency_executions_total")
 	driveDashboardSeries(t, conn)
 	requireDashboardMetrics(t, cliMetrics, srvMetrics)
+	requireDashboardLinks(t, cliMetrics, srvMetrics)
 	rest := cli.stop(t)
 	if len(rest) == 0 || !strings.HasPrefix(rest[len(rest)-1], "total calls=") {
 		t.Errorf("client's last lines = %q, want a total summary", rest)

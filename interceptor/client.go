@@ -60,7 +60,7 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	}
 	c.metrics = m
 	cfg := o.config
-	if err := c.update(&cfg); err != nil {
+	if err := c.update(&cfg, o.origins); err != nil {
 		// A Client not returned holds nothing: the gauges' callback goes
 		// with it, or the provider would read (and keep) it for ever.
 		if g := m.gauges; g != nil {
@@ -139,15 +139,15 @@ func (c *Client) updateFrom(option string, cfg *serviceconfig.Config, direct boo
 	if err != nil {
 		return nil, err
 	}
-	if err := c.update(cfg); err != nil {
+	if err := c.update(cfg, originsOf(option, cfg)); err != nil {
 		return nil, err
 	}
 	return append(parseWarnings(option, cfg), warnings...), nil
 }
 
-// update makes cfg, whose entries were checked (checkEntries), the
-// client's config.
-func (c *Client) update(cfg *serviceconfig.Config) error {
+// update makes cfg, whose entries were checked (checkEntries) and came
+// from origins, the client's config.
+func (c *Client) update(cfg *serviceconfig.Config, origins []entryOrigin) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -161,6 +161,7 @@ func (c *Client) update(cfg *serviceconfig.Config) error {
 	if err != nil {
 		return err
 	}
+	st.origins = origins
 	// The table follows the new config and the config is published under
 	// one lock, so that a row made meanwhile is made under the config in
 	// force (methods.go). No user code runs under it.

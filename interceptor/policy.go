@@ -105,6 +105,7 @@ type methodPolicy struct {
 // calls build up is in the Client's methodTable, which outlives states.
 type clientState struct {
 	cfg     *serviceconfig.Config
+	origins []entryOrigin // where each entry of cfg.MethodConfig came from; immutable
 	opts    *clientOptions
 	metrics *instruments
 	storm   stormControl

@@ -191,3 +191,102 @@ func (st *clientState) noBreaker(fullMethod string, untracked bool) string {
 	}
 	return "it has no circuit breaker"
 }
+
+// RetryStatus is a snapshot of the limits a Client's retries share, from
+// Client.RetryStatus; nil fields are off.
+type RetryStatus struct {
+	// Budget is the retry budget (WithRetryBudget, or the config's
+	// retryBudget block).
+	Budget *BudgetStatus
+	// Throttling is gRFC A6 retry throttling (the config's
+	// retryThrottling block).
+	Throttling *ThrottlingStatus
+}
+
+// BudgetStatus is a snapshot of a retry budget.
+type BudgetStatus struct {
+	// Available is the number of retries the budget would grant now.
+	Available float64
+}
+
+// ThrottlingStatus is a snapshot of gRFC A6 retry throttling: retries are
+// withheld while Tokens is at most half of MaxTokens.
+type ThrottlingStatus struct {
+	Tokens, MaxTokens float64
+}
+
+// RetryStatus returns a snapshot of the client's retry budget and retry
+// throttling under the config in force. It takes no lock that a call
+// takes.
+func (c *Client) RetryStatus() RetryStatus {
+	st := c.state.Load()
+	var out RetryStatus
+	if b := st.storm.budget; b != nil {
+		out.Budget = &BudgetStatus{Available: b.Available(time.Now())}
+	}
+	if t := st.storm.throttle; t != nil {
+		out.Throttling = &ThrottlingStatus{Tokens: t.Tokens(), MaxTokens: st.storm.throttleCfg.MaxTokens}
+	}
+	return out
+}
+
+// MethodPolicy is the configuration in force for a method, and where it
+// came from ([Client.Policy]).
+type MethodPolicy struct {
+	FullMethod string
+	// Source names the method config entry that applies to the method,
+	// as the Client's errors name it: "WithMethodConfig: entry 0",
+	// "WithRetryPolicy", "WithServiceConfig: methodConfig[1]" (a parsed
+	// document; "MethodConfig[1]" for a Config built in Go),
+	// "UpdateServiceConfig: methodConfig[0]", "the resolver's service
+	// config: methodConfig[2]"; "" when no entry applies (the method runs
+	// without a policy of the config).
+	Source string
+	// Config is that entry, the whole of it (its names included); zero
+	// when Source is "". It is a copy: changing it changes nothing.
+	Config serviceconfig.MethodConfig
+}
+
+// Policy returns the method config entry in force for fullMethod
+// ("/pkg.Service/Method"; the leading slash may be left out) and where it
+// came from: a Go option, a parsed document, UpdateServiceConfig or the
+// resolver. An entry applies as grpc-go applies it: the one naming the
+// method, else its service, else the default entry. It keeps nothing, and
+// reads the config in force when it is called.
+func (c *Client) Policy(fullMethod string) MethodPolicy {
+	st := c.state.Load()
+	mp := MethodPolicy{FullMethod: fullMethod}
+	i := st.cfg.LookupIndex(fullMethod)
+	if i < 0 {
+		return mp
+	}
+	mc := st.cfg.MethodConfig[i]
+	mc.Name = slices.Clone(mc.Name)
+	mc.WaitForReady = clonePtr(mc.WaitForReady)
+	mc.MaxRequestMessageBytes = clonePtr(mc.MaxRequestMessageBytes)
+	mc.MaxResponseMessageBytes = clonePtr(mc.MaxResponseMessageBytes)
+	if mc.RetryPolicy = clonePtr(mc.RetryPolicy); mc.RetryPolicy != nil {
+		mc.RetryPolicy.RetryableStatusCodes = slices.Clone(mc.RetryPolicy.RetryableStatusCodes)
+	}
+	if mc.HedgingPolicy = clonePtr(mc.HedgingPolicy); mc.HedgingPolicy != nil {
+		mc.HedgingPolicy.NonFatalStatusCodes = slices.Clone(mc.HedgingPolicy.NonFatalStatusCodes)
+	}
+	if mc.CircuitBreaker = clonePtr(mc.CircuitBreaker); mc.CircuitBreaker != nil {
+		mc.CircuitBreaker.FailureStatusCodes = slices.Clone(mc.CircuitBreaker.FailureStatusCodes)
+	}
+	mc.Bulkhead = clonePtr(mc.Bulkhead)
+	mp.Config = mc
+	if i < len(st.origins) {
+		mp.Source = st.origins[i].at("")
+	}
+	return mp
+}
+
+// clonePtr returns a copy of *p, or nil.
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}

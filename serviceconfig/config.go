@@ -181,8 +181,18 @@ type MethodConfig struct {
 // Lookup scans the entries and does not allocate; resolve a method once and
 // keep the result rather than calling Lookup on every call.
 func (c *Config) Lookup(fullMethod string) (MethodConfig, bool) {
+	if i := c.LookupIndex(fullMethod); i >= 0 {
+		return c.MethodConfig[i], true
+	}
+	return MethodConfig{}, false
+}
+
+// LookupIndex returns the index in c.MethodConfig of the entry that Lookup
+// returns for fullMethod, or -1 when no entry applies. It does not
+// allocate.
+func (c *Config) LookupIndex(fullMethod string) int {
 	if c == nil {
-		return MethodConfig{}, false
+		return -1
 	}
 	// s is fullMethod without its slash; grpc-go looks up "/"+s exactly,
 	// then "/"+s up to and including its last slash (the service key).
@@ -191,29 +201,25 @@ func (c *Config) Lookup(fullMethod string) (MethodConfig, bool) {
 	if i := strings.LastIndexByte(s, '/'); i >= 0 {
 		svc, slash = s[:i], true
 	}
-	var service, def *MethodConfig
+	service, def := -1, -1
 	for i := range c.MethodConfig {
-		mc := &c.MethodConfig[i]
-		for _, n := range mc.Name {
+		for _, n := range c.MethodConfig[i].Name {
 			switch {
 			case n.Service == "":
-				if n.Method == "" && def == nil {
-					def = mc
+				if n.Method == "" && def < 0 {
+					def = i
 				}
 			case slash && keyIs(n, s, false):
-				return *mc, true
-			case service == nil && keyIs(n, svc, true):
-				service = mc
+				return i
+			case service < 0 && keyIs(n, svc, true):
+				service = i
 			}
 		}
 	}
-	if service != nil {
-		return *service, true
+	if service >= 0 {
+		return service
 	}
-	if def != nil {
-		return *def, true
-	}
-	return MethodConfig{}, false
+	return def
 }
 
 // keyIs reports whether n.key() is "/" + s, followed by "/" when slash is

@@ -3,9 +3,12 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/stats/opentelemetry"
 
 	_ "github.com/grpc-resilience/resilience/interceptor/endpoint" // registers the resilience_endpoint policy
@@ -47,4 +50,24 @@ func grpcOptions(doc []byte, mp metric.MeterProvider) ([]grpc.DialOption, error)
 		opts = append(opts, grpc.WithDefaultServiceConfig(string(sc)))
 	}
 	return opts, nil
+}
+
+// targetOf returns the target of -addr and the dial options it needs: the
+// address itself, or for several (HOST:PORT,...) a resolver of this
+// process's own that gives grpc one endpoint per address, for the endpoint
+// policy to choose among.
+func targetOf(addr string) (string, []grpc.DialOption, error) {
+	if !strings.Contains(addr, ",") {
+		return addr, nil, nil
+	}
+	var addrs []resolver.Address
+	for a := range strings.SplitSeq(addr, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			return "", nil, fmt.Errorf("-addr %q: an empty address", addr)
+		}
+		addrs = append(addrs, resolver.Address{Addr: a})
+	}
+	r := manual.NewBuilderWithScheme("servers")
+	r.InitialState(resolver.State{Addresses: addrs})
+	return "servers:///echo", []grpc.DialOption{grpc.WithResolvers(r)}, nil
 }

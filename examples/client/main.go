@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/grpc-resilience/resilience/interceptor"
+	"github.com/grpc-resilience/resilience/interceptor/admin"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -38,6 +39,7 @@ func main() {
 
 type config struct {
 	configPath, addr, method, metricsAddr string
+	adminAddr                             string
 	rate                                  float64
 	concurrency                           int
 	duration, timeout                     time.Duration
@@ -49,14 +51,15 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.SetOutput(stderr)
 	c := &config{}
 	fs.StringVar(&c.configPath, "config", "", "service-config JSON file (required)")
-	fs.StringVar(&c.addr, "addr", "127.0.0.1:50051", "server address")
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:50051", "server address, or several (HOST:PORT,...): one endpoint each")
 	fs.StringVar(&c.method, "method", "Echo", "method to call: Echo or Lookup")
 	fs.Float64Var(&c.rate, "rate", 0, "calls per second in total; 0: as fast as -concurrency allows")
 	fs.IntVar(&c.concurrency, "concurrency", 8, "callers at once")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "how long to drive load")
 	fs.DurationVar(&c.timeout, "timeout", 2*time.Second, "deadline of each call")
 	fs.BoolVar(&c.keyed, "keyed", false, "send an idempotency key with every call")
-	fs.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9465", "Prometheus /metrics address; empty disables")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9465", "debug HTTP address: Prometheus /metrics and the admin page /debug/resilience/; empty disables")
+	fs.StringVar(&c.adminAddr, "admin-addr", "", "serve the admin view over gRPC (resilience.admin.v1.AdminService, for cmd/resadmin) on this address; empty: off")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -101,10 +104,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	fullMethod := "/" + echov1.EchoService_ServiceDesc.ServiceName + "/" + c.method
 	st := newStats()
+	view, err := admin.New()
+	if err != nil {
+		return err
+	}
+	src, err := view.Client("example")
+	if err != nil {
+		return err
+	}
 	opts := []interceptor.ClientOption{
 		interceptor.WithServiceConfig(sc),
 		interceptor.WithMeterProvider(mp),
-		interceptor.WithOnRetry(func(context.Context, interceptor.RetryEvent) { st.retries.Add(1) }),
+		// The view's hooks, and the summary's count of retries beside the
+		// view's in the retry hook.
+		interceptor.WithOnStateChange(src.OnStateChange),
+		interceptor.WithOnStop(src.OnStop),
+		interceptor.WithOnRetry(func(ctx context.Context, e interceptor.RetryEvent) {
+			st.retries.Add(1)
+			src.OnRetry(ctx, e)
+		}),
 	}
 	if c.keyed {
 		opts = append(opts, interceptor.WithIdempotencyKeys(fullMethod))
@@ -114,12 +132,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer client.Close() // after conn.Close: unregisters its gauges from mp
+	src.Attach(client)
 	gopts, err := grpcOptions(data, mp)
 	if err != nil {
 		return err
 	}
 	dial := append(client.DialOptions(), gopts...)
-	conn, err := grpc.NewClient(c.addr, append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	target, ropts, err := targetOf(c.addr)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(target, append(append(dial, ropts...), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}
@@ -132,10 +155,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/debug/resilience/", http.StripPrefix("/debug/resilience", view.Handler()))
 		hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		fmt.Fprintf(stdout, "metrics listening on %s\n", mlis.Addr())
 		go func() { _ = hsrv.Serve(mlis) }()
 		defer hsrv.Close()
+	}
+	if c.adminAddr != "" {
+		alis, err := net.Listen("tcp", c.adminAddr)
+		if err != nil {
+			return err
+		}
+		gs := grpc.NewServer()
+		admin.Register(gs, view)
+		fmt.Fprintf(stdout, "admin listening on %s\n", alis.Addr())
+		go func() { _ = gs.Serve(alis) }()
+		defer gs.Stop()
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, c.duration)

@@ -7,7 +7,20 @@
 // on /metrics: the interceptors' resilience.* series, grpc-go's own server
 // metrics (its OpenTelemetry plugin: grpc.server.call.*) and the fault
 // injector's counts (resilience.faultinject.*). The Grafana dashboard in
-// examples/dashboards reads them.
+// examples/dashboards reads them. With -forward, Echo and Lookup forward to
+// backends (other instances of this server) through an interceptor.Client
+// with retries, a breaker and the resilience_endpoint policy: a middle
+// tier with both sides of the library.
+//
+// Its admin view (package interceptor/admin) shows the server (named
+// "example") and, with -forward, its client (named "backends") and the
+// backends' endpoints: as a plain page on the debug port at
+// /debug/resilience/ (with its JSON), and over gRPC on the server's own
+// port (resilience.admin.v1.AdminService, kept out of the limits and
+// faults), which cmd/resadmin reads:
+//
+//	go run ./cmd/resadmin -addr 127.0.0.1:50051
+//	go run ./cmd/resadmin -addr 127.0.0.1:50051 watch
 //
 //	go run ./examples/server -fail-rate 0.2 -latency 20ms
 //
@@ -28,7 +41,8 @@
 // # Flags
 //
 //	-addr             gRPC address (default 127.0.0.1:50051; 127.0.0.1:0 picks a port)
-//	-metrics-addr     Prometheus /metrics address (default 127.0.0.1:9464; empty disables)
+//	-metrics-addr     debug HTTP address: Prometheus /metrics and the admin page
+//	                  /debug/resilience/ (default 127.0.0.1:9464; empty disables)
 //	-store            memory | redis (default memory)
 //	-redis-addr       Redis address for -store redis (default 127.0.0.1:6379)
 //	-scope            idempotency scope: none | mtls | metadata:<key> | shared
@@ -36,7 +50,9 @@
 //	-tls-cert, -tls-key  serve TLS with this certificate and key (PEM)
 //	-tls-client-ca    require client certificates signed by this CA (PEM): mTLS
 //	-faults           fault-injection config, JSON (see package faultinject)
-//	-server-config    concurrency limits, a server document (see svcconfig server)
+//	-server-config    concurrency and rate limits, a server document (see
+//	                  svcconfig server); limits.json, beside this file, limits
+//	                  each tenant (metadata x-tenant) to 20 calls a second
 //	-fail-rate        shorthand: abort this fraction of calls to the echo service
 //	                  (0 to 1, such as 0.3, or a percentage such as 30%)
 //	-fail-code        shorthand: the code of -fail-rate (default UNAVAILABLE)
@@ -49,6 +65,11 @@
 //	                  execution of a keyed call, before replying
 //	-headroom, -headroom-floor  deadline headroom (default 20ms, 5ms)
 //	-shutdown-timeout bound of the graceful stop (default 5s)
+//	-forward          forward Echo and Lookup to these backends, HOST:PORT,...
+//	                  (one endpoint each), through an interceptor.Client
+//	-forward-config   the forwarding client's service config (JSON; default
+//	                  forward.json: 3 attempts on UNAVAILABLE, a breaker that
+//	                  opens after 5 failures in a row, resilience_endpoint)
 //
 // # Idempotency scope
 //
@@ -95,7 +116,10 @@
 //
 // # Interceptor order
 //
-//	recovery ─► resilience (headroom, idempotency) ─► faultinject ─► handler
+//	recovery ─► resilience (limits, headroom, idempotency) ─► faultinject ─► handler
+//
+// The admin service skips the middle two: an operator reads the view while
+// the limits shed everything else.
 //
 // Faults are injected inside idempotency, where the handler's own failures
 // would be: an injected UNAVAILABLE is not stored, so a retry with the same

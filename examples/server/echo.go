@@ -31,6 +31,10 @@ type echoServer struct {
 
 	mu  sync.Mutex // serializes writes to log, one line per write
 	log *os.File   // nil when there is no execution log
+
+	// forward, when set (-forward), answers Echo and Lookup: the backends'
+	// answer, or their error, is the call's.
+	forward echov1.EchoServiceClient
 }
 
 func newEcho(path string) (*echoServer, error) {
@@ -75,12 +79,18 @@ func (e *echoServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1
 	if err := e.logExecution(ctx, req.GetMessage()); err != nil {
 		return nil, err
 	}
+	if e.forward != nil {
+		return e.forward.Echo(ctx, req)
+	}
 	return &echov1.EchoResponse{Message: req.GetMessage(), Payload: req.GetPayload()}, nil
 }
 
 func (e *echoServer) Lookup(ctx context.Context, req *echov1.LookupRequest) (*echov1.LookupResponse, error) {
 	if err := e.logExecution(ctx, req.GetMessage()); err != nil {
 		return nil, err
+	}
+	if e.forward != nil {
+		return e.forward.Lookup(ctx, req)
 	}
 	return &echov1.LookupResponse{Message: req.GetMessage()}, nil
 }

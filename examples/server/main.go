@@ -30,6 +30,7 @@ import (
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/faultinject"
+	"github.com/grpc-resilience/resilience/interceptor/admin"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
 	"github.com/grpc-resilience/resilience/interceptor/server"
@@ -67,6 +68,8 @@ type config struct {
 	executionLog      string
 	headroom, floor   time.Duration
 	shutdownTimeout   time.Duration
+	forward           string // backends' addresses, comma-separated: Echo and Lookup forward to them
+	forwardConfig     string // the forwarding client's service config (JSON file)
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -74,7 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.SetOutput(stderr)
 	c := &config{}
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:50051", "gRPC listen address")
-	fs.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9464", "Prometheus /metrics listen address; empty disables")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9464", "debug HTTP listen address: Prometheus /metrics and the admin page /debug/resilience/; empty disables")
 	fs.StringVar(&c.store, "store", "memory", "idempotency store: memory or redis")
 	fs.StringVar(&c.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address for -store redis")
 	fs.StringVar(&c.scope, "scope", "none", "idempotency scope: none (keyed calls refused), mtls, metadata:<key> or shared")
@@ -82,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.tlsKey, "tls-key", "", "the key of -tls-cert (PEM)")
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA (PEM): mTLS")
 	fs.StringVar(&c.faults, "faults", "", "fault-injection config (JSON file, see package faultinject)")
-	fs.StringVar(&c.serverConfig, "server-config", "", "concurrency limits: a server document (JSON file, see svcconfig server)")
+	fs.StringVar(&c.serverConfig, "server-config", "", "concurrency and rate limits: a server document (JSON file, see svcconfig server; limits.json has a per-tenant rate limit)")
 	fs.Func("fail-rate", "abort this fraction of calls: 0 to 1, such as 0.3, or a percentage such as 30%", c.setFailRate)
 	fs.StringVar(&c.failCode, "fail-code", "UNAVAILABLE", "status code of -fail-rate")
 	fs.DurationVar(&c.latency, "latency", 0, "delay every call this long")
@@ -93,6 +96,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.headroom, "headroom", 20*time.Millisecond, "deadline headroom kept for the server's own work")
 	fs.DurationVar(&c.floor, "headroom-floor", 5*time.Millisecond, "least time a handler gets after the headroom: calls arriving with less than headroom + floor left are refused")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound of the graceful stop")
+	fs.StringVar(&c.forward, "forward", "", "forward Echo and Lookup to these backends (HOST:PORT,...) through an interceptor.Client")
+	fs.StringVar(&c.forwardConfig, "forward-config", "", "the forwarding client's service config (JSON file; default: retries, a breaker, resilience_endpoint)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -224,7 +229,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "resilience-example-server"))))
 	defer mp.Shutdown(context.Background())
 
+	view, err := admin.New()
+	if err != nil {
+		return err
+	}
+	fwd, err := c.newForwarder(view, mp)
+	if err != nil {
+		return err
+	}
+	if fwd != nil {
+		defer fwd.close()
+	}
+	src, err := view.Server(adminServerName)
+	if err != nil {
+		return err
+	}
+	src.DescribeStore(c.storeDescription())
 	opts := []server.Option{idem, server.WithHeadroom(c.headroom, c.floor), server.WithLogger(logger)}
+	opts = append(opts, src.Options()...)
 	opts = append(opts, serverMetrics(mp)...)
 	limits, err := c.limitOptions()
 	if err != nil {
@@ -239,16 +261,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close() // runs after the grpc.Server has stopped: unregisters its gauges
+	src.Attach(srv)
 	echo, err := newEcho(c.executionLog)
 	if err != nil {
 		return err
 	}
 	defer echo.close()
+	if fwd != nil {
+		echo.forward = fwd.echo
+	}
 
 	gs := grpc.NewServer(append(creds, grpcMetrics(mp),
-		grpc.ChainUnaryInterceptor(recoverUnary(logger), srv.UnaryServerInterceptor(), inj.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(recoverStream(logger), srv.StreamServerInterceptor(), inj.StreamServerInterceptor()))...)
+		grpc.ChainUnaryInterceptor(recoverUnary(logger), adminSelector(srv.UnaryServerInterceptor()), adminSelector(inj.UnaryServerInterceptor())),
+		grpc.ChainStreamInterceptor(recoverStream(logger), adminStreamSelector(srv.StreamServerInterceptor()), adminStreamSelector(inj.StreamServerInterceptor())))...)
 	echov1.RegisterEchoServiceServer(gs, echo)
+	admin.Register(gs, view)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(echov1.EchoService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -261,7 +288,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "grpc listening on %s\n", lis.Addr())
 	errc := make(chan error, 2) // one send at most from each server's goroutine
-	hsrv, err := serveMetrics(c.metricsAddr, reg, stdout, errc)
+	hsrv, err := serveMetrics(c.metricsAddr, reg, view, stdout, errc)
 	if err != nil {
 		lis.Close()
 		return err
@@ -287,9 +314,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// serveMetrics serves reg's /metrics on addr in a goroutine that sends to
-// errc only when serving fails; nil, nil when addr is empty.
-func serveMetrics(addr string, reg *prometheus.Registry, stdout io.Writer, errc chan<- error) (*http.Server, error) {
+// serveMetrics serves reg's /metrics and view's admin page
+// (/debug/resilience/) on addr in a goroutine that sends to errc only when
+// serving fails; nil, nil when addr is empty.
+func serveMetrics(addr string, reg *prometheus.Registry, view *admin.View, stdout io.Writer, errc chan<- error) (*http.Server, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -299,6 +327,7 @@ func serveMetrics(addr string, reg *prometheus.Registry, stdout io.Writer, errc 
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/debug/resilience/", http.StripPrefix("/debug/resilience", view.Handler()))
 	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	fmt.Fprintf(stdout, "metrics listening on %s\n", mlis.Addr())
 	go func() {
@@ -377,4 +406,13 @@ func (c *config) idempotency(ctx context.Context, logger *slog.Logger) (server.O
 	}
 	logger.Info("idempotency", "scope", scope.desc, "store", c.store, "quota", quota)
 	return server.WithIdempotency(server.Idempotency{Store: store, Scope: scope.scope}), closeStore, nil
+}
+
+// storeDescription says which idempotency store -store opens, for the
+// admin view.
+func (c *config) storeDescription() string {
+	if c.store == "redis" {
+		return "redis at " + c.redisAddr
+	}
+	return c.store
 }

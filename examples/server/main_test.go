@@ -22,6 +22,10 @@ func TestFlagErrors(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(`{"faults": [{"abort": {"grpcStatus": "NOPE"}}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	badConfig := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(badConfig, []byte(`{"methodConfig": 5}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		args []string
 		want string
@@ -37,6 +41,9 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"-outage", "20s/10s"}, `-outage "20s/10s": the outage must be positive and no longer than its period`},
 		{[]string{"-faults", bad}, `-faults ` + bad + `: faultinject: faults[0].abort.grpcStatus: unknown status code "NOPE"`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"-forward-config", bad}, `-forward-config needs -forward`},
+		{[]string{"-forward", "127.0.0.1:1,,127.0.0.1:2"}, `-forward "127.0.0.1:1,,127.0.0.1:2": an empty address`},
+		{[]string{"-forward", "127.0.0.1:1", "-forward-config", badConfig}, `-forward-config: serviceconfig: methodConfig: must be an array, not a number`},
 	}
 	for _, tt := range tests {
 		err := run(context.Background(), append([]string{"-addr", "127.0.0.1:0", "-metrics-addr", ""}, tt.args...), io.Discard, io.Discard)

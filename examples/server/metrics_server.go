@@ -54,8 +54,9 @@ func faultMetrics(mp metric.MeterProvider, inj *faultinject.Injector) error {
 	return err
 }
 
-// limitOptions reads -server-config, a server document of concurrency
-// limits (serviceconfig.ParseServer), into the option that installs it.
+// limitOptions reads -server-config, a server document of concurrency and
+// rate limits (serviceconfig.ParseServer), into the option that installs
+// it.
 func (c *config) limitOptions() ([]server.Option, error) {
 	if c.serverConfig == "" {
 		return nil, nil

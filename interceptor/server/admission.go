@@ -38,11 +38,14 @@ import (
 // Idempotency.UnstoredCodes says, so that a retry runs it once there is
 // room.
 //
-// The gates, in order: shutting down (Server.Shutdown); then the method's
-// concurrency limit (the door for its deadline, its share of the limit,
-// the limit's queue), or, for a method without one, the CPU shedder.
-// Issue 34's rate limits are one more gate here: a field of srvPass for
-// what the gate holds, a branch in admit, and its release in release.
+// The gates, in order: shutting down (Server.Shutdown); the method's rate
+// limits (ratelimit.go: every one must admit it; a refused call never
+// holds, nor waits for, a concurrency slot, and a call shed by the next
+// gate gets its tokens back); then the method's concurrency limit (the
+// door for its deadline, its share of the limit, the limit's queue), or,
+// for a method without one, the CPU shedder. The rate gate holds nothing
+// once it has decided, so it has no field in srvPass and nothing in
+// release.
 
 // srvShed is the error of a call the server answered without running its
 // handler on the one admission path: shed by a gate (the limit, its door,
@@ -102,8 +105,30 @@ func (s *Server) runHandler(caller, hctx context.Context, req any, info *grpc.Un
 // the gate that refused it, holding nothing.
 func (s *Server) admit(caller, hctx context.Context, fullMethod string) (srvPass, error) {
 	if s.closing.Load() {
-		return srvPass{}, errSrvShuttingDown
+		return srvPass{}, s.shutdownRefusal(caller, fullMethod)
 	}
+	rs := s.rates
+	if rs == nil {
+		return s.admitConcurrency(caller, hctx, fullMethod)
+	}
+	set := rs.lookup(fullMethod)
+	if set == nil {
+		return s.admitConcurrency(caller, hctx, fullMethod)
+	}
+	keys, err := rs.admit(caller, set, fullMethod)
+	if err != nil {
+		return srvPass{}, err
+	}
+	p, err := s.admitConcurrency(caller, hctx, fullMethod)
+	if err != nil { // shed past the rate limits: the call does not run, and its tokens go back
+		rs.refund(set, keys)
+	}
+	return p, err
+}
+
+// admitConcurrency is admit's second gate: the method's concurrency limit,
+// or the CPU shedder.
+func (s *Server) admitConcurrency(caller, hctx context.Context, fullMethod string) (srvPass, error) {
 	ls := s.limits
 	if ls == nil || ls.exempt(fullMethod) {
 		return srvPass{}, nil
@@ -155,9 +180,11 @@ func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMet
 	switch v {
 	case limit.ShedDeadline:
 		ls.m.shedCall(caller, fullMethod, crit, shedDeadline)
-		return srvPass{}, &srvShed{status.Errorf(codes.DeadlineExceeded,
+		err := &srvShed{status.Errorf(codes.DeadlineExceeded,
 			"resilience: %v left of the caller's deadline, less than the service time %v: not started",
 			left.Round(time.Microsecond), l.DoorRTT(now, r.Class))}
+		s.limitRefusal(caller, l, fullMethod, crit, r.Tenant, RefusalDeadline, err)
+		return srvPass{}, err
 	case limit.ShedLimit:
 		var admitted, queued bool
 		slot, admitted, queued = s.wait(caller, hctx, l, now, r)
@@ -168,23 +195,27 @@ func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMet
 		}
 		if !admitted {
 			if queued && s.closing.Load() { // taken out of the queue by Shutdown
-				return srvPass{}, errSrvShuttingDown
+				return srvPass{}, s.shutdownRefusal(caller, fullMethod)
 			}
-			reason := shedOverLimit
+			reason, refusal := shedOverLimit, RefusalLimit
 			if queued {
-				reason = shedQueueTimeout
+				reason, refusal = shedQueueTimeout, RefusalQueueTimeout
 			}
 			ls.m.shedCall(caller, fullMethod, crit, reason)
-			return srvPass{}, ls.shedError(caller, crit, pushback)
+			err := ls.shedError(caller, crit, pushback)
+			s.limitRefusal(caller, l, fullMethod, crit, r.Tenant, refusal, err)
+			return srvPass{}, err
 		}
 		if err := caller.Err(); err != nil { // admitted as its caller went: the slot is of no use to it
 			l.Abandon(now, slot)
 			ls.m.shedCall(caller, fullMethod, crit, shedQueueTimeout)
-			return srvPass{}, &srvShed{status.FromContextError(err).Err()}
+			shed := &srvShed{status.FromContextError(err).Err()}
+			s.limitRefusal(caller, l, fullMethod, crit, r.Tenant, RefusalQueueTimeout, shed)
+			return srvPass{}, shed
 		}
 		if s.closing.Load() { // admitted as the server began to shut down
 			l.Abandon(now, slot)
-			return srvPass{}, errSrvShuttingDown
+			return srvPass{}, s.shutdownRefusal(caller, fullMethod)
 		}
 	}
 	ls.m.admit(caller, fullMethod, crit)
@@ -237,7 +268,9 @@ func (s *Server) admitCPU(caller context.Context, fullMethod string) (srvPass, e
 	v, pushback := c.bbr.Acquire(start, c.cpu(), limit.Criticality(crit))
 	if v != limit.Admitted {
 		ls.m.shedCall(caller, fullMethod, crit, shedCPU)
-		return srvPass{}, ls.shedError(caller, crit, pushback)
+		err := ls.shedError(caller, crit, pushback)
+		s.refused(caller, Refusal{FullMethod: fullMethod, Reason: RefusalCPU, Limit: CPUSheddingName, Criticality: crit, Err: err})
+		return srvPass{}, err
 	}
 	ls.m.admit(caller, fullMethod, crit)
 	return srvPass{cpu: c, start: start}, nil

@@ -71,14 +71,20 @@ func CapCriticality(highest wire.Criticality) CriticalityFunc {
 // Limits.Criticality, or by default as sent but at most CRITICAL; always one
 // of the four.
 func (ls *srvLimits) criticality(ctx context.Context) wire.Criticality {
+	return resolveCriticality(ls.crit, ctx)
+}
+
+// resolveCriticality is the criticality of a call on ctx under crit
+// (Limits.Criticality; nil: as sent, at most Critical).
+func resolveCriticality(crit CriticalityFunc, ctx context.Context) wire.Criticality {
 	c, ok := sentCriticality(ctx)
-	if ls.crit == nil {
+	if crit == nil {
 		if c == wire.CriticalPlus {
 			c = wire.Critical
 		}
 		return c
 	}
-	c = ls.crit(ctx, c, ok)
+	c = crit(ctx, c, ok)
 	if c > wire.Sheddable {
 		c = wire.Critical
 	}

@@ -66,6 +66,7 @@
 //
 //	shutting down? ─► headroom (and the caller-retries mark) ─► idempotency (a keyed call: key, join, claim)
 //	    ─► the one admission path, right before the handler, whichever way the call came:
+//	         the method's rate limits: any out of tokens? ─► RESOURCE_EXHAUSTED + RetryInfo + QuotaFailure + pushback
 //	         the method's limit: remaining deadline < its door's service time? ─► DEADLINE_EXCEEDED, not started
 //	                             in flight ≥ the criticality's (and tenant's) share? ─► wait in the queue (MaxQueue,
 //	                             MaxQueueWait; the most critical first), else RESOURCE_EXHAUSTED + pushback
@@ -85,9 +86,36 @@
 // What the path refuses (shed by the limit, its door or queue, or the CPU
 // shedder; refused while shutting down) is never stored as a key's
 // outcome, whatever Idempotency.UnstoredCodes says, so a retry runs the
-// call once there is room. A stream goes through the same gate when
+// call once there is room. A stream goes through the rate limits of its
+// method when it opens, then through the concurrency limit when
 // Limits.Streams names its method (never for its deadline), then the
 // headroom; idempotency is for unary calls only.
+//
+// # Rate limits
+//
+// The rateLimits of Limits.Config (serviceconfig.RateLimit: a rate, a burst
+// and a key: the tenant, the peer's IP, the idempotency scope, or one
+// shared key) are the first gate of the admission path: a call passes every
+// limit of its method's entry, of its service's and of the top level, or
+// none of them takes its token. So a call the rate limits refuse holds no
+// concurrency slot and never waits in a limit's queue; a call they admit
+// and the concurrency limit then sheds gets its tokens back, so a quota
+// counts the calls the server ran. A refused call gets RESOURCE_EXHAUSTED
+// with a google.rpc.RetryInfo of the exact time until it would be admitted
+// (GCRA's wait, the longest of the refusing limits'), the same time rounded
+// up to the millisecond in the grpc-retry-pushback-ms trailer, and a
+// google.rpc.QuotaFailure with a violation per refusing limit (subject
+// "ratelimit:NAME"); its handler does not run. A keyed call spends tokens
+// when its handler runs: a duplicate that replays the stored outcome, or
+// waits for the running one, spends none. A stream spends one token of each
+// limit when it opens. Health checks and reflection are exempt from the
+// top-level limits unless an entry with rateLimits names them.
+// Criticality keeps a reserve of each burst for the more critical calls
+// (see docs/ratelimits.md). A local limit decides with one compare-and-swap
+// and allocates nothing for a key it remembers; a distributed one decides
+// from the tokens its replica leased through Limits.Quota (redisquota), and
+// waits for Redis only for a key's first lease. A Server's limits are fixed
+// when it is built: to change them, build a new Server and swap it in.
 //
 // # Idempotency
 //
@@ -342,8 +370,10 @@
 //	resilience.server.limit.in_flight             gauge      {call}   resilience.limiter
 //	resilience.server.limit.queued                gauge      {call}   resilience.limiter (not cpu)
 //	resilience.server.limit.admitted              counter    {call}   grpc.method, resilience.criticality
-//	resilience.server.limit.shed                  counter    {call}   grpc.method, resilience.criticality, resilience.reason (limit, queue_timeout, deadline, cpu)
+//	resilience.server.limit.shed                  counter    {call}   grpc.method, resilience.criticality, resilience.reason (limit, queue_timeout, deadline, cpu, ratelimit)
 //	resilience.server.limit.queue.duration        histogram  s        grpc.method: time in a limit's queue, admitted or not
+//	resilience.server.ratelimit.admitted          counter    {call}   resilience.ratelimit, resilience.criticality
+//	resilience.server.ratelimit.limited           counter    {call}   resilience.ratelimit, resilience.criticality (a call refused by two limits counts under each)
 //
 // resilience.limiter names the limiter: server (the server-wide limit),
 // cpu (Limits.CPU), or the full method (without its leading slash) or
@@ -353,7 +383,9 @@
 // it: limit (over its criticality's share, no room in the queue),
 // queue_timeout (waited in the queue without getting a slot: MaxQueueWait,
 // its deadline, or its caller left), deadline (rejected at the door:
-// DEADLINE_EXCEEDED), cpu (the CPU shedder); a call admitted from the queue
+// DEADLINE_EXCEEDED), cpu (the CPU shedder), ratelimit (refused by the
+// rate limits; resilience.ratelimit names the limit, in the rate limits'
+// own counters, by its name in the document); a call admitted from the queue
 // counts only as admitted. Store errors exclude the store's answers that
 // are not failures (another owner, full, record too large) and calls whose
 // context ended.

@@ -224,11 +224,14 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 		return nil, status.FromContextError(c.ctx.Err()).Err()
 	}
 	if full, ok := errors.AsType[*idempotency.FullError](err); ok {
-		return nil, srvStoreFull(full)
+		serr := srvStoreFull(full)
+		c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFull, Err: serr})
+		return nil, serr
 	}
 	if c.s.failOpen {
 		c.s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
 			"method", c.info.FullMethod, "error", err)
+		c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFailedOpen, Err: err})
 		return c.s.runHandler(c.ctx, stripped(c.ctx), c.req, c.info, c.handler)
 	}
 	// Fail closed, with the retry hint both ways a client may read it.
@@ -238,7 +241,9 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 		st = withHint
 	}
 	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	return nil, &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
+	rej := &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
+	c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
+	return nil, rej
 }
 
 // poll is the wait of step claim for an owner in another process: it sleeps
@@ -295,7 +300,7 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	switch {
 	case !running:
 		panicked = false
-		return nil, errSrvShuttingDown
+		return nil, c.s.shuttingDown(c.ctx, c.info.FullMethod)
 	case !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease))):
 		panicked = false
 		return nil, c.claimedTooLate()
@@ -318,7 +323,9 @@ func (c *srvIdemCall) claimedTooLate() error {
 		st = withHint
 	}
 	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	return &srvShed{&srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}}
+	shed := &srvShed{&srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}}
+	c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: shed})
+	return shed
 }
 
 // settle is step settle: the one place where an owned claim ends. It stops

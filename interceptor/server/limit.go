@@ -65,6 +65,7 @@ type namedLimiter struct {
 type srvLimiter struct {
 	*limit.Limiter
 	maxWait time.Duration // of the queue; immutable
+	name    string        // its LimitStatus.Name; immutable once New returns
 	// classes gives each method under the limit a cost class of its own
 	// (limit.Request.Class), by full method, so that a cheap method never
 	// makes an expensive one look queued (issue 33, finding 1). The first
@@ -137,6 +138,7 @@ func newSrvLimits(o *options) (*srvLimits, error) {
 			return nil, errorf("Limits.Config methodConfig %q: %v", m.raw, err)
 		}
 		key := nameKey(m.name)
+		l.name = key
 		if m.name.Method == "" {
 			ls.services[key] = l
 		} else {
@@ -276,6 +278,49 @@ func (s *Server) LimitStatuses() []LimitStatus {
 		return nil
 	}
 	return s.limits.statuses(s.limits.clk.Now())
+}
+
+// OverflowTenant is the TenantStatus.Tenant of the tenant that the names
+// past Limits.Config.TenantFairness's maxTenants (or longer than 256
+// bytes) share.
+const OverflowTenant = limit.OverflowTenant
+
+// TenantStatus is one tenant's calls in a concurrency limit
+// ([Server.TenantStatuses]).
+type TenantStatus struct {
+	// Tenant is the tenant's name (TenantFunc or the metadata key's
+	// value): "" the calls without one, OverflowTenant the names past the
+	// bound.
+	Tenant string
+	// InFlight and Queued are its calls admitted and waiting; Held is the
+	// moving average of InFlight that admission compares with the
+	// tenant's fair share.
+	InFlight, Queued int
+	Held             float64
+}
+
+// TenantStatuses returns up to n of the tenants with calls in flight or
+// queued in the concurrency limit named name (LimitStatus.Name: "" the
+// server's), the most in flight first; nil when there is no such limit or
+// n is not positive. Without tenant fairness, every call is the tenant "".
+// It reads each tenant the limit remembers (at most maxTenants + 2) under
+// the limit's lock: it is for an operator, not for every call.
+func (s *Server) TenantStatuses(name string, n int) []TenantStatus {
+	if s.limits == nil || n <= 0 {
+		return nil
+	}
+	for _, nl := range s.limits.all {
+		if nl.name != name {
+			continue
+		}
+		loads := nl.l.BusyTenants(n)
+		out := make([]TenantStatus, len(loads))
+		for i, t := range loads {
+			out[i] = TenantStatus{Tenant: t.Name, InFlight: t.InFlight, Queued: t.Queued, Held: t.Held}
+		}
+		return out
+	}
+	return nil
 }
 
 // statuses is LimitStatuses at now: the CPU shedder's first, when there is

@@ -132,6 +132,9 @@ func TestOptionsGivenTwiceAreRefused(t *testing.T) {
 		{"logger twice", []Option{WithLogger(slog.Default()), WithLogger(nil)}, "WithLogger given twice"},
 		{"meter provider twice", []Option{WithMeterProvider(noop.NewMeterProvider()), WithMeterProvider(noop.NewMeterProvider())},
 			"WithMeterProvider given twice"},
+		{"refusal hook twice", []Option{WithOnRefusal(func(context.Context, Refusal) {}), WithOnRefusal(func(context.Context, Refusal) {})},
+			"WithOnRefusal given twice"},
+		{"nil refusal hook", []Option{WithOnRefusal(nil)}, "WithOnRefusal: nil function"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -228,17 +231,5 @@ func TestOptionValuesHoldNoState(t *testing.T) {
 		if st := srv.LimitStatuses()[0]; st.InFlight != 0 {
 			t.Errorf("server %d: %d in flight after the calls, want 0", i, st.InFlight)
 		}
-	}
-}
-
-// TestRateLimitsRefusedUntilServed: a document with rate limits is refused
-// by a server that does not serve them, never accepted and ignored.
-func TestRateLimitsRefusedUntilServed(t *testing.T) {
-	rl := []serviceconfig.RateLimit{{Name: "a", Rate: 10, Burst: 1, Key: serviceconfig.KeyShared}}
-	for _, cfg := range []serviceconfig.ServerConfig{
-		{RateLimits: rl},
-		{MethodConfig: []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "a.B"}}, RateLimits: rl}}},
-	} {
-		wantLimitsError(t, Limits{Config: cfg}, "server: Limits.Config: rateLimits are not served by this version of the server yet")
 	}
 }

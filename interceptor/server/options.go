@@ -18,6 +18,7 @@ import (
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
+	quota "github.com/grpc-resilience/resilience/interceptor/ratelimit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -35,8 +36,9 @@ type options struct {
 	logger          *slog.Logger         // nil: slog.Default()
 	meterProvider   metric.MeterProvider // nil: no metrics
 	headroom, floor time.Duration
-	idemCfg         *Idempotency // WithIdempotency's, copied; nil: idempotency off
-	limitsCfg       *Limits      // WithLimits's, copied; nil: no overload protection
+	idemCfg         *Idempotency                   // WithIdempotency's, copied; nil: idempotency off
+	limitsCfg       *Limits                        // WithLimits's, copied; nil: no overload protection
+	onRefusal       func(context.Context, Refusal) // nil: none (WithOnRefusal)
 	given           [numOptionKinds]bool
 	errs            []error // option errors found while applying, reported by New
 
@@ -49,6 +51,17 @@ type options struct {
 	criticality  CriticalityFunc // nil: as sent, at most Critical
 	limitSrc     rand.Source     // seeds the limits' probe jitter; nil: the runtime's (Limits.Rand)
 	fairness     *srvFairness    // nil: one tenant (Limits.Config.TenantFairness)
+	rates        []rateCfg       // the rate limits of Limits.Config, in document order
+	rateTenant   TenantFunc      // names the tenants of the limits keyed by tenant; nil: none is
+	quota        quota.Store     // Limits.Quota: the store of the distributed rate limits
+}
+
+// rateCfg is one rate limit of Limits.Config with where it applies.
+type rateCfg struct {
+	path  string // its place in Limits.Config, for errors: "rateLimits[0]", "methodConfig[1].rateLimits[0]"
+	scope string // "" (the server), a service or a full method
+	names []serviceconfig.Name
+	limit serviceconfig.RateLimit
 }
 
 // optionKind names each kind of Option, for the refusal of a repeat.
@@ -60,10 +73,11 @@ const (
 	optHeadroom
 	optIdempotency
 	optLimits
+	optOnRefusal
 	numOptionKinds
 )
 
-var optionNames = [numOptionKinds]string{"WithLogger", "WithMeterProvider", "WithHeadroom", "WithIdempotency", "WithLimits"}
+var optionNames = [numOptionKinds]string{"WithLogger", "WithMeterProvider", "WithHeadroom", "WithIdempotency", "WithLimits", "WithOnRefusal"}
 
 // option is an Option of one kind.
 type option struct {
@@ -364,7 +378,12 @@ type Limits struct {
 	// concurrencyLimit puts every unary call under one adaptive limit; each
 	// name of each methodConfig entry gets a limit of its own (a full
 	// method's entry wins over its service's); its tenantFairness shares
-	// each limit fairly among tenants (see Tenant).
+	// each limit fairly among tenants (see Tenant). Its rateLimits, at the
+	// top level and in entries, add up: a call must pass each that applies
+	// to it, before the concurrency limit (see the package documentation,
+	// "Rate limits"); a distributed one needs Quota, one keyed by tenant
+	// needs Tenant or tenantFairness, one keyed by idempotencyScope needs
+	// WithIdempotency.
 	//
 	// A call that arrives while the calls in flight fill its criticality's
 	// share of its limit waits in the limit's queue when it has one
@@ -416,11 +435,21 @@ type Limits struct {
 	// they are; CapCriticality(wire.CriticalPlus) trusts every caller.
 	Criticality CriticalityFunc
 
-	// Tenant names the tenant of a call, for Config.TenantFairness; nil:
+	// Tenant names the tenant of a call, for Config.TenantFairness and the
+	// rate limits keyed by tenant; nil:
 	// TenantFromMetadata(Config.TenantFairness.MetadataKey). Without
-	// Config.TenantFairness every call is one tenant, and a Tenant is
-	// refused: it would never be called.
+	// either, a Tenant is refused: it would never be called; a rate limit
+	// keyed by tenant with neither a Tenant nor a TenantFairness block is
+	// refused too (every call would be one tenant).
 	Tenant TenantFunc
+
+	// Quota shares the distributed rate limits of Config (those with
+	// distributed: true) among the server's replicas:
+	// redisquota.New(client) for Redis or Redis Cluster. New asks it for
+	// one Limiter per distributed limit. Required when Config has a
+	// distributed limit, refused when it has none (it would do nothing).
+	// The Server does not close it: close it after the grpc.Server stops.
+	Quota quota.Store
 
 	// Rand, when set, seeds the jitter of the limits' probes, so that a
 	// seeded source gives a repeatable run; nil: the runtime's. New draws
@@ -447,9 +476,11 @@ func (l *Limits) apply(o *options) {
 		return
 	}
 	cfg, checked := &l.Config, l.Config
-	if l.Tenant != nil && cfg.TenantFairness == nil {
+	tenantRates := rateKeysBy(cfg, serviceconfig.KeyTenant)
+	if l.Tenant != nil && cfg.TenantFairness == nil && !tenantRates {
 		o.errs = append(o.errs, errorf("Limits.Tenant is set but Limits.Config.TenantFairness is nil: without it every call is one "+
-			"tenant and Tenant is never called; add a TenantFairness block (its metadataKey may be empty when Tenant names the tenants)"))
+			"tenant and Tenant is never called; add a TenantFairness block (its metadataKey may be empty when Tenant names the tenants), "+
+			"or a rate limit keyed by tenant"))
 		return
 	}
 	if f := cfg.TenantFairness; f != nil && f.MetadataKey == "" {
@@ -467,11 +498,8 @@ func (l *Limits) apply(o *options) {
 		o.errs = append(o.errs, fmt.Errorf("server: Limits.Config: %v", err))
 		return
 	}
-	if hasRateLimits(cfg) {
-		// Refused rather than ignored: a quota that does nothing must not
-		// pass for one (the rate limits are parsed and validated, and are
-		// served once the server's admission path takes them).
-		o.errs = append(o.errs, errorf("Limits.Config: rateLimits are not served by this version of the server yet"))
+	if err := l.applyRates(o); err != nil {
+		o.errs = append(o.errs, err)
 		return
 	}
 	if cl := cfg.ConcurrencyLimit; cl != nil {
@@ -520,8 +548,8 @@ func (l *Limits) apply(o *options) {
 		}
 	}
 	switch {
-	case o.fairness != nil && !limited:
-		o.errs = append(o.errs, errorf("Limits.Config.TenantFairness: no concurrency limit in Limits.Config to share"))
+	case o.fairness != nil && !limited && !tenantRates:
+		o.errs = append(o.errs, errorf("Limits.Config.TenantFairness: no concurrency limit in Limits.Config to share, and no rate limit keyed by tenant"))
 		return
 	case o.limit != nil && o.cpu != nil:
 		o.errs = append(o.errs, errorf("Limits: Config.ConcurrencyLimit and CPU: choose one for the server"))
@@ -615,17 +643,4 @@ func newSrvRand(src rand.Source) func() float64 {
 		defer mu.Unlock()
 		return r.Float64()
 	}
-}
-
-// hasRateLimits reports whether cfg has a rate limit anywhere.
-func hasRateLimits(cfg *serviceconfig.ServerConfig) bool {
-	if len(cfg.RateLimits) > 0 {
-		return true
-	}
-	for _, mc := range cfg.MethodConfig {
-		if len(mc.RateLimits) > 0 {
-			return true
-		}
-	}
-	return false
 }

@@ -29,8 +29,11 @@ import (
 type Server struct {
 	idem     *srvIdem   // nil when idempotency is off; immutable
 	limits   *srvLimits // nil when no concurrency limit is set; immutable
+	rates    *srvRates  // nil when no rate limit is set; immutable
 	headroom time.Duration
 	floor    time.Duration
+	// onRefusal is WithOnRefusal's hook; nil: none. Immutable.
+	onRefusal func(context.Context, Refusal)
 
 	// closing is set, and closed closed, when Shutdown begins: no call is
 	// admitted after.
@@ -65,7 +68,7 @@ func New(opts ...Option) (*Server, error) {
 	if len(o.errs) > 0 {
 		return nil, o.errs[0]
 	}
-	s := &Server{headroom: o.headroom, floor: o.floor, closed: make(chan struct{})}
+	s := &Server{headroom: o.headroom, floor: o.floor, onRefusal: o.onRefusal, closed: make(chan struct{})}
 	idem, err := newSrvIdem(&o.idem, srvLogger{l: o.logger})
 	if err != nil {
 		return nil, err
@@ -77,9 +80,12 @@ func New(opts ...Option) (*Server, error) {
 	}
 	s.idem = idem
 	if idem != nil {
-		idem.runHandler = s.runHandler
+		idem.runHandler, idem.refused = s.runHandler, o.onRefusal
 	}
 	if s.limits, err = newSrvLimits(&o); err != nil {
+		return nil, err
+	}
+	if s.rates, err = newSrvRates(&o, o.idem.scope, o.meterProvider); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -157,10 +163,11 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // idempotency does at once.
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if s.closing.Load() { // no claim either: the handler would not run
-		return nil, errSrvShuttingDown
+		return nil, s.shutdownRefusal(ctx, info.FullMethod)
 	}
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
+		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
 		return nil, err
 	}
 	if cancel != nil {
@@ -187,21 +194,52 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			}
 		}
 		if s.closing.Load() {
-			return errSrvShuttingDown
+			return s.shutdownRefusal(ss.Context(), info.FullMethod)
 		}
-		if s.limits != nil {
-			if l := s.limits.streamLimiter(info.FullMethod); l != nil {
-				return s.limitedStream(l, srv, ss, info, handler)
+		if s.rates != nil {
+			if set := s.rates.lookup(info.FullMethod); set != nil {
+				return s.rateLimitedStream(set, srv, ss, info, handler)
 			}
 		}
-		return s.srvStreamInner(srv, ss, info, handler)
+		return s.srvStreamLimited(srv, ss, info, handler)
 	}
+}
+
+// rateLimitedStream runs a stream of a method under the rate limits of
+// set: refused, it does not run; admitted, it goes on to the concurrency
+// limit, and gets its tokens back if that sheds it.
+func (s *Server) rateLimitedStream(set *srvRateSet, srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	keys, err := s.rates.admit(ss.Context(), set, info.FullMethod)
+	if err != nil {
+		return err
+	}
+	ran := false
+	err = s.srvStreamLimited(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
+		ran = true
+		return handler(srv, ss)
+	})
+	if !ran {
+		s.rates.refund(set, keys)
+	}
+	return err
+}
+
+// srvStreamLimited is the stream interceptor past the rate limits: the
+// concurrency limit, for the streams Limits.Streams names, then the rest.
+func (s *Server) srvStreamLimited(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if s.limits != nil {
+		if l := s.limits.streamLimiter(info.FullMethod); l != nil {
+			return s.limitedStream(l, srv, ss, info, handler)
+		}
+	}
+	return s.srvStreamInner(srv, ss, info, handler)
 }
 
 // srvStreamInner is the stream interceptor inside the concurrency limit.
 func (s *Server) srvStreamInner(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel, err := s.srvDeadline(ss.Context())
 	if err != nil {
+		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
 		return err
 	}
 	if cancel != nil {

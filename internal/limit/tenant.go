@@ -1,6 +1,11 @@
 package limit
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"time"
+)
 
 // tenant is one sender's share of a Limiter.
 type tenant struct {
@@ -222,4 +227,111 @@ func (ts *tenants) under(now time.Time, t *tenant, fair float64, most int) int {
 		}
 	}
 	return min(n, most)
+}
+
+// TenantShare is one tenant's standing in a Limiter at one instant, for an
+// operator (Limiter.TenantShare).
+type TenantShare struct {
+	// Tenants is the number of tenants with requests in flight or queued,
+	// the tenant counted with one more request, as admission counts them
+	// when it asks for one.
+	Tenants int
+	// Fair is the tenant's max-min fair share of the criticality's share
+	// of the limit among them (tenants.fairShare).
+	Fair float64
+	// InFlight is the tenant's requests in flight; Held, the moving
+	// average of InFlight that admission compares with Fair.
+	InFlight int
+	Held     float64
+	// Over reports what admission decides by: with more than one tenant,
+	// Held at or over Fair, or InFlight at or over twice Fair. A tenant
+	// over its share is shed before any tenant under its own.
+	Over bool
+}
+
+// TenantShare returns the standing at now of the tenant key ("" the
+// default tenant) for requests of criticality c, as mayAdmitLocked judges
+// it when the tenant asks for one more slot; a tenant it does not remember
+// holds nothing (the overflow tenant's standing when the named tenants are
+// at their bound). It remembers nothing new, so that an observer's question
+// cannot grow the tenants.
+func (l *Limiter) TenantShare(now time.Time, c Criticality, key string) TenantShare {
+	c = c.valid()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := &l.ten
+	var unknown tenant
+	t := &unknown
+	switch {
+	case key == "":
+		t = &ts.def
+	case len(key) > MaxTenantName:
+		t = &ts.overflow
+	default:
+		if nt := ts.named[key]; nt != nil {
+			t = nt
+		} else if len(ts.named) >= ts.max {
+			t = &ts.overflow
+		}
+	}
+	limit := l.caps[c]
+	if d := l.drainCap(now); d > 0 {
+		limit = min(limit, d)
+	}
+	n, fair := ts.fairShare(t, limit)
+	return TenantShare{
+		Tenants: n, Fair: fair, InFlight: t.inflight, Held: t.held,
+		Over: n > 1 && (t.held >= fair || float64(t.inflight) >= 2*fair),
+	}
+}
+
+// OverflowTenant is the name BusyTenants gives the tenant that the names
+// beyond MaxTenants (or longer than MaxTenantName) share.
+const OverflowTenant = "(other tenants)"
+
+// TenantLoad is one tenant's requests in a Limiter at one instant
+// (Limiter.BusyTenants).
+type TenantLoad struct {
+	// Name is the tenant's name: "" the default tenant, OverflowTenant
+	// the tenant the names past the bound share.
+	Name string
+	// InFlight and Queued are its requests admitted and waiting; Held
+	// the moving average of InFlight that admission compares with its
+	// fair share.
+	InFlight, Queued int
+	Held             float64
+}
+
+// BusyTenants returns up to n of the tenants with requests in flight or
+// queued, the most in flight first (then the most queued, then by name),
+// for an operator. It reads at most MaxTenants + 2 tenants under the
+// Limiter's lock and remembers nothing.
+func (l *Limiter) BusyTenants(n int) []TenantLoad {
+	if n <= 0 {
+		return nil
+	}
+	l.mu.Lock()
+	ts := &l.ten
+	var out []TenantLoad
+	add := func(name string, t *tenant) {
+		if t.busy() {
+			out = append(out, TenantLoad{Name: name, InFlight: t.inflight, Queued: t.queued, Held: t.held})
+		}
+	}
+	add("", &ts.def)
+	add(OverflowTenant, &ts.overflow)
+	for t := ts.head; t != nil; t = t.next {
+		add(t.key, t)
+	}
+	l.mu.Unlock()
+	slices.SortFunc(out, func(a, b TenantLoad) int {
+		if c := cmp.Compare(b.InFlight, a.InFlight); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.Queued, a.Queued); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out[:min(n, len(out))]
 }

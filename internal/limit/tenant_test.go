@@ -143,3 +143,85 @@ func TestQueueFairAmongTenants(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantShareMatchesAdmission: TenantShare reads a tenant's standing
+// as admission judges it (limit 10, CRITICAL's share 9): alone, a tenant
+// takes the share and is shed at it, under its own share; once tenant b
+// holds two requests and c one, c takes one slot and the heavy tenants
+// share the rest, max-min: noisy's fair share is (9-1)/2 = 4, and its 9 in
+// flight are over twice that, so it is over its share when it is shed. Asking about a tenant the limit does not know counts it as
+// admission would, and remembers nothing.
+func TestTenantShareMatchesAdmission(t *testing.T) {
+	l := fixed(t, 10, 0)
+	acquire := func(tenant string) Verdict {
+		_, v, _ := l.Acquire(t0, Request{Tenant: tenant, Left: NoDeadline})
+		return v
+	}
+	for i := 1; i <= 9; i++ {
+		if v := acquire("noisy"); v != Admitted {
+			t.Fatalf("noisy alone, request %d: %v, want admitted", i, v)
+		}
+	}
+	if v := acquire("noisy"); v == Admitted {
+		t.Fatal("noisy alone: admitted over CRITICAL's share of 9")
+	}
+	if sh := l.TenantShare(t0, Critical, "noisy"); sh.Over || sh.Tenants != 1 || sh.InFlight != 9 {
+		t.Errorf("TenantShare(noisy) alone = %+v, want not over (one tenant), 9 in flight", sh)
+	}
+	for _, ten := range []string{"b", "b", "c"} {
+		if v := acquire(ten); v != Admitted {
+			t.Fatalf("tenant %s under its share: %v, want admitted", ten, v)
+		}
+	}
+	if v := acquire("noisy"); v == Admitted {
+		t.Fatal("noisy over its share: admitted")
+	}
+	if sh := l.TenantShare(t0, Critical, "noisy"); !sh.Over || sh.Tenants != 3 || sh.Fair != 4 {
+		t.Errorf("TenantShare(noisy) = %+v, want over its fair share of 4 among 3", sh)
+	}
+	if sh := l.TenantShare(t0, Critical, "b"); sh.Over || sh.InFlight != 2 || sh.Tenants != 3 {
+		t.Errorf("TenantShare(b) = %+v, want under its share with 2 in flight, 3 tenants", sh)
+	}
+	if sh := l.TenantShare(t0, Critical, "unknown"); sh.Over || sh.InFlight != 0 || sh.Tenants != 4 {
+		t.Errorf("TenantShare(unknown) = %+v, want not over, nothing in flight, 4 tenants with it", sh)
+	}
+	if n := l.Snapshot(t0).Tenants; n != 3 {
+		t.Errorf("after TenantShare of an unknown tenant, %d tenants, want 3 (nothing remembered)", n)
+	}
+}
+
+// TestBusyTenantsListsTheBusiestFirst: BusyTenants lists the tenants with
+// requests in flight, the most first, at most n of them, the default
+// tenant as "" and the names past the bound as OverflowTenant; idle
+// tenants are left out.
+func TestBusyTenantsListsTheBusiestFirst(t *testing.T) {
+	l := mustNew(t, Config{InitialLimit: 100, MinLimit: 100, MaxLimit: 100, MaxTenants: 2})
+	// a and b are the 2 named tenants remembered; c and d, past the bound,
+	// share the overflow tenant.
+	for _, tn := range []struct {
+		name string
+		n    int
+	}{{"a", 3}, {"b", 1}, {"", 2}, {"c", 4}} {
+		for range tn.n {
+			admit(t, l, Request{Tenant: tn.name, Left: NoDeadline})
+		}
+	}
+	s := admit(t, l, Request{Tenant: "d", Left: NoDeadline})
+	l.Abandon(t0, s) // d's one request ended: the overflow tenant holds c's 4
+	got := l.BusyTenants(10)
+	want := []TenantLoad{{Name: OverflowTenant, InFlight: 4}, {Name: "a", InFlight: 3}, {Name: "", InFlight: 2}, {Name: "b", InFlight: 1}}
+	if len(got) != len(want) {
+		t.Fatalf("BusyTenants(10) = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].Name != want[i].Name || got[i].InFlight != want[i].InFlight || got[i].Queued != 0 || got[i].Held <= 0 {
+			t.Errorf("BusyTenants(10)[%d] = %+v, want %+v with a held average", i, got[i], want[i])
+		}
+	}
+	if top := l.BusyTenants(2); len(top) != 2 || top[0].Name != OverflowTenant || top[1].Name != "a" {
+		t.Errorf("BusyTenants(2) = %+v, want the overflow tenant and a", top)
+	}
+	if none := l.BusyTenants(0); none != nil {
+		t.Errorf("BusyTenants(0) = %+v, want nil", none)
+	}
+}

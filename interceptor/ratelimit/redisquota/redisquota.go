@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	quota "github.com/grpc-resilience/resilience/interceptor/ratelimit"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/ratelimit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -243,18 +244,8 @@ func (s *Store) Limiter(name string, l Limit) (*Limiter, error) {
 	return lim, nil
 }
 
-// Decision is a Limiter's decision on one call.
-type Decision struct {
-	// OK: admitted.
-	OK bool
-	// Wait is, for a refused call, how long until this replica expects to
-	// admit one: the time until its next leased token, or until Redis said
-	// to ask again, or, in fallback, until the local share's next token.
-	Wait time.Duration
-	// Fallback: decided while Redis was unreachable, by the Limit's
-	// Fallback.
-	Fallback bool
-}
+// Decision is a Limiter's decision on one call (see ratelimit.Decision).
+type Decision = quota.Decision
 
 // criticality maps the wire's criticality to the engine's: the same
 // order and numbers.
@@ -293,6 +284,29 @@ func (l *Limiter) Allow(ctx context.Context, key string, c wire.Criticality) (De
 		}
 	}
 }
+
+// Refund gives back the token of a call Allow admitted for key and that
+// did not run (another limit refused it): the earliest lease held takes
+// it back, or, in the local share of the fallback, the share does. A
+// token whose lease has ended since is lost, as is a refund in
+// FallbackOpen.
+func (l *Limiter) Refund(key string) { l.shared.Refund(time.Now(), key) }
+
+// RateLimiter returns the Limiter of the distributed limit r of a server
+// document (Limiter(r.Name, LimitOf(&r))): it makes a Store the
+// server's quota store (server.Limits.Quota).
+func (s *Store) RateLimiter(r serviceconfig.RateLimit) (quota.Limiter, error) {
+	l, err := s.Limiter(r.Name, LimitOf(&r))
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+var (
+	_ quota.Store   = (*Store)(nil)
+	_ quota.Limiter = (*Limiter)(nil)
+)
 
 // InFallback reports whether the Limiter is in fallback: Redis did not
 // answer its last lease.

@@ -6,6 +6,7 @@
 //	go run ./ratelimit/cmd/ratelimit -only distributed               # 4 processes sharing a limit in Redis
 //	go run ./ratelimit/cmd/ratelimit -only distributed -fault redis-restart
 //	go run ./ratelimit/cmd/ratelimit -only distributed -fault kill-replica
+//	go run ./ratelimit/cmd/ratelimit -only grpc                      # gRPC server processes (server.New), real calls
 //
 // The decision's cost is a Go benchmark, side by side with the peers:
 //
@@ -41,9 +42,21 @@ func main() {
 		}
 		return
 	}
+	if v := os.Getenv(ratelimit.GRPCServerEnv); v != "" { // a server process of the gRPC measurement
+		var args ratelimit.GRPCServerArgs
+		if err := json.Unmarshal([]byte(v), &args); err != nil {
+			fmt.Fprintln(os.Stderr, "ratelimit server:", err)
+			os.Exit(2)
+		}
+		if err := ratelimit.RunGRPCServer(args, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "ratelimit server:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	d := ratelimit.DefaultAccuracy()
 	runs := flag.Int("runs", 3, "runs of each measurement")
-	only := flag.String("only", "", "accuracy or distributed (default both)")
+	only := flag.String("only", "", "accuracy, distributed or grpc (default accuracy and distributed)")
 	dur := flag.Duration("dur", d.Duration, "duration of each run")
 	rate := flag.Float64("rate", 0, "the limit, calls per second (default 1000)")
 	load := flag.Float64("load", 0, "offered load, a multiple of the rate (default 3 for accuracy, 4 for distributed)")
@@ -59,6 +72,12 @@ func main() {
 			d.Load = *load
 		}
 		accuracy(d, *runs)
+	}
+	if *only == "grpc" {
+		if err := grpcRate(*runs, *dur); err != nil {
+			fmt.Fprintln(os.Stderr, "ratelimit:", err)
+			os.Exit(1)
+		}
 	}
 	if *only == "" || *only == "distributed" {
 		c := ratelimit.DefaultDist()
@@ -180,4 +199,41 @@ func abs(x float64) float64 {
 		return -x
 	}
 	return x
+}
+
+// grpcRate runs the gRPC measurement: one server process with a local
+// limit offered 3×, then 4 sharing one through Redis offered 4×, 70/10/10/10.
+func grpcRate(runs int, dur time.Duration) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	for _, c := range []ratelimit.GRPCConfig{ratelimit.DefaultGRPCLocal(), ratelimit.DefaultGRPCShared()} {
+		c.Duration = dur
+		var ratios, worst, offered []float64
+		for run := 1; run <= runs; run++ {
+			r, err := ratelimit.GRPC(context.Background(), c, self)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "grpc, %d server process(es), run %d: offered %d (%.0f/s), admitted %d (%.3f%% of burst + rate), refused %d, errors %d; per second %v\n",
+				c.Replicas, run, r.Offered, r.OfferedRate, r.Admitted, 100*r.Ratio, r.Refused, r.Errors, r.PerSec)
+			if r.Errors > 0 {
+				return fmt.Errorf("grpc run %d: %d calls failed with neither OK nor RESOURCE_EXHAUSTED", run, r.Errors)
+			}
+			ratios = append(ratios, 100*r.Ratio)
+			worst = append(worst, 100*r.WorstSecond)
+			offered = append(offered, r.OfferedRate)
+		}
+		mode := "local limit, 1 server process"
+		if c.Replicas > 1 {
+			mode = fmt.Sprintf("limit shared in Redis, %d server processes %v", c.Replicas, c.Shares)
+		}
+		fmt.Printf("\n| over gRPC: %s, %.0f/s burst %d, offered %.0f× for %v, %d runs | min | median | max |\n|---|---|---|---|\n",
+			mode, c.Rate, c.Burst, c.Load, c.Duration, runs)
+		row("admitted, % of burst + rate × duration", "%", ratios)
+		row("worst second after the first, off the rate by", "%", worst)
+		row("offered, calls/s as sent", "", offered)
+	}
+	return nil
 }

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	adminv1 "github.com/grpc-resilience/resilience/proto/resilience/admin/v1"
+)
+
+// clock formats a time of the view as a wall-clock time, in the local
+// zone; "-" for none.
+func clock(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().Local().Format("15:04:05.000")
+}
+
+// partName is a part as the admin page names it: "other" for the refusals
+// of a reason the view does not know.
+func partName(p adminv1.Part) string {
+	if p == adminv1.Part_PART_UNSPECIFIED {
+		return "other"
+	}
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(p.String(), "PART_")), "_", " ")
+}
+
+func stateName(s adminv1.BreakerState) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "BREAKER_STATE_")), "_", "-")
+}
+
+func kindName(k adminv1.EventKind) string {
+	switch k {
+	case adminv1.EventKind_EVENT_KIND_BREAKER_STATE:
+		return "state"
+	case adminv1.EventKind_EVENT_KIND_REFUSED:
+		return "refused"
+	case adminv1.EventKind_EVENT_KIND_EJECTED:
+		return "ejected"
+	case adminv1.EventKind_EVENT_KIND_RETURNED:
+		return "returned"
+	case adminv1.EventKind_EVENT_KIND_STORE_FAILED:
+		return "store failed"
+	case adminv1.EventKind_EVENT_KIND_WRITE:
+		return "write"
+	}
+	return "unknown"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// table writes rows of cells separated by tabs, aligned.
+type table struct{ tw *tabwriter.Writer }
+
+func newTable(w io.Writer, header ...string) *table {
+	t := &table{tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
+	t.row(header...)
+	return t
+}
+
+func (t *table) row(cells ...string) {
+	for i, c := range cells {
+		cells[i] = strings.NewReplacer("\t", " ", "\n", " ").Replace(c)
+	}
+	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
+}
+
+func (t *table) flush() error { return t.tw.Flush() }
+
+// printView prints the view as tables: refusing now, the clients, the
+// servers, the channels, then the latest events.
+func printView(w io.Writer, v *adminv1.View, events []*adminv1.Event) error {
+	fmt.Fprintf(w, "view at %s; write actions %s\n\n", clock(v.GetTime()), map[bool]string{true: "on", false: "off"}[v.GetWritesAllowed()])
+	if len(v.GetRefusing()) == 0 {
+		fmt.Fprintln(w, "REFUSING NOW: nothing")
+	} else {
+		fmt.Fprintln(w, "REFUSING NOW")
+		t := newTable(w, "SIDE", "SOURCE", "PART", "SUBJECT", "SINCE", "WHY")
+		for _, r := range v.GetRefusing() {
+			t.row(r.GetSide(), r.GetSource(), partName(r.GetPart()), r.GetSubject(), clock(r.GetSince()), r.GetCause())
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	for _, c := range v.GetClients() {
+		printClient(w, c)
+	}
+	for _, s := range v.GetServers() {
+		printServer(w, s)
+	}
+	for _, ch := range v.GetChannels() {
+		printChannel(w, ch)
+	}
+	fmt.Fprintln(w)
+	return printEvents(w, events, 0)
+}
+
+func printClient(w io.Writer, c *adminv1.Client) {
+	budget, throttling := "off", "off"
+	if b := c.GetRetryBudget(); b != nil {
+		budget = fmt.Sprintf("%.1f retries available", b.GetAvailable())
+	}
+	if th := c.GetRetryThrottling(); th != nil {
+		throttling = fmt.Sprintf("%.1f of %.0f tokens", th.GetTokens(), th.GetMaxTokens())
+	}
+	fmt.Fprintf(w, "\nCLIENT %s (retry budget: %s; retry throttling: %s)\n", c.GetName(), budget, throttling)
+	if len(c.GetMethods()) == 0 {
+		fmt.Fprintln(w, "no method with a guard has been configured or called, and none failed")
+		return
+	}
+	t := newTable(w, "METHOD", "BREAKER", "WINDOW", "ADAPTIVE", "BULKHEAD", "HEDGING", "LAST FAILURE", "POLICY FROM")
+	for _, m := range c.GetMethods() {
+		br, win, ad, bh, hd, last, pol := "-", "-", "-", "-", "-", "-", "-"
+		if b := m.GetBreaker(); b != nil {
+			br = stateName(b.GetState())
+			if b.GetOpenUntil() != nil {
+				br += " until " + clock(b.GetOpenUntil())
+			}
+			br += fmt.Sprintf(" (%d trips)", b.GetTrips())
+			win = fmt.Sprintf("%d/%d failed, %d in a row", b.GetFailures(), b.GetCalls(), b.GetConsecutiveFailures())
+		}
+		if a := m.GetAdaptive(); a != nil {
+			ad = fmt.Sprintf("rejects %.0f%%", 100*a.GetRejectProbability())
+		}
+		if b := m.GetBulkhead(); b != nil {
+			bh = fmt.Sprintf("%d in flight, %d queued", b.GetInFlight(), b.GetQueued())
+		}
+		if d := m.GetHedgingDelay(); d != nil {
+			hd = d.AsDuration().String()
+		}
+		if fs := m.GetRecentFailures(); len(fs) > 0 {
+			f := fs[len(fs)-1]
+			last = clock(f.GetTime()) + " " + f.GetCode() + " " + strconv.Quote(f.GetMessage())
+		}
+		if p := m.GetPolicySource(); p != "" {
+			pol = p
+		}
+		t.row(m.GetFullMethod(), br, win, ad, bh, hd, last, pol)
+	}
+	_ = t.flush()
+}
+
+func printServer(w io.Writer, s *adminv1.Server) {
+	fmt.Fprintf(w, "\nSERVER %s\n", s.GetName())
+	if st := s.GetStore(); st != nil {
+		health := "healthy"
+		if !st.GetHealthy() {
+			health = "FAILING"
+		}
+		fmt.Fprintf(w, "idempotency store%s: %s", parens(st.GetDescription()), health)
+		if st.GetFailures() > 0 {
+			fmt.Fprintf(w, "; %d failures, the latest at %s: %q", st.GetFailures(), clock(st.GetLastFailureTime()), st.GetLastFailure())
+		}
+		fmt.Fprintln(w)
+	}
+	if len(s.GetLimits()) == 0 {
+		fmt.Fprintln(w, "no concurrency limit")
+		return
+	}
+	t := newTable(w, "LIMIT", "LIMIT", "IN FLIGHT", "QUEUED", "BASE RTT", "SMOOTHED RTT", "TENANTS", "ADMITTED", "SHED")
+	for _, l := range s.GetLimits() {
+		var admitted, shed uint64
+		for _, c := range l.GetByCriticality() {
+			admitted += c.GetAdmitted()
+			shed += c.GetShedLimit() + c.GetShedDeadline()
+		}
+		t.row(l.GetName(), strconv.FormatInt(l.GetLimit(), 10), strconv.FormatInt(l.GetInFlight(), 10), strconv.FormatInt(l.GetQueued(), 10),
+			l.GetBaseRtt().AsDuration().String(), l.GetSmoothedRtt().AsDuration().String(), strconv.FormatInt(l.GetTenants(), 10),
+			strconv.FormatUint(admitted, 10), strconv.FormatUint(shed, 10))
+	}
+	_ = t.flush()
+	for _, l := range s.GetLimits() {
+		if ts := l.GetBusiestTenants(); len(ts) > 0 {
+			fmt.Fprintf(w, "busiest tenants of %s:", l.GetName())
+			for _, tl := range ts {
+				name := tl.GetTenant()
+				if name == "" {
+					name = "(none)"
+				}
+				fmt.Fprintf(w, " %s %d in flight", name, tl.GetInFlight())
+				if q := tl.GetQueued(); q > 0 {
+					fmt.Fprintf(w, ", %d queued", q)
+				}
+				fmt.Fprint(w, ";")
+			}
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+func parens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
+func printChannel(w io.Writer, ch *adminv1.Channel) {
+	idle := ""
+	if ch.GetIdle() {
+		idle = ", idle"
+	}
+	fmt.Fprintf(w, "\nCHANNEL %s (resilience_endpoint, %s%s): %d ejections, %d returns, %d refused by maxEjectionPercent, %d attempts sent elsewhere\n",
+		ch.GetTarget(), ch.GetChildPolicy(), idle, ch.GetEjections(), ch.GetReturns(), ch.GetOverflow(), ch.GetAttemptsAvoided())
+	t := newTable(w, "ENDPOINT", "CONNECTIVITY", "STATE", "FAILURES", "WHY")
+	for _, e := range ch.GetEndpoints() {
+		state := "in rotation"
+		if e.GetProbation() {
+			state += ", on probation"
+		}
+		if e.GetEjectedUntil() != nil {
+			state = "EJECTED until " + clock(e.GetEjectedUntil())
+			if e.GetEjectedSince() != nil {
+				state = "EJECTED " + clock(e.GetEjectedSince()) + "-" + clock(e.GetEjectedUntil())
+			}
+		}
+		t.row(strings.Join(e.GetAddresses(), ","), e.GetConnectivity(), state,
+			fmt.Sprintf("%d in a row, %d/%d in the window", e.GetConsecutiveFailures(), e.GetFailures(), e.GetCalls()), dash(e.GetCause()))
+	}
+	_ = t.flush()
+}
+
+func printEvents(w io.Writer, events []*adminv1.Event, dropped uint64) error {
+	if len(events) == 0 {
+		fmt.Fprintln(w, "EVENTS: none")
+		return nil
+	}
+	fmt.Fprintln(w, "EVENTS (oldest first)")
+	t := newTable(w, "#", "TIME", "SIDE", "SOURCE", "PART", "SUBJECT", "EVENT", "COUNT", "LATEST", "WHY")
+	for _, e := range events {
+		t.row(strconv.FormatUint(e.GetSequence(), 10), clock(e.GetTime()), e.GetSide(), e.GetSource(), partName(e.GetPart()),
+			e.GetSubject(), eventWhat(e), strconv.FormatUint(e.GetCount(), 10), clock(e.GetLastTime()), e.GetCause())
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if dropped > 0 {
+		fmt.Fprintf(w, "(%d older events were let go by the bounded log)\n", dropped)
+	}
+	return nil
+}
+
+// eventWhat is what happened, with a breaker's states.
+func eventWhat(e *adminv1.Event) string {
+	what := kindName(e.GetKind())
+	switch {
+	case e.GetFrom() != "":
+		what += " " + e.GetFrom() + " → " + e.GetTo()
+	case e.GetTo() != "":
+		what += " " + e.GetTo()
+	case e.GetReason() != "":
+		what += " " + e.GetReason()
+	}
+	return what
+}
+
+// eventLine is one event as watch prints it: when, which part of which
+// source, what happened, how many times, and why.
+func eventLine(e *adminv1.Event) string {
+	count := ""
+	if e.GetCount() > 1 {
+		count = fmt.Sprintf(" ×%d (latest %s)", e.GetCount(), clock(e.GetLastTime()))
+	}
+	return fmt.Sprintf("%s #%d %s/%s %s %s: %s%s: %s", clock(e.GetTime()), e.GetSequence(), e.GetSide(), e.GetSource(),
+		partName(e.GetPart()), e.GetSubject(), eventWhat(e), count, e.GetCause())
+}
