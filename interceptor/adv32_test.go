@@ -35,7 +35,7 @@ func TestForceOpenIsNeverLostToAnEvictionOfItsRow(t *testing.T) {
 	}), WithRetryBudget(nil))
 	c.table.bound = 2
 	cc := anyMethodServer(t, c.DialOptions()...)
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	var n atomic.Int64
