@@ -96,7 +96,12 @@
 // method (a stream is never hedged: it runs one attempt), and
 // WithIdempotencyKeys or WithFallback naming one (keys and fallbacks apply
 // to unary calls). The linked-in services are those the program's
-// generated code registers with protoregistry.GlobalFiles. A service that
+// generated code registers with protoregistry.GlobalFiles. Logged, once,
+// naming the streams: a hedgingPolicy on an entry that covers streaming
+// methods by their service's name or the default name [{}] (they run one
+// attempt, without retries; a stream the registry does not describe is
+// logged at its first call), and WithIdempotencyKeys or WithFallback naming
+// a service with streaming methods (they get no key, no fallback). A service that
 // is not registered may still be called without generated code, so its
 // name is only logged, once, as are the warnings of a parsed config
 // (serviceconfig.Config.Warnings), through WithLogger's logger or
@@ -414,8 +419,9 @@
 // what the backend accepts, at most 0.9. Only the backend's answers move
 // it: a RESOURCE_EXHAUSTED or UNAVAILABLE up, any other outcome down, by
 // steps of 0.02/K and 0.02·(1 − 1/K); the client's own rejections, the
-// caller's cancellations and attempts the method's other guards refused (a
-// full bulkhead) move nothing. So it sheds 90% of an outage within about 90
+// caller's cancellations, a CANCELLED (a call cut on the client: its
+// connection closed, a hedged copy's sibling answered) and attempts the
+// method's other guards refused (a full bulkhead) move nothing. So it sheds 90% of an outage within about 90
 // refusals and lets go within about 90 acceptances after it, whatever small
 // error rate remains: at 1,000 calls a second over gRPC, 10 successes in a
 // row 0.21 s after a 1.5 s outage, 92% of the calls after it succeeding (90%
@@ -448,7 +454,9 @@
 //
 // WithIdempotencyKeys and WithAutomaticIdempotencyKeys attach one random key
 // (metadata idempotency-key, wire.IdempotencyKeyHeader) to every attempt of
-// a logical call; ContextWithIdempotencyKey supplies the caller's own. A
+// a logical unary call; ContextWithIdempotencyKey supplies the caller's
+// own, which goes on streams too. A stream gets no key of the client's
+// making: a server's idempotency applies to unary calls only. A
 // keyed call is retried as an idempotent one (ABORTED and DEADLINE_EXCEEDED
 // too, under the default codes), since a server with idempotency runs it
 // once per key: package interceptor/server (server.WithIdempotency)
