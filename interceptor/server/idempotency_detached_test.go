@@ -49,6 +49,12 @@ func TestIdempotencyCommittedHandlerRunsOnceWithDefaultOptions(t *testing.T) {
 func testIdemCommittedCharges(t *testing.T, env *idemEnv, attached bool, wantCharges int64) {
 	var charges atomic.Int64
 	committed, returned := make(chan struct{}, 2), make(chan struct{}, 2)
+	// A detached handler answers only once the caller has seen its
+	// deadline end: grpc's client reads an answer that arrives as its
+	// context ends, and got OK about once in a few hundred runs.
+	callerSawEnd := make(chan struct{})
+	sawEnd := sync.OnceFunc(func() { close(callerSawEnd) })
+	t.Cleanup(sawEnd) // a failed test does not leave the handler waiting
 	// The first call's deadline passes once its handler has committed, on
 	// both sides (regression: a 50 ms deadline in real time sometimes
 	// passed while a loaded machine was still claiming the key in Redis or
@@ -66,6 +72,7 @@ func testIdemCommittedCharges(t *testing.T, env *idemEnv, attached bool, wantCha
 			<-ctx.Done()
 		} else {
 			<-client.Done()
+			<-callerSawEnd
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
@@ -95,6 +102,7 @@ func testIdemCommittedCharges(t *testing.T, env *idemEnv, attached bool, wantCha
 	server.expire() // the server's view of the caller's deadline first, then the caller's
 	client.expire()
 	wantCode(t, "first attempt", (<-done).err, codes.DeadlineExceeded, "")
+	sawEnd()
 	<-returned // the first handler has returned
 	if r := idemDo(idemCtx(t), cc, "charge-1", "10 EUR"); r.err != nil {
 		t.Fatalf("retry: %v", r.err)
