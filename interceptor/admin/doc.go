@@ -87,9 +87,10 @@
 // endpoint.Snapshots when it is asked (and every 250ms while a watcher
 // follows the events) and stamps each ejection it finds with when the
 // policy ejected the endpoint, so an ejection that begins and ends between
-// two looks shows only in the endpoint's count. Rate limits are not yet in
-// the library: the view has a part for them (PART_RATE_LIMIT) and no
-// source.
+// two looks shows only in the endpoint's count. A Client's rateLimit
+// refusals (rate_limited) reach it through the stop hook too, so only for
+// methods under a retry policy; the method's pace after a server's pushback
+// is in its row whatever its policy.
 //
 // # Concurrency
 //
