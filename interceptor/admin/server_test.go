@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -258,5 +259,26 @@ func TestServerRateLimitsAreInTheView(t *testing.T) {
 	if len(rls) != 1 || rls[0].GetName() != "per-tenant" || rls[0].GetKey() != "tenant" || rls[0].GetRate() != 1 ||
 		rls[0].GetPer().AsDuration() != time.Hour || rls[0].GetBurst() != 1 || rls[0].GetKeys() != 2 || rls[0].GetPath() != "rateLimits[0]" {
 		t.Errorf("rate limits = %v, want per-tenant with 2 keys", rls)
+	}
+}
+
+// TestRateLimitKeyFloodIsBounded: a rate limit refusing 2,000 distinct
+// keys makes one event per key (an episode each), but the limit's part
+// keeps at most eventsPerPart of them, the newest.
+func TestRateLimitKeyFloodIsBounded(t *testing.T) {
+	v := newView(t)
+	src, err := v.Server("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := status.Error(codes.ResourceExhausted, "over the rate limit")
+	for i := range 2000 {
+		key := "t" + strconv.Itoa(i)
+		src.OnRefusal(context.Background(), server.Refusal{FullMethod: echoMethod, Reason: server.RefusalRateLimit, Limit: "per-tenant",
+			RateLimits: []string{"per-tenant"}, Key: key, Tenant: key, Wait: time.Second, Err: refused})
+	}
+	got := eventsOf(v, adminv1.Part_PART_RATE_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
+	if len(got) != eventsPerPart || got[len(got)-1].GetTenant() != "t1999" {
+		t.Errorf("%d events kept, the newest %v; want %d, the newest t1999's", len(got), got[len(got)-1], eventsPerPart)
 	}
 }

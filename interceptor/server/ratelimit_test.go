@@ -463,7 +463,8 @@ func TestRateLimitAdmittedCallAllocatesNothing(t *testing.T) {
 			if key == serviceconfig.KeyTenant {
 				l.Tenant = tenant
 			}
-			srv := newRateServer(t, l)
+			// With a WithOnRefusal hook: only the refusal path reaches it.
+			srv := newRateServer(t, l, WithOnRefusal(func(context.Context, Refusal) { t.Error("an admitted call reached the refusal hook") }))
 			icpt := srv.UnaryServerInterceptor()
 			info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
 			h := func(context.Context, any) (any, error) { return nil, nil }
