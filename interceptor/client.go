@@ -250,7 +250,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	u := unaryCall{r: c.newRetrier(ctx, st, mp, &co), method: method, req: req, reply: reply, cc: cc, invoker: invoker, s: s, sizer: co.sizer}
 	ctx = u.r.outgoing(ctx)
 	var kerr error
-	if ctx, u.r.keyed, kerr = withIdempotencyKey(ctx, mp); kerr != nil {
+	if ctx, u.r.keyed, kerr = withIdempotencyKey(ctx, mp.keyed); kerr != nil {
 		return kerr
 	}
 	if hedge > 1 {

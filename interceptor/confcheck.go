@@ -147,6 +147,7 @@ func (og entryOrigin) errAt(rel, msg string) error {
 // error, and the warnings.
 func checkEntries(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clientCap int, direct bool) (warnings []string, err error) {
 	seen := make(map[string]string) // the key of each name given, to where it was given
+	var allStreams []string         // rpcname.AllStreamMethods, read once when an entry needs it
 	for i := range mcs {
 		mc, og := &mcs[i], origins[i]
 		if len(mc.Name) == 0 && og.parsedCap == 0 {
@@ -177,8 +178,92 @@ func checkEntries(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clien
 			return nil, err
 		}
 		warnings = append(warnings, w...)
+		warnings = append(warnings, hedgedStreams(mcs, i, og, &allStreams)...)
 	}
 	return warnings, nil
+}
+
+// maxListed bounds the methods a warning names.
+const maxListed = 8
+
+// hedgedStreams returns the warnings about the streaming methods that
+// entry i of mcs governs through a service's name or the default name
+// ([{}]) while it holds a hedgingPolicy: a stream is never hedged, so
+// under such an entry it runs one attempt, without retries. It names the
+// streams the registry describes (the streams of a service, or of every
+// service for the default) that no more specific entry of mcs names; an
+// entry naming a stream exactly is checkRegistered's. A stream the registry
+// does not describe is logged at its first call (Client.noteHedgedStream).
+// *all caches rpcname.AllStreamMethods across the entries of one check.
+func hedgedStreams(mcs []serviceconfig.MethodConfig, i int, og entryOrigin, all *[]string) []string {
+	mc := &mcs[i]
+	if mc.HedgingPolicy == nil {
+		return nil
+	}
+	var warnings []string
+	for _, n := range mc.Name {
+		if n.Method != "" {
+			continue
+		}
+		var under []string
+		if n.Service != "" {
+			for _, m := range streamMethods(n.Service) {
+				if entryOf(mcs, n.Service, m) == i {
+					under = append(under, m)
+				}
+			}
+			if len(under) > 0 {
+				warnings = append(warnings, fmt.Sprintf("interceptor: %s: service %s has streaming methods (%s), "+
+					"which are never hedged: under this entry they run one attempt, without retries",
+					og.at("hedgingPolicy"), n.Service, rpcname.List(under, maxListed)))
+			}
+			continue
+		}
+		if *all == nil {
+			*all = append(rpcname.AllStreamMethods(), "") // "" marks the cache as filled
+		}
+		for _, fm := range *all {
+			if fm == "" {
+				continue
+			}
+			if svc, m := serviceconfig.SplitMethod(fm); entryOf(mcs, svc, m) == i {
+				under = append(under, fm)
+			}
+		}
+		if len(under) > 0 {
+			warnings = append(warnings, fmt.Sprintf("interceptor: %s: the default entry (name [{}]) covers streaming methods "+
+				"that no other entry names (%s), which are never hedged: under this entry they run one attempt, without retries",
+				og.at("hedgingPolicy"), rpcname.List(under, maxListed)))
+		}
+	}
+	return warnings
+}
+
+// entryOf returns the index of the entry of mcs that a call of
+// /service/method runs under, by grpc-go's rule (as
+// serviceconfig.Config.Lookup): the first entry naming it exactly, else the
+// first naming its service, else the first default; -1 for none.
+func entryOf(mcs []serviceconfig.MethodConfig, service, method string) int {
+	svc, def := -1, -1
+	for i := range mcs {
+		for _, n := range mcs[i].Name {
+			switch {
+			case n.Service == "":
+				if n.Method == "" && def < 0 {
+					def = i
+				}
+			case n.Service != service:
+			case n.Method == method:
+				return i
+			case n.Method == "" && svc < 0:
+				svc = i
+			}
+		}
+	}
+	if svc >= 0 {
+		return svc
+	}
+	return def
 }
 
 // noNameMsg says that an entry built in Go without a name applies to no
@@ -238,10 +323,11 @@ func checkCap(mc *serviceconfig.MethodConfig, og entryOrigin, clientCap int) err
 
 // checkRegistered checks the names of mc against the services and methods
 // linked into the program (see registered), and a hedging policy against
-// the streaming methods mc names: a stream is never hedged. What cannot be
-// right (a stream named exactly) is an error when direct, else a warning;
-// a service the program does not register, and the streams of a service
-// an entry hedges, are warnings.
+// the streaming methods mc names exactly: a stream is never hedged. What
+// cannot be right (a stream named exactly) is an error when direct, else a
+// warning; a service the program does not register is a warning (and the
+// streams a hedging entry covers by a service or the default name are
+// hedgedStreams' warnings).
 func checkRegistered(mc *serviceconfig.MethodConfig, og entryOrigin, direct bool) (warnings []string, err error) {
 	for j, n := range mc.Name {
 		at := og.atName(j, n)
@@ -258,13 +344,6 @@ func checkRegistered(mc *serviceconfig.MethodConfig, og entryOrigin, direct bool
 			return nil, errors.New("interceptor: " + at + ": " + msg)
 		default:
 			warnings = append(warnings, "interceptor: "+at+": "+msg)
-		}
-		if n.Method == "" && mc.HedgingPolicy != nil {
-			if streams := streamMethods(n.Service); len(streams) > 0 {
-				warnings = append(warnings, fmt.Sprintf("interceptor: %s: service %s has streaming methods (%s), "+
-					"which are never hedged: under this entry they run one attempt, without retries",
-					og.at("hedgingPolicy"), n.Service, strings.Join(streams, ", ")))
-			}
 		}
 	}
 	return warnings, nil
@@ -307,6 +386,9 @@ func checkNameOptions(o *clientOptions) (warnings []string, err error) {
 				continue // refused when the option was applied
 			}
 			msg, wrong := registered(n)
+			if msg == "" && n.Method == "" {
+				msg = unaryOnlyService(l.option, n.Service)
+			}
 			if kind := streamKind(n); msg == "" && kind != "" {
 				switch l.option {
 				case "WithIdempotencyKeys":
@@ -325,6 +407,27 @@ func checkNameOptions(o *clientOptions) (warnings []string, err error) {
 		}
 	}
 	return warnings, nil
+}
+
+// unaryOnlyService returns the warning, "" for none, about the streaming
+// methods of service when option, naming the service, applies to its unary
+// methods only: WithIdempotencyKeys (a stream gets no key: a server runs a
+// stream once per call, whatever its key) and WithFallback.
+func unaryOnlyService(option, service string) string {
+	var what string
+	switch option {
+	case "WithIdempotencyKeys":
+		what = "which get no key: keys apply to unary methods only (a server runs a stream once per call, whatever its key)"
+	case "WithFallback":
+		what = "which it does not answer: a fallback answers unary calls only (a stream's rejection is returned as it is)"
+	default:
+		return ""
+	}
+	streams := streamMethods(service)
+	if len(streams) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("service %s has streaming methods (%s), %s", service, rpcname.List(streams, maxListed), what)
 }
 
 // checkBlocks validates the client-wide blocks of cfg, given by option

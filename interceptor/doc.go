@@ -96,7 +96,12 @@
 // method (a stream is never hedged: it runs one attempt), and
 // WithIdempotencyKeys or WithFallback naming one (keys and fallbacks apply
 // to unary calls). The linked-in services are those the program's
-// generated code registers with protoregistry.GlobalFiles. A service that
+// generated code registers with protoregistry.GlobalFiles. Logged, once,
+// naming the streams: a hedgingPolicy on an entry that covers streaming
+// methods by their service's name or the default name [{}] (they run one
+// attempt, without retries; a stream the registry does not describe is
+// logged at its first call), and WithIdempotencyKeys or WithFallback naming
+// a service with streaming methods (they get no key, no fallback). A service that
 // is not registered may still be called without generated code, so its
 // name is only logged, once, as are the warnings of a parsed config
 // (serviceconfig.Config.Warnings), through WithLogger's logger or
@@ -448,7 +453,9 @@
 //
 // WithIdempotencyKeys and WithAutomaticIdempotencyKeys attach one random key
 // (metadata idempotency-key, wire.IdempotencyKeyHeader) to every attempt of
-// a logical call; ContextWithIdempotencyKey supplies the caller's own. A
+// a logical unary call; ContextWithIdempotencyKey supplies the caller's
+// own, which goes on streams too. A stream gets no key of the client's
+// making: a server's idempotency applies to unary calls only. A
 // keyed call is retried as an idempotent one (ABORTED and DEADLINE_EXCEEDED
 // too, under the default codes), since a server with idempotency runs it
 // once per key: package interceptor/server (server.WithIdempotency)

@@ -38,9 +38,12 @@ func newIdempotencyKey() string {
 
 // withIdempotencyKey returns ctx with the call's idempotency key in its
 // outgoing metadata, and whether the call is keyed: the caller's key from
-// the context, a key already in the outgoing metadata, or a fresh one for a
-// keyed method.
-func withIdempotencyKey(ctx context.Context, mp *methodPolicy) (context.Context, bool, error) {
+// the context, a key already in the outgoing metadata, or a fresh one when
+// generate is set (a unary call of a keyed method). A stream never gets a
+// fresh key: a server's idempotency applies to unary calls only and runs a
+// stream once per call, whatever its key, so a key made for it would do
+// nothing but look as if it protected the stream.
+func withIdempotencyKey(ctx context.Context, generate bool) (context.Context, bool, error) {
 	if key, ok := IdempotencyKeyFromContext(ctx); ok {
 		if err := wire.ValidIdempotencyKey(key); err != nil {
 			return ctx, false, status.Error(codes.InvalidArgument, "resilience: "+err.Error())
@@ -50,7 +53,7 @@ func withIdempotencyKey(ctx context.Context, mp *methodPolicy) (context.Context,
 		}
 		return metadata.AppendToOutgoingContext(ctx, wire.IdempotencyKeyHeader, key), true, nil
 	}
-	if !mp.keyed {
+	if !generate {
 		return ctx, false, nil
 	}
 	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(wire.IdempotencyKeyHeader)) > 0 {

@@ -164,19 +164,28 @@ func TestPerMethodMemoryUnder100kCallerNames(t *testing.T) {
 		runtime.ReadMemStats(&m)
 		return m.HeapAlloc
 	}
+	// One goroutine: the race detector has nothing to find here, and it
+	// made this the slowest test of the package under -race (78 s of a
+	// busy machine's 13 minutes). Under -race the names stop at 30,000,
+	// still 20,000 past the first measure at 10,000, far past the bound;
+	// CI's run without -race (.ci/run) goes to 100,000.
+	last := 100_000
+	if raceEnabled {
+		last = 30_000
+	}
 	start := heap()
 	at := map[int]uint64{}
-	for i := range 100_000 {
+	for i := range last {
 		_ = ic(context.Background(), callerNamed(i), req, reply, nil, okInvoker)
-		if n := i + 1; n == maxMethods || n == 10_000 || n == 100_000 {
+		if n := i + 1; n == maxMethods || n == 10_000 || n == last {
 			at[n] = heap()
 		}
 	}
 	kept := func(n int) float64 { return float64(int64(at[n])-int64(start)) / (1 << 20) }
-	t.Logf("heap kept: %.2f MiB at the bound (%d names, %.1f KiB per kept method), %.2f MiB at 10,000 names, %.2f MiB at 100,000",
-		kept(maxMethods), maxMethods, kept(maxMethods)*1024/maxMethods, kept(10_000), kept(100_000))
-	if grew := kept(100_000) - kept(10_000); grew > 1 {
-		t.Errorf("heap grew %.2f MiB from 10,000 names to 100,000, want nothing kept past the bound", grew)
+	t.Logf("heap kept: %.2f MiB at the bound (%d names, %.1f KiB per kept method), %.2f MiB at 10,000 names, %.2f MiB at %d",
+		kept(maxMethods), maxMethods, kept(maxMethods)*1024/maxMethods, kept(10_000), kept(last), last)
+	if grew := kept(last) - kept(10_000); grew > 1 {
+		t.Errorf("heap grew %.2f MiB from 10,000 names to %d, want nothing kept past the bound", grew, last)
 	}
 	runtime.KeepAlive(c)
 }

@@ -318,8 +318,12 @@ func WithFallback(f Fallback, names ...string) ClientOption {
 }
 
 // WithIdempotencyKeys attaches a fresh random key (128 bits, hex) to every
-// logical call of the methods named, full methods ("/pkg.Service/Method")
-// or services ("pkg.Service"), and keeps it across all the call's retries.
+// logical unary call of the methods named, full methods
+// ("/pkg.Service/Method") or services ("pkg.Service"), and keeps it across
+// all the call's retries. Streams get no key: a server's idempotency runs
+// a stream once per call, whatever its key. A streaming method named
+// exactly is refused; a service with streaming methods is logged, naming
+// them.
 // A keyed call is safe to retry even when its method has side effects, so
 // the default retry rules treat it as idempotent: ABORTED and
 // DEADLINE_EXCEEDED are retried too (the latter while the caller's own
@@ -345,9 +349,10 @@ func WithIdempotencyKeys(names ...string) ClientOption {
 }
 
 // WithAutomaticIdempotencyKeys attaches keys, as WithIdempotencyKeys does,
-// to every method not known to be idempotent: every method whose proto does
-// not declare idempotency_level IDEMPOTENT or NO_SIDE_EFFECTS and that
-// WithIdempotentMethods does not name.
+// to the unary calls of every method not known to be idempotent: every
+// method whose proto does not declare idempotency_level IDEMPOTENT or
+// NO_SIDE_EFFECTS and that WithIdempotentMethods does not name. Streams get
+// no key.
 func WithAutomaticIdempotencyKeys() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.autoKeys = true })
 }

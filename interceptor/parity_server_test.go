@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"testing/synctest"
 	"time"
 	"unsafe"
 
@@ -185,12 +186,9 @@ func (p *parityServer) serve(opts ...grpc.DialOption) (cc *grpc.ClientConn, sett
 			return nil, nil, nil, errors.New("the connection did not become ready")
 		}
 	}
-	settle = func() {
-		// A hung attempt's handler ends a moment after the call it hung.
-		for end := time.Now().Add(5 * time.Second); p.active.Load() != 0 && time.Now().Before(end); {
-			time.Sleep(100 * time.Microsecond)
-		}
-	}
+	// A hung attempt's handler ends a moment after the call it hung: once
+	// every goroutine of the scenario's bubble is blocked, it has.
+	settle = synctest.Wait
 	return cc, settle, stop, nil
 }
 

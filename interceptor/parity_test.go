@@ -9,12 +9,12 @@ import (
 	"io"
 	"math"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -306,59 +306,40 @@ func TestParityWithGRPCRetry(t *testing.T) {
 		failures []string
 		counts   = map[string]int{}
 		clean    int
-		unstable []string
-		// alone is held for reading by every scenario run in parallel,
-		// and for writing by a run that confirms a difference: that one
-		// runs with nothing else under way.
-		alone sync.RWMutex
 	)
-	work := make(chan *scenario)
-	var wg sync.WaitGroup
-	// Workers mostly wait (on hung attempts, on bufconn), so more of them
-	// than processors.
-	for range max(2, runtime.GOMAXPROCS(0)) * 4 {
-		wg.Go(func() {
-			for sc := range work {
-				alone.RLock()
-				o, err := compare(sc)
-				alone.RUnlock()
-				failed := err != nil || o.call >= 0 && o.known == nil
-				var msg string
-				if failed {
-					// Confirm it alone. Timing is never compared, but a
-					// loaded machine (-race, other packages' tests) can
-					// stall a call past its timeout before its first
-					// attempt; such a difference does not come back.
-					alone.Lock()
-					o, err = compare(sc)
+	// Each scenario runs in a synctest bubble of its own, both sides and
+	// any shrinking: timing is never compared, and under fake time a hung
+	// attempt's timeout costs nothing (in real time the scenarios spent
+	// most of the package's three minutes under -race waiting out 1 s
+	// timeouts), and a loaded machine cannot stall a call past its timeout
+	// before its first attempt. The subtests run in parallel.
+	t.Run("scenarios", func(t *testing.T) {
+		for i, sc := range scenarios {
+			t.Run(strconv.Itoa(i), func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) {
+					o, err := compare(sc)
+					var msg string
 					switch {
 					case err != nil:
 						msg = fmt.Sprintf("scenario %s: %v", sc, err)
 					case o.call >= 0 && o.known == nil:
 						msg = report(sc, o)
 					}
-					alone.Unlock()
-				}
-				mu.Lock()
-				switch {
-				case msg != "":
-					failures = append(failures, msg)
-				case failed:
-					unstable = append(unstable, strconv.FormatUint(sc.Seed, 10))
-				case o.call < 0:
-					clean++
-				default:
-					counts[o.known.name]++
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	for _, sc := range scenarios {
-		work <- sc
-	}
-	close(work)
-	wg.Wait()
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case msg != "":
+						failures = append(failures, msg)
+					case o.call < 0:
+						clean++
+					default:
+						counts[o.known.name]++
+					}
+				})
+			})
+		}
+	})
 
 	from := fmt.Sprintf("%d named, seeds %d..%d", len(namedScenarios()), *paritySeed, *paritySeed+uint64(*parityScenarios)-1)
 	if *parityReplay != "" {
@@ -366,9 +347,6 @@ func TestParityWithGRPCRetry(t *testing.T) {
 	}
 	t.Logf("%d scenarios (%s): %d identical to grpc-go, allow-listed: %v, failing: %d",
 		len(scenarios), from, clean, counts, len(failures))
-	if len(unstable) > 0 {
-		t.Logf("differed once, then not when run alone (a stalled machine), seeds: %s", strings.Join(unstable, " "))
-	}
 	const shown = 20
 	for i, f := range failures {
 		if i == shown {

@@ -88,6 +88,9 @@ type methodPolicy struct {
 	// the method is recorded as "other" (instruments.named).
 	static atomic.Bool
 	mm     atomic.Pointer[methodMetrics]
+	// streamNoted is set once a stream call of the method has been checked
+	// against its hedging policy (Client.noteHedgedStream).
+	streamNoted atomic.Bool
 	// passthrough is true when nothing applies: the call goes straight to
 	// the invoker.
 	passthrough bool

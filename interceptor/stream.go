@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // StreamClientInterceptor returns the interceptor for streaming calls
@@ -28,6 +29,9 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	st, mp := c.resolve(method, co.static)
 	if mp.passthrough && !co.any && ctx.Value(idempotencyKeyCtxKey{}) == nil {
 		return streamer(ctx, desc, cc, method, opts...)
+	}
+	if mp.hedge != nil && !mp.streamNoted.Load() {
+		c.noteHedgedStream(mp)
 	}
 	s := &retryStream{
 		c:        c,
@@ -50,11 +54,13 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	s.r = c.newRetrier(s.ctx, st, mp, &co)
 	s.ctx = s.r.outgoing(s.ctx)
 	// A key makes a unary call safe to retry on more codes; a stream is not
-	// enforced as one execution by the server's idempotency layer, so its
-	// retrier is never marked keyed: a keyed stream retries the codes an
-	// unkeyed one does.
+	// enforced as one execution by the server's idempotency layer, so it
+	// gets no key of the client's making (WithIdempotencyKeys naming its
+	// service, WithAutomaticIdempotencyKeys), and its retrier is never
+	// marked keyed: a stream that carries the caller's own key retries the
+	// codes an unkeyed one does.
 	var kerr error
-	if s.ctx, _, kerr = withIdempotencyKey(s.ctx, mp); kerr != nil {
+	if s.ctx, _, kerr = withIdempotencyKey(s.ctx, false); kerr != nil {
 		s.cancelCall()
 		return nil, kerr
 	}
@@ -73,6 +79,24 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, err
 	}
 	return s, nil
+}
+
+// noteHedgedStream logs, once per method and config, that a stream of
+// mp's method runs under a hedging policy, which never hedges a stream:
+// it runs one attempt, without retries. A stream the registry describes
+// was named when the config was checked (checkRegistered, hedgedStreams);
+// this is for the others (a service without generated code, or not linked
+// in), which a config check cannot tell from a unary method.
+func (c *Client) noteHedgedStream(mp *methodPolicy) {
+	if mp.streamNoted.Swap(true) {
+		return
+	}
+	svc, m := serviceconfig.SplitMethod(mp.fullMethod)
+	if streamKind(serviceconfig.Name{Service: svc, Method: m}) != "" {
+		return
+	}
+	c.log.warn("interceptor: " + mp.fullMethod + ": a stream under a hedgingPolicy, which never hedges a stream: " +
+		"it runs one attempt, without retries (its method is not in protoregistry.GlobalFiles, so the config's check could not tell)")
 }
 
 // streamContext returns the context of a stream, which the stream cancels

@@ -25,11 +25,12 @@ func check(w io.Writer, data []byte, opts options) (warnings, coverage int, err 
 	type line struct {
 		text     string
 		warnings []string
+		note     string
 	}
 	var lines []line
 	for i, mc := range d.cfg.MethodConfig {
 		a := analyze(mc, d.uncapped.MethodConfig[i], opts, d.cap)
-		lines = append(lines, line{d.label(i) + " " + summary(mc, a), a.warnings})
+		lines = append(lines, line{d.label(i) + " " + summary(mc, a), a.warnings, hedgedStreamsNote(mc)})
 		warnings += len(a.warnings)
 	}
 	if d.pos != nil { // put the skipped entries back in document order
@@ -65,6 +66,9 @@ func check(w io.Writer, data []byte, opts options) (warnings, coverage int, err 
 		p.printf("%s\n", l.text)
 		for _, wn := range l.warnings {
 			p.printf("  WARNING: %s\n", wn)
+		}
+		if l.note != "" {
+			p.printf("  note: %s\n", l.note)
 		}
 	}
 	if t := d.cfg.RetryThrottling; t != nil {
@@ -162,4 +166,27 @@ func retryCodes(v *retryView) string {
 		return codeList(v.codes)
 	}
 	return "the default codes"
+}
+
+// hedgedStreamsNote returns the note under an entry whose hedgingPolicy
+// covers methods by a service's name or the default name: the client never
+// hedges a stream, so a streaming method among them runs one attempt,
+// without retries. svcconfig has no descriptors to tell which methods
+// stream; the client names them when it loads the config. "" otherwise.
+func hedgedStreamsNote(mc serviceconfig.MethodConfig) string {
+	if mc.HedgingPolicy == nil {
+		return ""
+	}
+	for _, n := range mc.Name {
+		if n.Method != "" {
+			continue
+		}
+		what := "the services it names"
+		if n.Service == "" {
+			what = "every method no other entry names"
+		}
+		return "its hedgingPolicy covers " + what + ", and a stream is never hedged: a streaming method among them runs one attempt, " +
+			"without retries (svcconfig cannot tell which methods stream; the client logs them when it loads the config)"
+	}
+	return ""
 }

@@ -40,6 +40,11 @@ func TestRun(t *testing.T) {
 		{name: "check_stdin_empty", args: []string{"check", "-"}, stdin: ""},
 		{name: "check_stdin_invalid", args: []string{"check", "-"}, stdin: `{"retryThrottling": {"maxTokens": 0, "tokenRatio": 1}}`},
 		{name: "check_no_entries", args: []string{"check", "-"}, stdin: `{"retryBudget": {"ttl": "5s"}}`},
+		// a hedgingPolicy that may cover streams, which it leaves with one attempt
+		{name: "check_hedging_covers_streams", args: []string{"check", "-"}, stdin: `{"methodConfig": [
+			{"name": [{"service": "shop.Orders"}], "hedgingPolicy": {"maxAttempts": 2}},
+			{"name": [{}], "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.1s"}},
+			{"name": [{"service": "shop.Orders", "method": "Get"}], "hedgingPolicy": {"maxAttempts": 2}}]}`},
 		{name: "check_zero_budget", args: []string{"check", "-"}, stdin: `{"retryBudget": {"ratio": 0, "minRetriesPerSecond": 0}}`},
 		{name: "check_zero_ratio_alone", args: []string{"check", "-"}, stdin: `{"retryBudget": {"ratio": 0}}`},
 		{name: "explain_zero_budget", args: []string{"explain", "-", "/shop.Orders/Pay"},

@@ -63,6 +63,20 @@ const (
 	KeyIgnored
 )
 
+// String returns the name of p's constant, "KeyOptional", "KeyRequired"
+// or "KeyIgnored"; "KeyPolicy(n)" for a value that is none of them.
+func (p KeyPolicy) String() string {
+	switch p {
+	case KeyOptional:
+		return "KeyOptional"
+	case KeyRequired:
+		return "KeyRequired"
+	case KeyIgnored:
+		return "KeyIgnored"
+	}
+	return "KeyPolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
 // Errors of server-side idempotency. The interceptor returns errors that
 // wrap them (errors.Is) and carry the gRPC status given here (status.Code).
 var (
@@ -131,6 +145,7 @@ type srvIdemOptions struct {
 	omit        map[string]struct{}  // metadata keys never stored, lower case
 	detachMax   time.Duration        // > 0: owned handlers run detached, at most this long; 0: on the caller's context
 	warnings    []string             // about policies naming services nothing registers, logged by New
+	streamWarns []string             // about KeyRequired policies whose service has streams (srvStreamsUncovered), logged by New
 }
 
 // DefaultUnstoredCodes are the status codes whose outcomes are not
@@ -236,6 +251,9 @@ func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
 	for _, w := range o.warnings {
 		log.warn("idempotency: a key policy names a service no code linked into the program registers", "warning", w)
 	}
+	for _, w := range o.streamWarns {
+		log.warn("idempotency: a key policy does not cover the streams of the methods it names", "warning", w)
+	}
 	_, inMemory := o.store.(*idempotency.MemoryStore)
 	txStore, _ := o.store.(idempotency.TxStore)
 	s := &srvIdem{
@@ -293,6 +311,56 @@ func srvCheckPolicies(policies map[string]KeyPolicy) (warnings []string, err err
 		}
 	}
 	return warnings, nil
+}
+
+// maxListed bounds the methods a warning names.
+const maxListed = 8
+
+// srvStreamsUncovered returns the warnings about the streaming methods
+// that a KeyRequired policy of a service or of "" names without covering
+// them: idempotency keys apply to unary methods only, so those streams run
+// plainly, with a key or without one, and nothing requires it. It names
+// the streams the registry describes that no more specific policy names
+// (for "", outside the exempt services, which run plainly unless named).
+// A policy naming a stream exactly is refused (srvCheckPolicies); the other
+// policies cover streams as they cover no policy at all.
+func srvStreamsUncovered(policies map[string]KeyPolicy) []string {
+	var warnings []string
+	for _, name := range slices.Sorted(maps.Keys(policies)) {
+		if policies[name] != KeyRequired || strings.Contains(name, "/") {
+			continue
+		}
+		var under []string
+		if name != "" {
+			for _, m := range rpcname.StreamMethods(name) {
+				if _, exact := policies["/"+name+"/"+m]; !exact {
+					under = append(under, m)
+				}
+			}
+			if len(under) > 0 {
+				warnings = append(warnings, fmt.Sprintf("server: Idempotency.KeyPolicies[%q]: KeyRequired covers the unary methods of the service only: "+
+					"its streaming methods (%s) run plainly, with a key or without one (idempotency keys apply to unary methods only)",
+					name, rpcname.List(under, maxListed)))
+			}
+			continue
+		}
+		for _, fm := range rpcname.AllStreamMethods() {
+			svc, _ := serviceOf(fm)
+			if _, exact := policies[fm]; exact {
+				continue
+			}
+			if _, named := policies[svc]; named || slices.Contains(rpcname.ExemptServices, svc) {
+				continue
+			}
+			under = append(under, fm)
+		}
+		if len(under) > 0 {
+			warnings = append(warnings, fmt.Sprintf("server: Idempotency.KeyPolicies[\"\"]: KeyRequired covers unary methods only: "+
+				"the streaming methods that no other policy names (%s) run plainly, with a key or without one (idempotency keys apply to unary methods only)",
+				rpcname.List(under, maxListed)))
+		}
+	}
+	return warnings
 }
 
 // streamPolicyErr returns the error of every call of the streaming method

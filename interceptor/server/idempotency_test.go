@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
@@ -279,31 +281,59 @@ var idemRetryableCases = []struct {
 func testIdemRetryable(i int) func(t *testing.T, env *idemEnv) {
 	tc := idemRetryableCases[i]
 	return func(t *testing.T, env *idemEnv) {
-		handled := make(chan struct{}, 2)
+		handled, entered := make(chan struct{}, 2), make(chan struct{}, 1)
 		e := &idemEcho{}
 		e.fn = func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 			defer func() { handled <- struct{}{} }()
 			if e.calls.Load() == 1 {
+				entered <- struct{}{}
 				return tc.fail(ctx)
 			}
 			return &echov1.EchoResponse{Message: req.Message}, nil
 		}
-		idem := Idempotency{Store: env.store}
-		if tc.timeout > 0 {
-			idem.AttachedHandler = true
-		}
-		cc := idemStart(t, e, idem)
 		ctx := idemCtx(t)
-		first := ctx
-		if tc.timeout > 0 {
-			var cancel context.CancelFunc
-			first, cancel = context.WithTimeout(ctx, tc.timeout)
-			defer cancel()
+		if tc.timeout == 0 {
+			cc := idemStart(t, e, Idempotency{Store: env.store})
+			wantCode(t, "first call ("+tc.name+")", idemDo(ctx, cc, "k", "m").err, tc.want, "")
+			<-handled
+			// The retry runs the handler again (waiting, if need be, for
+			// the first execution to release the key).
+			if r := idemDo(ctx, cc, "k", "m"); r.err != nil {
+				t.Fatalf("retry error = %v, want success", r.err)
+			}
+			wantCalls(t, e, 2)
+			return
 		}
-		wantCode(t, "first call ("+tc.name+")", idemDo(first, cc, "k", "m").err, tc.want, "")
+		// The first call's deadline passes once its handler runs, on both
+		// sides (regression: a 100 ms deadline in real time sometimes
+		// passed while a loaded machine was still claiming the key in
+		// PostgreSQL, so the handler never ran and the test waited on
+		// handled for ever).
+		client, server := newExpiring(ctx), newExpiring(context.Background())
+		var first atomic.Bool
+		expireFirst := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if first.CompareAndSwap(false, true) {
+				server.within(ctx)
+				return h(server, req)
+			}
+			return h(ctx, req)
+		}
+		srv, err := New(WithIdempotency(Idempotency{Store: env.store, Scope: SharedScope, AttachedHandler: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc := testserver.StartWith(t, e, []grpc.ServerOption{grpc.ChainUnaryInterceptor(idemRecover, expireFirst, srv.UnaryServerInterceptor())})
+		done := make(chan idemCall, 1)
+		go func() { done <- idemDo(client, cc, "k", "m") }()
+		select {
+		case <-entered:
+		case r := <-done:
+			t.Fatalf("first call ended before its handler ran: %v", r.err)
+		}
+		server.expire() // the server's view of the caller's deadline first, then the caller's
+		client.expire()
+		wantCode(t, "first call ("+tc.name+")", (<-done).err, tc.want, "")
 		<-handled
-		// The retry runs the handler again (waiting, if need be, for the
-		// first execution to release the key).
 		if r := idemDo(ctx, cc, "k", "m"); r.err != nil {
 			t.Fatalf("retry error = %v, want success", r.err)
 		}

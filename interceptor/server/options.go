@@ -179,8 +179,11 @@ type Idempotency struct {
 	// protobuf registry (protoregistry.GlobalFiles) describes the method as
 	// streaming; otherwise by the stream interceptor, which fails every
 	// call of the method with FAILED_PRECONDITION naming the policy.
-	// Health checks and reflection run plainly, key or not, unless a policy
-	// names their method or service.
+	// A KeyRequired policy of a service or of "" leaves the service's
+	// streams to run plainly, with a key or without one: New logs the
+	// streams it leaves out (those the registry describes and no other
+	// policy names). Health checks and reflection run plainly, key or not,
+	// unless a policy names their method or service.
 	//
 	// New checks each name against the services the program's generated
 	// code registers (protoregistry.GlobalFiles): a method its service does
@@ -353,6 +356,7 @@ func (c *Idempotency) normalize() (srvIdemOptions, error) {
 		o.policies[name] = p
 	}
 	var err error
+	o.streamWarns = srvStreamsUncovered(o.policies)
 	if o.warnings, err = srvCheckPolicies(o.policies); err != nil {
 		return o, err
 	}

@@ -15,7 +15,9 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 )
 
 // TestIdempotencyKeyPolicyOnStreamingMethodRefusedByNew pins item 12b
@@ -199,5 +201,66 @@ func TestIdempotencyKeyPolicyOnUnregisteredStreamFailsEachCall(t *testing.T) {
 		if got := runs.Load(); got != want {
 			t.Errorf("policy %v: stream handler ran %d times, want %d", p, got, want)
 		}
+	}
+}
+
+// TestKeyRequiredForAServiceWithStreamsNamesTheStreams pins issue 29's
+// settings that do nothing on streams, on the server: KeyRequired for a
+// service (or for "", every method) covers its unary methods only, so its
+// streams run plainly, with a key or without one. New says so once,
+// naming the streams the registry describes that no other policy names;
+// before, nothing said that a keyless stream of a KeyRequired service
+// runs. Over gRPC: a keyless Echo is refused, a keyless ServerStream runs.
+func TestKeyRequiredForAServiceWithStreamsNamesTheStreams(t *testing.T) {
+	store, err := idempotency.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const svc = "resilience.echo.v1.EchoService"
+	tests := []struct {
+		name     string
+		policies map[string]KeyPolicy
+		want     string // "" for no line
+	}{
+		{"service", map[string]KeyPolicy{svc: KeyRequired},
+			`server: Idempotency.KeyPolicies[\"resilience.echo.v1.EchoService\"]: KeyRequired covers the unary methods of the service only: ` +
+				`its streaming methods (ServerStream, ClientStream, BidiStream) run plainly, with a key or without one (idempotency keys apply to unary methods only)`},
+		{"service with a stream named", map[string]KeyPolicy{svc: KeyRequired, "/" + svc + "/BidiStream": KeyIgnored},
+			`its streaming methods (ServerStream, ClientStream) run plainly`},
+		{"every method", map[string]KeyPolicy{"": KeyRequired},
+			`server: Idempotency.KeyPolicies[\"\"]: KeyRequired covers unary methods only: the streaming methods that no other policy names (` +
+				`/resilience.echo.v1.EchoService/BidiStream, /resilience.echo.v1.EchoService/ClientStream, /resilience.echo.v1.EchoService/ServerStream) run plainly`},
+		{"every method, the service optional", map[string]KeyPolicy{"": KeyRequired, svc: KeyOptional}, ""},
+		{"optional", map[string]KeyPolicy{svc: KeyOptional}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			log := new(idemLog)
+			srv, err := New(WithLogger(log.logger()), WithIdempotency(Idempotency{Store: store, Scope: SharedScope, KeyPolicies: tt.policies}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := log.String()
+			if tt.want == "" && got != "" || strings.Count(got, tt.want) != 1 || strings.Count(got, "\n") > 1 {
+				t.Fatalf("New() logged %q, want one line with %q", got, tt.want)
+			}
+			if tt.want == "" {
+				return
+			}
+			ts := &testserver.Server{}
+			cc := testserver.StartWith(t, ts, []grpc.ServerOption{
+				grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor()),
+				grpc.ChainStreamInterceptor(srv.StreamServerInterceptor())})
+			stub := echov1.NewEchoServiceClient(cc)
+			_, err = stub.Echo(idemCtx(t), &echov1.EchoRequest{})
+			wantCode(t, "a keyless Echo", err, codes.InvalidArgument, "idempotency")
+			st, err := stub.ServerStream(idemCtx(t), &echov1.ServerStreamRequest{Count: 1})
+			if err == nil {
+				_, err = st.Recv()
+			}
+			if err != nil || ts.Count("ServerStream") != 1 {
+				t.Errorf("a keyless ServerStream = %v after %d runs, want it to run once, as the warning says", err, ts.Count("ServerStream"))
+			}
+		})
 	}
 }

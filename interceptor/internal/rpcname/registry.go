@@ -2,6 +2,7 @@ package rpcname
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -86,6 +87,32 @@ func StreamKind(n serviceconfig.Name) string {
 		return "server-streaming"
 	}
 	return ""
+}
+
+// AllStreamMethods returns the full names ("/pkg.Service/Method") of every
+// streaming method of every service the registry describes, sorted.
+func AllStreamMethods() []string {
+	var out []string
+	eachService(func(sd protoreflect.ServiceDescriptor) bool {
+		ms := sd.Methods()
+		for i := range ms.Len() {
+			if md := ms.Get(i); md.IsStreamingClient() || md.IsStreamingServer() {
+				out = append(out, "/"+string(sd.FullName())+"/"+string(md.Name()))
+			}
+		}
+		return true
+	})
+	slices.Sort(out)
+	return out
+}
+
+// List joins names for a message, the first limit of them and then how
+// many more: "a, b, c and 7 more".
+func List(names []string, limit int) string {
+	if len(names) <= limit {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:limit], ", "), len(names)-limit)
 }
 
 // StreamMethods returns the names of the streaming methods of service, as

@@ -87,3 +87,32 @@ func TestStreamMethods(t *testing.T) {
 		}
 	}
 }
+
+func TestAllStreamMethods(t *testing.T) {
+	got := AllStreamMethods()
+	for _, want := range []string{"/" + echo + "/BidiStream", "/" + echo + "/ClientStream", "/" + echo + "/ServerStream"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("AllStreamMethods() = %q, want it to hold %q", got, want)
+		}
+	}
+	if slices.Contains(got, "/"+echo+"/Echo") || !slices.IsSorted(got) {
+		t.Errorf("AllStreamMethods() = %q, want the streams only, sorted", got)
+	}
+}
+
+func TestList(t *testing.T) {
+	tests := []struct {
+		names []string
+		limit int
+		want  string
+	}{
+		{nil, 2, ""},
+		{[]string{"a", "b"}, 2, "a, b"},
+		{[]string{"a", "b", "c", "d"}, 2, "a, b and 2 more"},
+	}
+	for _, tt := range tests {
+		if got := List(tt.names, tt.limit); got != tt.want {
+			t.Errorf("List(%q, %d) = %q, want %q", tt.names, tt.limit, got, tt.want)
+		}
+	}
+}

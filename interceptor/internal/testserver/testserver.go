@@ -83,13 +83,13 @@ func (s *Server) Attempts() []Attempt {
 func (s *Server) Count(method string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
-	for _, a := range s.attempts {
-		if method == "" || a.Method == "/resilience.echo.v1.EchoService/"+method {
-			n++
-		}
+	if method == "" {
+		return len(s.attempts)
 	}
-	return n
+	// From the per-method counts begin keeps: tests that ask after every
+	// call (2,000 calls a run) made the scan of every attempt, with a
+	// string built per attempt, a third of their CPU, more under -race.
+	return s.counts[prefix+method]
 }
 
 // begin records a new attempt and returns its index.
