@@ -249,8 +249,13 @@ func TestClientPacingShowsInTheMethodAndItsRefusals(t *testing.T) {
 		t.Errorf("refusing now = %v, want the method paced", view.GetRefusing())
 	}
 	got := eventsOf(v, adminv1.Part_PART_RATE_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
-	if len(got) != 1 || got[0].GetReason() != "rate_limited" || !strings.Contains(got[0].GetCause(), "paced by the server's pushback: one attempt per 30s") {
-		t.Errorf("rate-limit events = %v, want one naming the pacing", got)
+	if len(got) == 0 { // one episode, or more if the machine stalled a second between the refusals
+		t.Fatal("no rate-limit event")
+	}
+	for _, e := range got {
+		if e.GetReason() != "rate_limited" || !strings.Contains(e.GetCause(), "paced by the server's pushback: one attempt per 30s") {
+			t.Errorf("rate-limit event = %v, want one naming the pacing", e)
+		}
 	}
 }
 
