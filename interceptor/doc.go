@@ -419,8 +419,9 @@
 // what the backend accepts, at most 0.9. Only the backend's answers move
 // it: a RESOURCE_EXHAUSTED or UNAVAILABLE up, any other outcome down, by
 // steps of 0.02/K and 0.02·(1 − 1/K); the client's own rejections, the
-// caller's cancellations and attempts the method's other guards refused (a
-// full bulkhead) move nothing. So it sheds 90% of an outage within about 90
+// caller's cancellations, a CANCELLED (a call cut on the client: its
+// connection closed, a hedged copy's sibling answered) and attempts the
+// method's other guards refused (a full bulkhead) move nothing. So it sheds 90% of an outage within about 90
 // refusals and lets go within about 90 acceptances after it, whatever small
 // error rate remains: at 1,000 calls a second over gRPC, 10 successes in a
 // row 0.21 s after a 1.5 s outage, 92% of the calls after it succeeding (90%

@@ -273,9 +273,12 @@ func (g *guards) release(ctx context.Context, a admission, err error, timed bool
 
 // backendAnswer says what an attempt that ended with err tells adaptive
 // throttling of the backend: answered false when nothing (the caller's own
-// cancellation or deadline, grpc's message errors, which are the client's),
-// else whether the backend accepted it: every outcome but RESOURCE_EXHAUSTED
-// and UNAVAILABLE. Only answers move the rejection probability.
+// cancellation or deadline, grpc's message errors, which are the client's,
+// and any CANCELLED: the call was cut on this side, by its ClientConn's
+// Close, a sibling's answer, a panic, with the caller's context live),
+// else whether the backend accepted it: every outcome but
+// RESOURCE_EXHAUSTED and UNAVAILABLE. Only answers move the rejection
+// probability.
 func backendAnswer(ctx context.Context, err error) (answered, accepted bool) {
 	switch {
 	case err == nil:
@@ -284,6 +287,8 @@ func backendAnswer(ctx context.Context, err error) (answered, accepted bool) {
 		return false, false
 	}
 	switch rescodes.Classify(err) {
+	case codes.Canceled:
+		return false, false
 	case codes.ResourceExhausted, codes.Unavailable:
 		return true, false
 	}

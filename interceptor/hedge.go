@@ -689,8 +689,8 @@ type hedgeResult struct {
 }
 
 // errCopyAborted is the outcome of a copy that panicked or exited: its
-// guards record it as the caller's cancellation, which says nothing of the
-// method's health.
+// guards are abandoned (guards.abandon), as a plain call's are after a
+// panic below: no breaker verdict, no answer for adaptive throttling.
 var errCopyAborted = status.Error(codes.Canceled, "resilience: hedged copy aborted by a panic or runtime.Goexit")
 
 // errCopyHalted is the outcome of a queued copy that was not sent because
@@ -779,27 +779,30 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 		j.refund(cp.tok)
 		return
 	}
-	aborted := res.panicked != nil || res.goexit
-	if q := j.mp.g.rate; q != nil && !aborted {
+	if res.panicked != nil || res.goexit {
+		// The backend said nothing: released as a plain call's attempt is
+		// after a panic below (abandon), its outcome counted nowhere.
+		j.mp.g.abandon(cp.adm)
+		return
+	}
+	if q := j.mp.g.rate; q != nil {
 		q.answer(ctx, res.err, res.trailer, time.Now())
 	}
 	end := j.mp.g.release(ctx, cp.adm, res.err, true)
-	if !aborted {
-		j.c.metrics.attempt(ctx, j.mm, res.err)
-		j.c.metrics.replayed(ctx, j.mm, res.header)
-		if end.IsZero() && (j.mp.latency != nil || j.mp.tail != nil) {
-			end = since(cp.start)
-		}
-		if res.err == nil && j.mp.latency != nil {
-			j.mp.latency.Observe(end.Sub(cp.start))
-		}
-		if t := j.mp.tail; t != nil {
-			switch {
-			case res.err == nil:
-				t.observe(end.Sub(cp.start), false)
-			case ctx.Err() != nil || res.timedOut:
-				t.observe(end.Sub(cp.start), true)
-			}
+	j.c.metrics.attempt(ctx, j.mm, res.err)
+	j.c.metrics.replayed(ctx, j.mm, res.header)
+	if end.IsZero() && (j.mp.latency != nil || j.mp.tail != nil) {
+		end = since(cp.start)
+	}
+	if res.err == nil && j.mp.latency != nil {
+		j.mp.latency.Observe(end.Sub(cp.start))
+	}
+	if t := j.mp.tail; t != nil {
+		switch {
+		case res.err == nil:
+			t.observe(end.Sub(cp.start), false)
+		case ctx.Err() != nil || res.timedOut:
+			t.observe(end.Sub(cp.start), true)
 		}
 	}
 }

@@ -417,6 +417,14 @@ func (r *methodRow) idle(now time.Time) bool {
 	return true
 }
 
+// holds reports whether b is the breaker of fullMethod's row.
+func (t *methodTable) holds(fullMethod string, b *breaker.Breaker) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.rows[fullMethod]
+	return r != nil && r.g.breaker == b
+}
+
 // holds reports whether r's bulkhead (in force or dropped) holds attempts.
 func (r *methodRow) holds() bool {
 	for _, b := range []*bulkhead.Bulkhead{r.g.bulkhead, r.dropped} {
@@ -447,8 +455,7 @@ func (t *methodTable) release(r *methodRow) {
 // attach makes p, the policy of r's method under st, run under r's state.
 // pinned says whether the method is pinned (its row counts nothing).
 func (st *clientState) attach(p *methodPolicy, r *methodRow, pinned bool) {
-	p.g = r.g
-	p.latency, p.tail = r.latency, r.tail
+	bind(st, p, r)
 	if !pinned {
 		p.row = r
 	}
@@ -458,6 +465,12 @@ func (st *clientState) attach(p *methodPolicy, r *methodRow, pinned bool) {
 	if st.table.isStatic(p.fullMethod) {
 		p.static.Store(true)
 	}
+}
+
+// bind makes p run under r's state, and settles its fast paths.
+func bind(st *clientState, p *methodPolicy, r *methodRow) {
+	p.g = r.g
+	p.latency, p.tail = r.latency, r.tail
 	st.settle(p)
 }
 
@@ -671,7 +684,9 @@ func (c *Client) peek(fullMethod string) *methodPolicy {
 		tmp := &methodTable{}
 		tmp.seed.Store(c.table.seed.Load())
 		tmp.configure(st, r, p, mc, time.Now())
-		st.attach(p, r, true)
+		// Bound, not attached: a name a caller asks about is not named in
+		// the metrics (their names are the config's and the stubs').
+		bind(st, p, r)
 	}
 	return p
 }

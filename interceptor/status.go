@@ -174,12 +174,22 @@ func (c *Client) control(op, fullMethod string, f func(*breaker.Breaker, time.Ti
 	if err != nil {
 		return err
 	}
-	st, p, untracked := c.add(fullMethod, false)
-	if b := p.g.breaker; b != nil {
+	for {
+		st, p, untracked := c.add(fullMethod, false)
+		b := p.g.breaker
+		if b == nil {
+			return fmt.Errorf("interceptor: %s(%s): %s", op, fullMethod, st.noBreaker(fullMethod, untracked))
+		}
 		f(b, time.Now())
-		return nil
+		// With no lock held, another method's call may have let the row go
+		// to make room in its key (T6b: it was idle) before f acted, and a
+		// call of the method would then make a new row, closed: act on the
+		// method's row again. A forced breaker is not idle, so its row
+		// stays; a reset one may go, and a new row is as good as it.
+		if op == "ResetBreaker" || c.table.holds(fullMethod, b) {
+			return nil
+		}
 	}
-	return fmt.Errorf("interceptor: %s(%s): %s", op, fullMethod, st.noBreaker(fullMethod, untracked))
 }
 
 // noBreaker says why fullMethod has no breaker under st.

@@ -434,7 +434,8 @@ type RetryBudget struct {
 // the client sends K times what the backend accepts. Each answer of the
 // backend moves p: a refusal (RESOURCE_EXHAUSTED or UNAVAILABLE from the
 // backend) up by 0.02/K, an acceptance (every other outcome) down by
-// 0.02·(1 − 1/K); the client's own rejections, the caller's cancellations
+// 0.02·(1 − 1/K); the client's own rejections, the caller's cancellations,
+// a CANCELLED (a call cut on the client side, its connection closed)
 // and attempts that never reached the backend (the method's bulkhead full,
 // its deadline spent) move nothing, and an attempt counts once its outcome
 // is known (attempts in flight do not look refused). So p rises to its cap
