@@ -549,3 +549,30 @@ func TestCLIShowsTheStoreDown(t *testing.T) {
 	}
 	viewShows(t, front, "server", "example", "idempotency store", "failures; the latest")
 }
+
+// TestCLIShowsTheRateLimit: a per-tenant rate limit of a burst of 3 (and
+// one call an hour after) refuses the tenant's fourth call, and the CLI
+// shows the limit, the tenant and the wait; its view lists the limit.
+func TestCLIShowsTheRateLimit(t *testing.T) {
+	_, front, _ := startServer(t, "-server-config", writeFile(t, "server.json",
+		`{"rateLimits": [{"name": "echo-per-tenant", "rate": 1, "per": "3600s", "burst": 3, "key": "tenant"}],
+		  "tenantFairness": {"metadataKey": "x-tenant"}}`))
+	ec, _ := dialEcho(t, front)
+	w := watchCLI(t, front)
+	acme := func(ctx context.Context) error {
+		return echo(metadata.AppendToOutgoingContext(ctx, "x-tenant", "acme"), ec, "x")
+	}
+	e := w.until(t, untilRefused(t, 4, "over the rate limit", acme),
+		event(adminv1.Part_PART_RATE_LIMIT, "echo-per-tenant", adminv1.EventKind_EVENT_KIND_REFUSED,
+			`over the rate limit "echo-per-tenant" for tenant "acme": refused CRITICAL call of `+echoMethod, "told to retry after "))
+	if e.GetSource() != "example" || e.GetReason() != "rate_limit" || e.GetTenant() != "acme" || e.GetCode() != "RESOURCE_EXHAUSTED" {
+		t.Errorf("event %v, want the server example's rate limit refusing tenant acme", e)
+	}
+	viewShows(t, front, "server", "example", "rate limit", "echo-per-tenant", `for tenant "acme"`)
+	ctx, cancel := context.WithTimeout(t.Context(), bound)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, adminBinaries(t)[resadminPkg], "-addr", front, "view").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "RATE LIMIT") || !containsAll(string(out), []string{"echo-per-tenant", "rateLimits[0]", "tenant", "1 per 1h0m0s"}) {
+		t.Errorf("resadmin view: %v; want the rate limit listed:\n%s", err, out)
+	}
+}

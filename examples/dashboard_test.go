@@ -3,6 +3,7 @@ package examples_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -216,14 +217,18 @@ func scrapedNames(addr string) map[string]bool {
 
 // dashboardServerFlags returns the flags that make examples/server serve
 // every series the dashboard reads: a concurrency limit of 1 on Lookup and
-// a delay on it, so that concurrent Lookups are shed (driveDashboardSeries).
+// a delay on it, so that concurrent Lookups are shed, and a rate limit of
+// one ServerStream an hour, so that a second stream is rate-limited
+// (driveDashboardSeries). The example client's load calls Echo only.
 func dashboardServerFlags(t *testing.T, dir string) []string {
 	t.Helper()
 	limits := dir + "/limits.json"
 	faults := dir + "/faults.json"
 	for path, doc := range map[string]string{
 		limits: `{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService", "method": "Lookup"}],
-			"concurrencyLimit": {"algorithm": "aimd", "initialLimit": 1, "minLimit": 1, "maxLimit": 1}}]}`,
+			"concurrencyLimit": {"algorithm": "aimd", "initialLimit": 1, "minLimit": 1, "maxLimit": 1}},
+			{"name": [{"service": "resilience.echo.v1.EchoService", "method": "ServerStream"}],
+			"rateLimits": [{"name": "dashboard-streams", "rate": 1, "per": "3600s", "burst": 1, "key": "shared"}]}]}`,
 		faults: `{"faults": [{"methods": ["/resilience.echo.v1.EchoService/Lookup"], "delay": {"fixedDelay": "0.05s"}}]}`,
 	} {
 		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
@@ -235,8 +240,8 @@ func dashboardServerFlags(t *testing.T, dir string) []string {
 
 // driveDashboardSeries makes the calls, beside the example client's load,
 // that the dashboard's server panels need: concurrent Lookups over the
-// limit of 1 (shed and admitted), and a keyed Echo sent again once it
-// succeeded (a replay).
+// limit of 1 (shed and admitted), a keyed Echo sent again once it
+// succeeded (a replay), and ServerStreams until one is rate-limited.
 func driveDashboardSeries(t *testing.T, conn *grpc.ClientConn) {
 	t.Helper()
 	stub := echov1.NewEchoServiceClient(conn)
@@ -265,6 +270,31 @@ func driveDashboardSeries(t *testing.T, conn *grpc.ClientConn) {
 	}
 	if _, err := stub.Echo(keyed, &echov1.EchoRequest{Message: "replay"}); err != nil {
 		t.Errorf("the keyed Echo's duplicate = %v, want its stored reply", err)
+	}
+	for i := 0; ; i++ { // the first stream takes the hour's one token (the server fails 30% of calls)
+		err := readStream(ctx, stub)
+		if status.Code(err) == codes.ResourceExhausted && strings.Contains(status.Convert(err).Message(), "over the rate limit") {
+			break
+		} else if i == 50 {
+			t.Fatalf("50 ServerStreams and none rate-limited: %v", err)
+		}
+	}
+}
+
+// readStream opens a ServerStream and reads it to its end; nil when it
+// ended well.
+func readStream(ctx context.Context, stub echov1.EchoServiceClient) error {
+	st, err := stub.ServerStream(ctx, &echov1.ServerStreamRequest{Message: "x"})
+	if err != nil {
+		return err
+	}
+	for {
+		if _, err := st.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
 	}
 }
 

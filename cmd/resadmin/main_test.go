@@ -213,3 +213,36 @@ func TestUnreachableExits1(t *testing.T) {
 		t.Errorf("events against a closed port: exit %d, %q; want 1, Unavailable", code, errOut.String())
 	}
 }
+
+// TestViewShowsRateLimits: view lists a Server's rate limits (where,
+// key, rate, burst, keys remembered), a rate-limit refusal under
+// "refusing now" with its limit and tenant, and a method's rateLimit
+// block in its row.
+func TestViewShowsRateLimits(t *testing.T) {
+	e := newEnv(t)
+	srv, err := server.New(server.WithLimits(server.Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{
+		{Name: "per-tenant", Rate: 20, Burst: 10, Key: serviceconfig.KeyTenant}}}, Tenant: server.TenantFromMetadata("x-tenant")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	e.server.Attach(srv)
+	e.server.OnRefusal(context.Background(), server.Refusal{FullMethod: payMethod, Reason: server.RefusalRateLimit, Limit: "per-tenant",
+		RateLimits: []string{"per-tenant"}, Key: "acme", Tenant: "acme", Criticality: wire.Critical, Wait: 50 * time.Millisecond,
+		Err: status.Error(codes.ResourceExhausted, "over the rate limit")})
+	code, out, errOut := e.run(t)
+	if code != exitOK {
+		t.Fatalf("view: exit %d, stderr %s", code, errOut)
+	}
+	refusing := out[strings.Index(out, "REFUSING NOW"):strings.Index(out, "CLIENT orders")]
+	if want := `server  api     rate limit  per-tenant`; !strings.Contains(refusing, want) ||
+		!strings.Contains(refusing, `over the rate limit "per-tenant" for tenant "acme": refused CRITICAL call of /shop.Orders/Pay; told to retry after 50ms`) {
+		t.Errorf("refusing now lacks the rate limit's refusal:\n%s", refusing)
+	}
+	srvPart := out[strings.Index(out, "SERVER api"):]
+	for _, want := range []string{"RATE LIMIT", "per-tenant", "rateLimits[0]", "tenant", "20 per 1s", "10"} {
+		if !strings.Contains(srvPart, want) {
+			t.Errorf("the server's section lacks %q:\n%s", want, srvPart)
+		}
+	}
+}

@@ -119,9 +119,9 @@ func printClient(w io.Writer, c *adminv1.Client) {
 		fmt.Fprintln(w, "no method with a guard has been configured or called, and none failed")
 		return
 	}
-	t := newTable(w, "METHOD", "BREAKER", "WINDOW", "ADAPTIVE", "BULKHEAD", "HEDGING", "LAST FAILURE", "POLICY FROM")
+	t := newTable(w, "METHOD", "BREAKER", "WINDOW", "ADAPTIVE", "BULKHEAD", "RATE LIMIT", "HEDGING", "LAST FAILURE", "POLICY FROM")
 	for _, m := range c.GetMethods() {
-		br, win, ad, bh, hd, last, pol := "-", "-", "-", "-", "-", "-", "-"
+		br, win, ad, bh, rl, hd, last, pol := "-", "-", "-", "-", "-", "-", "-", "-"
 		if b := m.GetBreaker(); b != nil {
 			br = stateName(b.GetState())
 			if b.GetOpenUntil() != nil {
@@ -136,6 +136,12 @@ func printClient(w io.Writer, c *adminv1.Client) {
 		if b := m.GetBulkhead(); b != nil {
 			bh = fmt.Sprintf("%d in flight, %d queued", b.GetInFlight(), b.GetQueued())
 		}
+		if r := m.GetRateLimit(); r != nil {
+			rl = fmt.Sprintf("%d waiting", r.GetWaiting())
+			if r.GetPacedUntil() != nil {
+				rl = fmt.Sprintf("paced 1 per %v until %s, %d waiting", r.GetPeriod().AsDuration(), clock(r.GetPacedUntil()), r.GetWaiting())
+			}
+		}
 		if d := m.GetHedgingDelay(); d != nil {
 			hd = d.AsDuration().String()
 		}
@@ -146,7 +152,24 @@ func printClient(w io.Writer, c *adminv1.Client) {
 		if p := m.GetPolicySource(); p != "" {
 			pol = p
 		}
-		t.row(m.GetFullMethod(), br, win, ad, bh, hd, last, pol)
+		t.row(m.GetFullMethod(), br, win, ad, bh, rl, hd, last, pol)
+	}
+	_ = t.flush()
+}
+
+// printRateLimits prints a Server's rate limits, when it has any.
+func printRateLimits(w io.Writer, rls []*adminv1.RateLimit) {
+	if len(rls) == 0 {
+		return
+	}
+	t := newTable(w, "RATE LIMIT", "WHERE", "KEY", "RATE", "BURST", "KEYS", "OVERFLOWED")
+	for _, r := range rls {
+		keys, over := strconv.FormatInt(r.GetKeys(), 10), strconv.FormatUint(r.GetOverflowed(), 10)
+		if r.GetDistributed() {
+			keys, over = "(distributed)", "-"
+		}
+		t.row(r.GetName(), r.GetPath(), r.GetKey(), strconv.FormatFloat(r.GetRate(), 'g', -1, 64)+" per "+r.GetPer().AsDuration().String(),
+			strconv.FormatInt(r.GetBurst(), 10), keys, over)
 	}
 	_ = t.flush()
 }
@@ -164,6 +187,7 @@ func printServer(w io.Writer, s *adminv1.Server) {
 		}
 		fmt.Fprintln(w)
 	}
+	printRateLimits(w, s.GetRateLimits())
 	if len(s.GetLimits()) == 0 {
 		fmt.Fprintln(w, "no concurrency limit")
 		return

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -23,7 +24,8 @@ import (
 // view's events: breaker transitions (WithOnStateChange), the failed
 // attempts that explain them (WithOnRetry, WithOnStop) and the calls the
 // client's own parts refused (WithOnStop: a full bulkhead, adaptive
-// throttling, a spent retry budget, A6 throttling). They run only when a
+// throttling, a spent retry budget, A6 throttling, the method's rateLimit
+// block). They run only when a
 // breaker changes state or an attempt or call fails: a call that succeeds
 // never reaches them. Its snapshot is read from the attached Client when
 // the view is asked.
@@ -97,6 +99,8 @@ func stopPart(r interceptor.StopReason) (adminv1.Part, string, bool) {
 		return adminv1.Part_PART_RETRY_BUDGET, "retry_budget", true
 	case interceptor.StopThrottled:
 		return adminv1.Part_PART_RETRY_THROTTLING, "retry_throttling", true
+	case interceptor.StopRateLimited:
+		return adminv1.Part_PART_RATE_LIMIT, "rate_limited", true
 	}
 	return 0, "", false
 }
@@ -142,8 +146,27 @@ func (s *ClientSource) OnStop(_ context.Context, e interceptor.StopEvent) {
 		ev.cause = "retry budget spent: a retry was not sent after " + describeErr(e.Err)
 	case interceptor.StopThrottled:
 		ev.cause = "retry throttling (gRFC A6) withheld a retry after " + describeErr(e.Err)
+	case interceptor.StopRateLimited:
+		ev.cause = s.rateLimitedCause(e)
 	}
 	s.v.events.refuse(ev, now)
+}
+
+// rateLimitedCause says why the method's rateLimit block refused a call:
+// its own rate, or the pace a server's pushback set, as the Client's
+// status shows it now.
+func (s *ClientSource) rateLimitedCause(e interceptor.StopEvent) string {
+	cause := "rate limited locally (the method's rateLimit block)"
+	if c := s.c.Load(); c != nil {
+		if rl := c.Status(e.FullMethod).RateLimit; rl != nil && !rl.PacedUntil.IsZero() {
+			return cause + fmt.Sprintf(": paced by the server's pushback: one attempt per %v, next slot at %s", rl.Period, rl.PacedUntil.Format("15:04:05.000"))
+		}
+	}
+	var rej *interceptor.RejectedError
+	if errors.As(e.Err, &rej) && rej.RetryAfter > 0 {
+		return cause + fmt.Sprintf(": no token within its maxWait or the deadline; retry after %v", rej.RetryAfter)
+	}
+	return cause + ": no token within its maxWait or the deadline"
 }
 
 // describeErr is "CODE: message" of err.
@@ -251,6 +274,12 @@ func (s *ClientSource) snapshot(now time.Time) *adminv1.Client {
 		}
 		if bh := st.Bulkhead; bh != nil {
 			m.Bulkhead = &adminv1.Bulkhead{InFlight: int64(bh.InFlight), Queued: int64(bh.Queued)}
+		}
+		if rl := st.RateLimit; rl != nil {
+			m.RateLimit = &adminv1.ClientRateLimit{Waiting: int64(rl.Waiting)}
+			if !rl.PacedUntil.IsZero() {
+				m.RateLimit.PacedUntil, m.RateLimit.Period = ts(rl.PacedUntil), durationpb.New(rl.Period)
+			}
 		}
 		if d, ok := c.HedgingDelay(st.FullMethod); ok {
 			m.HedgingDelay = durationpb.New(d)

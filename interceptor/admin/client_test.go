@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor"
@@ -182,6 +184,13 @@ func TestClientRefusalsAreEvents(t *testing.T) {
 					_, _ = ec.Echo(context.Background(), &echov1.EchoRequest{})
 				}
 			}, adminv1.Part_PART_RETRY_THROTTLING, "retry_throttling"},
+		{"rate limited", nil, []interceptor.ClientOption{methodConfig(serviceconfig.MethodConfig{
+			RetryPolicy: retryUnavailable(2), RateLimit: &serviceconfig.ClientRateLimit{Rate: 1, Per: time.Hour, Burst: 1}})},
+			func(ec echov1.EchoServiceClient, _ *testserver.Server) {
+				for range 3 {
+					_, _ = ec.Echo(context.Background(), &echov1.EchoRequest{})
+				}
+			}, adminv1.Part_PART_RATE_LIMIT, "rate_limited"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -203,6 +212,50 @@ func TestClientRefusalsAreEvents(t *testing.T) {
 				t.Errorf("refusing now = %v, want the %v with its count", v.Snapshot().GetRefusing(), tt.part)
 			}
 		})
+	}
+}
+
+// TestClientPacingShowsInTheMethodAndItsRefusals: a server's
+// RESOURCE_EXHAUSTED with a pushback paces the method: its row shows the
+// pace (period, next slot), "refusing now" lists it, and a call the pace
+// refuses locally is a rate_limited event whose cause names the pacing.
+func TestClientPacingShowsInTheMethodAndItsRefusals(t *testing.T) {
+	srv := &testserver.Server{}
+	srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+		return testserver.Outcome{Err: status.Error(codes.ResourceExhausted, "over the rate limit"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "60000")}
+	})
+	v := newView(t)
+	ec, _, _ := startClient(t, v, "c", srv, methodConfig(serviceconfig.MethodConfig{
+		RetryPolicy: retryUnavailable(2), RateLimit: &serviceconfig.ClientRateLimit{}}))
+	if _, err := ec.Echo(context.Background(), &echov1.EchoRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("first call: %v, want the server's RESOURCE_EXHAUSTED", err)
+	}
+	_, _ = ec.Echo(context.Background(), &echov1.EchoRequest{}) // takes the paced slot, or is refused
+	_, err := ec.Echo(context.Background(), &echov1.EchoRequest{})
+	if !errors.Is(err, interceptor.ErrRateLimited) {
+		t.Fatalf("paced call: %v, want ErrRateLimited", err)
+	}
+	view := v.Snapshot()
+	rl := view.GetClients()[0].GetMethods()[0].GetRateLimit()
+	if rl == nil || rl.GetPeriod().AsDuration() != 30*time.Second || rl.GetPacedUntil() == nil {
+		t.Errorf("method's rate limit = %v, want paced by 30s (the minute capped by WithMaxServerPushback's default)", rl)
+	}
+	var paced bool
+	for _, r := range view.GetRefusing() {
+		paced = paced || r.GetPart() == adminv1.Part_PART_RATE_LIMIT && strings.Contains(r.GetCause(), "paced by the server's pushback: one attempt per 30s")
+	}
+	if !paced {
+		t.Errorf("refusing now = %v, want the method paced", view.GetRefusing())
+	}
+	got := eventsOf(v, adminv1.Part_PART_RATE_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
+	if len(got) == 0 { // one episode, or more if the machine stalled a second between the refusals
+		t.Fatal("no rate-limit event")
+	}
+	for _, e := range got {
+		if e.GetReason() != "rate_limited" || !strings.Contains(e.GetCause(), "paced by the server's pushback: one attempt per 30s") {
+			t.Errorf("rate-limit event = %v, want one naming the pacing", e)
+		}
 	}
 }
 

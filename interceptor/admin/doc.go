@@ -5,12 +5,15 @@
 //
 //   - each Client's methods: breaker state and counts, adaptive
 //     throttling's rejection probability, bulkhead in flight and queued,
-//     the hedging delay, the recent failed attempts, the method config
-//     entry in force and where it came from (interceptor.Client.Policy);
+//     the rateLimit block's waiting attempts and the pace a server's
+//     pushback set, the hedging delay, the recent failed attempts, the
+//     method config entry in force and where it came from
+//     (interceptor.Client.Policy);
 //     the retry budget's balance and A6 throttling's tokens;
 //   - each Server's concurrency limits (limit, in flight, queued, RTTs,
-//     admitted and shed by criticality, tenants and the busiest of them)
-//     and its idempotency store's health as its calls found it;
+//     admitted and shed by criticality, tenants and the busiest of them),
+//     its rate limits (key, rate, burst, keys remembered) and its
+//     idempotency store's health as its calls found it;
 //   - each channel of the resilience_endpoint policy, its endpoints with
 //     their ejection state and why;
 //   - the events: a breaker's changes of state (an opening with the failed
@@ -19,8 +22,9 @@
 //     a spent retry budget, A6 throttling, a limit's shed with the call's
 //     criticality and tenant and whether the tenant was over its fair
 //     share, CPU shedding, the headroom, the idempotency store down or
-//     full, Shutdown; a reason the view does not know, under the part
-//     "other"), one event per episode, its count growing while it goes on;
+//     full, Shutdown, a rate limit with the key it refused and the wait, a
+//     Client's rateLimit block; a reason the view does not know, under the
+//     part "other"), one event per episode, its count growing while it goes on;
 //   - "refusing now": the parts refusing calls at the moment of the view,
 //     each with its cause, which is what the page and the CLI show first.
 //
@@ -87,9 +91,10 @@
 // endpoint.Snapshots when it is asked (and every 250ms while a watcher
 // follows the events) and stamps each ejection it finds with when the
 // policy ejected the endpoint, so an ejection that begins and ends between
-// two looks shows only in the endpoint's count. Rate limits are not yet in
-// the library: the view has a part for them (PART_RATE_LIMIT) and no
-// source.
+// two looks shows only in the endpoint's count. A Client's rateLimit
+// refusals (rate_limited) reach it through the stop hook too, so only for
+// methods under a retry policy; the method's pace after a server's pushback
+// is in its row whatever its policy.
 //
 // # Concurrency
 //

@@ -65,6 +65,7 @@ type event struct {
 	method  string
 	until   time.Time // zero: none
 	fails   []failure
+	rkey    string // the key a server's rate limit refused (its episode's)
 }
 
 // episode is what makes two refusals one episode: the same part, reason,
@@ -73,13 +74,17 @@ type event struct {
 // (the event keeps the first one's): a caller choosing a new tenant name
 // for every call makes no new event, and the tenants over their share at
 // once are few (each holds a fair share of the limit).
+//
+// A server's rate limit's refusals are one episode per key (rkey: the
+// tenant, peer or scope it counts by): a key is refused only once it has
+// spent its own burst, and the part's ring bounds the events.
 type episode struct {
-	reason, method, crit, tenant string
-	over                         bool
+	reason, method, crit, tenant, rkey string
+	over                               bool
 }
 
 func (e *event) episode() episode {
-	ep := episode{reason: e.reason, method: e.method, crit: e.crit, over: e.over}
+	ep := episode{reason: e.reason, method: e.method, crit: e.crit, over: e.over, rkey: e.rkey}
 	if e.over {
 		ep.tenant = e.tenant
 	}

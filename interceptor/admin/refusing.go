@@ -33,6 +33,11 @@ func (v *View) refusing(view *adminv1.View, now time.Time) []*adminv1.Refusing {
 					Cause: fmt.Sprintf("adaptive throttling rejects %.0f%% of attempts locally: the backend accepted %.0f of %.0f in its window",
 						100*a.RejectProbability, a.Accepts, a.Requests)})
 			}
+			if rl := m.RateLimit; rl != nil && rl.PacedUntil != nil {
+				out = append(out, &adminv1.Refusing{Side: sideClient, Source: c.Name, Part: adminv1.Part_PART_RATE_LIMIT, Subject: m.FullMethod,
+					Cause: fmt.Sprintf("paced by the server's pushback: one attempt per %v, next slot at %s; %d waiting",
+						rl.Period.AsDuration(), rl.PacedUntil.AsTime().Format("15:04:05.000"), rl.Waiting)})
+			}
 		}
 	}
 	for _, ch := range view.Channels {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,7 +23,8 @@ import (
 // (server.WithOnRefusal) feeds the view's events with the calls the
 // Server's parts refused, one event per episode of refusals: the limit
 // that shed a call with its criticality and tenant, the CPU shedder, the
-// headroom, the idempotency store down or full, or failing open. It runs
+// headroom, the idempotency store down or full, or failing open, a rate
+// limit with the key it refused. It runs
 // only on the refusal path: an admitted call never reaches it. Its
 // snapshot is read from the attached Server when the view is asked.
 type ServerSource struct {
@@ -102,6 +104,9 @@ func (s *ServerSource) OnRefusal(_ context.Context, r server.Refusal) {
 		}
 	case server.RefusalShuttingDown:
 		ev.cause = "the server is shutting down (Server.Shutdown): refused a call of " + r.FullMethod
+	case server.RefusalRateLimit:
+		ev.crit, ev.tenant, ev.rkey = ep.crit, r.Tenant, r.Key
+		ev.cause = rateLimitCause(r)
 	default:
 		ev.cause = r.Reason.String() + ": refused: " + describeErr(r.Err)
 	}
@@ -133,10 +138,11 @@ func (s *ServerSource) refusalKey(r server.Refusal) (partKey, adminv1.EventKind,
 		}
 	case server.RefusalShuttingDown:
 		k = s.key(adminv1.Part_PART_SHUTDOWN, r.FullMethod)
+	case server.RefusalRateLimit:
+		k = s.key(adminv1.Part_PART_RATE_LIMIT, r.Limit)
+		ep.crit, ep.rkey = r.Criticality.String(), r.Key
 	default:
-		// A reason this view does not know yet. Rate limits (issue 34)
-		// add theirs here, as Part_PART_RATE_LIMIT with the limit's name
-		// and key as the subject.
+		// A reason this view does not know yet.
 		k = s.key(adminv1.Part_PART_UNSPECIFIED, r.FullMethod)
 	}
 	return k, kind, ep
@@ -178,6 +184,27 @@ func limitCause(r server.Refusal) string {
 		cause += fmt.Sprintf("; tenant %q, within its fair share (%d tenants share the limit)", r.Tenant, r.Tenants)
 	}
 	return cause
+}
+
+// rateLimitCause says which rate limits refused a call, for which key,
+// and how long the caller was told to wait.
+func rateLimitCause(r server.Refusal) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "over the rate limit ")
+	for i, n := range r.RateLimits {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Quote(n))
+	}
+	switch {
+	case r.Tenant != "" && r.Tenant == r.Key:
+		fmt.Fprintf(&b, " for tenant %q", cut(r.Tenant))
+	case r.Key != "":
+		fmt.Fprintf(&b, " for key %q", cut(r.Key))
+	}
+	fmt.Fprintf(&b, ": refused %s call of %s; told to retry after %v", r.Criticality, r.FullMethod, r.Wait)
+	return b.String()
 }
 
 // storeCause says what the store did.
@@ -238,6 +265,10 @@ func (s *ServerSource) snapshot(now time.Time) *adminv1.Server {
 					Admitted: l.Admitted[c], ShedLimit: l.ShedLimit[c], ShedDeadline: l.ShedDeadline[c]})
 			}
 			out.Limits = append(out.Limits, pl)
+		}
+		for _, rl := range srv.RateLimitStatuses() {
+			out.RateLimits = append(out.RateLimits, &adminv1.RateLimit{Name: rl.Name, Path: rl.Path, Key: string(rl.Key), Rate: rl.Rate,
+				Per: durationpb.New(rl.Per), Burst: int64(rl.Burst), Distributed: rl.Distributed, Keys: int64(rl.Keys), Overflowed: rl.Overflowed})
 		}
 	}
 	s.mu.Lock()

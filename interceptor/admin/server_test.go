@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,12 +11,16 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/endpoint"
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	"github.com/grpc-resilience/resilience/interceptor/server"
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	adminv1 "github.com/grpc-resilience/resilience/proto/resilience/admin/v1"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 var errStoreDown = errors.New("dial tcp 10.0.0.7:6379: connection refused")
@@ -202,5 +207,79 @@ func TestEjectionCauses(t *testing.T) {
 		if got := ejectionCause(tt.e); got != tt.want {
 			t.Errorf("ejectionCause(%s) = %q, want %q", tt.e.Cause, got, tt.want)
 		}
+	}
+}
+
+// TestServerRateLimitsAreInTheView: a real Server's per-tenant rate limit
+// refuses a tenant past its burst: the refusals are one event per tenant
+// (the part PART_RATE_LIMIT, subject the limit's name) naming the limit,
+// the tenant and the wait; "refusing now" lists it; the Server's row lists
+// the limit with its config and the keys it remembers.
+func TestServerRateLimitsAreInTheView(t *testing.T) {
+	clk := newFakeClock() // the episodes' time stands still: a stalled machine splits none
+	v := newView(t, WithNow(clk.now))
+	ss, err := v.Server("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(append(ss.Options(), server.WithLimits(server.Limits{Config: serviceconfig.ServerConfig{
+		RateLimits: []serviceconfig.RateLimit{{Name: "per-tenant", Rate: 1, Per: time.Hour, Burst: 1, Key: serviceconfig.KeyTenant}}},
+		Tenant: server.TenantFromMetadata("x-tenant")}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ss.Attach(srv)
+	cc := testserver.StartWith(t, &holdingEcho{}, []grpc.ServerOption{grpc.ChainUnaryInterceptor(srv.UnaryServerInterceptor())})
+	ec := echov1.NewEchoServiceClient(cc)
+	call := func(tenant string) error {
+		_, err := ec.Echo(metadata.AppendToOutgoingContext(context.Background(), "x-tenant", tenant), echoReq("now"))
+		return err
+	}
+	for _, tenant := range []string{"acme", "acme", "acme", "globex", "globex"} {
+		_ = call(tenant)
+	}
+	got := eventsOf(v, adminv1.Part_PART_RATE_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
+	if len(got) != 2 {
+		t.Fatalf("rate-limit events %v, want one per tenant", got)
+	}
+	e := got[0]
+	if e.GetSubject() != "per-tenant" || e.GetReason() != "rate_limit" || e.GetTenant() != "acme" || e.GetCount() != 2 ||
+		e.GetCode() != "RESOURCE_EXHAUSTED" || e.GetFullMethod() != echoMethod ||
+		!strings.HasPrefix(e.GetCause(), `over the rate limit "per-tenant" for tenant "acme": refused CRITICAL call of `+echoMethod+"; told to retry after ") {
+		t.Errorf("acme's event = %v", e)
+	}
+	if got[1].GetTenant() != "globex" || got[1].GetCount() != 1 {
+		t.Errorf("globex's event = %v", got[1])
+	}
+	view := v.Snapshot()
+	if r := refusingOf(view, adminv1.Part_PART_RATE_LIMIT); r == nil || r.GetSubject() != "per-tenant" {
+		t.Errorf("refusing now = %v, want the rate limit", view.GetRefusing())
+	}
+	rls := view.GetServers()[0].GetRateLimits()
+	if len(rls) != 1 || rls[0].GetName() != "per-tenant" || rls[0].GetKey() != "tenant" || rls[0].GetRate() != 1 ||
+		rls[0].GetPer().AsDuration() != time.Hour || rls[0].GetBurst() != 1 || rls[0].GetKeys() != 2 || rls[0].GetPath() != "rateLimits[0]" {
+		t.Errorf("rate limits = %v, want per-tenant with 2 keys", rls)
+	}
+}
+
+// TestRateLimitKeyFloodIsBounded: a rate limit refusing 2,000 distinct
+// keys makes one event per key (an episode each), but the limit's part
+// keeps at most eventsPerPart of them, the newest.
+func TestRateLimitKeyFloodIsBounded(t *testing.T) {
+	v := newView(t)
+	src, err := v.Server("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := status.Error(codes.ResourceExhausted, "over the rate limit")
+	for i := range 2000 {
+		key := "t" + strconv.Itoa(i)
+		src.OnRefusal(context.Background(), server.Refusal{FullMethod: echoMethod, Reason: server.RefusalRateLimit, Limit: "per-tenant",
+			RateLimits: []string{"per-tenant"}, Key: key, Tenant: key, Wait: time.Second, Err: refused})
+	}
+	got := eventsOf(v, adminv1.Part_PART_RATE_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
+	if len(got) != eventsPerPart || got[len(got)-1].GetTenant() != "t1999" {
+		t.Errorf("%d events kept, the newest %v; want %d, the newest t1999's", len(got), got[len(got)-1], eventsPerPart)
 	}
 }

@@ -267,9 +267,10 @@ func TestPageRendersEveryPart(t *testing.T) {
 		}}}
 	}
 	ec, _, _ := startClient(t, v, "orders", &testserver.Server{}, methodConfig(serviceconfig.MethodConfig{
-		HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * time.Millisecond},
+		HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour}, // no copy is sent: its slot would be released after the call returns
 		CircuitBreaker: &serviceconfig.CircuitBreaker{Mode: "adaptive"},
 		Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 4},
+		RateLimit:      &serviceconfig.ClientRateLimit{Rate: 1000, Burst: 100},
 	}), interceptor.WithServiceConfig(&serviceconfig.Config{RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1}}))
 	if _, err := ec.Echo(context.Background(), echoReq("x")); err != nil { // the method is listed once called
 		t.Fatal(err)
@@ -281,6 +282,20 @@ func TestPageRendersEveryPart(t *testing.T) {
 	newLimitedServer(t, ss)
 	ss.OnRefusal(context.Background(), server.Refusal{FullMethod: echoMethod, Reason: server.RefusalStoreUnavailable,
 		Err: status.Error(codes.Unavailable, "idempotency: store unavailable: connection refused")})
+	edge, err := v.Server("edge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rated, err := server.New(server.WithLimits(server.Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{
+		{Name: "per-tenant", Rate: 50, Burst: 10, Key: serviceconfig.KeyTenant}}}, Tenant: server.TenantFromMetadata("x-tenant")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rated.Close() })
+	edge.Attach(rated)
+	edge.OnRefusal(context.Background(), server.Refusal{FullMethod: echoMethod, Reason: server.RefusalRateLimit, Limit: "per-tenant",
+		RateLimits: []string{"per-tenant"}, Key: "acme", Tenant: "acme", Wait: 20 * time.Millisecond,
+		Err: status.Error(codes.ResourceExhausted, "over the rate limit")})
 	hs := httptest.NewServer(v.Handler())
 	defer hs.Close()
 	resp, err := http.Get(hs.URL + "/?refresh=5")
@@ -291,10 +306,12 @@ func TestPageRendersEveryPart(t *testing.T) {
 	resp.Body.Close()
 	page := string(b)
 	for _, want := range []string{
-		`<meta http-equiv="refresh" content="5">`, "client orders", "5ms", "rejects 0%", "0 in flight, 0 queued",
+		`<meta http-equiv="refresh" content="5">`, "client orders", "1h0m0s", "rejects 0%", "0 in flight, 0 queued",
 		"10.0 of 10 tokens", "server api", `data-limit="(server)"`, "CRITICAL: 0 / 0 / 0", `data-healthy="false"`,
 		"connection refused", "channel dns:///orders", `data-ejected="true"`, "ejected (ejection 1) after 5 failures in a row",
 		`data-part="endpoint"`, `data-part="idempotency store"`,
+		`<td class="ratelimit">0 waiting</td>`, "server edge", `data-ratelimit="per-tenant"`, "<td>50 per 1s</td>",
+		`data-part="rate limit"`, `over the rate limit &#34;per-tenant&#34; for tenant &#34;acme&#34;`,
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -57,7 +58,9 @@ type srvRates struct {
 	tenant            TenantFunc                                // nil: no limit keys by tenant
 	scope             func(ctx context.Context) (string, error) // Idempotency.Scope; nil: no limit keys by it
 	clk               clock.Clock
-	m                 *srvRateMetrics // never nil
+	all               []*srvRate                     // every limit, in document order, for RateLimitStatuses
+	m                 *srvRateMetrics                // never nil
+	onRefusal         func(context.Context, Refusal) // WithOnRefusal's hook; nil: none
 }
 
 // srvRateSet is the limits that apply to some methods.
@@ -75,6 +78,8 @@ type srvRate struct {
 	shared    quota.Limiter                      // nil for a local limit
 	violation *errdetails.QuotaFailure_Violation // its QuotaFailure entry, built once; read-only
 	sets      srvRateSets
+	cfg       serviceconfig.RateLimit // as configured, for RateLimitStatuses
+	path      string                  // where in Limits.Config, for RateLimitStatuses
 }
 
 // The key kinds as bits of srvRateSet.keys.
@@ -165,7 +170,7 @@ func newSrvRates(o *options, scope func(context.Context) (string, error), mp met
 		return nil, nil
 	}
 	rs := &srvRates{methods: map[string]*srvRateSet{}, services: map[string]*srvRateSet{}, crit: o.criticality,
-		tenant: o.rateTenant, scope: scope, clk: clock.Real, exemptSvc: rpcname.ExemptServices}
+		tenant: o.rateTenant, scope: scope, clk: clock.Real, exemptSvc: rpcname.ExemptServices, onRefusal: o.onRefusal}
 	var err error
 	if rs.m, err = newSrvRateMetrics(mp); err != nil {
 		return nil, errorf("server rate limit metrics: %v", err)
@@ -179,7 +184,8 @@ func newSrvRates(o *options, scope func(context.Context) (string, error), mp met
 			return nil, errorf("Limits.Config.%s %q keys by idempotencyScope, but the Server has no idempotency (WithIdempotency), "+
 				"whose Scope names the callers", rc.path, r.Name)
 		}
-		sr := &srvRate{name: r.Name, key: rateKeyBit(r.Key), sets: rs.m.limitSets(r.Name)}
+		sr := &srvRate{name: r.Name, key: rateKeyBit(r.Key), sets: rs.m.limitSets(r.Name), cfg: *r, path: rc.path}
+		rs.all = append(rs.all, sr)
 		if r.Distributed {
 			if sr.shared, err = o.quota.RateLimiter(*r); err != nil {
 				return nil, errorf("Limits.Quota: limit %s %q: %v", rc.path, r.Name, err)
@@ -237,6 +243,56 @@ func newSrvRates(o *options, scope func(context.Context) (string, error), mp met
 		}
 	}
 	return rs, nil
+}
+
+// RateLimitStatus is the state of one rate limit of the Server
+// (Limits.Config's rateLimits), from Server.RateLimitStatuses.
+type RateLimitStatus struct {
+	// Name is the limit's name; Path where it is in Limits.Config, such
+	// as "rateLimits[0]" or "methodConfig[1].rateLimits[0]".
+	Name, Path string
+	// Key is what the limit counts by: "shared", "tenant", "peer" or
+	// "idempotencyScope".
+	Key serviceconfig.RateLimitKey
+	// Rate calls per Per, in bursts of Burst.
+	Rate  float64
+	Per   time.Duration
+	Burst int
+	// Distributed reports that Limits.Quota shares the limit among the
+	// replicas; Keys and Overflowed are then 0 (the store counts them).
+	Distributed bool
+	// Keys is the number of keys the limit remembers now; Overflowed
+	// counts the decisions made for keys past its maxKeys.
+	Keys       int
+	Overflowed uint64
+}
+
+// RateLimitStatuses returns the state of each of the Server's rate limits,
+// in the order of Limits.Config; nil when it has none. It reads each
+// limit's counts (a lock that only a new key takes), never the call path's
+// state, and is meant for an admin view, not for every call.
+func (s *Server) RateLimitStatuses() []RateLimitStatus {
+	rs := s.rates
+	if rs == nil {
+		return nil
+	}
+	out := make([]RateLimitStatus, 0, len(rs.all))
+	for _, r := range rs.all {
+		st := RateLimitStatus{Name: r.name, Path: r.path, Key: r.cfg.Key, Rate: r.cfg.Rate, Per: r.cfg.Per, Burst: r.cfg.Burst,
+			Distributed: r.shared != nil}
+		if st.Key == "" {
+			st.Key = serviceconfig.KeyShared
+		}
+		if st.Per == 0 {
+			st.Per = time.Second
+		}
+		if r.local != nil {
+			ls := r.local.Stats()
+			st.Keys, st.Overflowed = ls.Keys, ls.Overflowed
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // lookup returns the limits of fullMethod; nil when none applies. It
@@ -363,7 +419,43 @@ func (rs *srvRates) admit(ctx context.Context, set *srvRateSet, fullMethod strin
 	}
 	rs.refundMask(set, keys, admitted, now)
 	rs.m.refused(ctx, fullMethod, crit)
-	return keys, rs.refusal(ctx, set, refused, crit, wait)
+	err = rs.refusal(ctx, set, refused, crit, wait)
+	if rs.onRefusal != nil {
+		rs.onRefusal(ctx, rs.refusalOf(set, refused, fullMethod, crit, &keys, wait, err))
+	}
+	return keys, err
+}
+
+// refusalOf is the Refusal, for WithOnRefusal, of a call of fullMethod
+// with keys that the limits of set whose bits are in refused refused, with
+// err, telling it to wait. Built on the refusal path only.
+func (rs *srvRates) refusalOf(set *srvRateSet, refused uint64, fullMethod string, crit wire.Criticality, keys *callKeys, wait time.Duration, err error) Refusal {
+	r := Refusal{FullMethod: fullMethod, Reason: RefusalRateLimit, Criticality: crit, Wait: wait, Err: err}
+	for i, l := range set.list {
+		if refused&(1<<i) == 0 {
+			continue
+		}
+		if r.RateLimits == nil {
+			r.Limit, r.Key = l.name, keys.of(l)
+			if l.key == keyBitPeer {
+				r.Key = peerText(r.Key)
+			}
+		}
+		r.RateLimits = append(r.RateLimits, l.name)
+		if l.key == keyBitTenant {
+			r.Tenant = keys.tenant
+		}
+	}
+	return r
+}
+
+// peerText is a peer key (peerKey) as text: the IP address of its 16-byte
+// form, the key as is for another kind.
+func peerText(key string) string {
+	if len(key) != 16 {
+		return key
+	}
+	return netip.AddrFrom16([16]byte([]byte(key))).Unmap().String()
 }
 
 // refund gives back the tokens of a call admit admitted, with its keys,

@@ -463,7 +463,8 @@ func TestRateLimitAdmittedCallAllocatesNothing(t *testing.T) {
 			if key == serviceconfig.KeyTenant {
 				l.Tenant = tenant
 			}
-			srv := newRateServer(t, l)
+			// With a WithOnRefusal hook: only the refusal path reaches it.
+			srv := newRateServer(t, l, WithOnRefusal(func(context.Context, Refusal) { t.Error("an admitted call reached the refusal hook") }))
 			icpt := srv.UnaryServerInterceptor()
 			info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
 			h := func(context.Context, any) (any, error) { return nil, nil }
@@ -583,5 +584,112 @@ func TestRateLimitSheddableRefusedBeforeCriticalTakesTheLastTokens(t *testing.T)
 	// Sheddable leaves half the burst above one token: (5 − 1) / 2 = 2.
 	if sheddable != 3 || critical != 2 {
 		t.Errorf("admitted: SHEDDABLE %d, then CRITICAL %d; want 3, then the 2 kept for it", sheddable, critical)
+	}
+}
+
+// TestRateLimitRefusalReachesOnRefusal: a call the rate limits refuse is
+// reported to WithOnRefusal once, as RefusalRateLimit naming every
+// refusing limit (the most specific first), the tenant, the key and the
+// wait the caller was told; an admitted call, and a limit that admitted,
+// are not reported; a refused stream is reported the same way.
+func TestRateLimitRefusalReachesOnRefusal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := rateLimits(serviceconfig.RateLimit{Name: "per-tenant", Rate: 10, Burst: 1, Key: serviceconfig.KeyTenant},
+			serviceconfig.RateLimit{Name: "roomy", Rate: 1000, Burst: 100, Key: serviceconfig.KeyShared})
+		l.Config.MethodConfig = []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService", Method: "Echo"}},
+			RateLimits: []serviceconfig.RateLimit{{Name: "echo", Rate: 10, Burst: 1, Key: serviceconfig.KeyShared}}}}
+		rs := &refusals{seen: make(chan struct{}, 1)}
+		srv := newRateServer(t, l, WithOnRefusal(rs.hook))
+		client := echov1.NewEchoServiceClient(serveEcho(t, &countEcho{}, srv))
+		if _, err := client.Echo(tenantCtx("a"), &echov1.EchoRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := rs.all(); len(got) != 0 {
+			t.Fatalf("admitted call reported: %+v", got)
+		}
+		_, err := client.Echo(tenantCtx("a"), &echov1.EchoRequest{})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("second call: %v, want RESOURCE_EXHAUSTED", err)
+		}
+		got := rs.all()
+		if len(got) != 1 {
+			t.Fatalf("hook saw %d refusals, want 1: %+v", len(got), got)
+		}
+		r := got[0]
+		if r.Reason != RefusalRateLimit || r.Reason.String() != "rate_limit" || r.FullMethod != echoMethod || r.Limit != "echo" ||
+			strings.Join(r.RateLimits, ",") != "echo,per-tenant" || r.Key != "" || r.Tenant != "a" || r.Wait != 100*time.Millisecond ||
+			status.Code(r.Err) != codes.ResourceExhausted || r.Criticality != wire.Critical {
+			t.Errorf("refusal: %+v", r)
+		}
+		st, err := client.ServerStream(tenantCtx("b"), &echov1.ServerStreamRequest{})
+		if err == nil {
+			for err == nil {
+				_, err = st.Recv()
+			}
+		}
+		if !errors.Is(err, io.EOF) {
+			t.Fatalf("tenant b's first stream: %v", err)
+		}
+		st, _ = client.ServerStream(tenantCtx("b"), &echov1.ServerStreamRequest{})
+		for err = nil; err == nil; {
+			_, err = st.Recv()
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("tenant b's second stream: %v", err)
+		}
+		got = rs.all()
+		if len(got) != 2 || got[1].Reason != RefusalRateLimit || got[1].Tenant != "b" || got[1].Key != "b" || got[1].Limit != "per-tenant" {
+			t.Errorf("stream refusal: %+v", got[len(got)-1])
+		}
+	})
+}
+
+// TestRateLimitRefusalNamesThePeerAsAnAddress: a limit keyed by peer
+// reports the caller's IP address as text, not its 16-byte key.
+func TestRateLimitRefusalNamesThePeerAsAnAddress(t *testing.T) {
+	rs := &refusals{seen: make(chan struct{}, 1)}
+	srv := newRateServer(t, Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{
+		{Name: "per-peer", Rate: 1, Per: time.Hour, Burst: 1, Key: serviceconfig.KeyPeer}}}}, WithOnRefusal(rs.hook))
+	icpt := srv.UnaryServerInterceptor()
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("192.0.2.7"), Port: 5555}})
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	info := &grpc.UnaryServerInfo{FullMethod: echoMethod}
+	for range 2 {
+		_, _ = icpt(ctx, nil, info, h)
+	}
+	if got := rs.all(); len(got) != 1 || got[0].Key != "192.0.2.7" || got[0].Limit != "per-peer" || got[0].Tenant != "" {
+		t.Errorf("refusals: %+v, want one naming 192.0.2.7", got)
+	}
+}
+
+// TestRateLimitStatusesListEveryLimit: RateLimitStatuses lists each limit
+// in document order with its config and the keys it remembers; a Server
+// without rate limits has none.
+func TestRateLimitStatusesListEveryLimit(t *testing.T) {
+	l := rateLimits(serviceconfig.RateLimit{Name: "per-tenant", Rate: 5, Burst: 2, Key: serviceconfig.KeyTenant})
+	l.Config.MethodConfig = []serviceconfig.ServerMethodConfig{{Name: []serviceconfig.Name{{Service: "resilience.echo.v1.EchoService"}},
+		RateLimits: []serviceconfig.RateLimit{{Name: "echo", Rate: 1, Per: time.Minute, Burst: 3, Key: serviceconfig.KeyShared}}}}
+	srv := newRateServer(t, l)
+	icpt := srv.UnaryServerInterceptor()
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	for _, tenant := range []string{"a", "b", "a"} {
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(rateTenantKey, tenant))
+		_, _ = icpt(ctx, nil, &grpc.UnaryServerInfo{FullMethod: echoMethod}, h)
+	}
+	got := srv.RateLimitStatuses()
+	want := []RateLimitStatus{
+		{Name: "per-tenant", Path: "rateLimits[0]", Key: serviceconfig.KeyTenant, Rate: 5, Per: time.Second, Burst: 2, Keys: 2},
+		{Name: "echo", Path: "methodConfig[0].rateLimits[0]", Key: serviceconfig.KeyShared, Rate: 1, Per: time.Minute, Burst: 3},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("RateLimitStatuses() = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("[%d] = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if st := newRateServer(t, Limits{}).RateLimitStatuses(); st != nil {
+		t.Errorf("without rate limits: %+v, want nil", st)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"github.com/grpc-resilience/resilience/interceptor/wire"
 	"github.com/grpc-resilience/resilience/internal/limit"
@@ -42,6 +43,10 @@ const (
 	// RefusalShuttingDown: the call came, or waited in a limit's queue,
 	// once Server.Shutdown had begun (UNAVAILABLE).
 	RefusalShuttingDown
+	// RefusalRateLimit: one or more of the method's rate limits
+	// (Limits.Config's rateLimits) had no token for the call
+	// (RESOURCE_EXHAUSTED with RetryInfo and QuotaFailure).
+	RefusalRateLimit
 )
 
 var refusalTokens = [...]string{
@@ -54,12 +59,13 @@ var refusalTokens = [...]string{
 	RefusalStoreFull:        "store_full",
 	RefusalStoreFailedOpen:  "store_failed_open",
 	RefusalShuttingDown:     "shutting_down",
+	RefusalRateLimit:        "rate_limit",
 }
 
 // String returns the reason's token: "limit", "queue_timeout",
 // "deadline", "cpu" (the reasons of the shed metric), "headroom",
-// "store_unavailable", "store_full", "store_failed_open" or
-// "shutting_down"; "unknown" for another value.
+// "store_unavailable", "store_full", "store_failed_open",
+// "shutting_down" or "rate_limit"; "unknown" for another value.
 func (r RefusalReason) String() string {
 	if int(r) < len(refusalTokens) && refusalTokens[r] != "" {
 		return refusalTokens[r]
@@ -77,8 +83,19 @@ type Refusal struct {
 	// Limit names the concurrency limit that refused it, as
 	// LimitStatus.Name does ("" the server's limit, CPUSheddingName the
 	// CPU-aware shedder), for RefusalLimit, RefusalQueueTimeout,
-	// RefusalDeadline and RefusalCPU.
+	// RefusalDeadline and RefusalCPU; for RefusalRateLimit, the name of
+	// the first rate limit that refused it (RateLimits names them all).
 	Limit string
+	// RateLimits names every rate limit that refused the call, in the
+	// order they apply (the most specific first), for RefusalRateLimit.
+	RateLimits []string
+	// Key is the key the first refusing rate limit counts by: the tenant,
+	// the caller's IP address or the idempotency scope; "" for a limit
+	// shared by every caller. For RefusalRateLimit.
+	Key string
+	// Wait is how long the caller is told to wait (the RetryInfo), for
+	// RefusalRateLimit.
+	Wait time.Duration
 	// Criticality is the criticality the call was judged by (after
 	// Limits.Criticality), for the limits' reasons.
 	Criticality wire.Criticality
@@ -87,7 +104,8 @@ type Refusal struct {
 	// of tenants sharing the limit at the refusal, and OverShare reports
 	// that the tenant held its fair share or more, so it was shed before
 	// the tenants under theirs. Set for RefusalLimit and
-	// RefusalQueueTimeout under tenant fairness.
+	// RefusalQueueTimeout under tenant fairness; Tenant is also set for
+	// RefusalRateLimit when a refusing rate limit counts by tenant.
 	Tenant    string
 	Tenants   int
 	OverShare bool
@@ -98,7 +116,7 @@ type Refusal struct {
 
 // WithOnRefusal calls f for every call that a part of the Server refuses
 // (its concurrency limit, the CPU-aware shedder, the deadline headroom, the
-// idempotency store failing or full, Shutdown), and for every call run
+// idempotency store failing or full, Shutdown, its rate limits), and for every call run
 // without idempotency because the store failed open, synchronously on the
 // call's goroutine before its status returns. f must not block: it runs on
 // the refusal path, which overload makes busy. Calls that are admitted

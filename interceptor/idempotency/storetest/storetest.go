@@ -206,14 +206,17 @@ func (s *Suite) TestOnlyOwnerCompletesOrReleases() {
 }
 
 // TestLeaseEnds checks that a claim holds its key for its lease and no
-// longer.
+// longer. The lease is a minute, so that a store on real time (Redis's
+// TTLs, moved by Advance) keeps the key while a busy machine runs the test:
+// with a lease of 1 s, half of it advanced, a scheduling delay of half a
+// second freed the key early.
 func (s *Suite) TestLeaseEnds() {
-	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
-	s.advance(500 * time.Millisecond)
-	s.claimState(key("k"), fpA, time.Second, idempotency.InProgress)
-	s.advance(600 * time.Millisecond)
+	s.claimState(key("k"), fpA, time.Minute, idempotency.Owned)
+	s.advance(30 * time.Second)
+	s.claimState(key("k"), fpA, time.Minute, idempotency.InProgress)
+	s.advance(31 * time.Second)
 	// The crashed owner's lease has ended: the key is free, for any request.
-	s.claimState(key("k"), fpB, time.Second, idempotency.Owned)
+	s.claimState(key("k"), fpB, time.Minute, idempotency.Owned)
 }
 
 // TestCompleteAfterLeaseEndsStoresWhenAbsent checks that an owner whose
@@ -244,21 +247,22 @@ func (s *Suite) TestCompleteAfterAnotherClaimIsNotOwner() {
 }
 
 // TestRenewExtendsTheLease checks that Renew extends the owner's lease from
-// the time of the renewal.
+// the time of the renewal (a lease of a minute, for stores on real time:
+// see TestLeaseEnds).
 func (s *Suite) TestRenewExtendsTheLease() {
 	ctx := context.Background()
-	c := s.claim(key("k"), fpA, time.Second)
+	c := s.claim(key("k"), fpA, time.Minute)
 	for range 3 {
-		s.advance(700 * time.Millisecond)
-		s.Require().NoError(s.store().Renew(ctx, key("k"), c.Token, time.Second), "Renew()")
+		s.advance(42 * time.Second)
+		s.Require().NoError(s.store().Renew(ctx, key("k"), c.Token, time.Minute), "Renew()")
 	}
-	// 2.1 s after a claim of 1 s: held, thanks to the renewals.
-	got := s.claim(key("k"), fpA, time.Second)
+	// 126 s after a claim of a minute: held, thanks to the renewals.
+	got := s.claim(key("k"), fpA, time.Minute)
 	s.Require().Equal(idempotency.InProgress, got.State)
 	s.Greater(got.RetryAfter, time.Duration(0), "RetryAfter: want the renewed lease's rest")
-	s.LessOrEqual(got.RetryAfter, time.Second, "RetryAfter: want the renewed lease's rest")
-	s.advance(1100 * time.Millisecond)
-	s.claimState(key("k"), fpA, time.Second, idempotency.Owned)
+	s.LessOrEqual(got.RetryAfter, time.Minute, "RetryAfter: want the renewed lease's rest")
+	s.advance(66 * time.Second)
+	s.claimState(key("k"), fpA, time.Minute, idempotency.Owned)
 }
 
 // TestOnlyOwnerRenews checks that Renew with a wrong token, of an absent

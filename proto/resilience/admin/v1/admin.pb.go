@@ -181,8 +181,9 @@ const (
 	Part_PART_HEADROOM Part = 9
 	// PART_IDEMPOTENCY_STORE is a Server's idempotency store.
 	Part_PART_IDEMPOTENCY_STORE Part = 10
-	// PART_RATE_LIMIT is a rate limit (reserved: rate limits are not yet in
-	// the library).
+	// PART_RATE_LIMIT is a rate limit: a Server's (the subject is the limit's
+	// name, with its key when it has one) or a Client method's rateLimit
+	// block (the subject is the method).
 	Part_PART_RATE_LIMIT Part = 11
 	// PART_ADMIN is the admin view itself: its write actions.
 	Part_PART_ADMIN Part = 12
@@ -1030,7 +1031,9 @@ type Method struct {
 	PolicySource string `protobuf:"bytes,7,opt,name=policy_source,json=policySource,proto3" json:"policy_source,omitempty"`
 	// policy is that entry in service-config JSON form, cut to 1024 bytes;
 	// "" when none applies or the entry has no document form.
-	Policy        string `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy string `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
+	// rate_limit is its rateLimit block at work; unset when it has none.
+	RateLimit     *ClientRateLimit `protobuf:"bytes,9,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1121,6 +1124,79 @@ func (x *Method) GetPolicy() string {
 	return ""
 }
 
+func (x *Method) GetRateLimit() *ClientRateLimit {
+	if x != nil {
+		return x.RateLimit
+	}
+	return nil
+}
+
+// ClientRateLimit is a snapshot of a Client method's rateLimit block.
+type ClientRateLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// waiting is the attempts waiting for their token or slot.
+	Waiting int64 `protobuf:"varint,1,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// paced_until is when the next slot of the method's pace is free while a
+	// server's pushback is in force; unset when none is.
+	PacedUntil *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=paced_until,json=pacedUntil,proto3" json:"paced_until,omitempty"`
+	// period is the server's last wait (capped), by which the attempts are
+	// spaced while the pushback is in force; unset when none is.
+	Period        *durationpb.Duration `protobuf:"bytes,3,opt,name=period,proto3" json:"period,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClientRateLimit) Reset() {
+	*x = ClientRateLimit{}
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientRateLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientRateLimit) ProtoMessage() {}
+
+func (x *ClientRateLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientRateLimit.ProtoReflect.Descriptor instead.
+func (*ClientRateLimit) Descriptor() ([]byte, []int) {
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ClientRateLimit) GetWaiting() int64 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *ClientRateLimit) GetPacedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PacedUntil
+	}
+	return nil
+}
+
+func (x *ClientRateLimit) GetPeriod() *durationpb.Duration {
+	if x != nil {
+		return x.Period
+	}
+	return nil
+}
+
 // Breaker is a snapshot of a circuit breaker.
 type Breaker struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1147,7 +1223,7 @@ type Breaker struct {
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1235,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1248,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Breaker) GetState() BreakerState {
@@ -1247,7 +1323,7 @@ type Adaptive struct {
 
 func (x *Adaptive) Reset() {
 	*x = Adaptive{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1335,7 @@ func (x *Adaptive) String() string {
 func (*Adaptive) ProtoMessage() {}
 
 func (x *Adaptive) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1348,7 @@ func (x *Adaptive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Adaptive.ProtoReflect.Descriptor instead.
 func (*Adaptive) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Adaptive) GetRequests() float64 {
@@ -1309,7 +1385,7 @@ type Bulkhead struct {
 
 func (x *Bulkhead) Reset() {
 	*x = Bulkhead{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1397,7 @@ func (x *Bulkhead) String() string {
 func (*Bulkhead) ProtoMessage() {}
 
 func (x *Bulkhead) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1410,7 @@ func (x *Bulkhead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bulkhead.ProtoReflect.Descriptor instead.
 func (*Bulkhead) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Bulkhead) GetInFlight() int64 {
@@ -1362,7 +1438,7 @@ type RetryBudget struct {
 
 func (x *RetryBudget) Reset() {
 	*x = RetryBudget{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1450,7 @@ func (x *RetryBudget) String() string {
 func (*RetryBudget) ProtoMessage() {}
 
 func (x *RetryBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1463,7 @@ func (x *RetryBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryBudget.ProtoReflect.Descriptor instead.
 func (*RetryBudget) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RetryBudget) GetAvailable() float64 {
@@ -1411,7 +1487,7 @@ type RetryThrottling struct {
 
 func (x *RetryThrottling) Reset() {
 	*x = RetryThrottling{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1499,7 @@ func (x *RetryThrottling) String() string {
 func (*RetryThrottling) ProtoMessage() {}
 
 func (x *RetryThrottling) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1512,7 @@ func (x *RetryThrottling) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryThrottling.ProtoReflect.Descriptor instead.
 func (*RetryThrottling) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RetryThrottling) GetTokens() float64 {
@@ -1468,7 +1544,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1556,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1569,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Failure) GetTime() *timestamppb.Timestamp {
@@ -1527,14 +1603,16 @@ type Server struct {
 	Limits []*Limit `protobuf:"bytes,2,rep,name=limits,proto3" json:"limits,omitempty"`
 	// store is its idempotency store's health; unset when it has none
 	// registered.
-	Store         *Store `protobuf:"bytes,3,opt,name=store,proto3" json:"store,omitempty"`
+	Store *Store `protobuf:"bytes,3,opt,name=store,proto3" json:"store,omitempty"`
+	// rate_limits are its rate limits, in the order of its config.
+	RateLimits    []*RateLimit `protobuf:"bytes,4,rep,name=rate_limits,json=rateLimits,proto3" json:"rate_limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Server) Reset() {
 	*x = Server{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1624,7 @@ func (x *Server) String() string {
 func (*Server) ProtoMessage() {}
 
 func (x *Server) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1637,7 @@ func (x *Server) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Server.ProtoReflect.Descriptor instead.
 func (*Server) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Server) GetName() string {
@@ -1581,6 +1659,134 @@ func (x *Server) GetStore() *Store {
 		return x.Store
 	}
 	return nil
+}
+
+func (x *Server) GetRateLimits() []*RateLimit {
+	if x != nil {
+		return x.RateLimits
+	}
+	return nil
+}
+
+// RateLimit is one of a Server's rate limits.
+type RateLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the limit's name; path where it is in the config, such as
+	// "methodConfig[1].rateLimits[0]".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// path: see name.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// key is what it counts by: "shared", "tenant", "peer" or
+	// "idempotencyScope".
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// rate calls per per, in bursts of burst.
+	Rate float64 `protobuf:"fixed64,4,opt,name=rate,proto3" json:"rate,omitempty"`
+	// per: see rate.
+	Per *durationpb.Duration `protobuf:"bytes,5,opt,name=per,proto3" json:"per,omitempty"`
+	// burst: see rate.
+	Burst int64 `protobuf:"varint,6,opt,name=burst,proto3" json:"burst,omitempty"`
+	// distributed reports that a store shares the limit among the replicas;
+	// keys and overflowed are then 0.
+	Distributed bool `protobuf:"varint,7,opt,name=distributed,proto3" json:"distributed,omitempty"`
+	// keys is the number of keys the limit remembers.
+	Keys int64 `protobuf:"varint,8,opt,name=keys,proto3" json:"keys,omitempty"`
+	// overflowed counts the decisions made for keys past its maxKeys.
+	Overflowed    uint64 `protobuf:"varint,9,opt,name=overflowed,proto3" json:"overflowed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateLimit) Reset() {
+	*x = RateLimit{}
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateLimit) ProtoMessage() {}
+
+func (x *RateLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateLimit.ProtoReflect.Descriptor instead.
+func (*RateLimit) Descriptor() ([]byte, []int) {
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RateLimit) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RateLimit) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *RateLimit) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RateLimit) GetRate() float64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
+func (x *RateLimit) GetPer() *durationpb.Duration {
+	if x != nil {
+		return x.Per
+	}
+	return nil
+}
+
+func (x *RateLimit) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *RateLimit) GetDistributed() bool {
+	if x != nil {
+		return x.Distributed
+	}
+	return false
+}
+
+func (x *RateLimit) GetKeys() int64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *RateLimit) GetOverflowed() uint64 {
+	if x != nil {
+		return x.Overflowed
+	}
+	return 0
 }
 
 // Limit is a snapshot of one concurrency limit.
@@ -1612,7 +1818,7 @@ type Limit struct {
 
 func (x *Limit) Reset() {
 	*x = Limit{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1830,7 @@ func (x *Limit) String() string {
 func (*Limit) ProtoMessage() {}
 
 func (x *Limit) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1843,7 @@ func (x *Limit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limit.ProtoReflect.Descriptor instead.
 func (*Limit) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Limit) GetName() string {
@@ -1722,7 +1928,7 @@ type TenantLoad struct {
 
 func (x *TenantLoad) Reset() {
 	*x = TenantLoad{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1734,7 +1940,7 @@ func (x *TenantLoad) String() string {
 func (*TenantLoad) ProtoMessage() {}
 
 func (x *TenantLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1747,7 +1953,7 @@ func (x *TenantLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantLoad.ProtoReflect.Descriptor instead.
 func (*TenantLoad) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TenantLoad) GetTenant() string {
@@ -1796,7 +2002,7 @@ type CriticalityCounts struct {
 
 func (x *CriticalityCounts) Reset() {
 	*x = CriticalityCounts{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +2014,7 @@ func (x *CriticalityCounts) String() string {
 func (*CriticalityCounts) ProtoMessage() {}
 
 func (x *CriticalityCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +2027,7 @@ func (x *CriticalityCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CriticalityCounts.ProtoReflect.Descriptor instead.
 func (*CriticalityCounts) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CriticalityCounts) GetCriticality() string {
@@ -1874,7 +2080,7 @@ type Store struct {
 
 func (x *Store) Reset() {
 	*x = Store{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2092,7 @@ func (x *Store) String() string {
 func (*Store) ProtoMessage() {}
 
 func (x *Store) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2105,7 @@ func (x *Store) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Store.ProtoReflect.Descriptor instead.
 func (*Store) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Store) GetHealthy() bool {
@@ -1966,7 +2172,7 @@ type Channel struct {
 
 func (x *Channel) Reset() {
 	*x = Channel{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2184,7 @@ func (x *Channel) String() string {
 func (*Channel) ProtoMessage() {}
 
 func (x *Channel) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2197,7 @@ func (x *Channel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Channel.ProtoReflect.Descriptor instead.
 func (*Channel) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Channel) GetTarget() string {
@@ -2095,7 +2301,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2107,7 +2313,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2120,7 +2326,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -2288,7 +2494,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2506,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_resilience_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_resilience_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2519,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_resilience_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Event) GetSequence() uint64 {
@@ -2510,7 +2716,7 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\amethods\x18\x02 \x03(\v2\x1b.resilience.admin.v1.MethodR\amethods\x12C\n" +
 	"\fretry_budget\x18\x03 \x01(\v2 .resilience.admin.v1.RetryBudgetR\vretryBudget\x12O\n" +
-	"\x10retry_throttling\x18\x04 \x01(\v2$.resilience.admin.v1.RetryThrottlingR\x0fretryThrottling\"\x9b\x03\n" +
+	"\x10retry_throttling\x18\x04 \x01(\v2$.resilience.admin.v1.RetryThrottlingR\x0fretryThrottling\"\xe0\x03\n" +
 	"\x06Method\x12\x1f\n" +
 	"\vfull_method\x18\x01 \x01(\tR\n" +
 	"fullMethod\x126\n" +
@@ -2520,7 +2726,14 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\rhedging_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\fhedgingDelay\x12E\n" +
 	"\x0frecent_failures\x18\x06 \x03(\v2\x1c.resilience.admin.v1.FailureR\x0erecentFailures\x12#\n" +
 	"\rpolicy_source\x18\a \x01(\tR\fpolicySource\x12\x16\n" +
-	"\x06policy\x18\b \x01(\tR\x06policy\"\xaf\x02\n" +
+	"\x06policy\x18\b \x01(\tR\x06policy\x12C\n" +
+	"\n" +
+	"rate_limit\x18\t \x01(\v2$.resilience.admin.v1.ClientRateLimitR\trateLimit\"\x9b\x01\n" +
+	"\x0fClientRateLimit\x12\x18\n" +
+	"\awaiting\x18\x01 \x01(\x03R\awaiting\x12;\n" +
+	"\vpaced_until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"pacedUntil\x121\n" +
+	"\x06period\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06period\"\xaf\x02\n" +
 	"\aBreaker\x127\n" +
 	"\x05state\x18\x01 \x01(\x0e2!.resilience.admin.v1.BreakerStateR\x05state\x12\x14\n" +
 	"\x05calls\x18\x02 \x01(\x03R\x05calls\x12\x1a\n" +
@@ -2548,11 +2761,25 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\aFailure\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\x82\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xc3\x01\n" +
 	"\x06Server\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06limits\x18\x02 \x03(\v2\x1a.resilience.admin.v1.LimitR\x06limits\x120\n" +
-	"\x05store\x18\x03 \x01(\v2\x1a.resilience.admin.v1.StoreR\x05store\"\x8d\x03\n" +
+	"\x05store\x18\x03 \x01(\v2\x1a.resilience.admin.v1.StoreR\x05store\x12?\n" +
+	"\vrate_limits\x18\x04 \x03(\v2\x1e.resilience.admin.v1.RateLimitR\n" +
+	"rateLimits\"\xf2\x01\n" +
+	"\tRateLimit\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x12\n" +
+	"\x04rate\x18\x04 \x01(\x01R\x04rate\x12+\n" +
+	"\x03per\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03per\x12\x14\n" +
+	"\x05burst\x18\x06 \x01(\x03R\x05burst\x12 \n" +
+	"\vdistributed\x18\a \x01(\bR\vdistributed\x12\x12\n" +
+	"\x04keys\x18\b \x01(\x03R\x04keys\x12\x1e\n" +
+	"\n" +
+	"overflowed\x18\t \x01(\x04R\n" +
+	"overflowed\"\x8d\x03\n" +
 	"\x05Limit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1b\n" +
@@ -2692,7 +2919,7 @@ func file_resilience_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_resilience_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_resilience_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_resilience_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_resilience_admin_v1_admin_proto_goTypes = []any{
 	(BreakerAction)(0),             // 0: resilience.admin.v1.BreakerAction
 	(BreakerState)(0),              // 1: resilience.admin.v1.BreakerState
@@ -2710,77 +2937,84 @@ var file_resilience_admin_v1_admin_proto_goTypes = []any{
 	(*Refusing)(nil),               // 13: resilience.admin.v1.Refusing
 	(*Client)(nil),                 // 14: resilience.admin.v1.Client
 	(*Method)(nil),                 // 15: resilience.admin.v1.Method
-	(*Breaker)(nil),                // 16: resilience.admin.v1.Breaker
-	(*Adaptive)(nil),               // 17: resilience.admin.v1.Adaptive
-	(*Bulkhead)(nil),               // 18: resilience.admin.v1.Bulkhead
-	(*RetryBudget)(nil),            // 19: resilience.admin.v1.RetryBudget
-	(*RetryThrottling)(nil),        // 20: resilience.admin.v1.RetryThrottling
-	(*Failure)(nil),                // 21: resilience.admin.v1.Failure
-	(*Server)(nil),                 // 22: resilience.admin.v1.Server
-	(*Limit)(nil),                  // 23: resilience.admin.v1.Limit
-	(*TenantLoad)(nil),             // 24: resilience.admin.v1.TenantLoad
-	(*CriticalityCounts)(nil),      // 25: resilience.admin.v1.CriticalityCounts
-	(*Store)(nil),                  // 26: resilience.admin.v1.Store
-	(*Channel)(nil),                // 27: resilience.admin.v1.Channel
-	(*Endpoint)(nil),               // 28: resilience.admin.v1.Endpoint
-	(*Event)(nil),                  // 29: resilience.admin.v1.Event
-	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 31: google.protobuf.Duration
+	(*ClientRateLimit)(nil),        // 16: resilience.admin.v1.ClientRateLimit
+	(*Breaker)(nil),                // 17: resilience.admin.v1.Breaker
+	(*Adaptive)(nil),               // 18: resilience.admin.v1.Adaptive
+	(*Bulkhead)(nil),               // 19: resilience.admin.v1.Bulkhead
+	(*RetryBudget)(nil),            // 20: resilience.admin.v1.RetryBudget
+	(*RetryThrottling)(nil),        // 21: resilience.admin.v1.RetryThrottling
+	(*Failure)(nil),                // 22: resilience.admin.v1.Failure
+	(*Server)(nil),                 // 23: resilience.admin.v1.Server
+	(*RateLimit)(nil),              // 24: resilience.admin.v1.RateLimit
+	(*Limit)(nil),                  // 25: resilience.admin.v1.Limit
+	(*TenantLoad)(nil),             // 26: resilience.admin.v1.TenantLoad
+	(*CriticalityCounts)(nil),      // 27: resilience.admin.v1.CriticalityCounts
+	(*Store)(nil),                  // 28: resilience.admin.v1.Store
+	(*Channel)(nil),                // 29: resilience.admin.v1.Channel
+	(*Endpoint)(nil),               // 30: resilience.admin.v1.Endpoint
+	(*Event)(nil),                  // 31: resilience.admin.v1.Event
+	(*timestamppb.Timestamp)(nil),  // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 33: google.protobuf.Duration
 }
 var file_resilience_admin_v1_admin_proto_depIdxs = []int32{
 	12, // 0: resilience.admin.v1.GetViewResponse.view:type_name -> resilience.admin.v1.View
-	29, // 1: resilience.admin.v1.ListEventsResponse.events:type_name -> resilience.admin.v1.Event
-	29, // 2: resilience.admin.v1.WatchEventsResponse.event:type_name -> resilience.admin.v1.Event
+	31, // 1: resilience.admin.v1.ListEventsResponse.events:type_name -> resilience.admin.v1.Event
+	31, // 2: resilience.admin.v1.WatchEventsResponse.event:type_name -> resilience.admin.v1.Event
 	0,  // 3: resilience.admin.v1.ControlBreakerRequest.action:type_name -> resilience.admin.v1.BreakerAction
-	16, // 4: resilience.admin.v1.ControlBreakerResponse.breaker:type_name -> resilience.admin.v1.Breaker
-	30, // 5: resilience.admin.v1.View.time:type_name -> google.protobuf.Timestamp
+	17, // 4: resilience.admin.v1.ControlBreakerResponse.breaker:type_name -> resilience.admin.v1.Breaker
+	32, // 5: resilience.admin.v1.View.time:type_name -> google.protobuf.Timestamp
 	14, // 6: resilience.admin.v1.View.clients:type_name -> resilience.admin.v1.Client
-	22, // 7: resilience.admin.v1.View.servers:type_name -> resilience.admin.v1.Server
-	27, // 8: resilience.admin.v1.View.channels:type_name -> resilience.admin.v1.Channel
+	23, // 7: resilience.admin.v1.View.servers:type_name -> resilience.admin.v1.Server
+	29, // 8: resilience.admin.v1.View.channels:type_name -> resilience.admin.v1.Channel
 	13, // 9: resilience.admin.v1.View.refusing:type_name -> resilience.admin.v1.Refusing
 	2,  // 10: resilience.admin.v1.Refusing.part:type_name -> resilience.admin.v1.Part
-	30, // 11: resilience.admin.v1.Refusing.since:type_name -> google.protobuf.Timestamp
+	32, // 11: resilience.admin.v1.Refusing.since:type_name -> google.protobuf.Timestamp
 	15, // 12: resilience.admin.v1.Client.methods:type_name -> resilience.admin.v1.Method
-	19, // 13: resilience.admin.v1.Client.retry_budget:type_name -> resilience.admin.v1.RetryBudget
-	20, // 14: resilience.admin.v1.Client.retry_throttling:type_name -> resilience.admin.v1.RetryThrottling
-	16, // 15: resilience.admin.v1.Method.breaker:type_name -> resilience.admin.v1.Breaker
-	17, // 16: resilience.admin.v1.Method.adaptive:type_name -> resilience.admin.v1.Adaptive
-	18, // 17: resilience.admin.v1.Method.bulkhead:type_name -> resilience.admin.v1.Bulkhead
-	31, // 18: resilience.admin.v1.Method.hedging_delay:type_name -> google.protobuf.Duration
-	21, // 19: resilience.admin.v1.Method.recent_failures:type_name -> resilience.admin.v1.Failure
-	1,  // 20: resilience.admin.v1.Breaker.state:type_name -> resilience.admin.v1.BreakerState
-	30, // 21: resilience.admin.v1.Breaker.open_until:type_name -> google.protobuf.Timestamp
-	30, // 22: resilience.admin.v1.Failure.time:type_name -> google.protobuf.Timestamp
-	23, // 23: resilience.admin.v1.Server.limits:type_name -> resilience.admin.v1.Limit
-	26, // 24: resilience.admin.v1.Server.store:type_name -> resilience.admin.v1.Store
-	31, // 25: resilience.admin.v1.Limit.base_rtt:type_name -> google.protobuf.Duration
-	31, // 26: resilience.admin.v1.Limit.smoothed_rtt:type_name -> google.protobuf.Duration
-	25, // 27: resilience.admin.v1.Limit.by_criticality:type_name -> resilience.admin.v1.CriticalityCounts
-	24, // 28: resilience.admin.v1.Limit.busiest_tenants:type_name -> resilience.admin.v1.TenantLoad
-	30, // 29: resilience.admin.v1.Store.last_failure_time:type_name -> google.protobuf.Timestamp
-	28, // 30: resilience.admin.v1.Channel.endpoints:type_name -> resilience.admin.v1.Endpoint
-	30, // 31: resilience.admin.v1.Endpoint.ejected_until:type_name -> google.protobuf.Timestamp
-	30, // 32: resilience.admin.v1.Endpoint.ejected_since:type_name -> google.protobuf.Timestamp
-	31, // 33: resilience.admin.v1.Endpoint.latency:type_name -> google.protobuf.Duration
-	30, // 34: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 35: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
-	3,  // 36: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
-	30, // 37: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
-	21, // 38: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
-	30, // 39: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
-	4,  // 40: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
-	6,  // 41: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
-	8,  // 42: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
-	10, // 43: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
-	5,  // 44: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
-	7,  // 45: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
-	9,  // 46: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
-	11, // 47: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
-	44, // [44:48] is the sub-list for method output_type
-	40, // [40:44] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	20, // 13: resilience.admin.v1.Client.retry_budget:type_name -> resilience.admin.v1.RetryBudget
+	21, // 14: resilience.admin.v1.Client.retry_throttling:type_name -> resilience.admin.v1.RetryThrottling
+	17, // 15: resilience.admin.v1.Method.breaker:type_name -> resilience.admin.v1.Breaker
+	18, // 16: resilience.admin.v1.Method.adaptive:type_name -> resilience.admin.v1.Adaptive
+	19, // 17: resilience.admin.v1.Method.bulkhead:type_name -> resilience.admin.v1.Bulkhead
+	33, // 18: resilience.admin.v1.Method.hedging_delay:type_name -> google.protobuf.Duration
+	22, // 19: resilience.admin.v1.Method.recent_failures:type_name -> resilience.admin.v1.Failure
+	16, // 20: resilience.admin.v1.Method.rate_limit:type_name -> resilience.admin.v1.ClientRateLimit
+	32, // 21: resilience.admin.v1.ClientRateLimit.paced_until:type_name -> google.protobuf.Timestamp
+	33, // 22: resilience.admin.v1.ClientRateLimit.period:type_name -> google.protobuf.Duration
+	1,  // 23: resilience.admin.v1.Breaker.state:type_name -> resilience.admin.v1.BreakerState
+	32, // 24: resilience.admin.v1.Breaker.open_until:type_name -> google.protobuf.Timestamp
+	32, // 25: resilience.admin.v1.Failure.time:type_name -> google.protobuf.Timestamp
+	25, // 26: resilience.admin.v1.Server.limits:type_name -> resilience.admin.v1.Limit
+	28, // 27: resilience.admin.v1.Server.store:type_name -> resilience.admin.v1.Store
+	24, // 28: resilience.admin.v1.Server.rate_limits:type_name -> resilience.admin.v1.RateLimit
+	33, // 29: resilience.admin.v1.RateLimit.per:type_name -> google.protobuf.Duration
+	33, // 30: resilience.admin.v1.Limit.base_rtt:type_name -> google.protobuf.Duration
+	33, // 31: resilience.admin.v1.Limit.smoothed_rtt:type_name -> google.protobuf.Duration
+	27, // 32: resilience.admin.v1.Limit.by_criticality:type_name -> resilience.admin.v1.CriticalityCounts
+	26, // 33: resilience.admin.v1.Limit.busiest_tenants:type_name -> resilience.admin.v1.TenantLoad
+	32, // 34: resilience.admin.v1.Store.last_failure_time:type_name -> google.protobuf.Timestamp
+	30, // 35: resilience.admin.v1.Channel.endpoints:type_name -> resilience.admin.v1.Endpoint
+	32, // 36: resilience.admin.v1.Endpoint.ejected_until:type_name -> google.protobuf.Timestamp
+	32, // 37: resilience.admin.v1.Endpoint.ejected_since:type_name -> google.protobuf.Timestamp
+	33, // 38: resilience.admin.v1.Endpoint.latency:type_name -> google.protobuf.Duration
+	32, // 39: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 40: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
+	3,  // 41: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
+	32, // 42: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
+	22, // 43: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
+	32, // 44: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
+	4,  // 45: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
+	6,  // 46: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
+	8,  // 47: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
+	10, // 48: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
+	5,  // 49: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
+	7,  // 50: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
+	9,  // 51: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
+	11, // 52: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
+	49, // [49:53] is the sub-list for method output_type
+	45, // [45:49] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_resilience_admin_v1_admin_proto_init() }
@@ -2795,7 +3029,7 @@ func file_resilience_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_resilience_admin_v1_admin_proto_rawDesc), len(file_resilience_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
