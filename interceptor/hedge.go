@@ -776,6 +776,9 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
 	if res.refused { // never sent: queue gave its breaker token back
+		if q := j.mp.g.rate; q != nil {
+			q.giveBack(time.Now(), false) // its token and slot at the gate, as admit's refusal past the gate does
+		}
 		j.refund(cp.tok)
 		return
 	}

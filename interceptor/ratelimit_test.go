@@ -593,3 +593,44 @@ func TestRateLimitStreamPacedByTrailer(t *testing.T) {
 		}
 	})
 }
+
+// TestRateLimitHedgeCopyRefusedInTheQueueGivesItsTokenBack pins the
+// release on the hedged path: a copy that took its token at the gate and
+// then waited in the bulkhead's queue, but was never sent (the queue's
+// wait ended, or a sibling's answer ended the copies while it queued),
+// gives its token back, as a plain attempt refused past the gate does.
+// Before, it kept it: with a burst of 2, the next call was refused by the
+// client's own rate though the server had seen one attempt.
+func TestRateLimitHedgeCopyRefusedInTheQueueGivesItsTokenBack(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		queueWait time.Duration
+	}{
+		{"queue wait ends", 20 * time.Millisecond},
+		{"sibling answers", time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: 50 * time.Millisecond} })
+				c := newTestClient(t, WithMethodConfig(serviceconfig.MethodConfig{
+					Name:          []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+					RateLimit:     &serviceconfig.ClientRateLimit{Rate: 1, Per: time.Hour, Burst: 2},
+					HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 10 * time.Millisecond},
+					Bulkhead:      &serviceconfig.Bulkhead{MaxConcurrent: 1, MaxQueue: 1, MaxQueueWait: tc.queueWait},
+				}))
+				stub := echov1.NewEchoServiceClient(testserver.Start(t, srv, c.DialOptions()...))
+				if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+					t.Fatalf("hedged Echo = %v", err)
+				}
+				synctest.Wait() // the queued copy has settled
+				if n := srv.Count("Echo"); n != 1 {
+					t.Fatalf("the server saw %d copies, want 1 (the second never left the queue)", n)
+				}
+				if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); err != nil {
+					t.Fatalf("the next call = %v, want admitted on the token the unsent copy gave back", err)
+				}
+			})
+		})
+	}
+}

@@ -119,10 +119,17 @@ func (s *Server) admit(caller, hctx context.Context, fullMethod string) (srvPass
 	if err != nil {
 		return srvPass{}, err
 	}
+	// Shed past the rate limits, or a panic there (a user's
+	// CriticalityFunc or TenantFunc): the call does not run, and its
+	// tokens go back, once.
+	refund := true
+	defer func() {
+		if refund {
+			rs.refund(set, keys)
+		}
+	}()
 	p, err := s.admitConcurrency(caller, hctx, fullMethod)
-	if err != nil { // shed past the rate limits: the call does not run, and its tokens go back
-		rs.refund(set, keys)
-	}
+	refund = err != nil
 	return p, err
 }
 

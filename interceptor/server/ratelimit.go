@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -360,17 +361,26 @@ func (rs *srvRates) keysOf(ctx context.Context, set *srvRateSet) (callKeys, erro
 	return k, nil
 }
 
-// peerKey is the caller's IP address (its 16-byte form, without the port
-// or zone) for a TCP peer, the address's text for another kind, and ""
-// without a peer.
+// peerKey is the caller's IP address for a TCP peer: its bytes, in the
+// 4-byte form for an IPv4 address (mapped into IPv6 or not), without the
+// port or zone; the address's text for another kind; "" without a peer.
+// A TCP peer's key aliases its Addr's IP, which grpc never changes once
+// the connection is accepted (a Limiter copies the keys it keeps), so that
+// a call allocates nothing for it.
 func peerKey(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return ""
 	}
 	if a, ok := p.Addr.(*net.TCPAddr); ok {
-		b := a.AddrPort().Addr().Unmap().As16()
-		return string(b[:])
+		ip := a.IP
+		if v4 := ip.To4(); v4 != nil {
+			ip = v4 // a slice of ip: no copy
+		}
+		if len(ip) == net.IPv4len || len(ip) == net.IPv6len {
+			return unsafe.String(&ip[0], len(ip))
+		}
+		return "" // no IP: one key for every such peer, as for no peer
 	}
 	return p.Addr.String()
 }
@@ -421,7 +431,7 @@ func (rs *srvRates) admit(ctx context.Context, set *srvRateSet, fullMethod strin
 	rs.m.refused(ctx, fullMethod, crit)
 	err = rs.refusal(ctx, set, refused, crit, wait)
 	if rs.onRefusal != nil {
-		rs.onRefusal(ctx, rs.refusalOf(set, refused, fullMethod, crit, &keys, wait, err))
+		rs.onRefusal(ctx, rs.refusalOf(ctx, set, refused, fullMethod, crit, &keys, wait, err))
 	}
 	return keys, err
 }
@@ -429,7 +439,7 @@ func (rs *srvRates) admit(ctx context.Context, set *srvRateSet, fullMethod strin
 // refusalOf is the Refusal, for WithOnRefusal, of a call of fullMethod
 // with keys that the limits of set whose bits are in refused refused, with
 // err, telling it to wait. Built on the refusal path only.
-func (rs *srvRates) refusalOf(set *srvRateSet, refused uint64, fullMethod string, crit wire.Criticality, keys *callKeys, wait time.Duration, err error) Refusal {
+func (rs *srvRates) refusalOf(ctx context.Context, set *srvRateSet, refused uint64, fullMethod string, crit wire.Criticality, keys *callKeys, wait time.Duration, err error) Refusal {
 	r := Refusal{FullMethod: fullMethod, Reason: RefusalRateLimit, Criticality: crit, Wait: wait, Err: err}
 	for i, l := range set.list {
 		if refused&(1<<i) == 0 {
@@ -438,7 +448,7 @@ func (rs *srvRates) refusalOf(set *srvRateSet, refused uint64, fullMethod string
 		if r.RateLimits == nil {
 			r.Limit, r.Key = l.name, keys.of(l)
 			if l.key == keyBitPeer {
-				r.Key = peerText(r.Key)
+				r.Key = peerText(ctx)
 			}
 		}
 		r.RateLimits = append(r.RateLimits, l.name)
@@ -449,13 +459,21 @@ func (rs *srvRates) refusalOf(set *srvRateSet, refused uint64, fullMethod string
 	return r
 }
 
-// peerText is a peer key (peerKey) as text: the IP address of its 16-byte
-// form, the key as is for another kind.
-func peerText(key string) string {
-	if len(key) != 16 {
-		return key
+// peerText is the caller's peer as Refusal.Key names it: the IP address
+// of a TCP peer (IPv4 unmapped), the address's text for another kind.
+// Built on the refusal path only.
+func peerText(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
 	}
-	return netip.AddrFrom16([16]byte([]byte(key))).Unmap().String()
+	if a, ok := p.Addr.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			return ip.Unmap().String()
+		}
+		return ""
+	}
+	return p.Addr.String()
 }
 
 // refund gives back the tokens of a call admit admitted, with its keys,

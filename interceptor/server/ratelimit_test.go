@@ -456,7 +456,7 @@ func TestRateLimitAdmittedCallAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	tenant := func(context.Context) string { return "tenant-a" }
-	for _, key := range []serviceconfig.RateLimitKey{serviceconfig.KeyShared, serviceconfig.KeyTenant} {
+	for _, key := range []serviceconfig.RateLimitKey{serviceconfig.KeyShared, serviceconfig.KeyTenant, serviceconfig.KeyPeer} {
 		t.Run(string(key), func(t *testing.T) {
 			l := Limits{Config: serviceconfig.ServerConfig{RateLimits: []serviceconfig.RateLimit{
 				{Name: "r", Rate: 1e9, Burst: 1 << 30, Key: key}}}}
@@ -469,6 +469,9 @@ func TestRateLimitAdmittedCallAllocatesNothing(t *testing.T) {
 			info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
 			h := func(context.Context, any) (any, error) { return nil, nil }
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-other", "v"))
+			// A TCP peer, as grpc gives it (the same Addr for every call
+			// of a connection).
+			ctx = peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("10.0.0.1"), Port: 1000}})
 			if _, err := icpt(ctx, nil, info, h); err != nil { // remembers the key
 				t.Fatal(err)
 			}

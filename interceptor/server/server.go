@@ -213,15 +213,20 @@ func (s *Server) rateLimitedStream(set *srvRateSet, srv any, ss grpc.ServerStrea
 	if err != nil {
 		return err
 	}
+	// Refunded unless the handler ran: shed by the concurrency limit or
+	// the headroom, or a panic before the handler (a user's
+	// CriticalityFunc or TenantFunc). A panic of the handler's own spent
+	// the tokens.
 	ran := false
-	err = s.srvStreamLimited(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
+	defer func() {
+		if !ran {
+			s.rates.refund(set, keys)
+		}
+	}()
+	return s.srvStreamLimited(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
 		ran = true
 		return handler(srv, ss)
 	})
-	if !ran {
-		s.rates.refund(set, keys)
-	}
-	return err
 }
 
 // srvStreamLimited is the stream interceptor past the rate limits: the
