@@ -130,7 +130,8 @@ func (c *Completer) Run(ctx context.Context) error {
 // Once runs one pass: it lists up to Batch abandoned calls, and completes
 // each in a transaction that claims it (see CompleteFunc). It returns how
 // many it completed, and the first error of a call's claim or commit (it
-// goes on with the others; a call whose fn failed is logged and left).
+// goes on with the others; a call whose fn panicked, or whose outcome
+// cannot be recorded, is logged and left).
 func (c *Completer) Once(ctx context.Context) (int, error) {
 	rows, err := c.j.pool.Query(ctx, c.j.sql.abandoned, millis(c.cfg.Idle), int32(c.cfg.Batch))
 	if err != nil {
@@ -181,7 +182,7 @@ func (c *Completer) complete(ctx context.Context, k *recordKey, fp []byte) (bool
 	if conn, err = j.takeSlot(ctx, conn, k); err != nil {
 		return false, err
 	}
-	cl, owned, _, err := j.claimOn(ctx, conn, k, fp, j.opts.lockTimeout, 1)
+	_, owned, _, err := j.claimOn(ctx, conn, k, fp, j.opts.lockTimeout, 1)
 	if owned == nil {
 		j.slots.put(k.scope)
 		conn.Release()
@@ -190,7 +191,6 @@ func (c *Completer) complete(ctx context.Context, k *recordKey, fp []byte) (bool
 		}
 		return false, nil // completed, resumed or taken meanwhile
 	}
-	_ = cl
 	t := owned.(*txn)
 	if len(t.resumed) == 0 { // not the abandoned row: it ended or went since the listing
 		_ = t.Rollback(ctx)

@@ -21,7 +21,8 @@ import (
 // its recorded result without running, the next phases run, and the
 // outcome it returns is stored: a late retry replays it, and nothing ran
 // twice. A call whose owner lives, or not idle long enough, is left alone,
-// and so is one its CompleteFunc leaves (ErrLeave).
+// and so is one its CompleteFunc leaves (ErrLeave) or panics on: its
+// transaction rolled back, its key free for the next pass.
 func TestCompleterFinishesAnAbandonedPhasedCall(t *testing.T) {
 	pool, schema := migrated(t)
 	ctx := context.Background()
@@ -47,10 +48,14 @@ func TestCompleterFinishesAnAbandonedPhasedCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	tx, _ := pgstore.Tx(hctx)
-	var leave, finish int
+	var panics, leave, finish int
 	fn := func(ctx context.Context, call pgstore.Abandoned) (proto.Message, error) {
 		if call.Key != "k" || len(call.Phases) != 1 || call.Phases[0] != "pay" || string(call.Results[0]) != "receipt-1" {
 			t.Errorf("Abandoned = %+v, want key k after its pay phase", call)
+		}
+		if panics > 0 {
+			panics--
+			panic("a bug of the CompleteFunc")
 		}
 		if leave > 0 {
 			leave--
@@ -103,6 +108,10 @@ func TestCompleterFinishesAnAbandonedPhasedCall(t *testing.T) {
 	leave = 1
 	if n, err := comp.Once(ctx); err != nil || n != 0 {
 		t.Fatalf("Once() whose fn leaves the call = %d, %v, want 0", n, err)
+	}
+	panics = 1
+	if n, err := comp.Once(ctx); err != nil || n != 0 {
+		t.Fatalf("Once() whose fn panics = %d, %v, want 0: the call left as it was", n, err)
 	}
 	if n, err := comp.Once(ctx); err != nil || n != 1 {
 		t.Fatalf("Once() = %d, %v, want the abandoned call completed", n, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -97,4 +98,52 @@ func countRows(t *testing.T, pool *pgxpool.Pool, table, key string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// crashCluster is a cluster of a test's own, to be crashed: the store's
+// schema migrated in it, a table charges (key text NOT NULL) beside the
+// store's, and synchronous_commit off for its database, the setting under
+// test (a commit is acknowledged before its WAL reaches the disk).
+type crashCluster struct {
+	srv    *pgtest.Server
+	admin  *pgxpool.Pool
+	schema string
+	table  string // charges, schema-qualified and quoted
+}
+
+// startCrashCluster starts a crashCluster, skipped under -short.
+func startCrashCluster(t *testing.T) crashCluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts and crashes a cluster of its own")
+	}
+	srv := pgtest.StartWith(t, "-c", "bgwriter_lru_maxpages=0")
+	ctx := context.Background()
+	admin := pgtest.Pool(t, srv.DSN)
+	schema := pgtest.Schema(t, admin)
+	if err := pgstore.Migrate(ctx, admin, schema); err != nil {
+		t.Fatal(err)
+	}
+	table := pgtest.Ident(schema) + ".charges"
+	for _, sql := range []string{"CREATE TABLE " + table + " (key text NOT NULL)",
+		"ALTER DATABASE postgres SET synchronous_commit = off"} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return crashCluster{srv: srv, admin: admin, schema: schema, table: table}
+}
+
+// stopWALWriter stops the cluster's WAL writer (SIGSTOP), so that nothing
+// but a commit's own flush writes the WAL; the crash (Restart(true))
+// kills it with the rest.
+func (c crashCluster) stopWALWriter(t *testing.T) {
+	t.Helper()
+	var walWriter int
+	if err := c.admin.QueryRow(context.Background(), "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&walWriter); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(walWriter, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stopping the WAL writer: %v", err)
+	}
 }

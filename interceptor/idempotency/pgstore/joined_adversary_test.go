@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,31 +30,11 @@ import (
 // all 15 acknowledged calls were lost: the store's pin was undone by the
 // handler, and nothing pinned it again before COMMIT.
 func TestJoinedCommitIsDurableWhateverTheHandlerSetsInItsTransaction(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and crashes a cluster of its own")
-	}
-	srv := pgtest.StartWith(t, "-c", "bgwriter_lru_maxpages=0")
+	c := startCrashCluster(t)
+	srv, schema, table := c.srv, c.schema, c.table
 	ctx := context.Background()
-	admin := pgtest.Pool(t, srv.DSN)
-	schema := pgtest.Schema(t, admin)
-	if err := pgstore.Migrate(ctx, admin, schema); err != nil {
-		t.Fatal(err)
-	}
-	table := pgtest.Ident(schema) + ".charges"
-	for _, sql := range []string{"CREATE TABLE " + table + " (key text NOT NULL)",
-		"ALTER DATABASE postgres SET synchronous_commit = off"} {
-		if _, err := admin.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
 	j, pool := joinedStore(t, srv.DSN, schema, nil)
-	var walWriter int
-	if err := admin.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&walWriter); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(walWriter, syscall.SIGSTOP); err != nil {
-		t.Fatalf("stopping the WAL writer: %v", err)
-	}
+	c.stopWALWriter(t)
 	handlers := []string{
 		"SET LOCAL synchronous_commit = off",
 		"SET synchronous_commit = off",
@@ -114,28 +93,12 @@ func TestJoinedCommitIsDurableWhateverTheHandlerSetsInItsTransaction(t *testing.
 // PostgreSQL lost the record, and the next duplicate ran the handler
 // again. Before the fix, 0 of 10 acknowledged records survived the crash.
 func TestLeaseCompleteIsDurableUnderSynchronousCommitOff(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and crashes a cluster of its own")
-	}
-	srv := pgtest.StartWith(t, "-c", "bgwriter_lru_maxpages=0")
+	c := startCrashCluster(t)
+	srv, schema := c.srv, c.schema
 	ctx := context.Background()
-	admin := pgtest.Pool(t, srv.DSN)
-	schema := pgtest.Schema(t, admin)
-	if err := pgstore.Migrate(ctx, admin, schema); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, "ALTER DATABASE postgres SET synchronous_commit = off"); err != nil {
-		t.Fatal(err)
-	}
 	j, _ := joinedStore(t, srv.DSN, schema, nil)
 	s := j.Store
-	var walWriter int
-	if err := admin.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&walWriter); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(walWriter, syscall.SIGSTOP); err != nil {
-		t.Fatalf("stopping the WAL writer: %v", err)
-	}
+	c.stopWALWriter(t)
 	const n = 10
 	for i := range n {
 		key := rk("lease-" + strconv.Itoa(i))

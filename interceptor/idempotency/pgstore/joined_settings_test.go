@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -50,35 +49,15 @@ func chargeJoined(t *testing.T, j *pgstore.JoinedStore, table, key string) {
 // acknowledged commits here. The WAL writer is stopped (SIGSTOP) so that
 // nothing but a commit's own flush writes the WAL.
 func TestJoinedAcknowledgedCommitSurvivesADatabaseCrashUnderSynchronousCommitOff(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and crashes a cluster of its own")
-	}
-	srv := pgtest.StartWith(t, "-c", "bgwriter_lru_maxpages=0")
+	c := startCrashCluster(t)
+	srv, schema, table := c.srv, c.schema, c.table
 	ctx := context.Background()
-	admin := pgtest.Pool(t, srv.DSN)
-	schema := pgtest.Schema(t, admin)
-	if err := pgstore.Migrate(ctx, admin, schema); err != nil {
-		t.Fatal(err)
-	}
-	table := pgtest.Ident(schema) + ".charges"
-	for _, sql := range []string{"CREATE TABLE " + table + " (key text NOT NULL)",
-		"ALTER DATABASE postgres SET synchronous_commit = off"} {
-		if _, err := admin.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
 	j, pool := joinedStore(t, srv.DSN, schema, nil)
 	var setting string
 	if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil || setting != "off" {
 		t.Fatalf("the store's sessions run with synchronous_commit %q, %v; want off, the setting under test", setting, err)
 	}
-	var walWriter int
-	if err := admin.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&walWriter); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(walWriter, syscall.SIGSTOP); err != nil {
-		t.Fatalf("stopping the WAL writer: %v", err)
-	}
+	c.stopWALWriter(t)
 	const n = 20
 	for i := range n {
 		chargeJoined(t, j, table, "joined-"+strconv.Itoa(i))

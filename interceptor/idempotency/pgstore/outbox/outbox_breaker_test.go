@@ -485,3 +485,67 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayKeepsAMessageTheClientsFallbackAnswered: a relay's client with a
+// fallback (interceptor.WithFallback) answers a call its breaker refuses
+// with the fallback's reply and a nil error, though nothing reached the
+// receiver. Before, the relay took that nil for the receiver's answer and
+// deleted the message, never delivered. A delivery is the receiver's
+// answer only when an attempt the relay invoked returned it: the message
+// is given back uncounted, its method held, as for a refusal, and
+// delivered once the breaker lets calls through.
+func TestRelayKeepsAMessageTheClientsFallbackAnswered(t *testing.T) {
+	e := newEnv(t)
+	e.enqueue(t, true, "fallback")
+	var fallbacks atomic.Int32
+	client, err := interceptor.NewClient(
+		interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+			Name:           []serviceconfig.Name{{}},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute},
+		}),
+		interceptor.WithFallback(func(context.Context, string, any, any, error) error {
+			fallbacks.Add(1)
+			return nil // a cached or default reply
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	if err := client.ForceOpen(echoMethod); err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{InitialBackoff: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx := context.Background()
+	if n, err := r.Once(ctx); n != 0 || err != nil {
+		t.Fatalf("Once with the breaker open and a fallback = %d, %v, want 0, nil: the receiver answered nothing", n, err)
+	}
+	if fallbacks.Load() != 1 {
+		t.Fatalf("fallback ran %d times, want 1: the test does not reach the danger", fallbacks.Load())
+	}
+	if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != 0 {
+		t.Fatalf("the message the fallback answered: %+v, want it kept, given back, no attempt counted", rows)
+	}
+	if held := outbox.HeldMethods(r); !slices.Equal(held, []string{echoMethod}) {
+		t.Errorf("held methods = %v, want [%s]", held, echoMethod)
+	}
+	if err := client.ForceClosed(echoMethod); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the message delivered once the breaker closed", func() (bool, string) {
+		n, err := r.Once(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1, "Once = " + strconv.Itoa(n)
+	})
+	if got := e.receivedRows(t); got["fallback"] != 1 {
+		t.Errorf("receiver's rows = %v, want fallback once", got)
+	}
+	if rows := e.rows(t); len(rows) != 0 {
+		t.Errorf("outbox after delivery: %+v, want empty", rows)
+	}
+}

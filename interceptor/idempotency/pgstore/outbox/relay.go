@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -102,6 +103,9 @@ type Relay struct {
 	owned  *interceptor.Client // the default client, closed by Close; nil when the caller gave one
 	cfg    RelayConfig
 	closed sync.Once
+	// fallbackSeen logs, once, that the client's fallback answered a
+	// delivery (see send).
+	fallbackSeen sync.Once
 
 	mu sync.Mutex
 	// held maps a method whose delivery the client refused (see Once) to
@@ -116,11 +120,12 @@ type Relay struct {
 // the relay calls through client's (retries, breaker, idempotency key),
 // or, when client is nil, through its own, whose policy retries each
 // delivery up to 4 attempts (100 ms backoff, doubling to 1 s) and opens a
-// breaker after 5 failures in a row for 5 s; Close closes it. Give it a
-// client without a fallback for the receiver's methods: a fallback's answer
-// would count as the receiver's, and its message would leave the outbox
-// undelivered. It does not start: call Run (in a goroutine of its own) or
-// Once.
+// breaker after 5 failures in a row for 5 s; Close closes it. A client's
+// fallback (interceptor.WithFallback) gains the relay nothing: a delivery
+// counts as the receiver's answer only when an attempt reached it, so one
+// the fallback answered keeps its message, given back as for a refusal
+// (see Once), and the relay logs it once. It does not start: call Run (in
+// a goroutine of its own) or Once.
 func NewRelay(ob *Outbox, pool *pgxpool.Pool, conn *grpc.ClientConn, client *interceptor.Client, cfg RelayConfig) (*Relay, error) {
 	switch {
 	case ob == nil:
@@ -219,7 +224,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // (InitialBackoff when the refusal does not say: a bulkhead's, a breaker
 // forced open or throttling adaptively), unless a delivery of it that
 // ended later in the same pass was admitted (the half-open probe that
-// closed the breaker). Messages of other methods go on meanwhile.
+// closed the breaker). Messages of other methods go on meanwhile. A
+// delivery the client's fallback answered with success, no attempt of it
+// having reached the receiver, is such a refusal too, held InitialBackoff.
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	_, answered, err := r.pass(ctx)
 	return answered, err
@@ -349,18 +356,30 @@ func (r *Relay) deliver(ctx context.Context, m *Message) (o outcome) {
 	defer cancel()
 	code := status.Code(derr)
 	rej, rejected := errors.AsType[*interceptor.RejectedError](derr)
+	fallback := errors.Is(derr, errFallbackAnswered)
 	var err error
 	switch {
 	case derr == nil:
 		_, err = r.pool.Exec(sctx, r.ob.sql.ack, m.seq)
 		o.answered, o.err = true, wrap("acknowledging", err)
-	case rejected:
+	case rejected || fallback:
 		// Not the message's fault: give it back, due when the breaker lets
 		// a probe through, and hold its method until then (at least
-		// InitialBackoff when the refusal does not say when).
+		// InitialBackoff when the refusal does not say when, as a
+		// fallback's answer never does).
+		var retryAfter time.Duration
+		if rejected {
+			retryAfter = rej.RetryAfter
+		} else {
+			r.fallbackSeen.Do(func() {
+				r.cfg.Logger.Warn("outbox: the relay's client answered a delivery with its fallback (interceptor.WithFallback); "+
+					"the message stays in the outbox until the receiver answers it: give the relay a client without a fallback",
+					"method", m.FullMethod)
+			})
+		}
 		o.refused = true
-		o.until = o.end.Add(cmp.Or(rej.RetryAfter, r.cfg.InitialBackoff))
-		_, err = r.pool.Exec(sctx, r.ob.sql.release, m.seq, int32(m.Attempts), rej.RetryAfter.Milliseconds())
+		o.until = o.end.Add(cmp.Or(retryAfter, r.cfg.InitialBackoff))
+		_, err = r.pool.Exec(sctx, r.ob.sql.release, m.seq, int32(m.Attempts), retryAfter.Milliseconds())
 		o.err = wrap("giving back", err)
 	case ctx.Err() != nil:
 		// Run stopping: give it back, for a later pass.
@@ -418,13 +437,29 @@ func (r *Relay) send(ctx context.Context, m *Message) error {
 	}
 	ctx, cancel := context.WithTimeout(interceptor.ContextWithIdempotencyKey(ctx, m.ID), r.cfg.Timeout)
 	defer cancel()
-	return r.unary(ctx, m.FullMethod, req, reply, r.conn, invoke)
+	// The receiver answered only if an attempt the client invoked (grpc's
+	// own invoker, under the client's interceptor) returned its reply: the
+	// client's fallback (interceptor.WithFallback) answers a call its
+	// guards refused with a nil error too, having sent nothing. Attempts
+	// may run concurrently (hedging).
+	var reached atomic.Bool
+	err = r.unary(ctx, m.FullMethod, req, reply, r.conn,
+		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+			err := cc.Invoke(ctx, method, req, reply, opts...)
+			if err == nil {
+				reached.Store(true)
+			}
+			return err
+		})
+	if err == nil && !reached.Load() {
+		return errFallbackAnswered
+	}
+	return err
 }
 
-// invoke is the invoker under the client's interceptor: grpc's own.
-func invoke(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
-	return cc.Invoke(ctx, method, req, reply, opts...)
-}
+// errFallbackAnswered is send's error when the client returned nil with no
+// attempt answered by the receiver: its fallback answered a refusal.
+var errFallbackAnswered = errors.New("outbox: the client's fallback answered the delivery; the receiver got nothing")
 
 // newMessage returns a new message of d's type: the generated type when it
 // is linked in, else a dynamic one.

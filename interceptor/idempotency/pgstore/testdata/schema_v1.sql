@@ -1,3 +1,9 @@
+-- FROZEN FIXTURE: the schema of version 1 as the release before SchemaVersion 2 applied it (below this
+-- header, byte for byte the schema.sql of commit 83c3bc04e9f00ecdc6aa5bc24d239d3dd82e92bd), which
+-- migrate_test.go applies to test Migrate's upgrade from it and the records it keeps. Never edit it, nor
+-- derive it from schema.sql: its near-copies of schema.sql's functions are the point, the old text that a
+-- deployed database still holds. Schema version 3 adds testdata/schema_v2.sql, schema.sql as released.
+--
 -- The schema of package pgstore (github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore),
 -- version 1. pgstore.Migrate applies it in one transaction, under an advisory lock; it is idempotent
 -- (CREATE ... IF NOT EXISTS, CREATE OR REPLACE). __SCHEMA__ stands for the store's schema (pgstore.WithSchema,
