@@ -444,7 +444,7 @@ func (s *Suite) TestCallsEndWithTheirContext() {
 	}
 	ctx := context.Background()
 	held := s.claim(key("held"), fpA, time.Minute) // a token for Complete, Renew and Release
-	resume := s.h.Stall(s.T())
+	resume := sync.OnceFunc(s.h.Stall(s.T()))
 	defer resume()
 	const wait = 200 * time.Millisecond
 	// Well under any store's own timeout (go-redis's is 5 s), well over a
@@ -485,6 +485,23 @@ func (s *Suite) TestCallsEndWithTheirContext() {
 					"returned after %v with %v; want within %v, an error wrapping %v", op.name, want, wait, took, err, within, want)
 			}
 		}
+	}
+	// The backend answers again: whatever became of the abandoned Claims
+	// of key("stalled") (a lease of a second), the key is free within a
+	// few seconds, for any request.
+	resume()
+	start := time.Now()
+	for {
+		c, err := s.store().Claim(ctx, key("stalled"), fpB, time.Minute)
+		s.Require().NoError(err, "Claim() once the backend answers again")
+		if c.State == idempotency.Owned {
+			return
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			s.FailNowf("an abandoned Claim holds its key past its lease", "Claim() %v after the backend answered again = %v, want Owned: "+
+				"the abandoned Claims had a lease of 1s", took, c.State)
+		}
+		time.Sleep(20 * time.Millisecond) // Redis's TTLs are on real time
 	}
 }
 

@@ -143,6 +143,7 @@ func startOn(path string, port int, args ...string) (*Server, error) {
 		return nil, err
 	}
 	cmd.Stderr = cmd.Stdout
+	proctest.DieWithParent(cmd) // no server outlives a test binary killed from outside
 	done, err := proctest.Start(cmd, out, "redis-server", "Ready to accept connections", startTimeout)
 	if err != nil {
 		return nil, err
