@@ -160,18 +160,7 @@ func adaptiveRecovery(t *testing.T, seed uint64) (recovered time.Duration, share
 		})
 		stub, _ := newEcho(t, srv, adaptiveOn(nil), WithRandSource(rand.NewPCG(seed, seed)))
 		n := int((outage + after) / gap)
-		ok := make([]bool, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				_, err := stub.Echo(ctx, &echov1.EchoRequest{Message: "m"})
-				ok[i] = err == nil
-			})
-			time.Sleep(gap)
-		}
-		wg.Wait()
+		ok := openLoop(stub, n, gap)
 		per := int(bucket / gap)
 		recovered = -1
 		for b := int(outage / gap); b+per <= n; b += per {
@@ -227,18 +216,7 @@ func TestAdaptiveLetsGoAfterAnOutage(t *testing.T) {
 				})
 				stub, _ := newEcho(t, srv, adaptiveOn(nil))
 				n := int((outage + after) / gap)
-				ok := make([]bool, n)
-				var wg sync.WaitGroup
-				for i := range n {
-					wg.Go(func() {
-						ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-						defer cancel()
-						_, err := stub.Echo(ctx, &echov1.EchoRequest{Message: "m"})
-						ok[i] = err == nil
-					})
-					time.Sleep(gap)
-				}
-				wg.Wait()
+				ok := openLoop(stub, n, gap)
 				first := int(outage / gap)
 				recovered, run, good := time.Duration(-1), 0, 0
 				for i := first; i < n; i++ {
@@ -259,4 +237,23 @@ func TestAdaptiveLetsGoAfterAnOutage(t *testing.T) {
 			})
 		})
 	}
+}
+
+// openLoop sends n calls through stub, one every gap whether or not the
+// ones before have ended (an open loop, in the synctest bubble of its
+// caller), each with a deadline of a second, and returns which succeeded.
+func openLoop(stub echov1.EchoServiceClient, n int, gap time.Duration) []bool {
+	ok := make([]bool, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := stub.Echo(ctx, &echov1.EchoRequest{Message: "m"})
+			ok[i] = err == nil
+		})
+		time.Sleep(gap)
+	}
+	wg.Wait()
+	return ok
 }

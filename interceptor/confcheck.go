@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/serviceconfig"
@@ -146,8 +147,8 @@ func (og entryOrigin) errAt(rel, msg string) error {
 // direct, a warning to log for a resolver's config. It returns the first
 // error, and the warnings.
 func checkEntries(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clientCap int, direct bool) (warnings []string, err error) {
-	seen := make(map[string]string) // the key of each name given, to where it was given
-	var allStreams []string         // rpcname.AllStreamMethods, read once when an entry needs it
+	seen := make(map[string]string)                        // the key of each name given, to where it was given
+	allStreams := sync.OnceValue(rpcname.AllStreamMethods) // read once, when an entry needs it
 	for i := range mcs {
 		mc, og := &mcs[i], origins[i]
 		if len(mc.Name) == 0 && og.parsedCap == 0 {
@@ -178,7 +179,7 @@ func checkEntries(mcs []serviceconfig.MethodConfig, origins []entryOrigin, clien
 			return nil, err
 		}
 		warnings = append(warnings, w...)
-		warnings = append(warnings, hedgedStreams(mcs, i, og, &allStreams)...)
+		warnings = append(warnings, hedgedStreams(mcs, i, og, allStreams)...)
 	}
 	return warnings, nil
 }
@@ -194,12 +195,17 @@ const maxListed = 8
 // service for the default) that no more specific entry of mcs names; an
 // entry naming a stream exactly is checkRegistered's. A stream the registry
 // does not describe is logged at its first call (Client.noteHedgedStream).
-// *all caches rpcname.AllStreamMethods across the entries of one check.
-func hedgedStreams(mcs []serviceconfig.MethodConfig, i int, og entryOrigin, all *[]string) []string {
+// all returns rpcname.AllStreamMethods, read once across the entries of
+// one check.
+func hedgedStreams(mcs []serviceconfig.MethodConfig, i int, og entryOrigin, all func() []string) []string {
 	mc := &mcs[i]
 	if mc.HedgingPolicy == nil {
 		return nil
 	}
+	// The entry a call runs under, by the client's own lookup (grpc-go's
+	// rule: the first exact name, else the first service, else the first
+	// default).
+	lookup := &serviceconfig.Config{MethodConfig: mcs}
 	var warnings []string
 	for _, n := range mc.Name {
 		if n.Method != "" {
@@ -208,7 +214,7 @@ func hedgedStreams(mcs []serviceconfig.MethodConfig, i int, og entryOrigin, all 
 		var under []string
 		if n.Service != "" {
 			for _, m := range streamMethods(n.Service) {
-				if entryOf(mcs, n.Service, m) == i {
+				if lookup.LookupIndex("/"+n.Service+"/"+m) == i {
 					under = append(under, m)
 				}
 			}
@@ -219,14 +225,8 @@ func hedgedStreams(mcs []serviceconfig.MethodConfig, i int, og entryOrigin, all 
 			}
 			continue
 		}
-		if *all == nil {
-			*all = append(rpcname.AllStreamMethods(), "") // "" marks the cache as filled
-		}
-		for _, fm := range *all {
-			if fm == "" {
-				continue
-			}
-			if svc, m := serviceconfig.SplitMethod(fm); entryOf(mcs, svc, m) == i {
+		for _, fm := range all() {
+			if lookup.LookupIndex(fm) == i {
 				under = append(under, fm)
 			}
 		}
@@ -237,33 +237,6 @@ func hedgedStreams(mcs []serviceconfig.MethodConfig, i int, og entryOrigin, all 
 		}
 	}
 	return warnings
-}
-
-// entryOf returns the index of the entry of mcs that a call of
-// /service/method runs under, by grpc-go's rule (as
-// serviceconfig.Config.Lookup): the first entry naming it exactly, else the
-// first naming its service, else the first default; -1 for none.
-func entryOf(mcs []serviceconfig.MethodConfig, service, method string) int {
-	svc, def := -1, -1
-	for i := range mcs {
-		for _, n := range mcs[i].Name {
-			switch {
-			case n.Service == "":
-				if n.Method == "" && def < 0 {
-					def = i
-				}
-			case n.Service != service:
-			case n.Method == method:
-				return i
-			case n.Method == "" && svc < 0:
-				svc = i
-			}
-		}
-	}
-	if svc >= 0 {
-		return svc
-	}
-	return def
 }
 
 // noNameMsg says that an entry built in Go without a name applies to no

@@ -250,7 +250,7 @@ func TestHedgedCallCommitsWhenTheCopyWithHeadersEnds(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &headersFirst{delay: 300 * time.Millisecond, failWith: tt.failWith}
-				stub, _ := newEcho2(t, srv, parsedConfig(t, hedgeDoc(`{"maxAttempts": 3, "hedgingDelay": "0.050s", "nonFatalStatusCodes": ["UNAVAILABLE"]}`, "")))
+				stub, _ := newEcho(t, srv, parsedConfig(t, hedgeDoc(`{"maxAttempts": 3, "hedgingDelay": "0.050s", "nonFatalStatusCodes": ["UNAVAILABLE"]}`, "")))
 				var header metadata.MD
 				start := time.Now()
 				_, err := stub.Echo(t.Context(), &echov1.EchoRequest{Message: "m"}, grpc.Header(&header))
@@ -274,12 +274,4 @@ func TestHedgedCallCommitsWhenTheCopyWithHeadersEnds(t *testing.T) {
 			})
 		})
 	}
-}
-
-// newEcho2 starts srv, any echo server, and returns a stub whose connection
-// runs through a client built with opts.
-func newEcho2(t *testing.T, srv echov1.EchoServiceServer, opts ...ClientOption) (echov1.EchoServiceClient, *Client) {
-	t.Helper()
-	c := newTestClient(t, opts...)
-	return echov1.NewEchoServiceClient(testserver.Start(t, srv, c.DialOptions()...)), c
 }

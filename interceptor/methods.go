@@ -395,10 +395,8 @@ func (t *methodTable) evict(st *clientState, q *quota) *methodRow {
 // of successes: nothing in its bulkhead, its breaker closed with no
 // failure or slow call counted, its adaptive throttle refusing nothing.
 func (r *methodRow) idle(now time.Time) bool {
-	for _, b := range []*bulkhead.Bulkhead{r.g.bulkhead, r.dropped} {
-		if b != nil && b.Snapshot() != (bulkhead.Snapshot{}) {
-			return false
-		}
+	if r.holds() {
+		return false
 	}
 	if b := r.g.breaker; b != nil {
 		s := b.Snapshot(now)
@@ -615,10 +613,10 @@ func (t *methodTable) rebuild(st *clientState) {
 	}
 	slices.SortFunc(rest, func(a, b *methodRow) int {
 		if sa, sb := t.isStatic(a.method), t.isStatic(b.method); sa != sb {
-			return map[bool]int{true: -1, false: 1}[sa]
+			return trueFirst(sa)
 		}
 		if live[a] != live[b] {
-			return map[bool]int{true: -1, false: 1}[live[a]]
+			return trueFirst(live[a])
 		}
 		return cmp.Compare(a.seq, b.seq)
 	})
@@ -643,6 +641,15 @@ func (t *methodTable) rebuild(st *clientState) {
 		st.attach(p, r, pinned)
 		st.methods.Store(r.method, p)
 	}
+}
+
+// trueFirst orders a before b when a's flag is true and b's, which differs,
+// is not.
+func trueFirst(a bool) int {
+	if a {
+		return -1
+	}
+	return 1
 }
 
 // exactName returns the full method an exact name selects.

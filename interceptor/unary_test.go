@@ -21,9 +21,9 @@ const (
 	lookupMethod = "/resilience.echo.v1.EchoService/Lookup"
 )
 
-// newEcho starts srv and returns a stub whose connection runs through a
+// newEcho starts srv, any echo server, and returns a stub whose connection runs through a
 // client built with opts.
-func newEcho(t *testing.T, srv *testserver.Server, opts ...ClientOption) (echov1.EchoServiceClient, *Client) {
+func newEcho(t *testing.T, srv echov1.EchoServiceServer, opts ...ClientOption) (echov1.EchoServiceClient, *Client) {
 	t.Helper()
 	c := newTestClient(t, opts...)
 	cc := testserver.Start(t, srv, c.DialOptions()...)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -110,6 +111,12 @@ type Throttle struct {
 	target float64       // the share of refusals p settles at: 1 − 1/K, at least minTarget; immutable
 	half   time.Duration // after half without an outcome, p halves every half: Window/4; immutable
 
+	// free is true while p is 0 and the window has started: Allow then
+	// admits without the lock (it would draw nothing and change nothing).
+	// Written with mu held, by every method that may change p or start
+	// the window (publishLocked).
+	free atomic.Bool
+
 	mu       sync.Mutex
 	rng      *rand.Rand
 	p        float64   // the rejection probability, in [0, MaxRejectProbability]
@@ -146,9 +153,17 @@ func New(cfg Config) (*Throttle, error) {
 // outcome is known, and not at all when it never reaches the backend (a
 // local rejection of another guard): so requests still in flight do not
 // look refused, and only what the backend answered moves the probability.
+//
+// While the probability is 0 (a backend that refuses nothing) Allow takes
+// no lock: every attempt of a healthy method would otherwise contend for
+// it twice, here and in Done.
 func (t *Throttle) Allow(now time.Time) bool {
+	if t.free.Load() {
+		return true
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	defer t.publishLocked()
 	t.long.rotate(now)
 	p := t.probLocked(now)
 	if p == 0 || t.rng.Float64() >= p {
@@ -158,12 +173,19 @@ func (t *Throttle) Allow(now time.Time) bool {
 	return false
 }
 
+// publishLocked sets free from p and the window, for Allow's lock-free
+// path. mu is held.
+func (t *Throttle) publishLocked() {
+	t.free.Store(t.p == 0 && !t.long.start.IsZero())
+}
+
 // Done counts, at now, a request that went out and whose outcome is known:
 // accepted by the backend, or refused. It moves the rejection probability
 // by Step/K up for a refusal, by Step·(1 − 1/K) down for an acceptance.
 func (t *Throttle) Done(now time.Time, accepted bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	defer t.publishLocked()
 	t.long.rotate(now)
 	t.long.add(accepted)
 	p := t.probLocked(now)
@@ -217,6 +239,7 @@ type Snapshot struct {
 func (t *Throttle) Snapshot(now time.Time) Snapshot {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	defer t.publishLocked()
 	t.long.rotate(now)
 	return Snapshot{Requests: t.long.sum.requests, Accepts: t.long.sum.accepts, RejectProbability: t.probLocked(now)}
 }

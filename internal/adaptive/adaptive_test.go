@@ -403,3 +403,34 @@ func TestShedsAnOutage(t *testing.T) {
 		t.Errorf("sent %.4f of the requests in a long outage, want 0.1", share)
 	}
 }
+
+// TestAllowTakesNoLockWhileNothingIsRefused pins Allow's lock-free path:
+// with the throttle's lock held elsewhere, Allow admits at once while the
+// probability is 0 and the window has started; once a refusal raised the
+// probability the path is closed (Allow takes the lock and draws), and it
+// opens again once acceptances bring the probability back to 0.
+func TestAllowTakesNoLockWhileNothingIsRefused(t *testing.T) {
+	th := mustNew(t, Config{K: 2, Seed: 1})
+	if th.free.Load() {
+		t.Fatal("free before the window started, want false")
+	}
+	th.Done(t0, true) // starts the window; p stays 0
+	th.mu.Lock()
+	if !th.Allow(t0.Add(time.Second)) { // would deadlock on the lock
+		t.Fatal("Allow with p = 0 = false, want true")
+	}
+	th.mu.Unlock()
+	th.Done(t0.Add(time.Second), false) // p = Step/K > 0
+	if th.free.Load() {
+		t.Fatalf("free after a refusal (p = %v), want false: Allow must draw", th.p)
+	}
+	for i := 0; th.p > 0; i++ {
+		if i > 100 {
+			t.Fatalf("p = %v after 100 acceptances, want 0", th.p)
+		}
+		th.Done(t0.Add(time.Second), true)
+	}
+	if !th.free.Load() {
+		t.Fatal("free with p back to 0, want true")
+	}
+}

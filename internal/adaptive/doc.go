@@ -69,5 +69,6 @@
 //
 // The draw uses a PCG generator seeded at construction, so a test with a
 // given seed sees one sequence. A [Throttle] is safe for concurrent use;
-// each call takes one mutex and allocates nothing.
+// each call allocates nothing and takes one mutex, but for Allow while the
+// probability is 0, which takes none.
 package adaptive

@@ -133,6 +133,9 @@ type Breaker struct {
 	openUntilA      atomic.Int64
 	probesFullUntil atomic.Int64
 
+	// clock reads every instant given (clock.go); safe for concurrent use.
+	clock clock
+
 	mu sync.Mutex
 
 	// hook is fixed by New. cfg and slowOn are set by New and Reconfigure,
@@ -205,7 +208,7 @@ func (b *Breaker) Allow(now time.Time) (tok Token, retryAfter time.Duration, err
 	if retryAfter, err := b.Rejects(now); err != nil {
 		return Token{}, retryAfter, err
 	}
-	return b.allowSlow(now.UnixNano())
+	return b.allowSlow(b.clock.ns(now))
 }
 
 // Admitting reports whether the breaker is Closed or ForcedClosed, where
@@ -227,7 +230,7 @@ func (b *Breaker) Admitting() bool {
 // state, and call Allow when it returns nil.
 func (b *Breaker) Rejects(now time.Time) (retryAfter time.Duration, err error) {
 	w := b.word.Load()
-	t := now.UnixNano()
+	t := b.clock.ns(now)
 	switch State(w & stateMask) {
 	case StateOpen:
 		if until := b.openUntilA.Load(); t < until && b.word.Load() == w {
@@ -305,7 +308,7 @@ func (b *Breaker) Record(tok Token, now time.Time, outcome Outcome, duration tim
 		}
 		outcome = Ignored
 	}
-	t := now.UnixNano()
+	t := b.clock.ns(now)
 	b.mu.Lock()
 	if b.word.Load() != tok.w {
 		b.mu.Unlock()
@@ -489,7 +492,7 @@ type Snapshot struct {
 // so that reading a breaker (a metrics callback, an admin page) never runs
 // the hook.
 func (b *Breaker) Snapshot(now time.Time) Snapshot {
-	t := now.UnixNano()
+	t := b.clock.ns(now)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := Snapshot{
@@ -528,7 +531,7 @@ func (b *Breaker) Reconfigure(cfg Config, now time.Time) error {
 		return err
 	}
 	cfg = cfg.normalized()
-	t := now.UnixNano()
+	t := b.clock.ns(now)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s, until, openFor := b.state, b.openUntil, b.openFor
@@ -563,7 +566,7 @@ func (b *Breaker) ForceClosed(now time.Time) { b.force(StateForcedClosed, now) }
 func (b *Breaker) Reset(now time.Time) { b.force(StateClosed, now) }
 
 func (b *Breaker) force(s State, now time.Time) {
-	t := now.UnixNano()
+	t := b.clock.ns(now)
 	b.mu.Lock()
 	from := b.state
 	if from == s && s != StateClosed {

@@ -77,9 +77,13 @@
 // Time is a parameter: every method takes now, and a transition that time
 // causes (Open to HalfOpen) happens on the next Allow at or after it
 // (Snapshot describes it without making it); there are no timers and no
-// goroutines. Instants are read as Unix
-// nanoseconds, so now should come from one wall clock; an instant earlier
-// than one already seen is counted in the newest bucket.
+// goroutines. Instants are read as Unix nanoseconds measured from the
+// first instant the breaker was given, on the monotonic clock when the
+// instants carry a monotonic reading (time.Now's do): a step of the wall
+// clock neither holds a breaker open longer nor cuts its open time short.
+// Instants without one (time.Unix) read as their UnixNano, so now should
+// come from one clock; an instant earlier than one already seen is counted
+// in the newest bucket.
 //
 // # Concurrency
 //
