@@ -278,7 +278,17 @@ func (c *Client) Policy(fullMethod string) MethodPolicy {
 	if i < 0 {
 		return mp
 	}
-	mc := st.cfg.MethodConfig[i]
+	mp.Config = cloneMethodConfig(st.cfg.MethodConfig[i])
+	if i < len(st.origins) {
+		mp.Source = st.origins[i].at("")
+	}
+	return mp
+}
+
+// cloneMethodConfig returns a copy of mc that shares no memory with it:
+// each block and slice is copied (TestPolicyIsADeepCopy checks that every
+// reference field of MethodConfig is).
+func cloneMethodConfig(mc serviceconfig.MethodConfig) serviceconfig.MethodConfig {
 	mc.Name = slices.Clone(mc.Name)
 	mc.WaitForReady = clonePtr(mc.WaitForReady)
 	mc.MaxRequestMessageBytes = clonePtr(mc.MaxRequestMessageBytes)
@@ -293,11 +303,8 @@ func (c *Client) Policy(fullMethod string) MethodPolicy {
 		mc.CircuitBreaker.FailureStatusCodes = slices.Clone(mc.CircuitBreaker.FailureStatusCodes)
 	}
 	mc.Bulkhead = clonePtr(mc.Bulkhead)
-	mp.Config = mc
-	if i < len(st.origins) {
-		mp.Source = st.origins[i].at("")
-	}
-	return mp
+	mc.RateLimit = clonePtr(mc.RateLimit)
+	return mc
 }
 
 // clonePtr returns a copy of *p, or nil.
