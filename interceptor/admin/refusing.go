@@ -21,7 +21,7 @@ func (v *View) refusing(view *adminv1.View, now time.Time) []*adminv1.Refusing {
 		for _, m := range c.Methods {
 			if b := m.Breaker; b != nil && refuses(b.State) {
 				r := &adminv1.Refusing{Side: sideClient, Source: c.Name, Part: adminv1.Part_PART_BREAKER, Subject: m.FullMethod,
-					Cause: "breaker " + stateName(b.State)}
+					Cause: "breaker " + b.State.Label()}
 				if ev := v.events.latest(partKey{sideClient, c.Name, adminv1.Part_PART_BREAKER, m.FullMethod}, adminv1.EventKind_EVENT_KIND_BREAKER_STATE); ev != nil {
 					r.Cause += ": " + ev.Cause
 					r.Since, r.Sequence = ev.Time, ev.Sequence
@@ -103,23 +103,6 @@ func refuses(s adminv1.BreakerState) bool {
 		return true
 	}
 	return false
-}
-
-// stateName is a breaker state as the Client names it ("half-open").
-func stateName(s adminv1.BreakerState) string {
-	switch s {
-	case adminv1.BreakerState_BREAKER_STATE_CLOSED:
-		return "closed"
-	case adminv1.BreakerState_BREAKER_STATE_OPEN:
-		return "open"
-	case adminv1.BreakerState_BREAKER_STATE_HALF_OPEN:
-		return "half-open"
-	case adminv1.BreakerState_BREAKER_STATE_FORCED_OPEN:
-		return "forced-open"
-	case adminv1.BreakerState_BREAKER_STATE_FORCED_CLOSED:
-		return "forced-closed"
-	}
-	return "unknown"
 }
 
 func joinAddrs(addrs []string) string {
