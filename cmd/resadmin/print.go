@@ -37,9 +37,12 @@ func newTable(w io.Writer, header ...string) *table {
 	return t
 }
 
+// oneCell keeps a cell on one line, in one column.
+var oneCell = strings.NewReplacer("\t", " ", "\n", " ")
+
 func (t *table) row(cells ...string) {
 	for i, c := range cells {
-		cells[i] = strings.NewReplacer("\t", " ", "\n", " ").Replace(c)
+		cells[i] = oneCell.Replace(c)
 	}
 	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
 }

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -45,7 +46,7 @@ func (v *View) refusing(view *adminv1.View, now time.Time) []*adminv1.Refusing {
 			if e.EjectedUntil == nil {
 				continue
 			}
-			subject := joinAddrs(e.Addresses)
+			subject := strings.Join(e.Addresses, ",") // as endpointWatch keys it
 			r := &adminv1.Refusing{Side: sideChannel, Source: ch.Target, Part: adminv1.Part_PART_ENDPOINT, Subject: subject,
 				Cause: e.Cause + "; until " + e.EjectedUntil.AsTime().Format("15:04:05.000")}
 			if ev := v.events.latest(partKey{sideChannel, ch.Target, adminv1.Part_PART_ENDPOINT, subject}, adminv1.EventKind_EVENT_KIND_EJECTED); ev != nil {
@@ -103,15 +104,4 @@ func refuses(s adminv1.BreakerState) bool {
 		return true
 	}
 	return false
-}
-
-func joinAddrs(addrs []string) string {
-	s := ""
-	for i, a := range addrs {
-		if i > 0 {
-			s += ","
-		}
-		s += a
-	}
-	return s
 }

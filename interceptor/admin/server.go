@@ -190,7 +190,7 @@ func limitCause(r server.Refusal) string {
 // and how long the caller was told to wait.
 func rateLimitCause(r server.Refusal) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "over the rate limit ")
+	b.WriteString("over the rate limit ")
 	for i, n := range r.RateLimits {
 		if i > 0 {
 			b.WriteString(", ")
