@@ -69,13 +69,7 @@ while read -r pkg imports; do
 			is_std "$imp" || check "$rel" "$imp" "standard library only"
 			;;
 		internal/*)
-			if [[ "$imp" == "$mod"/interceptor/admin ]]; then
-			case "$rel" in
-			examples/* | cmd/*) ;;
-			*) check "$rel" "$imp" "the admin view observes both sides; only examples and commands import it" ;;
-			esac
-		fi
-		if [[ "$imp" == google.golang.org/grpc ]]; then
+			if [[ "$imp" == google.golang.org/grpc ]]; then
 				check "$rel" "$imp" "engines know nothing of grpc"
 			elif [[ "$imp" == "$mod"/* && "$imp" != "$mod"/internal/* ]]; then
 				check "$rel" "$imp" "engines import nothing of ours above them"

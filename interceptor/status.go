@@ -79,12 +79,13 @@ type RateLimitStatus struct {
 	Period time.Duration
 }
 
-// Status returns a snapshot of the breaker and bulkhead that the calls of
-// fullMethod ("/pkg.Service/Method"; the leading slash may be left out) go
-// through. It keeps nothing for a method no call has resolved (its guards
-// are then fresh), so names from elsewhere cannot grow the client's state.
-// A name that is not a full method has no guards: its status is empty, and
-// why is logged once (WithLogger).
+// Status returns a snapshot of the guards (breaker, adaptive throttling,
+// bulkhead, rate limit) that the calls of fullMethod
+// ("/pkg.Service/Method"; the leading slash may be left out) go through.
+// It keeps nothing for a method no call has resolved (its guards are then
+// fresh), so names from elsewhere cannot grow the client's state. A name
+// that is not a full method has no guards: its status is empty, and why is
+// logged once (WithLogger).
 func (c *Client) Status(fullMethod string) MethodStatus {
 	full, err := rpcname.FullMethod("Status", fullMethod)
 	if err != nil {
@@ -95,10 +96,11 @@ func (c *Client) Status(fullMethod string) MethodStatus {
 }
 
 // Statuses returns a snapshot of every method with a breaker (of either
-// mode) or a bulkhead that the config names exactly, or that was called
-// (or given to ForceOpen, ForceClosed or ResetBreaker) and is kept (see the
-// package documentation, Bounded state), sorted by method. It is complete
-// after any sequence of config updates.
+// mode), a bulkhead or a rate limit (a rateLimit block) that the config
+// names exactly, or that was called (or given to ForceOpen, ForceClosed or
+// ResetBreaker) and is kept (see the package documentation, Bounded
+// state), sorted by method. It is complete after any sequence of config
+// updates.
 func (c *Client) Statuses() []MethodStatus {
 	now := time.Now()
 	var out []MethodStatus
@@ -278,7 +280,17 @@ func (c *Client) Policy(fullMethod string) MethodPolicy {
 	if i < 0 {
 		return mp
 	}
-	mc := st.cfg.MethodConfig[i]
+	mp.Config = cloneMethodConfig(st.cfg.MethodConfig[i])
+	if i < len(st.origins) {
+		mp.Source = st.origins[i].at("")
+	}
+	return mp
+}
+
+// cloneMethodConfig returns a copy of mc that shares no memory with it:
+// each block and slice is copied (TestPolicyIsADeepCopy checks that every
+// reference field of MethodConfig is).
+func cloneMethodConfig(mc serviceconfig.MethodConfig) serviceconfig.MethodConfig {
 	mc.Name = slices.Clone(mc.Name)
 	mc.WaitForReady = clonePtr(mc.WaitForReady)
 	mc.MaxRequestMessageBytes = clonePtr(mc.MaxRequestMessageBytes)
@@ -293,11 +305,8 @@ func (c *Client) Policy(fullMethod string) MethodPolicy {
 		mc.CircuitBreaker.FailureStatusCodes = slices.Clone(mc.CircuitBreaker.FailureStatusCodes)
 	}
 	mc.Bulkhead = clonePtr(mc.Bulkhead)
-	mp.Config = mc
-	if i < len(st.origins) {
-		mp.Source = st.origins[i].at("")
-	}
-	return mp
+	mc.RateLimit = clonePtr(mc.RateLimit)
+	return mc
 }
 
 // clonePtr returns a copy of *p, or nil.

@@ -21,37 +21,6 @@ func clock(t *timestamppb.Timestamp) string {
 	return t.AsTime().Local().Format("15:04:05.000")
 }
 
-// partName is a part as the admin page names it: "other" for the refusals
-// of a reason the view does not know.
-func partName(p adminv1.Part) string {
-	if p == adminv1.Part_PART_UNSPECIFIED {
-		return "other"
-	}
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(p.String(), "PART_")), "_", " ")
-}
-
-func stateName(s adminv1.BreakerState) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "BREAKER_STATE_")), "_", "-")
-}
-
-func kindName(k adminv1.EventKind) string {
-	switch k {
-	case adminv1.EventKind_EVENT_KIND_BREAKER_STATE:
-		return "state"
-	case adminv1.EventKind_EVENT_KIND_REFUSED:
-		return "refused"
-	case adminv1.EventKind_EVENT_KIND_EJECTED:
-		return "ejected"
-	case adminv1.EventKind_EVENT_KIND_RETURNED:
-		return "returned"
-	case adminv1.EventKind_EVENT_KIND_STORE_FAILED:
-		return "store failed"
-	case adminv1.EventKind_EVENT_KIND_WRITE:
-		return "write"
-	}
-	return "unknown"
-}
-
 func dash(s string) string {
 	if s == "" {
 		return "-"
@@ -68,9 +37,12 @@ func newTable(w io.Writer, header ...string) *table {
 	return t
 }
 
+// oneCell keeps a cell on one line, in one column.
+var oneCell = strings.NewReplacer("\t", " ", "\n", " ")
+
 func (t *table) row(cells ...string) {
 	for i, c := range cells {
-		cells[i] = strings.NewReplacer("\t", " ", "\n", " ").Replace(c)
+		cells[i] = oneCell.Replace(c)
 	}
 	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
 }
@@ -87,7 +59,7 @@ func printView(w io.Writer, v *adminv1.View, events []*adminv1.Event) error {
 		fmt.Fprintln(w, "REFUSING NOW")
 		t := newTable(w, "SIDE", "SOURCE", "PART", "SUBJECT", "SINCE", "WHY")
 		for _, r := range v.GetRefusing() {
-			t.row(r.GetSide(), r.GetSource(), partName(r.GetPart()), r.GetSubject(), clock(r.GetSince()), r.GetCause())
+			t.row(r.GetSide(), r.GetSource(), r.GetPart().Label(), r.GetSubject(), clock(r.GetSince()), r.GetCause())
 		}
 		if err := t.flush(); err != nil {
 			return err
@@ -123,7 +95,7 @@ func printClient(w io.Writer, c *adminv1.Client) {
 	for _, m := range c.GetMethods() {
 		br, win, ad, bh, rl, hd, last, pol := "-", "-", "-", "-", "-", "-", "-", "-"
 		if b := m.GetBreaker(); b != nil {
-			br = stateName(b.GetState())
+			br = b.GetState().Label()
 			if b.GetOpenUntil() != nil {
 				br += " until " + clock(b.GetOpenUntil())
 			}
@@ -263,7 +235,7 @@ func printEvents(w io.Writer, events []*adminv1.Event, dropped uint64) error {
 	fmt.Fprintln(w, "EVENTS (oldest first)")
 	t := newTable(w, "#", "TIME", "SIDE", "SOURCE", "PART", "SUBJECT", "EVENT", "COUNT", "LATEST", "WHY")
 	for _, e := range events {
-		t.row(strconv.FormatUint(e.GetSequence(), 10), clock(e.GetTime()), e.GetSide(), e.GetSource(), partName(e.GetPart()),
+		t.row(strconv.FormatUint(e.GetSequence(), 10), clock(e.GetTime()), e.GetSide(), e.GetSource(), e.GetPart().Label(),
 			e.GetSubject(), eventWhat(e), strconv.FormatUint(e.GetCount(), 10), clock(e.GetLastTime()), e.GetCause())
 	}
 	if err := t.flush(); err != nil {
@@ -277,7 +249,7 @@ func printEvents(w io.Writer, events []*adminv1.Event, dropped uint64) error {
 
 // eventWhat is what happened, with a breaker's states.
 func eventWhat(e *adminv1.Event) string {
-	what := kindName(e.GetKind())
+	what := e.GetKind().Label()
 	switch {
 	case e.GetFrom() != "":
 		what += " " + e.GetFrom() + " → " + e.GetTo()
@@ -297,5 +269,5 @@ func eventLine(e *adminv1.Event) string {
 		count = fmt.Sprintf(" ×%d (latest %s)", e.GetCount(), clock(e.GetLastTime()))
 	}
 	return fmt.Sprintf("%s #%d %s/%s %s %s: %s%s: %s", clock(e.GetTime()), e.GetSequence(), e.GetSide(), e.GetSource(),
-		partName(e.GetPart()), e.GetSubject(), eventWhat(e), count, e.GetCause())
+		e.GetPart().Label(), e.GetSubject(), eventWhat(e), count, e.GetCause())
 }

@@ -315,6 +315,6 @@ func breaker(ctx context.Context, c adminv1.AdminServiceClient, f *flags, action
 	if f.json {
 		return printJSON(w, r, true)
 	}
-	_, err = fmt.Fprintf(w, "client %s %s: breaker %s\n", client, method, stateName(r.GetBreaker().GetState()))
+	_, err = fmt.Fprintf(w, "client %s %s: breaker %s\n", client, method, r.GetBreaker().GetState().Label())
 	return err
 }

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,5 +146,39 @@ func TestRefusalInAnEpisodeAllocatesNothing(t *testing.T) {
 	all, _ := v.Events(0, 0)
 	if len(all) != len(tests) {
 		t.Errorf("%d events, want one episode per part: %v", len(all), all)
+	}
+}
+
+// TestOpenBreakerRefusalAllocatesNothingAndKeepsNothing pins what a call
+// refused by an open breaker, or ending another way the view does not
+// record (cancelled, committed), costs the view: no event, no failure, no
+// allocation, not even a read of its clock, so that callers spinning on
+// an open breaker pay nothing more (the opening's event says why).
+func TestOpenBreakerRefusalAllocatesNothingAndKeepsNothing(t *testing.T) {
+	var reads atomic.Int64
+	clk := newFakeClock()
+	v := newView(t, WithNow(func() time.Time { reads.Add(1); return clk.now() }))
+	cs, _ := v.Client("c")
+	ctx := context.Background()
+	open := status.Error(codes.Unavailable, "circuit open")
+	for _, reason := range []interceptor.StopReason{interceptor.StopCircuitOpen, interceptor.StopCancelled, interceptor.StopCommitted} {
+		stop := func() {
+			cs.OnStop(ctx, interceptor.StopEvent{FullMethod: echoMethod, Attempts: 1, Reason: reason, Err: open})
+		}
+		stop()
+		if !raceEnabled {
+			if n := testing.AllocsPerRun(1000, stop); n != 0 {
+				t.Errorf("OnStop(%v): %v allocations per call, want 0", reason, n)
+			}
+		}
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("the view's clock was read %d times, want none", n)
+	}
+	if all, _ := v.Events(0, 0); len(all) != 0 {
+		t.Errorf("events %v, want none", all)
+	}
+	if fs := cs.fails.recent(echoMethod); len(fs) != 0 {
+		t.Errorf("failures kept %v, want none", fs)
 	}
 }

@@ -124,12 +124,16 @@ func lastAttemptFailed(r interceptor.StopReason) bool {
 // event, one per episode of refusals. Call it from your own hook to keep
 // both.
 func (s *ClientSource) OnStop(_ context.Context, e interceptor.StopEvent) {
+	failed := lastAttemptFailed(e.Reason) && e.Err != nil && e.Attempts > 0
+	part, reason, refused := stopPart(e.Reason)
+	if !failed && !refused {
+		return // an open breaker's refusal, a cancellation, a commit: nothing to keep, not even the time
+	}
 	now := s.v.opts.now()
-	if lastAttemptFailed(e.Reason) && e.Err != nil && e.Attempts > 0 {
+	if failed {
 		s.fails.add(e.FullMethod, failure{time: now, code: status.Code(e.Err), err: e.Err})
 	}
-	part, reason, ok := stopPart(e.Reason)
-	if !ok {
+	if !refused {
 		return
 	}
 	key, kind := s.key(part, e.FullMethod), adminv1.EventKind_EVENT_KIND_REFUSED

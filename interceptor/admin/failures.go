@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rescodes "github.com/grpc-resilience/resilience/codes"
@@ -22,15 +21,7 @@ type failure struct {
 	err  error
 }
 
-func (f failure) message() string {
-	if f.err == nil {
-		return ""
-	}
-	if st, ok := status.FromError(f.err); ok {
-		return cut(st.Message())
-	}
-	return cut(f.err.Error())
-}
+func (f failure) message() string { return cut(errText(f.err)) }
 
 func (f failure) proto() *adminv1.Failure {
 	return &adminv1.Failure{Time: timestamppb.New(f.time), Code: rescodes.Name(f.code), Message: f.message()}

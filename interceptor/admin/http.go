@@ -138,9 +138,9 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 		}
 		return t.AsTime().Local().Format("15:04:05.000")
 	},
-	"part":  partName,
-	"state": stateName,
-	"kind":  kindName,
+	"part":  adminv1.Part.Label,
+	"state": adminv1.BreakerState.Label,
+	"kind":  adminv1.EventKind.Label,
 	"addrs": func(a []string) string { return strings.Join(a, ", ") },
 	"pct":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + "%" },
 	"dur": func(d *durationpb.Duration) string {
@@ -176,33 +176,4 @@ func (v *View) servePage(w http.ResponseWriter, r *http.Request) {
 		// The header is out: all that is left is to say so in the page.
 		_, _ = io.WriteString(w, "<p>admin: rendering the page failed: "+template.HTMLEscapeString(err.Error())+"</p>")
 	}
-}
-
-// partName is a part as the page and the CLI name it ("breaker"; "other"
-// for the refusals of a reason the view does not know).
-func partName(p adminv1.Part) string {
-	if p == adminv1.Part_PART_UNSPECIFIED { // a refusal of a reason the view does not know
-		return "other"
-	}
-	s := strings.ToLower(strings.TrimPrefix(p.String(), "PART_"))
-	return strings.ReplaceAll(s, "_", " ")
-}
-
-// kindName is an event kind as the page and the CLI name it.
-func kindName(k adminv1.EventKind) string {
-	switch k {
-	case adminv1.EventKind_EVENT_KIND_BREAKER_STATE:
-		return "state"
-	case adminv1.EventKind_EVENT_KIND_REFUSED:
-		return "refused"
-	case adminv1.EventKind_EVENT_KIND_EJECTED:
-		return "ejected"
-	case adminv1.EventKind_EVENT_KIND_RETURNED:
-		return "returned"
-	case adminv1.EventKind_EVENT_KIND_STORE_FAILED:
-		return "store failed"
-	case adminv1.EventKind_EVENT_KIND_WRITE:
-		return "write"
-	}
-	return "unknown"
 }

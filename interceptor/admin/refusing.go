@@ -2,6 +2,7 @@ package admin
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -21,7 +22,7 @@ func (v *View) refusing(view *adminv1.View, now time.Time) []*adminv1.Refusing {
 		for _, m := range c.Methods {
 			if b := m.Breaker; b != nil && refuses(b.State) {
 				r := &adminv1.Refusing{Side: sideClient, Source: c.Name, Part: adminv1.Part_PART_BREAKER, Subject: m.FullMethod,
-					Cause: "breaker " + stateName(b.State)}
+					Cause: "breaker " + b.State.Label()}
 				if ev := v.events.latest(partKey{sideClient, c.Name, adminv1.Part_PART_BREAKER, m.FullMethod}, adminv1.EventKind_EVENT_KIND_BREAKER_STATE); ev != nil {
 					r.Cause += ": " + ev.Cause
 					r.Since, r.Sequence = ev.Time, ev.Sequence
@@ -45,7 +46,7 @@ func (v *View) refusing(view *adminv1.View, now time.Time) []*adminv1.Refusing {
 			if e.EjectedUntil == nil {
 				continue
 			}
-			subject := joinAddrs(e.Addresses)
+			subject := strings.Join(e.Addresses, ",") // as endpointWatch keys it
 			r := &adminv1.Refusing{Side: sideChannel, Source: ch.Target, Part: adminv1.Part_PART_ENDPOINT, Subject: subject,
 				Cause: e.Cause + "; until " + e.EjectedUntil.AsTime().Format("15:04:05.000")}
 			if ev := v.events.latest(partKey{sideChannel, ch.Target, adminv1.Part_PART_ENDPOINT, subject}, adminv1.EventKind_EVENT_KIND_EJECTED); ev != nil {
@@ -103,32 +104,4 @@ func refuses(s adminv1.BreakerState) bool {
 		return true
 	}
 	return false
-}
-
-// stateName is a breaker state as the Client names it ("half-open").
-func stateName(s adminv1.BreakerState) string {
-	switch s {
-	case adminv1.BreakerState_BREAKER_STATE_CLOSED:
-		return "closed"
-	case adminv1.BreakerState_BREAKER_STATE_OPEN:
-		return "open"
-	case adminv1.BreakerState_BREAKER_STATE_HALF_OPEN:
-		return "half-open"
-	case adminv1.BreakerState_BREAKER_STATE_FORCED_OPEN:
-		return "forced-open"
-	case adminv1.BreakerState_BREAKER_STATE_FORCED_CLOSED:
-		return "forced-closed"
-	}
-	return "unknown"
-}
-
-func joinAddrs(addrs []string) string {
-	s := ""
-	for i, a := range addrs {
-		if i > 0 {
-			s += ","
-		}
-		s += a
-	}
-	return s
 }

@@ -190,7 +190,7 @@ func limitCause(r server.Refusal) string {
 // and how long the caller was told to wait.
 func rateLimitCause(r server.Refusal) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "over the rate limit ")
+	b.WriteString("over the rate limit ")
 	for i, n := range r.RateLimits {
 		if i > 0 {
 			b.WriteString(", ")
@@ -229,18 +229,15 @@ func errText(err error) string {
 }
 
 // storeFailed notes a store failure at now for the store's health.
+// A full store is not a failure of it: it only says the Server has one.
 func (s *ServerSource) storeFailed(r server.Refusal, now time.Time) {
-	if r.Reason == server.RefusalStoreFull {
-		s.mu.Lock()
-		s.storeSet = true
-		s.mu.Unlock()
-		return
-	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.storeSet = true
-	s.storeErrs++
-	s.storeErr, s.storeAt = r.Err, now // its text is read when shown
-	s.mu.Unlock()
+	if r.Reason != server.RefusalStoreFull {
+		s.storeErrs++
+		s.storeErr, s.storeAt = r.Err, now // its text is read when shown
+	}
 }
 
 // recentWindow is how long a refusal, or a store failure, counts as

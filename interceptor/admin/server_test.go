@@ -109,8 +109,8 @@ func TestServerRefusalsOfShutdownAndUnknownReasons(t *testing.T) {
 	if r := refusingOf(view, adminv1.Part_PART_SHUTDOWN); r == nil {
 		t.Errorf("refusing now = %v, want the shutdown's refusals", view.GetRefusing())
 	}
-	if n := partName(adminv1.Part_PART_UNSPECIFIED); n != "other" {
-		t.Errorf("partName(PART_UNSPECIFIED) = %q, want \"other\"", n)
+	if n := adminv1.Part_PART_UNSPECIFIED.Label(); n != "other" {
+		t.Errorf("PART_UNSPECIFIED.Label() = %q, want \"other\"", n)
 	}
 }
 

@@ -105,7 +105,7 @@ func (s *Server) runHandler(caller, hctx context.Context, req any, info *grpc.Un
 // the gate that refused it, holding nothing.
 func (s *Server) admit(caller, hctx context.Context, fullMethod string) (srvPass, error) {
 	if s.closing.Load() {
-		return srvPass{}, s.shutdownRefusal(caller, fullMethod)
+		return srvPass{}, s.onRefusal.shutdown(caller, fullMethod)
 	}
 	rs := s.rates
 	if rs == nil {
@@ -203,7 +203,7 @@ func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMet
 		}
 		if !admitted {
 			if queued && s.closing.Load() { // taken out of the queue by Shutdown
-				return srvPass{}, s.shutdownRefusal(caller, fullMethod)
+				return srvPass{}, s.onRefusal.shutdown(caller, fullMethod)
 			}
 			reason, refusal := shedOverLimit, RefusalLimit
 			if queued {
@@ -223,7 +223,7 @@ func (s *Server) admitLimit(caller, hctx context.Context, l *srvLimiter, fullMet
 		}
 		if s.closing.Load() { // admitted as the server began to shut down
 			l.Abandon(now, slot)
-			return srvPass{}, s.shutdownRefusal(caller, fullMethod)
+			return srvPass{}, s.onRefusal.shutdown(caller, fullMethod)
 		}
 	}
 	ls.m.admit(caller, fullMethod, crit)
@@ -277,7 +277,7 @@ func (s *Server) admitCPU(caller context.Context, fullMethod string) (srvPass, e
 	if v != limit.Admitted {
 		ls.m.shedCall(caller, fullMethod, crit, shedCPU)
 		err := ls.shedError(caller, crit, pushback)
-		s.refused(caller, Refusal{FullMethod: fullMethod, Reason: RefusalCPU, Limit: CPUSheddingName, Criticality: crit, Err: err})
+		s.onRefusal.report(caller, Refusal{FullMethod: fullMethod, Reason: RefusalCPU, Limit: CPUSheddingName, Criticality: crit, Err: err})
 		return srvPass{}, err
 	}
 	ls.m.admit(caller, fullMethod, crit)

@@ -241,7 +241,7 @@ type srvIdem struct {
 	runHandler func(caller, hctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error)
 	// refused is the Server's WithOnRefusal hook; nil: none. Set by New
 	// before the Server is used.
-	refused func(context.Context, Refusal)
+	refused refusalHook
 }
 
 func newSrvIdem(o *srvIdemOptions, log srvLogger) (*srvIdem, error) {
@@ -728,17 +728,3 @@ func (o *srvOwned) close() {
 
 // idemReplayedMD is the header of a replayed answer.
 var idemReplayedMD = metadata.MD{wire.IdempotencyReplayedHeader: {"true"}}
-
-// refuse reports r to the Server's WithOnRefusal hook, if any.
-func (s *srvIdem) refuse(ctx context.Context, r Refusal) {
-	if s.refused != nil {
-		s.refused(ctx, r)
-	}
-}
-
-// shuttingDown reports a keyed call of fullMethod refused because the
-// Server is shutting down, and returns its error.
-func (s *srvIdem) shuttingDown(ctx context.Context, fullMethod string) error {
-	s.refuse(ctx, Refusal{FullMethod: fullMethod, Reason: RefusalShuttingDown, Err: errSrvShuttingDown})
-	return errSrvShuttingDown
-}

@@ -225,13 +225,13 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 	}
 	if full, ok := errors.AsType[*idempotency.FullError](err); ok {
 		serr := srvStoreFull(full)
-		c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFull, Err: serr})
+		c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFull, Err: serr})
 		return nil, serr
 	}
 	if c.s.failOpen {
 		c.s.log.warn("idempotency: store failed, running the handler without idempotency (fail open)",
 			"method", c.info.FullMethod, "error", err)
-		c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFailedOpen, Err: err})
+		c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFailedOpen, Err: err})
 		return c.s.runHandler(c.ctx, stripped(c.ctx), c.req, c.info, c.handler)
 	}
 	// Fail closed, with the retry hint both ways a client may read it.
@@ -242,7 +242,7 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 	}
 	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
 	rej := &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
-	c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
+	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
 	return nil, rej
 }
 
@@ -300,7 +300,7 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	switch {
 	case !running:
 		panicked = false
-		return nil, c.s.shuttingDown(c.ctx, c.info.FullMethod)
+		return nil, c.s.refused.shutdown(c.ctx, c.info.FullMethod)
 	case !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease))):
 		panicked = false
 		return nil, c.claimedTooLate()
@@ -324,7 +324,7 @@ func (c *srvIdemCall) claimedTooLate() error {
 	}
 	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
 	shed := &srvShed{&srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}}
-	c.s.refuse(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: shed})
+	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: shed})
 	return shed
 }
 

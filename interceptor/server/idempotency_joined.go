@@ -97,7 +97,7 @@ func (c *srvIdemCall) runJoined(txn idempotency.Txn) (resp any, err error) {
 	defer func() { resp, err = c.settleJoined(txn, resp, err, panicked) }()
 	if !running {
 		panicked = false
-		return nil, c.s.shuttingDown(c.ctx, c.info.FullMethod)
+		return nil, c.s.refused.shutdown(c.ctx, c.info.FullMethod)
 	}
 	c.s.m.execution(c.ctx, c.info.FullMethod)
 	resp, err = c.s.runHandler(c.ctx, grpc.NewContextWithServerTransportStream(txn.Context(hctx), c.own), c.req, c.info, c.handler)

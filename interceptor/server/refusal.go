@@ -132,17 +132,21 @@ func WithOnRefusal(f func(ctx context.Context, r Refusal)) Option {
 	}}
 }
 
-// refused reports r to the WithOnRefusal hook, if any.
-func (s *Server) refused(ctx context.Context, r Refusal) {
-	if f := s.onRefusal; f != nil {
-		f(ctx, r)
+// refusalHook is WithOnRefusal's hook as the Server and its layers hold
+// it (the Server, its idempotency layer, its rate limits); nil: none.
+type refusalHook func(context.Context, Refusal)
+
+// report reports r to the hook, if any.
+func (h refusalHook) report(ctx context.Context, r Refusal) {
+	if h != nil {
+		h(ctx, r)
 	}
 }
 
-// shutdownRefusal reports a call of fullMethod refused with
-// errSrvShuttingDown, and returns that error.
-func (s *Server) shutdownRefusal(ctx context.Context, fullMethod string) error {
-	s.refused(ctx, Refusal{FullMethod: fullMethod, Reason: RefusalShuttingDown, Err: errSrvShuttingDown})
+// shutdown reports a call of fullMethod refused with errSrvShuttingDown,
+// and returns that error.
+func (h refusalHook) shutdown(ctx context.Context, fullMethod string) error {
+	h.report(ctx, Refusal{FullMethod: fullMethod, Reason: RefusalShuttingDown, Err: errSrvShuttingDown})
 	return errSrvShuttingDown
 }
 
@@ -158,5 +162,5 @@ func (s *Server) limitRefusal(ctx context.Context, l *srvLimiter, fullMethod str
 		sh := l.TenantShare(s.limits.clk.Now(), limit.Criticality(crit), tenant)
 		r.Tenants, r.OverShare = sh.Tenants, sh.Over
 	}
-	s.refused(ctx, r)
+	s.onRefusal.report(ctx, r)
 }

@@ -33,7 +33,7 @@ type Server struct {
 	headroom time.Duration
 	floor    time.Duration
 	// onRefusal is WithOnRefusal's hook; nil: none. Immutable.
-	onRefusal func(context.Context, Refusal)
+	onRefusal refusalHook
 
 	// closing is set, and closed closed, when Shutdown begins: no call is
 	// admitted after.
@@ -163,11 +163,11 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // idempotency does at once.
 func (s *Server) srvUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if s.closing.Load() { // no claim either: the handler would not run
-		return nil, s.shutdownRefusal(ctx, info.FullMethod)
+		return nil, s.onRefusal.shutdown(ctx, info.FullMethod)
 	}
 	ctx, cancel, err := s.srvDeadline(ctx)
 	if err != nil {
-		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
+		s.onRefusal.report(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
 		return nil, err
 	}
 	if cancel != nil {
@@ -194,7 +194,7 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			}
 		}
 		if s.closing.Load() {
-			return s.shutdownRefusal(ss.Context(), info.FullMethod)
+			return s.onRefusal.shutdown(ss.Context(), info.FullMethod)
 		}
 		if s.rates != nil {
 			if set := s.rates.lookup(info.FullMethod); set != nil {
@@ -244,7 +244,7 @@ func (s *Server) srvStreamLimited(srv any, ss grpc.ServerStream, info *grpc.Stre
 func (s *Server) srvStreamInner(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel, err := s.srvDeadline(ss.Context())
 	if err != nil {
-		s.refused(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
+		s.onRefusal.report(ctx, Refusal{FullMethod: info.FullMethod, Reason: RefusalHeadroom, Err: err})
 		return err
 	}
 	if cancel != nil {
