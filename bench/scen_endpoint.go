@@ -40,6 +40,21 @@ func epStart(ctx context.Context, p epPeer, methods, extra string, n, listed int
 	return c, nil
 }
 
+// epRow runs one row of a scenario: the peer's cluster of n backends
+// (epStart, every one listed) behaving as behave says, then run, which
+// drives the load and returns the row's cells. The cluster is stopped on
+// every way out.
+func epRow(ctx context.Context, p epPeer, methods string, n int, hostNames bool,
+	behave func(b int, at time.Duration) resiliencetest.Step, run func(c *epCluster) []string) ([]string, error) {
+	c, err := epStart(ctx, p, methods, "", n, n, hostNames)
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	c.setBehavior(behave)
+	return run(c), nil
+}
+
 // skipRow is the row of a peer that cannot run here, or nil when err is
 // another error.
 func skipRow(name string, err error, width int) []string {
@@ -276,26 +291,27 @@ func runEndpointFailing(ctx context.Context, sz Size) ([]Table, error) {
 	t := Table{Title: "One backend of three failing every call (maxAttempts 2, 16 callers)",
 		Header: []string{"peer", "calls", "success", "bad share of first attempts, 0–2 s", "after 2 s", "under 1% from (ms)",
 			"retries to the bad backend", "retries", "attempts/call", "p50 (ms)"}}
+	behave := func(b int, at time.Duration) resiliencetest.Step {
+		if b == 0 {
+			return failing(codes.Unavailable)
+		}
+		return resiliencetest.Step{}
+	}
 	for _, r := range rows {
-		c, err := epStart(ctx, r.p, epRetry, "", epBackends, epBackends, r.host)
+		row, err := epRow(ctx, r.p, epRetry, epBackends, r.host, behave, func(c *epCluster) []string {
+			l := c.run(ctx, d)
+			ok, n := successRate(l)
+			early, below := c.badShare(0, 0, min(2*time.Second, d))
+			late, _ := c.badShare(0, min(2*time.Second, d), d+callTimeout)
+			rb, all := c.retriesTo(0)
+			return []string{r.p.name, strconv.Itoa(n), percent(ok, n), early, late, fmtBelow(below),
+				strconv.Itoa(rb), strconv.Itoa(all), strconv.FormatFloat(float64(c.attempts())/float64(max(n, 1)), 'f', 2, 64),
+				ms(quantile(l.okLatencies(0, 0), 0.5))}
+		})
 		if err != nil {
 			return nil, err
 		}
-		c.setBehavior(func(b int, at time.Duration) resiliencetest.Step {
-			if b == 0 {
-				return failing(codes.Unavailable)
-			}
-			return resiliencetest.Step{}
-		})
-		l := c.run(ctx, d)
-		ok, n := successRate(l)
-		early, below := c.badShare(0, 0, min(2*time.Second, d))
-		late, _ := c.badShare(0, min(2*time.Second, d), d+callTimeout)
-		rb, all := c.retriesTo(0)
-		t.Rows = append(t.Rows, []string{r.p.name, strconv.Itoa(n), percent(ok, n), early, late, fmtBelow(below),
-			strconv.Itoa(rb), strconv.Itoa(all), strconv.FormatFloat(float64(c.attempts())/float64(max(n, 1)), 'f', 2, 64),
-			ms(quantile(l.okLatencies(0, 0), 0.5))})
-		c.stop()
+		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = append(t.Notes, "targets: ours ≥ 99.9% success with IP and host-name targets alike (issue 30); the bad backend under 1% of first attempts within 2 s (issue 22).",
 		"pick_first rows: backend 0 comes first, so grpc-go's pick_first sends every attempt to it.")
@@ -329,27 +345,28 @@ func runEndpointRecovery(ctx context.Context, sz Size) ([]Table, error) {
 	d := 4 * sz.Phase
 	t := Table{Title: "A backend bad for one phase, then healthy (ejection time: one phase)",
 		Header: []string{"peer", "success", "bad share of first attempts while bad", "back after (ms)", "share after"}}
+	behave := func(b int, at time.Duration) resiliencetest.Step {
+		if b == 0 && at < bad {
+			return failing(codes.Unavailable)
+		}
+		return resiliencetest.Step{}
+	}
 	for _, p := range peers {
-		c, err := epStart(ctx, p, epRetry, "", epBackends, epBackends, false)
+		row, err := epRow(ctx, p, epRetry, epBackends, false, behave, func(c *epCluster) []string {
+			l := c.run(ctx, d)
+			ok, n := successRate(l)
+			during, _ := c.badShare(0, 0, bad)
+			after, _ := c.badShare(0, bad+1500*time.Millisecond, d+callTimeout)
+			back := "never"
+			if at := c.firstAfter(0, bad); at >= 0 {
+				back = fmtBelow(at - bad)
+			}
+			return []string{p.name, percent(ok, n), during, back, after}
+		})
 		if err != nil {
 			return nil, err
 		}
-		c.setBehavior(func(b int, at time.Duration) resiliencetest.Step {
-			if b == 0 && at < bad {
-				return failing(codes.Unavailable)
-			}
-			return resiliencetest.Step{}
-		})
-		l := c.run(ctx, d)
-		ok, n := successRate(l)
-		during, _ := c.badShare(0, 0, bad)
-		after, _ := c.badShare(0, bad+1500*time.Millisecond, d+callTimeout)
-		back := "never"
-		if at := c.firstAfter(0, bad); at >= 0 {
-			back = fmtBelow(at - bad)
-		}
-		t.Rows = append(t.Rows, []string{p.name, percent(ok, n), during, back, after})
-		c.stop()
+		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = append(t.Notes, "target (issue 22): back in rotation within its ejection time after it recovers (one phase, or two after a second ejection in a row).")
 	return []Table{t}, nil
@@ -536,24 +553,24 @@ func runEndpointSlow(ctx context.Context, sz Size) ([]Table, error) {
 		Header: []string{"peer", "calls", "p50 (ms)", "p99 (ms)", "p99 / all-healthy p99", "slow share"}}
 	var baseP99 time.Duration
 	for _, r := range rows {
-		c, err := epStart(ctx, r.p, epNoRetry, "", epBackends, epBackends, false)
+		behave := slowBackend(1, 5*time.Millisecond, 50*time.Millisecond)
+		if r.healthy {
+			behave = slowBackend(-1, 5*time.Millisecond, 0)
+		}
+		row, err := epRow(ctx, r.p, epNoRetry, epBackends, false, behave, func(c *epCluster) []string {
+			l := c.run(ctx, d)
+			lat := l.okLatencies(0, 0)
+			p50, p99 := quantile(lat, 0.5), quantile(lat, 0.99)
+			if baseP99 == 0 {
+				baseP99 = p99
+			}
+			sh := c.shares(0, d+callTimeout)
+			return []string{r.p.name, strconv.Itoa(len(l.outcomes)), ms(p50), ms(p99), durRatio(p99, baseP99), sh[1]}
+		})
 		if err != nil {
 			return nil, err
 		}
-		if r.healthy {
-			c.setBehavior(slowBackend(-1, 5*time.Millisecond, 0))
-		} else {
-			c.setBehavior(slowBackend(1, 5*time.Millisecond, 50*time.Millisecond))
-		}
-		l := c.run(ctx, d)
-		lat := l.okLatencies(0, 0)
-		p50, p99 := quantile(lat, 0.5), quantile(lat, 0.99)
-		if baseP99 == 0 {
-			baseP99 = p99
-		}
-		sh := c.shares(0, d+callTimeout)
-		t.Rows = append(t.Rows, []string{r.p.name, strconv.Itoa(len(l.outcomes)), ms(p50), ms(p99), durRatio(p99, baseP99), sh[1]})
-		c.stop()
+		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = append(t.Notes, "target (issue 30): ours latency-aware (peak_ewma) p99 ≤ 1.5× the all-healthy p99, where round robin's p99 is the slow backend's.",
 		"least_request counts outstanding requests only: a slow backend holds more of them, so it gets fewer, but not few enough for the p99; "+
@@ -582,28 +599,29 @@ func runEndpointOutage(ctx context.Context, sz Size) ([]Table, error) {
 	d := 4 * sz.Phase
 	t := Table{Title: "Whole-cluster outage",
 		Header: []string{"peer", "calls", "most ejected at once", "ejections refused", "attempts/call", "calls refused by the breaker"}}
+	behave := func(int, time.Duration) resiliencetest.Step { return failing(codes.Unavailable) }
 	for _, p := range peers {
-		c, err := epStart(ctx, p, methods, "", epBackends, epBackends, false)
+		row, err := epRow(ctx, p, methods, epBackends, false, behave, func(c *epCluster) []string {
+			most := c.sampleEjections()
+			l := c.run(ctx, d)
+			m, o := most()
+			refused := 0
+			for _, out := range l.outcomes {
+				if errorsIsOpen(out.err) {
+					refused++
+				}
+			}
+			mostS, overS := "n/a", "n/a"
+			if p.ours {
+				mostS, overS = strconv.Itoa(m), strconv.FormatUint(o, 10)
+			}
+			return []string{p.name, strconv.Itoa(len(l.outcomes)), mostS, overS,
+				strconv.FormatFloat(float64(c.attempts())/float64(max(len(l.outcomes), 1)), 'f', 2, 64), percent(refused, len(l.outcomes))}
+		})
 		if err != nil {
 			return nil, err
 		}
-		c.setBehavior(func(int, time.Duration) resiliencetest.Step { return failing(codes.Unavailable) })
-		most := c.sampleEjections()
-		l := c.run(ctx, d)
-		m, o := most()
-		refused := 0
-		for _, out := range l.outcomes {
-			if errorsIsOpen(out.err) {
-				refused++
-			}
-		}
-		mostS, overS := "n/a", "n/a"
-		if p.ours {
-			mostS, overS = strconv.Itoa(m), strconv.FormatUint(o, 10)
-		}
-		t.Rows = append(t.Rows, []string{p.name, strconv.Itoa(len(l.outcomes)), mostS, overS,
-			strconv.FormatFloat(float64(c.attempts())/float64(max(len(l.outcomes), 1)), 'f', 2, 64), percent(refused, len(l.outcomes))})
-		c.stop()
+		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = append(t.Notes, "target (issue 22): at most maxEjectionPercent (50% of 3: one endpoint) ejected; the breaker and budget as under round_robin.")
 	return []Table{t}, nil
@@ -675,65 +693,71 @@ func runEndpointRestart(ctx context.Context, sz Size) ([]Table, error) {
 	t := Table{Title: "A backend restarted in place",
 		Header: []string{"peer", "calls", "success", "back after restart (ms)", "back after READY (ms)", "share after", "ejections", "returns"}}
 	for _, p := range peers {
-		c, err := epStart(ctx, p, epRetry, "", epBackends, epBackends, false)
+		row, err := epRow(ctx, p, epRetry, epBackends, false, slowBackend(-1, 5*time.Millisecond, 0), func(c *epCluster) []string {
+			return restartRow(ctx, c, p, sz.Phase, d)
+		})
 		if err != nil {
 			return nil, err
 		}
-		c.setBehavior(slowBackend(-1, 5*time.Millisecond, 0))
-		var relisten, ready atomic.Int64 // since the run's start, ns; 0: not yet
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			select {
-			case <-time.After(sz.Phase):
-			case <-ctx.Done():
-				return
-			}
-			b := c.backends[0]
-			addr := b.addr
-			b.halt()
-			time.Sleep(100 * time.Millisecond)
-			if err := b.serve(addr); err != nil {
-				return
-			}
-			c.mu.Lock()
-			relisten.Store(int64(time.Since(c.start)))
-			c.mu.Unlock()
-			if !p.ours {
-				return
-			}
-			for time.Since(c.start) < d {
-				if s, ok := c.snapshot(); ok && len(s.Endpoints) > 0 && s.Endpoints[0].Connectivity == connectivity.Ready {
-					ready.Store(int64(time.Since(c.start)))
-					return
-				}
-				time.Sleep(time.Millisecond)
-			}
-		})
-		l := c.run(ctx, d)
-		wg.Wait()
-		ok, n := successRate(l)
-		rel := time.Duration(relisten.Load())
-		back, afterReady := "never", "n/a"
-		if at := c.firstAfter(0, rel); rel > 0 && at >= 0 {
-			back = strconv.FormatInt((at - rel).Milliseconds(), 10)
-		}
-		if r := time.Duration(ready.Load()); p.ours && r > 0 {
-			afterReady = "never"
-			if at := c.firstAfter(0, r); at >= 0 {
-				afterReady = strconv.FormatInt((at - r).Milliseconds(), 10)
-			}
-		}
-		share, _ := c.badShare(0, rel+time.Second, d+callTimeout)
-		ejections, returns := "n/a", "n/a"
-		if s, ok := c.snapshot(); ok && p.ours {
-			ejections, returns = strconv.FormatUint(s.Endpoints[0].Ejections, 10), strconv.FormatUint(s.Returns, 10)
-		}
-		t.Rows = append(t.Rows, []string{p.name, strconv.Itoa(n), percent(ok, n), back, afterReady, share, ejections, returns})
-		c.stop()
+		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = append(t.Notes, "target (issue 30): ours back in rotation within 1 s of READY (before: ~30 s, its resets counted as its own failures).",
 		"ours ejects it for its resets (local-origin failures, consecutiveLocalOriginFailures 5) and returns it as soon as it is READY on a new connection.")
 	return []Table{t}, nil
+}
+
+// restartRow runs one row of endpoint-restart on c for d: backend 0 halted
+// and served again on its address after one phase.
+func restartRow(ctx context.Context, c *epCluster, p epPeer, phase, d time.Duration) []string {
+	var relisten, ready atomic.Int64 // since the run's start, ns; 0: not yet
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-time.After(phase):
+		case <-ctx.Done():
+			return
+		}
+		b := c.backends[0]
+		addr := b.addr
+		b.halt()
+		time.Sleep(100 * time.Millisecond)
+		if err := b.serve(addr); err != nil {
+			return
+		}
+		c.mu.Lock()
+		relisten.Store(int64(time.Since(c.start)))
+		c.mu.Unlock()
+		if !p.ours {
+			return
+		}
+		for time.Since(c.start) < d {
+			if s, ok := c.snapshot(); ok && len(s.Endpoints) > 0 && s.Endpoints[0].Connectivity == connectivity.Ready {
+				ready.Store(int64(time.Since(c.start)))
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	l := c.run(ctx, d)
+	wg.Wait()
+	ok, n := successRate(l)
+	rel := time.Duration(relisten.Load())
+	back, afterReady := "never", "n/a"
+	if at := c.firstAfter(0, rel); rel > 0 && at >= 0 {
+		back = strconv.FormatInt((at - rel).Milliseconds(), 10)
+	}
+	if r := time.Duration(ready.Load()); p.ours && r > 0 {
+		afterReady = "never"
+		if at := c.firstAfter(0, r); at >= 0 {
+			afterReady = strconv.FormatInt((at - r).Milliseconds(), 10)
+		}
+	}
+	share, _ := c.badShare(0, rel+time.Second, d+callTimeout)
+	ejections, returns := "n/a", "n/a"
+	if s, ok := c.snapshot(); ok && p.ours {
+		ejections, returns = strconv.FormatUint(s.Endpoints[0].Ejections, 10), strconv.FormatUint(s.Returns, 10)
+	}
+	return []string{p.name, strconv.Itoa(n), percent(ok, n), back, afterReady, share, ejections, returns}
 }
 
 // EndpointScaleDown: scale-down with ejections (issue 30).
@@ -758,45 +782,52 @@ func runEndpointScaleDown(ctx context.Context, sz Size) ([]Table, error) {
 	d := 3 * sz.Phase
 	t := Table{Title: "Scale-down from 4 to 3 endpoints with 2 ejected",
 		Header: []string{"peer", "success", "share backend 0", "share backend 1", "share backend 2", "most ejected after"}}
+	behave := func(b int, at time.Duration) resiliencetest.Step {
+		if at < sz.Phase && b < 2 {
+			return failing(codes.Unavailable)
+		}
+		return resiliencetest.Step{Delay: time.Millisecond}
+	}
 	for _, p := range peers {
-		c, err := epStart(ctx, p, epRetry, "", 4, 4, false)
+		row, err := epRow(ctx, p, epRetry, 4, false, behave, func(c *epCluster) []string {
+			return scaleDownRow(ctx, c, p, sz.Phase, d)
+		})
 		if err != nil {
 			return nil, err
 		}
-		c.setBehavior(func(b int, at time.Duration) resiliencetest.Step {
-			if at < sz.Phase && b < 2 {
-				return failing(codes.Unavailable)
-			}
-			return resiliencetest.Step{Delay: time.Millisecond}
-		})
-		var most func() (int, uint64)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			select {
-			case <-time.After(sz.Phase):
-			case <-ctx.Done():
-				return
-			}
-			c.setEndpoints(0, 1, 2)
-			most = c.sampleEjections()
-		})
-		l := c.run(ctx, d)
-		wg.Wait()
-		ok, n := successRate(l)
-		m := -1
-		if most != nil {
-			m, _ = most()
-		}
-		sh := c.shares(sz.Phase*6/5, d+callTimeout)
-		mostS := "n/a"
-		if p.ours {
-			mostS = strconv.Itoa(m)
-		}
-		t.Rows = append(t.Rows, []string{p.name, percent(ok, n), sh[0], sh[1], sh[2], mostS})
-		c.stop()
+		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = append(t.Notes, "target (issue 30): with 3 endpoints at 50%, at most 1 ejected after the scale-down (the longest-ejected of backends 0 and 1 returns at once, whichever crossed its threshold first); before: 2 of 3 stayed out and backend 2 took every call.")
 	return []Table{t}, nil
+}
+
+// scaleDownRow runs one row of endpoint-scaledown on c for d: the resolver
+// drops backend 3 after one phase.
+func scaleDownRow(ctx context.Context, c *epCluster, p epPeer, phase, d time.Duration) []string {
+	var most func() (int, uint64)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-time.After(phase):
+		case <-ctx.Done():
+			return
+		}
+		c.setEndpoints(0, 1, 2)
+		most = c.sampleEjections()
+	})
+	l := c.run(ctx, d)
+	wg.Wait()
+	ok, n := successRate(l)
+	m := -1
+	if most != nil {
+		m, _ = most()
+	}
+	sh := c.shares(phase*6/5, d+callTimeout)
+	mostS := "n/a"
+	if p.ours {
+		mostS = strconv.Itoa(m)
+	}
+	return []string{p.name, percent(ok, n), sh[0], sh[1], sh[2], mostS}
 }
 
 // HedgeBudget is the hedging target of issue 32: one backend of three 50×
@@ -829,52 +860,48 @@ func runHedgeBudget(ctx context.Context, sz Size) ([]Table, error) {
 	t := Table{Title: "One backend of three 50× slower, hedging under the default retry budget",
 		Header: []string{"peer", "calls/s", "budget's share", "calls", "p50 (ms)", "p99 (ms)", "p99 / unhedged p99", "extra attempts",
 			"slow backend's first attempts"}}
+	behave := func(b int, _ time.Duration) resiliencetest.Step {
+		if b == 1 {
+			return resiliencetest.Step{Delay: 100 * time.Millisecond}
+		}
+		return resiliencetest.Step{Delay: 2 * time.Millisecond}
+	}
 	for _, rate := range []float64{40, 400} {
 		var baseP99 time.Duration
 		for _, r := range []struct {
 			name, lb, methods string
 		}{{hbUnhedged, lbRR, `"timeout":"10s"`}, {hbHedgedRR, lbRR, hedge}, {hbHedged, lbOursRR, hedge}} {
-			opts, err := oursLB(r.name, r.lb).dial(r.methods, "")
+			row, err := epRow(ctx, oursLB(r.name, r.lb), r.methods, epBackends, false, behave, func(c *epCluster) []string {
+				var l load
+				start := time.Now()
+				echo := echov1.NewEchoServiceClient(c.Conn)
+				l.openLoop(ctx, rate, start.Add(d), func(ctx context.Context, _ int) error {
+					ctx, cancel := context.WithTimeout(ctx, callTimeout)
+					defer cancel()
+					_, err := echo.Echo(ctx, &echov1.EchoRequest{Message: "h"})
+					return err
+				})
+				time.Sleep(300 * time.Millisecond) // the losers' arrivals are in
+				var lat []time.Duration
+				for _, o := range l.outcomes {
+					if o.err == nil && !o.start.Before(start.Add(d/6)) {
+						lat = append(lat, o.end.Sub(o.start))
+					}
+				}
+				slices.Sort(lat)
+				p50, p99 := quantile(lat, 0.5), quantile(lat, 0.99)
+				if baseP99 == 0 {
+					baseP99 = p99
+				}
+				extra := float64(c.attempts()-len(l.outcomes)) / float64(len(l.outcomes))
+				return []string{r.name, strconv.FormatFloat(rate, 'f', 0, 64), pct(0.2 + 10/rate),
+					strconv.Itoa(len(l.outcomes)), ms(p50), ms(p99), strconv.FormatFloat(float64(p99)/float64(baseP99), 'f', 2, 64), pct(extra),
+					c.shares(0, d+callTimeout)[1]}
+			})
 			if err != nil {
 				return nil, err
 			}
-			c, err := startEPCluster(epBackends, false, opts)
-			if err != nil {
-				return nil, err
-			}
-			c.warm(ctx, epBackends)
-			c.setBehavior(func(b int, _ time.Duration) resiliencetest.Step {
-				if b == 1 {
-					return resiliencetest.Step{Delay: 100 * time.Millisecond}
-				}
-				return resiliencetest.Step{Delay: 2 * time.Millisecond}
-			})
-			var l load
-			start := time.Now()
-			echo := echov1.NewEchoServiceClient(c.Conn)
-			l.openLoop(ctx, rate, start.Add(d), func(ctx context.Context, _ int) error {
-				ctx, cancel := context.WithTimeout(ctx, callTimeout)
-				defer cancel()
-				_, err := echo.Echo(ctx, &echov1.EchoRequest{Message: "h"})
-				return err
-			})
-			time.Sleep(300 * time.Millisecond) // the losers' arrivals are in
-			var lat []time.Duration
-			for _, o := range l.outcomes {
-				if o.err == nil && !o.start.Before(start.Add(d/6)) {
-					lat = append(lat, o.end.Sub(o.start))
-				}
-			}
-			slices.Sort(lat)
-			p50, p99 := quantile(lat, 0.5), quantile(lat, 0.99)
-			if baseP99 == 0 {
-				baseP99 = p99
-			}
-			extra := float64(c.attempts()-len(l.outcomes)) / float64(len(l.outcomes))
-			t.Rows = append(t.Rows, []string{r.name, strconv.FormatFloat(rate, 'f', 0, 64), pct(0.2 + 10/rate),
-				strconv.Itoa(len(l.outcomes)), ms(p50), ms(p99), strconv.FormatFloat(float64(p99)/float64(baseP99), 'f', 2, 64), pct(extra),
-				c.shares(0, d+callTimeout)[1]})
-			c.stop()
+			t.Rows = append(t.Rows, row)
 		}
 	}
 	t.Notes = append(t.Notes, "target (issue 32): at 40 calls a second, p99 ≤ 0.5× the unhedged, for extra attempts within the budget's share. "+

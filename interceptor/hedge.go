@@ -166,6 +166,16 @@ func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, 
 	in, out proto.Message, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
 	h := c.newHedgeCall(ctx, st, mp, co, maxAttempts)
 	defer h.close() // cancels the copies still running, on every way out
+	if cc != nil && trail.Wanted(cc.Target()) {
+		// Every copy carries the call's trail of endpoints, to which the
+		// endpoint load-balancing policy adds each pick: a copy goes to
+		// an endpoint no earlier copy of the call went to. One
+		// allocation, made only when the channel's policy reads it, as
+		// for a unary call that may retry (unaryCall.trailed).
+		// A copy's per-attempt timeout is a call option's (the caller's)
+		// or the deadline's headroom: none counts against an endpoint.
+		h.copies = trail.NewContext(h.copies, time.Time{})
+	}
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
 	h.job.mm = h.r.mm
 	err := h.run(in, out)
@@ -241,12 +251,6 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 	}
 	h.ctx = h.r.outgoing(ctx)
 	h.copies, h.cancel = context.WithCancel(h.ctx)
-	// Every copy carries the call's trail of endpoints, to which the
-	// endpoint load-balancing policy adds each pick: a copy goes to an
-	// endpoint no earlier copy of the call went to.
-	// A copy's per-attempt timeout is a call option's (the caller's) or
-	// the deadline's headroom: none counts against an endpoint.
-	h.copies = trail.NewContext(h.copies, time.Time{})
 	h.results = make(chan hedgeResult, maxAttempts)
 	return h
 }

@@ -25,14 +25,16 @@
 // whenever another is READY, and a hedged copy never joins its sibling on
 // a slow endpoint.
 //
-// The trail costs one allocation per call that may retry, on channels
+// The trail costs one allocation per unary call that may retry or is
+// hedged (a stream holds its trail in its own allocation), on channels
 // under this policy only (the Client asks whether the channel's policy
 // reads trails). It is not pooled: grpc may read an attempt's context after
 // the call has returned (a late RST_STREAM, a stats handler's late event),
 // and a pooled context would then hand it another call's values. A call
 // made while the channel has no policy built (its very first calls, and
-// the call that wakes it from idle) carries none. Without the Client's interceptors (grpc's own retry), no
-// trail exists and the policy only ejects and orders picks.
+// the call that wakes it from idle) carries none. Without the Client's
+// interceptors (grpc's own retry), no trail exists and the policy only
+// ejects and orders picks.
 //
 // # What counts against an endpoint
 //

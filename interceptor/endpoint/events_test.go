@@ -66,7 +66,6 @@ func TestEjectionAndReturnAreLoggedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cl := resiliencetest.StartCluster(t, 3, nil, resiliencetest.WithServiceConfig(
 			`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 2, "baseEjectionTime": "10s"}}]}`))
-		waitAllReady(t, cl, 3)
 		cl.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Code: codes.Unavailable} })
 		echo := cl.EchoClient()
 		for range 12 {
@@ -102,30 +101,6 @@ func TestEjectionAndReturnAreLoggedOnce(t *testing.T) {
 	})
 }
 
-// waitAllReady waits until the policy reports n READY endpoints for cl.
-func waitAllReady(t *testing.T, cl *resiliencetest.Cluster, n int) {
-	t.Helper()
-	cl.Conn.Connect()
-	for range 5000 {
-		for _, s := range endpoint.Snapshots(time.Now()) {
-			if s.Target != cl.Conn.Target() || s.Idle {
-				continue
-			}
-			ready := 0
-			for _, e := range s.Endpoints {
-				if e.Connectivity == connectivity.Ready {
-					ready++
-				}
-			}
-			if ready == n {
-				return
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("%d endpoints never READY", n)
-}
-
 // TestMetricsCountDetectionsAndReturnsWithBoundedEndpointLabels pins the
 // round-2 metrics through grpc's OpenTelemetry plugin: ejections detected
 // (enforced or refused by maxEjectionPercent) and enforced, by cause, the
@@ -152,7 +127,6 @@ func TestMetricsCountDetectionsAndReturnsWithBoundedEndpointLabels(t *testing.T)
 			}
 			cl := resiliencetest.StartCluster(t, 3, []grpc.DialOption{opentelemetry.DialOption(opentelemetry.Options{MetricsOptions: mo})},
 				resiliencetest.WithServiceConfig(`{"loadBalancingConfig": [{"resilience_endpoint": {"consecutiveFailures": 1, "baseEjectionTime": "600s", "maxEjectionPercent": 100}}]}`))
-			waitAllReady(t, cl, 3)
 			for _, b := range cl.Backends[:2] {
 				b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Code: codes.Unavailable} })
 			}

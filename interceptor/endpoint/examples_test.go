@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/endpoint"
@@ -87,8 +86,7 @@ func ExampleSetLogger() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer stop()
-	waitReady(cluster)
+	defer stop() // ServeCluster returned with every backend READY
 	cluster.Backends[0].OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
 		return resiliencetest.Step{Code: codes.Unavailable}
 	})
@@ -112,8 +110,7 @@ func Example_peakEWMA() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer stop()
-	waitReady(cluster)
+	defer stop() // ServeCluster returned with every backend READY
 	for i, b := range cluster.Backends {
 		d := 2 * time.Millisecond
 		if i == 1 {
@@ -133,24 +130,4 @@ func Example_peakEWMA() {
 	fmt.Println("the slow backend served fewer than 5 of 100 calls:", slow < 5)
 	// Output:
 	// the slow backend served fewer than 5 of 100 calls: true
-}
-
-// waitReady waits until every backend of the cluster is READY, as the
-// policy's snapshot shows.
-func waitReady(cluster *resiliencetest.Cluster) {
-	cluster.Conn.Connect()
-	for {
-		for _, s := range endpoint.Snapshots(time.Now()) {
-			ready := 0
-			for _, e := range s.Endpoints {
-				if s.Target == cluster.Conn.Target() && e.Connectivity == connectivity.Ready {
-					ready++
-				}
-			}
-			if ready == len(cluster.Backends) {
-				return
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
 }

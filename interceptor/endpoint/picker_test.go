@@ -79,7 +79,7 @@ var (
 
 // TestPickAndDoneAllocateNothing pins the pick's cost, exactly: 0
 // allocations for a call's first attempt (no trail), for an attempt with
-// a trail in a reused Context (the Client's pooled one), in every child
+// a trail in a trail.Context (a stream embeds one), in every child
 // mode, with an endpoint ejected, and for the Done callback. Run without
 // the race detector, which makes sync.Pool drop records on purpose.
 func TestPickAndDoneAllocateNothing(t *testing.T) {
