@@ -124,6 +124,10 @@ func (c *FaultConn) Next(f Fault) {
 	c.mu.Unlock()
 }
 
+// Write sends p to the server unless a fault is armed: after DropRequest
+// it closes the connection without sending and returns ErrInjected, as it
+// does for every call once the connection is broken. LoseReply lets p
+// through and arms Read to lose its answer.
 func (c *FaultConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	f := c.next
@@ -146,6 +150,11 @@ func (c *FaultConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// Read passes the server's bytes through, except after LoseReply: then it
+// reads the whole answer to the request (to ReadyForQuery, so every
+// statement, COMMIT included, has run on the server), drops it, breaks the
+// connection and returns ErrInjected, as it does for every call once the
+// connection is broken.
 func (c *FaultConn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	losing, broken := c.losing, c.broken
