@@ -412,15 +412,20 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 	res, err := bounded(ctx, func() ([]any, error) {
 		cmd, err := s.run(ctx, claimScript, rk.keys[:], claimWrote, fingerprint, token, millis(lease),
 			rk.member, s.leaseBytes(&rk), s.quota.entries, s.quota.bytes, rk.base)
-		if err != nil {
+		if cmd == nil {
 			return nil, err
 		}
-		return cmd.Slice()
+		res, rerr := cmd.Slice()
+		if rerr != nil {
+			return nil, rerr
+		}
+		return res, err // err: WithMinReplicas's WAIT after the script's reply
 	}, func(res []any, err error) {
 		// The caller has gone, and the claim came back after all: a key
-		// it took is no one's. (An error leaves it unknown: the release
-		// below, and the lease, deal with that.)
-		if err == nil && len(res) > 0 && res[0] == int64(1) {
+		// it took is no one's, whether or not its WAIT failed. (An error
+		// of the script leaves it unknown: the release below, and the
+		// lease, deal with that.)
+		if claimTook(res) {
 			s.abandon(ctx, &rk, fingerprint, token, sent.Add(lease))
 		}
 	})
@@ -567,8 +572,12 @@ func (o *orphans) put(rkey string, fingerprint []byte, token string, until time.
 // completeScript says that the script took the key or stored the record.
 func claimWrote(cmd *redis.Cmd) bool {
 	res, _ := cmd.Slice()
-	return len(res) > 0 && res[0] == int64(1)
+	return claimTook(res)
 }
+
+// claimTook reports whether res, a reply of claimScript, says that the
+// script took the key.
+func claimTook(res []any) bool { return len(res) > 0 && res[0] == int64(1) }
 
 func completeWrote(cmd *redis.Cmd) bool {
 	n, _ := cmd.Int()
