@@ -22,7 +22,8 @@ const (
 	// unreachable.
 	FallbackOpen
 	// FallbackClosed refuses every call, with the time until the next
-	// probe of the store as the wait.
+	// probe of the store as the wait (a probe interval once that time has
+	// passed and the probe is on its way).
 	FallbackClosed
 )
 
@@ -418,7 +419,15 @@ func (s *Shared) fallbackTake(n int64, st *sharedKey, c Criticality) (bool, int6
 	case FallbackOpen:
 		return true, 0
 	case FallbackClosed:
-		return false, max(s.probeAt.Load()-n, 0)
+		if w := s.probeAt.Load() - n; w > 0 {
+			return false, w
+		}
+		// The probe's instant has passed: a probe is in flight (a store
+		// that hangs holds it for the caller's lease timeout, which may
+		// pass the probe interval) or due at the key's next lease. Its
+		// answer is not for now: come back after a probe interval, never
+		// at once.
+		return false, s.probe
 	}
 	r := int64(st.replicas)
 	if r == 0 {

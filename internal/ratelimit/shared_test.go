@@ -604,3 +604,35 @@ func TestSharedReserveWaitIsNeverZero(t *testing.T) {
 		t.Fatalf("Critical refused a held token: %+v", d)
 	}
 }
+
+// TestSharedClosedFallbackWaitIsNeverZero: in FallbackClosed, a call
+// refused while the probe of the store is in flight past its time (the
+// store hangs; the probe waits out the caller's lease timeout, which may be
+// longer than the probe interval) is told to come back after a probe
+// interval, never after 0 (a client would come back at once, in a loop,
+// for as long as the store hangs). Before, the wait was the time until
+// the probe's instant, which had passed: 0.
+func TestSharedClosedFallbackWaitIsNeverZero(t *testing.T) {
+	cfg := sharedCfg(100, 10)
+	cfg.Fallback = FallbackClosed
+	s, _ := NewShared(cfg, t0)
+	_, l := s.Decide(t0, "k", Critical)
+	if tr := s.Deliver(l, t0, Grant{}, errors.New("connection refused")); tr != EnteredFallback {
+		t.Fatalf("transition %v, want EnteredFallback", tr)
+	}
+	at := t0.Add(DefaultProbeInterval)
+	d, probe := s.Decide(at, "k", Critical)
+	if probe == nil || d.OK || d.Wait <= 0 {
+		t.Fatalf("at the probe's instant: %+v, probe %v; want a probe sent and the call refused with a wait", d, probe != nil)
+	}
+	for _, after := range []time.Duration{DefaultProbeInterval, time.Second} { // the probe hangs
+		d, l := s.Decide(at.Add(after), "k", Critical)
+		if l != nil || d.OK || !d.Fallback || d.Wait <= 0 {
+			t.Fatalf("%v after a probe still in flight: %+v, another lease %v; want refused by the fallback with a wait > 0", after, d, l != nil)
+		}
+	}
+	s.Deliver(probe, at.Add(2*time.Second), Grant{}, errors.New("i/o timeout"))
+	if d, l := s.Decide(at.Add(2*time.Second), "k", Critical); l == nil || d.Wait <= 0 {
+		t.Fatalf("after the hung probe failed: %+v, probe %v; want the next probe at once and a wait", d, l != nil)
+	}
+}

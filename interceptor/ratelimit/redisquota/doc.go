@@ -83,7 +83,8 @@
 //   - FallbackOpen: every call is admitted; the limit is off until Redis is
 //     back. For a limit that protects nothing critical.
 //   - FallbackClosed: only the tokens held are spent; every other call is
-//     refused, told to come back at the next probe. For a quota that must
+//     refused, told to come back at the next probe (after a probe interval
+//     while a probe waits for a Redis that hangs). For a quota that must
 //     never be exceeded (a paid API's), at the price of an outage of the
 //     limited calls with Redis.
 //
