@@ -60,8 +60,15 @@ type SharedConfig struct {
 // send to the store. The store's answer, or its failure, goes back through
 // Shared.Deliver. At most one Lease per key is in flight.
 type Lease struct {
-	// Key is the key whose tokens are asked for.
+	// Key is the key whose tokens are asked for; "" for Overflow.
 	Key string
+	// Overflow: the tokens are the overflow bucket's, which every key
+	// beyond MaxKeys (or longer than MaxKeyLen) shares on this replica.
+	// The store keeps one bucket for it, apart from every key's (the
+	// empty key's included), so that the keys beyond the bound share one
+	// quota over the replicas too, rather than each drawing on the
+	// bucket of whichever key was decided when a lease was due.
+	Overflow bool
 	// Interval is the emission interval t, Tau the burst's length
 	// (Burst·t), and Horizon how far the store's schedule may run ahead
 	// of its clock, burst included, after this lease: TAT − now ≤ Tau +
@@ -383,6 +390,9 @@ func (s *Shared) ask(n int64, key string, e *entry[sharedKey]) *Lease {
 	}
 	l := &Lease{Key: key, Interval: time.Duration(s.p.t), Tau: time.Duration(s.p.tau), Horizon: time.Duration(s.horizon),
 		Want: int(want), Min: int(min(want, s.minGrant)), ReplicaWindow: s.window, e: e, done: make(chan struct{})}
+	if e == &s.keys.over {
+		l.Key, l.Overflow = "", true
+	}
 	st.fetch = l
 	return l
 }

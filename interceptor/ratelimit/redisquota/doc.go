@@ -52,7 +52,10 @@
 // within the burst and the rate). A key lives in Redis
 // while its bucket refills or a replica counts among its sharers (the
 // replica window, 10 s); an idle key costs nothing. This replica remembers
-// at most MaxKeys keys of a limit (10,000); the keys beyond share one.
+// at most MaxKeys keys of a limit (10,000); the keys beyond share one
+// bucket, whose leases go to one Redis hash of their own, prefix + "{" +
+// limit + ":overflow}", which the keys beyond the bound share over every
+// replica.
 // A key's first call on a replica costs a round trip, so a caller who may
 // name any tenant can make the replica ask Redis once per new name, up to
 // MaxKeys names at a time (a name is forgotten a few lease periods after
