@@ -123,3 +123,41 @@ func TestMisspeltServiceBesideAMethodIsHinted(t *testing.T) {
 		}
 	}
 }
+
+// fullServerDoc writes every key of the server's document once.
+const fullServerDoc = `{
+  "concurrencyLimit": {"algorithm": "aimd", "initialLimit": 4, "minLimit": 2, "maxLimit": 8, "baseWindow": "10s",
+                       "maxQueue": 4, "maxQueueWait": "0.02s"},
+  "tenantFairness": {"metadataKey": "x-tenant-id", "maxTenants": 100, "idleTimeout": "10s"},
+  "rateLimits": [{"name": "server", "rate": 5000, "burst": 500, "key": "shared"}],
+  "methodConfig": [
+    {"name": [{"service": "shop.Orders", "method": "Create"}],
+     "concurrencyLimit": {"maxLimit": 50},
+     "rateLimits": [{"name": "orders-per-scope", "rate": 50, "per": "60s", "burst": 10, "key": "idempotencyScope",
+                     "maxKeys": 1000, "distributed": true, "fallback": "closed"}]}
+  ]
+}`
+
+// TestEveryMisspeltServerKeyIsAnError sweeps the server document as
+// TestEveryMisspeltKeyIsReported sweeps the client's: the document is ours
+// throughout, so each misspelt key is an error that names it.
+func TestEveryMisspeltServerKeyIsAnError(t *testing.T) {
+	if _, err := serviceconfig.ParseServer([]byte(fullServerDoc)); err != nil {
+		t.Fatalf("ParseServer(full document) = %v, want it valid", err)
+	}
+	keys := documentKeys(fullServerDoc)
+	if len(keys) < 30 {
+		t.Fatalf("the full document has %d keys, want every key of the schema", len(keys))
+	}
+	for _, at := range keys {
+		key := fullServerDoc[at.start:at.end]
+		for _, typo := range []string{key[:len(key)-1], key + "s", key[:1] + "_" + key[1:]} {
+			doc := fullServerDoc[:at.start] + typo + fullServerDoc[at.end:]
+			_, err := serviceconfig.ParseServer([]byte(doc))
+			if err == nil || !strings.Contains(err.Error(), `"`+typo+`"`) && !strings.Contains(err.Error(), "."+typo+":") &&
+				!strings.HasPrefix(err.Error(), "serviceconfig: "+typo+":") {
+				t.Errorf("%q misspelt %q: ParseServer = %v, want an error naming %q", key, typo, err, typo)
+			}
+		}
+	}
+}
