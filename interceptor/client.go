@@ -103,7 +103,8 @@ func (c *Client) Close() error {
 // does not have, a hedging policy on a streaming method (see the package
 // documentation, Checked configuration). The warnings of a parsed cfg
 // (serviceconfig.Config.Warnings) and names no linked-in code registers
-// are logged, once (WithLogger).
+// are logged, once (WithLogger). Under WrapResolver, cfg stays in force
+// until the resolver delivers a config other than its last one.
 //
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
 // applied its cap); in a config built in Go, a MaxAttempts above the
