@@ -516,12 +516,12 @@
 // # Bounded state
 //
 // A Client keeps what the calls of a method build up (breaker, bulkhead,
-// latency estimate, hedging window) in one table, one row per method, apart
-// from the per-config policies; methods.go states the table's invariants,
-// which a test of this package checks after each of 12,000 random steps
-// against a reference model. A method
-// has a row while its entry gives it state: a circuitBreaker or bulkhead
-// block (not exempt), a retryPolicy or a hedgingPolicy. A method no entry
+// rate limit, latency estimate, hedging window) in one table, one row per
+// method, apart from the per-config policies; methods.go states the
+// table's invariants, which a test of this package checks after each of
+// 12,000 random steps against a reference model. A method has a row while
+// its entry gives it state: a circuitBreaker, bulkhead or rateLimit block
+// (not exempt), a retryPolicy or a hedgingPolicy. A method no entry
 // applies to, or whose entry has none of these, holds nothing and counts
 // nothing, whatever the number of names a proxy forwards. The methods the
 // config names exactly and those its generated stubs call
@@ -530,9 +530,10 @@
 // 1024 per entry that applies to them (a service's, the default): past it,
 // a new method takes the row of one that is idle (nothing in its bulkhead,
 // its breaker closed with no failure counted, its adaptive throttle
-// refusing nothing, and not called since the entry's clock hand last
-// passed); when none is, the method runs untracked, its calls under its
-// entry's policy with no breaker and no bulkhead (once per update, a
+// refusing nothing, its rate limit's bucket full and no server pushback
+// pacing it, and not called since the entry's clock hand last passed);
+// when none is, the method runs untracked, its calls under its entry's
+// policy with no breaker, bulkhead or rate limit (once per update, a
 // warning says so), and ForceOpen on it returns an error saying why. A
 // method is never merged into a state shared with others: a method's
 // breaker opens on its own failures alone. Status and HedgingDelay keep
