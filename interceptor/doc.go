@@ -297,8 +297,9 @@
 // that the share s of calls outlasts, where s is the policy's share (1 −
 // HedgingDelayQuantile; every call past HedgingDelay for a fixed one) and
 // at most three quarters of the share b of calls the retry budget pays a
-// retry for (Ratio + MinRetriesPerSecond ÷ the client's calls per second;
-// the last quarter is left for retries): the hedges the budget affords go
+// retry for (Ratio + MinRetriesPerSecond ÷ the calls per second that
+// deposit in it, those of the client's methods under a retry or hedging
+// policy; the last quarter is left for retries): the hedges the budget affords go
 // to the slowest calls. Where that latency falls past a gap into a cluster
 // of slow calls (a slow backend, a cache miss) no bigger than twice the
 // policy's share and than b, the delay is the gap's fast edge (at most
@@ -367,7 +368,8 @@
 //
 // The retry budget (on by default; the serviceconfig.RetryBudget block or
 // WithRetryBudget) lets retries be at most 20% of requests over 10 seconds,
-// plus 10 per second, shared by all methods; a retry that succeeds is
+// plus 10 per second, shared by all methods (the requests are the calls
+// that may be retried or hedged: under a policy of more than one attempt); a retry that succeeds is
 // refunded, so independent failures are retried freely while a full outage
 // costs about 1.2 attempts per call instead of MaxAttempts. A hedged copy
 // after the first is never refunded once sent, won or cancelled: it was
