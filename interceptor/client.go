@@ -416,11 +416,12 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
 	adm, rerr := mp.g.admit(u.ctx, now, r.paceHeld)
-	r.paceHeld = false
 	if rerr != nil {
+		r.dropSlot() // never sent: the slot of the pace decide took for it goes back
 		r.settle(false)
 		return false, true, rerr
 	}
+	r.paceHeld = false
 	if adm.paced {
 		now = adm.start // the wait at the rate limit is no part of the attempt
 	}

@@ -675,3 +675,36 @@ func TestRateLimitRetryOutOfTimeAfterItsWaitGivesItsSlotBack(t *testing.T) {
 		}
 	})
 }
+
+// TestRateLimitRetryRefusedByTheBreakerGivesItsSlotBack pins the same
+// release when the retry, its wait over, is refused past the gate: the
+// server's RESOURCE_EXHAUSTED (100ms pushback) opens the breaker
+// (consecutiveFailures 1), so the retry that waited for its slot is
+// refused by the open breaker and never sent. Its slot is given back: the
+// next free slot is now, not a pushback period later.
+func TestRateLimitRetryRefusedByTheBreakerGivesItsSlotBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := newQuotaServer(0)
+		srv.next, srv.hint = srv.start.Add(time.Hour), 100*time.Millisecond
+		stub, c := quotaEcho(t, srv, WithRetryBudget(nil), WithMethodConfig(serviceconfig.MethodConfig{
+			Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+			RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+				BackoffMultiplier: 1, RetryableStatusCodes: []codes.Code{codes.ResourceExhausted}},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Hour,
+				FailureStatusCodes: []codes.Code{codes.ResourceExhausted}},
+			RateLimit: &serviceconfig.ClientRateLimit{},
+		}))
+		start := time.Now()
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+		if !errors.Is(err, ErrCircuitOpen) || time.Since(start) != 100*time.Millisecond {
+			t.Fatalf("Echo = %v after %v, want the open breaker's refusal of the retry, after its 100ms wait", err, time.Since(start))
+		}
+		if _, refused := srv.counts(); len(refused) != 1 {
+			t.Fatalf("the server saw %d attempts, want 1", len(refused))
+		}
+		next, period := policyOf(c, echoMethod).g.rate.pace.Snapshot()
+		if now := time.Now(); period != 100*time.Millisecond || next.After(now) {
+			t.Errorf("pace: next free slot in %v (period %v), want now: the refused retry's slot given back", next.Sub(now), period)
+		}
+	})
+}
