@@ -103,7 +103,8 @@ func (c *Client) Close() error {
 // does not have, a hedging policy on a streaming method (see the package
 // documentation, Checked configuration). The warnings of a parsed cfg
 // (serviceconfig.Config.Warnings) and names no linked-in code registers
-// are logged, once (WithLogger).
+// are logged, once (WithLogger). Under WrapResolver, cfg stays in force
+// until the resolver delivers a config other than its last one.
 //
 // A config from serviceconfig.Parse runs its MaxAttempts as parsed (Parse
 // applied its cap); in a config built in Go, a MaxAttempts above the
@@ -415,11 +416,12 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
 	adm, rerr := mp.g.admit(u.ctx, now, r.paceHeld)
-	r.paceHeld = false
 	if rerr != nil {
+		r.dropSlot() // never sent: the slot of the pace decide took for it goes back
 		r.settle(false)
 		return false, true, rerr
 	}
+	r.paceHeld = false
 	if adm.paced {
 		now = adm.start // the wait at the rate limit is no part of the attempt
 	}

@@ -297,8 +297,9 @@
 // that the share s of calls outlasts, where s is the policy's share (1 −
 // HedgingDelayQuantile; every call past HedgingDelay for a fixed one) and
 // at most three quarters of the share b of calls the retry budget pays a
-// retry for (Ratio + MinRetriesPerSecond ÷ the client's calls per second;
-// the last quarter is left for retries): the hedges the budget affords go
+// retry for (Ratio + MinRetriesPerSecond ÷ the calls per second that
+// deposit in it, those of the client's methods under a retry or hedging
+// policy; the last quarter is left for retries): the hedges the budget affords go
 // to the slowest calls. Where that latency falls past a gap into a cluster
 // of slow calls (a slow backend, a cache miss) no bigger than twice the
 // policy's share and than b, the delay is the gap's fast edge (at most
@@ -367,7 +368,8 @@
 //
 // The retry budget (on by default; the serviceconfig.RetryBudget block or
 // WithRetryBudget) lets retries be at most 20% of requests over 10 seconds,
-// plus 10 per second, shared by all methods; a retry that succeeds is
+// plus 10 per second, shared by all methods (the requests are the calls
+// that may be retried or hedged: under a policy of more than one attempt); a retry that succeeds is
 // refunded, so independent failures are retried freely while a full outage
 // costs about 1.2 attempts per call instead of MaxAttempts. A hedged copy
 // after the first is never refunded once sent, won or cancelled: it was
@@ -516,12 +518,12 @@
 // # Bounded state
 //
 // A Client keeps what the calls of a method build up (breaker, bulkhead,
-// latency estimate, hedging window) in one table, one row per method, apart
-// from the per-config policies; methods.go states the table's invariants,
-// which a test of this package checks after each of 12,000 random steps
-// against a reference model. A method
-// has a row while its entry gives it state: a circuitBreaker or bulkhead
-// block (not exempt), a retryPolicy or a hedgingPolicy. A method no entry
+// rate limit, latency estimate, hedging window) in one table, one row per
+// method, apart from the per-config policies; methods.go states the
+// table's invariants, which a test of this package checks after each of
+// 12,000 random steps against a reference model. A method has a row while
+// its entry gives it state: a circuitBreaker, bulkhead or rateLimit block
+// (not exempt), a retryPolicy or a hedgingPolicy. A method no entry
 // applies to, or whose entry has none of these, holds nothing and counts
 // nothing, whatever the number of names a proxy forwards. The methods the
 // config names exactly and those its generated stubs call
@@ -530,9 +532,10 @@
 // 1024 per entry that applies to them (a service's, the default): past it,
 // a new method takes the row of one that is idle (nothing in its bulkhead,
 // its breaker closed with no failure counted, its adaptive throttle
-// refusing nothing, and not called since the entry's clock hand last
-// passed); when none is, the method runs untracked, its calls under its
-// entry's policy with no breaker and no bulkhead (once per update, a
+// refusing nothing, its rate limit's bucket full and no server pushback
+// pacing it, and not called since the entry's clock hand last passed);
+// when none is, the method runs untracked, its calls under its entry's
+// policy with no breaker, bulkhead or rate limit (once per update, a
 // warning says so), and ForceOpen on it returns an error saying why. A
 // method is never merged into a state shared with others: a method's
 // breaker opens on its own failures alone. Status and HedgingDelay keep

@@ -223,10 +223,6 @@ type hedgeCall struct {
 	// tail is set while the timer is armed for the hedging delay (not a
 	// server's pushback): the copy it sends is a timed one.
 	tail bool
-	// tailRefused says why the last timed copy was not sent (StopBudget,
-	// StopThrottled); StopNone if none was refused. It does not stop the
-	// call's copies after failures (stopped does).
-	tailRefused StopReason
 }
 
 // hedgeable reports whether a call with req and reply can be hedged: both
@@ -482,7 +478,7 @@ func (h *hedgeCall) another(delay time.Duration, tail bool) {
 // token for it: one gRFC A6 throttling allows (as A6 specifies for every
 // copy after the first), that fits in the deadline, and that the budget
 // pays for (hedge_delay.go). A timed copy (tail) that may not is not sent
-// and the call goes on, tailRefused saying why: a failure may still send a
+// and the call goes on: a failure, or the next delay, may still send a
 // copy. A copy after a failure that may not stops the copies, stopped
 // saying why, as a refused retry ends a retried call.
 func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
@@ -507,15 +503,14 @@ func (h *hedgeCall) next(tail bool) (budget.Retry, bool) {
 	return budget.Retry{}, true
 }
 
-// refuse records that a copy was not sent for why: in tailRefused for a timed
-// one, in stopped for one after a failure; the metrics count the denial.
+// refuse records that a copy was not sent for why: the metrics count the
+// denial, and one after a failure stops the copies (stopped); a timed one
+// stops nothing.
 func (h *hedgeCall) refuse(tail bool, why StopReason) {
 	h.r.skip(why)
-	if tail {
-		h.tailRefused = why
-		return
+	if !tail {
+		h.stopped = why
 	}
-	h.stopped = why
 }
 
 // copiesLeft reports whether a further copy may still start: none has
@@ -772,10 +767,11 @@ func (cp *hedgeCopy) finish(ctx context.Context, res *hedgeResult, returned *boo
 // would let a too-short hedging delay send a copy on every call). Only a
 // copy the guards refused before it was sent gets its token back (launch).
 //
-// With an adaptive delay, the method's window gets the copy's duration when
-// it succeeded, and a lower bound of it when the copy was cut off (a
-// sibling won, or the caller gave up): a cancelled slow copy is the tail
-// the quantile must see. Other failures say nothing of how long an answer
+// The method's window (hedgeTail, whose delay every hedging policy reads
+// once it holds enough copies) gets the copy's duration when it
+// succeeded, and a lower bound of it when the copy was cut off (a sibling
+// won, or the caller gave up): a cancelled slow copy is the tail the
+// quantile must see. Other failures say nothing of how long an answer
 // takes.
 func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job

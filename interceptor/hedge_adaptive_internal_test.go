@@ -2,7 +2,9 @@ package interceptor
 
 import (
 	"context"
+	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/grpc-resilience/resilience/internal/budget"
@@ -131,4 +133,42 @@ func TestHedgingDelayRule(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBudgetShareCountsOnlyTheCallsThatMayRetry pins the calls the hedging
+// rule's share b counts (package documentation, What a hedge may spend):
+// those that deposit in the retry budget, the calls of methods under a
+// retry or hedging policy, not every call of the client. 1000 calls of a
+// method with no policy leave the share at +Inf (no request counted); 100
+// hedged calls make it Ratio + MinRetriesPerSecond × TTL / 100.
+func TestBudgetShareCountsOnlyTheCallsThatMayRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const plain = "/resilience.echo.v1.EchoService/ServerStream" // any name: it has no entry
+		c := newTestClient(t,
+			WithRetryBudget(&serviceconfig.RetryBudget{Ratio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second}),
+			WithMethodConfig(serviceconfig.MethodConfig{
+				Name:          []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+				HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour},
+			}))
+		ic := c.UnaryClientInterceptor()
+		ctx := context.Background()
+		req, reply := &echov1.EchoRequest{}, &echov1.EchoResponse{}
+		b := c.state.Load().storm.budget
+		for range 1000 {
+			if err := ic(ctx, plain, req, reply, nil, okInvoker); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s := b.Share(time.Now()); !math.IsInf(s, 1) {
+			t.Errorf("Share after 1000 calls with no policy = %v, want +Inf: they deposit nothing", s)
+		}
+		for range 100 {
+			if err := ic(ctx, echoMethod, req, reply, nil, okInvoker); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s, want := b.Share(time.Now()), 0.2+10*10.0/100; math.Abs(s-want) > 1e-9 {
+			t.Errorf("Share after 100 hedged calls = %v, want 0.2 + 10/s × 10s / 100 = %v", s, want)
+		}
+	})
 }

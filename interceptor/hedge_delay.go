@@ -22,8 +22,9 @@ import (
 // calls to hedge, is the policy's (1 − hedgingDelayQuantile; every call
 // past HedgingDelay for a fixed delay) and at most three quarters of the
 // budget's share b (the share of calls the retry budget pays a retry for:
-// budget.Share, Ratio + MinRetriesPerSecond ÷ the client's calls per
-// second; no limit without a budget, none at all with a zero one), the
+// budget.Share, Ratio + MinRetriesPerSecond ÷ the calls per second that
+// deposit in it, those under a retry or hedging policy; no limit without a
+// budget, none at all with a zero one), the
 // quarter left for retries and for the noise of a window; and m, the most
 // the delay may hedge, is twice the policy's share and at most b. The
 // second term is the fast edge of a gap: where L(1 − s) falls past a gap

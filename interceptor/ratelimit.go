@@ -152,8 +152,8 @@ func (q *rateGate) tryTake(now time.Time, rej *rejections) error {
 
 // giveBack returns, at now, the token and slot of an attempt that passed
 // the gate but that the breaker or the bulkhead refused: it was never
-// sent. held: its slot of the pace was the retry's own, which decide took
-// for a wait that has passed.
+// sent. held: its slot of the pace is the retry's own, which decide took,
+// and which the retrier gives back (retrier.dropSlot).
 func (q *rateGate) giveBack(now time.Time, held bool) {
 	if !held {
 		q.pace.Cancel(now)

@@ -634,3 +634,77 @@ func TestRateLimitHedgeCopyRefusedInTheQueueGivesItsTokenBack(t *testing.T) {
 		})
 	}
 }
+
+// TestRateLimitRetryOutOfTimeAfterItsWaitGivesItsSlotBack pins the release
+// of the pace's slot a retry takes when it decides to wait for the
+// server's pushback (100ms): the retry fits the deadline when it decides
+// (111ms left, 10ms of headroom), but an OnRetry hook that takes 2ms (a
+// slow log sink; in real time, a timer that fires late does the same)
+// leaves 9ms once the wait is over, less than the headroom, so no attempt
+// is sent and the call ends with StopDeadline. The slot was never used:
+// given back, the next free slot is now. It used to stay taken, so the
+// method's next attempt waited a whole pushback period for no attempt at
+// all.
+func TestRateLimitRetryOutOfTimeAfterItsWaitGivesItsSlotBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const headroom = 10 * time.Millisecond
+		srv := newQuotaServer(0)
+		srv.next, srv.hint = srv.start.Add(time.Hour), 100*time.Millisecond
+		var stop StopReason // the hooks run on the caller's goroutine
+		stub, c := quotaEcho(t, srv, WithRetryBudget(nil), WithDeadlineHeadroom(headroom), WithAttemptEstimateFloor(0),
+			WithOnRetry(func(context.Context, RetryEvent) { time.Sleep(2 * time.Millisecond) }),
+			WithOnStop(func(_ context.Context, e StopEvent) { stop = e.Reason }),
+			rateConfig(&serviceconfig.ClientRateLimit{}, &serviceconfig.RetryPolicy{MaxAttempts: 3,
+				InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, BackoffMultiplier: 1,
+				RetryableStatusCodes: []codes.Code{codes.ResourceExhausted}}))
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond+headroom+time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		if _, err := stub.Echo(ctx, &echov1.EchoRequest{}); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("Echo = %v, want the server's RESOURCE_EXHAUSTED", err)
+		}
+		if d := time.Since(start); d != 102*time.Millisecond {
+			t.Fatalf("the call took %v, want the hook's 2ms and the retry's wait, 100ms", d)
+		}
+		if _, refused := srv.counts(); len(refused) != 1 || stop != StopDeadline {
+			t.Fatalf("%d attempts, stopped by %v; want 1 attempt, then the retry out of time (StopDeadline)", len(refused), stop)
+		}
+		next, period := policyOf(c, echoMethod).g.rate.pace.Snapshot()
+		if now := time.Now(); period != 100*time.Millisecond || next.After(now) {
+			t.Errorf("pace: next free slot in %v (period %v), want now: the retry's unused slot given back", next.Sub(now), period)
+		}
+	})
+}
+
+// TestRateLimitRetryRefusedByTheBreakerGivesItsSlotBack pins the same
+// release when the retry, its wait over, is refused past the gate: the
+// server's RESOURCE_EXHAUSTED (100ms pushback) opens the breaker
+// (consecutiveFailures 1), so the retry that waited for its slot is
+// refused by the open breaker and never sent. Its slot is given back: the
+// next free slot is now, not a pushback period later.
+func TestRateLimitRetryRefusedByTheBreakerGivesItsSlotBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := newQuotaServer(0)
+		srv.next, srv.hint = srv.start.Add(time.Hour), 100*time.Millisecond
+		stub, c := quotaEcho(t, srv, WithRetryBudget(nil), WithMethodConfig(serviceconfig.MethodConfig{
+			Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+			RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+				BackoffMultiplier: 1, RetryableStatusCodes: []codes.Code{codes.ResourceExhausted}},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Hour,
+				FailureStatusCodes: []codes.Code{codes.ResourceExhausted}},
+			RateLimit: &serviceconfig.ClientRateLimit{},
+		}))
+		start := time.Now()
+		_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+		if !errors.Is(err, ErrCircuitOpen) || time.Since(start) != 100*time.Millisecond {
+			t.Fatalf("Echo = %v after %v, want the open breaker's refusal of the retry, after its 100ms wait", err, time.Since(start))
+		}
+		if _, refused := srv.counts(); len(refused) != 1 {
+			t.Fatalf("the server saw %d attempts, want 1", len(refused))
+		}
+		next, period := policyOf(c, echoMethod).g.rate.pace.Snapshot()
+		if now := time.Now(); period != 100*time.Millisecond || next.After(now) {
+			t.Errorf("pace: next free slot in %v (period %v), want now: the refused retry's slot given back", next.Sub(now), period)
+		}
+	})
+}

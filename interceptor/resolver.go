@@ -49,10 +49,12 @@ import (
 // without it), each text once per Client, however often the resolver
 // delivers it, and after the wrapper's lock is released (a logger is the
 // user's code, and may call back into the client). A config equal to the
-// one in force is not applied again, so breakers keep their state across
-// the resolver's periodic re-resolutions, and across the resolvers grpc
-// builds anew when the connection leaves idle: the builder WrapResolver
-// returns remembers the config in force, so give each connection its own.
+// last one the resolver delivered is not applied again, so breakers keep
+// their state across the resolver's periodic re-resolutions, and across
+// the resolvers grpc builds anew when the connection leaves idle (the
+// builder WrapResolver returns remembers that config, so give each
+// connection its own); and a config given since by UpdateServiceConfig
+// stays in force until the resolver delivers a different one.
 // A config delivered after the resolver was closed, or with
 // grpc.WithDisableServiceConfig, is ignored, as grpc ignores it.
 //

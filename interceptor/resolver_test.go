@@ -1,6 +1,8 @@
 package interceptor
 
 import (
+	"errors"
+
 	"testing"
 	"testing/synctest"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // resolverConfig is a document the resolver delivers: a retry policy of
@@ -178,4 +181,41 @@ func TestWrapResolverNilIsDNS(t *testing.T) {
 	if got := c.WrapResolver(nil).Scheme(); got != "dns" {
 		t.Errorf("WrapResolver(nil).Scheme() = %q, want dns", got)
 	}
+}
+
+// TestWrapResolverKeepsAnUpdateUntilTheResolverChanges pins the rule
+// between the resolver's configs and UpdateServiceConfig: a config the
+// resolver delivers again unchanged (a periodic re-resolution) is not
+// applied again, so an UpdateServiceConfig made since stays in force
+// until the resolver delivers a different config; a resolver error
+// (ReportError) changes nothing, as grpc keeps its config on one.
+func TestWrapResolverKeepsAnUpdateUntilTheResolverChanges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestClient(t, WithRetryPolicy(fastPolicy(4), echoService))
+		e := newResolverEnv(t, c, true)
+		steps := []struct {
+			what string
+			do   func()
+			want int
+		}{
+			{"the resolver's maxAttempts 3", func() { e.deliver(resolverConfig("3")) }, 3},
+			{"UpdateServiceConfig's maxAttempts 2", func() {
+				if err := c.UpdateServiceConfig(&serviceconfig.Config{MethodConfig: []serviceconfig.MethodConfig{{
+					Name: []serviceconfig.Name{{Service: echoService}}, RetryPolicy: fastPolicy(2)}}}); err != nil {
+					t.Fatal(err)
+				}
+			}, 2},
+			{"the resolver's 3 again, unchanged: the update stays", func() { e.deliver(resolverConfig("3")) }, 2},
+			{"addresses alone: the update stays", func() { e.deliver("") }, 2},
+			{"a resolver error: the update stays", func() { e.r.CC().ReportError(errors.New("lookup failed")) }, 2},
+			{"the resolver changes its config to 5", func() { e.deliver(resolverConfig("5")) }, 5},
+			{"a resolver error: the resolver's last stays", func() { e.r.CC().ReportError(errors.New("lookup failed")) }, 5},
+		}
+		for _, s := range steps {
+			s.do()
+			if got := e.attempts(); got != s.want {
+				t.Errorf("%s: %d attempts, want %d", s.what, got, s.want)
+			}
+		}
+	})
 }

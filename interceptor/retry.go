@@ -135,26 +135,24 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		if !deadline.Fit(dl, now, d.delay, r.estimate(), r.c.opts.headroom).OK() {
-			r.dropSlot(now)
-			return r.skip(StopDeadline)
+			return r.skip(StopDeadline) // stopped gives the slot back
 		}
 	}
 	if b := r.st.storm.budget; b != nil {
 		tok, ok := b.TryRetry(now)
 		if !ok {
-			r.dropSlot(now)
-			return r.skip(StopBudget)
+			return r.skip(StopBudget) // stopped gives the slot back
 		}
 		r.pending = tok
 	}
 	return d
 }
 
-// dropSlot gives back, at now, the slot of the method's pace that decide
-// took for a retry that will not be sent.
-func (r *retrier) dropSlot(now time.Time) {
+// dropSlot gives back the slot of the method's pace that decide took for
+// a retry that will not be sent.
+func (r *retrier) dropSlot() {
 	if r.paceHeld {
-		r.mp.g.rate.pace.Cancel(now)
+		r.mp.g.rate.pace.Cancel(time.Now())
 		r.paceHeld = false
 	}
 }
@@ -281,8 +279,13 @@ var retryAttemptMD = func() (md [8][]string) {
 
 // stopped returns the error of a call that ends with err after the attempt
 // that failed with lastErr (nil when none ran): err itself when no retry
-// policy applies to the call, else a *RetryError around it.
+// policy applies to the call, else a *RetryError around it. Every way a
+// call that decided to retry ends without that retry's attempt comes here
+// (decide's refusals, the caller giving up during the wait, no time left
+// after it: outOfTime), so the slot of the pace the retry took is given
+// back here.
 func (r *retrier) stopped(err, lastErr error, reason StopReason) error {
+	r.dropSlot()
 	if !r.wrap {
 		return err
 	}
@@ -316,7 +319,6 @@ func (r *retrier) rejected(rej *RejectedError, lastErr error, reason StopReason)
 // backoff that followed lastErr.
 func (r *retrier) cancelled(cerr, lastErr error) error {
 	r.settle(false)
-	r.dropSlot(time.Now())
 	return r.stopped(status.FromContextError(cerr).Err(), lastErr, stopOfContext(cerr))
 }
 

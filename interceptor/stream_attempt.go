@@ -81,8 +81,8 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 	}
 	s.r.begin(now)
 	adm, rerr := s.mp.g.admit(s.ctx, now, s.r.paceHeld)
-	s.r.paceHeld = false
 	if rerr != nil {
+		s.r.dropSlot() // never sent: the slot of the pace decide took for it goes back
 		s.r.settle(false)
 		if reason, ok := isRejection(rerr); ok {
 			s.r.onRejected(s.ctx, reason)
@@ -90,6 +90,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		}
 		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, stopOfContext(s.ctx.Err()))}
 	}
+	s.r.paceHeld = false
 	s.r.attempts++
 	actx, cancel := attemptContext(s.attemptBase(), s.r.attempts), context.CancelFunc(noCancel)
 	timed := s.r.rp.perAttempt > 0 && !s.single

@@ -368,17 +368,32 @@ func (u unknownKey) path() string {
 }
 
 // hint adds to err, an error of Parse at the path of a key the document
-// lacks, the unknown key that most likely misspells it: a required field
-// reported missing is often one written wrong.
+// lacks, or at the object that lacks it and names it ("method "Pay" set
+// without service" at a name), the unknown key that most likely misspells
+// it: a required field reported missing is often one written wrong.
 func hint(err error, unknown []unknownKey) error {
 	var e *Error
 	if !errors.As(err, &e) || e.Path == "" {
 		return err
 	}
 	for _, u := range unknown {
-		if u.note == noteUnknown && u.suggestion != "" && join(u.parent, u.suggestion) == e.Path {
+		if u.note != noteUnknown || u.suggestion == "" {
+			continue
+		}
+		if join(u.parent, u.suggestion) == e.Path || u.parent == e.Path && namesWord(e.Err.Error(), u.suggestion) {
 			return &Error{Path: e.Path, Err: errors.New(e.Err.Error() + ` (the document has "` + u.key + `": a misspelling?)`)}
 		}
 	}
 	return err
+}
+
+// namesWord reports whether msg holds word as a whole word, outside quotes
+// (a quoted value is the document's, not a key the message names).
+func namesWord(msg, word string) bool {
+	for _, f := range strings.FieldsFunc(msg, func(r rune) bool { return r == ' ' || r == ',' || r == ':' || r == ';' }) {
+		if f == word {
+			return true
+		}
+	}
+	return false
 }

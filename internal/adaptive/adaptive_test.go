@@ -205,7 +205,11 @@ func TestSettlesNearKTimesAccepts(t *testing.T) {
 	}
 }
 
-func TestAllocs(t *testing.T) {
+// TestAllowAndDoneAllocateNothing pins the hot path: Allow and Done
+// allocate nothing, on the lock-free path while nothing is refused (p = 0)
+// and on the locked one while the throttle rejects (p > 0). Its name holds
+// "Allocat", so CI's run without -race runs it.
+func TestAllowAndDoneAllocateNothing(t *testing.T) {
 	th := mustNew(t, Config{})
 	now := t0
 	if n := testing.AllocsPerRun(1000, func() {
@@ -215,6 +219,19 @@ func TestAllocs(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Errorf("allocs = %v, want 0", n)
+	}
+	for range 200 {
+		th.Done(now, false)
+	}
+	if p := th.Snapshot(now).RejectProbability; p == 0 {
+		t.Fatalf("RejectProbability after 200 refusals = 0, want > 0")
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		if th.Allow(now) {
+			th.Done(now, false)
+		}
+	}); n != 0 {
+		t.Errorf("allocs while rejecting = %v, want 0", n)
 	}
 }
 

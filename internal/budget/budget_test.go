@@ -304,8 +304,9 @@ func TestNoAllocations(t *testing.T) {
 		r, _ := b.TryRetry(t0)
 		b.Refund(r)
 		_ = b.Available(t0)
+		_ = b.Share(t0)
 	}); n != 0 {
-		t.Errorf("OnRequest, TryRetry, Refund and Available allocate %v times per run, want 0", n)
+		t.Errorf("OnRequest, TryRetry, Refund, Available and Share allocate %v times per run, want 0", n)
 	}
 }
 
