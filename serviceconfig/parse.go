@@ -647,6 +647,13 @@ func (h *wireHedging) policy(o parseOptions) (*HedgingPolicy, error) {
 		}
 		p.HedgingDelayQuantile = *q
 		if n := h.HedgingDelayMinSamples.v; n != nil {
+			// The Go field's 0 means the default; written out, a 0 reads as
+			// "no warm-up", which it would not be.
+			if *n == 0 {
+				return nil, newError("hedgingDelayMinSamples",
+					"0 written out: it would mean the default, "+strconv.Itoa(DefaultHedgingDelayMinSamples)+" observed attempts, not none; "+
+						"leave it out for the default, or give at least 1")
+			}
 			p.HedgingDelayMinSamples = *n
 		}
 	// The fields that need a quantile need it even when written as 0.
