@@ -256,7 +256,7 @@ func (c *Client) add(fullMethod string, static bool) (st *clientState, p *method
 		if len(q.rows) >= t.bound && t.evict(st, q) == nil {
 			if !q.warned {
 				q.warned = true
-				warn = fmt.Sprintf("interceptor: %s: no room for its breaker and bulkhead: the client keeps per-method state for at most %d methods of %s, and none is idle; its calls run without them until there is room (name it in the config, or call it through a generated stub)", fullMethod, t.bound, key)
+				warn = fmt.Sprintf("interceptor: %s: no room for its per-method state (breaker, bulkhead, rate limit): the client keeps it for at most %d methods of %s, and none is idle; its calls run without them until there is room (name it in the config, or call it through a generated stub)", fullMethod, t.bound, key)
 			}
 			t.mu.Unlock()
 			if warn != "" {
