@@ -234,16 +234,23 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 		c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFailedOpen, Err: err})
 		return c.s.runHandler(c.ctx, stripped(c.ctx), c.req, c.info, c.handler)
 	}
-	// Fail closed, with the retry hint both ways a client may read it.
-	msg := "idempotency: store unavailable: " + err.Error()
-	st := status.New(codes.Unavailable, msg)
+	// Fail closed, with the retry hint.
+	rej := c.retryLater(codes.Unavailable, "idempotency: store unavailable: "+err.Error(), ErrIdempotencyStoreUnavailable)
+	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
+	return nil, rej
+}
+
+// retryLater returns the rejection of a call that the server asks to come
+// back: code and msg, with the retry hint both ways a client may read it
+// (a google.rpc.RetryInfo detail, and the grpc-retry-pushback-ms trailer,
+// which it sets). errors.Is of it matches sentinel.
+func (c *srvIdemCall) retryLater(code codes.Code, msg string, sentinel error) *srvRejection {
+	st := status.New(code, msg)
 	if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
 		st = withHint
 	}
 	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	rej := &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
-	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
-	return nil, rej
+	return &srvRejection{code: code, msg: msg, sentinel: sentinel, st: st}
 }
 
 // poll is the wait of step claim for an owner in another process: it sleeps
@@ -317,13 +324,8 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 func (c *srvIdemCall) claimedTooLate() error {
 	c.s.log.warn("idempotency: the store answered the claim too late to run the handler under its lease; not running it",
 		"method", c.info.FullMethod)
-	msg := "idempotency: the store answered too late to run the call under its lease; retry"
-	st := status.New(codes.Unavailable, msg)
-	if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
-		st = withHint
-	}
-	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	shed := &srvShed{&srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}}
+	shed := &srvShed{c.retryLater(codes.Unavailable, "idempotency: the store answered too late to run the call under its lease; retry",
+		ErrIdempotencyStoreUnavailable)}
 	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: shed})
 	return shed
 }
