@@ -297,7 +297,10 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	}
 	defer hctx.release()
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, hctx, claimed)
+	tooLate := !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease)))
+	if !tooLate { // else its cutoff has passed: the renewal would cut, and log, a handler that never runs
+		c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, hctx, claimed)
+	}
 	panicked := true
 	running := c.s.handlers.add(hctx) // Shutdown waits for it, or cancels it
 	if running {
@@ -308,7 +311,7 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	case !running:
 		panicked = false
 		return nil, c.s.refused.shutdown(c.ctx, c.info.FullMethod)
-	case !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease))):
+	case tooLate:
 		panicked = false
 		return nil, c.claimedTooLate()
 	}
@@ -359,8 +362,10 @@ func (c *srvIdemCall) claimedTooLate() error {
 //   - store error: in Complete, as above, release; in Claim, no claim is
 //     held (see claimFailed).
 func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
-	c.renewal.stop()
-	c.renewal = nil // pooled: no longer the call's
+	if c.renewal != nil { // nil for a claim that came back too late
+		c.renewal.stop()
+		c.renewal = nil // pooled: no longer the call's
+	}
 	c.own.close()
 	if c.s.detach { // a store over the network: bound its calls (the memory store never blocks)
 		var cancel context.CancelFunc
