@@ -30,8 +30,9 @@ var logger atomic.Pointer[slog.Logger]
 //     returned", with target, endpoint, reason (expired, answered,
 //     reconnected, max_ejection_percent, max_ejection_time) and
 //     ejected_for. An expiry is noticed at the endpoint's next outcome, a
-//     Snapshots call or a metrics collection, whichever comes first;
-//     ejected_for is exact either way.
+//     change of any of the channel's connections, a Snapshots call or a
+//     metrics collection, whichever comes first; ejected_for is exact
+//     either way.
 //
 // To silence the policy, set a logger with slog.DiscardHandler.
 func SetLogger(l *slog.Logger) { logger.Store(l) }

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/balancer"
@@ -328,28 +329,29 @@ func TestPeakEWMASkipsEjectedAndUsedEndpoints(t *testing.T) {
 // TestPeakEWMAMeasuresTimeoutsAsAPeak pins that an attempt cut by the
 // Client's per-attempt timeout raises the endpoint's latency estimate
 // (to at least the time it ran), so peak_ewma moves calls away from a
-// silent endpoint before any ejection.
+// silent endpoint before any ejection. On the bubble's clock, so that the
+// attempt runs 2ms exactly and the estimate is read at its end.
 func TestPeakEWMAMeasuresTimeoutsAsAPeak(t *testing.T) {
-	pk, _ := newTestPicker(t, 1, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma", ConsecutiveFailures: 1000})
-	var tc trail.Context
-	tc.Reset(context.Background(), time.Now().Add(time.Hour))
-	ctx, cancel := context.WithDeadline(&tc, time.Now().Add(time.Minute)) // before the bound: the Client's own timeout
-	defer cancel()
-	res, err := pk.Pick(balancer.PickInfo{Ctx: ctx})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := pk.ready[0].e
-	start := time.Now()
-	for time.Since(start) < 2*time.Millisecond { // let the attempt run a little
-	}
-	res.Done(balancer.DoneInfo{Err: status.Error(codes.DeadlineExceeded, ""), BytesSent: true})
-	if got := e.lat.Estimate(pk.b.nanotime(time.Now()), pk.decay); got < 2*time.Millisecond {
-		t.Fatalf("estimate after a per-attempt timeout of ≥2ms = %v", got)
-	}
-	if s := e.out.State(time.Now()); s.ConsecutiveFailures != 1 {
-		t.Fatalf("a per-attempt timeout did not count as a failure: %+v", s)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		pk, _ := newTestPicker(t, 1, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma", ConsecutiveFailures: 1000})
+		var tc trail.Context
+		tc.Reset(context.Background(), time.Now().Add(time.Hour))
+		ctx, cancel := context.WithDeadline(&tc, time.Now().Add(time.Minute)) // before the bound: the Client's own timeout
+		defer cancel()
+		res, err := pk.Pick(balancer.PickInfo{Ctx: ctx})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := pk.ready[0].e
+		time.Sleep(2 * time.Millisecond) // the attempt runs
+		res.Done(balancer.DoneInfo{Err: status.Error(codes.DeadlineExceeded, ""), BytesSent: true})
+		if got := e.lat.Estimate(pk.b.nanotime(time.Now()), pk.decay); got < 2*time.Millisecond {
+			t.Fatalf("estimate after a per-attempt timeout of 2ms = %v", got)
+		}
+		if s := e.out.State(time.Now()); s.ConsecutiveFailures != 1 {
+			t.Fatalf("a per-attempt timeout did not count as a failure: %+v", s)
+		}
+	})
 }
 
 // TestEndpointLabelIsBoundedPerChannel pins REVIEW class 4 for the

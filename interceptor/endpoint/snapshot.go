@@ -182,8 +182,9 @@ func roundDuration(d time.Duration) time.Duration {
 // while some of their endpoints were ejected, by the channel's channelz
 // identity (grpc keeps one per ClientConn across idleness), for the policy
 // grpc builds when the channel wakes. At most maxParked channels; each
-// entry goes when its state is fresh again (outlier.Saved.Fresh) or a
-// policy takes it.
+// entry goes when its state is fresh again (outlier.Saved.Fresh: every
+// ejection over and every multiplier decayed, probation included) or a
+// policy takes it, so that a closed channel's state goes in time too.
 var (
 	parkedMu sync.Mutex
 	parked   = map[any]*parking{}

@@ -453,6 +453,8 @@ type Limits struct {
 	// one Limiter per distributed limit. Required when Config has a
 	// distributed limit, refused when it has none (it would do nothing).
 	// The Server does not close it: close it after the grpc.Server stops.
+	// A redisquota.Store serves each limit name once: a Server built to
+	// replace another takes a new Store.
 	Quota quota.Store
 
 	// Rand, when set, seeds the jitter of the limits' probes, so that a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -171,7 +172,7 @@ func newSrvRates(o *options, scope func(context.Context) (string, error), mp met
 		return nil, nil
 	}
 	rs := &srvRates{methods: map[string]*srvRateSet{}, services: map[string]*srvRateSet{}, crit: o.criticality,
-		tenant: o.rateTenant, scope: scope, clk: clock.Real, exemptSvc: rpcname.ExemptServices, onRefusal: o.onRefusal}
+		tenant: o.rateTenant, scope: scope, clk: clock.Real, exemptSvc: slices.Clone(rpcname.ExemptServices), onRefusal: o.onRefusal}
 	var err error
 	if rs.m, err = newSrvRateMetrics(mp); err != nil {
 		return nil, errorf("server rate limit metrics: %v", err)
@@ -308,19 +309,10 @@ func (rs *srvRates) lookup(fullMethod string) *srvRateSet {
 			return set
 		}
 	}
-	if ok && strings.HasPrefix(fullMethod, "/grpc.") && containsString(rs.exemptSvc, svc) {
+	if ok && strings.HasPrefix(fullMethod, "/grpc.") && slices.Contains(rs.exemptSvc, svc) {
 		return nil // health checks and reflection: exempt unless an entry names them
 	}
 	return rs.top
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // callKeys are the keys of one call, each computed once, when a limit

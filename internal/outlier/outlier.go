@@ -717,11 +717,14 @@ func (e *Endpoint) Save(now time.Time) Saved {
 
 func (e *Endpoint) wall(t int64) time.Time { return e.g.wall(t) }
 
-// Fresh reports whether s holds nothing an endpoint new at now lacks
-// under c: not ejected, not on probation, and its multiplier decayed to
-// zero (one BaseEjectionTime in rotation per unit since it returned).
+// Fresh reports whether s holds nothing worth carrying at now under c:
+// not ejected, and its multiplier decayed to zero (one BaseEjectionTime in
+// rotation per unit since it returned). Probation lapses with the
+// multiplier: a saved state has no outcome to end it, and one kept until
+// an outcome would be kept for ever when its channel never wakes (grpc
+// closes a closed channel's policy as it closes an idle one's).
 func (s Saved) Fresh(now time.Time, c Config) bool {
-	if !s.Until.IsZero() && now.Before(s.Until) || s.Probation {
+	if !s.Until.IsZero() && now.Before(s.Until) {
 		return false
 	}
 	if s.Multiplier == 0 {

@@ -45,6 +45,9 @@
 // words with no lock and allocate nothing; Observe takes a mutex. A read
 // racing an observation may pair the new estimate with the old instant (or
 // the reverse), which decays it a little more or less for that one read.
+// Observations may arrive out of order (two requests end together): the
+// estimate keeps the newest instant, a late peak is taken, and a late lower
+// latency weighs nothing (td ≤ 0: w = 1).
 package peakewma
 
 import (
@@ -101,7 +104,11 @@ func (e *Estimator) observe(now int64, rtt, tau time.Duration, peakOnly bool) {
 		c = c*w + x*(1-w)
 	}
 	e.cost.Store(math.Float64bits(c))
-	e.stamp.Store(max(now, 1))
+	// An observation that arrives late (its end read before another's,
+	// its lock taken after) leaves the newest instant: c is the estimate
+	// as of then, and moving the stamp back would decay it again over
+	// time it has already decayed through.
+	e.stamp.Store(max(now, stamp, 1))
 }
 
 // Estimate returns the latency estimate at now, decayed since the last

@@ -159,3 +159,29 @@ func TestConcurrentObserveAndCost(t *testing.T) {
 		t.Fatalf("Estimate after concurrent observations = %v, want within (0, 7ms]", got)
 	}
 }
+
+// TestLateObservationKeepsTheNewestInstant pins the instant an estimate is
+// stamped with when observations arrive out of order (two attempts end
+// together; the one whose end was read first takes the lock second): the
+// estimate stays stamped with the newest instant, so a read at that instant
+// is not decayed by the late arrival's age. Before, the late observation
+// moved the stamp back, and the estimate decayed again over time it had
+// already decayed through.
+func TestLateObservationKeepsTheNewestInstant(t *testing.T) {
+	var e Estimator
+	e.Observe(20*sec, 10*time.Millisecond, tau)
+	e.Observe(10*sec, 5*time.Millisecond, tau) // ended 10 s earlier, delivered late
+	if got := e.Estimate(20*sec, tau); got != 10*time.Millisecond {
+		t.Fatalf("Estimate at the newest observation's instant = %v, want 10ms (the late, lower sample weighs nothing at w = 1)", got)
+	}
+	// A late peak is taken, at the newest instant.
+	e.Observe(10*sec, 30*time.Millisecond, tau)
+	if got := e.Estimate(20*sec, tau); got != 30*time.Millisecond {
+		t.Fatalf("Estimate after a late peak = %v, want 30ms", got)
+	}
+	// A late timeout's lower bound below the estimate changes nothing.
+	e.ObservePeak(10*sec, 20*time.Millisecond, tau)
+	if got := e.Estimate(20*sec, tau); got != 30*time.Millisecond {
+		t.Fatalf("Estimate after a late, lower timeout = %v, want 30ms", got)
+	}
+}

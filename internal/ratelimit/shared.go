@@ -22,7 +22,8 @@ const (
 	// unreachable.
 	FallbackOpen
 	// FallbackClosed refuses every call, with the time until the next
-	// probe of the store as the wait.
+	// probe of the store as the wait (a probe interval once that time has
+	// passed and the probe is on its way).
 	FallbackClosed
 )
 
@@ -59,8 +60,15 @@ type SharedConfig struct {
 // send to the store. The store's answer, or its failure, goes back through
 // Shared.Deliver. At most one Lease per key is in flight.
 type Lease struct {
-	// Key is the key whose tokens are asked for.
+	// Key is the key whose tokens are asked for; "" for Overflow.
 	Key string
+	// Overflow: the tokens are the overflow bucket's, which every key
+	// beyond MaxKeys (or longer than MaxKeyLen) shares on this replica.
+	// The store keeps one bucket for it, apart from every key's (the
+	// empty key's included), so that the keys beyond the bound share one
+	// quota over the replicas too, rather than each drawing on the
+	// bucket of whichever key was decided when a lease was due.
+	Overflow bool
 	// Interval is the emission interval t, Tau the burst's length
 	// (Burst·t), and Horizon how far the store's schedule may run ahead
 	// of its clock, burst included, after this lease: TAT − now ≤ Tau +
@@ -382,6 +390,9 @@ func (s *Shared) ask(n int64, key string, e *entry[sharedKey]) *Lease {
 	}
 	l := &Lease{Key: key, Interval: time.Duration(s.p.t), Tau: time.Duration(s.p.tau), Horizon: time.Duration(s.horizon),
 		Want: int(want), Min: int(min(want, s.minGrant)), ReplicaWindow: s.window, e: e, done: make(chan struct{})}
+	if e == &s.keys.over {
+		l.Key, l.Overflow = "", true
+	}
 	st.fetch = l
 	return l
 }
@@ -418,7 +429,15 @@ func (s *Shared) fallbackTake(n int64, st *sharedKey, c Criticality) (bool, int6
 	case FallbackOpen:
 		return true, 0
 	case FallbackClosed:
-		return false, max(s.probeAt.Load()-n, 0)
+		if w := s.probeAt.Load() - n; w > 0 {
+			return false, w
+		}
+		// The probe's instant has passed: a probe is in flight (a store
+		// that hangs holds it for the caller's lease timeout, which may
+		// pass the probe interval) or due at the key's next lease. Its
+		// answer is not for now: come back after a probe interval, never
+		// at once.
+		return false, s.probe
 	}
 	r := int64(st.replicas)
 	if r == 0 {

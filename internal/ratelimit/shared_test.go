@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"container/heap"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
 	"strconv"
@@ -31,6 +32,14 @@ func newFakeStore() *fakeStore {
 }
 
 func (f *fakeStore) lease(now int64, replica int, l *Lease) (Grant, error) {
+	if l.Overflow {
+		if l.Key != "" {
+			return Grant{}, fmt.Errorf("an overflow lease with the key %q", l.Key)
+		}
+		l2 := *l
+		l2.Key = overflowKey
+		l = &l2
+	}
 	f.trips++
 	f.keyTrips[l.Key]++
 	if f.down {
@@ -602,5 +611,85 @@ func TestSharedReserveWaitIsNeverZero(t *testing.T) {
 	}
 	if d, _ := s.Decide(t0, "k", Critical); !d.OK {
 		t.Fatalf("Critical refused a held token: %+v", d)
+	}
+}
+
+// TestSharedClosedFallbackWaitIsNeverZero: in FallbackClosed, a call
+// refused while the probe of the store is in flight past its time (the
+// store hangs; the probe waits out the caller's lease timeout, which may be
+// longer than the probe interval) is told to come back after a probe
+// interval, never after 0 (a client would come back at once, in a loop,
+// for as long as the store hangs). Before, the wait was the time until
+// the probe's instant, which had passed: 0.
+func TestSharedClosedFallbackWaitIsNeverZero(t *testing.T) {
+	cfg := sharedCfg(100, 10)
+	cfg.Fallback = FallbackClosed
+	s, _ := NewShared(cfg, t0)
+	_, l := s.Decide(t0, "k", Critical)
+	if tr := s.Deliver(l, t0, Grant{}, errors.New("connection refused")); tr != EnteredFallback {
+		t.Fatalf("transition %v, want EnteredFallback", tr)
+	}
+	at := t0.Add(DefaultProbeInterval)
+	d, probe := s.Decide(at, "k", Critical)
+	if probe == nil || d.OK || d.Wait <= 0 {
+		t.Fatalf("at the probe's instant: %+v, probe %v; want a probe sent and the call refused with a wait", d, probe != nil)
+	}
+	for _, after := range []time.Duration{DefaultProbeInterval, time.Second} { // the probe hangs
+		d, l := s.Decide(at.Add(after), "k", Critical)
+		if l != nil || d.OK || !d.Fallback || d.Wait <= 0 {
+			t.Fatalf("%v after a probe still in flight: %+v, another lease %v; want refused by the fallback with a wait > 0", after, d, l != nil)
+		}
+	}
+	s.Deliver(probe, at.Add(2*time.Second), Grant{}, errors.New("i/o timeout"))
+	if d, l := s.Decide(at.Add(2*time.Second), "k", Critical); l == nil || d.Wait <= 0 {
+		t.Fatalf("after the hung probe failed: %+v, probe %v; want the next probe at once and a wait", d, l != nil)
+	}
+}
+
+// overflowKey is the fake store's bucket of the overflow leases: no key a
+// test decides.
+const overflowKey = "\x00overflow"
+
+// TestSharedOverflowKeysShareOneBucketInTheStore pins REVIEW class "a
+// cache keyed by caller input" for a shared limit: the keys beyond MaxKeys
+// share one bucket, and its leases draw on one bucket of the store, apart
+// from every key's. Before, an overflow lease asked for the tokens of
+// whichever key was being decided, so a caller naming a new key each call
+// drew on a fresh, full bucket of the store every lease, past the rate, and
+// spent tokens of real keys' buckets that it happened to name.
+func TestSharedOverflowKeysShareOneBucketInTheStore(t *testing.T) {
+	cfg := sharedCfg(1, 5) // one token a second, bursts of 5
+	cfg.MaxKeys = 1
+	s, _ := NewShared(cfg, t0)
+	st := newFakeStore()
+	admitted := 0
+	for i := range 50 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		key := "k" + strconv.Itoa(i) // k0 is remembered; the others overflow
+		for {
+			d, l := s.Decide(at, key, Critical)
+			if l != nil {
+				if i > 0 && (!l.Overflow || l.Key != "") {
+					t.Fatalf("call %d: lease %+v for an overflow key, want Overflow and no key", i, l)
+				}
+				g, err := st.lease(int64(at.Sub(t0)), 0, l)
+				s.Deliver(l, at, g, err)
+			}
+			if d.Pending != nil {
+				continue // decide again with the lease delivered
+			}
+			if d.OK && i > 0 {
+				admitted++
+			}
+			break
+		}
+	}
+	if admitted > 5 {
+		t.Errorf("%d of 49 calls on overflow keys admitted within 50ms at 1/s, bursts of 5: want at most the burst", admitted)
+	}
+	for k := range st.tat {
+		if k != "k0" && k != overflowKey {
+			t.Errorf("the store holds a bucket for the overflow key %q", k)
+		}
 	}
 }

@@ -52,7 +52,10 @@
 // within the burst and the rate). A key lives in Redis
 // while its bucket refills or a replica counts among its sharers (the
 // replica window, 10 s); an idle key costs nothing. This replica remembers
-// at most MaxKeys keys of a limit (10,000); the keys beyond share one.
+// at most MaxKeys keys of a limit (10,000); the keys beyond share one
+// bucket, whose leases go to one Redis hash of their own, prefix + "{" +
+// limit + ":overflow}", which the keys beyond the bound share over every
+// replica.
 // A key's first call on a replica costs a round trip, so a caller who may
 // name any tenant can make the replica ask Redis once per new name, up to
 // MaxKeys names at a time (a name is forgotten a few lease periods after
@@ -83,7 +86,8 @@
 //   - FallbackOpen: every call is admitted; the limit is off until Redis is
 //     back. For a limit that protects nothing critical.
 //   - FallbackClosed: only the tokens held are spent; every other call is
-//     refused, told to come back at the next probe. For a quota that must
+//     refused, told to come back at the next probe (after a probe interval
+//     while a probe waits for a Redis that hangs). For a quota that must
 //     never be exceeded (a paid API's), at the price of an outage of the
 //     limited calls with Redis.
 //

@@ -413,10 +413,19 @@ func (l *Limiter) redisKey(key string) string {
 	return l.store.opts.prefix + "{" + l.name + ":" + base64.RawURLEncoding.EncodeToString(sum[:12]) + "}"
 }
 
+// overflowKey is the Redis key of the bucket that the keys beyond MaxKeys
+// share (ratelimit.Lease.Overflow): prefix + "{" + name + ":overflow}",
+// which no key's hash (16 base64url characters) can equal.
+func (l *Limiter) overflowKey() string { return l.store.opts.prefix + "{" + l.name + ":overflow}" }
+
 // lease runs the script for lease.
 func (l *Limiter) lease(ctx context.Context, lease *ratelimit.Lease) (ratelimit.Grant, error) {
 	s := l.store
-	res, err := leaseScript.Run(ctx, s.client, []string{l.redisKey(lease.Key)},
+	key := l.overflowKey()
+	if !lease.Overflow {
+		key = l.redisKey(lease.Key)
+	}
+	res, err := leaseScript.Run(ctx, s.client, []string{key},
 		micros(lease.Interval), micros(lease.Tau), micros(lease.Horizon), lease.Want, lease.Min, s.replica,
 		micros(lease.ReplicaWindow)).Int64Slice()
 	if err != nil {

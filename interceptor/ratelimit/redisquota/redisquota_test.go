@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -159,10 +161,12 @@ func TestReplicasShareTheRate(t *testing.T) {
 }
 
 // TestFirstCallWaitsForItsLease: a key's first call on a replica waits
-// for one round trip and is admitted.
+// for one round trip and is admitted. The lease timeout is a minute, so
+// that a round trip a busy machine delays past the default 100ms (which
+// answers from the fallback, as it should) cannot fail the test.
 func TestFirstCallWaitsForItsLease(t *testing.T) {
 	c := client(t, redistest.Addr(t))
-	l := newLimiter(t, newStore(t, c, redistest.Prefix(t)), "first", Limit{Rate: 10, Burst: 2})
+	l := newLimiter(t, newStore(t, c, redistest.Prefix(t), WithLeaseTimeout(time.Minute)), "first", Limit{Rate: 10, Burst: 2})
 	for i, want := range []bool{true, true, false} {
 		d, err := l.Allow(context.Background(), "k", wire.Critical)
 		if err != nil || d.OK != want || d.Fallback {
@@ -349,5 +353,50 @@ func TestNewErrors(t *testing.T) {
 	}
 	if _, err := s.Limiter("a", Limit{Rate: 1, Burst: 1}); err == nil {
 		t.Error("two Limiters of one name accepted")
+	}
+}
+
+// TestOverflowKeysShareOneRedisBucket: past MaxKeys, the keys a caller
+// names share one bucket, and its leases draw on one Redis hash, apart
+// from every key's: a caller naming a new key each call gets at most the
+// burst of it, and leaves no hash of its keys in Redis. Before, each
+// overflow lease went to the hash of the key being decided, a fresh, full
+// bucket each time: every such call was admitted.
+func TestOverflowKeysShareOneRedisBucket(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	c := client(t, addr)
+	// A lease timeout no busy machine reaches: every call is decided by a
+	// lease, none by the fallback.
+	l := newLimiter(t, newStore(t, c, prefix, WithLeaseTimeout(time.Minute)), "over",
+		Limit{Rate: 1, Per: time.Hour, Burst: 3, MaxKeys: 1})
+	ctx := context.Background()
+	if d, err := l.Allow(ctx, "remembered", wire.Critical); err != nil || !d.OK {
+		t.Fatalf("the first key's first call: %+v, %v", d, err)
+	}
+	admitted := 0
+	for i := range 20 {
+		d, err := l.Allow(ctx, "new-"+strconv.Itoa(i), wire.Critical)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Fallback {
+			t.Fatalf("call %d decided by the fallback with Redis up: %+v", i, d)
+		}
+		if d.OK {
+			admitted++
+		}
+	}
+	if admitted > 3 {
+		t.Errorf("%d of 20 calls on keys beyond MaxKeys admitted at 1 an hour, bursts of 3: want at most the burst", admitted)
+	}
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	want := []string{l.redisKey("remembered"), prefix + "{over:overflow}"}
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Errorf("Redis holds %q, want the remembered key's hash and the overflow's: %q", keys, want)
 	}
 }
