@@ -98,6 +98,11 @@ func TestShutdownDrainsThenCancelsDetachedHandlers(t *testing.T) {
 			t.Errorf("the unkeyed call ended with %v, want it left running", r.err)
 		default:
 		}
+		// Nothing else is held: the drained, the cut and the refused calls
+		// gave their slots and queue places back.
+		if st := s.LimitStatuses()[0]; st.InFlight != 1 || st.Queued != 0 {
+			t.Errorf("after Shutdown: %d in flight, %d queued; want the unkeyed call's slot only", st.InFlight, st.Queued)
+		}
 		if err := s.Shutdown(context.Background()); err != nil { // again: nothing left to wait for
 			t.Errorf("a second Shutdown = %v, want nil", err)
 		}
