@@ -90,11 +90,13 @@ type Claim struct {
 // waiter becomes the owner when the first owner released the key or its lease
 // ended.
 //
-// Every method is bounded by its context: it returns once ctx is done (its
-// deadline passed or it was cancelled), whatever the store's backend does
-// (a partition, a server that stopped answering), with an error wrapping
-// ctx.Err(); a store may take a short, bounded time more to undo a Claim
-// whose outcome it cannot know (the Redis store: at most 500 ms). The
+// Every method is bounded by its context: one still waiting for its
+// backend when ctx is done (its deadline passed or it was cancelled)
+// returns then, whatever the backend does (a partition, a server that
+// stopped answering), with an error wrapping ctx.Err(); a store may take a
+// short, bounded time more to undo a Claim whose outcome it cannot know
+// (the Redis and PostgreSQL stores: about 500 ms). A store that answers
+// without waiting (the memory store) may answer a done ctx. The
 // interceptor relies on it to bound a call's wait for its claim and the
 // store calls after a handler; a lease's cutoff does not rely on it (the
 // server cancels a handler whose lease was not renewed in time on its own

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
+	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore/redistest"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/storetest"
 )
 
@@ -58,7 +61,25 @@ func advance(t testing.TB, pool *pgxpool.Pool, schema string, d time.Duration) {
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		pool, schema := migrated(t)
-		s, err := pgstore.New(pool, pgstore.WithSchema(schema), pgstore.WithMaxRecordBytes(testMaxRecord))
+		// The store under test reaches PostgreSQL through a proxy that can
+		// stop forwarding (a partition, a server that hangs): its calls
+		// must still end with their contexts (Harness.Stall). Advance and
+		// the quota store go straight to the server.
+		cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy := redistest.StartProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+		host, port, err := net.SplitHostPort(proxy.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+		s, err := pgstore.New(pgtest.PoolConfig(t, cfg), pgstore.WithSchema(schema), pgstore.WithMaxRecordBytes(testMaxRecord))
 		if err != nil {
 			t.Fatalf("New() error = %v", err)
 		}
@@ -72,6 +93,10 @@ func TestConformance(t *testing.T) {
 			QuotaEntries:   4,
 			MaxRecordBytes: testMaxRecord,
 			Advance:        func(t testing.TB, d time.Duration) { advance(t, pool, schema, d) },
+			Stall: func(testing.TB) func() {
+				proxy.Stall()
+				return proxy.Resume
+			},
 		}
 	})
 }

@@ -19,7 +19,7 @@ import (
 // taken). The goroutine ends with f, at the latest at the client's own
 // timeouts. A ctx that cannot end (Done nil) runs f on the caller's
 // goroutine.
-func bounded[T any](ctx context.Context, op string, f func() (T, error), late func(T, error)) (T, error) {
+func bounded[T any](ctx context.Context, f func() (T, error), late func(T, error)) (T, error) {
 	if ctx.Done() == nil {
 		return f()
 	}
@@ -37,18 +37,18 @@ func bounded[T any](ctx context.Context, op string, f func() (T, error), late fu
 	}
 	c.abandoned = true
 	var zero T
-	return zero, &abandonedError{op: op, err: ctx.Err()}
+	return zero, &abandonedError{err: ctx.Err()}
 }
 
 // abandonedError is the error of an operation that bounded returned from
-// when its context ended first: late, if any, deals with its result.
+// when its context ended first: late, if any, deals with its result. The
+// caller's wrapping names the operation.
 type abandonedError struct {
-	op  string
 	err error // the context's
 }
 
 func (e *abandonedError) Error() string {
-	return e.op + ": " + e.err.Error() + " before Redis answered"
+	return e.err.Error() + " before Redis answered"
 }
 
 func (e *abandonedError) Unwrap() error { return e.err }

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/grpc-resilience/resilience/interceptor/idempotency"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/redisstore"
@@ -17,10 +20,44 @@ import (
 )
 
 // TestClusterConformance runs the store's conformance suite through a
-// *redis.ClusterClient on a real cluster of 3 primaries.
+// *redis.ClusterClient on a real cluster of 3 primaries. Each node is
+// behind a proxy that can stop forwarding, and the client dials every node
+// through its node's proxy (the seeds and the nodes CLUSTER SLOTS names):
+// the store's calls must end with their contexts on a cluster client too,
+// whose own retries (a command that timed out is sent again, up to
+// MaxRedirects times, each waiting its read timeout) the store does not
+// control.
 func TestClusterConformance(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	storetest.Run(t, conformanceHarness(cluster.Client(t, nil)))
+	proxies := make(map[string]*redistest.Proxy, len(cluster.Nodes))
+	for _, n := range cluster.Nodes {
+		proxies[n.Addr] = redistest.StartProxy(t, n.Addr)
+	}
+	var d net.Dialer
+	client := cluster.Client(t, &redis.ClusterOptions{
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			p, ok := proxies[addr] // read-only once the client exists
+			if !ok {
+				return nil, fmt.Errorf("dialling %s: not a node of the test's cluster (%v), so not behind a proxy", addr, cluster.Addrs())
+			}
+			return d.DialContext(ctx, network, p.Addr)
+		},
+	})
+	harness := conformanceHarness(client)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		h := harness(t)
+		h.Stall = func(testing.TB) func() {
+			for _, p := range proxies {
+				p.Stall()
+			}
+			return func() {
+				for _, p := range proxies {
+					p.Resume()
+				}
+			}
+		}
+		return h
+	})
 }
 
 // TestClusterRecordsSpreadOverPrimaries checks that the records of one

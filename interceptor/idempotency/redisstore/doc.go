@@ -205,11 +205,15 @@
 //     call again. Use noeviction: writes then fail with an OOM error, which
 //     the store turns into a FullError (the interceptor answers
 //     RESOURCE_EXHAUSTED with a retry hint) and the handler does not run;
-//     the per-scope quota keeps one tenant from taking Redis there. [Open] reads the policy at startup and refuses any other
-//     (an error naming the policy and the fix) unless WithAllowEvictingPolicy
-//     accepts it, with a warning; it tolerates CONFIG being disabled (a
-//     warning), as managed services often disable it. [New] does not
-//     contact Redis, so it checks nothing: prefer Open.
+//     the per-scope quota keeps one tenant from taking Redis there. [Open]
+//     reads the policy at startup and refuses any other (an error naming
+//     the policy and the fix) unless WithAllowEvictingPolicy accepts it,
+//     with a warning; it tolerates CONFIG being disabled (a warning), as
+//     managed services often disable it. It reads it then only: a policy
+//     changed later (CONFIG SET, a replica promoted with another
+//     configuration, a primary added to a cluster) goes unseen, so pin it
+//     where Redis is configured. [New] does not contact Redis, so it checks
+//     nothing: prefer Open.
 //   - Persistence: a Redis restarted without persistence (no AOF, no RDB)
 //     has lost every claim and record. Precisely: a duplicate of a call
 //     that completed before the restart finds the key absent, claims it and

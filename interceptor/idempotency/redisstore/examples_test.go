@@ -12,8 +12,11 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/server"
 )
 
+// A server's store on one Redis. The client keeps go-redis's retries low
+// (see the package documentation): a caller waits for them. (Compiled,
+// not run: it needs a Redis.)
 func ExampleOpen() {
-	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: 1})
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: 1, DialerRetries: 1})
 	defer client.Close()
 	// Open refuses a Redis that may evict live claims (maxmemory-policy
 	// other than noeviction).
@@ -56,7 +59,7 @@ func ExampleOpen_cluster() {
 // (UNAVAILABLE, retried by the client) instead of running where a promoted
 // replica would not know of it. (Compiled, not run: it needs a replica.)
 func ExampleWithMinReplicas() {
-	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: 1})
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: 1, DialerRetries: 1})
 	defer client.Close()
 	store, err := redisstore.Open(context.Background(), client, redisstore.WithMinReplicas(1, 50*time.Millisecond))
 	if err != nil {

@@ -409,18 +409,23 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 		fingerprint = bytes.Clone(fingerprint)
 	}
 	sent := time.Now()
-	res, err := bounded(ctx, "claim", func() ([]any, error) {
+	res, err := bounded(ctx, func() ([]any, error) {
 		cmd, err := s.run(ctx, claimScript, rk.keys[:], claimWrote, fingerprint, token, millis(lease),
 			rk.member, s.leaseBytes(&rk), s.quota.entries, s.quota.bytes, rk.base)
-		if err != nil {
+		if cmd == nil {
 			return nil, err
 		}
-		return cmd.Slice()
+		res, rerr := cmd.Slice()
+		if rerr != nil {
+			return nil, rerr
+		}
+		return res, err // err: WithMinReplicas's WAIT after the script's reply
 	}, func(res []any, err error) {
 		// The caller has gone, and the claim came back after all: a key
-		// it took is no one's. (An error leaves it unknown: the release
-		// below, and the lease, deal with that.)
-		if err == nil && len(res) > 0 && res[0] == int64(1) {
+		// it took is no one's, whether or not its WAIT failed. (An error
+		// of the script leaves it unknown: the release below, and the
+		// lease, deal with that.)
+		if claimTook(res) {
 			s.abandon(ctx, &rk, fingerprint, token, sent.Add(lease))
 		}
 	})
@@ -497,7 +502,7 @@ func (s *Store) outOfMemory(err error) error {
 func (s *Store) abandon(ctx context.Context, rk *recordKeys, fingerprint []byte, token string, until time.Time) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	n, err := bounded(rctx, "release", func() (int, error) {
+	n, err := bounded(rctx, func() (int, error) {
 		return releaseScript.Run(rctx, s.client, rk.keys[:], token, rk.member).Int()
 	}, nil)
 	if err == nil && n == 1 {
@@ -567,8 +572,12 @@ func (o *orphans) put(rkey string, fingerprint []byte, token string, until time.
 // completeScript says that the script took the key or stored the record.
 func claimWrote(cmd *redis.Cmd) bool {
 	res, _ := cmd.Slice()
-	return len(res) > 0 && res[0] == int64(1)
+	return claimTook(res)
 }
+
+// claimTook reports whether res, a reply of claimScript, says that the
+// script took the key.
+func claimTook(res []any) bool { return len(res) > 0 && res[0] == int64(1) }
 
 func completeWrote(cmd *redis.Cmd) bool {
 	n, _ := cmd.Int()
@@ -623,7 +632,7 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	rk := s.recordKeys(key)
-	ok, err := bounded(ctx, "complete", func() (int, error) {
+	ok, err := bounded(ctx, func() (int, error) {
 		cmd, err := s.run(ctx, completeScript, rk.keys[:], completeWrote, token, data, millis(ttl), rec.Fingerprint,
 			rk.member, s.entryBytes(&rk, len(data)+len(rec.Fingerprint)), min(s.opts.minRetention, ttl).Milliseconds(),
 			s.quota.bytes, rk.base)
@@ -644,7 +653,7 @@ func (s *Store) Complete(ctx context.Context, key idempotency.RecordKey, token s
 // Renew implements idempotency.Store in one round trip.
 func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token string, lease time.Duration) error {
 	rk := s.recordKeys(key)
-	ok, err := bounded(ctx, "renew", func() (int, error) {
+	ok, err := bounded(ctx, func() (int, error) {
 		return renewScript.Run(ctx, s.client, rk.keys[:], token, millis(lease), rk.member, s.leaseBytes(&rk)).Int()
 	}, nil)
 	if err != nil {
@@ -659,7 +668,7 @@ func (s *Store) Renew(ctx context.Context, key idempotency.RecordKey, token stri
 // Release implements idempotency.Store in one round trip.
 func (s *Store) Release(ctx context.Context, key idempotency.RecordKey, token string) error {
 	rk := s.recordKeys(key)
-	ok, err := bounded(ctx, "release", func() (int, error) {
+	ok, err := bounded(ctx, func() (int, error) {
 		return releaseScript.Run(ctx, s.client, rk.keys[:], token, rk.member).Int()
 	}, nil)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,5 +145,78 @@ func minReplicasOnCluster(t *testing.T, client *redis.ClusterClient) {
 		if c, err := plain.Claim(ctx, key, []byte("fp"), time.Minute); err != nil || c.State != idempotency.Owned {
 			t.Fatalf("Claim(%q) after the refused one = %v, %v; want Owned", key.Key, c.State, err)
 		}
+	}
+}
+
+// TestMinReplicasAbandonedClaimWhoseWaitFailsFreesItsKey: with
+// WithMinReplicas, a Claim whose caller left before Redis answered (its
+// context ended: the Claim returned, see the Store contract) and whose
+// script then took the key, its WAIT failing (no replica acknowledged),
+// releases the key when the reply comes, as it does when the WAIT
+// succeeds. Before, the script's reply was dropped with the WAIT's error,
+// so nothing released the key: the Claim's own release at its context's
+// end had reached Redis first (on another connection) and found the key
+// free, and the key was held for the whole lease, every other request for
+// it refused. Here the Claim's connection goes through a proxy that
+// stalls, the release's straight to Redis, so the release comes first.
+func TestMinReplicasAbandonedClaimWhoseWaitFailsFreesItsKey(t *testing.T) {
+	addr := redistest.Addr(t)
+	proxy := redistest.StartProxy(t, addr)
+	var viaProxy atomic.Bool
+	viaProxy.Store(true)
+	var d net.Dialer
+	client := redis.NewClient(&redis.Options{
+		Addr: addr, MaxRetries: -1,
+		MaxIdleConns: 1, // after the warm-up, the pool's one connection is through the proxy
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if viaProxy.Load() {
+				addr = proxy.Addr
+			}
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := redistest.Prefix(t)
+	// No replica: every WAIT fails.
+	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix), redisstore.WithMinReplicas(1, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	warmUp := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "warm-up"}
+	if _, err := s.Claim(ctx, warmUp, []byte("fp"), time.Minute); !errors.Is(err, redisstore.ErrNotReplicated) {
+		t.Fatalf("Claim() without a replica = %v, want ErrNotReplicated", err)
+	}
+	viaProxy.Store(false) // connections from now on go straight to Redis
+	key := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "k"}
+
+	proxy.Stall()
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = s.Claim(cctx, key, []byte("fp-a"), time.Minute)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Claim() with Redis stalled = %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	proxy.Resume() // the Claim's script runs now, takes the key, and its WAIT fails
+
+	// A store without WAIT, for the other request's claims.
+	other, err := redisstore.New(redistest.Client(t, addr), redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		c, err := other.Claim(ctx, key, []byte("fp-b"), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.State == idempotency.Owned {
+			return
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Fatalf("Claim() of another request %v after Redis answered again = %v, want Owned: "+
+				"the abandoned Claim's key is held for its lease (a minute)", took, c.State)
+		}
+		time.Sleep(20 * time.Millisecond) // the abandoned Claim's reply and release come on their own
 	}
 }
