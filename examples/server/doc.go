@@ -31,12 +31,13 @@
 //
 // (the second line only when -metrics-addr is not empty), so that a script
 // can start it on port 0 and read the addresses. SIGINT or SIGTERM stop it:
-// health turns NOT_SERVING, calls in flight get -shutdown-timeout to end
-// (GracefulStop), and the rest are cut, except keyed calls whose handler
-// has started: they run detached from their callers, so they run to their
-// end (at most 30 s, server.Idempotency.DetachedMax) and store
-// their outcome before the store closes (GracefulStop waits for every
-// handler). Give the process that long to stop.
+// health turns NOT_SERVING, and calls in flight get -shutdown-timeout to
+// end (GracefulStop, beside server.Server.Shutdown, which refuses new
+// calls and waits for the keyed calls' handlers: they run detached from
+// their callers, so grpc.Server.Stop does not reach them); the rest are
+// then cut, keyed handlers included (Shutdown cancels them; their
+// outcomes are not stored, so a retry runs them again). A keyed handler
+// that finishes in time stores its outcome before the store closes.
 //
 // # Flags
 //

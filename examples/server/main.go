@@ -305,7 +305,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	hs.Shutdown() // NOT_SERVING, so load balancers stop sending
-	stopGracefully(gs, c.shutdownTimeout, logger)
+	stopGracefully(gs, srv, c.shutdownTimeout, logger)
 	if hsrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -339,16 +339,23 @@ func serveMetrics(addr string, reg *prometheus.Registry, view *admin.View, stdou
 }
 
 // stopGracefully lets the calls in flight finish, cutting them after
-// timeout.
-func stopGracefully(gs *grpc.Server, timeout time.Duration, logger *slog.Logger) {
+// timeout: gs.Stop cuts the plain calls, and srv.Shutdown the keyed calls'
+// handlers, which run detached from their callers, so that gs.Stop does
+// not reach them (their outcomes are then not stored: a retry runs them).
+func stopGracefully(gs *grpc.Server, srv *server.Server, timeout time.Duration, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	stopped := make(chan struct{})
 	go func() {
 		gs.GracefulStop()
 		close(stopped)
 	}()
+	if err := srv.Shutdown(ctx); err != nil {
+		logger.Warn("keyed handlers still running at the shutdown timeout were cancelled", "timeout", timeout, "error", err)
+	}
 	select {
 	case <-stopped:
-	case <-time.After(timeout):
+	case <-ctx.Done():
 		logger.Warn("graceful stop timed out; cutting the remaining calls", "timeout", timeout)
 		gs.Stop()
 		<-stopped

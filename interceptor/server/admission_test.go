@@ -243,3 +243,97 @@ func TestIdempotencyReplayMarkCannotBeForgedOnAnyPath(t *testing.T) {
 		}
 	})
 }
+
+// TestAdmissionEveryPathMeetsTheLimitAndShutdown walks each way a unary
+// call reaches its handler (no key, a key on a KeyIgnored method, a key
+// run plainly because the store failed and the server fails open, the
+// owner of a key) through the same two gates: under a limit of 1 whose one
+// slot is held and whose queue holds one call, the path's first call waits
+// in the queue and its second is shed at once (RESOURCE_EXHAUSTED); then
+// Shutdown takes the queued one out (UNAVAILABLE), and a call after it is
+// refused before it runs. No handler of the path runs, and nothing is
+// held but the slot of the call that holds it. Finding 3 of issue 33 was
+// one path missing one guard; this keeps every path on every guard.
+func TestAdmissionEveryPathMeetsTheLimitAndShutdown(t *testing.T) {
+	mem := func(t *testing.T) idempotency.Store {
+		s, err := idempotency.NewMemoryStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	paths := []struct {
+		name string
+		idem func(t *testing.T) Idempotency
+		key  string
+	}{
+		{"NoKey", func(t *testing.T) Idempotency { return Idempotency{Store: mem(t)} }, ""},
+		{"KeyIgnored", func(t *testing.T) Idempotency {
+			return Idempotency{Store: mem(t), KeyPolicies: map[string]KeyPolicy{idemEchoMethod: KeyIgnored}}
+		}, "k"},
+		{"FailOpen", func(t *testing.T) Idempotency { return Idempotency{Store: idemDownStore{}, FailOpen: true} }, "k"},
+		{"Owner", func(t *testing.T) Idempotency { return Idempotency{Store: mem(t)} }, "k"},
+	}
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				var mu sync.Mutex
+				ran := map[string]int{}
+				e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+					mu.Lock()
+					ran[req.GetMessage()]++
+					mu.Unlock()
+					if req.GetMessage() == "hold" {
+						<-release
+					}
+					return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+				}}
+				lim := WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
+					MaxQueue: 1, MaxQueueWait: time.Hour}))
+				s, cc := idemStartServer(t, e, p.idem(t), lim)
+				key := func(k string) string {
+					if p.key == "" {
+						return ""
+					}
+					return p.key + "-" + k
+				}
+				held := make(chan idemCall, 1)
+				go func() { held <- idemDo(context.Background(), cc, "", "hold") }()
+				synctest.Wait()
+				queued := make(chan idemCall, 1)
+				go func() { queued <- idemDo(context.Background(), cc, key("queued"), "queued") }()
+				synctest.Wait()
+				if st := s.LimitStatuses()[0]; st.InFlight != 1 || st.Queued != 1 {
+					t.Fatalf("%d in flight, %d queued; want the held call, and the path's call in the queue", st.InFlight, st.Queued)
+				}
+				wantCode(t, "the path's call past a full queue", idemDo(context.Background(), cc, key("shed"), "shed").err,
+					codes.ResourceExhausted, "")
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if err := s.Shutdown(ctx); err != nil {
+					t.Errorf("Shutdown = %v, want nil (no keyed handler runs)", err)
+				}
+				wantCode(t, "the path's queued call at Shutdown", (<-queued).err, codes.Unavailable, "shutting down")
+				wantCode(t, "the path's call after Shutdown", idemDo(context.Background(), cc, key("late"), "late").err,
+					codes.Unavailable, "shutting down")
+				if st := s.LimitStatuses()[0]; st.InFlight != 1 || st.Queued != 0 {
+					t.Errorf("after Shutdown: %d in flight, %d queued; want the held call's slot only", st.InFlight, st.Queued)
+				}
+				close(release)
+				if r := <-held; r.err != nil {
+					t.Fatal(r.err)
+				}
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				if len(ran) != 1 || ran["hold"] != 1 {
+					t.Errorf("handlers run: %v; want the held call's only", ran)
+				}
+				if st := s.LimitStatuses()[0]; st.InFlight != 0 || st.Queued != 0 {
+					t.Errorf("at the end: %d in flight, %d queued; want nothing held", st.InFlight, st.Queued)
+				}
+			})
+		})
+	}
+}

@@ -234,16 +234,23 @@ func (c *srvIdemCall) claimFailed(err error) (any, error) {
 		c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreFailedOpen, Err: err})
 		return c.s.runHandler(c.ctx, stripped(c.ctx), c.req, c.info, c.handler)
 	}
-	// Fail closed, with the retry hint both ways a client may read it.
-	msg := "idempotency: store unavailable: " + err.Error()
-	st := status.New(codes.Unavailable, msg)
+	// Fail closed, with the retry hint.
+	rej := c.retryLater(codes.Unavailable, "idempotency: store unavailable: "+err.Error(), ErrIdempotencyStoreUnavailable)
+	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
+	return nil, rej
+}
+
+// retryLater returns the rejection of a call that the server asks to come
+// back: code and msg, with the retry hint both ways a client may read it
+// (a google.rpc.RetryInfo detail, and the grpc-retry-pushback-ms trailer,
+// which it sets). errors.Is of it matches sentinel.
+func (c *srvIdemCall) retryLater(code codes.Code, msg string, sentinel error) *srvRejection {
+	st := status.New(code, msg)
 	if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
 		st = withHint
 	}
 	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	rej := &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
-	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: rej})
-	return nil, rej
+	return &srvRejection{code: code, msg: msg, sentinel: sentinel, st: st}
 }
 
 // poll is the wait of step claim for an owner in another process: it sleeps
@@ -290,7 +297,10 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	}
 	defer hctx.release()
 	c.own = &srvOwned{fp: c.f.key.fp, method: c.info.FullMethod, caller: c.ctx, stream: grpc.ServerTransportStreamFromContext(c.ctx)}
-	c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, hctx, claimed)
+	tooLate := !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease)))
+	if !tooLate { // else its cutoff has passed: the renewal would cut, and log, a handler that never runs
+		c.renewal = startRenewal(c.s, c.sctx, c.f.key.rk, token, c.s.lease, c.info.FullMethod, hctx, claimed)
+	}
 	panicked := true
 	running := c.s.handlers.add(hctx) // Shutdown waits for it, or cancels it
 	if running {
@@ -301,7 +311,7 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 	case !running:
 		panicked = false
 		return nil, c.s.refused.shutdown(c.ctx, c.info.FullMethod)
-	case !time.Now().Before(claimed.Add(c.s.lease - srvLeaseMargin(c.s.lease))):
+	case tooLate:
 		panicked = false
 		return nil, c.claimedTooLate()
 	}
@@ -317,13 +327,8 @@ func (c *srvIdemCall) run(token string, claimed time.Time) (resp any, err error)
 func (c *srvIdemCall) claimedTooLate() error {
 	c.s.log.warn("idempotency: the store answered the claim too late to run the handler under its lease; not running it",
 		"method", c.info.FullMethod)
-	msg := "idempotency: the store answered too late to run the call under its lease; retry"
-	st := status.New(codes.Unavailable, msg)
-	if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
-		st = withHint
-	}
-	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	shed := &srvShed{&srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}}
+	shed := &srvShed{c.retryLater(codes.Unavailable, "idempotency: the store answered too late to run the call under its lease; retry",
+		ErrIdempotencyStoreUnavailable)}
 	c.s.refused.report(c.ctx, Refusal{FullMethod: c.info.FullMethod, Reason: RefusalStoreUnavailable, Err: shed})
 	return shed
 }
@@ -357,8 +362,10 @@ func (c *srvIdemCall) claimedTooLate() error {
 //   - store error: in Complete, as above, release; in Claim, no claim is
 //     held (see claimFailed).
 func (c *srvIdemCall) settle(resp any, herr error, panicked bool) {
-	c.renewal.stop()
-	c.renewal = nil // pooled: no longer the call's
+	if c.renewal != nil { // nil for a claim that came back too late
+		c.renewal.stop()
+		c.renewal = nil // pooled: no longer the call's
+	}
 	c.own.close()
 	if c.s.detach { // a store over the network: bound its calls (the memory store never blocks)
 		var cancel context.CancelFunc

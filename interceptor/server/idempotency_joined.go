@@ -173,14 +173,9 @@ func (c *srvIdemCall) rollbackJoined(txn idempotency.Txn) {
 // INTERNAL, which a retry would meet again).
 func (c *srvIdemCall) notCommitted(err error) error {
 	if errors.Is(err, idempotency.ErrTxConflict) {
-		msg := "idempotency: the call's transaction met a conflict with another (serialization failure, deadlock, lock or statement timeout) " +
-			"and was rolled back; retry with the same key: " + err.Error()
-		st := status.New(codes.Aborted, msg)
-		if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
-			st = withHint
-		}
-		_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-		return &srvRejection{code: codes.Aborted, msg: msg, sentinel: idempotency.ErrTxConflict, st: st}
+		return c.retryLater(codes.Aborted, "idempotency: the call's transaction met a conflict with another "+
+			"(serialization failure, deadlock, lock or statement timeout) and was rolled back; retry with the same key: "+err.Error(),
+			idempotency.ErrTxConflict)
 	}
 	if errors.Is(err, idempotency.ErrRecordTooLarge) {
 		c.s.log.warn("idempotency: outcome larger than the store's bound; its transaction was rolled back",
@@ -189,11 +184,6 @@ func (c *srvIdemCall) notCommitted(err error) error {
 	}
 	c.s.log.warn("idempotency: the joined transaction did not commit, or its outcome is unknown; the caller retries",
 		"method", c.info.FullMethod, "error", err)
-	msg := "idempotency: the call's transaction did not commit (or its outcome is unknown); retry with the same key: " + err.Error()
-	st := status.New(codes.Unavailable, msg)
-	if withHint, err := st.WithDetails(c.s.retryHint); err == nil {
-		st = withHint
-	}
-	_ = grpc.SetTrailer(c.ctx, c.s.pushbackMD)
-	return &srvRejection{code: codes.Unavailable, msg: msg, sentinel: ErrIdempotencyStoreUnavailable, st: st}
+	return c.retryLater(codes.Unavailable, "idempotency: the call's transaction did not commit (or its outcome is unknown); "+
+		"retry with the same key: "+err.Error(), ErrIdempotencyStoreUnavailable)
 }

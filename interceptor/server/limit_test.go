@@ -290,6 +290,36 @@ func TestLimitHotPathAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestCPUSheddingAndShutdownAllocateNothing: the one admission path's
+// other gates add no allocation either: a call the CPU shedder admits
+// (the CPU cool or hot), and a call refused once Shutdown has begun.
+func TestCPUSheddingAndShutdownAllocateNothing(t *testing.T) {
+	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.S/M"}
+	ctx := context.Background()
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	for _, cpu := range []float64{0.5, 1} {
+		srv, err := New(WithLimits(Limits{CPU: &CPUShedding{CPU: func() float64 { return cpu }}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		icpt := srv.UnaryServerInterceptor()
+		if n := testing.AllocsPerRun(1000, func() { _, _ = icpt(ctx, nil, info, h) }); n != 0 {
+			t.Errorf("CPU at %v: allocs per admitted call = %v, want 0", cpu, n)
+		}
+	}
+	srv, err := New(WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	icpt := srv.UnaryServerInterceptor()
+	if n := testing.AllocsPerRun(1000, func() { _, _ = icpt(ctx, nil, info, h) }); n != 0 {
+		t.Errorf("allocs per call refused while shutting down = %v, want 0", n)
+	}
+}
+
 // TestWithServerConfig: Limits.Config takes the document ParseServer read.
 func TestWithServerConfig(t *testing.T) {
 	cfg, err := serviceconfig.ParseServer([]byte(`{"concurrencyLimit": {"maxLimit": 50},

@@ -94,9 +94,10 @@ func New(opts ...Option) (*Server, error) {
 // Shutdown stops s, as grpc.Server.GracefulStop stops a server: calls
 // that come after it began are refused with UNAVAILABLE before they run
 // anything (a keyed call claims nothing), and calls waiting in a limit's
-// queue leave it, refused alike; the keyed calls' handlers that run
-// detached from their callers (Idempotency.DetachedMax, the default),
-// which neither their callers' end nor grpc.Server.Stop reaches, are
+// queue leave it, refused alike; the handlers of the keyed calls that own
+// their key (lease or joined mode), which run detached from their callers
+// by default (Idempotency.DetachedMax), so that neither their callers' end
+// nor grpc.Server.Stop reaches them (attached ones are treated alike), are
 // waited for until ctx ends, their outcomes stored; those still running
 // then are cancelled (their contexts end with context.Canceled, their
 // outcomes, by default, not stored) and Shutdown returns ctx.Err() without

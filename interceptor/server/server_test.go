@@ -435,10 +435,15 @@ func TestIdempotencyHotPathAllocations(t *testing.T) {
 	}
 
 	// First execution, each run with a new key: the key's value copy
-	// (metadata.ValueFromIncomingContext), the handler's context with the
-	// capturing stream, that stream with the record, and the marshalled
-	// reply. The store allocates nothing but, once per 256 claims, a chunk
-	// of tokens; the flight and the request buffer are recycled.
+	// (metadata.ValueFromIncomingContext), the caller's values without its
+	// cancellation (context.WithoutCancel) and the detached handler context
+	// over them (srvDetached), the handler's context with the capturing
+	// stream, that stream with the record (srvOwned), and the marshalled
+	// reply: 6. The store allocates nothing but, once per 256 claims, a
+	// chunk of tokens; the flight, the request buffer and the lease's
+	// renewal (its state, timer and the timer's function) are pooled.
+	// Exact without the race detector; with it, sync.Pool drops items at
+	// random, and a dropped renewal costs its three again.
 	const runs = 100
 	fresh := make([]context.Context, 1024+runs+1)
 	for i := range fresh {
@@ -450,26 +455,25 @@ func TestIdempotencyHotPathAllocations(t *testing.T) {
 		}
 	}
 	i := 1024
-	// Three more since the lease follows the handler: the renewal, its
-	// timer and the timer's function.
-	const maxFirst = 7
+	const first, maxFirstRace = 6, 7
 	if a := testing.AllocsPerRun(runs, func() {
 		if _, err := unary(fresh[i], req, info, h); err != nil {
 			t.Fatal(err)
 		}
 		i++
-	}); a > maxFirst {
-		t.Errorf("first execution: %v allocations, want at most %d", a, maxFirst)
+	}); a != first && (!raceEnabled || a > maxFirstRace) {
+		t.Errorf("first execution: %v allocations, want %d (at most %d with -race)", a, first, maxFirstRace)
 	}
 
-	// Replay: the key's value copy, the new reply and its string.
+	// Replay: the key's value copy and the new reply (its string, of one
+	// byte, is the runtime's own).
 	keyed := metadata.NewIncomingContext(bg, metadata.Pairs("idempotency-key", "k"))
 	if _, err := unary(keyed, req, info, h); err != nil {
 		t.Fatal(err)
 	}
-	const maxReplay = 3
-	if a := testing.AllocsPerRun(runs, func() { _, _ = unary(keyed, req, info, h) }); a > maxReplay {
-		t.Errorf("replay: %v allocations, want at most %d", a, maxReplay)
+	const replay, maxReplayRace = 2, 3
+	if a := testing.AllocsPerRun(runs, func() { _, _ = unary(keyed, req, info, h) }); a != replay && (!raceEnabled || a > maxReplayRace) {
+		t.Errorf("replay: %v allocations, want %d (at most %d with -race)", a, replay, maxReplayRace)
 	}
 }
 

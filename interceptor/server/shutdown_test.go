@@ -98,6 +98,11 @@ func TestShutdownDrainsThenCancelsDetachedHandlers(t *testing.T) {
 			t.Errorf("the unkeyed call ended with %v, want it left running", r.err)
 		default:
 		}
+		// Nothing else is held: the drained, the cut and the refused calls
+		// gave their slots and queue places back.
+		if st := s.LimitStatuses()[0]; st.InFlight != 1 || st.Queued != 0 {
+			t.Errorf("after Shutdown: %d in flight, %d queued; want the unkeyed call's slot only", st.InFlight, st.Queued)
+		}
 		if err := s.Shutdown(context.Background()); err != nil { // again: nothing left to wait for
 			t.Errorf("a second Shutdown = %v, want nil", err)
 		}
@@ -111,3 +116,51 @@ func TestShutdownDrainsThenCancelsDetachedHandlers(t *testing.T) {
 
 // isReplay reports whether c was answered from a stored outcome.
 func isReplay(c idemCall) bool { return len(c.header.Get("idempotency-replayed")) == 1 }
+
+// TestShutdownCutsDetachedHandlersOnEveryStore: Shutdown's cut of a
+// detached keyed handler that outlives its ctx holds nothing on any store,
+// joined mode included (where the handler holds the key's transaction):
+// Shutdown returns ctx's error, the handler's context ends with Canceled,
+// its outcome is not stored (the claim released, the transaction rolled
+// back), so a retry on another replica runs it at once rather than wait a
+// lease (30s) or the owner's lock; and a later Shutdown finds nothing
+// running.
+func TestShutdownCutsDetachedHandlersOnEveryStore(t *testing.T) {
+	forEachStore(t, []idemCase{{"Cut", testShutdownCut}})
+}
+
+func testShutdownCut(t *testing.T, env *idemEnv) {
+	started := make(chan struct{}, 1)
+	var sawErr atomic.Value
+	stuck := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		sawErr.Store(ctx.Err())
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}}
+	s, ccA := idemStartServer(t, stuck, Idempotency{Store: env.store})
+	call := make(chan idemCall, 1)
+	go func() { call <- idemDo(context.Background(), ccA, "k", "m") }()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Shutdown = %v, want context.DeadlineExceeded (the handler outlived it)", err)
+	}
+	wantCode(t, "the cut call", (<-call).err, codes.Canceled, "")
+	if err, _ := sawErr.Load().(error); err != context.Canceled {
+		t.Errorf("the handler's context ended with %v, want context.Canceled", err)
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Errorf("a second Shutdown = %v, want nil: nothing runs", err)
+	}
+	// Another replica: the key is free now, not a lease from now.
+	quick := &idemEcho{}
+	ccB := idemStart(t, quick, Idempotency{Store: env.newStore()})
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	if r := idemDo(rctx, ccB, "k", "m"); r.err != nil || isReplay(r) {
+		t.Errorf("the retry on another replica: %v, replayed %v; want it run at once, fresh", r.err, isReplay(r))
+	}
+	wantCalls(t, quick, 1)
+}

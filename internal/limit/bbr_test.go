@@ -157,7 +157,10 @@ func TestBBROnFixedCapacity(t *testing.T) {
 	}
 }
 
-func TestBBRAllocs(t *testing.T) {
+// TestBBRAllocatesNothing: Acquire and Release of the CPU shedder
+// allocate nothing. Its name has "Allocat", so that CI's allocation step
+// (without -race) runs it too.
+func TestBBRAllocatesNothing(t *testing.T) {
 	s, now := bbrWithHistory(t, 10, 100*time.Millisecond)
 	if a := testing.AllocsPerRun(1000, func() {
 		if v, _ := s.Acquire(now, 0.9, Critical); v == Admitted {

@@ -459,16 +459,13 @@ func (l *Limiter) Acquire(now time.Time, r Request) (s Slot, v Verdict, pushback
 // tenant under its share waits for c's share to have room.
 func (l *Limiter) mayAdmitLocked(now time.Time, c Criticality, t *tenant) bool {
 	yielding := now.Before(l.yield[c])
-	limit := l.caps[c]
-	if d := l.drainCap(now); d > 0 { // the limit drains to probe its base RTTs
-		limit = min(limit, d)
-	}
+	limit := l.capLocked(now, c)
 	n, fair := l.ten.fairShare(t, limit)
 	if n <= 1 {
 		return !yielding && l.inflight < limit
 	}
 	switch {
-	case t.held >= fair || float64(t.inflight) >= 2*fair:
+	case t.over(fair):
 		most := max(1, int(math.Ceil(l.limit/10)))
 		return !yielding && l.inflight < limit-l.ten.under(now, t, fair, most)
 	case fair >= 1 && float64(t.inflight) < fair:
@@ -781,13 +778,14 @@ func (l *Limiter) drainSampleLocked(now time.Time, k *class, rtt time.Duration) 
 	}
 }
 
-// draining returns the cap on requests in flight while the limit drains
-// at now: half the limit, at least one; 0 when it does not drain.
-func (l *Limiter) drainCap(now time.Time) int {
+// capLocked returns how many requests of criticality c may be in flight
+// at now: c's share of the limit, and while the limit drains to probe its
+// base RTTs, at most half the limit (at least one).
+func (l *Limiter) capLocked(now time.Time, c Criticality) int {
 	if l.drain.from.IsZero() || !now.Before(l.drain.until) {
-		return 0
+		return l.caps[c]
 	}
-	return max(1, int(l.limit/2))
+	return min(l.caps[c], max(1, int(l.limit/2)))
 }
 
 // slowdownLocked learns, from the update of a window whose samples'

@@ -400,7 +400,10 @@ func convergeOnFixedCapacity(t *testing.T, secs int) {
 	t.Logf("limit %d, max latency %v, snapshot %+v", l.Snapshot(t0).Limit, maxLat, l.Snapshot(t0))
 }
 
-func TestAcquireReleaseAllocs(t *testing.T) {
+// TestAcquireReleaseAllocatesNothing: Acquire and Release of a limit
+// allocate nothing, with or without a tenant. Its name has "Allocat", so
+// that CI's allocation step (without -race) runs it too.
+func TestAcquireReleaseAllocatesNothing(t *testing.T) {
 	l := mustNew(t, Config{})
 	now := t0
 	allocs := testing.AllocsPerRun(1000, func() {

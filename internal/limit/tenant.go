@@ -58,6 +58,12 @@ func (ts *tenants) count(n, d int) {
 	}
 }
 
+// over reports whether t, asking for one more slot, is over its fair
+// share fair: held on average, or in flight now twice over (a burst the
+// average has not yet seen). Such a tenant is shed before any tenant under
+// its own share.
+func (t *tenant) over(fair float64) bool { return t.held >= fair || float64(t.inflight) >= 2*fair }
+
 // load is what t holds or waits for.
 func (t *tenant) load() int { return t.inflight + t.queued }
 
@@ -274,15 +280,8 @@ func (l *Limiter) TenantShare(now time.Time, c Criticality, key string) TenantSh
 			t = &ts.overflow
 		}
 	}
-	limit := l.caps[c]
-	if d := l.drainCap(now); d > 0 {
-		limit = min(limit, d)
-	}
-	n, fair := ts.fairShare(t, limit)
-	return TenantShare{
-		Tenants: n, Fair: fair, InFlight: t.inflight, Held: t.held,
-		Over: n > 1 && (t.held >= fair || float64(t.inflight) >= 2*fair),
-	}
+	n, fair := ts.fairShare(t, l.capLocked(now, c))
+	return TenantShare{Tenants: n, Fair: fair, InFlight: t.inflight, Held: t.held, Over: n > 1 && t.over(fair)}
 }
 
 // OverflowTenant is the name BusyTenants gives the tenant that the names

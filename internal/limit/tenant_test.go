@@ -1,6 +1,7 @@
 package limit
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -223,5 +224,95 @@ func TestBusyTenantsListsTheBusiestFirst(t *testing.T) {
 	}
 	if none := l.BusyTenants(0); none != nil {
 		t.Errorf("BusyTenants(0) = %+v, want nil", none)
+	}
+}
+
+// TestTenantCountsFollowEveryStep: the counts of light and heavy tenants
+// (one request in flight or queued, more), which admission's fair share
+// reads and which each step keeps up as it goes (tenants.add, queue), are
+// the counts of the tenants as they are, after every step of a seeded run
+// of admissions, queued requests granted, displaced or leaving,
+// releases, abandons and idle tenants forgotten, with more tenant names
+// than the limit remembers: a step that moved a tenant's requests without
+// its count would shift every tenant's share for good.
+func TestTenantCountsFollowEveryStep(t *testing.T) {
+	l := mustNew(t, Config{InitialLimit: 6, MinLimit: 6, MaxLimit: 6, MaxQueue: 4, MaxTenants: 5, TenantIdle: 50 * time.Millisecond})
+	rnd := rand.New(rand.NewPCG(33, 4))
+	now := t0
+	var slots []Slot
+	var waiters []*Waiter
+	check := func(step int, what string) {
+		t.Helper()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		ts := &l.ten
+		light, heavy := 0, 0
+		count := func(tn *tenant) {
+			switch n := tn.load(); {
+			case n == 1:
+				light++
+			case n > 1:
+				heavy++
+			}
+		}
+		count(&ts.def)
+		count(&ts.overflow)
+		for _, tn := range ts.named {
+			count(tn)
+		}
+		if light != ts.light || heavy != ts.heavy {
+			t.Fatalf("step %d (%s): counts light %d, heavy %d; the tenants have %d and %d", step, what, ts.light, ts.heavy, light, heavy)
+		}
+	}
+	names := []string{"", "a", "b", "c", "d", "e", "f", "g", "h"}
+	for step := range 5000 {
+		now = now.Add(time.Duration(rnd.IntN(20)) * time.Millisecond)
+		r := Request{Tenant: names[rnd.IntN(len(names))], Crit: Criticality(rnd.IntN(int(NumCriticalities))), Left: NoDeadline}
+		var what string
+		switch op := rnd.IntN(10); {
+		case op < 4:
+			what = "acquire"
+			if s, v, _ := l.Acquire(now, r); v == Admitted {
+				slots = append(slots, s)
+			} else if w, ok := l.Enqueue(now, r); ok {
+				what = "enqueue"
+				waiters = append(waiters, w)
+			}
+		case op < 7 && len(slots) > 0:
+			i := rnd.IntN(len(slots))
+			what = "release"
+			if rnd.IntN(2) == 0 {
+				l.Release(now, slots[i], time.Duration(1+rnd.IntN(10))*time.Millisecond, Completed)
+			} else {
+				what = "abandon"
+				l.Abandon(now, slots[i])
+			}
+			slots = append(slots[:i], slots[i+1:]...)
+		case len(waiters) > 0:
+			i := rnd.IntN(len(waiters))
+			what = "leave"
+			if s, ok := l.Leave(waiters[i]); ok {
+				slots = append(slots, s)
+			}
+			waiters = append(waiters[:i], waiters[i+1:]...)
+		}
+		check(step, what)
+	}
+	for _, w := range waiters {
+		if s, ok := l.Leave(w); ok {
+			slots = append(slots, s)
+		}
+	}
+	for _, s := range slots {
+		l.Abandon(now, s)
+	}
+	check(-1, "the end")
+	if sn := l.Snapshot(now); sn.InFlight != 0 || sn.Queued != 0 {
+		t.Errorf("at the end: %d in flight, %d queued; want nothing held", sn.InFlight, sn.Queued)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ten.light != 0 || l.ten.heavy != 0 {
+		t.Errorf("at the end: light %d, heavy %d tenants; want 0 and 0", l.ten.light, l.ten.heavy)
 	}
 }
