@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -143,18 +144,7 @@ func TestAdmissionQueuedCallerGoneLeavesTheQueue(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				release := make(chan struct{})
-				var mu sync.Mutex
-				ran := map[string]int{}
-				e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
-					mu.Lock()
-					ran[req.GetMessage()]++
-					mu.Unlock()
-					if req.GetMessage() == "hold" {
-						<-release
-					}
-					return &echov1.EchoResponse{Message: req.GetMessage()}, nil
-				}}
+				e, release, ran := countingHoldEcho()
 				lim := WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
 					MaxQueue: 1, MaxQueueWait: time.Hour}))
 				s, cc := idemStartServer(t, e, Idempotency{Store: store}, lim)
@@ -191,10 +181,8 @@ func TestAdmissionQueuedCallerGoneLeavesTheQueue(t *testing.T) {
 					t.Fatal(r.err)
 				}
 				synctest.Wait()
-				mu.Lock()
-				defer mu.Unlock()
-				if ran["gone"] != 0 || ran["live"] != 1 {
-					t.Errorf("handlers run: %v; want none for the caller that went, one for the live one", ran)
+				if got := ran(); got["gone"] != 0 || got["live"] != 1 {
+					t.Errorf("handlers run: %v; want none for the caller that went, one for the live one", got)
 				}
 				if st := s.LimitStatuses()[0]; st.InFlight != 0 || st.Queued != 0 {
 					t.Errorf("after the calls: %d in flight, %d queued; want nothing held", st.InFlight, st.Queued)
@@ -277,18 +265,7 @@ func TestAdmissionEveryPathMeetsTheLimitAndShutdown(t *testing.T) {
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				release := make(chan struct{})
-				var mu sync.Mutex
-				ran := map[string]int{}
-				e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
-					mu.Lock()
-					ran[req.GetMessage()]++
-					mu.Unlock()
-					if req.GetMessage() == "hold" {
-						<-release
-					}
-					return &echov1.EchoResponse{Message: req.GetMessage()}, nil
-				}}
+				e, release, ran := countingHoldEcho()
 				lim := WithLimits(limitsOf(serviceconfig.ConcurrencyLimit{InitialLimit: 1, MinLimit: 1, MaxLimit: 1,
 					MaxQueue: 1, MaxQueueWait: time.Hour}))
 				s, cc := idemStartServer(t, e, p.idem(t), lim)
@@ -325,15 +302,36 @@ func TestAdmissionEveryPathMeetsTheLimitAndShutdown(t *testing.T) {
 					t.Fatal(r.err)
 				}
 				synctest.Wait()
-				mu.Lock()
-				defer mu.Unlock()
-				if len(ran) != 1 || ran["hold"] != 1 {
-					t.Errorf("handlers run: %v; want the held call's only", ran)
+				if got := ran(); len(got) != 1 || got["hold"] != 1 {
+					t.Errorf("handlers run: %v; want the held call's only", got)
 				}
 				if st := s.LimitStatuses()[0]; st.InFlight != 0 || st.Queued != 0 {
 					t.Errorf("at the end: %d in flight, %d queued; want nothing held", st.InFlight, st.Queued)
 				}
 			})
 		})
+	}
+}
+
+// countingHoldEcho returns an echo whose handler counts the runs of each
+// message and holds the message "hold" until release is closed; ran
+// returns a copy of the counts.
+func countingHoldEcho() (e *idemEcho, release chan struct{}, ran func() map[string]int) {
+	release = make(chan struct{})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	e = &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+		mu.Lock()
+		runs[req.GetMessage()]++
+		mu.Unlock()
+		if req.GetMessage() == "hold" {
+			<-release
+		}
+		return &echov1.EchoResponse{Message: req.GetMessage()}, nil
+	}}
+	return e, release, func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(runs)
 	}
 }
