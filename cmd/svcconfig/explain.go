@@ -205,7 +205,8 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, b *serviceconfig
 	if adaptive {
 		q := strconv.FormatFloat(h.HedgingDelayQuantile, 'g', -1, 64)
 		t.row("  hedgingDelayQuantile", fmt.Sprintf("%s: then the wait is the method's observed attempt latency at this quantile "+
-			"(over its last 256 to 512 attempts, rounded up by at most 12.5%%), so at most about %s%% of calls are hedged, however the latency drifts",
+			"(over its last 256 to 512 attempts, rounded up by at most 12.5%%), so about %s%% of calls are hedged however the latency drifts "+
+			"(up to twice that where a cluster of slow calls sits just past a gap in the latencies: the cluster is hedged whole)",
 			q, strconv.FormatFloat(100*(1-h.HedgingDelayQuantile), 'g', 4, 64)))
 		if h.HedgingDelayFloor > 0 {
 			t.row("  hedgingDelayFloor", h.HedgingDelayFloor.String()+": the adaptive wait is never shorter")
@@ -233,9 +234,12 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, b *serviceconfig
 			minSamples = 32 // a fixed delay's window is read from 32 copies (package interceptor)
 		}
 		p.printf("what a hedge may spend: once %d attempts were observed, the wait is at least the latency that three quarters\n", minSamples)
-		p.printf("  of the share of calls the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ calls per second;\n")
-		p.printf("  without a budget, no limit), so the budget's hedges go to the slowest calls; each copy takes a budget token,\n")
-		p.printf("  and when more calls are slow than the budget pays for, the wait stays above them: hedging cannot lower the p99\n")
+		p.printf("  of the share of calls the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ the calls per second under\n")
+		p.printf("  a retry or hedging policy; without a budget, no limit), so the budget's hedges go to the slowest calls, except\n")
+		p.printf("  where that latency falls past a gap into a cluster of slow calls no bigger than twice the share: then the wait\n")
+		p.printf("  is the gap's fast edge (at most 1.25× the latency twice the share outlasts), and the cluster is hedged whole;\n")
+		p.printf("  each copy takes a budget token, and when more calls are slow than the budget pays for, the wait stays above\n")
+		p.printf("  them: hedging cannot lower the p99\n")
 	}
 	p.printf("\nhedging schedule (gRFC A6)\n")
 	switch {
