@@ -113,8 +113,10 @@ func (t *hedgeTail) observe(d time.Duration, atLeast bool) {
 	if atLeast && t.ready.Load() && d < time.Duration(t.delay.Load()) {
 		return
 	}
-	t.window.Observe(d)
-	t.maybeRecompute(t.window.Samples(), false)
+	// The count this observation made, not Samples read after it: two
+	// copies observed at once would both read past a multiple of
+	// recomputeEvery, and neither would recompute.
+	t.maybeRecompute(t.window.Observe(d), false)
 }
 
 // maybeRecompute recomputes the delay once the window holds minSamples

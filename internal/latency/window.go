@@ -165,9 +165,11 @@ func (w *Window) WithQuantiles(quantiles ...float64) (*Window, error) {
 	return v, nil
 }
 
-// Observe records one duration. A duration below one nanosecond counts as
-// one nanosecond.
-func (w *Window) Observe(d time.Duration) {
+// Observe records one duration and returns the number of observations
+// recorded through w up to and including it (Samples as this observation
+// made it: of concurrent observations, each gets its own count). A
+// duration below one nanosecond counts as one nanosecond.
+func (w *Window) Observe(d time.Duration) uint64 {
 	h := w.h
 	h.counts[h.cur.Load()][bucketOf(d)].Add(1)
 	n := h.n.Add(1)
@@ -177,6 +179,7 @@ func (w *Window) Observe(d time.Duration) {
 	if n <= warmRecompute || n%recomputeEvery == 0 {
 		w.recompute()
 	}
+	return n
 }
 
 // ObserveAtLeast records a duration known only to exceed d: an attempt cut

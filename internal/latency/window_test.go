@@ -3,6 +3,7 @@ package latency
 import (
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -308,5 +309,37 @@ func TestQuantileOfReadsAnyQuantile(t *testing.T) {
 		if got, want := w.QuantileOf(p), ref.Quantile(); got != want {
 			t.Errorf("QuantileOf(%v) = %v, want %v", p, got, want)
 		}
+	}
+}
+
+// TestObserveCountsEachObservationOnce: of observations made at once, each
+// gets its own count, so that a caller acting every k observations (the
+// client's hedging delay) acts at each multiple of k exactly once; Samples
+// read after Observe could give two of them the same count past a multiple.
+func TestObserveCountsEachObservationOnce(t *testing.T) {
+	w := mustWindow(t, 0.5, DefaultWindowSize)
+	const goroutines, each = 16, 500
+	seen := make([]atomic.Int32, goroutines*each+1)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				n := w.Observe(time.Duration(g*each+i+1) * time.Microsecond)
+				if n == 0 || n > goroutines*each {
+					t.Errorf("Observe returned %d, want 1 to %d", n, goroutines*each)
+					return
+				}
+				seen[n].Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	for n := 1; n < len(seen); n++ {
+		if c := seen[n].Load(); c != 1 {
+			t.Fatalf("count %d returned %d times, want once", n, c)
+		}
+	}
+	if got := w.Samples(); got != goroutines*each {
+		t.Errorf("Samples = %d, want %d", got, goroutines*each)
 	}
 }
