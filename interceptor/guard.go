@@ -15,6 +15,7 @@ import (
 	"github.com/grpc-resilience/resilience/internal/adaptive"
 	"github.com/grpc-resilience/resilience/internal/breaker"
 	"github.com/grpc-resilience/resilience/internal/bulkhead"
+	"github.com/grpc-resilience/resilience/internal/ratelimit"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -89,6 +90,9 @@ type admission struct {
 	// paced: the attempt waited at the rate limit's gate, and start is
 	// when that wait ended.
 	paced bool
+	// pace names the slot of the method's pace the attempt took at the
+	// gate (zero: none), given back if it is refused past the gate.
+	pace ratelimit.Ticket
 }
 
 // admit asks the method's rate limit, breaker and bulkhead to let an
@@ -101,9 +105,10 @@ type admission struct {
 // back.
 func (g *guards) admit(ctx context.Context, now time.Time, held bool) (admission, error) {
 	start := now
+	var tk ratelimit.Ticket
 	if g.rate != nil {
 		var err error
-		if now, err = g.rate.take(ctx, now, held, g.rejections); err != nil {
+		if now, tk, err = g.rate.take(ctx, now, held, g.rejections); err != nil {
 			return admission{}, err
 		}
 	}
@@ -112,9 +117,9 @@ func (g *guards) admit(ctx context.Context, now time.Time, held bool) (admission
 		err = g.queue(ctx, &a, now)
 	}
 	if err != nil && g.rate != nil {
-		g.rate.giveBack(now, held)
+		g.rate.giveBack(now, tk)
 	}
-	a.paced = now != start
+	a.paced, a.pace = now != start, tk
 	return a, err
 }
 
@@ -125,15 +130,17 @@ func (g *guards) admit(ctx context.Context, now time.Time, held bool) (admission
 // hedged call's copy: its wait must not keep the call from taking a
 // sibling's answer).
 func (g *guards) admitNow(now time.Time) (a admission, queue bool, err error) {
+	var tk ratelimit.Ticket
 	if g.rate != nil {
-		if err := g.rate.tryTake(now, g.rejections); err != nil {
+		if tk, err = g.rate.tryTake(now, g.rejections); err != nil {
 			return a, false, err
 		}
 	}
 	a, queue, err = g.admitNow1(now)
 	if err != nil && g.rate != nil {
-		g.rate.giveBack(now, false)
+		g.rate.giveBack(now, tk)
 	}
+	a.pace = tk
 	return a, queue, err
 }
 

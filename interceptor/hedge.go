@@ -777,7 +777,7 @@ func (cp *hedgeCopy) settle(ctx context.Context, res *hedgeResult) {
 	j := cp.job
 	if res.refused { // never sent: queue gave its breaker token back
 		if q := j.mp.g.rate; q != nil {
-			q.giveBack(time.Now(), false) // its token and slot at the gate, as admit's refusal past the gate does
+			q.giveBack(time.Now(), cp.adm.pace) // its token and slot at the gate, as admit's refusal past the gate does
 		}
 		j.refund(cp.tok)
 		return

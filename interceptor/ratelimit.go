@@ -70,32 +70,33 @@ func (q *rateGate) limit(ctx context.Context, now time.Time) time.Duration {
 // token when it must. held reports that the call already holds its slot of
 // the pace (a retry that took it when it decided to wait for the server's
 // pushback: retrier.decide). It returns the time the attempt may go (now,
-// unless it waited), or a refusal: rej's rate-limited rejection, or the
-// context's status when the caller gave up while waiting.
-func (q *rateGate) take(ctx context.Context, now time.Time, held bool, rej *rejections) (time.Time, error) {
+// unless it waited) and the Ticket of the slot of the pace it took (zero:
+// none, held or nothing paced), or a refusal: rej's rate-limited
+// rejection, or the context's status when the caller gave up while
+// waiting.
+func (q *rateGate) take(ctx context.Context, now time.Time, held bool, rej *rejections) (time.Time, ratelimit.Ticket, error) {
 	limit := q.limit(ctx, now)
 	var slotWait, tokenWait time.Duration
-	paced := false
+	var tk ratelimit.Ticket
 	if !held {
-		w, ok := q.pace.Slot(now, limit)
+		w, t, ok := q.pace.Take(now, limit)
 		if !ok {
-			return now, rej.limited(w)
+			return now, 0, rej.limited(w)
 		}
-		slotWait, paced = w, q.pace.Active()
+		slotWait, tk = w, t
 	}
+	paced := tk != 0
 	if q.bucket != nil {
 		w, ok := q.bucket.Reserve(now, limit)
 		if !ok {
-			if paced {
-				q.pace.Cancel(now)
-			}
-			return now, rej.limited(w)
+			q.pace.Cancel(now, tk)
+			return now, 0, rej.limited(w)
 		}
 		tokenWait = w
 	}
 	wait := max(slotWait, tokenWait)
 	if wait <= 0 {
-		return now, nil
+		return now, tk, nil
 	}
 	// ended tells a wait for a slot that the pacing ended (admitted
 	// attempts brought the spacing under a millisecond): the slot no
@@ -110,54 +111,52 @@ func (q *rateGate) take(ctx context.Context, now time.Time, held bool, rej *reje
 	for {
 		select {
 		case <-t.C:
-			return time.Now(), nil
+			return time.Now(), tk, nil
 		case <-ended:
-			ended, paced = nil, false
+			ended, tk = nil, 0 // the pacing ended: its slot is nobody's to give back
 			end := time.Now()
 			rest := tokenWait - end.Sub(now)
 			if rest <= 0 {
 				t.Stop()
-				return end, nil
+				return end, 0, nil
 			}
 			t.Reset(rest)
 		case <-ctx.Done():
 			t.Stop()
 			end := time.Now()
-			if paced {
-				q.pace.Cancel(end)
-			}
+			q.pace.Cancel(end, tk)
 			if q.bucket != nil {
 				q.bucket.Cancel(end)
 			}
-			return end, status.FromContextError(ctx.Err()).Err()
+			return end, 0, status.FromContextError(ctx.Err()).Err()
 		}
 	}
 }
 
 // tryTake is take for an attempt that may not wait (a hedged copy after
 // the first: a copy that cannot go at once is not worth a wait).
-func (q *rateGate) tryTake(now time.Time, rej *rejections) error {
-	w, ok := q.pace.Slot(now, 0)
+func (q *rateGate) tryTake(now time.Time, rej *rejections) (ratelimit.Ticket, error) {
+	w, tk, ok := q.pace.Take(now, 0)
 	if !ok {
-		return rej.limited(w)
+		return 0, rej.limited(w)
 	}
 	if q.bucket != nil {
 		if w, ok := q.bucket.Reserve(now, 0); !ok {
-			q.pace.Cancel(now)
-			return rej.limited(w)
+			q.pace.Cancel(now, tk)
+			return 0, rej.limited(w)
 		}
 	}
-	return nil
+	return tk, nil
 }
 
-// giveBack returns, at now, the token and slot of an attempt that passed
-// the gate but that the breaker or the bulkhead refused: it was never
-// sent. held: its slot of the pace is the retry's own, which decide took,
-// and which the retrier gives back (retrier.dropSlot).
-func (q *rateGate) giveBack(now time.Time, held bool) {
-	if !held {
-		q.pace.Cancel(now)
-	}
+// giveBack returns, at now, the token and the slot of the pace (tk, from
+// take or tryTake; zero: none) of an attempt that passed the gate but
+// that the breaker or the bulkhead refused: it was never sent. A retry's
+// own slot, which decide took, the retrier gives back (retrier.dropSlot);
+// an attempt that passed while nothing was paced gives back no slot, even
+// when a pushback began while it queued.
+func (q *rateGate) giveBack(now time.Time, tk ratelimit.Ticket) {
+	q.pace.Cancel(now, tk)
 	if q.bucket != nil {
 		q.bucket.Cancel(now)
 	}
@@ -203,10 +202,10 @@ func (q *rateGate) answer(ctx context.Context, err error, trailer metadata.MD, n
 // hint, or longer when other attempts of the method took the slots before
 // it. ok is false when no slot comes within the hint plus the block's
 // maxWait, or before the deadline.
-func (q *rateGate) retrySlot(ctx context.Context, now time.Time, hint time.Duration) (wait time.Duration, ok bool) {
+func (q *rateGate) retrySlot(ctx context.Context, now time.Time, hint time.Duration) (wait time.Duration, tk ratelimit.Ticket, ok bool) {
 	limit := min(hint, q.capHint) + q.maxWait
 	if dl, has := ctx.Deadline(); has {
 		limit = min(limit, dl.Sub(now)-1)
 	}
-	return q.pace.Slot(now, limit)
+	return q.pace.Take(now, limit)
 }

@@ -708,3 +708,88 @@ func TestRateLimitRetryRefusedByTheBreakerGivesItsSlotBack(t *testing.T) {
 		}
 	})
 }
+
+// holdQuotaServer holds every call until its caller gives up, but the
+// first "push", which it answers when released with RESOURCE_EXHAUSTED and
+// a RetryInfo of a second.
+type holdQuotaServer struct {
+	echov1.UnimplementedEchoServiceServer
+	release chan struct{}
+	mu      sync.Mutex
+	pushed  bool // guarded by mu
+}
+
+func (s *holdQuotaServer) Echo(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
+	s.mu.Lock()
+	push := req.GetMessage() == "push" && !s.pushed
+	s.pushed = s.pushed || push
+	s.mu.Unlock()
+	if !push {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	<-s.release
+	st, _ := status.New(codes.ResourceExhausted, "over quota").WithDetails(
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	return nil, st.Err()
+}
+
+// TestRateLimitQueuedAttemptRefusedAfterAPushbackKeepsThePushback: an
+// attempt (or a hedged copy) passes the gate while nothing is paced, so it
+// takes no slot of the pace, and waits in the bulkhead's queue; meanwhile
+// the server pushes back for a second. Refused in the queue (its caller
+// gave up), it gives back its token but no slot: before, it gave back a
+// slot it never took, which moved the pushback's next free slot back a
+// whole period, to now, and the method's next attempt went at once,
+// inside the second the server asked for.
+func TestRateLimitQueuedAttemptRefusedAfterAPushbackKeepsThePushback(t *testing.T) {
+	for _, hedged := range []bool{false, true} {
+		t.Run(map[bool]string{false: "attempt", true: "hedgedCopy"}[hedged], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &holdQuotaServer{release: make(chan struct{})}
+				mc := serviceconfig.MethodConfig{
+					Name:      []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+					Bulkhead:  &serviceconfig.Bulkhead{MaxConcurrent: 2, MaxQueue: 4},
+					RateLimit: &serviceconfig.ClientRateLimit{},
+				}
+				if hedged {
+					mc.HedgingPolicy = &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 10 * time.Millisecond,
+						NonFatalStatusCodes: []codes.Code{codes.ResourceExhausted}}
+				}
+				stub, c := quotaEcho(t, srv, WithRetryBudget(nil), WithMethodConfig(mc))
+				ctx, cancel := context.WithCancel(t.Context())
+				var wg sync.WaitGroup
+				call := func(msg string) {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						stub.Echo(ctx, &echov1.EchoRequest{Message: msg})
+					}()
+					synctest.Wait()
+				}
+				call("hold") // the two slots, at the server
+				call("push")
+				if hedged {
+					time.Sleep(10 * time.Millisecond) // both calls' second copies queue
+				} else {
+					call("hold") // two attempts queue
+					call("hold")
+				}
+				synctest.Wait()
+				close(srv.release) // the pushback: a second; one queued attempt takes the slot
+				synctest.Wait()
+				p := policyOf(c, echoMethod).g.rate.pace
+				want, period := p.Snapshot()
+				if period != time.Second || want.Sub(time.Now()) < 900*time.Millisecond {
+					t.Fatalf("pace after the pushback: next free slot in %v (period %v), want about a second", want.Sub(time.Now()), period)
+				}
+				cancel() // the attempt still queued is refused there; the others end at the server
+				wg.Wait()
+				if next, _ := p.Snapshot(); !next.Equal(want) {
+					t.Errorf("pace after the queued attempt was refused: next free slot in %v, want %v: it took no slot of it",
+						next.Sub(time.Now()), want.Sub(time.Now()))
+				}
+			})
+		})
+	}
+}

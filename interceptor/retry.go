@@ -15,6 +15,7 @@ import (
 	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/deadline"
 	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/internal/ratelimit"
 )
 
 // Metadata keys of gRFC A6.
@@ -52,8 +53,11 @@ type retrier struct {
 	waited          time.Duration // time spent with no attempt running (gRFC A96's retry_delay)
 	// paceHeld: the next attempt holds its slot of the method's pace,
 	// taken by decide for the wait after a server's pushback; the attempt
-	// passes the gate without another (guards.admit).
+	// passes the gate without another (guards.admit). paceSlot names that
+	// slot (the zero Ticket when the pacing ended before decide took it),
+	// for dropSlot.
 	paceHeld bool
+	paceSlot ratelimit.Ticket
 }
 
 // retryable reports whether an attempt that ended with code should be
@@ -127,11 +131,11 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 		// The method is paced by the server's wait: the retry takes its
 		// slot now, in line with the method's other attempts, and waits
 		// for it, which is the hint unless others took the slots before.
-		w, ok := q.retrySlot(ctx, now, hint)
+		w, tk, ok := q.retrySlot(ctx, now, hint)
 		if !ok {
 			return r.skip(StopRateLimited)
 		}
-		d.delay, r.paceHeld = max(d.delay, w), true
+		d.delay, r.paceHeld, r.paceSlot = max(d.delay, w), true, tk
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		if !deadline.Fit(dl, now, d.delay, r.estimate(), r.c.opts.headroom).OK() {
@@ -152,8 +156,8 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 // a retry that will not be sent.
 func (r *retrier) dropSlot() {
 	if r.paceHeld {
-		r.mp.g.rate.pace.Cancel(time.Now())
-		r.paceHeld = false
+		r.mp.g.rate.pace.Cancel(time.Now(), r.paceSlot)
+		r.paceHeld, r.paceSlot = false, 0
 	}
 }
 

@@ -66,21 +66,56 @@ func TestPaceCancelLeavesNoQueue(t *testing.T) {
 	var p Pace
 	w := 100 * time.Millisecond
 	p.Pushback(at(0), w)
+	var tickets []Ticket
 	for range 10 {
-		if _, ok := p.Slot(at(0), time.Hour); !ok {
-			t.Fatal("Slot refused within an hour")
+		_, tk, ok := p.Take(at(0), time.Hour)
+		if !ok {
+			t.Fatal("Take refused within an hour")
 		}
+		tickets = append(tickets, tk)
 	}
-	for range 10 {
-		p.Cancel(at(time.Millisecond))
+	for _, tk := range tickets {
+		p.Cancel(at(time.Millisecond), tk)
 	}
 	if got, ok := p.Slot(at(time.Millisecond), time.Hour); !ok || got != w-time.Millisecond {
 		t.Fatalf("Slot after every caller gave up = %v, %v; want %v, true", got, ok, w-time.Millisecond)
 	}
 	endPace(&p)
-	p.Cancel(at(0)) // inactive: nothing to give back
+	p.Cancel(at(0), tickets[0]) // inactive: nothing to give back
 	if got, ok := p.Slot(at(time.Millisecond), 0); !ok || got != 0 {
 		t.Fatalf("Slot after Success = %v, %v; want 0, true", got, ok)
+	}
+}
+
+// TestPaceCancelGivesBackOnlyASlotOfThePacingInForce: a Cancel with the
+// zero Ticket (the attempt passed while nothing was paced) or with a
+// Ticket of a pacing that has ended gives back nothing; before Tickets,
+// either moved a pushback begun meanwhile back by a whole period, and the
+// next attempt went at once.
+func TestPaceCancelGivesBackOnlyASlotOfThePacingInForce(t *testing.T) {
+	var p Pace
+	w := time.Second
+	_, none, ok := p.Take(at(0), 0)
+	if !ok || none != 0 {
+		t.Fatalf("Take with nothing paced = %v, %v; want the zero Ticket, true", none, ok)
+	}
+	p.Pushback(at(0), w)
+	_, old, ok := p.Take(at(0), time.Hour)
+	if !ok || old == 0 {
+		t.Fatalf("Take in a pushback = %v, %v; want a Ticket", old, ok)
+	}
+	endPace(&p)
+	p.Pushback(at(time.Millisecond), w)
+	p.Cancel(at(time.Millisecond), none)
+	p.Cancel(at(time.Millisecond), old)
+	if next, _ := p.Snapshot(); !next.Equal(at(time.Millisecond + w)) {
+		t.Fatalf("next free slot at %v after the cancels of no slot and of an ended pacing's; want %v (the pushback untouched)",
+			next.Sub(at(0)), time.Millisecond+w)
+	}
+	_, cur, _ := p.Take(at(time.Millisecond), time.Hour)
+	p.Cancel(at(time.Millisecond), cur)
+	if next, _ := p.Snapshot(); !next.Equal(at(time.Millisecond + w)) {
+		t.Fatalf("next free slot at %v after its own slot's cancel; want %v", next.Sub(at(0)), time.Millisecond+w)
 	}
 }
 

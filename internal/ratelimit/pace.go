@@ -29,20 +29,40 @@ type Pace struct {
 	// ended is closed when the pushback in force ends (Success): made by
 	// the Pushback that begins it, nil while none is; guarded by mu.
 	ended chan struct{}
+	// gen counts the pushbacks begun (one per span of pacing, from 1): a
+	// slot's Ticket, so that Cancel gives back only a slot of the pacing
+	// in force; guarded by mu.
+	gen uint64
 }
+
+// A Ticket names the slot of a pace that Take gave: the zero Ticket, when
+// no pushback was in force, names none. Cancel gives a slot back only
+// with its Ticket, so that an attempt that took no slot (it passed while
+// nothing was paced) or took one of a pacing that has since ended gives
+// back nothing: given back, such a phantom slot moved the next free slot
+// of a pushback begun meanwhile back by a whole period, and the method's
+// next attempt went at once, inside the pushback the server asked for.
+type Ticket uint64
 
 // Slot returns how long an attempt at now must wait for its slot, and
 // takes the slot when that is at most maxWait: the caller waits that long
 // and sends. When it is longer, ok is false, nothing is taken, and wait is
 // how long it would be: the caller fails the attempt at once, locally.
 func (p *Pace) Slot(now time.Time, maxWait time.Duration) (wait time.Duration, ok bool) {
+	wait, _, ok = p.Take(now, maxWait)
+	return wait, ok
+}
+
+// Take is Slot, returning the Ticket of the slot it took: the zero Ticket
+// when it took none (ok, and no pushback in force), which Cancel ignores.
+func (p *Pace) Take(now time.Time, maxWait time.Duration) (wait time.Duration, t Ticket, ok bool) {
 	if !p.active.Load() {
-		return 0, true
+		return 0, 0, true
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.active.Load() {
-		return 0, true
+		return 0, 0, true
 	}
 	slot := p.next
 	if slot.Before(now) {
@@ -50,10 +70,10 @@ func (p *Pace) Slot(now time.Time, maxWait time.Duration) (wait time.Duration, o
 	}
 	wait = slot.Sub(now)
 	if wait > maxWait {
-		return wait, false
+		return wait, 0, false
 	}
 	p.next = slot.Add(p.period)
-	return wait, true
+	return wait, Ticket(p.gen), true
 }
 
 // Pushback records, at now, an answer that said to come back after w:
@@ -69,6 +89,7 @@ func (p *Pace) Pushback(now time.Time, w time.Duration) {
 		// (their holders were told by ended), so none of them delays it.
 		p.next = time.Time{}
 		p.ended = make(chan struct{})
+		p.gen++
 	}
 	if at := now.Add(w); at.After(p.next) {
 		p.next = at
@@ -92,18 +113,21 @@ func (p *Pace) Ended() <-chan struct{} {
 	return p.ended
 }
 
-// Cancel gives back, at now, a slot that Slot gave for an attempt that was
-// never sent (its caller gave up while waiting, or a later check refused
-// it): the next free slot moves back one period, never before now, so
-// that callers who all give up leave no queue of empty slots behind them.
-// Slots are interchangeable: the next caller takes the latest free one.
-func (p *Pace) Cancel(now time.Time) {
-	if !p.active.Load() {
+// Cancel gives back, at now, the slot that Take gave with t for an
+// attempt that was never sent (its caller gave up while waiting, or a
+// later check refused it): the next free slot moves back one period,
+// never before now, so that callers who all give up leave no queue of
+// empty slots behind them. Slots are interchangeable: the next caller
+// takes the latest free one. The zero Ticket (no slot was taken) and a
+// Ticket of a pacing that has ended give back nothing. Each slot must be
+// given back at most once.
+func (p *Pace) Cancel(now time.Time, t Ticket) {
+	if t == 0 || !p.active.Load() {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.active.Load() || !p.next.After(now) {
+	if !p.active.Load() || uint64(t) != p.gen || !p.next.After(now) {
 		return
 	}
 	if back := p.next.Add(-p.period); back.After(now) {
