@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -65,6 +66,11 @@ type hedgeTail struct {
 	// noTimedCopies.
 	delay atomic.Int64
 	ready atomic.Bool
+	// mu orders the writes of in, delay and ready: a recompute reads in
+	// and stores its delay under it, so that one racing a config update
+	// (configure) cannot store the old config's delay, and ready, after
+	// the update's. Taken only to write: every 16 copies, and on updates.
+	mu sync.Mutex
 }
 
 // tailInputs are what the delay is computed from under one config.
@@ -90,8 +96,10 @@ func (t *hedgeTail) configure(hp *hedgePolicy, b *budget.Budget) {
 		in.base, in.share = hp.floor, 1-hp.quantile
 	}
 	in.base = max(in.base, 0)
+	t.mu.Lock()
 	t.in.Store(in)
 	t.ready.Store(false)
+	t.mu.Unlock()
 	t.maybeRecompute(t.window.Samples(), true)
 }
 
@@ -122,15 +130,24 @@ func (t *hedgeTail) observe(d time.Duration, atLeast bool) {
 // maybeRecompute recomputes the delay once the window holds minSamples
 // copies, then every recomputeEvery of them (or now, when force).
 func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
-	in := t.in.Load()
+	if !t.due(t.in.Load(), n, force) {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if in := t.in.Load(); t.due(in, n, force) { // the config in force now, not the one read above
+		t.delay.Store(int64(t.compute(in, time.Now())))
+		t.ready.Store(true)
+	}
+}
+
+// due reports whether the n-th copy (or a config update, force) must
+// recompute the delay under in.
+func (t *hedgeTail) due(in *tailInputs, n uint64, force bool) bool {
 	if in == nil || n < max(in.minSamples, 1) {
-		return
+		return false
 	}
-	if !force && t.ready.Load() && n%recomputeEvery != 0 {
-		return
-	}
-	t.delay.Store(int64(t.compute(in, time.Now())))
-	t.ready.Store(true)
+	return force || !t.ready.Load() || n%recomputeEvery == 0
 }
 
 // budgetMargin is the part of the budget's share the delay aims at: the
