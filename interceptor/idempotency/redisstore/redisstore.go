@@ -422,10 +422,17 @@ func (s *Store) Claim(ctx context.Context, key idempotency.RecordKey, fingerprin
 		return res, err // err: WithMinReplicas's WAIT after the script's reply
 	}, func(res []any, err error) {
 		// The caller has gone, and the claim came back after all: a key
-		// it took is no one's, whether or not its WAIT failed. (An error
-		// of the script leaves it unknown: the release below, and the
-		// lease, deal with that.)
-		if claimTook(res) {
+		// it took is no one's, whether or not its WAIT failed, unless a
+		// retry of the same request on this replica took its token from
+		// the orphans (the release below found the key free, before the
+		// script ran) and owns the key with it: the script found its own
+		// token and said it took the key. So the late release goes only
+		// while the token is still an orphan's, which it takes; when it
+		// is not (taken by a retry, the release below freed the key, or
+		// it is yet to run and will find the key taken), the release is
+		// no one's to send. (An error of the script leaves it unknown:
+		// the release below, and the lease, deal with that.)
+		if claimTook(res) && s.orphans.drop(rk.keys[0], fingerprint, token) {
 			s.abandon(ctx, &rk, fingerprint, token, sent.Add(lease))
 		}
 	})
@@ -543,6 +550,23 @@ func (o *orphans) take(rkey string, fingerprint []byte) (string, bool) {
 	delete(o.m, k)
 	o.n.Store(int32(len(o.m)))
 	return e.token, time.Now().Before(e.until)
+}
+
+// drop removes the token remembered for rkey and fingerprint when it is
+// token, and reports whether it was.
+func (o *orphans) drop(rkey string, fingerprint []byte, token string) bool {
+	if o.n.Load() == 0 {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := orphanKey{rkey, string(fingerprint)}
+	if e, ok := o.m[k]; !ok || e.token != token {
+		return false
+	}
+	delete(o.m, k)
+	o.n.Store(int32(len(o.m)))
+	return true
 }
 
 // put remembers token for rkey and fingerprint until until. When maxOrphans

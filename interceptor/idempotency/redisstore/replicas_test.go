@@ -220,3 +220,76 @@ func TestMinReplicasAbandonedClaimWhoseWaitFailsFreesItsKey(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // the abandoned Claim's reply and release come on their own
 	}
 }
+
+// TestAbandonedClaimsLateReplyKeepsARetrysKey: a Claim abandoned at its
+// context's end while Redis was partitioned away; its own release, sent
+// straight to Redis, found the key free and remembered its token for a
+// retry of the same request on this replica. The retry takes the token and
+// owns the key; then the partition heals, the abandoned script runs and
+// answers that it took the key (the same token: it is the retry's own),
+// and its late reply must not release it: released, another request
+// owned the key while the retry's handler ran, a second execution.
+func TestAbandonedClaimsLateReplyKeepsARetrysKey(t *testing.T) {
+	addr := redistest.Addr(t)
+	proxy := redistest.StartProxy(t, addr)
+	var viaProxy atomic.Bool
+	viaProxy.Store(true)
+	var d net.Dialer
+	client := redis.NewClient(&redis.Options{
+		Addr: addr, MaxRetries: -1,
+		MaxIdleConns: 1, // after the warm-up, the pool's one connection is through the proxy
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if viaProxy.Load() {
+				addr = proxy.Addr
+			}
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := redistest.Prefix(t)
+	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	warmUp := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "warm-up"}
+	if c, err := s.Claim(ctx, warmUp, []byte("fp"), time.Minute); err != nil || c.State != idempotency.Owned {
+		t.Fatalf("warm-up Claim() = %v, %v; want Owned", c.State, err)
+	}
+	viaProxy.Store(false) // connections from now on go straight to Redis
+	key := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "k"}
+
+	proxy.Stall()
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = s.Claim(cctx, key, []byte("fp-a"), time.Minute)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Claim() with Redis stalled = %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	retry, err := s.Claim(ctx, key, []byte("fp-a"), time.Minute) // straight to Redis, with the remembered token
+	if err != nil || retry.State != idempotency.Owned {
+		t.Fatalf("the retry's Claim() = %v, %v; want Owned", retry.State, err)
+	}
+	proxy.Resume() // the abandoned script runs now, with the retry's token, and its reply comes back
+
+	other, err := redisstore.New(redistest.Client(t, addr), redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The late reply comes within milliseconds of the resume; a second
+	// of another request's claims, each refused while the retry holds
+	// the key, covers it.
+	for start := time.Now(); time.Since(start) < time.Second; time.Sleep(20 * time.Millisecond) {
+		c, err := other.Claim(ctx, key, []byte("fp-b"), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.State != idempotency.Mismatch {
+			t.Fatalf("another request's Claim() %v after the resume = %v, want Mismatch: the abandoned Claim's late reply released the key the retry owns",
+				time.Since(start), c.State)
+		}
+	}
+	if err := s.Complete(ctx, key, retry.Token, &idempotency.Record{}, time.Minute); err != nil {
+		t.Fatalf("the retry's Complete() = %v", err)
+	}
+}
