@@ -415,13 +415,13 @@ func (u *unaryCall) committed() bool {
 func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rejected bool, err error) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
-	adm, rerr := mp.g.admit(u.ctx, now, r.paceHeld)
+	adm, rerr := mp.g.admit(u.ctx, now, r.paceSlot)
 	if rerr != nil {
 		r.dropSlot() // never sent: the slot of the pace decide took for it goes back
 		r.settle(false)
 		return false, true, rerr
 	}
-	r.paceHeld = false
+	r.paceHeld, r.paceSlot = false, 0
 	if adm.paced {
 		now = adm.start // the wait at the rate limit is no part of the attempt
 	}

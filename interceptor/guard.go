@@ -97,13 +97,14 @@ type admission struct {
 
 // admit asks the method's rate limit, breaker and bulkhead to let an
 // attempt through, waiting for its token or slot at the rate limit's gate
-// (held: the call holds its slot of the pace already; see retrier.decide)
+// (held: the slot of the pace the call holds already, zero for none; see
+// retrier.decide and rateGate.take)
 // and in the bulkhead's queue when every slot is taken. A refusal is a
 // *RejectedError, or the context's status when the caller gave up while
 // waiting. The gate comes first, so that a wait there holds no probe and no
 // slot; a refusal by the breaker or the bulkhead gives the gate's token
 // back.
-func (g *guards) admit(ctx context.Context, now time.Time, held bool) (admission, error) {
+func (g *guards) admit(ctx context.Context, now time.Time, held ratelimit.Ticket) (admission, error) {
 	start := now
 	var tk ratelimit.Ticket
 	if g.rate != nil {

@@ -559,7 +559,7 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 		err   error
 	)
 	if h.r.attempts == 0 {
-		adm, err = g.admit(h.copies, now, false)
+		adm, err = g.admit(h.copies, now, 0)
 	} else {
 		adm, queue, err = g.admitNow(now)
 	}

@@ -67,18 +67,21 @@ func (q *rateGate) limit(ctx context.Context, now time.Time) time.Duration {
 }
 
 // take lets an attempt at now through the gate, waiting for its slot and
-// token when it must. held reports that the call already holds its slot of
-// the pace (a retry that took it when it decided to wait for the server's
-// pushback: retrier.decide). It returns the time the attempt may go (now,
+// token when it must. held names the slot of the pace the call holds
+// already (a retry that took it when it decided to wait for the server's
+// pushback: retrier.decide; zero: none): while it is a slot of the pacing
+// in force the attempt takes no other, and when that pacing has ended and
+// a new pushback begun, it takes one of the new pacing as any attempt
+// does. It returns the time the attempt may go (now,
 // unless it waited) and the Ticket of the slot of the pace it took (zero:
 // none, held or nothing paced), or a refusal: rej's rate-limited
 // rejection, or the context's status when the caller gave up while
 // waiting.
-func (q *rateGate) take(ctx context.Context, now time.Time, held bool, rej *rejections) (time.Time, ratelimit.Ticket, error) {
+func (q *rateGate) take(ctx context.Context, now time.Time, held ratelimit.Ticket, rej *rejections) (time.Time, ratelimit.Ticket, error) {
 	limit := q.limit(ctx, now)
 	var slotWait, tokenWait time.Duration
 	var tk ratelimit.Ticket
-	if !held {
+	if !q.pace.Holds(held) {
 		w, t, ok := q.pace.Take(now, limit)
 		if !ok {
 			return now, 0, rej.limited(w)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/internal/ratelimit"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -792,4 +793,45 @@ func TestRateLimitQueuedAttemptRefusedAfterAPushbackKeepsThePushback(t *testing.
 			})
 		})
 	}
+}
+
+// TestRateLimitRetrysSlotOfAnEndedPacingTakesNoneOfTheNext: a retry took
+// its slot of the pace for the wait after a server's pushback; during the
+// wait the pacing ended (admitted attempts brought the spacing under a
+// millisecond) and a new pushback of a second began. The retry's attempt
+// holds no slot of the new pacing: it takes one, and waits for it, as any
+// attempt does. Before, it passed the gate as holding one, and went at
+// once, inside the second the server had just asked for.
+func TestRateLimitRetrysSlotOfAnEndedPacingTakesNoneOfTheNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		pace := new(ratelimit.Pace)
+		q := newRateGate(&serviceconfig.ClientRateLimit{MaxWait: 2 * time.Second}, pace, time.Minute, time.Now())
+		rej := newRejections(echoMethod)
+		pace.Pushback(time.Now(), 100*time.Millisecond)
+		_, held, ok := pace.Take(time.Now(), time.Second) // the retry's slot, as retrier.decide takes it
+		if !ok || held == 0 {
+			t.Fatalf("Take in a pushback = %v, %v", held, ok)
+		}
+		time.Sleep(100 * time.Millisecond)
+		for pace.Active() {
+			pace.Success()
+		}
+		pace.Pushback(time.Now(), time.Second)
+		start := time.Now()
+		at, tk, err := q.take(t.Context(), start, held, rej)
+		if err != nil || at.Sub(start) != time.Second || tk == 0 {
+			t.Fatalf("the retry's attempt at the gate: went after %v (slot %v, %v), want after the new pushback's second, in a slot of its own",
+				at.Sub(start), tk, err)
+		}
+		// The slot of the pacing in force is held: no other taken.
+		pace.Pushback(time.Now(), time.Second)
+		_, cur, _ := pace.Take(time.Now(), time.Hour)
+		next, _ := pace.Snapshot()
+		if at, _, err := q.take(t.Context(), time.Now(), cur, rej); err != nil || !at.Equal(time.Now()) {
+			t.Fatalf("an attempt holding a slot of the pacing in force waited until %v (%v), want none", at, err)
+		}
+		if n, _ := pace.Snapshot(); !n.Equal(next) {
+			t.Fatalf("an attempt holding its slot took another: next free slot %v, want %v", n, next)
+		}
+	})
 }

@@ -53,7 +53,8 @@ type retrier struct {
 	waited          time.Duration // time spent with no attempt running (gRFC A96's retry_delay)
 	// paceHeld: the next attempt holds its slot of the method's pace,
 	// taken by decide for the wait after a server's pushback; the attempt
-	// passes the gate without another (guards.admit). paceSlot names that
+	// passes the gate without another while that slot is of the pacing in
+	// force (guards.admit, rateGate.take). paceSlot names that
 	// slot (the zero Ticket when the pacing ended before decide took it),
 	// for dropSlot.
 	paceHeld bool

@@ -80,7 +80,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		return nil, errStop{s.r.outOfTime(s.r.lastErr)}
 	}
 	s.r.begin(now)
-	adm, rerr := s.mp.g.admit(s.ctx, now, s.r.paceHeld)
+	adm, rerr := s.mp.g.admit(s.ctx, now, s.r.paceSlot)
 	if rerr != nil {
 		s.r.dropSlot() // never sent: the slot of the pace decide took for it goes back
 		s.r.settle(false)
@@ -90,7 +90,7 @@ func (s *retryStream) newAttempt() (*streamAttempt, error) {
 		}
 		return nil, errStop{s.r.stopped(rerr, s.r.lastErr, stopOfContext(s.ctx.Err()))}
 	}
-	s.r.paceHeld = false
+	s.r.paceHeld, s.r.paceSlot = false, 0
 	s.r.attempts++
 	actx, cancel := attemptContext(s.attemptBase(), s.r.attempts), context.CancelFunc(noCancel)
 	timed := s.r.rp.perAttempt > 0 && !s.single

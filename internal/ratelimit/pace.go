@@ -137,6 +137,18 @@ func (p *Pace) Cancel(now time.Time, t Ticket) {
 	}
 }
 
+// Holds reports whether t names a slot of the pacing in force: false for
+// the zero Ticket, and for a slot of a pacing that has ended (a new
+// pushback since is a new pacing, whose slots t does not hold).
+func (p *Pace) Holds(t Ticket) bool {
+	if t == 0 || !p.active.Load() {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.active.Load() && uint64(t) == p.gen
+}
+
 // Active reports whether a pushback is in force.
 func (p *Pace) Active() bool { return p.active.Load() }
 
