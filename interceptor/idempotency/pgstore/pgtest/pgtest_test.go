@@ -8,7 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,8 +103,11 @@ func TestDSNLeavesNothingWithoutStopShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, how := range []string{"exit", "SIGKILL"} {
+	for _, how := range []string{"exit", "SIGKILL", "SIGKILL with a stopped WAL writer"} {
 		t.Run(how, func(t *testing.T) {
+			if how == "SIGKILL with a stopped WAL writer" && runtime.GOOS != "linux" {
+				t.Skip("the cleaner finds a cluster's orphans by their working directory in /proc: Linux only")
+			}
 			cmd := exec.Command(exe, "-test.run=^TestHelperDSNChild$", "-test.v")
 			cmd.Env = append(os.Environ(), "PGTEST_CHILD="+how)
 			out, err := cmd.StdoutPipe()
@@ -113,10 +119,13 @@ func TestDSNLeavesNothingWithoutStopShared(t *testing.T) {
 				t.Fatal(err)
 			}
 			var dir, dsn string
+			stopped := 0 // the WAL writer's PID, when the child stopped it
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
 				if d, ok := strings.CutPrefix(sc.Text(), "data_directory="); ok {
 					dir, dsn, _ = strings.Cut(d, " dsn=")
+					d, pid, _ := strings.Cut(dsn, " walwriter=")
+					dsn, stopped = d, atoi(pid)
 					break
 				}
 			}
@@ -125,7 +134,7 @@ func TestDSNLeavesNothingWithoutStopShared(t *testing.T) {
 				_ = cmd.Wait()
 				t.Fatal("the child printed no data directory")
 			}
-			if how == "SIGKILL" {
+			if how != "exit" {
 				_ = cmd.Process.Kill()
 			}
 			go func() { _, _ = io.Copy(io.Discard, out) }()
@@ -144,6 +153,16 @@ func TestDSNLeavesNothingWithoutStopShared(t *testing.T) {
 			pool := pgtest.Pool(t, dsn+"&connect_timeout=1")
 			if err := pool.Ping(context.Background()); err == nil {
 				t.Errorf("the child's cluster still answers after its directory was removed")
+			}
+			// A stopped child of the postmaster cannot see it go: the
+			// cleaner must resume it, or it stays stopped for ever.
+			if stopped != 0 {
+				for deadline := time.Now().Add(20 * time.Second); alive(stopped); {
+					if time.Now().After(deadline) {
+						t.Fatalf("the stopped WAL writer (PID %d) still runs 20s after its cluster was removed", stopped)
+					}
+					time.Sleep(20 * time.Millisecond) // it exits once resumed
+				}
 			}
 		})
 	}
@@ -166,10 +185,37 @@ func TestHelperDSNChild(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), "SHOW data_directory").Scan(&dir); err != nil {
 		t.Fatal(err)
 	}
+	walWriter := 0
+	if how == "SIGKILL with a stopped WAL writer" {
+		// As the crash tests of pgstore do (stopWALWriter), when the
+		// test binary is killed before it resumes or kills it.
+		if err := pool.QueryRow(context.Background(), "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&walWriter); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(walWriter, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
 	pool.Close()
-	fmt.Printf("data_directory=%s dsn=%s\n", dir, dsn)
-	if how == "SIGKILL" {
+	fmt.Printf("data_directory=%s dsn=%s walwriter=%d\n", dir, dsn, walWriter)
+	if how != "exit" {
 		select {} // until killed
 	}
 	os.Exit(0) // past TestMain's StopShared, as a package without a TestMain
+}
+
+// alive reports whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return syscall.Kill(pid, 0) == nil // no /proc: a zombie counts as alive
+	}
+	// The state follows the command's closing parenthesis.
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }

@@ -46,8 +46,11 @@ func initdbAttr(cred *credential) *syscall.SysProcAttr {
 }
 
 // cleanerScript stops the cluster in $1 (its postmaster, by the PID in its
-// postmaster.pid, if that process is still a postgres) and removes the
-// directory, once its standard input ends: when the test binary that
+// postmaster.pid, if that process is still a postgres), kills what is left
+// of it (on Linux, each process whose working directory is the cluster's:
+// a child a test stopped with SIGSTOP, as pgstore's crash tests stop the
+// WAL writer, cannot see its postmaster die, and stayed stopped for ever)
+// and removes the directory, once its standard input ends: when the test binary that
 // started it has exited, however it exited, or has closed the pipe (Stop).
 // It ignores the signals a terminal's Ctrl-C or a hang-up sends to the whole
 // process group, so that it outlives the test binary to do its work.
@@ -67,6 +70,11 @@ if [ -f "$pidfile" ]; then
 		;;
 	esac
 fi
+for p in /proc/[0-9]*; do
+	case "$(readlink "$p/cwd" 2>/dev/null)" in
+	"$1/data" | "$1/data (deleted)") kill -KILL "${p#/proc/}" 2>/dev/null ;;
+	esac
+done
 rm -rf "$1"
 `
 
