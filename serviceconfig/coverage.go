@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strconv"
 )
 
 // Coverage. grpc-go ignores an unknown key wherever it is, and skips an
@@ -77,6 +78,15 @@ func warningsOf(w *wireConfig, unknown []unknownKey) []*Warning {
 		if t := m.Timeout.v; t != nil && *t < 0 && m.Name != nil {
 			out = append(out, &Warning{Kind: WarningIgnoredKey, Path: index("methodConfig", i) + ".timeout", Err: errors.New(
 				"is negative, which grpc-go ignores, and so does Parse: the methods get no timeout")})
+		}
+		if h := m.HedgingPolicy; h != nil && h.HedgingDelayQuantile.v != nil {
+			if n := h.HedgingDelayMinSamples.v; n != nil && *n == 0 {
+				// The Go field's 0 means the default; written out, it reads
+				// as "no warm-up", which it is not.
+				out = append(out, &Warning{Kind: WarningIgnoredKey, Path: index("methodConfig", i) + ".hedgingPolicy.hedgingDelayMinSamples",
+					Err: errors.New("is 0, which means the default, " + strconv.Itoa(DefaultHedgingDelayMinSamples) +
+						" observed attempts, not none: leave it out for the default, or give at least 1")})
+			}
 		}
 		switch {
 		case m.Name == nil && !misspeltName[i]:

@@ -141,3 +141,22 @@ func TestNegativeTimeoutIsAWarning(t *testing.T) {
 		t.Errorf("Warnings() = %v, want [%s]", ws, want)
 	}
 }
+
+// TestHedgingDelayMinSamplesZeroIsAWarning: "hedgingDelayMinSamples": 0
+// written out reads as "no warm-up" but, as the Go field's 0, means the
+// default; it parses as the default, and Warnings says so (it went
+// unnoticed before).
+func TestHedgingDelayMinSamplesZeroIsAWarning(t *testing.T) {
+	c, err := serviceconfig.Parse([]byte(`{"methodConfig": [{"name": [{"service": "shop.Orders"}], ` +
+		`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayQuantile": 0.9, "hedgingDelayMinSamples": 0}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.MethodConfig[0].HedgingPolicy.HedgingDelayMinSamples; got != 0 {
+		t.Errorf("HedgingDelayMinSamples = %d, want 0 (the default)", got)
+	}
+	const want = "ignored key: serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayMinSamples: is 0, which means the default, 100 observed attempts, not none: leave it out for the default, or give at least 1"
+	if ws := c.Warnings(); len(ws) != 1 || ws[0].Kind.String()+": "+ws[0].Error() != want {
+		t.Errorf("Warnings() = %v, want [%s]", ws, want)
+	}
+}

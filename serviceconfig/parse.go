@@ -647,14 +647,7 @@ func (h *wireHedging) policy(o parseOptions) (*HedgingPolicy, error) {
 		}
 		p.HedgingDelayQuantile = *q
 		if n := h.HedgingDelayMinSamples.v; n != nil {
-			// The Go field's 0 means the default; written out, a 0 reads as
-			// "no warm-up", which it would not be.
-			if *n == 0 {
-				return nil, newError("hedgingDelayMinSamples",
-					"0 written out: it would mean the default, "+strconv.Itoa(DefaultHedgingDelayMinSamples)+" observed attempts, not none; "+
-						"leave it out for the default, or give at least 1")
-			}
-			p.HedgingDelayMinSamples = *n
+			p.HedgingDelayMinSamples = *n // 0, the default: warned (warningsOf)
 		}
 	// The fields that need a quantile need it even when written as 0.
 	case h.HedgingDelayFloor.v != nil:

@@ -464,8 +464,6 @@ func parseCases() []parseCase {
 			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayMinSamples: must not be negative"},
 		{name: "hedging min samples not an integer", doc: orders(`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayQuantile": 0.9, "hedgingDelayMinSamples": 1.5}`), grpc: diffHedging,
 			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayMinSamples: must be an integer, not 1.5"},
-		{name: "hedging min samples 0 written out", doc: orders(`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayQuantile": 0.9, "hedgingDelayMinSamples": 0}`), grpc: diffHedging,
-			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayMinSamples: 0 written out: it would mean the default, 100 observed attempts, not none; leave it out for the default, or give at least 1"},
 		{name: "hedging min samples without quantile", doc: orders(`"hedgingPolicy": {"maxAttempts": 2, "hedgingDelayMinSamples": 0}`), grpc: diffHedging,
 			wantErr: "serviceconfig: methodConfig[0].hedgingPolicy.hedgingDelayMinSamples: needs hedgingDelayQuantile"},
 		{name: "retry and hedging together", doc: orders(`"retryPolicy": ` + retry() + `, "hedgingPolicy": {"maxAttempts": 2}`), grpc: diffBoth,
