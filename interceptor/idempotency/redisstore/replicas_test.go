@@ -161,21 +161,7 @@ func minReplicasOnCluster(t *testing.T, client *redis.ClusterClient) {
 // stalls, the release's straight to Redis, so the release comes first.
 func TestMinReplicasAbandonedClaimWhoseWaitFailsFreesItsKey(t *testing.T) {
 	addr := redistest.Addr(t)
-	proxy := redistest.StartProxy(t, addr)
-	var viaProxy atomic.Bool
-	viaProxy.Store(true)
-	var d net.Dialer
-	client := redis.NewClient(&redis.Options{
-		Addr: addr, MaxRetries: -1,
-		MaxIdleConns: 1, // after the warm-up, the pool's one connection is through the proxy
-		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if viaProxy.Load() {
-				addr = proxy.Addr
-			}
-			return d.DialContext(ctx, network, addr)
-		},
-	})
-	t.Cleanup(func() { _ = client.Close() })
+	client, proxy, goDirect := warmProxiedClient(t, addr)
 	prefix := redistest.Prefix(t)
 	// No replica: every WAIT fails.
 	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix), redisstore.WithMinReplicas(1, 10*time.Millisecond))
@@ -187,7 +173,7 @@ func TestMinReplicasAbandonedClaimWhoseWaitFailsFreesItsKey(t *testing.T) {
 	if _, err := s.Claim(ctx, warmUp, []byte("fp"), time.Minute); !errors.Is(err, redisstore.ErrNotReplicated) {
 		t.Fatalf("Claim() without a replica = %v, want ErrNotReplicated", err)
 	}
-	viaProxy.Store(false) // connections from now on go straight to Redis
+	goDirect() // connections from now on go straight to Redis
 	key := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "k"}
 
 	proxy.Stall()
@@ -231,21 +217,7 @@ func TestMinReplicasAbandonedClaimWhoseWaitFailsFreesItsKey(t *testing.T) {
 // owned the key while the retry's handler ran, a second execution.
 func TestAbandonedClaimsLateReplyKeepsARetrysKey(t *testing.T) {
 	addr := redistest.Addr(t)
-	proxy := redistest.StartProxy(t, addr)
-	var viaProxy atomic.Bool
-	viaProxy.Store(true)
-	var d net.Dialer
-	client := redis.NewClient(&redis.Options{
-		Addr: addr, MaxRetries: -1,
-		MaxIdleConns: 1, // after the warm-up, the pool's one connection is through the proxy
-		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if viaProxy.Load() {
-				addr = proxy.Addr
-			}
-			return d.DialContext(ctx, network, addr)
-		},
-	})
-	t.Cleanup(func() { _ = client.Close() })
+	client, proxy, goDirect := warmProxiedClient(t, addr)
 	prefix := redistest.Prefix(t)
 	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
 	if err != nil {
@@ -256,7 +228,7 @@ func TestAbandonedClaimsLateReplyKeepsARetrysKey(t *testing.T) {
 	if c, err := s.Claim(ctx, warmUp, []byte("fp"), time.Minute); err != nil || c.State != idempotency.Owned {
 		t.Fatalf("warm-up Claim() = %v, %v; want Owned", c.State, err)
 	}
-	viaProxy.Store(false) // connections from now on go straight to Redis
+	goDirect() // connections from now on go straight to Redis
 	key := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "k"}
 
 	proxy.Stall()
@@ -292,4 +264,28 @@ func TestAbandonedClaimsLateReplyKeepsARetrysKey(t *testing.T) {
 	if err := s.Complete(ctx, key, retry.Token, &idempotency.Record{}, time.Minute); err != nil {
 		t.Fatalf("the retry's Complete() = %v", err)
 	}
+}
+
+// warmProxiedClient returns a client of the Redis at addr whose
+// connections go through proxy until goDirect is called, and straight to
+// Redis after. Its pool keeps one idle connection: after a warm-up call,
+// the pool's one connection is through the proxy, where the test can
+// stall it while the connections it dials later (a release's) are not.
+func warmProxiedClient(t *testing.T, addr string) (client *redis.Client, proxy *redistest.Proxy, goDirect func()) {
+	proxy = redistest.StartProxy(t, addr)
+	var viaProxy atomic.Bool
+	viaProxy.Store(true)
+	var d net.Dialer
+	client = redis.NewClient(&redis.Options{
+		Addr: addr, MaxRetries: -1,
+		MaxIdleConns: 1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if viaProxy.Load() {
+				addr = proxy.Addr
+			}
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	return client, proxy, func() { viaProxy.Store(false) }
 }
