@@ -135,47 +135,47 @@ func TestIdempotencyRedisOutOfMemoryIsResourceExhausted(t *testing.T) {
 	wantCalls(t, e, 1)
 }
 
-// idemFillRedis writes small values, a pipeline of them at a time, until
-// Redis refuses a single small write for memory: then it is past maxmemory
-// with no pipeline of ours in its buffers, and refuses the next write too.
-// A pipeline's own refusal is not enough: Redis counts the query buffer of
-// the pipeline it is reading against maxmemory, and frees it once the
-// pipeline is done, so a used memory that was past the limit only while
-// it read 256 queries at once (as it does when the machine is busy and
-// they arrive together) fell back below it, and the test's next keyed
-// call was stored instead of refused.
+// idemFillRedis puts Redis past its maxmemory by a margin that no buffer
+// can undo: it lifts the limit, writes a megabyte, and sets the limit half
+// a megabyte below the memory then in use, so that every write is refused
+// (noeviction) until the test ends. Filling up to the limit was not
+// enough: Redis counts its clients' query buffers against maxmemory and
+// shrinks an idle one only in its periodic cron, so a used memory that
+// was past the limit only by a pipeline's buffer fell back below it a
+// moment later, and the test's next keyed call was stored instead of
+// refused (1 run in 4 with another package's tests beside).
 func idemFillRedis(t *testing.T, client *redis.Client) {
 	t.Helper()
 	ctx := context.Background()
+	if err := client.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
 	value := make([]byte, 256)
-	for batch := range 1 << 10 {
-		cmds, _ := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+	for batch := range 16 {
+		if _, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range 256 {
 				p.Set(ctx, "filler:"+strconv.Itoa(batch)+":"+strconv.Itoa(i), value, 0)
 			}
 			return nil
-		})
-		oom := false
-		for _, c := range cmds {
-			if err := c.Err(); err != nil {
-				if !strings.HasPrefix(err.Error(), "OOM") {
-					t.Fatal(err)
-				}
-				oom = true
-			}
-		}
-		if !oom {
-			continue
-		}
-		err := client.Set(ctx, "filler:probe", value, 0).Err()
-		switch {
-		case err != nil && strings.HasPrefix(err.Error(), "OOM"):
-			return
-		case err != nil:
+		}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Fatal("Redis never ran out of memory")
+	info, err := client.InfoMap(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+	if err != nil {
+		t.Fatalf("INFO memory's used_memory: %v", err)
+	}
+	const margin = 512 << 10
+	if err := client.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used-margin, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Set(ctx, "filler:probe", value, 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("a write %d bytes past maxmemory = %v, want OOM", margin, err)
+	}
 }
 
 // TestIdempotencyRedisBurstPastTheQuotaGoesWithTheMinimumRetention pins the
