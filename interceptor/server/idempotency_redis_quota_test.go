@@ -117,14 +117,14 @@ func TestIdempotencyRedisOutOfMemoryIsResourceExhausted(t *testing.T) {
 	for _, open := range []bool{false, true} {
 		cc := idemStart(t, e, Idempotency{Store: store, FailOpen: open})
 		if open {
-			idemFillRedis(t, client)
+			redistest.FillPastMaxmemory(t, client)
 		}
 		r := idemDo(idemCtx(t), cc, "k-"+strconv.FormatBool(open), "m")
 		if !open {
 			if r.err != nil {
 				t.Fatalf("before Redis is full: %v", r.err)
 			}
-			idemFillRedis(t, client)
+			redistest.FillPastMaxmemory(t, client)
 			r = idemDo(idemCtx(t), cc, "k2", "m")
 		}
 		wantCode(t, "keyed call on a Redis out of memory (fail open "+strconv.FormatBool(open)+")", r.err, codes.ResourceExhausted, "retry later")
@@ -133,49 +133,6 @@ func TestIdempotencyRedisOutOfMemoryIsResourceExhausted(t *testing.T) {
 		}
 	}
 	wantCalls(t, e, 1)
-}
-
-// idemFillRedis puts Redis past its maxmemory by a margin that no buffer
-// can undo: it lifts the limit, writes a megabyte, and sets the limit half
-// a megabyte below the memory then in use, so that every write is refused
-// (noeviction) until the test ends. Filling up to the limit was not
-// enough: Redis counts its clients' query buffers against maxmemory and
-// shrinks an idle one only in its periodic cron, so a used memory that
-// was past the limit only by a pipeline's buffer fell back below it a
-// moment later, and the test's next keyed call was stored instead of
-// refused (1 run in 4 with another package's tests beside).
-func idemFillRedis(t *testing.T, client *redis.Client) {
-	t.Helper()
-	ctx := context.Background()
-	if err := client.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
-	value := make([]byte, 256)
-	for batch := range 16 {
-		if _, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i := range 256 {
-				p.Set(ctx, "filler:"+strconv.Itoa(batch)+":"+strconv.Itoa(i), value, 0)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	info, err := client.InfoMap(ctx, "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	used, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
-	if err != nil {
-		t.Fatalf("INFO memory's used_memory: %v", err)
-	}
-	const margin = 512 << 10
-	if err := client.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used-margin, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := client.Set(ctx, "filler:probe", value, 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
-		t.Fatalf("a write %d bytes past maxmemory = %v, want OOM", margin, err)
-	}
 }
 
 // TestIdempotencyRedisBurstPastTheQuotaGoesWithTheMinimumRetention pins the

@@ -237,7 +237,7 @@ func TestClaimOutOfMemoryIsStoreFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fillRedis(t, client)
+	redistest.FillPastMaxmemory(t, client)
 	_, err = s.Claim(ctx, idempotency.RecordKey{Scope: "a", FullMethod: "/p.S/M", Key: "k"}, []byte("fp"), time.Minute)
 	var full *idempotency.FullError
 	if !errors.As(err, &full) || full.Scope || full.RetryAfter <= 0 || !errors.Is(err, idempotency.ErrStoreFull) {
@@ -246,34 +246,6 @@ func TestClaimOutOfMemoryIsStoreFull(t *testing.T) {
 	if !strings.Contains(err.Error(), "out of memory") || !strings.Contains(log.String(), "Redis is out of memory") {
 		t.Errorf("error %q, log %q: want both to say Redis is out of memory", err, log.String())
 	}
-}
-
-// fillRedis writes small values, a pipeline of them at a time, until Redis
-// refuses one for memory: it is then past maxmemory (a write that fits is
-// accepted even when it crosses the line), so the next write is refused
-// too. Large values would not do: the refused one's own buffer is what
-// pushes Redis past the line, and it is freed after.
-func fillRedis(t *testing.T, client *redis.Client) {
-	t.Helper()
-	ctx := context.Background()
-	value := strings.Repeat("x", 256)
-	for batch := range 1 << 10 {
-		cmds, _ := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i := range 256 {
-				p.Set(ctx, "filler:"+strconv.Itoa(batch)+":"+strconv.Itoa(i), value, 0)
-			}
-			return nil
-		})
-		for _, c := range cmds {
-			if err := c.Err(); err != nil {
-				if strings.HasPrefix(err.Error(), "OOM") {
-					return
-				}
-				t.Fatal(err)
-			}
-		}
-	}
-	t.Fatal("Redis never ran out of memory")
 }
 
 // TestCompletePastTheScopeQuotaIsKeptForTheMinimumRetention: the quota is
@@ -386,7 +358,7 @@ func TestCompleteOnRedisOutOfMemoryStoresTheOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fillRedis(t, client)
+	redistest.FillPastMaxmemory(t, client)
 	for key, token := range map[string]string{"absent": absent.Token, "owned": owned.Token} {
 		rec := &idempotency.Record{Fingerprint: []byte("fp"), ReplyType: "x.Y", Reply: []byte("reply")}
 		if err := s.Complete(ctx, k(key), token, rec, time.Hour); err != nil {

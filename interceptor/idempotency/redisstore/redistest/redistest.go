@@ -382,3 +382,48 @@ func (f *Faults) push(x Fault) {
 	f.next = append([]Fault{x}, f.next...)
 	f.mu.Unlock()
 }
+
+// FillPastMaxmemory puts the Redis server of c past its maxmemory by a
+// margin no buffer can undo, so that on a noeviction server every later
+// write is refused for memory (OOM) until the test ends: it lifts the
+// limit, writes about a megabyte, and sets maxmemory half a megabyte below
+// the memory then in use; it fails t unless a write is then refused.
+//
+// Filling up to the limit is not enough: Redis counts its clients' query
+// buffers against maxmemory and shrinks an idle one only in its periodic
+// cron, so a used memory past the limit only by a pipeline's buffer falls
+// back below it a moment later, and a write the test expects refused is
+// stored (1 run in 4 with another package's tests beside).
+func FillPastMaxmemory(t testing.TB, c *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	value := make([]byte, 256)
+	for batch := range 16 {
+		if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range 256 {
+				p.Set(ctx, "filler:"+strconv.Itoa(batch)+":"+strconv.Itoa(i), value, 0)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := c.InfoMap(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+	if err != nil {
+		t.Fatalf("INFO memory's used_memory: %v", err)
+	}
+	const margin = 512 << 10
+	if err := c.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used-margin, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "filler:probe", value, 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("a write %d bytes past maxmemory = %v, want OOM", margin, err)
+	}
+}
