@@ -176,13 +176,7 @@ func TestMinReplicasAbandonedClaimWhoseWaitFailsFreesItsKey(t *testing.T) {
 	goDirect() // connections from now on go straight to Redis
 	key := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "k"}
 
-	proxy.Stall()
-	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = s.Claim(cctx, key, []byte("fp-a"), time.Minute)
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Claim() with Redis stalled = %v, want an error wrapping context.DeadlineExceeded", err)
-	}
+	abandonStalledClaim(t, s, proxy, key, []byte("fp-a"))
 	proxy.Resume() // the Claim's script runs now, takes the key, and its WAIT fails
 
 	// A store without WAIT, for the other request's claims.
@@ -231,13 +225,7 @@ func TestAbandonedClaimsLateReplyKeepsARetrysKey(t *testing.T) {
 	goDirect() // connections from now on go straight to Redis
 	key := idempotency.RecordKey{Scope: "s", FullMethod: "/p.S/M", Key: "k"}
 
-	proxy.Stall()
-	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = s.Claim(cctx, key, []byte("fp-a"), time.Minute)
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Claim() with Redis stalled = %v, want an error wrapping context.DeadlineExceeded", err)
-	}
+	abandonStalledClaim(t, s, proxy, key, []byte("fp-a"))
 	retry, err := s.Claim(ctx, key, []byte("fp-a"), time.Minute) // straight to Redis, with the remembered token
 	if err != nil || retry.State != idempotency.Owned {
 		t.Fatalf("the retry's Claim() = %v, %v; want Owned", retry.State, err)
@@ -263,6 +251,19 @@ func TestAbandonedClaimsLateReplyKeepsARetrysKey(t *testing.T) {
 	}
 	if err := s.Complete(ctx, key, retry.Token, &idempotency.Record{}, time.Minute); err != nil {
 		t.Fatalf("the retry's Complete() = %v", err)
+	}
+}
+
+// abandonStalledClaim stalls proxy and claims key on s with a context
+// that ends 200 ms later, while Redis has not answered: the Claim must
+// return with the context's error, its script still on its way.
+func abandonStalledClaim(t *testing.T, s *redisstore.Store, proxy *redistest.Proxy, key idempotency.RecordKey, fp []byte) {
+	t.Helper()
+	proxy.Stall()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := s.Claim(ctx, key, fp, time.Minute); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Claim() with Redis stalled = %v, want an error wrapping context.DeadlineExceeded", err)
 	}
 }
 
