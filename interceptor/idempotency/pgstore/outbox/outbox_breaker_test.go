@@ -382,19 +382,26 @@ func TestRelayOnceHoldsAMethodTheClientRefusesWithoutSayingUntilWhen(t *testing.
 	if again := e.rows(t); !again[0].next.Equal(first[0].next) || again[0].attempts != 0 {
 		t.Errorf("a pass while the method was held took its message: %+v, then %+v", first[0], again[0])
 	}
+	closeAndDeliverOne(t, client, r, "the message delivered after the hold")
+	if got := e.receivedRows(t); got["forced"] != 1 {
+		t.Errorf("receiver's rows = %v, want forced once", got)
+	}
+}
+
+// closeAndDeliverOne forces the breaker of echoMethod closed and runs
+// passes of r until one delivers a message.
+func closeAndDeliverOne(t *testing.T, client *interceptor.Client, r *outbox.Relay, what string) {
+	t.Helper()
 	if err := client.ForceClosed(echoMethod); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the message delivered after the hold", func() (bool, string) {
-		n, err := r.Once(ctx)
+	waitFor(t, what, func() (bool, string) {
+		n, err := r.Once(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n == 1, "Once = " + strconv.Itoa(n)
 	})
-	if got := e.receivedRows(t); got["forced"] != 1 {
-		t.Errorf("receiver's rows = %v, want forced once", got)
-	}
 }
 
 // TestRelayBulkheadRefusalIsNotTheReceiversAnswer: deliveries the client's
@@ -532,16 +539,7 @@ func TestRelayKeepsAMessageTheClientsFallbackAnswered(t *testing.T) {
 	if held := outbox.HeldMethods(r); !slices.Equal(held, []string{echoMethod}) {
 		t.Errorf("held methods = %v, want [%s]", held, echoMethod)
 	}
-	if err := client.ForceClosed(echoMethod); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the message delivered once the breaker closed", func() (bool, string) {
-		n, err := r.Once(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n == 1, "Once = " + strconv.Itoa(n)
-	})
+	closeAndDeliverOne(t, client, r, "the message delivered once the breaker closed")
 	if got := e.receivedRows(t); got["fallback"] != 1 {
 		t.Errorf("receiver's rows = %v, want fallback once", got)
 	}
