@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -495,55 +496,90 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 
 // TestRelayKeepsAMessageTheClientsFallbackAnswered: a relay's client with a
 // fallback (interceptor.WithFallback) answers a call its breaker refuses
-// with the fallback's reply and a nil error, though nothing reached the
-// receiver. Before, the relay took that nil for the receiver's answer and
-// deleted the message, never delivered. A delivery is the receiver's
-// answer only when an attempt the relay invoked returned it: the message
-// is given back uncounted, its method held, as for a refusal, and
-// delivered once the breaker lets calls through.
+// with the fallback's answer, though nothing reached the receiver. Before,
+// the relay took a nil answer for the receiver's and deleted the message,
+// never delivered; then it took an error answer (here FAILED_PRECONDITION,
+// not worth retrying) for the receiver's refusal for good and marked the
+// message dead. A delivery is the receiver's answer only when an attempt
+// the relay invoked returned it: the message is given back uncounted, its
+// method held, as for a refusal, or, when an attempt had failed before
+// the refusal, retried after its backoff with that attempt counted; it is
+// never dead, and it is delivered once the breaker lets calls through.
 func TestRelayKeepsAMessageTheClientsFallbackAnswered(t *testing.T) {
-	e := newEnv(t)
-	e.enqueue(t, true, "fallback")
-	var fallbacks atomic.Int32
-	client, err := interceptor.NewClient(
-		interceptor.WithMethodConfig(serviceconfig.MethodConfig{
-			Name:           []serviceconfig.Name{{}},
-			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute},
-		}),
-		interceptor.WithFallback(func(context.Context, string, any, any, error) error {
-			fallbacks.Add(1)
-			return nil // a cached or default reply
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	if err := client.ForceOpen(echoMethod); err != nil {
-		t.Fatal(err)
-	}
-	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{InitialBackoff: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	ctx := context.Background()
-	if n, err := r.Once(ctx); n != 0 || err != nil {
-		t.Fatalf("Once with the breaker open and a fallback = %d, %v, want 0, nil: the receiver answered nothing", n, err)
-	}
-	if fallbacks.Load() != 1 {
-		t.Fatalf("fallback ran %d times, want 1: the test does not reach the danger", fallbacks.Load())
-	}
-	if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != 0 {
-		t.Fatalf("the message the fallback answered: %+v, want it kept, given back, no attempt counted", rows)
-	}
-	if held := outbox.HeldMethods(r); !slices.Equal(held, []string{echoMethod}) {
-		t.Errorf("held methods = %v, want [%s]", held, echoMethod)
-	}
-	closeAndDeliverOne(t, client, r, "the message delivered once the breaker closed")
-	if got := e.receivedRows(t); got["fallback"] != 1 {
-		t.Errorf("receiver's rows = %v, want fallback once", got)
-	}
-	if rows := e.rows(t); len(rows) != 0 {
-		t.Errorf("outbox after delivery: %+v, want empty", rows)
+	for _, tc := range []struct {
+		name         string
+		answer       error // the fallback's
+		failFirst    bool  // the receiver fails the first attempt, which trips the breaker
+		wantAttempts int
+	}{
+		{name: "reply, nothing sent"},
+		{name: "error, nothing sent", answer: status.Error(codes.FailedPrecondition, "no cached reply")},
+		{name: "error after a failed attempt", answer: status.Error(codes.FailedPrecondition, "no cached reply"),
+			failFirst: true, wantAttempts: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.failFirst {
+				e.answer = func(_ string, run int) error {
+					if run == 1 {
+						return status.Error(codes.Unavailable, "try later")
+					}
+					return nil
+				}
+			}
+			e.enqueue(t, true, "fallback")
+			var fallbacks atomic.Int32
+			client, err := interceptor.NewClient(
+				interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+					Name: []serviceconfig.Name{{}},
+					RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+						RetryableStatusCodes: []codes.Code{codes.Unavailable}},
+					CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute},
+				}),
+				interceptor.WithFallback(func(context.Context, string, any, any, error) error {
+					fallbacks.Add(1)
+					return tc.answer // a cached or default reply, or an error
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = client.Close() })
+			if !tc.failFirst {
+				if err := client.ForceOpen(echoMethod); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var dead atomic.Int32
+			r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{InitialBackoff: 200 * time.Millisecond,
+				OnDead: func(outbox.Message, error) { dead.Add(1) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = r.Close() })
+			if n, err := r.Once(context.Background()); n != 0 || err != nil {
+				t.Fatalf("Once with the breaker open and a fallback = %d, %v, want 0, nil: the receiver answered nothing", n, err)
+			}
+			if fallbacks.Load() != 1 {
+				t.Fatalf("fallback ran %d times, want 1: the test does not reach the danger", fallbacks.Load())
+			}
+			if dead.Load() != 0 {
+				t.Fatal("the message the fallback answered was marked dead: the fallback's error is not the receiver's")
+			}
+			if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != tc.wantAttempts {
+				t.Fatalf("the message the fallback answered: %+v, want it kept, given back, %d attempts counted", rows, tc.wantAttempts)
+			}
+			if !tc.failFirst {
+				if held := outbox.HeldMethods(r); !slices.Equal(held, []string{echoMethod}) {
+					t.Errorf("held methods = %v, want [%s]", held, echoMethod)
+				}
+			}
+			closeAndDeliverOne(t, client, r, "the message delivered once the breaker closed")
+			if got, want := e.receivedRows(t), map[string]int{"fallback": 1}; !maps.Equal(got, want) {
+				t.Errorf("receiver's rows = %v, want %v (a failed attempt's row is undone)", got, want)
+			}
+			if rows := e.rows(t); len(rows) != 0 {
+				t.Errorf("outbox after delivery: %+v, want empty", rows)
+			}
+		})
 	}
 }

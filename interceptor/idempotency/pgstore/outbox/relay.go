@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,10 +50,11 @@ type RelayConfig struct {
 	InitialBackoff, MaxBackoff time.Duration
 	// RetryableCodes are the delivery failures worth retrying (default:
 	// UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
-	// CANCELLED, INTERNAL and UNKNOWN). A failure with another code is the
-	// receiver's answer for good: the message is marked dead (dead_at and
-	// last_error set; it stays in the table, for an operator) and OnDead is
-	// called.
+	// CANCELLED, INTERNAL and UNKNOWN). A failure with another code that an
+	// attempt returned is the receiver's answer for good: the message is
+	// marked dead (dead_at and last_error set; it stays in the table, for
+	// an operator) and OnDead is called. An error the relay's client gave
+	// itself never marks a message dead (see Relay.Once).
 	RetryableCodes rescodes.Set
 	// OnDead, when set, is called synchronously with a message marked dead
 	// and the receiver's error.
@@ -122,9 +124,9 @@ type Relay struct {
 // delivery up to 4 attempts (100 ms backoff, doubling to 1 s) and opens a
 // breaker after 5 failures in a row for 5 s; Close closes it. A client's
 // fallback (interceptor.WithFallback) gains the relay nothing: a delivery
-// counts as the receiver's answer only when an attempt reached it, so one
-// the fallback answered keeps its message, given back as for a refusal
-// (see Once), and the relay logs it once. It does not start: call Run (in
+// counts as the receiver's answer only when an attempt returned it, so one
+// the fallback answered, with a reply or an error, keeps its message, given
+// back as for a refusal (see Once), and the relay logs it once. It does not start: call Run (in
 // a goroutine of its own) or Once.
 func NewRelay(ob *Outbox, pool *pgxpool.Pool, conn *grpc.ClientConn, client *interceptor.Client, cfg RelayConfig) (*Relay, error) {
 	switch {
@@ -225,8 +227,13 @@ func (r *Relay) Run(ctx context.Context) error {
 // forced open or throttling adaptively), unless a delivery of it that
 // ended later in the same pass was admitted (the half-open probe that
 // closed the breaker). Messages of other methods go on meanwhile. A
-// delivery the client's fallback answered with success, no attempt of it
-// having reached the receiver, is such a refusal too, held InitialBackoff.
+// delivery the client answered itself, no attempt of it having been sent
+// (its fallback's reply or error for a refusal, or an error of its own),
+// is such a refusal too, held InitialBackoff. An error that the client
+// returned after attempts, and that none of them returned (a fallback's
+// answer to a refusal after failed attempts, or the client's own, such as
+// no time left for another attempt), is retried after the backoff, its
+// attempt counted: only the receiver's answer marks a message dead.
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	_, answered, err := r.pass(ctx)
 	return answered, err
@@ -356,7 +363,10 @@ func (r *Relay) deliver(ctx context.Context, m *Message) (o outcome) {
 	defer cancel()
 	code := status.Code(derr)
 	rej, rejected := errors.AsType[*interceptor.RejectedError](derr)
-	fallback := errors.Is(derr, errFallbackAnswered)
+	local, byClient := errors.AsType[*clientAnswer](derr)
+	// The client answered itself, nothing sent: its fallback, or an error
+	// of its own.
+	fallback := errors.Is(derr, errFallbackAnswered) || byClient && !local.attempted
 	var err error
 	switch {
 	case derr == nil:
@@ -372,9 +382,10 @@ func (r *Relay) deliver(ctx context.Context, m *Message) (o outcome) {
 			retryAfter = rej.RetryAfter
 		} else {
 			r.fallbackSeen.Do(func() {
-				r.cfg.Logger.Warn("outbox: the relay's client answered a delivery with its fallback (interceptor.WithFallback); "+
-					"the message stays in the outbox until the receiver answers it: give the relay a client without a fallback",
-					"method", m.FullMethod)
+				r.cfg.Logger.Warn("outbox: the relay's client answered a delivery itself, nothing sent (its fallback, "+
+					"interceptor.WithFallback, or an error of its own); the message stays in the outbox until the receiver "+
+					"answers it: give the relay a client without a fallback",
+					"method", m.FullMethod, "answer", derr)
 			})
 		}
 		o.refused = true
@@ -385,7 +396,7 @@ func (r *Relay) deliver(ctx context.Context, m *Message) (o outcome) {
 		// Run stopping: give it back, for a later pass.
 		_, err = r.pool.Exec(sctx, r.ob.sql.release, m.seq, int32(m.Attempts), r.cfg.InitialBackoff.Milliseconds())
 		o.err = wrap("giving back", err)
-	case !r.cfg.RetryableCodes.Has(code):
+	case !byClient && !r.cfg.RetryableCodes.Has(code):
 		_, err = r.pool.Exec(sctx, r.ob.sql.dead, m.seq, int32(m.Attempts), derr.Error())
 		r.cfg.Logger.Error("outbox: the receiver refused a message for good; it stays in the outbox, marked dead",
 			"id", m.ID, "method", m.FullMethod, "error", derr)
@@ -442,24 +453,56 @@ func (r *Relay) send(ctx context.Context, m *Message) error {
 	// client's fallback (interceptor.WithFallback) answers a call its
 	// guards refused with a nil error too, having sent nothing. Attempts
 	// may run concurrently (hedging).
-	var reached atomic.Bool
+	// An error is the receiver's only if an invoked attempt returned it;
+	// else the client gave it itself (its fallback's error for a refusal,
+	// or one of its own, such as no time left for an attempt).
+	var (
+		reached atomic.Bool
+		mu      sync.Mutex
+		answers []error // the invoked attempts' errors
+	)
 	err = r.unary(ctx, m.FullMethod, req, reply, r.conn,
 		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
 			err := cc.Invoke(ctx, method, req, reply, opts...)
 			if err == nil {
 				reached.Store(true)
+			} else {
+				mu.Lock()
+				answers = append(answers, err)
+				mu.Unlock()
 			}
 			return err
 		})
-	if err == nil && !reached.Load() {
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case err == nil && !reached.Load():
 		return errFallbackAnswered
+	case err == nil || errors.As(err, new(*interceptor.RejectedError)):
+		return err
+	case slices.ContainsFunc(answers, func(a error) bool { return err == a || errors.Is(err, a) }):
+		return err // the receiver's answer (or grpc's, for an attempt that could not be sent)
 	}
-	return err
+	return &clientAnswer{err: err, attempted: reached.Load() || len(answers) > 0}
 }
 
 // errFallbackAnswered is send's error when the client returned nil with no
 // attempt answered by the receiver: its fallback answered a refusal.
 var errFallbackAnswered = errors.New("outbox: the client's fallback answered the delivery; the receiver got nothing")
+
+// clientAnswer is send's error when the client failed a delivery with an
+// error that no attempt it invoked returned: its fallback's error for a
+// refusal, or one of its own. It is never the receiver's refusal for good.
+type clientAnswer struct {
+	err       error
+	attempted bool // an attempt was invoked before it
+}
+
+func (e *clientAnswer) Error() string {
+	return "outbox: the relay's client failed the delivery itself: " + e.err.Error()
+}
+
+func (e *clientAnswer) Unwrap() error { return e.err }
 
 // newMessage returns a new message of d's type: the generated type when it
 // is linked in, else a dynamic one.
