@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -480,10 +481,46 @@ func (r *Relay) send(ctx context.Context, m *Message) error {
 		return errFallbackAnswered
 	case err == nil || errors.As(err, new(*interceptor.RejectedError)):
 		return err
-	case slices.ContainsFunc(answers, func(a error) bool { return err == a || errors.Is(err, a) }):
+	case slices.ContainsFunc(answers, func(a error) bool { return isAnswer(err, a) }):
 		return err // the receiver's answer (or grpc's, for an attempt that could not be sent)
 	}
 	return &clientAnswer{err: err, attempted: reached.Load() || len(answers) > 0}
+}
+
+// isAnswer reports whether err is, or wraps, a: an attempt's error that the
+// client returned, as it was or in its RetryError. It never compares with
+// ==, which panics on two errors of a type that cannot be compared (a
+// slice of field errors, from an interceptor of the conn): errors.Is, which
+// compares only what can be, and, for an a of a type that cannot (errors.Is
+// passes over it), a link of err's chain of a's type deeply equal to it.
+func isAnswer(err, a error) bool {
+	if errors.Is(err, a) {
+		return true
+	}
+	t := reflect.TypeOf(a)
+	if t.Comparable() {
+		return false
+	}
+	return anyLink(err, func(l error) bool { return reflect.TypeOf(l) == t && reflect.DeepEqual(l, a) })
+}
+
+// anyLink reports whether f holds for err or an error it wraps, in the
+// order errors.Is walks them.
+func anyLink(err error, f func(error) bool) bool {
+	for err != nil {
+		if f(err) {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			return slices.ContainsFunc(u.Unwrap(), func(e error) bool { return anyLink(e, f) })
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // errFallbackAnswered is send's error when the client returned nil with no
