@@ -106,8 +106,8 @@ type Relay struct {
 	owned  *interceptor.Client // the default client, closed by Close; nil when the caller gave one
 	cfg    RelayConfig
 	closed sync.Once
-	// fallbackSeen logs, once, that the client's fallback answered a
-	// delivery (see send).
+	// fallbackSeen logs, once, that the client answered a delivery itself,
+	// nothing sent, other than for want of time: its fallback (see send).
 	fallbackSeen sync.Once
 
 	mu sync.Mutex
@@ -127,8 +127,8 @@ type Relay struct {
 // fallback (interceptor.WithFallback) gains the relay nothing: a delivery
 // counts as the receiver's answer only when an attempt returned it, so one
 // the fallback answered, with a reply or an error, keeps its message, given
-// back as for a refusal (see Once), and the relay logs it once. It does not start: call Run (in
-// a goroutine of its own) or Once.
+// back as for a refusal or retried (see Once), and the relay logs it once.
+// It does not start: call Run (in a goroutine of its own) or Once.
 func NewRelay(ob *Outbox, pool *pgxpool.Pool, conn *grpc.ClientConn, client *interceptor.Client, cfg RelayConfig) (*Relay, error) {
 	switch {
 	case ob == nil:
@@ -229,8 +229,11 @@ func (r *Relay) Run(ctx context.Context) error {
 // ended later in the same pass was admitted (the half-open probe that
 // closed the breaker). Messages of other methods go on meanwhile. A
 // delivery the client answered itself, no attempt of it having been sent
-// (its fallback's reply or error for a refusal, or an error of its own),
-// is such a refusal too, held InitialBackoff. An error that the client
+// (its fallback's reply or error for a refusal, or an error of its own,
+// such as DEADLINE_EXCEEDED when Timeout ended while it waited in the
+// bulkhead's queue), is such a refusal too, held InitialBackoff; the first
+// of them, unless its time ran out, is logged, once (a fallback gains the
+// relay nothing: see NewRelay). An error that the client
 // returned after attempts, and that none of them returned (a fallback's
 // answer to a refusal after failed attempts, or the client's own, such as
 // no time left for another attempt), is retried after the backoff, its
@@ -379,14 +382,23 @@ func (r *Relay) deliver(ctx context.Context, m *Message) (o outcome) {
 		// InitialBackoff when the refusal does not say when, as a
 		// fallback's answer never does).
 		var retryAfter time.Duration
-		if rejected {
+		switch {
+		case rejected:
 			retryAfter = rej.RetryAfter
-		} else {
+		case !byClient:
 			r.fallbackSeen.Do(func() {
-				r.cfg.Logger.Warn("outbox: the relay's client answered a delivery itself, nothing sent (its fallback, "+
-					"interceptor.WithFallback, or an error of its own); the message stays in the outbox until the receiver "+
-					"answers it: give the relay a client without a fallback",
-					"method", m.FullMethod, "answer", derr)
+				r.cfg.Logger.Warn("outbox: the relay's client answered a delivery with its fallback (interceptor.WithFallback), "+
+					"nothing sent; the message stays in the outbox until the receiver answers it: give the relay a client "+
+					"without a fallback", "method", m.FullMethod)
+			})
+		case !local.outOfTime:
+			// An error with time left: its fallback's, or one of its own.
+			// One whose time ran out unsent (in a bulkhead's queue, at a
+			// rate limit) is a refusal, which is not logged.
+			r.fallbackSeen.Do(func() {
+				r.cfg.Logger.Warn("outbox: the relay's client failed a delivery itself, nothing sent: its fallback's error "+
+					"(interceptor.WithFallback: give the relay a client without a fallback) or one of its own; the message "+
+					"stays in the outbox until the receiver answers it", "method", m.FullMethod, "answer", local.err)
 			})
 		}
 		o.refused = true
@@ -484,7 +496,8 @@ func (r *Relay) send(ctx context.Context, m *Message) error {
 	case slices.ContainsFunc(answers, func(a error) bool { return isAnswer(err, a) }):
 		return err // the receiver's answer (or grpc's, for an attempt that could not be sent)
 	}
-	return &clientAnswer{err: err, attempted: reached.Load() || len(answers) > 0}
+	dl, _ := ctx.Deadline() // Timeout's
+	return &clientAnswer{err: err, attempted: reached.Load() || len(answers) > 0, outOfTime: ctx.Err() != nil || !time.Now().Before(dl)}
 }
 
 // isAnswer reports whether err is, or wraps, a: an attempt's error that the
@@ -533,6 +546,10 @@ var errFallbackAnswered = errors.New("outbox: the client's fallback answered the
 type clientAnswer struct {
 	err       error
 	attempted bool // an attempt was invoked before it
+	// outOfTime: the delivery's context had ended when the client returned
+	// (its Timeout, or Run stopping): the client gave up for want of time,
+	// as when a delivery waits in its bulkhead's queue until then.
+	outOfTime bool
 }
 
 func (e *clientAnswer) Error() string {

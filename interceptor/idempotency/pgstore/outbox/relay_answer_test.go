@@ -1,7 +1,13 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +19,7 @@ import (
 
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/outbox"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -74,5 +81,207 @@ func TestRelayTakesAnUncomparableErrorOfAnAttemptWithoutPanicking(t *testing.T) 
 				t.Errorf("OnDead called %d times, want 1: an attempt's INVALID_ARGUMENT", dead.Load())
 			}
 		})
+	}
+}
+
+// TestRelayReadsAHedgedDeliveryAsAPlainOne: through a client that hedges
+// (three copies at once, each a goroutine of its own, the losers still
+// running when the call returns), the relay reads the outcome as for a
+// plain call: a message the receiver refuses for good is dead, one it
+// answers is delivered once, and one the fallback answers with an error,
+// its breaker forced open, is kept uncounted and its method held; the
+// relay's record of the copies' errors, written by them concurrently, is
+// race-free (-race).
+func TestRelayReadsAHedgedDeliveryAsAPlainOne(t *testing.T) {
+	e := newEnv(t)
+	e.answer = func(msg string, _ int) error {
+		if msg == "bad" {
+			return status.Error(codes.FailedPrecondition, "no such account")
+		}
+		return nil
+	}
+	var msgs []string
+	for i := range 6 {
+		msgs = append(msgs, "good-"+strconv.Itoa(i))
+	}
+	e.enqueue(t, true, append(msgs, "bad")...)
+	e.enqueueLookups(t, "held")
+	var fallbacks atomic.Int32
+	client, err := interceptor.NewClient(
+		interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+			Name:           []serviceconfig.Name{{}},
+			HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 3, NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
+			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5, OpenDuration: time.Minute},
+		}),
+		interceptor.WithFallback(func(context.Context, string, any, any, error) error {
+			fallbacks.Add(1)
+			return status.Error(codes.FailedPrecondition, "no cached reply")
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	if err := client.ForceOpen(lookupMethod); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		dead []string
+	)
+	var copies atomic.Int32 // the copies sent, counted on the conn
+	cc, err := grpc.NewClient("passthrough:///"+e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDisableRetry(),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker,
+			opts ...grpc.CallOption) error {
+			copies.Add(1)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	r, err := outbox.NewRelay(e.ob, e.pool, cc, client, outbox.RelayConfig{InitialBackoff: time.Minute,
+		OnDead: func(m outbox.Message, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, m.FullMethod+" "+status.Code(err).String())
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	if n, err := r.Once(context.Background()); n != len(msgs)+1 || err != nil {
+		t.Fatalf("Once = %d, %v, want %d answered (the good delivered, bad refused), nil", n, err, len(msgs)+1)
+	}
+	if n := int(copies.Load()); n <= len(msgs)+1 {
+		t.Fatalf("%d copies sent for %d deliveries, want more: the test does not hedge", n, len(msgs)+1)
+	}
+	mu.Lock()
+	if want := []string{echoMethod + " FailedPrecondition"}; !slices.Equal(dead, want) {
+		t.Errorf("dead = %v, want %v: the receiver's refusal, not the fallback's", dead, want)
+	}
+	mu.Unlock()
+	if fallbacks.Load() != 1 {
+		t.Errorf("fallback ran %d times, want 1 (the held message's delivery)", fallbacks.Load())
+	}
+	rows := e.rows(t)
+	var kept []rowState
+	for _, row := range rows {
+		if row.method == lookupMethod {
+			kept = append(kept, row)
+		}
+	}
+	if len(kept) != 1 || kept[0].attempts != 0 {
+		t.Errorf("the message the fallback answered: %+v, want it kept, no attempt counted", kept)
+	}
+	if held := outbox.HeldMethods(r); !slices.Equal(held, []string{lookupMethod}) {
+		t.Errorf("held methods = %v, want [%s]", held, lookupMethod)
+	}
+	got := e.receivedRows(t)
+	for _, m := range msgs {
+		if got[m] != 1 {
+			t.Errorf("receiver's rows of %s = %d, want 1", m, got[m])
+		}
+	}
+}
+
+// syncBuffer is a log's output, written by a pass's deliveries at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRelayBlamesNoFallbackForADeliveryWhoseTimeRanOutInTheBulkheadQueue:
+// a delivery that waited in the client's bulkhead queue until its Timeout
+// ended (another call held the only slot) fails with the client's own
+// DEADLINE_EXCEEDED, nothing sent. It is given back uncounted, as the
+// bulkhead's refusal would be, and logs nothing: before, it logged the
+// relay's one warning about a fallback, telling the operator of a client
+// without any to "give the relay a client without a fallback", and so
+// spent it: the fallback that later answered a delivery went unreported.
+func TestRelayBlamesNoFallbackForADeliveryWhoseTimeRanOutInTheBulkheadQueue(t *testing.T) {
+	e := newEnv(t)
+	gate, entered := make(chan struct{}), make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the receiver stops: a failed test must not leave the handler waiting
+	e.answer = func(msg string, _ int) error {
+		if msg == "holder" {
+			close(entered)
+			<-gate
+		}
+		return nil
+	}
+	client, err := interceptor.NewClient(
+		interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+			Name:           []serviceconfig.Name{{}},
+			Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1, MaxQueue: 4}, // a wait bounded by the deadline alone
+			CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 5, OpenDuration: time.Minute},
+		}),
+		interceptor.WithFallback(func(context.Context, string, any, any, error) error {
+			return status.Error(codes.FailedPrecondition, "no cached reply")
+		}, lookupMethod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	// A call of the application's, through the same client, holds the
+	// method's only slot until the gate opens.
+	app, err := grpc.NewClient("passthrough:///"+e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDisableRetry(),
+		grpc.WithUnaryInterceptor(client.UnaryClientInterceptor()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = app.Close() })
+	held := make(chan error, 1)
+	go func() {
+		_, err := echov1.NewEchoServiceClient(app).Echo(interceptor.ContextWithIdempotencyKey(context.Background(), "holder"),
+			&echov1.EchoRequest{Message: "holder"})
+		held <- err
+	}()
+	<-entered
+	e.enqueue(t, true, "queued")
+	var logs syncBuffer
+	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{Timeout: 200 * time.Millisecond, Lease: 10 * time.Second,
+		InitialBackoff: time.Minute, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx := context.Background()
+	if n, err := r.Once(ctx); n != 0 || err != nil {
+		t.Fatalf("Once with the only slot held = %d, %v, want 0, nil", n, err)
+	}
+	if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != 0 {
+		t.Errorf("the delivery whose time ran out in the queue: %+v, want it kept, given back, no attempt counted", rows)
+	}
+	if got := logs.String(); got != "" {
+		t.Errorf("the relay logged %q, want nothing: no fallback answered, the client's bulkhead queue ran out of time", got)
+	}
+	open()
+	if err := <-held; err != nil {
+		t.Fatalf("the call that held the slot: %v", err)
+	}
+	// The fallback, when it does answer, is reported.
+	e.enqueueLookups(t, "fallback")
+	if err := client.ForceOpen(lookupMethod); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.String(); !strings.Contains(got, "WithFallback") || !strings.Contains(got, lookupMethod) {
+		t.Errorf("the relay logged %q after the fallback answered a delivery of %s, want its warning", got, lookupMethod)
 	}
 }
