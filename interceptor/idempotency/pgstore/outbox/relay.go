@@ -55,7 +55,10 @@ type RelayConfig struct {
 	// attempt returned is the receiver's answer for good: the message is
 	// marked dead (dead_at and last_error set; it stays in the table, for
 	// an operator) and OnDead is called. An error the relay's client gave
-	// itself never marks a message dead (see Relay.Once).
+	// itself never marks a message dead, nor does an attempt's
+	// DEADLINE_EXCEEDED or CANCELLED raised when its own deadline passed
+	// (Timeout, the client's per-attempt timeout): no answer came (see
+	// Relay.Once).
 	RetryableCodes rescodes.Set
 	// OnDead, when set, is called synchronously with a message marked dead
 	// and the receiver's error.
@@ -236,7 +239,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // relay nothing: see NewRelay). An error that the client
 // returned after attempts, and that none of them returned (a fallback's
 // answer to a refusal after failed attempts, or the client's own, such as
-// no time left for another attempt), is retried after the backoff, its
+// no time left for another attempt), or that an attempt returned when the
+// deadline it was given passed (Timeout, a per-attempt timeout: the
+// receiver did not answer in time), is retried after the backoff, its
 // attempt counted: only the receiver's answer marks a message dead.
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	_, answered, err := r.pass(ctx)
@@ -465,21 +470,27 @@ func (r *Relay) send(ctx context.Context, m *Message) error {
 	// own invoker, under the client's interceptor) returned its reply: the
 	// client's fallback (interceptor.WithFallback) answers a call its
 	// guards refused with a nil error too, having sent nothing. Attempts
-	// may run concurrently (hedging).
+	// may run concurrently (hedging), and a copy may still run after the
+	// call returned.
 	// An error is the receiver's only if an invoked attempt returned it;
 	// else the client gave it itself (its fallback's error for a refusal,
-	// or one of its own, such as no time left for an attempt).
+	// or one of its own, such as no time left for an attempt). Nor is an
+	// attempt's error raised on this side when the deadline it was given
+	// passed, or its context was cancelled (ended): the relay's Timeout's,
+	// the client's per-attempt timeout's, Run stopping.
 	var (
-		reached atomic.Bool
-		mu      sync.Mutex
-		answers []error // the invoked attempts' errors
+		invoked, reached atomic.Bool
+		mu               sync.Mutex
+		answers          []error // the invoked attempts' errors, but those of their contexts
 	)
 	err = r.unary(ctx, m.FullMethod, req, reply, r.conn,
 		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+			invoked.Store(true)
 			err := cc.Invoke(ctx, method, req, reply, opts...)
-			if err == nil {
+			switch {
+			case err == nil:
 				reached.Store(true)
-			} else {
+			case !ended(ctx, err):
 				mu.Lock()
 				answers = append(answers, err)
 				mu.Unlock()
@@ -496,8 +507,24 @@ func (r *Relay) send(ctx context.Context, m *Message) error {
 	case slices.ContainsFunc(answers, func(a error) bool { return isAnswer(err, a) }):
 		return err // the receiver's answer (or grpc's, for an attempt that could not be sent)
 	}
-	dl, _ := ctx.Deadline() // Timeout's
-	return &clientAnswer{err: err, attempted: reached.Load() || len(answers) > 0, outOfTime: ctx.Err() != nil || !time.Now().Before(dl)}
+	return &clientAnswer{err: err, attempted: invoked.Load(), outOfTime: ended(ctx, nil)}
+}
+
+// ended reports whether ctx has ended, its deadline passed (on the clock:
+// grpc may fail an attempt a moment before the context's timer has run)
+// or it was cancelled, and err, when not nil, is the error of that end
+// (DEADLINE_EXCEEDED or CANCELLED), raised on this side.
+func ended(ctx context.Context, err error) bool {
+	if err != nil {
+		if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.Canceled {
+			return false
+		}
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // isAnswer reports whether err is, or wraps, a: an attempt's error that the

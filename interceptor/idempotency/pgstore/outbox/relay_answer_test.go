@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	rescodes "github.com/grpc-resilience/resilience/codes"
 	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/outbox"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
@@ -283,5 +285,72 @@ func TestRelayBlamesNoFallbackForADeliveryWhoseTimeRanOutInTheBulkheadQueue(t *t
 	}
 	if got := logs.String(); !strings.Contains(got, "WithFallback") || !strings.Contains(got, lookupMethod) {
 		t.Errorf("the relay logged %q after the fallback answered a delivery of %s, want its warning", got, lookupMethod)
+	}
+}
+
+// TestRelayNeverMarksDeadADeliveryADeadlineOfItsOwnCut: a receiver slower
+// than the relay's Timeout, or than its client's per-attempt timeout,
+// gives no answer: the attempt fails with DEADLINE_EXCEEDED raised on the
+// relay's side when the deadline it set passed. With RetryableCodes that
+// leave DEADLINE_EXCEEDED out, the relay took it for the receiver's
+// refusal for good and marked the message dead, logging that the receiver
+// refused it, while the receiver was still running it. It is retried after
+// its backoff, its attempt counted, and delivered once.
+func TestRelayNeverMarksDeadADeliveryADeadlineOfItsOwnCut(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration // the relay's
+		opts    []interceptor.ClientOption
+	}{
+		{name: "the relay's Timeout", timeout: 300 * time.Millisecond},
+		{name: "the client's per-attempt timeout", timeout: 5 * time.Second, opts: []interceptor.ClientOption{
+			interceptor.WithMethodConfig(serviceconfig.MethodConfig{
+				Name: []serviceconfig.Name{{}},
+				RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+					RetryableStatusCodes: []codes.Code{codes.Unavailable}, PerAttemptRecvTimeout: 100 * time.Millisecond},
+			})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			gate := make(chan struct{})
+			var opened sync.Once
+			open := func() { opened.Do(func() { close(gate) }) }
+			t.Cleanup(open) // before the receiver stops: a failed test must not leave the handler waiting
+			e.answer = func(string, int) error {
+				<-gate // slower than the deadline, until the gate opens
+				return nil
+			}
+			e.enqueue(t, true, "slow")
+			client, err := interceptor.NewClient(tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = client.Close() })
+			var dead atomic.Int32
+			r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{Timeout: tc.timeout, Lease: 10 * time.Second,
+				InitialBackoff: time.Minute, RetryableCodes: rescodes.Of(codes.Unavailable),
+				OnDead: func(outbox.Message, error) { dead.Add(1) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = r.Close() })
+			if n, err := r.Once(context.Background()); n != 0 || err != nil {
+				t.Fatalf("Once with the receiver slower than the deadline = %d, %v, want 0 answered, nil", n, err)
+			}
+			if dead.Load() != 0 {
+				t.Fatal("the message was marked dead: a deadline of the relay's side is not the receiver's answer")
+			}
+			if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != 1 || rows[0].nextIn < 50*time.Second {
+				t.Fatalf("the message: %+v, want it kept, 1 attempt counted, due after the minute of InitialBackoff", rows)
+			}
+			open()
+			e.drain(t, r)
+			if got, want := e.receivedRows(t), map[string]int{"slow": 1}; !maps.Equal(got, want) {
+				t.Errorf("receiver's rows = %v, want %v", got, want)
+			}
+			if dead.Load() != 0 {
+				t.Error("the message was marked dead")
+			}
+		})
 	}
 }
