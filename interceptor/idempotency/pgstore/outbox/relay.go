@@ -56,9 +56,9 @@ type RelayConfig struct {
 	// marked dead (dead_at and last_error set; it stays in the table, for
 	// an operator) and OnDead is called. An error the relay's client gave
 	// itself never marks a message dead, nor does an attempt's
-	// DEADLINE_EXCEEDED or CANCELLED raised when its own deadline passed
-	// (Timeout, the client's per-attempt timeout): no answer came (see
-	// Relay.Once).
+	// DEADLINE_EXCEEDED or CANCELLED raised when its own context ended
+	// (Timeout, the client's per-attempt timeout, Run stopping): no answer
+	// came (see Relay.Once).
 	RetryableCodes rescodes.Set
 	// OnDead, when set, is called synchronously with a message marked dead
 	// and the receiver's error.
