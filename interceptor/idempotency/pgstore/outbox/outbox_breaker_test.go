@@ -509,10 +509,12 @@ func TestRelayKeepsAMessageTheClientsFallbackAnswered(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		answer       error // the fallback's
+		rejection    bool  // the fallback returns the rejection it was given
 		failFirst    bool  // the receiver fails the first attempt, which trips the breaker
 		wantAttempts int
 	}{
 		{name: "reply, nothing sent"},
+		{name: "the rejection itself, nothing sent", rejection: true},
 		{name: "error, nothing sent", answer: status.Error(codes.FailedPrecondition, "no cached reply")},
 		{name: "error after a failed attempt", answer: status.Error(codes.FailedPrecondition, "no cached reply"),
 			failFirst: true, wantAttempts: 1},
@@ -536,8 +538,11 @@ func TestRelayKeepsAMessageTheClientsFallbackAnswered(t *testing.T) {
 						RetryableStatusCodes: []codes.Code{codes.Unavailable}},
 					CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Minute},
 				}),
-				interceptor.WithFallback(func(context.Context, string, any, any, error) error {
+				interceptor.WithFallback(func(_ context.Context, _ string, _, _ any, rejection error) error {
 					fallbacks.Add(1)
+					if tc.rejection {
+						return rejection
+					}
 					return tc.answer // a cached or default reply, or an error
 				}))
 			if err != nil {

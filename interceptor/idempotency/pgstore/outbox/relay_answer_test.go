@@ -354,3 +354,48 @@ func TestRelayNeverMarksDeadADeliveryADeadlineOfItsOwnCut(t *testing.T) {
 		})
 	}
 }
+
+// TestRelayGivesBackADeliveryStoppedMidAttempt: a pass whose context ends
+// (Run stopping) while an attempt waits for the receiver gives its message
+// back, its attempt uncounted, whatever RetryableCodes say of CANCELLED:
+// the attempt's CANCELLED is the relay's own, not the receiver's answer.
+func TestRelayGivesBackADeliveryStoppedMidAttempt(t *testing.T) {
+	e := newEnv(t)
+	gate, entered := make(chan struct{}), make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the receiver stops: a failed test must not leave the handler waiting
+	var runs atomic.Int32
+	e.answer = func(string, int) error {
+		if runs.Add(1) == 1 {
+			close(entered)
+			<-gate
+		}
+		return nil
+	}
+	e.enqueue(t, true, "stopped")
+	var dead atomic.Int32
+	r := e.relay(t, outbox.RelayConfig{RetryableCodes: rescodes.Of(codes.Unavailable), OnDead: func(outbox.Message, error) { dead.Add(1) }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Once(ctx)
+		done <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Once stopped mid-attempt: %v, want nil (its statements ran)", err)
+	}
+	if dead.Load() != 0 {
+		t.Fatal("the message was marked dead: Run stopping is not the receiver's answer")
+	}
+	if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != 0 {
+		t.Fatalf("the message: %+v, want it given back, no attempt counted", rows)
+	}
+	open()
+	e.drain(t, r)
+	if got, want := e.receivedRows(t), map[string]int{"stopped": 1}; !maps.Equal(got, want) {
+		t.Errorf("receiver's rows = %v, want %v", got, want)
+	}
+}
