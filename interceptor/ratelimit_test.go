@@ -710,6 +710,41 @@ func TestRateLimitRetryRefusedByTheBreakerGivesItsSlotBack(t *testing.T) {
 	})
 }
 
+// TestRateLimitRetryWhoseOnRetryHookPanicsGivesItsSlotBack pins the same
+// release when the user's OnRetry hook panics after the retry took its
+// slot of the pace (the server's 100ms pushback): the panic goes on up to
+// the caller, as it did, and the retry is never sent, so its slot goes
+// back. It used to stay taken: the method's next attempt waited a whole
+// pushback period for an attempt that never ran.
+func TestRateLimitRetryWhoseOnRetryHookPanicsGivesItsSlotBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := newQuotaServer(0)
+		srv.next, srv.hint = srv.start.Add(time.Hour), 100*time.Millisecond
+		stub, c := quotaEcho(t, srv, WithRetryBudget(nil),
+			WithOnRetry(func(context.Context, RetryEvent) { panic("a hook's bug") }),
+			rateConfig(&serviceconfig.ClientRateLimit{}, &serviceconfig.RetryPolicy{MaxAttempts: 3,
+				InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, BackoffMultiplier: 1,
+				RetryableStatusCodes: []codes.Code{codes.ResourceExhausted}}))
+		func() {
+			defer func() {
+				if p := recover(); p != "a hook's bug" {
+					t.Fatalf("Echo with a panicking OnRetry hook: recovered %v, want the hook's panic", p)
+				}
+			}()
+			_, _ = stub.Echo(t.Context(), &echov1.EchoRequest{})
+		}()
+		if _, refused := srv.counts(); len(refused) != 1 {
+			t.Fatalf("the server saw %d attempts, want 1", len(refused))
+		}
+		// The server's answer paces the method from now: its next free
+		// slot is a period away, the one the retry took and gave back.
+		next, period := policyOf(c, echoMethod).g.rate.pace.Snapshot()
+		if in := next.Sub(time.Now()); period != 100*time.Millisecond || in != period {
+			t.Errorf("pace: next free slot in %v (period %v), want in one period: the unsent retry's slot given back", in, period)
+		}
+	})
+}
+
 // holdQuotaServer holds every call until its caller gives up, but the
 // first "push", which it answers when released with RESOURCE_EXHAUSTED and
 // a RetryInfo of a second.

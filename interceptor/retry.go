@@ -327,11 +327,20 @@ func (r *retrier) cancelled(cerr, lastErr error) error {
 	return r.stopped(status.FromContextError(cerr).Err(), lastErr, stopOfContext(cerr))
 }
 
-// onRetry calls the user's hook, if any.
+// onRetry calls the user's hook, if any. A hook that panics (or calls
+// runtime.Goexit) ends the call with the retry unsent: the slot of the
+// pace decide took for it goes back, and the panic goes on.
 func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 	r.onRetried(ctx, err, d)
 	if f := r.c.opts.onRetry; f != nil {
+		returned := false
+		defer func() {
+			if !returned {
+				r.dropSlot()
+			}
+		}()
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts, Err: err, Delay: d.delay, Pushback: d.pushback})
+		returned = true
 	}
 }
 
