@@ -87,8 +87,8 @@ func TestRelayTakesAnUncomparableErrorOfAnAttemptWithoutPanicking(t *testing.T) 
 }
 
 // TestRelayReadsAHedgedDeliveryAsAPlainOne: through a client that hedges
-// (three copies at once, each a goroutine of its own, the losers still
-// running when the call returns), the relay reads the outcome as for a
+// (three copies at once, each a goroutine of its own, a loser may still
+// run when the call returns), the relay reads the outcome as for a
 // plain call: a message the receiver refuses for good is dead, one it
 // answers is delivered once, and one the fallback answers with an error,
 // its breaker forced open, is kept uncounted and its method held; the
