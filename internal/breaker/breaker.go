@@ -282,8 +282,33 @@ func (b *Breaker) allowSlow(t int64) (tok Token, retryAfter time.Duration, err e
 		b.changedLocked(from, StateHalfOpen)
 	}
 	b.mu.Unlock()
-	b.deliver()
+	if tok.Probe() {
+		b.deliverProbing(tok)
+	} else {
+		b.deliver()
+	}
 	return tok, retryAfter, err
+}
+
+// deliverProbing is deliver for an Allow that took the probe tok: should
+// OnStateChange panic or call runtime.Goexit (on this Allow's own turn to
+// HalfOpen, or a change queued before it), Allow's caller never gets tok,
+// and the probe goes back, as an Ignored outcome would give it back, with
+// nothing reported; the panic goes on.
+func (b *Breaker) deliverProbing(tok Token) {
+	returned := false
+	defer func() {
+		if !returned {
+			b.mu.Lock()
+			if b.word.Load() == tok.w {
+				b.probes--
+				b.probesFullUntil.Store(0)
+			}
+			b.mu.Unlock()
+		}
+	}()
+	b.deliver()
+	returned = true
 }
 
 // Record reports the outcome at now of the attempt tok admitted (by this

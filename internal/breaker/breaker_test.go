@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -852,5 +853,44 @@ func TestAHookThatPanicsDoesNotStopTheReports(t *testing.T) {
 	b.Reset(t0)
 	if want := []State{StateForcedOpen, StateClosed}; !slices.Equal(got, want) {
 		t.Errorf("reports %v, want %v", got, want)
+	}
+}
+
+// TestAnAllowWhoseHookPanicsGivesItsProbeBack: the Allow that turns the
+// breaker HalfOpen takes the probe, then reports the change; a hook that
+// panics (or calls runtime.Goexit) there leaves its caller without the
+// token, so the probe goes back and the next Allow is the probe, not
+// refused with ErrHalfOpenFull for an open period.
+func TestAnAllowWhoseHookPanicsGivesItsProbeBack(t *testing.T) {
+	for _, goexit := range []bool{false, true} {
+		b, err := New(Config{ConsecutiveFailures: 1, OpenDuration: time.Second, HalfOpenProbes: 1,
+			OnStateChange: func(_, to State) {
+				if to != StateHalfOpen {
+					return
+				}
+				if goexit {
+					runtime.Goexit()
+				}
+				panic("hook")
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, _, _ := b.Allow(t0)
+		b.Record(tok, t0, Failure, 0)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer func() { _ = recover() }()
+			_, _, _ = b.Allow(t0.Add(time.Second))
+			t.Error("Allow returned; its hook panics")
+		}()
+		<-done
+		if s := b.Snapshot(t0.Add(time.Second)); s.State != StateHalfOpen || s.Probes != 0 {
+			t.Errorf("goexit=%v: after the hook's abort: %v with %d probes out, want half-open with none", goexit, s.State, s.Probes)
+		}
+		if _, _, err := b.Allow(t0.Add(time.Second)); err != nil {
+			t.Errorf("goexit=%v: the next Allow: %v, want the probe", goexit, err)
+		}
 	}
 }

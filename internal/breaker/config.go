@@ -86,7 +86,10 @@ type Config struct {
 	// caused a change and found no other goroutine reporting, which reports
 	// the changes queued meanwhile too, those its own hook caused included
 	// (after that hook returns). A goroutine whose change another reports
-	// returns without waiting for it.
+	// returns without waiting for it. A hook that panics (or calls
+	// runtime.Goexit) in an Allow that admitted a half-open probe (the
+	// Allow that turned the breaker HalfOpen reports that change itself)
+	// ends that Allow with the probe given back, and the panic goes on.
 	OnStateChange func(from, to State)
 }
 

@@ -1,0 +1,141 @@
+package interceptor
+
+import (
+	"io"
+	"runtime"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
+	"github.com/grpc-resilience/resilience/serviceconfig"
+)
+
+// A user's hook that panics, or calls runtime.Goexit, inside a call (an
+// adversarial review of the OnRetry fix, 1faf708): the panic goes on to
+// the caller, and whatever the call took for an attempt it will now never
+// send goes back: the breaker's probe, the slot of the method's pace, the
+// retry budget's token.
+
+// hookAbort is how a hook ends the call it runs in.
+type hookAbort string
+
+const (
+	hookPanics hookAbort = "panic"
+	hookExits  hookAbort = "Goexit"
+)
+
+var hookAborts = []hookAbort{hookPanics, hookExits}
+
+// do ends the hook's goroutine's call as h says.
+func (h hookAbort) do() {
+	if h == hookExits {
+		runtime.Goexit()
+	}
+	panic("a hook's bug")
+}
+
+// endedBy runs call on a goroutine of its own, as a caller whose hook
+// aborts would, and returns how it ended: "returned", "panic" or "Goexit".
+func endedBy(call func()) string {
+	how := make(chan string, 1)
+	go func() {
+		returned := false
+		defer func() {
+			switch {
+			case returned:
+				how <- "returned"
+			case recover() != nil:
+				how <- string(hookPanics)
+			default:
+				how <- string(hookExits)
+			}
+		}()
+		call()
+		returned = true
+	}()
+	return <-how
+}
+
+// callOf returns a call of stub's Echo, or of its ServerStream read to
+// its end (stream), for the tests below.
+func callOf(t *testing.T, stub echov1.EchoServiceClient, stream bool) func() error {
+	return func() error {
+		if !stream {
+			_, err := stub.Echo(t.Context(), &echov1.EchoRequest{})
+			return err
+		}
+		s, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Count: 1})
+		if err != nil {
+			return err
+		}
+		for {
+			if _, err := s.Recv(); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// halfOpenHook is a WithOnStateChange hook that aborts as h says when a
+// breaker turns half-open: in the Allow of the call that turns it, which
+// takes the first probe.
+func halfOpenHook(h hookAbort) ClientOption {
+	return WithOnStateChange(func(_ string, _, to BreakerState) {
+		if to == BreakerHalfOpen {
+			h.do()
+		}
+	})
+}
+
+// TestABreakerHookThatPanicsAsItTurnsHalfOpenTakesNoProbe pins that the
+// call whose admission turns an open breaker half-open, and whose
+// WithOnStateChange hook panics (or calls runtime.Goexit) on that report,
+// leaves the probe it took free: the panic goes on to the caller, and the
+// method's next call is the probe. The breaker took the probe before it
+// reported the change, and the hook's panic left its caller without the
+// token: the probe stayed out for a whole open period, the method refused
+// every call meanwhile ("circuit breaker open"), and newTestClient's
+// check found it held. Unary, stream and hedged calls alike.
+func TestABreakerHookThatPanicsAsItTurnsHalfOpenTakesNoProbe(t *testing.T) {
+	for _, how := range hookAborts {
+		for _, kind := range []string{"unary", "stream", "hedged"} {
+			t.Run(string(how)+"/"+kind, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &testserver.Server{}
+					srv.SetScript(failFirst(1, codes.Unavailable))
+					mc := serviceconfig.MethodConfig{
+						Name:           []serviceconfig.Name{{Service: echoService, Method: "Echo"}, {Service: echoService, Method: "ServerStream"}},
+						CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 100 * time.Millisecond, HalfOpenProbes: 1},
+					}
+					if kind == "hedged" {
+						mc.Name = mc.Name[:1]
+						mc.HedgingPolicy = &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour}
+					}
+					stub, c := newEcho(t, srv, WithMethodConfig(mc), WithRetryBudget(nil), halfOpenHook(how))
+					call := callOf(t, stub, kind == "stream")
+					if err := call(); status.Code(err) != codes.Unavailable {
+						t.Fatalf("the call that opens the breaker: %v, want UNAVAILABLE", err)
+					}
+					time.Sleep(150 * time.Millisecond) // past the open time
+					if got := endedBy(func() { _ = call() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					synctest.Wait()
+					if held := heldGuards(c); held != "" {
+						t.Errorf("after the hook's %s: %s", how, held)
+					}
+					if err := call(); err != nil {
+						t.Errorf("the next call: %v, want the probe, answered", err)
+					}
+				})
+			})
+		}
+	}
+}
