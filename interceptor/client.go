@@ -411,26 +411,34 @@ func (u *unaryCall) committed() bool {
 // caller gave up while queued). The attempt's guards are released on every
 // way it ends: an outcome, or a panic below the interceptor, after which
 // they are released as if the attempt had been cancelled and the panic goes
-// on up.
+// on up. A panic during the admission (the breaker's state-change hook)
+// leaves the attempt unsent: the slot of the pace and the budget token it
+// held go back, as for a refusal.
 func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rejected bool, err error) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
-	adm, rerr := mp.g.admit(u.ctx, now, r.paceSlot)
-	if rerr != nil {
-		r.dropSlot() // never sent: the slot of the pace decide took for it goes back
-		r.settle(false)
-		return false, true, rerr
+	var adm admission
+	admitted, released := false, false
+	defer func() {
+		switch {
+		case !admitted:
+			r.dropSlot()
+			r.settle(false)
+		case !released:
+			mp.g.abandon(adm)
+		}
+	}()
+	adm, err = mp.g.admit(u.ctx, now, r.paceSlot)
+	if err != nil {
+		// Never sent: the slot of the pace decide took for it goes back
+		// (the deferred call), and its budget token.
+		return false, true, err
 	}
+	admitted = true
 	r.paceHeld, r.paceSlot = false, 0
 	if adm.paced {
 		now = adm.start // the wait at the rate limit is no part of the attempt
 	}
-	released := false
-	defer func() {
-		if !released {
-			mp.g.abandon(adm)
-		}
-	}()
 	r.attempts++
 	actx := attemptContext(u.attemptBase(), r.attempts)
 	if timeout > 0 {

@@ -103,23 +103,29 @@ type admission struct {
 // *RejectedError, or the context's status when the caller gave up while
 // waiting. The gate comes first, so that a wait there holds no probe and no
 // slot; a refusal by the breaker or the bulkhead gives the gate's token
-// back.
+// back, and so does a panic past the gate (the breaker's state-change
+// hook, the user's, runs in Allow and Record), which goes on.
 func (g *guards) admit(ctx context.Context, now time.Time, held ratelimit.Ticket) (admission, error) {
 	start := now
 	var tk ratelimit.Ticket
+	passed := true
 	if g.rate != nil {
 		var err error
 		if now, tk, err = g.rate.take(ctx, now, held, g.rejections); err != nil {
 			return admission{}, err
 		}
+		passed = false
+		defer func() {
+			if !passed {
+				g.rate.giveBack(now, tk)
+			}
+		}()
 	}
 	a, queue, err := g.admitNow1(now)
 	if err == nil && queue {
 		err = g.queue(ctx, &a, now)
 	}
-	if err != nil && g.rate != nil {
-		g.rate.giveBack(now, tk)
-	}
+	passed = err == nil
 	a.paced, a.pace = now != start, tk
 	return a, err
 }
@@ -132,15 +138,20 @@ func (g *guards) admit(ctx context.Context, now time.Time, held ratelimit.Ticket
 // sibling's answer).
 func (g *guards) admitNow(now time.Time) (a admission, queue bool, err error) {
 	var tk ratelimit.Ticket
+	passed := true
 	if g.rate != nil {
 		if tk, err = g.rate.tryTake(now, g.rejections); err != nil {
 			return a, false, err
 		}
+		passed = false
+		defer func() {
+			if !passed { // refused past the gate, or a panic there (see admit)
+				g.rate.giveBack(now, tk)
+			}
+		}()
 	}
 	a, queue, err = g.admitNow1(now)
-	if err != nil && g.rate != nil {
-		g.rate.giveBack(now, tk)
-	}
+	passed = err == nil
 	a.pace = tk
 	return a, queue, err
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
@@ -133,6 +134,80 @@ func TestABreakerHookThatPanicsAsItTurnsHalfOpenTakesNoProbe(t *testing.T) {
 					}
 					if err := call(); err != nil {
 						t.Errorf("the next call: %v, want the probe, answered", err)
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestAnAttemptWhoseBreakerHookPanicsGivesItsPaceSlotBack pins that an
+// attempt whose admission runs a panicking WithOnStateChange hook (its
+// breaker turning half-open) gives back the slot of the method's pace it
+// held: a retry's, taken when it decided to wait for the server's
+// pushback, or the one a first attempt took at the gate. The attempt is
+// never sent. The slot stayed taken: the method's next attempt waited a
+// whole pushback period (100ms) for it.
+func TestAnAttemptWhoseBreakerHookPanicsGivesItsPaceSlotBack(t *testing.T) {
+	refused := status.Error(codes.ResourceExhausted, "over quota")
+	pushback := metadata.Pairs(pushbackKey, "100")
+	for _, how := range hookAborts {
+		for _, tc := range []struct {
+			name   string
+			stream bool
+			retry  bool // the aborted attempt is a retry; else a first attempt of a second call
+			hedged bool
+		}{
+			{name: "retry", retry: true},
+			{name: "stream retry", stream: true, retry: true},
+			{name: "first attempt"},
+			{name: "hedged first copy", hedged: true},
+		} {
+			t.Run(string(how)+"/"+tc.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &testserver.Server{}
+					srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+						return testserver.Outcome{Err: refused, Trailer: pushback}
+					})
+					method := echoMethod
+					name := serviceconfig.Name{Service: echoService, Method: "Echo"}
+					if tc.stream {
+						method, name.Method = "/"+echoService+"/ServerStream", "ServerStream"
+					}
+					mc := serviceconfig.MethodConfig{
+						Name: []serviceconfig.Name{name},
+						// The pushback opens the breaker for 50ms: the
+						// attempt that follows turns it half-open.
+						CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+						RateLimit:      &serviceconfig.ClientRateLimit{},
+					}
+					if tc.retry {
+						mc.RetryPolicy = &serviceconfig.RetryPolicy{MaxAttempts: 3,
+							InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, BackoffMultiplier: 1,
+							RetryableStatusCodes: []codes.Code{codes.ResourceExhausted}}
+					}
+					if tc.hedged {
+						mc.HedgingPolicy = &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour}
+					}
+					stub, c := newEcho(t, srv, WithMethodConfig(mc), WithRetryBudget(nil), halfOpenHook(how))
+					call := callOf(t, stub, tc.stream)
+					if !tc.retry {
+						if err := call(); status.Code(err) != codes.ResourceExhausted {
+							t.Fatalf("the first call: %v, want RESOURCE_EXHAUSTED", err)
+						}
+						time.Sleep(100 * time.Millisecond) // to its slot of the pace
+					}
+					if got := endedBy(func() { _ = call() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					if n := srv.Count(""); n != 1 {
+						t.Fatalf("the server saw %d attempts, want 1: the aborted one is never sent", n)
+					}
+					// The aborted attempt's slot was due now: given back,
+					// the next free slot is now.
+					next, period := policyOf(c, method).g.rate.pace.Snapshot()
+					if in := next.Sub(time.Now()); period != 100*time.Millisecond || in != 0 {
+						t.Errorf("pace: next free slot in %v (period %v), want now: the unsent attempt's slot given back", in, period)
 					}
 				})
 			})

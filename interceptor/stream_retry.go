@@ -27,12 +27,13 @@ func (s *retryStream) stopDriving() {
 	s.driving = false
 	done, final := s.state == stateDone, s.final
 	s.mu.Unlock()
-	switch {
-	case !done:
+	if !done {
 		return
-	case final == io.EOF:
+	}
+	s.r.dropSlot()
+	if final == io.EOF {
 		s.r.succeeded()
-	default:
+	} else {
 		s.r.settle(false)
 	}
 	s.r.callEnded(s.cc)
@@ -373,7 +374,10 @@ func (s *retryStream) endHere(err error) error { return s.finish(err, errEndedHe
 
 // finish does end's work: it records err as final, releases the latest
 // attempt telling the breaker outcome, settles the retrier's accounts (or
-// leaves them to a driver at work) and cancels the call's context.
+// leaves them to a driver at work) and cancels the call's context. A retry
+// decided on and never sent gives back its slot of the pace and its budget
+// token there: a stream a panic ends (a hook's, OnRetry or the breaker's
+// OnStateChange while the retry was admitted) ends here with them held.
 func (s *retryStream) finish(err, outcome error) error {
 	s.mu.Lock()
 	if s.state == stateDone {
@@ -395,6 +399,7 @@ func (s *retryStream) finish(err, outcome error) error {
 		a.stop()
 	}
 	if !driving {
+		s.r.dropSlot()
 		if err == nil {
 			s.r.succeeded()
 		} else {
