@@ -546,7 +546,8 @@ func (h *hedgeCall) mayFollow(delay time.Duration) bool {
 // launch starts the next copy at now, bounded by timeout when positive and
 // holding tok, the budget's token for it (zero for the first copy). When
 // the guards refuse it, tok is refunded (by the copy, when it is refused in
-// the queue).
+// the queue), and so it is when a panic ends the admission (the breaker's
+// state-change hook): the copy is never sent.
 // The first copy waits here for a bulkhead slot, as an attempt does
 // (nothing else can end the call meanwhile); a later copy that must queue
 // waits on its own goroutine, so that a sibling's answer is taken at once.
@@ -558,15 +559,21 @@ func (h *hedgeCall) launch(tok budget.Retry, now time.Time, timeout time.Duratio
 		queue bool
 		err   error
 	)
+	admitted := false
+	defer func() {
+		if !admitted {
+			h.job.refund(tok)
+		}
+	}()
 	if h.r.attempts == 0 {
 		adm, err = g.admit(h.copies, now, 0)
 	} else {
 		adm, queue, err = g.admitNow(now)
 	}
 	if err != nil {
-		h.job.refund(tok)
 		return err
 	}
+	admitted = true
 	if adm.paced {
 		now = adm.start // the wait at the rate limit is no part of the copy
 	}

@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"context"
 	"io"
 	"runtime"
 	"testing"
@@ -208,6 +209,74 @@ func TestAnAttemptWhoseBreakerHookPanicsGivesItsPaceSlotBack(t *testing.T) {
 					next, period := policyOf(c, method).g.rate.pace.Snapshot()
 					if in := next.Sub(time.Now()); period != 100*time.Millisecond || in != 0 {
 						t.Errorf("pace: next free slot in %v (period %v), want now: the unsent attempt's slot given back", in, period)
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestAnUnsentRetryWhoseHookPanicsGivesItsBudgetTokenBack pins that a
+// retry the call decided on, and took from the retry budget for, gives its
+// token back when a hook panics (or calls runtime.Goexit) before it is
+// sent: the OnRetry hook of a unary call or a stream, or, for a hedged
+// copy, the WithOnStateChange hook as its admission turns the breaker
+// half-open. A unary call's and a hedged copy's token stayed spent: every
+// such panic cost the client a retry for the budget's window, as a retry
+// the server failed does. (A stream's went back already: its end settles
+// its retries.)
+func TestAnUnsentRetryWhoseHookPanicsGivesItsBudgetTokenBack(t *testing.T) {
+	const ratio = 0.5
+	for _, how := range hookAborts {
+		for _, kind := range []string{"unary", "stream", "hedged"} {
+			t.Run(string(how)+"/"+kind, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &testserver.Server{}
+					mc := serviceconfig.MethodConfig{
+						Name: []serviceconfig.Name{{Service: echoService}},
+					}
+					hook := WithOnRetry(func(context.Context, RetryEvent) { how.do() })
+					calls := 1.0
+					if kind == "hedged" {
+						// The hedged call's first copy waits at the server
+						// for an hour; the next call of the method fails,
+						// which opens the breaker for 50ms; the hedged
+						// call's timed copy, 100ms after its first, turns
+						// it half-open as it is admitted.
+						srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+							if a.N == 1 {
+								return testserver.Outcome{Delay: time.Hour}
+							}
+							return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+						})
+						mc.HedgingPolicy = &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 100 * time.Millisecond}
+						mc.CircuitBreaker = &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1}
+						hook = halfOpenHook(how)
+						calls = 2
+					} else {
+						srv.SetScript(failFirst(1, codes.Unavailable))
+						mc.RetryPolicy = fastPolicy(3)
+					}
+					stub, c := newEcho(t, srv, WithMethodConfig(mc), hook,
+						WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}))
+					call := callOf(t, stub, kind == "stream")
+					before := c.RetryStatus().Budget.Available
+					aborted := make(chan string, 1)
+					go func() { aborted <- endedBy(func() { _ = call() }) }()
+					if kind == "hedged" {
+						synctest.Wait() // the first copy is at the server
+						if err := call(); status.Code(err) != codes.Unavailable {
+							t.Fatalf("the call that opens the breaker: %v, want UNAVAILABLE", err)
+						}
+					}
+					if got := <-aborted; got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					// Each call deposited its ratio; the retry never sent
+					// cost nothing.
+					want := before + calls*ratio
+					if after := c.RetryStatus().Budget.Available; after != want {
+						t.Errorf("retry budget: %v retries before, %v after, want %v: the deposits, and the unsent retry's token back", before, after, want)
 					}
 				})
 			})

@@ -329,7 +329,8 @@ func (r *retrier) cancelled(cerr, lastErr error) error {
 
 // onRetry calls the user's hook, if any. A hook that panics (or calls
 // runtime.Goexit) ends the call with the retry unsent: the slot of the
-// pace decide took for it goes back, and the panic goes on.
+// pace and the budget token decide took for it go back, and the panic goes
+// on.
 func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 	r.onRetried(ctx, err, d)
 	if f := r.c.opts.onRetry; f != nil {
@@ -337,6 +338,7 @@ func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 		defer func() {
 			if !returned {
 				r.dropSlot()
+				r.settle(false)
 			}
 		}()
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts, Err: err, Delay: d.delay, Pushback: d.pushback})
