@@ -513,7 +513,11 @@
 // connection closed, an error from SendMsg or Header on a stream, and a
 // panic below the interceptor (then as if cancelled, and the panic goes on
 // up). Copies of a hedged call, and stream attempts still running when the
-// call ends, release their own.
+// call ends, release their own. A hook that panics or calls runtime.Goexit
+// on the call's goroutine (OnRetry before a retry, OnStateChange as an
+// attempt's admission turns a breaker half-open) ends the call with that
+// attempt unsent: its breaker probe, its slot of the method's pace and its
+// retry budget token go back, and the panic goes on up.
 //
 // # Bounded state
 //
