@@ -517,7 +517,12 @@
 // on the call's goroutine (OnRetry before a retry, OnStateChange as an
 // attempt's admission turns a breaker half-open) ends the call with that
 // attempt unsent: its breaker probe, its slot of the method's pace and its
-// retry budget token go back, and the panic goes on up.
+// retry budget token go back, and the panic goes on up. A hook's panic on
+// a goroutine of the client's own (OnStateChange on the verdict of a
+// stream attempt that the watch on its context released, with no call of
+// the caller's at work on it) goes to the caller's next call on the
+// stream, which panics with it and ends the stream; it never ends the
+// process.
 //
 // # Bounded state
 //

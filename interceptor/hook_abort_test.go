@@ -283,3 +283,49 @@ func TestAnUnsentRetryWhoseHookPanicsGivesItsBudgetTokenBack(t *testing.T) {
 		}
 	}
 }
+
+// TestAStreamHookPanicOffTheCallersGoroutineReachesItsNextCall pins where
+// a hook's panic goes when it runs on no goroutine of the caller's: a
+// stream attempt whose per-attempt timeout fires while the caller is in no
+// call on the stream is released by the watch on its context, on a
+// goroutine of its own, and the breaker's verdict on it (a failure that
+// trips the breaker) runs the WithOnStateChange hook there. A panic there
+// ended the process. It now reaches the stream's caller at its next call
+// on the stream, which ends the stream, as a panic below the interceptor
+// does; nothing stays held.
+func TestAStreamHookPanicOffTheCallersGoroutineReachesItsNextCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(testserver.Attempt) testserver.Outcome { return testserver.Outcome{Delay: time.Hour} })
+		stub, _ := newEcho(t, srv, WithRetryBudget(nil),
+			WithOnStateChange(func(_ string, _, to BreakerState) {
+				if to == BreakerOpen {
+					panic("a hook's bug")
+				}
+			}),
+			WithMethodConfig(serviceconfig.MethodConfig{
+				Name:           []serviceconfig.Name{{Service: echoService, Method: "ServerStream"}},
+				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: time.Second},
+				RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+					BackoffMultiplier: 1, PerAttemptRecvTimeout: 50 * time.Millisecond},
+			}))
+		s, err := stub.ServerStream(t.Context(), &echov1.ServerStreamRequest{Count: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the attempt's timeout fires, no call at work on it
+		synctest.Wait()
+		recovered := func() (v any) {
+			defer func() { v = recover() }()
+			_, err := s.Recv()
+			t.Errorf("Recv after the hook's panic returned %v, want the panic", err)
+			return nil
+		}()
+		if recovered != "a hook's bug" {
+			t.Errorf("the next call on the stream recovered %v, want the hook's panic", recovered)
+		}
+		if _, err := s.Recv(); status.Code(err) != codes.Canceled {
+			t.Errorf("Recv once the panic ended the stream: %v, want CANCELLED", err)
+		}
+	})
+}

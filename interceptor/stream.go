@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -214,6 +215,11 @@ type retryStream struct {
 	closeSent bool
 	driving   bool  // a driver is at work (state idle)
 	final     error // set when done: io.EOF after success, else the error
+
+	// carried is a panic of a hook's on the watch's goroutine (see
+	// attemptEnded), for the caller's next call on the stream to panic
+	// with; nil: none.
+	carried atomic.Pointer[carriedPanic]
 }
 
 // endOnPanic, deferred by each call that calls below the interceptor, ends
@@ -226,6 +232,29 @@ func (s *retryStream) endOnPanic(panicking *bool) {
 	}
 }
 
+// carriedPanic is the value a hook panicked with on the watch's goroutine.
+type carriedPanic struct{ v any }
+
+// carryPanic, deferred on the watch's goroutine where it releases an
+// attempt (attemptEnded), keeps a panic there for the caller: a hook runs
+// in that release (WithOnStateChange on the breaker's verdict, the meter
+// provider's instruments), and a panic on a goroutine of ours would end the
+// process.
+func (s *retryStream) carryPanic() {
+	if v := recover(); v != nil {
+		s.carried.CompareAndSwap(nil, &carriedPanic{v: v})
+	}
+}
+
+// rethrow panics with the panic carryPanic kept, once: called first by
+// each call of the caller's on the stream, whose endOnPanic then ends the
+// stream, as a panic below the interceptor does.
+func (s *retryStream) rethrow() {
+	if p := s.carried.Load(); p != nil && s.carried.CompareAndSwap(p, nil) {
+		panic(p.v)
+	}
+}
+
 // SendMsg sends m on the live attempt and keeps it for replay until the
 // stream commits; while a retry is under way, m only joins the replay. A
 // message that takes the buffer past its bound commits the attempt once it
@@ -235,6 +264,7 @@ func (s *retryStream) endOnPanic(panicking *bool) {
 func (s *retryStream) SendMsg(m any) error {
 	panicking := true
 	defer s.endOnPanic(&panicking)
+	s.rethrow()
 	err := s.send(m)
 	panicking = false
 	return err
@@ -311,6 +341,7 @@ func (s *retryStream) commitIfPastBound(a *streamAttempt) {
 func (s *retryStream) RecvMsg(m any) error {
 	panicking := true
 	defer s.endOnPanic(&panicking)
+	s.rethrow()
 	err := s.recv(m)
 	panicking = false
 	return err
@@ -341,6 +372,7 @@ func (s *retryStream) recv(m any) error {
 func (s *retryStream) Header() (metadata.MD, error) {
 	panicking := true
 	defer s.endOnPanic(&panicking)
+	s.rethrow()
 	md, err := s.header()
 	panicking = false
 	return md, err
@@ -374,6 +406,7 @@ func (s *retryStream) header() (metadata.MD, error) {
 func (s *retryStream) CloseSend() error {
 	panicking := true
 	defer s.endOnPanic(&panicking)
+	s.rethrow()
 	s.mu.Lock()
 	s.closeSent = true
 	a := s.cur

@@ -199,13 +199,16 @@ func (s *retryStream) releaseAttempt(a *streamAttempt, err error) {
 // attemptEnded runs when a's grpc stream context ends: grpc has finished
 // the stream (any end, ClientConn.Close included) or the attempt's context
 // ended. A call at work on a acts on the end itself (see leave); with none,
-// a is released here, as nobody may call again.
+// a is released here, as nobody may call again. It runs on a goroutine of
+// its own (context.AfterFunc): a hook's panic in the release goes to the
+// caller's next call on the stream (carryPanic).
 func (s *retryStream) attemptEnded(a *streamAttempt) {
 	s.mu.Lock()
 	a.ctxDone = true
 	free := a.busy == 0
 	s.mu.Unlock()
 	if free {
+		defer s.carryPanic()
 		s.releaseEnded(a)
 	}
 }
