@@ -329,3 +329,40 @@ func TestAStreamHookPanicOffTheCallersGoroutineReachesItsNextCall(t *testing.T) 
 		}
 	})
 }
+
+// TestRateLimitStreamRetryWhoseOnRetryHookPanicsGivesItsSlotBack is
+// TestRateLimitRetryWhoseOnRetryHookPanicsGivesItsSlotBack for a stream,
+// whose driver calls the same OnRetry after its retry took its slot of the
+// pace: the panic (or runtime.Goexit) ends the stream, and the slot goes
+// back: the method's next free slot is one pushback period away, not two.
+func TestRateLimitStreamRetryWhoseOnRetryHookPanicsGivesItsSlotBack(t *testing.T) {
+	const method = "/" + echoService + "/ServerStream"
+	for _, how := range hookAborts {
+		t.Run(string(how), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(func(testserver.Attempt) testserver.Outcome {
+					return testserver.Outcome{Err: status.Error(codes.ResourceExhausted, "over quota"), Trailer: metadata.Pairs(pushbackKey, "100")}
+				})
+				stub, c := newEcho(t, srv, WithRetryBudget(nil), WithOnRetry(func(context.Context, RetryEvent) { how.do() }),
+					WithMethodConfig(serviceconfig.MethodConfig{
+						Name:      []serviceconfig.Name{{Service: echoService, Method: "ServerStream"}},
+						RateLimit: &serviceconfig.ClientRateLimit{},
+						RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 3,
+							InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, BackoffMultiplier: 1,
+							RetryableStatusCodes: []codes.Code{codes.ResourceExhausted}},
+					}))
+				if got := endedBy(func() { _ = callOf(t, stub, true)() }); got != string(how) {
+					t.Fatalf("the stream whose hook aborts ended by %s, want %s", got, how)
+				}
+				if n := srv.Count(""); n != 1 {
+					t.Fatalf("the server saw %d attempts, want 1", n)
+				}
+				next, period := policyOf(c, method).g.rate.pace.Snapshot()
+				if in := next.Sub(time.Now()); period != 100*time.Millisecond || in != period {
+					t.Errorf("pace: next free slot in %v (period %v), want in one period: the unsent retry's slot given back", in, period)
+				}
+			})
+		})
+	}
+}
