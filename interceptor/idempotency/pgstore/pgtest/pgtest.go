@@ -292,7 +292,41 @@ func launch(bin, dir, data string, cred *credential, port int, extra []string) (
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := waitWALWriter(port); err != nil {
+		_ = cmd.Process.Kill()
+		<-done
+		return nil, nil, err
+	}
 	return cmd, done, nil
+}
+
+// waitWALWriter waits until the cluster on port lists its WAL writer in
+// pg_stat_activity. The postmaster says it is ready to accept connections
+// as it starts its background processes, so a session that connects at
+// once may not see them yet (1 start in 15 on a busy machine), and tests
+// that stop the WAL writer (pgstore's crash tests) look it up at once.
+func waitWALWriter(port int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port))
+	if err != nil {
+		return fmt.Errorf("pgtest: connecting to the new cluster: %w", err)
+	}
+	defer func() { _ = c.Close(context.Background()) }()
+	for {
+		var n int
+		if err := c.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&n); err != nil {
+			return fmt.Errorf("pgtest: waiting for the new cluster's WAL writer: %w", err)
+		}
+		if n > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: the new cluster listed no WAL writer within %v", startTimeout)
+		case <-time.After(5 * time.Millisecond): // polling interval: nothing signals it
+		}
+	}
 }
 
 // Pool returns a pool on dsn, closed when t ends.

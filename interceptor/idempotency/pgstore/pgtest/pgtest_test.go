@@ -119,7 +119,8 @@ func TestDSNLeavesNothingWithoutStopShared(t *testing.T) {
 				t.Fatal(err)
 			}
 			var dir, dsn string
-			stopped := 0 // the WAL writer's PID, when the child stopped it
+			var printed []string // the child's output before its data directory
+			stopped := 0         // the WAL writer's PID, when the child stopped it
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
 				if d, ok := strings.CutPrefix(sc.Text(), "data_directory="); ok {
@@ -128,11 +129,12 @@ func TestDSNLeavesNothingWithoutStopShared(t *testing.T) {
 					dsn, stopped = d, atoi(pid)
 					break
 				}
+				printed = append(printed, sc.Text())
 			}
 			if dir == "" {
 				_ = cmd.Process.Kill()
 				_ = cmd.Wait()
-				t.Fatal("the child printed no data directory")
+				t.Fatalf("the child printed no data directory; it printed:\n%s", strings.Join(printed, "\n"))
 			}
 			if how != "exit" {
 				_ = cmd.Process.Kill()
