@@ -8,6 +8,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -361,6 +363,75 @@ func TestRateLimitStreamRetryWhoseOnRetryHookPanicsGivesItsSlotBack(t *testing.T
 				next, period := policyOf(c, method).g.rate.pace.Snapshot()
 				if in := next.Sub(time.Now()); period != 100*time.Millisecond || in != period {
 					t.Errorf("pace: next free slot in %v (period %v), want in one period: the unsent retry's slot given back", in, period)
+				}
+			})
+		})
+	}
+}
+
+// retriesPanicMeterProvider is a meter provider whose retries counter
+// (metricRetries) aborts as how says: the user's meter implementation is
+// user code, and runs on the call's goroutine before the OnRetry hook.
+type retriesPanicMeterProvider struct {
+	noop.MeterProvider
+	how hookAbort
+}
+
+type retriesPanicMeter struct {
+	noop.Meter
+	how hookAbort
+}
+
+type retriesPanicCounter struct {
+	noop.Int64Counter
+	how hookAbort
+}
+
+func (p retriesPanicMeterProvider) Meter(string, ...metric.MeterOption) metric.Meter {
+	return retriesPanicMeter{how: p.how}
+}
+
+func (m retriesPanicMeter) Int64Counter(name string, _ ...metric.Int64CounterOption) (metric.Int64Counter, error) {
+	if name == metricRetries {
+		return retriesPanicCounter{how: m.how}, nil
+	}
+	return noop.Int64Counter{}, nil
+}
+
+func (c retriesPanicCounter) Add(context.Context, int64, ...metric.AddOption) { c.how.do() }
+
+// TestAnUnsentRetryWhoseMeterPanicsGivesItsSlotAndBudgetTokenBack pins
+// that a retry whose metrics abort (the user's meter provider panics, or
+// calls runtime.Goexit, as the retry is counted, just before the OnRetry
+// hook would run) gives back its slot of the pace and its retry budget
+// token, as it does when the OnRetry hook aborts: the retry is never sent.
+// Both stayed taken: the method's next attempt waited a whole pushback
+// period more, and the budget was charged a retry.
+func TestAnUnsentRetryWhoseMeterPanicsGivesItsSlotAndBudgetTokenBack(t *testing.T) {
+	const ratio = 0.5
+	for _, how := range hookAborts {
+		t.Run(string(how), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := newQuotaServer(0)
+				srv.next, srv.hint = srv.start.Add(time.Hour), 100*time.Millisecond
+				stub, c := quotaEcho(t, srv, WithMeterProvider(retriesPanicMeterProvider{how: how}),
+					WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+					rateConfig(&serviceconfig.ClientRateLimit{}, &serviceconfig.RetryPolicy{MaxAttempts: 3,
+						InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, BackoffMultiplier: 1,
+						RetryableStatusCodes: []codes.Code{codes.ResourceExhausted}}))
+				before := c.RetryStatus().Budget.Available
+				if got := endedBy(func() { _, _ = stub.Echo(t.Context(), &echov1.EchoRequest{}) }); got != string(how) {
+					t.Fatalf("the call whose meter aborts ended by %s, want %s", got, how)
+				}
+				if _, refused := srv.counts(); len(refused) != 1 {
+					t.Fatalf("the server saw %d attempts, want 1", len(refused))
+				}
+				next, period := policyOf(c, echoMethod).g.rate.pace.Snapshot()
+				if in := next.Sub(time.Now()); period != 100*time.Millisecond || in != period {
+					t.Errorf("pace: next free slot in %v (period %v), want in one period: the unsent retry's slot given back", in, period)
+				}
+				if after := c.RetryStatus().Budget.Available; after != before+ratio {
+					t.Errorf("retry budget: %v retries before, %v after, want %v: the deposit, and the unsent retry's token back", before, after, before+ratio)
 				}
 			})
 		})

@@ -327,23 +327,25 @@ func (r *retrier) cancelled(cerr, lastErr error) error {
 	return r.stopped(status.FromContextError(cerr).Err(), lastErr, stopOfContext(cerr))
 }
 
-// onRetry calls the user's hook, if any. A hook that panics (or calls
-// runtime.Goexit) ends the call with the retry unsent: the slot of the
+// onRetry records the retry in the metrics and on the caller's span, and
+// calls the user's hook, if any. All three are the user's code (the meter
+// provider, the tracer, the hook): one that panics (or calls
+// runtime.Goexit) ends the call with the retry unsent, so the slot of the
 // pace and the budget token decide took for it go back, and the panic goes
 // on.
 func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
+	returned := false
+	defer func() {
+		if !returned {
+			r.dropSlot()
+			r.settle(false)
+		}
+	}()
 	r.onRetried(ctx, err, d)
 	if f := r.c.opts.onRetry; f != nil {
-		returned := false
-		defer func() {
-			if !returned {
-				r.dropSlot()
-				r.settle(false)
-			}
-		}()
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts, Err: err, Delay: d.delay, Pushback: d.pushback})
-		returned = true
 	}
+	returned = true
 }
 
 // newRetrier returns the retry state of one call of mp under st, with the
