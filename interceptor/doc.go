@@ -314,7 +314,11 @@
 // method's last 256 to 512 copies (eight logarithmic buckets per octave,
 // rounded up to the bucket: at most 12.5 % above), where a copy that a
 // sibling's answer cut off counts as at least as long as it ran, once past
-// the delay; it carries over config updates. Until HedgingDelayMinSamples
+// the delay; it carries over config updates. When the latency moves up
+// past the delay (12 of the 16 copies since the last recompute at or above
+// it), the histogram restarts from the last 16 copies, so the delay
+// follows within a few calls instead of hedging every call until the old
+// copies are a small enough share. Until HedgingDelayMinSamples
 // copies were observed (100 by default; 32 for a fixed delay) the call
 // waits HedgingDelay, or, without one, sends further copies only after
 // non-fatal failures. Client.HedgingDelay reports the delay in force; a

@@ -368,69 +368,7 @@ func TestAdaptiveHedgingConcurrentCallers(t *testing.T) {
 // Before any such rule, the fixed delay hedged every call of the second
 // half until the budget ran out, and left the tail unhedged.
 func TestHedgingBuysTheTailWhenLatencyTriples(t *testing.T) {
-	const total = 3200
-	run := func(hedgingPolicy string) (p99 time.Duration, extra float64) {
-		synctest.Test(t, func(t *testing.T) {
-			srv := &testserver.Server{}
-			srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
-				i, _ := strconv.Atoi(a.Messages[0])
-				r := rand.New(rand.NewPCG(tailSeed, uint64(i)*8+uint64(max(a.Previous, 0))))
-				base := 2 * time.Millisecond
-				if i >= total/2 {
-					base *= 3
-				}
-				d := base + time.Duration(r.Float64()*float64(base)/4)
-				if r.Float64() < 0.05 {
-					d = 20 * base
-				}
-				return testserver.Outcome{Delay: d}
-			})
-			doc := `{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService"}]`
-			if hedgingPolicy != "" {
-				doc += `, "hedgingPolicy": ` + hedgingPolicy
-			}
-			cfg, err := serviceconfig.Parse([]byte(doc + `}]}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := interceptor.NewClient(interceptor.WithServiceConfig(cfg))
-			if err != nil {
-				t.Fatal(err)
-			}
-			client := echov1.NewEchoServiceClient(testserver.Start(t, srv, c.DialOptions()...))
-			var (
-				mu   sync.Mutex
-				next int
-				lat  []time.Duration
-				wg   sync.WaitGroup
-			)
-			for range 4 {
-				wg.Go(func() {
-					for {
-						mu.Lock()
-						i := next
-						next++
-						mu.Unlock()
-						if i >= total {
-							return
-						}
-						start := time.Now()
-						if _, err := client.Echo(t.Context(), &echov1.EchoRequest{Message: strconv.Itoa(i)}); err != nil {
-							t.Errorf("Echo: %v", err)
-						}
-						mu.Lock()
-						lat = append(lat, time.Since(start))
-						mu.Unlock()
-					}
-				})
-			}
-			wg.Wait()
-			synctest.Wait()
-			p99, extra = quantile(lat, 0.99), float64(srv.Count("Echo")-total)/total
-		})
-		return p99, extra
-	}
-	bare, _ := run("")
+	bare := runDrift(t, 3, "").p99
 	tests := []struct {
 		name             string
 		policy           string
@@ -440,12 +378,127 @@ func TestHedgingBuysTheTailWhenLatencyTriples(t *testing.T) {
 		{"fixed 5ms", `{"maxAttempts": 2, "hedgingDelay": "0.005s"}`, 0.25, 0.14},
 	}
 	for _, tt := range tests {
-		p99, extra := run(tt.policy)
-		ratio := float64(p99) / float64(bare)
-		t.Logf("%-13s p99 %v (%.3f× the unhedged %v), extra attempts %.2f%%", tt.name, p99, ratio, bare, 100*extra)
-		if ratio > tt.maxP99 || extra > tt.maxExtra {
+		r := runDrift(t, 3, tt.policy)
+		ratio := float64(r.p99) / float64(bare)
+		t.Logf("%-13s p99 %v (%.3f× the unhedged %v), extra attempts %.2f%%", tt.name, r.p99, ratio, bare, 100*r.extra)
+		if ratio > tt.maxP99 || r.extra > tt.maxExtra {
 			t.Errorf("%s: p99 %.3f× the unhedged with %.2f%% extra attempts, want at most %.2f× and %.0f%%",
-				tt.name, ratio, 100*extra, tt.maxP99, 100*tt.maxExtra)
+				tt.name, ratio, 100*r.extra, tt.maxP99, 100*tt.maxExtra)
 		}
 	}
+}
+
+// TestHedgingDelayFollowsADriftUpAtOnce pins the drift detector of
+// hedge_delay.go on bench/'s drift scenario of issue 32 (the base latency
+// ×4 halfway), modelled as in TestHedgingBuysTheTailWhenLatencyTriples:
+// once the new base latency passes the adaptive delay, every call is hedged
+// until the delay follows, and the window of 256 to 512 copies followed
+// only once the new latencies were a share of it: here 61 calls whose
+// first attempt was fast were hedged after the drift, 6.5% extra attempts
+// overall (bench/'s scenario: 6.4-6.9% in real time, against a target of
+// 6%). Restarted from its last 16 copies when 12 of them pass the delay,
+// it follows within a few calls (14 here, 5.0% overall); the p99 stays
+// within 0.15× of the unhedged.
+func TestHedgingDelayFollowsADriftUpAtOnce(t *testing.T) {
+	bare := runDrift(t, 4, "").p99
+	r := runDrift(t, 4, `{"maxAttempts": 2, "hedgingDelayQuantile": 0.95}`)
+	ratio := float64(r.p99) / float64(bare)
+	t.Logf("p99 %v (%.3f× the unhedged %v), extra attempts %.2f%%, %d calls with a fast first attempt hedged after the drift",
+		r.p99, ratio, bare, 100*r.extra, r.fastHedgedAfter)
+	if r.fastHedgedAfter > 20 || ratio > 0.15 || r.extra > 0.06 {
+		t.Errorf("%d calls with a fast first attempt hedged after the drift, p99 %.3f× the unhedged, %.2f%% extra attempts; "+
+			"want at most 20, 0.15× and 6%%", r.fastHedgedAfter, ratio, 100*r.extra)
+	}
+}
+
+// driftRun is what runDrift measured.
+type driftRun struct {
+	p99   time.Duration
+	extra float64 // the share of attempts beyond one per call
+	// fastHedgedAfter counts the calls of the second half whose first
+	// attempt was not slow and that were hedged all the same.
+	fastHedgedAfter int
+}
+
+// runDrift makes 3200 calls from 4 concurrent callers on fake time over
+// real gRPC, hedged under hedgingPolicy (none when empty): each attempt
+// takes the base latency plus up to 25% (seeded jitter), or 20× the base
+// with probability 5%; the base is 2ms for the first half of the calls and
+// factor× that for the second.
+func runDrift(t *testing.T, factor int, hedgingPolicy string) (run driftRun) {
+	const total = 3200
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu       sync.Mutex
+			slow     [total]bool // the call's first attempt was slow
+			attempts [total]int
+		)
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			i, _ := strconv.Atoi(a.Messages[0])
+			r := rand.New(rand.NewPCG(tailSeed, uint64(i)*8+uint64(max(a.Previous, 0))))
+			base := 2 * time.Millisecond
+			if i >= total/2 {
+				base *= time.Duration(factor)
+			}
+			d := base + time.Duration(r.Float64()*float64(base)/4)
+			s := r.Float64() < 0.05
+			if s {
+				d = 20 * base
+			}
+			mu.Lock()
+			if attempts[i]++; attempts[i] == 1 {
+				slow[i] = s
+			}
+			mu.Unlock()
+			return testserver.Outcome{Delay: d}
+		})
+		doc := `{"methodConfig": [{"name": [{"service": "resilience.echo.v1.EchoService"}]`
+		if hedgingPolicy != "" {
+			doc += `, "hedgingPolicy": ` + hedgingPolicy
+		}
+		cfg, err := serviceconfig.Parse([]byte(doc + `}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := interceptor.NewClient(interceptor.WithServiceConfig(cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := echov1.NewEchoServiceClient(testserver.Start(t, srv, c.DialOptions()...))
+		var (
+			next int
+			lat  []time.Duration
+			wg   sync.WaitGroup
+		)
+		for range 4 {
+			wg.Go(func() {
+				for {
+					mu.Lock()
+					i := next
+					next++
+					mu.Unlock()
+					if i >= total {
+						return
+					}
+					start := time.Now()
+					if _, err := client.Echo(t.Context(), &echov1.EchoRequest{Message: strconv.Itoa(i)}); err != nil {
+						t.Errorf("Echo: %v", err)
+					}
+					mu.Lock()
+					lat = append(lat, time.Since(start))
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		synctest.Wait()
+		run.p99, run.extra = quantile(lat, 0.99), float64(srv.Count("Echo")-total)/total
+		for i := total / 2; i < total; i++ {
+			if attempts[i] > 1 && !slow[i] {
+				run.fastHedgedAfter++
+			}
+		}
+	})
+	return run
 }

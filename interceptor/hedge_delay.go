@@ -42,6 +42,19 @@ import (
 // timed ones. A6 throttling applies to every copy after the first, timed
 // or not, as A6 specifies for hedging.
 //
+// A drift up. A window of 256 to 512 copies follows a change of the
+// method's latency only once the new latencies are a share of it: until
+// then a delay read from it sits below the new fast calls, and every call
+// is hedged (bench/'s drift scenario, the base latency ×4 halfway: about 45
+// calls of 3,200 hedged, 1.4% extra load, before the window turned). So the tail also counts the
+// copies recorded at or above the delay in force: when driftOver (12) of
+// them come before the next recompute, within 16 copies (in a steady state
+// their share is about the share hedged, at most half: a hedged call
+// records its cut-off copy above the delay and its answer below), the
+// latency has moved up past the delay, and the window is restarted at once
+// from the last 16 copies alone, which the delay is read from until the
+// window fills again.
+//
 // So hedging cannot lower a percentile above 1 − m: when more of the calls
 // are slow than the budget pays for, the delay stays above them (their
 // hedges would be refused at random, the budget's share spent for nothing
@@ -54,6 +67,11 @@ const cliffFactor = 1.25
 // recomputeEvery is how often, in copies observed, a method's delay is
 // recomputed (with the budget's share as it is then).
 const recomputeEvery = 16
+
+// driftOver is how many of the recomputeEvery copies recorded since the
+// last recompute must be at or above the delay in force for the delay to
+// count as left behind by a drift up (see above).
+const driftOver = 12
 
 // hedgeTail is a method's hedging state: the window of its copies'
 // durations, and the delay read from it. It belongs to the method's row
@@ -71,6 +89,12 @@ type hedgeTail struct {
 	// (configure) cannot store the old config's delay, and ready, after
 	// the update's. Taken only to write: every 16 copies, and on updates.
 	mu sync.Mutex
+	// recent holds the last recomputeEvery copies recorded, in
+	// nanoseconds, at the window's count modulo recomputeEvery; over
+	// counts those recorded at or above the delay in force since the last
+	// recompute (the drift detector, see above).
+	recent [recomputeEvery]atomic.Int64
+	over   atomic.Uint32
 }
 
 // tailInputs are what the delay is computed from under one config.
@@ -118,13 +142,19 @@ func (t *hedgeTail) delayOf(hp *hedgePolicy) time.Duration {
 // kept only when at or above the delay in force, where it is known to be
 // on the slow side.
 func (t *hedgeTail) observe(d time.Duration, atLeast bool) {
-	if atLeast && t.ready.Load() && d < time.Duration(t.delay.Load()) {
+	ready := t.ready.Load()
+	above := ready && d >= time.Duration(t.delay.Load())
+	if atLeast && ready && !above {
 		return
 	}
 	// The count this observation made, not Samples read after it: two
 	// copies observed at once would both read past a multiple of
 	// recomputeEvery, and neither would recompute.
-	t.maybeRecompute(t.window.Observe(d), false)
+	n := t.window.Observe(d)
+	t.recent[n%recomputeEvery].Store(int64(d))
+	// The driftOver-th copy above the delay recomputes it at once, not at
+	// the next multiple of recomputeEvery.
+	t.maybeRecompute(n, above && t.over.Add(1) == driftOver)
 }
 
 // maybeRecompute recomputes the delay once the window holds minSamples
@@ -136,8 +166,25 @@ func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if in := t.in.Load(); t.due(in, n, force) { // the config in force now, not the one read above
-		t.delay.Store(int64(t.compute(in, time.Now())))
+		now := time.Now()
+		if t.over.Swap(0) >= driftOver && t.ready.Load() {
+			if s, _ := in.shares(now); s > 0 && s < 1 { // the delay is read from the window
+				t.restart()
+			}
+		}
+		t.delay.Store(int64(t.compute(in, now)))
 		t.ready.Store(true)
+	}
+}
+
+// restart empties the window and records in it the last recomputeEvery
+// copies alone, after a drift up (see above). Called with mu held.
+func (t *hedgeTail) restart() {
+	t.window.Reset()
+	for i := range t.recent {
+		if d := t.recent[i].Load(); d > 0 {
+			t.window.Observe(time.Duration(d))
+		}
 	}
 }
 
@@ -154,13 +201,20 @@ func (t *hedgeTail) due(in *tailInputs, n uint64, force bool) bool {
 // rest is left for retries and for the window's noise.
 const budgetMargin = 0.75
 
-// compute returns the delay of the rule above at now.
-func (t *hedgeTail) compute(in *tailInputs, now time.Time) time.Duration {
-	s, m := in.share, min(2*in.share, 1)
+// shares returns s and m of the rule above at now: the share of calls to
+// hedge, and the most the delay may hedge.
+func (in *tailInputs) shares(now time.Time) (s, m float64) {
+	s, m = in.share, min(2*in.share, 1)
 	if in.budget != nil {
 		b := in.budget.Share(now)
 		s, m = min(s, budgetMargin*b), min(m, b)
 	}
+	return s, m
+}
+
+// compute returns the delay of the rule above at now.
+func (t *hedgeTail) compute(in *tailInputs, now time.Time) time.Duration {
+	s, m := in.shares(now)
 	switch {
 	case s <= 0:
 		return noTimedCopies

@@ -117,7 +117,8 @@ type windowCounts struct {
 	n atomic.Uint64
 	// size is the number of observations per generation; set once.
 	size uint64
-	// rotating is held by the observation that clears a generation.
+	// rotating is held by the observation that clears a generation, and
+	// by Reset.
 	rotating sync.Mutex
 }
 
@@ -239,6 +240,26 @@ func (w *Window) QuantileOf(p float64) time.Duration {
 // windows sharing its observations.
 func (w *Window) Samples() uint64 {
 	return w.h.n.Load()
+}
+
+// Reset drops every observation from the window (of w and of the windows
+// sharing its observations): quantiles read after it cover only the
+// observations made after it. w's own quantiles (Quantile, QuantileAt)
+// read 0 until they are next recomputed (within 16 observations), another
+// window's keep their last values until then. Samples keeps counting. Observations racing
+// with a Reset may be lost, as with a rotation.
+func (w *Window) Reset() {
+	h := w.h
+	h.rotating.Lock()
+	defer h.rotating.Unlock()
+	for g := range h.counts {
+		for i := range h.counts[g] {
+			h.counts[g][i].Store(0)
+		}
+	}
+	for i := range w.q {
+		w.q[i].Store(0)
+	}
 }
 
 // rotate clears the older generation and makes it the one written. An

@@ -343,3 +343,32 @@ func TestObserveCountsEachObservationOnce(t *testing.T) {
 		t.Errorf("Samples = %d, want %d", got, goroutines*each)
 	}
 }
+
+// TestResetDropsEveryObservation: after Reset the window reads only the
+// observations made after it, in both generations, and keeps counting
+// samples; its own quantile reads 0 until the next recompute.
+func TestResetDropsEveryObservation(t *testing.T) {
+	w := mustWindow(t, 0.9, 64)
+	for range 100 { // both generations hold 2ms
+		w.Observe(2 * time.Millisecond)
+	}
+	w.Reset()
+	if got := w.QuantileOf(0.5); got != 0 {
+		t.Errorf("QuantileOf(0.5) after Reset = %v, want 0 (empty)", got)
+	}
+	if got := w.Quantile(); got != 0 {
+		t.Errorf("Quantile after Reset = %v, want 0 until the next recompute", got)
+	}
+	if got := w.Samples(); got != 100 {
+		t.Errorf("Samples after Reset = %d, want 100", got)
+	}
+	for range 16 {
+		w.Observe(8 * time.Millisecond)
+	}
+	if got, want := w.QuantileOf(0.1), upperEdge(bucketOf(8*time.Millisecond)); got != want {
+		t.Errorf("QuantileOf(0.1) after Reset and 16 observations of 8ms = %v, want %v (no 2ms left)", got, want)
+	}
+	if got, want := w.Quantile(), upperEdge(bucketOf(8*time.Millisecond)); got != want {
+		t.Errorf("Quantile after Reset and 16 observations of 8ms = %v, want %v", got, want)
+	}
+}
