@@ -208,12 +208,22 @@ func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
 // copies alone, after a drift up, or those below below (> 0) when the
 // latency came back below the delay a drift up left (see above). Called
 // with mu held.
+// When none is (copies observed meanwhile took their places), the window
+// is kept as it is: an empty one would read a delay of 0.
 func (t *hedgeTail) restart(below time.Duration) {
-	t.window.Reset()
+	var keep [recomputeEvery]time.Duration
+	n := 0
 	for i := range t.recent {
-		if d := t.recent[i].Load(); d > 0 && (below <= 0 || time.Duration(d) < below) {
-			t.window.Observe(time.Duration(d))
+		if d := time.Duration(t.recent[i].Load()); d > 0 && (below <= 0 || d < below) {
+			keep[n], n = d, n+1
 		}
+	}
+	if n == 0 {
+		return
+	}
+	t.window.Reset()
+	for _, d := range keep[:n] {
+		t.window.Observe(d)
 	}
 }
 
