@@ -207,10 +207,9 @@ func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
 
 // restart empties the window and records in it the last recomputeEvery
 // copies alone, after a drift up, or those below below (> 0) when the
-// latency came back below the delay a drift up left (see above). Called
-// with mu held.
-// When none is (copies observed meanwhile took their places), the window
-// is kept as it is: an empty one would read a delay of 0.
+// latency came back below the delay a drift up left (see above). When none
+// is (copies observed meanwhile took their places), the window is kept as
+// it is: an empty one would read a delay of 0. Called with mu held.
 func (t *hedgeTail) restart(below time.Duration) {
 	var keep [recomputeEvery]time.Duration
 	n := 0
