@@ -22,6 +22,7 @@ import (
 	"github.com/grpc-resilience/resilience/interceptor/internal/rpcname"
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -69,7 +70,7 @@ const noTimedCopies time.Duration = -1
 // newHedgePolicy resolves p.
 func newHedgePolicy(p *serviceconfig.HedgingPolicy) *hedgePolicy {
 	hp := &hedgePolicy{maxAttempts: p.MaxAttempts, delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...),
-		minSamples: serviceconfig.FixedHedgingDelayMinSamples}
+		minSamples: latency.FixedDelayMinSamples}
 	if p.HedgingDelayQuantile > 0 {
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))

@@ -14,6 +14,7 @@ import (
 	"github.com/grpc-resilience/resilience/internal/adaptive"
 	"github.com/grpc-resilience/resilience/internal/breaker"
 	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/internal/latency"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
@@ -231,7 +232,7 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, b *serviceconfig
 		p.printf("WARNING: the zero retry budget sends no copy after the first: calls are not hedged\n")
 	default:
 		if !adaptive {
-			minSamples = serviceconfig.FixedHedgingDelayMinSamples
+			minSamples = latency.FixedDelayMinSamples
 		}
 		p.printf("what a hedge may spend: once %d attempts were observed, the wait is at least the latency that three quarters\n", minSamples)
 		p.printf("  of the share of calls the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ the calls per second under\n")

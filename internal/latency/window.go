@@ -15,6 +15,16 @@ import (
 // [Window]: the quantile is read over the last 256 to 512 observations.
 const DefaultWindowSize = 256
 
+// FixedDelayMinSamples is how many attempts of a method the client's window
+// holds before a fixed hedging delay (one without hedgingDelayQuantile,
+// where hedgingDelayMinSamples does not apply) may be raised under a retry
+// budget (package interceptor, What a hedge may spend): fewer than an
+// adaptive delay needs to place its quantile, since until then the delay,
+// as configured, may hedge more calls than the budget pays for. Here, not
+// in package interceptor, so that cmd/svcconfig's explain reads the same
+// value without it being part of the API.
+const FixedDelayMinSamples = 32
+
 // The buckets of a Window. Bucket 0 holds durations below 2^minExp ns
 // (1.024µs); bucket 1 + 8·(e − minExp) + s holds those in the s-th eighth
 // of the octave [2^e, 2^(e+1)) ns, for e from minExp to maxExp; durations
