@@ -413,19 +413,25 @@ func (u *unaryCall) committed() bool {
 // they are released as if the attempt had been cancelled and the panic goes
 // on up. A panic during the admission (the breaker's state-change hook)
 // leaves the attempt unsent: the slot of the pace and the budget token it
-// held go back, as for a refusal.
+// held go back, as for a refusal. A panic after the attempt's release (the
+// breaker's state-change hook on its verdict, the meter provider) ends a
+// call whose attempt succeeded settled as a success: its budget token goes
+// back and A6 throttling counts it, as run would have done.
 func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rejected bool, err error) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
 	var adm admission
-	admitted, released := false, false
+	admitted, released, returned := false, false, false
 	defer func() {
 		switch {
+		case returned:
 		case !admitted:
 			r.dropSlot()
 			r.settle(false)
 		case !released:
 			mp.g.abandon(adm)
+		case err == nil:
+			r.succeeded()
 		}
 	}()
 	adm, err = mp.g.admit(u.ctx, now, r.paceSlot)
@@ -470,6 +476,7 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 			mp.latency.Observe(end.Sub(now))
 		}
 	}
+	returned = true
 	return timedOut, false, err
 }
 

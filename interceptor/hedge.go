@@ -366,6 +366,12 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 	h.running--
 	switch {
 	case res.panicked != nil:
+		if res.err == nil {
+			// The copy succeeded and its release panicked (the breaker's
+			// state-change hook on its verdict, the meter provider): the
+			// call is settled as a success, and the panic goes on.
+			h.r.succeeded()
+		}
 		panic(res.panicked)
 	case res.goexit:
 		runtime.Goexit()

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"io"
+	"math"
 	"runtime"
 	"testing"
 	"testing/synctest"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/internal/breaker"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -432,6 +434,137 @@ func TestAnUnsentRetryWhoseMeterPanicsGivesItsSlotAndBudgetTokenBack(t *testing.
 				}
 				if after := c.RetryStatus().Budget.Available; after != before+ratio {
 					t.Errorf("retry budget: %v retries before, %v after, want %v: the deposit, and the unsent retry's token back", before, after, before+ratio)
+				}
+			})
+		})
+	}
+}
+
+// TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess pins
+// that a retry that was sent and succeeded, and whose success closes the
+// half-open breaker it probed, is settled as a success when the
+// WithOnStateChange hook panics (or calls runtime.Goexit) on that
+// HalfOpen -> Closed report: its retry budget token goes back and gRFC A6
+// throttling counts the success, and the panic goes on to the caller. The
+// breaker frees its probe and the bulkhead its slot before the report; the
+// call's accounts were settled after it, so the panic skipped them: the
+// token stayed spent (the budget charged a retry the server answered) and
+// the throttle missed the success. Unary calls and streams alike.
+func TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess(t *testing.T) {
+	const ratio = 0.5
+	for _, how := range hookAborts {
+		for _, kind := range []string{"unary", "stream"} {
+			t.Run(string(how)+"/"+kind, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &testserver.Server{}
+					srv.SetScript(failFirst(1, codes.Unavailable))
+					// The first attempt opens the breaker for 50ms; the
+					// retry, 100ms later, is its half-open probe, and its
+					// success closes it.
+					stub, c := newEcho(t, srv,
+						WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+						WithOnStateChange(func(_ string, _, to BreakerState) {
+							if to == BreakerClosed {
+								how.do()
+							}
+						}),
+						WithServiceConfig(&serviceconfig.Config{
+							MethodConfig: []serviceconfig.MethodConfig{{
+								Name: []serviceconfig.Name{{Service: echoService}},
+								RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: 100 * time.Millisecond,
+									MaxBackoff: 100 * time.Millisecond, BackoffMultiplier: 1},
+								CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+								Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
+							}},
+							RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+						}))
+					before := c.RetryStatus().Budget.Available
+					if got := endedBy(func() { _ = callOf(t, stub, kind == "stream")() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					if n := srv.Count(""); n != 2 {
+						t.Fatalf("the server saw %d attempts, want 2: the retry was sent", n)
+					}
+					synctest.Wait()
+					if held := heldGuards(c); held != "" {
+						t.Errorf("after the hook's %s: %s", how, held)
+					}
+					// The call deposited its ratio; the retry, answered,
+					// cost nothing.
+					rs := c.RetryStatus()
+					if after := rs.Budget.Available; after != before+ratio {
+						t.Errorf("retry budget: %v retries before, %v after, want %v: the deposit, and the answered retry's token back", before, after, before+ratio)
+					}
+					// A6: 10, the failure -1, the success +0.1.
+					if got := rs.Throttling.Tokens; math.Abs(got-9.1) > 1e-9 {
+						t.Errorf("A6 throttling: %v tokens, want 9.1: the failure and the success counted", got)
+					}
+					method := echoMethod
+					if kind == "stream" {
+						method = "/" + echoService + "/ServerStream"
+					}
+					if s := policyOf(c, method).g.breaker.Snapshot(time.Now()); s.State != breaker.StateClosed {
+						t.Errorf("breaker %v, want closed by the retry's success", s.State)
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestAHedgedCopyWhoseBreakerHookPanicsAsItClosesCountsItsSuccess is
+// TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess for a
+// hedged call: its copy's success closes the half-open breaker it probed,
+// and the WithOnStateChange hook panics on that report, on the copy's
+// goroutine; the panic goes on to the caller, and gRFC A6 throttling
+// counts the call's success, which the panic skipped (9 tokens for 9.1).
+// (A hedged copy that was sent keeps its budget token, won or lost: see
+// hedgeCopy.settle.) A hook that calls runtime.Goexit there ends the
+// copy's goroutine only: the call returns the copy's answer.
+func TestAHedgedCopyWhoseBreakerHookPanicsAsItClosesCountsItsSuccess(t *testing.T) {
+	for _, how := range hookAborts {
+		t.Run(string(how), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(failFirst(1, codes.Unavailable))
+				stub, c := newEcho(t, srv, WithRetryBudget(nil),
+					WithOnStateChange(func(_ string, _, to BreakerState) {
+						if to == BreakerClosed {
+							how.do()
+						}
+					}),
+					WithServiceConfig(&serviceconfig.Config{
+						MethodConfig: []serviceconfig.MethodConfig{{
+							Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+							HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour,
+								NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
+							CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+							Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
+						}},
+						RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+					}))
+				// The first call's copy fails (A6: 10 -> 9) and opens the
+				// breaker; its second copy is refused.
+				if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); status.Code(err) != codes.Unavailable {
+					t.Fatalf("the call that opens the breaker: %v, want UNAVAILABLE", err)
+				}
+				time.Sleep(100 * time.Millisecond) // past the open time
+				want := "returned"
+				if how == hookPanics {
+					want = string(hookPanics)
+				}
+				if got := endedBy(func() { _ = callOf(t, stub, false)() }); got != want {
+					t.Fatalf("the call whose hook aborts on its copy's goroutine ended by %s, want %s", got, want)
+				}
+				synctest.Wait()
+				if held := heldGuards(c); held != "" {
+					t.Errorf("after the hook's %s: %s", how, held)
+				}
+				if got := c.RetryStatus().Throttling.Tokens; math.Abs(got-9.1) > 1e-9 {
+					t.Errorf("A6 throttling: %v tokens, want 9.1: the failure and the success counted", got)
+				}
+				if s := policyOf(c, echoMethod).g.breaker.Snapshot(time.Now()); s.State != breaker.StateClosed {
+					t.Errorf("breaker %v, want closed by the copy's success", s.State)
 				}
 			})
 		})
