@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -373,7 +374,7 @@ func TestRateLimitStreamRetryWhoseOnRetryHookPanicsGivesItsSlotBack(t *testing.T
 
 // retriesPanicMeterProvider is a meter provider whose retries counter
 // (metricRetries) aborts as how says: the user's meter implementation is
-// user code, and runs on the call's goroutine before the OnRetry hook.
+// user code, and runs on the call's goroutine after the OnRetry hook.
 type retriesPanicMeterProvider struct {
 	noop.MeterProvider
 	how hookAbort
@@ -404,8 +405,8 @@ func (c retriesPanicCounter) Add(context.Context, int64, ...metric.AddOption) { 
 
 // TestAnUnsentRetryWhoseMeterPanicsGivesItsSlotAndBudgetTokenBack pins
 // that a retry whose metrics abort (the user's meter provider panics, or
-// calls runtime.Goexit, as the retry is counted, just before the OnRetry
-// hook would run) gives back its slot of the pace and its retry budget
+// calls runtime.Goexit, as the retry is counted, just after the OnRetry
+// hook ran) gives back its slot of the pace and its retry budget
 // token, as it does when the OnRetry hook aborts: the retry is never sent.
 // Both stayed taken: the method's next attempt waited a whole pushback
 // period more, and the budget was charged a retry.
@@ -568,5 +569,66 @@ func TestAHedgedCopyWhoseBreakerHookPanicsAsItClosesCountsItsSuccess(t *testing.
 				}
 			})
 		})
+	}
+}
+
+// TestAnUnsentRetryWhoseOnRetryHookPanicsIsNotCounted pins that
+// resilience.client.retries, which counts retries sent, does not count a
+// retry whose OnRetry hook panics (or calls runtime.Goexit): the call ends
+// there and the retry is never sent. The retry was counted before the hook
+// ran (1 for 0). The next call's retry, whose hook returns, is sent and
+// counted. Unary calls and streams alike.
+func TestAnUnsentRetryWhoseOnRetryHookPanicsIsNotCounted(t *testing.T) {
+	for _, how := range hookAborts {
+		for _, kind := range []string{"unary", "stream"} {
+			t.Run(string(how)+"/"+kind, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					reader, mp := newMeterReader()
+					srv := &testserver.Server{}
+					srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+						if a.N <= 2 { // each call's first attempt: the first call sends no other
+							return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+						}
+						return testserver.Outcome{}
+					})
+					var abort atomic.Bool
+					abort.Store(true)
+					stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithRetryBudget(nil), WithRetryPolicy(fastPolicy(3)),
+						WithOnRetry(func(context.Context, RetryEvent) {
+							if abort.Load() {
+								how.do()
+							}
+						}))
+					call := callOf(t, stub, kind == "stream")
+					retries := func() (n float64) {
+						got := collect(t, reader)
+						if _, ok := got[metricRetries]; !ok {
+							return 0
+						}
+						_, pts := got.Points(t, metricRetries)
+						for _, v := range pts {
+							n += v
+						}
+						return n
+					}
+					if got := endedBy(func() { _ = call() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					if n := srv.Count(""); n != 1 {
+						t.Fatalf("the server saw %d attempts, want 1: the retry is never sent", n)
+					}
+					if n := retries(); n != 0 {
+						t.Errorf("%s = %v after the aborted call, want 0: its retry was never sent", metricRetries, n)
+					}
+					abort.Store(false)
+					if err := call(); err != nil {
+						t.Fatalf("the next call: %v, want its retry's answer", err)
+					}
+					if n := retries(); n != 1 {
+						t.Errorf("%s = %v after the next call, want 1: its retry, sent", metricRetries, n)
+					}
+				})
+			})
+		}
 	}
 }
