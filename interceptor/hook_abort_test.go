@@ -632,3 +632,76 @@ func TestAnUnsentRetryWhoseOnRetryHookPanicsIsNotCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestAQueuedHedgedCopyRefusedAsAHookPanicsRecordsItsProbeOnce pins that
+// a hedged copy that waited in the bulkhead's queue holding a half-open
+// probe, and whose refusal there runs a panicking WithOnStateChange hook,
+// gives its probe back exactly once. The hook runs there because a change
+// of state was left unreported: the hook of the call that tripped the
+// breaker blocked (as one that calls out, to the client or elsewhere,
+// would) while the breaker turned half-open, then panicked, and the
+// Open -> HalfOpen report waited for the next record, the queued copy's.
+// The copy's token was recorded by the queue and again as the copy's
+// panic was settled, which freed a second probe for the one still out: 2
+// probes taken, 3 given back, the breaker left with -1 probes out and one
+// more probe than HalfOpenProbes admitted for the rest of the half-open
+// period. The copy was never sent, so its retry budget token goes back too.
+func TestAQueuedHedgedCopyRefusedAsAHookPanicsRecordsItsProbeOnce(t *testing.T) {
+	const ratio = 0.5
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+			}
+			return testserver.Outcome{Delay: time.Hour} // the hedged call's first copy, a probe
+		})
+		stub, c := newEcho(t, srv,
+			WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+			WithOnStateChange(func(_ string, _, to BreakerState) {
+				switch to {
+				case BreakerOpen:
+					time.Sleep(100 * time.Millisecond)
+					panic("a hook's bug")
+				case BreakerHalfOpen:
+					panic("a hook's bug")
+				}
+			}),
+			WithMethodConfig(serviceconfig.MethodConfig{
+				Name:           []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 2},
+				Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1, MaxQueue: 1, MaxQueueWait: 100 * time.Millisecond},
+				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 10 * time.Millisecond},
+			}))
+		call := callOf(t, stub, false)
+		// t=0: the first call fails and trips the breaker; its hook blocks
+		// until t=100ms, then panics.
+		tripped := make(chan string, 1)
+		go func() { tripped <- endedBy(func() { _ = call() }) }()
+		time.Sleep(60 * time.Millisecond) // past the open time
+		before := c.RetryStatus().Budget.Available
+		// t=60ms: the hedged call's first copy turns the breaker half-open
+		// (its report waits for the blocked hook) and is sent; its second
+		// copy, at 70ms, takes the second probe and queues for the
+		// bulkhead's one slot until 170ms, when the queue refuses it.
+		if got := endedBy(func() { _ = call() }); got != string(hookPanics) {
+			t.Fatalf("the hedged call ended by %s, want the panic of the hook its queued copy ran", got)
+		}
+		if got := <-tripped; got != string(hookPanics) {
+			t.Fatalf("the call that tripped the breaker ended by %s, want its hook's panic", got)
+		}
+		synctest.Wait()
+		if held := heldGuards(c); held != "" {
+			t.Errorf("after the hooks' panics: %s", held)
+		}
+		if s := policyOf(c, echoMethod).g.breaker.Snapshot(time.Now()); s.State != breaker.StateHalfOpen || s.Probes != 0 {
+			t.Errorf("breaker %v with %d probes out, want half-open with none: each probe given back once", s.State, s.Probes)
+		}
+		// The hedged call deposited its ratio; its second copy, never
+		// sent, cost nothing (its first copy, sent, keeps its token: it
+		// took none).
+		if after := c.RetryStatus().Budget.Available; after != before+ratio {
+			t.Errorf("retry budget: %v retries before, %v after, want %v: the unsent copy's token back", before, after, before+ratio)
+		}
+	})
+}
