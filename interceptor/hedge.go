@@ -69,7 +69,7 @@ const noTimedCopies time.Duration = -1
 // newHedgePolicy resolves p.
 func newHedgePolicy(p *serviceconfig.HedgingPolicy) *hedgePolicy {
 	hp := &hedgePolicy{maxAttempts: p.MaxAttempts, delay: p.HedgingDelay, nonFatal: rescodes.Of(p.NonFatalStatusCodes...),
-		minSamples: fixedMinSamples}
+		minSamples: serviceconfig.FixedHedgingDelayMinSamples}
 	if p.HedgingDelayQuantile > 0 {
 		hp.quantile, hp.floor = p.HedgingDelayQuantile, p.HedgingDelayFloor
 		hp.minSamples = uint64(orDefault(p.HedgingDelayMinSamples, serviceconfig.DefaultHedgingDelayMinSamples))
@@ -79,12 +79,6 @@ func newHedgePolicy(p *serviceconfig.HedgingPolicy) *hedgePolicy {
 	}
 	return hp
 }
-
-// fixedMinSamples is the copies a fixed delay's window must hold before the
-// budget's rule may raise the delay (hedge_delay.go): fewer than an
-// adaptive delay needs to place its quantile, since until then the delay,
-// as configured, may hedge more calls than the budget pays for.
-const fixedMinSamples = 32
 
 // orDefault returns v, or def when v is zero.
 func orDefault(v, def int) int {

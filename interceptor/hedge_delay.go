@@ -32,8 +32,9 @@ import (
 // into a cluster of slow calls (a slow backend, a cache miss) that holds
 // between s and m of them, the delay stays just above the fast calls and
 // the cluster is hedged whole rather than its own tail; it applies when
-// m ≤ 0.5. Until the window holds minSamples copies (100, or 32 for a
-// fixed delay, which the rule only raises), the delay is the policy's
+// m ≤ 0.5. Until the window holds minSamples copies (100 by default, or
+// serviceconfig.FixedHedgingDelayMinSamples, 32, for a fixed delay, which
+// the rule only raises), the delay is the policy's
 // HedgingDelay (none: copies go only after failures). Each copy takes a
 // retry budget token, as a retry does, and is not sent when the budget
 // cannot pay (the call goes on: the next delay, a failure, may still send

@@ -350,9 +350,9 @@ type HedgingPolicy struct {
 	// then, further copies go out only after non-fatal failures. A client
 	// with a retry budget raises the delay, fixed or adaptive, to the
 	// latency that the share of calls its budget pays for outlasts, once
-	// 100 copies were observed (HedgingDelayMinSamples), so that the
-	// budget's hedges go to the slowest calls (see package interceptor,
-	// What a hedge may spend).
+	// HedgingDelayMinSamples copies were observed (a fixed delay:
+	// FixedHedgingDelayMinSamples), so that the budget's hedges go to the
+	// slowest calls (see package interceptor, What a hedge may spend).
 	HedgingDelay time.Duration
 	// NonFatalStatusCodes are the codes after which hedging goes on; any
 	// other code ends the call. A list, as RetryableStatusCodes.
@@ -385,6 +385,14 @@ type HedgingPolicy struct {
 // DefaultHedgingDelayMinSamples is the HedgingDelayMinSamples of a zero
 // field: 100 observed attempts.
 const DefaultHedgingDelayMinSamples = 100
+
+// FixedHedgingDelayMinSamples is how many attempts of a method a client
+// with a retry budget observes before it may raise a fixed HedgingDelay
+// (one without HedgingDelayQuantile, where HedgingDelayMinSamples does not
+// apply): fewer than an adaptive delay needs to place its quantile, since
+// until then the delay, as configured, may hedge more calls than the
+// budget pays for.
+const FixedHedgingDelayMinSamples = 32
 
 // RetryThrottling is gRFC A6's retryThrottling: a token bucket per client
 // that starts full at MaxTokens. Each attempt that fails with a retryable code

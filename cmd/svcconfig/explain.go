@@ -231,7 +231,7 @@ func explainHedging(p *printer, h *serviceconfig.HedgingPolicy, b *serviceconfig
 		p.printf("WARNING: the zero retry budget sends no copy after the first: calls are not hedged\n")
 	default:
 		if !adaptive {
-			minSamples = 32 // a fixed delay's window is read from 32 copies (package interceptor)
+			minSamples = serviceconfig.FixedHedgingDelayMinSamples
 		}
 		p.printf("what a hedge may spend: once %d attempts were observed, the wait is at least the latency that three quarters\n", minSamples)
 		p.printf("  of the share of calls the retry budget pays for outlasts (ratio + minRetriesPerSecond ÷ the calls per second under\n")

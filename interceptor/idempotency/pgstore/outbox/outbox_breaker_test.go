@@ -241,11 +241,7 @@ func TestRelayDeliversOtherMethodsWhileOneMethodsBreakerIsOpen(t *testing.T) {
 	e.enqueue(t, true, down...)
 	e.enqueueLookups(t, up...)
 	client := breakerClient(t, time.Minute)
-	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
+	r := e.relayWith(t, client, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
 	stop := runRelay(t, r)
 	waitFor(t, "the other method's messages", func() (bool, string) {
 		got := e.receivedRows(t)
@@ -361,11 +357,7 @@ func TestRelayOnceHoldsAMethodTheClientRefusesWithoutSayingUntilWhen(t *testing.
 	if err := client.ForceOpen(echoMethod); err != nil {
 		t.Fatal(err)
 	}
-	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{InitialBackoff: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
+	r := e.relayWith(t, client, outbox.RelayConfig{InitialBackoff: 200 * time.Millisecond})
 	ctx := context.Background()
 	if n, err := r.Once(ctx); n != 0 || err != nil {
 		t.Fatalf("Once with the breaker forced open = %d, %v, want 0, nil", n, err)
@@ -437,7 +429,7 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 		mu   sync.Mutex
 		dead []string
 	)
-	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{
+	r := e.relayWith(t, client, outbox.RelayConfig{
 		Batch: 4, RetryableCodes: rescodes.Of(codes.Unavailable), InitialBackoff: 50 * time.Millisecond,
 		OnDead: func(m outbox.Message, err error) { // called by the pass's deliveries, concurrently
 			mu.Lock()
@@ -445,10 +437,6 @@ func TestRelayBulkheadRefusalIsNotTheReceiversAnswer(t *testing.T) {
 			dead = append(dead, m.ID+": "+err.Error())
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
 	ctx := context.Background()
 	done := make(chan int, 1)
 	go func() {
@@ -555,20 +543,12 @@ func TestRelayKeepsAMessageTheClientsFallbackAnswered(t *testing.T) {
 				}
 			}
 			var dead atomic.Int32
-			r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{InitialBackoff: 200 * time.Millisecond,
+			r := e.relayWith(t, client, outbox.RelayConfig{InitialBackoff: 200 * time.Millisecond,
 				OnDead: func(outbox.Message, error) { dead.Add(1) }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = r.Close() })
-			if n, err := r.Once(context.Background()); n != 0 || err != nil {
-				t.Fatalf("Once with the breaker open and a fallback = %d, %v, want 0, nil: the receiver answered nothing", n, err)
-			}
+			onceAnswers(t, r, &dead, 0, 0, "with the breaker open and a fallback",
+				"the message the fallback answered is not dead: the fallback's error is not the receiver's")
 			if fallbacks.Load() != 1 {
 				t.Fatalf("fallback ran %d times, want 1: the test does not reach the danger", fallbacks.Load())
-			}
-			if dead.Load() != 0 {
-				t.Fatal("the message the fallback answered was marked dead: the fallback's error is not the receiver's")
 			}
 			if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != tc.wantAttempts {
 				t.Fatalf("the message the fallback answered: %+v, want it kept, given back, %d attempts counted", rows, tc.wantAttempts)

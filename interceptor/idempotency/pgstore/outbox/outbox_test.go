@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/grpc-resilience/resilience/interceptor"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/outbox"
 	"github.com/grpc-resilience/resilience/interceptor/idempotency/pgstore/pgtest"
@@ -187,15 +188,38 @@ func (e *env) conn(t *testing.T) *grpc.ClientConn {
 	return cc
 }
 
-// relay returns a relay of e's outbox to the receiver.
+// relay returns a relay of e's outbox to the receiver, through a client
+// NewRelay makes of cfg.
 func (e *env) relay(t *testing.T, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), nil, cfg)
+	return e.relayWith(t, nil, cfg)
+}
+
+// relayWith returns a relay of e's outbox to the receiver, through client
+// (nil: one NewRelay makes of cfg), over a conn of its own, closed when
+// the test ends.
+func (e *env) relayWith(t *testing.T, client *interceptor.Client, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
 	return r
+}
+
+// onceAnswers runs one pass of r and fails the test at once unless the
+// pass answered n messages without error and dead, the count of r's
+// OnDead calls, is then wantDead. when says what the pass meets, why what
+// a wrong count of dead messages means.
+func onceAnswers(t *testing.T, r *outbox.Relay, dead *atomic.Int32, n, wantDead int, when, why string) {
+	t.Helper()
+	if got, err := r.Once(context.Background()); got != n || err != nil {
+		t.Fatalf("Once %s = %d, %v, want %d answered, nil", when, got, err, n)
+	}
+	if got := int(dead.Load()); got != wantDead {
+		t.Fatalf("OnDead called %d times %s, want %d: %s", got, when, wantDead, why)
+	}
 }
 
 // enqueue writes messages msgs in one transaction, committed or not.

@@ -76,12 +76,8 @@ func TestRelayTakesAnUncomparableErrorOfAnAttemptWithoutPanicking(t *testing.T) 
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = r.Close() })
-			if n, err := r.Once(context.Background()); n != 1 || err != nil {
-				t.Fatalf("Once = %d, %v, want 1 answered (refused for good), nil", n, err)
-			}
-			if dead.Load() != 1 {
-				t.Errorf("OnDead called %d times, want 1: an attempt's INVALID_ARGUMENT", dead.Load())
-			}
+			onceAnswers(t, r, &dead, 1, 1, "of a message an attempt's INVALID_ARGUMENT refuses for good",
+				"an attempt's INVALID_ARGUMENT marks the message dead")
 		})
 	}
 }
@@ -255,12 +251,8 @@ func TestRelayBlamesNoFallbackForADeliveryWhoseTimeRanOutInTheBulkheadQueue(t *t
 	<-entered
 	e.enqueue(t, true, "queued")
 	var logs syncBuffer
-	r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{Timeout: 200 * time.Millisecond, Lease: 10 * time.Second,
+	r := e.relayWith(t, client, outbox.RelayConfig{Timeout: 200 * time.Millisecond, Lease: 10 * time.Second,
 		InitialBackoff: time.Minute, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
 	ctx := context.Background()
 	if n, err := r.Once(ctx); n != 0 || err != nil {
 		t.Fatalf("Once with the only slot held = %d, %v, want 0, nil", n, err)
@@ -327,19 +319,11 @@ func TestRelayNeverMarksDeadADeliveryADeadlineOfItsOwnCut(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = client.Close() })
 			var dead atomic.Int32
-			r, err := outbox.NewRelay(e.ob, e.pool, e.conn(t), client, outbox.RelayConfig{Timeout: tc.timeout, Lease: 10 * time.Second,
+			r := e.relayWith(t, client, outbox.RelayConfig{Timeout: tc.timeout, Lease: 10 * time.Second,
 				InitialBackoff: time.Minute, RetryableCodes: rescodes.Of(codes.Unavailable),
 				OnDead: func(outbox.Message, error) { dead.Add(1) }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = r.Close() })
-			if n, err := r.Once(context.Background()); n != 0 || err != nil {
-				t.Fatalf("Once with the receiver slower than the deadline = %d, %v, want 0 answered, nil", n, err)
-			}
-			if dead.Load() != 0 {
-				t.Fatal("the message was marked dead: a deadline of the relay's side is not the receiver's answer")
-			}
+			onceAnswers(t, r, &dead, 0, 0, "with the receiver slower than the deadline",
+				"the message is not dead: a deadline of the relay's side is not the receiver's answer")
 			if rows := e.rows(t); len(rows) != 1 || rows[0].attempts != 1 || rows[0].nextIn < 50*time.Second {
 				t.Fatalf("the message: %+v, want it kept, 1 attempt counted, due after the minute of InitialBackoff", rows)
 			}
