@@ -525,7 +525,8 @@
 // after an attempt that succeeded (OnStateChange as its success closes a
 // half-open breaker, the meter provider as the attempt is counted) ends a
 // call settled as a success: its retry's budget token goes back and A6
-// throttling counts the success. A hook's panic on
+// throttling counts the success (a unary call's failure is settled as its
+// retry loop settles a failure before deciding). A hook's panic on
 // a goroutine of the client's own (OnStateChange on the verdict of a
 // stream attempt that the watch on its context released, with no call of
 // the caller's at work on it) goes to the caller's next call on the

@@ -705,3 +705,76 @@ func TestAQueuedHedgedCopyRefusedAsAHookPanicsRecordsItsProbeOnce(t *testing.T) 
 		}
 	})
 }
+
+// TestASentRetryWhoseBreakerHookPanicsAsItReopensSettlesAsAFailure is
+// TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess for a
+// retry that failed: its failure opens the half-open breaker again, and
+// the WithOnStateChange hook panics on that HalfOpen -> Open report. The
+// call is settled as the retry loop would have settled that failure before
+// deciding: a code the policy does not retry (INTERNAL) gives the retry's
+// budget token back (it stayed spent: budget 9.5 for 10.5); a code it
+// retries (UNAVAILABLE) keeps it, and gRFC A6 throttling counts the failure
+// (it missed it: 9 tokens for 8).
+func TestASentRetryWhoseBreakerHookPanicsAsItReopensSettlesAsAFailure(t *testing.T) {
+	const ratio = 0.5
+	for _, how := range hookAborts {
+		for _, tc := range []struct {
+			code   codes.Code
+			budget float64 // after the call, less before
+			tokens float64 // A6
+		}{
+			{code: codes.Internal, budget: ratio, tokens: 9},        // UNAVAILABLE -1; INTERNAL is no retryable failure
+			{code: codes.Unavailable, budget: ratio - 1, tokens: 8}, // -1 each
+		} {
+			t.Run(string(how)+"/"+tc.code.String(), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &testserver.Server{}
+					srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+						if a.N == 1 {
+							return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+						}
+						return testserver.Outcome{Err: status.Error(tc.code, "the retry fails")}
+					})
+					// The first attempt opens the breaker for 50ms; the
+					// retry, 100ms later, is its half-open probe, and its
+					// failure opens it again.
+					stub, c := newEcho(t, srv,
+						WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+						WithOnStateChange(func(_ string, from, to BreakerState) {
+							if from == BreakerHalfOpen && to == BreakerOpen {
+								how.do()
+							}
+						}),
+						WithServiceConfig(&serviceconfig.Config{
+							MethodConfig: []serviceconfig.MethodConfig{{
+								Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+								RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: 100 * time.Millisecond,
+									MaxBackoff: 100 * time.Millisecond, BackoffMultiplier: 1},
+								CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+								Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
+							}},
+							RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+						}))
+					before := c.RetryStatus().Budget.Available
+					if got := endedBy(func() { _ = callOf(t, stub, false)() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					if n := srv.Count(""); n != 2 {
+						t.Fatalf("the server saw %d attempts, want 2: the retry was sent", n)
+					}
+					synctest.Wait()
+					if held := heldGuards(c); held != "" {
+						t.Errorf("after the hook's %s: %s", how, held)
+					}
+					rs := c.RetryStatus()
+					if after := rs.Budget.Available; after != before+tc.budget {
+						t.Errorf("retry budget: %v retries before, %v after, want %v", before, after, before+tc.budget)
+					}
+					if got := rs.Throttling.Tokens; math.Abs(got-tc.tokens) > 1e-9 {
+						t.Errorf("A6 throttling: %v tokens, want %v", got, tc.tokens)
+					}
+				})
+			})
+		}
+	}
+}
