@@ -318,10 +318,12 @@
 // past the delay (12 of the 16 copies since the last recompute at or above
 // it), the histogram restarts from the last 16 copies, so the delay
 // follows within a few calls instead of hedging every call until the old
-// copies are a small enough share. Until HedgingDelayMinSamples
-// copies were observed (100 by default; 32 for a fixed delay) the call
-// waits HedgingDelay, or, without one, sends further copies only after
-// non-fatal failures. Client.HedgingDelay reports the delay in force; a
+// copies are a small enough share; when the latency then comes back below
+// the delay it left (12 of 16 copies: the move was a burst of slow calls,
+// or the drift is over), it restarts again from those of the last 16
+// copies below it. Until HedgingDelayMinSamples copies were observed (100
+// by default; 32 for a fixed delay) the call waits HedgingDelay, or,
+// without one, sends further copies only after non-fatal failures. Client.HedgingDelay reports the delay in force; a
 // call reads it in one or two atomic loads, and it is recomputed every 16
 // copies (hedge_delay.go).
 //

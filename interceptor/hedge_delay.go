@@ -54,7 +54,17 @@ import (
 // records its cut-off copy above the delay and its answer below), the
 // latency has moved up past the delay, and the window is restarted at once
 // from the last 16 copies alone, which the delay is read from until the
-// window fills again.
+// window fills again. A burst of slow calls (a pause of the server: a few
+// calls, both copies of each past the delay) passes for one; its copies,
+// at least 12 of a window of 16, would then outweigh the tail for hundreds
+// of calls after it (at a share of 5%, until the window held 250 more),
+// leaving the tail unhedged. So a restart keeps the delay it left behind,
+// and when driftOver of the copies recorded before the next recompute are
+// below it again, the latency is back where it was: the window restarts
+// again from those of the last 16 copies below it, the calls after the
+// burst, not the burst's last ones (and, after a true drift up, follows
+// the latency when it comes back down). The tail's copies among them are
+// left out with the burst's, and come back within the next copies.
 //
 // So hedging cannot lower a percentile above 1 − m: when more of the calls
 // are slow than the budget pays for, the delay stays above them (their
@@ -96,6 +106,12 @@ type hedgeTail struct {
 	// recompute (the drift detector, see above).
 	recent [recomputeEvery]atomic.Int64
 	over   atomic.Uint32
+	// left is the delay in force before the last restart after a drift up,
+	// in nanoseconds, or 0 (none, or the window restarted since because the
+	// latency came back below it); under counts the copies recorded below
+	// it since the last recompute.
+	left  atomic.Int64
+	under atomic.Uint32
 }
 
 // tailInputs are what the delay is computed from under one config.
@@ -153,9 +169,14 @@ func (t *hedgeTail) observe(d time.Duration, atLeast bool) {
 	// recomputeEvery, and neither would recompute.
 	n := t.window.Observe(d)
 	t.recent[n%recomputeEvery].Store(int64(d))
-	// The driftOver-th copy above the delay recomputes it at once, not at
-	// the next multiple of recomputeEvery.
-	t.maybeRecompute(n, above && t.over.Add(1) == driftOver)
+	// The driftOver-th copy above the delay, or below the delay a restart
+	// left, recomputes it at once, not at the next multiple of
+	// recomputeEvery.
+	back := false
+	if l := t.left.Load(); l > 0 && d < time.Duration(l) {
+		back = t.under.Add(1) == driftOver
+	}
+	t.maybeRecompute(n, above && t.over.Add(1) == driftOver || back)
 }
 
 // maybeRecompute recomputes the delay once the window holds minSamples
@@ -168,9 +189,15 @@ func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
 	defer t.mu.Unlock()
 	if in := t.in.Load(); t.due(in, n, force) { // the config in force now, not the one read above
 		now := time.Now()
-		if t.over.Swap(0) >= driftOver && t.ready.Load() {
+		up, down := t.over.Swap(0) >= driftOver, t.under.Swap(0) >= driftOver
+		if (up || down) && t.ready.Load() {
 			if s, _ := in.shares(now); s > 0 && s < 1 { // the delay is read from the window
-				t.restart()
+				left := t.left.Swap(0) // down: the latency is back below it
+				if up {
+					left = 0
+					t.left.Store(t.delay.Load())
+				}
+				t.restart(time.Duration(left))
 			}
 		}
 		t.delay.Store(int64(t.compute(in, now)))
@@ -179,13 +206,24 @@ func (t *hedgeTail) maybeRecompute(n uint64, force bool) {
 }
 
 // restart empties the window and records in it the last recomputeEvery
-// copies alone, after a drift up (see above). Called with mu held.
-func (t *hedgeTail) restart() {
-	t.window.Reset()
+// copies alone, after a drift up, or those below below (> 0) when the
+// latency came back below the delay a drift up left (see above). When none
+// is (copies observed meanwhile took their places), the window is kept as
+// it is: an empty one would read a delay of 0. Called with mu held.
+func (t *hedgeTail) restart(below time.Duration) {
+	var keep [recomputeEvery]time.Duration
+	n := 0
 	for i := range t.recent {
-		if d := t.recent[i].Load(); d > 0 {
-			t.window.Observe(time.Duration(d))
+		if d := time.Duration(t.recent[i].Load()); d > 0 && (below <= 0 || d < below) {
+			keep[n], n = d, n+1
 		}
+	}
+	if n == 0 {
+		return
+	}
+	t.window.Reset()
+	for _, d := range keep[:n] {
+		t.window.Observe(d)
 	}
 }
 
