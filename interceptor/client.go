@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -413,19 +414,28 @@ func (u *unaryCall) committed() bool {
 // they are released as if the attempt had been cancelled and the panic goes
 // on up. A panic during the admission (the breaker's state-change hook)
 // leaves the attempt unsent: the slot of the pace and the budget token it
-// held go back, as for a refusal.
+// held go back, as for a refusal. A panic after the attempt's release (the
+// breaker's state-change hook on its verdict, the meter provider) ends a
+// call whose attempt succeeded settled as a success: its budget token goes
+// back and A6 throttling counts it, as run would have done; a failure is
+// settled as run settles it before deciding (failedAborted).
 func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rejected bool, err error) {
 	r, mp := &u.r, u.r.mp
 	r.begin(now)
 	var adm admission
-	admitted, released := false, false
+	admitted, released, returned := false, false, false
 	defer func() {
 		switch {
+		case returned:
 		case !admitted:
 			r.dropSlot()
 			r.settle(false)
 		case !released:
 			mp.g.abandon(adm)
+		case err == nil:
+			r.succeeded()
+		default:
+			u.failedAborted(err, timedOut)
 		}
 	}()
 	adm, err = mp.g.admit(u.ctx, now, r.paceSlot)
@@ -470,7 +480,32 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 			mp.latency.Observe(end.Sub(now))
 		}
 	}
+	returned = true
 	return timedOut, false, err
+}
+
+// failedAborted does the accounting of an attempt that failed with err
+// and was released, when the user's code that runs after its release
+// aborts the call: what run and decide do of a failure before deciding
+// whether to retry. A committed attempt's retry token goes back; else gRFC
+// A6 throttling counts the failure, and the retry's budget token stays
+// spent for a code the policy retries and goes back for any other.
+func (u *unaryCall) failedAborted(err error, timedOut bool) {
+	r := &u.r
+	switch {
+	case u.committed():
+		r.settle(false)
+	case r.rp.maxAttempts <= 1:
+		if r.st.storm.throttle != nil {
+			r.noRetryFailed(u.ctx, err, u.s.trailer, timedOut)
+		}
+	default:
+		cerr := callerErr(u.ctx)
+		_, _, refuse := pushback.Hint(err, u.s.trailer)
+		retryable := r.retryableFailure(err, timedOut, cerr != nil)
+		r.failedForThrottle(refuse, retryable)
+		r.settle(retryable && cerr == nil)
+	}
 }
 
 // rejected ends a call whose attempt the guards refused with rerr, after

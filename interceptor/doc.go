@@ -523,7 +523,12 @@
 // on the call's goroutine (OnRetry before a retry, OnStateChange as an
 // attempt's admission turns a breaker half-open) ends the call with that
 // attempt unsent: its breaker probe, its slot of the method's pace and its
-// retry budget token go back, and the panic goes on up. A hook's panic on
+// retry budget token go back, and the panic goes on up. One that aborts
+// after an attempt that succeeded (OnStateChange as its success closes a
+// half-open breaker, the meter provider as the attempt is counted) ends a
+// call settled as a success: its retry's budget token goes back and A6
+// throttling counts the success (a unary call's failure is settled as its
+// retry loop settles a failure before deciding). A hook's panic on
 // a goroutine of the client's own (OnStateChange on the verdict of a
 // stream attempt that the watch on its context released, with no call of
 // the caller's at work on it) goes to the caller's next call on the

@@ -194,10 +194,15 @@ func (g *guards) admitNow1(now time.Time) (a admission, queue bool, err error) {
 }
 
 // queue waits in the bulkhead's queue for a slot for a, an admission
-// admitNow left to queue; on a refusal it gives a's breaker token back.
+// admitNow left to queue; on a refusal it gives a's breaker token back,
+// clearing it in a first: the record runs the user's code (the breaker's
+// state-change hook reporting a change left unreported), and a caller that
+// releases a after a panic there must find no token to record again.
 func (g *guards) queue(ctx context.Context, a *admission, now time.Time) error {
 	if err := g.bulkhead.Acquire(ctx); err != nil {
-		g.ignore(*a)
+		tok := a.tok
+		a.tok = breaker.Token{}
+		g.ignore(admission{tok: tok, start: a.start})
 		if errors.Is(err, bulkhead.ErrContextDone) {
 			return status.FromContextError(ctx.Err()).Err()
 		}

@@ -361,6 +361,12 @@ func (h *hedgeCall) onResult(res hedgeResult, out proto.Message) (done bool, err
 	h.running--
 	switch {
 	case res.panicked != nil:
+		if res.err == nil {
+			// The copy succeeded and its release panicked (the breaker's
+			// state-change hook on its verdict, the meter provider): the
+			// call is settled as a success, and the panic goes on.
+			h.r.succeeded()
+		}
 		panic(res.panicked)
 	case res.goexit:
 		runtime.Goexit()
@@ -707,15 +713,21 @@ func (cp *hedgeCopy) run(ctx context.Context) {
 	defer cp.finish(ctx, &res, &returned)
 	j := cp.job
 	if cp.queued {
+		// Until it has its slot the copy is unsent: should the user's code
+		// panic as its guards are given back (the breaker's state-change
+		// hook, in the record of its token), it is settled as refused,
+		// with nothing recorded or released twice.
+		res.refused = true
 		if err := j.mp.g.queue(ctx, &cp.adm, cp.start); err != nil {
-			res.err, res.refused, returned = err, true, true
+			res.err, returned = err, true
 			return
 		}
 		if j.halt.Load() { // a sibling's outcome ended the copies while this one queued
 			j.mp.g.unused(cp.adm)
-			res.err, res.refused, res.halted, returned = errCopyHalted, true, true, true
+			res.err, res.halted, returned = errCopyHalted, true, true
 			return
 		}
+		res.refused = false
 		cp.start = time.Now()
 	}
 	res.reply = j.replyType.New().Interface()

@@ -3,7 +3,9 @@ package interceptor
 import (
 	"context"
 	"io"
+	"math"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/grpc-resilience/resilience/interceptor/internal/testserver"
+	"github.com/grpc-resilience/resilience/internal/breaker"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -371,7 +374,7 @@ func TestRateLimitStreamRetryWhoseOnRetryHookPanicsGivesItsSlotBack(t *testing.T
 
 // retriesPanicMeterProvider is a meter provider whose retries counter
 // (metricRetries) aborts as how says: the user's meter implementation is
-// user code, and runs on the call's goroutine before the OnRetry hook.
+// user code, and runs on the call's goroutine after the OnRetry hook.
 type retriesPanicMeterProvider struct {
 	noop.MeterProvider
 	how hookAbort
@@ -402,8 +405,8 @@ func (c retriesPanicCounter) Add(context.Context, int64, ...metric.AddOption) { 
 
 // TestAnUnsentRetryWhoseMeterPanicsGivesItsSlotAndBudgetTokenBack pins
 // that a retry whose metrics abort (the user's meter provider panics, or
-// calls runtime.Goexit, as the retry is counted, just before the OnRetry
-// hook would run) gives back its slot of the pace and its retry budget
+// calls runtime.Goexit, as the retry is counted, just after the OnRetry
+// hook ran) gives back its slot of the pace and its retry budget
 // token, as it does when the OnRetry hook aborts: the retry is never sent.
 // Both stayed taken: the method's next attempt waited a whole pushback
 // period more, and the budget was charged a retry.
@@ -435,5 +438,343 @@ func TestAnUnsentRetryWhoseMeterPanicsGivesItsSlotAndBudgetTokenBack(t *testing.
 				}
 			})
 		})
+	}
+}
+
+// TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess pins
+// that a retry that was sent and succeeded, and whose success closes the
+// half-open breaker it probed, is settled as a success when the
+// WithOnStateChange hook panics (or calls runtime.Goexit) on that
+// HalfOpen -> Closed report: its retry budget token goes back and gRFC A6
+// throttling counts the success, and the panic goes on to the caller. The
+// breaker frees its probe and the bulkhead its slot before the report; the
+// call's accounts were settled after it, so the panic skipped them: the
+// token stayed spent (the budget charged a retry the server answered) and
+// the throttle missed the success. Unary calls and streams alike.
+func TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess(t *testing.T) {
+	const ratio = 0.5
+	for _, how := range hookAborts {
+		for _, kind := range []string{"unary", "stream"} {
+			t.Run(string(how)+"/"+kind, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &testserver.Server{}
+					srv.SetScript(failFirst(1, codes.Unavailable))
+					// The first attempt opens the breaker for 50ms; the
+					// retry, 100ms later, is its half-open probe, and its
+					// success closes it.
+					stub, c := newEcho(t, srv,
+						WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+						WithOnStateChange(func(_ string, _, to BreakerState) {
+							if to == BreakerClosed {
+								how.do()
+							}
+						}),
+						WithServiceConfig(&serviceconfig.Config{
+							MethodConfig: []serviceconfig.MethodConfig{{
+								Name: []serviceconfig.Name{{Service: echoService}},
+								RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: 100 * time.Millisecond,
+									MaxBackoff: 100 * time.Millisecond, BackoffMultiplier: 1},
+								CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+								Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
+							}},
+							RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+						}))
+					before := c.RetryStatus().Budget.Available
+					if got := endedBy(func() { _ = callOf(t, stub, kind == "stream")() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					if n := srv.Count(""); n != 2 {
+						t.Fatalf("the server saw %d attempts, want 2: the retry was sent", n)
+					}
+					synctest.Wait()
+					if held := heldGuards(c); held != "" {
+						t.Errorf("after the hook's %s: %s", how, held)
+					}
+					// The call deposited its ratio; the retry, answered,
+					// cost nothing.
+					rs := c.RetryStatus()
+					if after := rs.Budget.Available; after != before+ratio {
+						t.Errorf("retry budget: %v retries before, %v after, want %v: the deposit, and the answered retry's token back", before, after, before+ratio)
+					}
+					// A6: 10, the failure -1, the success +0.1.
+					if got := rs.Throttling.Tokens; math.Abs(got-9.1) > 1e-9 {
+						t.Errorf("A6 throttling: %v tokens, want 9.1: the failure and the success counted", got)
+					}
+					method := echoMethod
+					if kind == "stream" {
+						method = "/" + echoService + "/ServerStream"
+					}
+					if s := policyOf(c, method).g.breaker.Snapshot(time.Now()); s.State != breaker.StateClosed {
+						t.Errorf("breaker %v, want closed by the retry's success", s.State)
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestAHedgedCopyWhoseBreakerHookPanicsAsItClosesCountsItsSuccess is
+// TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess for a
+// hedged call: its copy's success closes the half-open breaker it probed,
+// and the WithOnStateChange hook panics on that report, on the copy's
+// goroutine; the panic goes on to the caller, and gRFC A6 throttling
+// counts the call's success, which the panic skipped (9 tokens for 9.1).
+// (A hedged copy that was sent keeps its budget token, won or lost: see
+// hedgeCopy.settle.) A hook that calls runtime.Goexit there ends the
+// copy's goroutine only: the call returns the copy's answer.
+func TestAHedgedCopyWhoseBreakerHookPanicsAsItClosesCountsItsSuccess(t *testing.T) {
+	for _, how := range hookAborts {
+		t.Run(string(how), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &testserver.Server{}
+				srv.SetScript(failFirst(1, codes.Unavailable))
+				stub, c := newEcho(t, srv, WithRetryBudget(nil),
+					WithOnStateChange(func(_ string, _, to BreakerState) {
+						if to == BreakerClosed {
+							how.do()
+						}
+					}),
+					WithServiceConfig(&serviceconfig.Config{
+						MethodConfig: []serviceconfig.MethodConfig{{
+							Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+							HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: time.Hour,
+								NonFatalStatusCodes: []codes.Code{codes.Unavailable}},
+							CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+							Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
+						}},
+						RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+					}))
+				// The first call's copy fails (A6: 10 -> 9) and opens the
+				// breaker; its second copy is refused.
+				if _, err := stub.Echo(t.Context(), &echov1.EchoRequest{}); status.Code(err) != codes.Unavailable {
+					t.Fatalf("the call that opens the breaker: %v, want UNAVAILABLE", err)
+				}
+				time.Sleep(100 * time.Millisecond) // past the open time
+				want := "returned"
+				if how == hookPanics {
+					want = string(hookPanics)
+				}
+				if got := endedBy(func() { _ = callOf(t, stub, false)() }); got != want {
+					t.Fatalf("the call whose hook aborts on its copy's goroutine ended by %s, want %s", got, want)
+				}
+				synctest.Wait()
+				if held := heldGuards(c); held != "" {
+					t.Errorf("after the hook's %s: %s", how, held)
+				}
+				if got := c.RetryStatus().Throttling.Tokens; math.Abs(got-9.1) > 1e-9 {
+					t.Errorf("A6 throttling: %v tokens, want 9.1: the failure and the success counted", got)
+				}
+				if s := policyOf(c, echoMethod).g.breaker.Snapshot(time.Now()); s.State != breaker.StateClosed {
+					t.Errorf("breaker %v, want closed by the copy's success", s.State)
+				}
+			})
+		})
+	}
+}
+
+// TestAnUnsentRetryWhoseOnRetryHookPanicsIsNotCounted pins that
+// resilience.client.retries, which counts retries sent, does not count a
+// retry whose OnRetry hook panics (or calls runtime.Goexit): the call ends
+// there and the retry is never sent. The retry was counted before the hook
+// ran (1 for 0). The next call's retry, whose hook returns, is sent and
+// counted. Unary calls and streams alike.
+func TestAnUnsentRetryWhoseOnRetryHookPanicsIsNotCounted(t *testing.T) {
+	for _, how := range hookAborts {
+		for _, kind := range []string{"unary", "stream"} {
+			t.Run(string(how)+"/"+kind, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					reader, mp := newMeterReader()
+					srv := &testserver.Server{}
+					srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+						if a.N <= 2 { // each call's first attempt: the first call sends no other
+							return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+						}
+						return testserver.Outcome{}
+					})
+					var abort atomic.Bool
+					abort.Store(true)
+					stub, _ := newEcho(t, srv, WithMeterProvider(mp), WithRetryBudget(nil), WithRetryPolicy(fastPolicy(3)),
+						WithOnRetry(func(context.Context, RetryEvent) {
+							if abort.Load() {
+								how.do()
+							}
+						}))
+					call := callOf(t, stub, kind == "stream")
+					retries := func() (n float64) {
+						got := collect(t, reader)
+						if _, ok := got[metricRetries]; !ok {
+							return 0
+						}
+						_, pts := got.Points(t, metricRetries)
+						for _, v := range pts {
+							n += v
+						}
+						return n
+					}
+					if got := endedBy(func() { _ = call() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					if n := srv.Count(""); n != 1 {
+						t.Fatalf("the server saw %d attempts, want 1: the retry is never sent", n)
+					}
+					if n := retries(); n != 0 {
+						t.Errorf("%s = %v after the aborted call, want 0: its retry was never sent", metricRetries, n)
+					}
+					abort.Store(false)
+					if err := call(); err != nil {
+						t.Fatalf("the next call: %v, want its retry's answer", err)
+					}
+					if n := retries(); n != 1 {
+						t.Errorf("%s = %v after the next call, want 1: its retry, sent", metricRetries, n)
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestAQueuedHedgedCopyRefusedAsAHookPanicsRecordsItsProbeOnce pins that
+// a hedged copy that waited in the bulkhead's queue holding a half-open
+// probe, and whose refusal there runs a panicking WithOnStateChange hook,
+// gives its probe back exactly once. The hook runs there because a change
+// of state was left unreported: the hook of the call that tripped the
+// breaker blocked (as one that calls out, to the client or elsewhere,
+// would) while the breaker turned half-open, then panicked, and the
+// Open -> HalfOpen report waited for the next record, the queued copy's.
+// The copy's token was recorded by the queue and again as the copy's
+// panic was settled, which freed a second probe for the one still out: 2
+// probes taken, 3 given back, the breaker left with -1 probes out and one
+// more probe than HalfOpenProbes admitted for the rest of the half-open
+// period. The copy was never sent, so its retry budget token goes back too.
+func TestAQueuedHedgedCopyRefusedAsAHookPanicsRecordsItsProbeOnce(t *testing.T) {
+	const ratio = 0.5
+	synctest.Test(t, func(t *testing.T) {
+		srv := &testserver.Server{}
+		srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+			if a.N == 1 {
+				return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+			}
+			return testserver.Outcome{Delay: time.Hour} // the hedged call's first copy, a probe
+		})
+		stub, c := newEcho(t, srv,
+			WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+			WithOnStateChange(func(_ string, _, to BreakerState) {
+				switch to {
+				case BreakerOpen:
+					time.Sleep(100 * time.Millisecond)
+					panic("a hook's bug")
+				case BreakerHalfOpen:
+					panic("a hook's bug")
+				}
+			}),
+			WithMethodConfig(serviceconfig.MethodConfig{
+				Name:           []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 2},
+				Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1, MaxQueue: 1, MaxQueueWait: 100 * time.Millisecond},
+				HedgingPolicy:  &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 10 * time.Millisecond},
+			}))
+		call := callOf(t, stub, false)
+		// t=0: the first call fails and trips the breaker; its hook blocks
+		// until t=100ms, then panics.
+		tripped := make(chan string, 1)
+		go func() { tripped <- endedBy(func() { _ = call() }) }()
+		time.Sleep(60 * time.Millisecond) // past the open time
+		before := c.RetryStatus().Budget.Available
+		// t=60ms: the hedged call's first copy turns the breaker half-open
+		// (its report waits for the blocked hook) and is sent; its second
+		// copy, at 70ms, takes the second probe and queues for the
+		// bulkhead's one slot until 170ms, when the queue refuses it.
+		if got := endedBy(func() { _ = call() }); got != string(hookPanics) {
+			t.Fatalf("the hedged call ended by %s, want the panic of the hook its queued copy ran", got)
+		}
+		if got := <-tripped; got != string(hookPanics) {
+			t.Fatalf("the call that tripped the breaker ended by %s, want its hook's panic", got)
+		}
+		synctest.Wait()
+		if held := heldGuards(c); held != "" {
+			t.Errorf("after the hooks' panics: %s", held)
+		}
+		if s := policyOf(c, echoMethod).g.breaker.Snapshot(time.Now()); s.State != breaker.StateHalfOpen || s.Probes != 0 {
+			t.Errorf("breaker %v with %d probes out, want half-open with none: each probe given back once", s.State, s.Probes)
+		}
+		// The hedged call deposited its ratio; its second copy, never
+		// sent, cost nothing (its first copy, sent, keeps its token: it
+		// took none).
+		if after := c.RetryStatus().Budget.Available; after != before+ratio {
+			t.Errorf("retry budget: %v retries before, %v after, want %v: the unsent copy's token back", before, after, before+ratio)
+		}
+	})
+}
+
+// TestASentRetryWhoseBreakerHookPanicsAsItReopensSettlesAsAFailure is
+// TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess for a
+// retry that failed: its failure opens the half-open breaker again, and
+// the WithOnStateChange hook panics on that HalfOpen -> Open report. The
+// call is settled as the retry loop would have settled that failure before
+// deciding: a code the policy does not retry (INTERNAL) gives the retry's
+// budget token back (it stayed spent: budget 9.5 for 10.5); a code it
+// retries (UNAVAILABLE) keeps it, and gRFC A6 throttling counts the failure
+// (it missed it: 9 tokens for 8).
+func TestASentRetryWhoseBreakerHookPanicsAsItReopensSettlesAsAFailure(t *testing.T) {
+	const ratio = 0.5
+	for _, how := range hookAborts {
+		for _, tc := range []struct {
+			code   codes.Code
+			budget float64 // after the call, less before
+			tokens float64 // A6
+		}{
+			{code: codes.Internal, budget: ratio, tokens: 9},        // UNAVAILABLE -1; INTERNAL is no retryable failure
+			{code: codes.Unavailable, budget: ratio - 1, tokens: 8}, // -1 each
+		} {
+			t.Run(string(how)+"/"+tc.code.String(), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &testserver.Server{}
+					srv.SetScript(func(a testserver.Attempt) testserver.Outcome {
+						if a.N == 1 {
+							return testserver.Outcome{Err: status.Error(codes.Unavailable, "down")}
+						}
+						return testserver.Outcome{Err: status.Error(tc.code, "the retry fails")}
+					})
+					// The first attempt opens the breaker for 50ms; the
+					// retry, 100ms later, is its half-open probe, and its
+					// failure opens it again.
+					stub, c := newEcho(t, srv,
+						WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+						WithOnStateChange(func(_ string, from, to BreakerState) {
+							if from == BreakerHalfOpen && to == BreakerOpen {
+								how.do()
+							}
+						}),
+						WithServiceConfig(&serviceconfig.Config{
+							MethodConfig: []serviceconfig.MethodConfig{{
+								Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
+								RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: 100 * time.Millisecond,
+									MaxBackoff: 100 * time.Millisecond, BackoffMultiplier: 1},
+								CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+								Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
+							}},
+							RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+						}))
+					before := c.RetryStatus().Budget.Available
+					if got := endedBy(func() { _ = callOf(t, stub, false)() }); got != string(how) {
+						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+					}
+					if n := srv.Count(""); n != 2 {
+						t.Fatalf("the server saw %d attempts, want 2: the retry was sent", n)
+					}
+					synctest.Wait()
+					if held := heldGuards(c); held != "" {
+						t.Errorf("after the hook's %s: %s", how, held)
+					}
+					rs := c.RetryStatus()
+					if after := rs.Budget.Available; after != before+tc.budget {
+						t.Errorf("retry budget: %v retries before, %v after, want %v", before, after, before+tc.budget)
+					}
+					if got := rs.Throttling.Tokens; math.Abs(got-tc.tokens) > 1e-9 {
+						t.Errorf("A6 throttling: %v tokens, want %v", got, tc.tokens)
+					}
+				})
+			})
+		}
 	}
 }

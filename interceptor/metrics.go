@@ -40,7 +40,9 @@ const (
 
 	// metricAttempts counts attempts by grpc.status.
 	metricAttempts = "resilience.client.attempts"
-	// metricRetries counts retries and hedged copies sent.
+	// metricRetries counts retries and hedged copies sent: a retry once
+	// its OnRetry hook and span event have returned (one that aborts ends
+	// the call with the retry unsent), a hedged copy once it is launched.
 	metricRetries = "resilience.client.retries"
 	// metricStops counts calls that ended without success under a retry
 	// policy, by resilience.stop_reason: why retrying stopped (exhausted,

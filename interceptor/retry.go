@@ -327,12 +327,13 @@ func (r *retrier) cancelled(cerr, lastErr error) error {
 	return r.stopped(status.FromContextError(cerr).Err(), lastErr, stopOfContext(cerr))
 }
 
-// onRetry records the retry in the metrics and on the caller's span, and
-// calls the user's hook, if any. All three are the user's code (the meter
-// provider, the tracer, the hook): one that panics (or calls
-// runtime.Goexit) ends the call with the retry unsent, so the slot of the
-// pace and the budget token decide took for it go back, and the panic goes
-// on.
+// onRetry calls the user's hook, if any, and records the retry on the
+// caller's span and in the metrics, in that order. All three are the
+// user's code (the hook, the tracer, the meter provider): one that panics
+// (or calls runtime.Goexit) ends the call with the retry unsent, so the
+// slot of the pace and the budget token decide took for it go back, and
+// the panic goes on. The retries metric counts retries sent, so it comes
+// last: a retry whose hook or span event aborted is not counted.
 func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 	returned := false
 	defer func() {
@@ -341,10 +342,10 @@ func (r *retrier) onRetry(ctx context.Context, err error, d decision) {
 			r.settle(false)
 		}
 	}()
-	r.onRetried(ctx, err, d)
 	if f := r.c.opts.onRetry; f != nil {
 		f(ctx, RetryEvent{FullMethod: r.mp.fullMethod, Attempt: r.attempts, Err: err, Delay: d.delay, Pushback: d.pushback})
 	}
+	r.onRetried(ctx, err, d)
 	returned = true
 }
 

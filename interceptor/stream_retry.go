@@ -394,8 +394,23 @@ func (s *retryStream) finish(err, outcome error) error {
 	a, driving, final := s.last, s.driving, s.final
 	s.ready.Broadcast()
 	s.mu.Unlock()
+	// Deferred: the release runs the user's code (the breaker's
+	// state-change hook on its verdict, the meter provider), and a stream
+	// whose release aborts is settled all the same, a success as a
+	// success; the panic goes on.
+	defer s.settleEnd(a, driving, err)
 	if a != nil {
 		s.releaseAttempt(a, outcome)
+	}
+	return final
+}
+
+// settleEnd is the rest of finish once the latest attempt a (nil: none)
+// is released: it stops a, settles the retrier's accounts of a stream
+// that ended with err unless a driver at work will (driving), and cancels
+// the call's context.
+func (s *retryStream) settleEnd(a *streamAttempt, driving bool, err error) {
+	if a != nil {
 		a.stop()
 	}
 	if !driving {
@@ -408,5 +423,4 @@ func (s *retryStream) finish(err, outcome error) error {
 		s.r.callEnded(s.cc)
 	}
 	s.cancelCall()
-	return final
 }

@@ -56,11 +56,11 @@ func recordingSpan(ctx context.Context) trace.Span {
 // onRetried records a retry after the attempt that failed with err, in
 // metrics and on the caller's span.
 func (r *retrier) onRetried(ctx context.Context, err error, d decision) {
-	r.c.metrics.retry(ctx, r.mm)
 	if span := recordingSpan(ctx); span != nil {
 		span.AddEvent(eventRetry, trace.WithAttributes(attrAttempt.Int(r.attempts),
 			attrCode.Int(int(rescodes.Classify(err))), attrDelay.Float64(d.delay.Seconds()), attrPushback.Bool(d.pushback)))
 	}
+	r.c.metrics.retry(ctx, r.mm) // last: a span event that aborts leaves it uncounted (see onRetry)
 }
 
 // onHedged records a hedged copy sent delay after the one before, in
