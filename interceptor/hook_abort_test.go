@@ -452,7 +452,7 @@ func TestAnUnsentRetryWhoseMeterPanicsGivesItsSlotAndBudgetTokenBack(t *testing.
 // token stayed spent (the budget charged a retry the server answered) and
 // the throttle missed the success. Unary calls and streams alike.
 func TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess(t *testing.T) {
-	const ratio = 0.5
+	const ratio = probeRatio
 	for _, how := range hookAborts {
 		for _, kind := range []string{"unary", "stream"} {
 			t.Run(string(how)+"/"+kind, func(t *testing.T) {
@@ -462,34 +462,7 @@ func TestASentRetryWhoseBreakerHookPanicsAsItClosesSettlesAsASuccess(t *testing.
 					// The first attempt opens the breaker for 50ms; the
 					// retry, 100ms later, is its half-open probe, and its
 					// success closes it.
-					stub, c := newEcho(t, srv,
-						WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
-						WithOnStateChange(func(_ string, _, to BreakerState) {
-							if to == BreakerClosed {
-								how.do()
-							}
-						}),
-						WithServiceConfig(&serviceconfig.Config{
-							MethodConfig: []serviceconfig.MethodConfig{{
-								Name: []serviceconfig.Name{{Service: echoService}},
-								RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 2, InitialBackoff: 100 * time.Millisecond,
-									MaxBackoff: 100 * time.Millisecond, BackoffMultiplier: 1},
-								CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
-								Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
-							}},
-							RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
-						}))
-					before := c.RetryStatus().Budget.Available
-					if got := endedBy(func() { _ = callOf(t, stub, kind == "stream")() }); got != string(how) {
-						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
-					}
-					if n := srv.Count(""); n != 2 {
-						t.Fatalf("the server saw %d attempts, want 2: the retry was sent", n)
-					}
-					synctest.Wait()
-					if held := heldGuards(c); held != "" {
-						t.Errorf("after the hook's %s: %s", how, held)
-					}
+					c, before := probeAbortedByHook(t, srv, how, 2, kind == "stream", func(_, to BreakerState) bool { return to == BreakerClosed })
 					// The call deposited its ratio; the retry, answered,
 					// cost nothing.
 					rs := c.RetryStatus()
@@ -716,7 +689,7 @@ func TestAQueuedHedgedCopyRefusedAsAHookPanicsRecordsItsProbeOnce(t *testing.T) 
 // retries (UNAVAILABLE) keeps it, and gRFC A6 throttling counts the failure
 // (it missed it: 9 tokens for 8).
 func TestASentRetryWhoseBreakerHookPanicsAsItReopensSettlesAsAFailure(t *testing.T) {
-	const ratio = 0.5
+	const ratio = probeRatio
 	for _, how := range hookAborts {
 		for _, tc := range []struct {
 			code   codes.Code
@@ -738,34 +711,9 @@ func TestASentRetryWhoseBreakerHookPanicsAsItReopensSettlesAsAFailure(t *testing
 					// The first attempt opens the breaker for 50ms; the
 					// retry, 100ms later, is its half-open probe, and its
 					// failure opens it again.
-					stub, c := newEcho(t, srv,
-						WithRetryBudget(&serviceconfig.RetryBudget{Ratio: ratio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
-						WithOnStateChange(func(_ string, from, to BreakerState) {
-							if from == BreakerHalfOpen && to == BreakerOpen {
-								how.do()
-							}
-						}),
-						WithServiceConfig(&serviceconfig.Config{
-							MethodConfig: []serviceconfig.MethodConfig{{
-								Name: []serviceconfig.Name{{Service: echoService, Method: "Echo"}},
-								RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: 3, InitialBackoff: 100 * time.Millisecond,
-									MaxBackoff: 100 * time.Millisecond, BackoffMultiplier: 1},
-								CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
-								Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
-							}},
-							RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
-						}))
-					before := c.RetryStatus().Budget.Available
-					if got := endedBy(func() { _ = callOf(t, stub, false)() }); got != string(how) {
-						t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
-					}
-					if n := srv.Count(""); n != 2 {
-						t.Fatalf("the server saw %d attempts, want 2: the retry was sent", n)
-					}
-					synctest.Wait()
-					if held := heldGuards(c); held != "" {
-						t.Errorf("after the hook's %s: %s", how, held)
-					}
+					c, before := probeAbortedByHook(t, srv, how, 3, false, func(from, to BreakerState) bool {
+						return from == BreakerHalfOpen && to == BreakerOpen
+					})
 					rs := c.RetryStatus()
 					if after := rs.Budget.Available; after != before+tc.budget {
 						t.Errorf("retry budget: %v retries before, %v after, want %v", before, after, before+tc.budget)
@@ -777,4 +725,48 @@ func TestASentRetryWhoseBreakerHookPanicsAsItReopensSettlesAsAFailure(t *testing
 			})
 		}
 	}
+}
+
+// probeRatio is the retry budget's ratio in probeAbortedByHook's client.
+const probeRatio = 0.5
+
+// probeAbortedByHook makes one call (a stream's when stream) to srv through
+// a client whose Echo service retries up to maxAttempts after 100ms, behind
+// a breaker that one failure opens for 50ms (one half-open probe), whose
+// WithOnStateChange hook aborts (how) on the reports abortOn picks. It
+// checks that the call ended by the hook's abort after the server saw two
+// attempts (the retry was sent, as the breaker's probe) and that nothing is
+// held, and returns the client with its retry budget before the call.
+func probeAbortedByHook(t *testing.T, srv *testserver.Server, how hookAbort, maxAttempts int, stream bool,
+	abortOn func(from, to BreakerState) bool) (c *Client, before float64) {
+	t.Helper()
+	stub, c := newEcho(t, srv,
+		WithRetryBudget(&serviceconfig.RetryBudget{Ratio: probeRatio, MinRetriesPerSecond: 1, TTL: 10 * time.Second}),
+		WithOnStateChange(func(_ string, from, to BreakerState) {
+			if abortOn(from, to) {
+				how.do()
+			}
+		}),
+		WithServiceConfig(&serviceconfig.Config{
+			MethodConfig: []serviceconfig.MethodConfig{{
+				Name: []serviceconfig.Name{{Service: echoService}},
+				RetryPolicy: &serviceconfig.RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: 100 * time.Millisecond,
+					MaxBackoff: 100 * time.Millisecond, BackoffMultiplier: 1},
+				CircuitBreaker: &serviceconfig.CircuitBreaker{ConsecutiveFailures: 1, OpenDuration: 50 * time.Millisecond, HalfOpenProbes: 1},
+				Bulkhead:       &serviceconfig.Bulkhead{MaxConcurrent: 1},
+			}},
+			RetryThrottling: &serviceconfig.RetryThrottling{MaxTokens: 10, TokenRatio: 0.1},
+		}))
+	before = c.RetryStatus().Budget.Available
+	if got := endedBy(func() { _ = callOf(t, stub, stream)() }); got != string(how) {
+		t.Fatalf("the call whose hook aborts ended by %s, want %s", got, how)
+	}
+	if n := srv.Count(""); n != 2 {
+		t.Fatalf("the server saw %d attempts, want 2: the retry was sent", n)
+	}
+	synctest.Wait()
+	if held := heldGuards(c); held != "" {
+		t.Errorf("after the hook's %s: %s", how, held)
+	}
+	return c, before
 }
