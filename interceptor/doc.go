@@ -628,7 +628,7 @@
 //	grpc.client.call.hedges                       histogram       {hedge}       grpc.method, grpc.target; 0 not recorded
 //	grpc.client.call.retry_delay                  histogram       s             grpc.method, grpc.target: time with no attempt running
 //	resilience.client.attempts                    counter         {attempt}     grpc.method, grpc.status
-//	resilience.client.retries                     counter         {retry}       grpc.method: retries and hedged copies sent
+//	resilience.client.retries                     counter         {retry}       grpc.method: retries decided (before the backoff) and hedged copies launched
 //	resilience.client.stops                       counter         {call}        grpc.method, resilience.stop_reason
 //	resilience.client.rejections                  counter         {attempt}     grpc.method, resilience.reason (circuit_open, bulkhead_full, adaptive_throttle, rate_limited)
 //	resilience.client.retry.denials               counter         {retry}       grpc.method, resilience.reason (budget, throttled)

@@ -40,9 +40,12 @@ const (
 
 	// metricAttempts counts attempts by grpc.status.
 	metricAttempts = "resilience.client.attempts"
-	// metricRetries counts retries and hedged copies sent: a retry once
-	// its OnRetry hook and span event have returned (one that aborts ends
-	// the call with the retry unsent), a hedged copy once it is launched.
+	// metricRetries counts retries decided and hedged copies launched: a
+	// retry once its OnRetry hook and span event have returned (one that
+	// aborts ends the call with the retry unsent, uncounted), before its
+	// backoff, so a retry that the caller's end, its deadline or a guard
+	// then stops is counted unsent; resilience.client.attempts counts what
+	// was sent.
 	metricRetries = "resilience.client.retries"
 	// metricStops counts calls that ended without success under a retry
 	// policy, by resilience.stop_reason: why retrying stopped (exhausted,
@@ -161,7 +164,7 @@ func newInstruments(mp metric.MeterProvider, c *Client) (instruments, error) {
 			metric.WithExplicitBucketBoundaries(a66LatencyBounds...))
 	}
 	in.attempts = counter(metricAttempts, "{attempt}", "Attempts of client calls, by method and status.")
-	in.retries = counter(metricRetries, "{retry}", "Retries and hedged copies sent by the client.")
+	in.retries = counter(metricRetries, "{retry}", "Retries the client decided on (after OnRetry, before the backoff) and hedged copies it launched.")
 	in.stops = counter(metricStops, "{call}", "Calls that ended without success under a retry policy, by why retrying stopped.")
 	in.rejections = counter(metricRejections, "{attempt}", "Attempts refused locally by an open circuit breaker, a full bulkhead or a rate limit.")
 	in.denials = counter(metricDenials, "{retry}", "Retries and hedges the retry budget or A6 throttling denied.")
