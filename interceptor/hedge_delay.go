@@ -218,12 +218,8 @@ func (t *hedgeTail) restart(below time.Duration) {
 			keep[n], n = d, n+1
 		}
 	}
-	if n == 0 {
-		return
-	}
-	t.window.Reset()
-	for _, d := range keep[:n] {
-		t.window.Observe(d)
+	if n > 0 {
+		t.window.Restart(keep[:n]...)
 	}
 }
 

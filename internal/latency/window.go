@@ -128,7 +128,7 @@ type windowCounts struct {
 	// size is the number of observations per generation; set once.
 	size uint64
 	// rotating is held by the observation that clears a generation, and
-	// by Reset.
+	// by Restart.
 	rotating sync.Mutex
 }
 
@@ -252,13 +252,14 @@ func (w *Window) Samples() uint64 {
 	return w.h.n.Load()
 }
 
-// Reset drops every observation from the window (of w and of the windows
-// sharing its observations): quantiles read after it cover only the
-// observations made after it. w's own quantiles (Quantile, QuantileAt)
-// read 0 until they are next recomputed (within 16 observations), another
-// window's keep their last values until then. Samples keeps counting. Observations racing
-// with a Reset may be lost, as with a rotation.
-func (w *Window) Reset() {
+// Restart replaces every observation in the window (of w and of the
+// windows sharing its observations) with ds, durations observed already:
+// quantiles read after it cover ds and the observations made after it.
+// Samples does not count ds again, so a caller acting every k
+// observations keeps its pace. w's own quantiles are recomputed at once;
+// another window's keep their last values until they next are.
+// Observations racing with a Restart may be lost, as with a rotation.
+func (w *Window) Restart(ds ...time.Duration) {
 	h := w.h
 	h.rotating.Lock()
 	defer h.rotating.Unlock()
@@ -267,9 +268,11 @@ func (w *Window) Reset() {
 			h.counts[g][i].Store(0)
 		}
 	}
-	for i := range w.q {
-		w.q[i].Store(0)
+	cur := h.cur.Load()
+	for _, d := range ds {
+		h.counts[cur][bucketOf(d)].Add(1)
 	}
+	w.recompute()
 }
 
 // rotate clears the older generation and makes it the one written. An

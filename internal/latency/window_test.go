@@ -344,31 +344,33 @@ func TestObserveCountsEachObservationOnce(t *testing.T) {
 	}
 }
 
-// TestResetDropsEveryObservation: after Reset the window reads only the
-// observations made after it, in both generations, and keeps counting
-// samples; its own quantile reads 0 until the next recompute.
-func TestResetDropsEveryObservation(t *testing.T) {
+// TestRestartReplacesEveryObservation: after Restart the window reads only
+// the durations it was given and the observations made after it, in both
+// generations; its own quantile is recomputed at once, and Samples does
+// not count the given durations again.
+func TestRestartReplacesEveryObservation(t *testing.T) {
 	w := mustWindow(t, 0.9, 64)
 	for range 100 { // both generations hold 2ms
 		w.Observe(2 * time.Millisecond)
 	}
-	w.Reset()
-	if got := w.QuantileOf(0.5); got != 0 {
-		t.Errorf("QuantileOf(0.5) after Reset = %v, want 0 (empty)", got)
+	eight := upperEdge(bucketOf(8 * time.Millisecond))
+	w.Restart(8*time.Millisecond, 8*time.Millisecond)
+	if got := w.QuantileOf(0.1); got != eight {
+		t.Errorf("QuantileOf(0.1) after Restart(8ms, 8ms) = %v, want %v (no 2ms left)", got, eight)
 	}
-	if got := w.Quantile(); got != 0 {
-		t.Errorf("Quantile after Reset = %v, want 0 until the next recompute", got)
+	if got := w.Quantile(); got != eight {
+		t.Errorf("Quantile after Restart(8ms, 8ms) = %v, want %v at once", got, eight)
 	}
 	if got := w.Samples(); got != 100 {
-		t.Errorf("Samples after Reset = %d, want 100", got)
+		t.Errorf("Samples after Restart = %d, want 100: the given durations were observed already", got)
 	}
-	for range 16 {
-		w.Observe(8 * time.Millisecond)
+	for range 6 {
+		w.Observe(time.Millisecond)
 	}
-	if got, want := w.QuantileOf(0.1), upperEdge(bucketOf(8*time.Millisecond)); got != want {
-		t.Errorf("QuantileOf(0.1) after Reset and 16 observations of 8ms = %v, want %v (no 2ms left)", got, want)
+	if got, want := w.QuantileOf(0.5), upperEdge(bucketOf(time.Millisecond)); got != want {
+		t.Errorf("QuantileOf(0.5) of 2 × 8ms and 6 × 1ms = %v, want %v", got, want)
 	}
-	if got, want := w.Quantile(), upperEdge(bucketOf(8*time.Millisecond)); got != want {
-		t.Errorf("Quantile after Reset and 16 observations of 8ms = %v, want %v", got, want)
+	if got := w.Samples(); got != 106 {
+		t.Errorf("Samples = %d, want 106", got)
 	}
 }
