@@ -159,11 +159,14 @@ func (t *hedgeTail) delayOf(hp *hedgePolicy) time.Duration {
 // kept only when at or above the delay in force, where it is known to be
 // on the slow side.
 func (t *hedgeTail) observe(d time.Duration, atLeast bool) {
-	ready := t.ready.Load()
-	above := ready && d >= time.Duration(t.delay.Load())
-	if atLeast && ready && !above {
+	ready, delay := t.ready.Load(), time.Duration(t.delay.Load())
+	if atLeast && ready && d < delay {
 		return
 	}
+	// With no timed copies (delay < 0), or every copy at once (0), nothing
+	// is above the delay: no drift to follow, and no recompute forced every
+	// driftOver copies.
+	above := ready && delay > 0 && d >= delay
 	// The count this observation made, not Samples read after it: two
 	// copies observed at once would both read past a multiple of
 	// recomputeEvery, and neither would recompute.

@@ -5,6 +5,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/grpc-resilience/resilience/internal/budget"
+	"github.com/grpc-resilience/resilience/serviceconfig"
 )
 
 // TestHedgeTailRestartsUnderConcurrencyNeverLoseTheDelay drives the drift
@@ -97,5 +100,37 @@ func TestHedgeTailRestartKeepsTheWindowWhenNoCopyQualifies(t *testing.T) {
 	tail.maybeRecompute(tail.window.Samples(), true)
 	if d := tail.delayOf(hp); d < 40*time.Millisecond {
 		t.Errorf("delay after a restart with no copy below 10ms = %v, want the 40ms bucket's edge", d)
+	}
+}
+
+// TestHedgeTailCountsNothingAboveNoTimedCopies: with no timed copies (a
+// budget paying for nothing: the delay is noTimedCopies, below every
+// duration), no copy counts as above the delay, so the drift detector
+// forces no recompute every driftOver copies (before, every copy counted,
+// and every 12th took the tail's lock to recompute a delay that cannot
+// change).
+func TestHedgeTailCountsNothingAboveNoTimedCopies(t *testing.T) {
+	now := time.Now()
+	b, err := budget.New(budget.Config{Ratio: 0, MinRetriesPerSecond: 0, TTL: 10 * time.Second}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
+		b.OnRequest(now)
+	}
+	hp := newHedgePolicy(&serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 5 * time.Millisecond})
+	tail := newHedgeTail()
+	tail.configure(hp, b)
+	for i := range 64 {
+		tail.observe(time.Duration(2+i%3)*time.Millisecond, false)
+	}
+	if d := tail.delayOf(hp); d != noTimedCopies {
+		t.Fatalf("delay = %v, want noTimedCopies: the budget pays for nothing", d)
+	}
+	for range 40 {
+		tail.observe(40*time.Millisecond, false)
+	}
+	if n := tail.over.Load(); n != 0 {
+		t.Errorf("%d copies counted above a delay of noTimedCopies, want 0", n)
 	}
 }
