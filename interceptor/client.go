@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/grpc-resilience/resilience/interceptor/internal/pushback"
 	"github.com/grpc-resilience/resilience/interceptor/internal/trail"
 	"github.com/grpc-resilience/resilience/serviceconfig"
 )
@@ -487,7 +486,7 @@ func (u *unaryCall) attempt(now time.Time, timeout time.Duration) (timedOut, rej
 // failedAborted does the accounting of an attempt that failed with err
 // and was released, when the user's code that runs after its release
 // aborts the call: what run and decide do of a failure before deciding
-// whether to retry. A committed attempt's retry token goes back; else gRFC
+// whether to retry (retrier.failed). A committed attempt's retry token goes back; else gRFC
 // A6 throttling counts the failure, and the retry's budget token stays
 // spent for a code the policy retries and goes back for any other.
 func (u *unaryCall) failedAborted(err error, timedOut bool) {
@@ -500,11 +499,7 @@ func (u *unaryCall) failedAborted(err error, timedOut bool) {
 			r.noRetryFailed(u.ctx, err, u.s.trailer, timedOut)
 		}
 	default:
-		cerr := callerErr(u.ctx)
-		_, _, refuse := pushback.Hint(err, u.s.trailer)
-		retryable := r.retryableFailure(err, timedOut, cerr != nil)
-		r.failedForThrottle(refuse, retryable)
-		r.settle(retryable && cerr == nil)
+		r.failed(u.ctx, err, u.s.trailer, timedOut)
 	}
 }
 

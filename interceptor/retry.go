@@ -89,6 +89,30 @@ type decision struct {
 	pushback bool // delay is a server's hint
 }
 
+// failure is what failed found of an attempt's failure.
+type failure struct {
+	cerr           error         // the caller's end, or nil
+	hint           time.Duration // the server's pushback, when hinted
+	hinted, refuse bool          // pushback.Hint's
+	retryable      bool          // the failure is one the policy retries
+	throttled      bool          // A6 throttling refuses the next attempt
+}
+
+// failed does the accounting of an attempt that failed with err, before
+// anything is decided: gRFC A6 throttling counts it, and the retry's
+// budget token stays spent for a failure the policy retries while the
+// caller waits, and goes back otherwise. decide, and a unary call whose
+// user code aborted after the attempt's release (failedAborted), start
+// with it.
+func (r *retrier) failed(ctx context.Context, err error, trailer metadata.MD, attemptTimedOut bool) failure {
+	f := failure{cerr: callerErr(ctx)}
+	f.hint, f.hinted, f.refuse = pushback.Hint(err, trailer)
+	f.retryable = r.retryableFailure(err, attemptTimedOut, f.cerr != nil)
+	f.throttled = r.failedForThrottle(f.refuse, f.retryable)
+	r.settle(f.retryable && f.cerr == nil)
+	return f
+}
+
 // decide says whether and when to retry after an uncommitted attempt failed
 // with err. trailer is the attempt's trailer; attemptTimedOut reports that
 // the attempt's own timeout fired while the caller's context was still
@@ -101,26 +125,22 @@ type decision struct {
 // the deadline, and last the retry budget, so that a budget token is only
 // taken for a retry that will be sent.
 func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, attemptTimedOut bool) decision {
-	cerr := callerErr(ctx)
-	hint, hinted, refuse := pushback.Hint(err, trailer)
-	retryable := r.retryableFailure(err, attemptTimedOut, cerr != nil)
-	throttled := r.failedForThrottle(refuse, retryable)
-	r.settle(retryable && cerr == nil)
+	f := r.failed(ctx, err, trailer, attemptTimedOut)
 	switch {
-	case cerr != nil:
-		return decision{stop: stopOfContext(cerr)}
-	case !retryable:
+	case f.cerr != nil:
+		return decision{stop: stopOfContext(f.cerr)}
+	case !f.retryable:
 		return decision{stop: StopNonRetryable}
-	case refuse:
+	case f.refuse:
 		return decision{stop: StopPushback}
-	case throttled:
+	case f.throttled:
 		return r.skip(StopThrottled)
 	case r.attempts >= r.rp.maxAttempts:
 		return decision{stop: StopExhausted}
 	}
 	var d decision
-	if hinted {
-		d.delay, d.pushback = min(hint, r.c.opts.maxPushback), true
+	if f.hinted {
+		d.delay, d.pushback = min(f.hint, r.c.opts.maxPushback), true
 		r.sincePushback, r.prevDelay = 0, 0
 	} else {
 		d.delay = r.rp.backoff.Delay(r.sincePushback, r.prevDelay, r.c.opts.rand())
@@ -128,11 +148,11 @@ func (r *retrier) decide(ctx context.Context, err error, trailer metadata.MD, at
 		r.prevDelay = d.delay
 	}
 	now := time.Now()
-	if q := r.mp.g.rate; q != nil && hinted && q.pace.Active() {
+	if q := r.mp.g.rate; q != nil && f.hinted && q.pace.Active() {
 		// The method is paced by the server's wait: the retry takes its
 		// slot now, in line with the method's other attempts, and waits
 		// for it, which is the hint unless others took the slots before.
-		w, tk, ok := q.retrySlot(ctx, now, hint)
+		w, tk, ok := q.retrySlot(ctx, now, f.hint)
 		if !ok {
 			return r.skip(StopRateLimited)
 		}
