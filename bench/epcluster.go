@@ -344,24 +344,29 @@ var errSkipRace = fmt.Errorf("skipped under the race detector")
 
 // Load-balancing configs of the rows.
 const (
-	lbOursRR      = `{"resilience_endpoint":{"childPolicy":[{"round_robin":{}}]}}`
-	lbOursPF      = `{"resilience_endpoint":{"childPolicy":[{"pick_first":{}}]}}`
-	lbOursEWMA    = `{"resilience_endpoint":{"childPolicy":[{"peak_ewma":{}}]}}`
-	lbRR          = `{"round_robin":{}}`
-	lbPF          = `{"pick_first":{}}`
-	lbLeast       = `{"least_request_experimental":{"choiceCount":2}}`
-	lbWRR         = `{"weighted_round_robin":{}}`
-	lbOutlierBase = `{"outlier_detection_experimental":{"interval":"10s","baseEjectionTime":"30s","maxEjectionPercent":50,` +
+	lbOursRR   = `{"resilience_endpoint":{"childPolicy":[{"round_robin":{}}]}}`
+	lbOursPF   = `{"resilience_endpoint":{"childPolicy":[{"pick_first":{}}]}}`
+	lbOursEWMA = `{"resilience_endpoint":{"childPolicy":[{"peak_ewma":{}}]}}`
+	// lbOursEWMALinkerd prices an attempt in flight as Finagle and Linkerd
+	// do: a whole latency.
+	lbOursEWMALinkerd = `{"resilience_endpoint":{"childPolicy":[{"peak_ewma":{"endpointConcurrency":1}}]}}`
+	lbRR              = `{"round_robin":{}}`
+	lbPF              = `{"pick_first":{}}`
+	lbLeast           = `{"least_request_experimental":{"choiceCount":2}}`
+	lbWRR             = `{"weighted_round_robin":{}}`
+	lbOutlierBase     = `{"outlier_detection_experimental":{"interval":"10s","baseEjectionTime":"30s","maxEjectionPercent":50,` +
 		`"failurePercentageEjection":{"threshold":50,"minimumHosts":3,"requestVolume":20},"childPolicy":[{"round_robin":{}}]}}`
 )
 
 // Row names the targets read.
 const (
-	epOursRR     = "grpc-resilience, resilience_endpoint (round_robin)"
-	epOursPF     = "grpc-resilience, resilience_endpoint (pick_first)"
-	epOursEWMA   = "grpc-resilience, resilience_endpoint (peak_ewma)"
-	epOursHedged = "grpc-resilience hedged, resilience_endpoint (round_robin)"
-	epHostSuffix = ", host names"
+	epOursRR   = "grpc-resilience, resilience_endpoint (round_robin)"
+	epOursPF   = "grpc-resilience, resilience_endpoint (pick_first)"
+	epOursEWMA = "grpc-resilience, resilience_endpoint (peak_ewma)"
+	// epOursEWMALinkerd is peak_ewma with endpointConcurrency 1.
+	epOursEWMALinkerd = "grpc-resilience, resilience_endpoint (peak_ewma, endpointConcurrency 1)"
+	epOursHedged      = "grpc-resilience hedged, resilience_endpoint (round_robin)"
+	epHostSuffix      = ", host names"
 )
 
 // epRetryPeers are the rows of the scenarios with retries: ours under each

@@ -149,10 +149,27 @@ func (c *epCluster) badShare(bad int, from, to time.Duration) (share string, bel
 
 // shares returns each backend's share of first attempts in [from, to).
 func (c *epCluster) shares(from, to time.Duration) []string {
+	counts, all := c.firstAttempts(from, to)
+	out := make([]string, len(counts))
+	for i, n := range counts {
+		out[i] = percent(n, all)
+	}
+	return out
+}
+
+// largestShare returns the largest of the backends' shares of the first
+// attempts in [from, to): a third each with three backends evenly loaded.
+func (c *epCluster) largestShare(from, to time.Duration) string {
+	counts, all := c.firstAttempts(from, to)
+	return percent(slices.Max(counts), all)
+}
+
+// firstAttempts counts each backend's first attempts in [from, to), and
+// all of them.
+func (c *epCluster) firstAttempts(from, to time.Duration) (counts []int, all int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	counts := make([]int, len(c.seen))
-	all := 0
+	counts = make([]int, len(c.seen))
 	for b, arrs := range c.seen {
 		for _, a := range arrs {
 			if a.first && a.at >= from && a.at < to {
@@ -161,11 +178,7 @@ func (c *epCluster) shares(from, to time.Duration) []string {
 			}
 		}
 	}
-	out := make([]string, len(counts))
-	for i, n := range counts {
-		out[i] = percent(n, all)
-	}
-	return out
+	return counts, all
 }
 
 // retriesTo returns how many retries (not first attempts) backend b saw,
@@ -527,7 +540,8 @@ func EndpointSlow() Scenario {
 		Workload: "Three backends on loopback TCP; backends 0 and 2 answer in 5 ms, backend 1 in 50 ms (10× slower); no " +
 			"hedging, no error (so no retry). 16 closed-loop callers for 4 phases. First the same cluster all healthy (every " +
 			"backend 5 ms) under ours with round_robin: its p99 is the baseline. 'slow share' is backend 1's share of the " +
-			"calls.",
+			"calls, 'largest share' the most loaded backend's (33.33% when the calls spread evenly). peak_ewma runs with " +
+			"its default endpointConcurrency (4) and with 1, Finagle's and Linkerd's cost.",
 		Run: runEndpointSlow,
 	}
 }
@@ -539,7 +553,9 @@ func runEndpointSlow(ctx context.Context, sz Size) ([]Table, error) {
 	}{
 		{oursLB("all healthy: grpc-resilience, round_robin", lbRR), true},
 		{oursLB("all healthy: "+epOursEWMA, lbOursEWMA), true},
+		{oursLB("all healthy: "+epOursEWMALinkerd, lbOursEWMALinkerd), true},
 		{oursLB(epOursEWMA, lbOursEWMA), false},
+		{oursLB(epOursEWMALinkerd, lbOursEWMALinkerd), false},
 		{oursLB(epOursRR, lbOursRR), false},
 		{oursLB("grpc-resilience, round_robin", lbRR), false},
 		{grpcLB("grpc-go, round_robin", lbRR), false},
@@ -550,7 +566,7 @@ func runEndpointSlow(ctx context.Context, sz Size) ([]Table, error) {
 	}
 	d := 4 * sz.Phase
 	t := Table{Title: "One backend of three 10× slower, no hedging",
-		Header: []string{"peer", "calls", "p50 (ms)", "p99 (ms)", "p99 / all-healthy p99", "slow share"}}
+		Header: []string{"peer", "calls", "p50 (ms)", "p99 (ms)", "p99 / all-healthy p99", "slow share", "largest share"}}
 	var baseP99 time.Duration
 	for _, r := range rows {
 		behave := slowBackend(1, 5*time.Millisecond, 50*time.Millisecond)
@@ -565,7 +581,8 @@ func runEndpointSlow(ctx context.Context, sz Size) ([]Table, error) {
 				baseP99 = p99
 			}
 			sh := c.shares(0, d+callTimeout)
-			return []string{r.p.name, strconv.Itoa(len(l.outcomes)), ms(p50), ms(p99), durRatio(p99, baseP99), sh[1]}
+			return []string{r.p.name, strconv.Itoa(len(l.outcomes)), ms(p50), ms(p99), durRatio(p99, baseP99), sh[1],
+				c.largestShare(0, d+callTimeout)}
 		})
 		if err != nil {
 			return nil, err
@@ -573,6 +590,9 @@ func runEndpointSlow(ctx context.Context, sz Size) ([]Table, error) {
 		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = append(t.Notes, "target (issue 30): ours latency-aware (peak_ewma) p99 ≤ 1.5× the all-healthy p99, where round robin's p99 is the slow backend's.",
+		"endpointConcurrency 1 prices each call in flight as a whole latency (Finagle's and Linkerd's cost): 16 callers keep about 8 calls on "+
+			"each fast backend, which then costs about what the idle slow one does (5 ms × 9 against 50 ms × 1), so the slow one gets a share "+
+			"of the calls that reaches the p99; at 4 it would need 36 in flight.",
 		"least_request counts outstanding requests only: a slow backend holds more of them, so it gets fewer, but not few enough for the p99; "+
 			"weighted_round_robin needs the servers' ORCA load reports (none here) to weigh anything.")
 	return []Table{t}, nil

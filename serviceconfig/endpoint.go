@@ -28,7 +28,14 @@ const (
 	// and Linkerd's.
 	DefaultPeakEWMADecayTime = 10 * time.Second
 	// minPeakEWMADecayTime is the shortest decay time accepted.
-	minPeakEWMADecayTime              = 100 * time.Millisecond
+	minPeakEWMADecayTime = 100 * time.Millisecond
+	// DefaultPeakEWMAEndpointConcurrency is the peak_ewma child's endpoint
+	// concurrency: an attempt outstanding on an endpoint costs a quarter of
+	// its latency (see EndpointPolicy.EndpointConcurrency).
+	DefaultPeakEWMAEndpointConcurrency = 4
+	// maxPeakEWMAEndpointConcurrency is the largest endpoint concurrency
+	// accepted.
+	maxPeakEWMAEndpointConcurrency    = 1024
 	DefaultEndpointBaseEjectionTime   = 30 * time.Second
 	DefaultEndpointMaxEjectionTime    = 300 * time.Second
 	DefaultEndpointMaxEjectionPercent = 50
@@ -60,12 +67,31 @@ type EndpointPolicy struct {
 	// outstanding). Every endpoint gets its own connection (see the
 	// package interceptor/endpoint's documentation). The child's own
 	// settings are refused (pick_first's shuffleAddressList, except false),
-	// not dropped; peak_ewma takes decayTime.
+	// not dropped; peak_ewma takes decayTime and endpointConcurrency.
 	ChildPolicy string
 	// DecayTime is peak_ewma's decay time τ ({"peak_ewma": {"decayTime":
 	// "10s"}}): 0 means 10s (Finagle's and Linkerd's), else at least
 	// 100ms. Only with ChildPolicy "peak_ewma".
 	DecayTime time.Duration
+	// EndpointConcurrency is peak_ewma's count of attempts an endpoint
+	// serves at once before they slow one another ({"peak_ewma":
+	// {"endpointConcurrency": 4}}): the cost of an endpoint is its latency
+	// × (1 + outstanding / EndpointConcurrency). 0 means 4; 1 is Finagle's
+	// and Linkerd's cost, latency × (outstanding + 1), which prices each
+	// attempt in flight as a whole latency, as if the endpoint served one
+	// at a time; at most 1024. Only with ChildPolicy "peak_ewma".
+	//
+	// A gRPC server serves calls concurrently, and its latency estimate
+	// already rises when load slows it: at 1, 16 callers over three
+	// endpoints, one of them 10× slower, keep about 8 attempts on each fast
+	// endpoint, which then looks about as dear as the idle slow one, and
+	// the slow one gets 1.3–1.6% of the calls (the p99 is its latency). At
+	// 4 it gets 0.17–0.20% and the p99 stays within 1.10× of all healthy,
+	// while with every endpoint healthy the most loaded of three takes
+	// 34–39% of the calls (35–36% at 1); at 16, 43%, as latency noise
+	// outweighs the load. Lower it toward 1 for endpoints that serve one
+	// call at a time.
+	EndpointConcurrency int
 	// ConsecutiveFailures ejects an endpoint after that many failures in a
 	// row; 0 means 5 unless FailurePercentage is set; −1 is off.
 	ConsecutiveFailures int
@@ -136,6 +162,10 @@ func (p *EndpointPolicy) Validate() error {
 	case p.DecayTime > 0 && p.DecayTime < minPeakEWMADecayTime:
 		return newError("childPolicy.peak_ewma.decayTime", "must be at least "+minPeakEWMADecayTime.String()+
 			" (or 0 for the default "+DefaultPeakEWMADecayTime.String()+"): a shorter one forgets a slow endpoint between two of its calls")
+	case p.EndpointConcurrency != 0 && p.ChildPolicy != "peak_ewma":
+		return newError("childPolicy", "endpointConcurrency is peak_ewma's setting")
+	case p.EndpointConcurrency < 0 || p.EndpointConcurrency > maxPeakEWMAEndpointConcurrency:
+		return newError("childPolicy.peak_ewma.endpointConcurrency", concurrencyRange)
 	case p.ConsecutiveFailures < -1:
 		return newError("consecutiveFailures", "must be −1 (off), 0 (the default) or positive")
 	case p.ConsecutiveLocalOriginFailures < -1:
@@ -238,11 +268,11 @@ func ParseEndpointPolicy(data []byte) (*EndpointPolicy, error) {
 		MaxEjectionTime:                optDuration(w.MaxEjectionTime.v),
 		MaxEjectionPercent:             w.MaxEjectionPercent.v,
 	}
-	child, decay, err := childPolicy(w.ChildPolicy.v, w.ChildPolicy.set)
+	child, ewma, err := childPolicy(w.ChildPolicy.v, w.ChildPolicy.set)
 	if err != nil {
 		return nil, err
 	}
-	p.ChildPolicy, p.DecayTime = child, decay
+	p.ChildPolicy, p.DecayTime, p.EndpointConcurrency = child, ewma.decay, ewma.concurrency
 	if f := w.FailurePercentageEjection; f != nil {
 		if p.FailurePercentage, err = f.policy(); err != nil {
 			return nil, err
@@ -285,57 +315,71 @@ func (f *wireFailurePercentage) policy() (*FailurePercentageEjection, error) {
 
 // childPolicy returns the first policy of list this policy supports, as
 // grpc takes the first registered one of a loadBalancingConfig, and
-// peak_ewma's decay time.
-func childPolicy(list []map[string]json.RawMessage, set bool) (string, time.Duration, error) {
+// peak_ewma's settings.
+func childPolicy(list []map[string]json.RawMessage, set bool) (string, peakEWMA, error) {
 	if !set {
-		return "", 0, nil
+		return "", peakEWMA{}, nil
 	}
 	if len(list) == 0 {
-		return "", 0, newError("childPolicy", `must name a policy such as {"round_robin": {}}`)
+		return "", peakEWMA{}, newError("childPolicy", `must name a policy such as {"round_robin": {}}`)
 	}
 	for i, e := range list {
 		if len(e) != 1 {
-			return "", 0, newError(index("childPolicy", i), "must hold exactly one policy, not "+itoa(len(e)))
+			return "", peakEWMA{}, newError(index("childPolicy", i), "must hold exactly one policy, not "+itoa(len(e)))
 		}
 		for name, settings := range e {
 			switch name {
 			case "round_robin", "pick_first":
-				return name, 0, childSettings(join(index("childPolicy", i), name), name, settings)
+				return name, peakEWMA{}, childSettings(join(index("childPolicy", i), name), name, settings)
 			case "peak_ewma":
-				d, err := peakEWMASettings(join(index("childPolicy", i), name), settings)
-				return name, d, err
+				s, err := peakEWMASettings(join(index("childPolicy", i), name), settings)
+				return name, s, err
 			}
 		}
 	}
-	return "", 0, newError("childPolicy", "names no supported policy: use round_robin, pick_first or peak_ewma")
+	return "", peakEWMA{}, newError("childPolicy", "names no supported policy: use round_robin, pick_first or peak_ewma")
+}
+
+// peakEWMA is peak_ewma's settings, 0 where absent.
+type peakEWMA struct {
+	decay       time.Duration
+	concurrency int
 }
 
 type wirePeakEWMA struct {
-	DecayTime leaf[*duration]
+	DecayTime           leaf[*duration]
+	EndpointConcurrency leaf[int]
 }
 
-// peakEWMASettings reads peak_ewma's settings: {"decayTime": "10s"}, or
-// none.
-func peakEWMASettings(path string, settings json.RawMessage) (time.Duration, error) {
+const concurrencyRange = "must be in [1, 1024] (or 0 for the default 4): the attempts an endpoint serves at once"
+
+// peakEWMASettings reads peak_ewma's settings: {"decayTime": "10s",
+// "endpointConcurrency": 4}, either, or none.
+func peakEWMASettings(path string, settings json.RawMessage) (peakEWMA, error) {
 	var w wirePeakEWMA
 	if err := json.Unmarshal(settings, &w); err != nil {
-		return 0, newError(path, "must be an object")
+		return peakEWMA{}, newError(path, "must be an object")
 	}
 	if kerr, _ := checkKeys(settings, reflect.TypeFor[wirePeakEWMA](), true); kerr != nil {
-		return 0, prefix(path, kerr)
+		return peakEWMA{}, prefix(path, kerr)
 	}
-	if err := w.DecayTime.check(join(path, "decayTime")); err != nil {
-		return 0, err
+	if err := checkAll(path,
+		field{"decayTime", &w.DecayTime},
+		field{"endpointConcurrency", &w.EndpointConcurrency},
+	); err != nil {
+		return peakEWMA{}, err
 	}
-	d := optDuration(w.DecayTime.v)
+	s := peakEWMA{decay: optDuration(w.DecayTime.v), concurrency: w.EndpointConcurrency.v}
 	switch {
-	case d < 0:
-		return 0, newError(join(path, "decayTime"), "must not be negative")
-	case d > 0 && d < minPeakEWMADecayTime:
-		return 0, newError(join(path, "decayTime"), "must be at least "+minPeakEWMADecayTime.String()+
+	case s.decay < 0:
+		return peakEWMA{}, newError(join(path, "decayTime"), "must not be negative")
+	case s.decay > 0 && s.decay < minPeakEWMADecayTime:
+		return peakEWMA{}, newError(join(path, "decayTime"), "must be at least "+minPeakEWMADecayTime.String()+
 			" (or 0 for the default "+DefaultPeakEWMADecayTime.String()+"): a shorter one forgets a slow endpoint between two of its calls")
+	case s.concurrency < 0 || s.concurrency > maxPeakEWMAEndpointConcurrency:
+		return peakEWMA{}, newError(join(path, "endpointConcurrency"), concurrencyRange)
 	}
-	return d, nil
+	return s, nil
 }
 
 // childSettings checks the child policy's own settings, which the endpoint

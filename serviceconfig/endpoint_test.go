@@ -41,6 +41,11 @@ func TestParseEndpointPolicyErrorsNameThePath(t *testing.T) {
 		{`{"childPolicy": [{"peak_ewma": {"decayTime": "0.01s"}}]}`, "childPolicy[0].peak_ewma.decayTime: must be at least 100ms"},
 		{`{"childPolicy": [{"peak_ewma": {"decayTime": "-1s"}}]}`, "childPolicy[0].peak_ewma.decayTime"},
 		{`{"childPolicy": [{"peak_ewma": {"decay": "1s"}}]}`, "childPolicy[0].peak_ewma.decay"},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 0.5}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency:"},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": -1}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency: must be in [1, 1024]"},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 1025}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency: must be in [1, 1024]"},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": "4"}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency:"},
+		{`{"childPolicy": [{"round_robin": {"endpointConcurrency": 4}}]}`, "childPolicy[0].round_robin"},
 		{`{"childPolicy": [{"peak_ewma": []}]}`, "childPolicy[0].peak_ewma: must be an object"},
 		{`{"maxEjectionPercent": "x"}`, "maxEjectionPercent:"},
 		{`{"baseEjectionTime": "1m"}`, "baseEjectionTime:"},
@@ -148,24 +153,38 @@ func TestParsePeakEWMAChildAndLocalOriginFailures(t *testing.T) {
 		doc   string
 		child string
 		decay time.Duration
+		conc  int
 		local int
 	}{
-		{`{"childPolicy": [{"peak_ewma": {}}]}`, "peak_ewma", 0, 0},
-		{`{"childPolicy": [{"peak_ewma": {"decayTime": "2.5s"}}], "consecutiveLocalOriginFailures": 3}`, "peak_ewma", 2500 * time.Millisecond, 3},
-		{`{"childPolicy": [{"least_request_experimental": {}}, {"peak_ewma": {}}]}`, "peak_ewma", 0, 0},
-		{`{"consecutiveLocalOriginFailures": -1}`, "", 0, -1},
+		{`{"childPolicy": [{"peak_ewma": {}}]}`, "peak_ewma", 0, 0, 0},
+		{`{"childPolicy": [{"peak_ewma": {"decayTime": "2.5s"}}], "consecutiveLocalOriginFailures": 3}`, "peak_ewma", 2500 * time.Millisecond, 0, 3},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 1}}]}`, "peak_ewma", 0, 1, 0},
+		{`{"childPolicy": [{"peak_ewma": {"decayTime": "1s", "endpointConcurrency": 1024}}]}`, "peak_ewma", time.Second, 1024, 0},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": null}}]}`, "peak_ewma", 0, 0, 0},
+		{`{"childPolicy": [{"least_request_experimental": {}}, {"peak_ewma": {}}]}`, "peak_ewma", 0, 0, 0},
+		{`{"consecutiveLocalOriginFailures": -1}`, "", 0, 0, -1},
 	}
 	for _, tt := range tests {
 		p, err := ParseEndpointPolicy([]byte(tt.doc))
 		if err != nil {
 			t.Fatalf("ParseEndpointPolicy(%s) = %v", tt.doc, err)
 		}
-		if p.ChildPolicy != tt.child || p.DecayTime != tt.decay || p.ConsecutiveLocalOriginFailures != tt.local {
-			t.Errorf("ParseEndpointPolicy(%s) = %q %v %d, want %q %v %d", tt.doc, p.ChildPolicy, p.DecayTime,
-				p.ConsecutiveLocalOriginFailures, tt.child, tt.decay, tt.local)
+		if p.ChildPolicy != tt.child || p.DecayTime != tt.decay || p.EndpointConcurrency != tt.conc || p.ConsecutiveLocalOriginFailures != tt.local {
+			t.Errorf("ParseEndpointPolicy(%s) = %q %v %d %d, want %q %v %d %d", tt.doc, p.ChildPolicy, p.DecayTime,
+				p.EndpointConcurrency, p.ConsecutiveLocalOriginFailures, tt.child, tt.decay, tt.conc, tt.local)
 		}
 	}
-	if err := (&EndpointPolicy{DecayTime: time.Second}).Validate(); err == nil || !strings.Contains(err.Error(), "decayTime is peak_ewma's") {
-		t.Errorf("Validate(decayTime without peak_ewma) = %v", err)
+	for _, tt := range []struct {
+		p    EndpointPolicy
+		want string
+	}{
+		{EndpointPolicy{DecayTime: time.Second}, "decayTime is peak_ewma's"},
+		{EndpointPolicy{EndpointConcurrency: 4}, "childPolicy: endpointConcurrency is peak_ewma's"},
+		{EndpointPolicy{ChildPolicy: "peak_ewma", EndpointConcurrency: -1}, "childPolicy.peak_ewma.endpointConcurrency: must be in [1, 1024]"},
+		{EndpointPolicy{ChildPolicy: "peak_ewma", EndpointConcurrency: 1025}, "childPolicy.peak_ewma.endpointConcurrency: must be in [1, 1024]"},
+	} {
+		if err := tt.p.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Validate(%+v) = %v, want %q", tt.p, err, tt.want)
+		}
 	}
 }

@@ -49,7 +49,7 @@
 // When loadBalancingConfig selects the endpoint policy (resilience_endpoint,
 // package interceptor/endpoint), check and explain describe it too: the
 // order of picks (round_robin, pick_first, or peak_ewma with its decay
-// time), the failures that count (and UNKNOWN's default), the local-origin
+// time and endpoint concurrency), the failures that count (and UNKNOWN's default), the local-origin
 // threshold and when its ejections end, the ejection conditions and times
 // with their defaults, and the strict maxEjectionPercent bound with 3
 // endpoints (0: nothing ejected); A50's interval (ignored by the passive

@@ -48,7 +48,9 @@ func endpointLines(p *serviceconfig.EndpointPolicy, interval bool) (lines, warni
 		child, order = "pick_first", "sends calls to the first usable endpoint in the resolver's order, with a connection to every endpoint"
 	case "peak_ewma":
 		decay := def(fmtDur(orDur(p.DecayTime, serviceconfig.DefaultPeakEWMADecayTime)), p.DecayTime == 0)
-		child, order = "peak_ewma", "picks the cheaper of two random endpoints, cost = latency estimate × (attempts outstanding + 1); "+
+		conc := def(itoa(orInt(p.EndpointConcurrency, serviceconfig.DefaultPeakEWMAEndpointConcurrency)), p.EndpointConcurrency == 0)
+		child, order = "peak_ewma", "picks the cheaper of two random endpoints, cost = latency estimate × (1 + attempts outstanding / "+
+			"endpointConcurrency "+conc+"); "+
 			"the estimate takes a slower latency at once and forgets it with decay time "+decay+
 			" (an endpoint not picked looks cheaper with time, so a slow one is tried again)"
 	}

@@ -93,7 +93,7 @@ func TestRun(t *testing.T) {
 		{name: "check_endpoint_defaults", args: []string{"check", "-"},
 			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"maxEjectionPercent": 10}}]}`},
 		{name: "check_endpoint_peak_ewma", args: []string{"check", "-"},
-			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "5s"}}], "consecutiveLocalOriginFailures": -1, "maxEjectionPercent": 0}}]}`},
+			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "5s", "endpointConcurrency": 1}}], "consecutiveLocalOriginFailures": -1, "maxEjectionPercent": 0}}]}`},
 		{name: "check_endpoint_local_origin", args: []string{"check", "-"},
 			stdin: `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {}}], "consecutiveLocalOriginFailures": 3, "failureStatusCodes": ["UNAVAILABLE", "UNKNOWN"]}}]}`},
 		{name: "check_endpoint_invalid", args: []string{"check", "-"},

@@ -37,10 +37,14 @@ func (m mode) String() string { return modeNames[m] }
 // lbConfig is the policy's parsed configuration, as grpc hands it back.
 type lbConfig struct {
 	grpcsc.LoadBalancingConfig
-	mode     mode
-	decay    time.Duration // peak_ewma's τ
-	outlier  outlier.Config
-	failures rescodes.Set
+	mode  mode
+	decay time.Duration // peak_ewma's τ
+	// perAttempt is the share of its latency that each attempt
+	// outstanding adds to an endpoint's peak_ewma cost: 1 / its
+	// endpointConcurrency.
+	perAttempt float64
+	outlier    outlier.Config
+	failures   rescodes.Set
 }
 
 // newConfig normalizes p, which is valid.
@@ -52,6 +56,11 @@ func newConfig(p *serviceconfig.EndpointPolicy) *lbConfig {
 	case "peak_ewma":
 		c.mode = p2c
 	}
+	conc := p.EndpointConcurrency
+	if conc == 0 {
+		conc = serviceconfig.DefaultPeakEWMAEndpointConcurrency
+	}
+	c.perAttempt = 1 / float64(conc)
 	if len(p.FailureStatusCodes) > 0 {
 		c.failures = rescodes.Of(p.FailureStatusCodes...)
 	}

@@ -104,9 +104,12 @@ func ExampleSetLogger() {
 // latency: a backend 500× slower than the others gets almost no call,
 // with no retry, hedge or error involved. (It is measured by the calls it
 // gets: its first, or one while the others' estimates are still unknown.)
+// endpointConcurrency says how many calls a backend serves at once before
+// they slow one another; each call in flight adds 1/endpointConcurrency of
+// its latency to its cost.
 func Example_peakEWMA() {
 	cluster, stop, err := resiliencetest.ServeCluster(3, nil, resiliencetest.WithServiceConfig(
-		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s"}}]}}]}`))
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s", "endpointConcurrency": 4}}]}}]}`))
 	if err != nil {
 		log.Fatal(err)
 	}

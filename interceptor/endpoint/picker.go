@@ -24,8 +24,11 @@ type picker struct {
 	fallback balancer.Picker
 	mode     mode
 	decay    time.Duration // peak_ewma's τ
-	next     atomic.Uint32 // the rotation
-	spilled  atomic.Uint32 // the rotation among the best, when next's is not
+	// perAttempt is what each attempt outstanding adds to a peak_ewma
+	// cost, as a share of the endpoint's latency.
+	perAttempt float64
+	next       atomic.Uint32 // the rotation
+	spilled    atomic.Uint32 // the rotation among the best, when next's is not
 }
 
 type choice struct {
@@ -155,7 +158,8 @@ func (p *picker) nthOfRank(first, rank, j int, tr *trail.Trail, now *time.Time) 
 // twoChoices returns the endpoint of a peak_ewma pick, and its rank: of
 // two distinct endpoints drawn at random among those of the best rank (on
 // the common path, two drawn among all that both rank best), the one of
-// lower cost (peakewma.Estimator.Cost: latency × (outstanding + 1)).
+// lower cost (peakewma.Estimator.Cost: latency × (1 + outstanding /
+// endpointConcurrency)).
 func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, int) {
 	n := len(p.ready)
 	x := p.b.rand()
@@ -188,8 +192,8 @@ func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, i
 // tie).
 func (p *picker) cheaper(i, j int, t int64) int {
 	ei, ej := p.ready[i].e, p.ready[j].e
-	ci := ei.lat.Cost(t, int(ei.outstanding.Load()), p.decay)
-	cj := ej.lat.Cost(t, int(ej.outstanding.Load()), p.decay)
+	ci := ei.lat.Cost(t, int(ei.outstanding.Load()), p.perAttempt, p.decay)
+	cj := ej.lat.Cost(t, int(ej.outstanding.Load()), p.perAttempt, p.decay)
 	if cj < ci {
 		return j
 	}

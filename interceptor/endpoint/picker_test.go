@@ -43,7 +43,7 @@ func newTestPicker(t testing.TB, n int, p serviceconfig.EndpointPolicy) (*picker
 	b.rand = rand.New(rand.NewPCG(1, 2)).Uint64
 	b.setConfig(newConfig(&p))
 	cfg := b.cfg.Load()
-	pk := &picker{b: b, mode: cfg.mode, decay: cfg.decay}
+	pk := &picker{b: b, mode: cfg.mode, decay: cfg.decay, perAttempt: cfg.perAttempt}
 	b.mu.Lock()
 	for i := range n {
 		e, _ := b.newEntryLocked(resolver.Endpoint{Addresses: []resolver.Address{{Addr: "ep" + string(rune('0'+i))}}})
@@ -260,6 +260,28 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// TestParseConfigEndpointConcurrency pins what reaches the picker: each
+// attempt outstanding weighs 1/endpointConcurrency of a latency, a quarter
+// when absent.
+func TestParseConfigEndpointConcurrency(t *testing.T) {
+	for _, tt := range []struct {
+		doc  string
+		want float64
+	}{
+		{`{"childPolicy": [{"peak_ewma": {}}]}`, 0.25},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 1}}]}`, 1},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 8}}]}`, 0.125},
+	} {
+		c, err := builder{}.ParseConfig([]byte(tt.doc))
+		if err != nil {
+			t.Fatalf("ParseConfig(%s) = %v", tt.doc, err)
+		}
+		if got := c.(*lbConfig).perAttempt; got != tt.want {
+			t.Errorf("ParseConfig(%s): perAttempt = %v, want %v", tt.doc, got, tt.want)
+		}
+	}
+}
+
 func TestParseConfigErrorNamesThePolicyAndPath(t *testing.T) {
 	_, err := builder{}.ParseConfig([]byte(`{"maxEjectionPercent": 101}`))
 	const want = "resilience_endpoint.maxEjectionPercent: must be in [0, 100] (0 ejects nothing; absent: the default, 50)"
@@ -304,6 +326,36 @@ func TestPeakEWMAPicksTheCheaperOfTwo(t *testing.T) {
 		if n := c.e.outstanding.Load(); n != 0 {
 			t.Fatalf("%s: %d outstanding after every Done", c.e.name, n)
 		}
+	}
+}
+
+// TestPeakEWMAWeighsOutstandingByEndpointConcurrency pins the cost of an
+// attempt in flight: two fast endpoints (5ms) with 8 attempts each and an
+// idle one 10× slower (50ms). Priced as Finagle and Linkerd price it
+// (endpointConcurrency 1: 5ms × 9 = 45ms against 50ms × 1) the slow one is
+// nearly as cheap, and two attempts more make it cheaper; at the default 4
+// (5ms × 3 = 15ms) it is far dearer until 36 attempts are out. The penalty of an endpoint with attempts out
+// and no sample is the same under both.
+func TestPeakEWMAWeighsOutstandingByEndpointConcurrency(t *testing.T) {
+	for _, tt := range []struct {
+		conc     int // 0: the default
+		out      int32
+		slowWins bool
+	}{
+		{0, 8, false}, {0, 35, false}, {0, 40, true},
+		{1, 8, false}, {1, 10, true},
+		{16, 140, false}, {16, 150, true},
+	} {
+		pk, b := newTestPicker(t, 3, serviceconfig.EndpointPolicy{ChildPolicy: "peak_ewma", EndpointConcurrency: tt.conc})
+		now := b.nanotime(time.Now())
+		for i, d := range []time.Duration{5 * time.Millisecond, 50 * time.Millisecond, 5 * time.Millisecond} {
+			pk.ready[i].e.lat.Observe(now, d, pk.decay)
+		}
+		pk.ready[0].e.outstanding.Store(tt.out)
+		if got := pk.cheaper(0, 1, now) == 1; got != tt.slowWins {
+			t.Errorf("endpointConcurrency %d, %d out on the fast one: slow one cheaper = %v, want %v", tt.conc, tt.out, got, tt.slowWins)
+		}
+		pk.ready[0].e.outstanding.Store(0)
 	}
 }
 

@@ -22,10 +22,15 @@
 // until it is picked again and measured (REVIEW class 1: a state that only
 // moves through the traffic it refuses must also age with time).
 //
-// Cost, for the balancer, is c·(outstanding + 1): an endpoint with work in
-// flight is dearer in proportion. An endpoint with work in flight and no
-// observation within τ (never measured, or back after a long absence) costs
-// Penalty + outstanding: it gets one request at a time until that request
+// Cost, for the balancer, is c·(1 + a·outstanding): an endpoint with work
+// in flight is dearer in proportion, each request outstanding weighing a
+// share a of a latency. Finagle and Linkerd take a = 1, c·(outstanding +
+// 1), the cost of a server that serves one request at a time; the caller
+// chooses a for servers that serve several at once (interceptor/endpoint
+// takes a quarter by default, and says why). An endpoint with work in
+// flight and no observation within τ (never measured, or back after a long
+// absence) costs Penalty + outstanding: it gets one request at a time
+// until that request
 // measures it, instead of every request while its stale estimate looks
 // cheap.
 //
@@ -122,10 +127,11 @@ func (e *Estimator) Estimate(now int64, tau time.Duration) time.Duration {
 }
 
 // Cost returns the balancer's cost of the endpoint at now with outstanding
-// requests in flight: Estimate × (outstanding + 1), or Penalty +
-// outstanding when requests are outstanding and no observation came within
-// tau.
-func (e *Estimator) Cost(now int64, outstanding int, tau time.Duration) float64 {
+// requests in flight, each weighing perAttempt of its latency: Estimate ×
+// (1 + perAttempt × outstanding), or Penalty + outstanding when requests
+// are outstanding and no observation came within tau. A perAttempt of 1 is
+// Finagle's and Linkerd's cost, Estimate × (outstanding + 1).
+func (e *Estimator) Cost(now int64, outstanding int, perAttempt float64, tau time.Duration) float64 {
 	stamp := e.stamp.Load()
 	if outstanding > 0 && (stamp == 0 || now-stamp > int64(tau)) {
 		return Penalty + float64(outstanding)
@@ -133,7 +139,7 @@ func (e *Estimator) Cost(now int64, outstanding int, tau time.Duration) float64 
 	if stamp == 0 {
 		return 0
 	}
-	return decay(math.Float64frombits(e.cost.Load()), now-stamp, tau) * float64(outstanding+1)
+	return decay(math.Float64frombits(e.cost.Load()), now-stamp, tau) * (1 + perAttempt*float64(outstanding))
 }
 
 // decay returns c after td nanoseconds of decay with time constant tau.

@@ -69,7 +69,7 @@ func TestObservePeakNeverLowers(t *testing.T) {
 }
 
 // TestCostWeighsOutstandingAndPenalizesTheUnmeasured pins Cost: estimate ×
-// (outstanding + 1); an endpoint with requests outstanding and no
+// (1 + perAttempt × outstanding); an endpoint with requests outstanding and no
 // observation within τ costs Penalty + outstanding, so it gets one request
 // at a time until measured.
 func TestCostWeighsOutstandingAndPenalizesTheUnmeasured(t *testing.T) {
@@ -84,7 +84,7 @@ func TestCostWeighsOutstandingAndPenalizesTheUnmeasured(t *testing.T) {
 		{"never measured, one out", sec, 1, Penalty + 1},
 	}
 	for _, tt := range tests {
-		if got := e.Cost(tt.now, tt.outstanding, tau); got != tt.want {
+		if got := e.Cost(tt.now, tt.outstanding, 1, tau); got != tt.want {
 			t.Errorf("%s: Cost = %v, want %v", tt.name, got, tt.want)
 		}
 	}
@@ -102,7 +102,25 @@ func TestCostWeighsOutstandingAndPenalizesTheUnmeasured(t *testing.T) {
 		{"past τ, 1 out: stale", 11*sec + 1, 1, Penalty + 1},
 	}
 	for _, tt := range tests {
-		if got := e.Cost(tt.now, tt.outstanding, tau); !near(got, tt.want) {
+		if got := e.Cost(tt.now, tt.outstanding, 1, tau); !near(got, tt.want) {
+			t.Errorf("%s: Cost = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	// Each attempt outstanding weighs perAttempt of the latency; the
+	// penalty of the unmeasured is the same whatever it is.
+	for _, tt := range []struct {
+		name        string
+		now         int64
+		outstanding int
+		perAttempt  float64
+		want        float64
+	}{
+		{"a quarter, 8 out", sec, 8, 0.25, 30 * float64(ms)},
+		{"a quarter, idle", sec, 0, 0.25, 10 * float64(ms)},
+		{"none, 8 out", sec, 8, 0, 10 * float64(ms)},
+		{"a quarter, past τ, 1 out: stale", 11*sec + 1, 1, 0.25, Penalty + 1},
+	} {
+		if got := e.Cost(tt.now, tt.outstanding, tt.perAttempt, tau); !near(got, tt.want) {
 			t.Errorf("%s: Cost = %v, want %v", tt.name, got, tt.want)
 		}
 	}
@@ -121,7 +139,7 @@ func TestSlowEndpointIsProbedAgainAfterTauLnRatio(t *testing.T) {
 		cheaper bool
 	}{{sec, false}, {cross - 100*ms, false}, {cross + 100*ms, true}} {
 		fast.Observe(tt.now, 5*time.Millisecond, tau) // the competitor keeps serving
-		if got := slow.Cost(tt.now, 0, tau) < fast.Cost(tt.now, 0, tau); got != tt.cheaper {
+		if got := slow.Cost(tt.now, 0, 1, tau) < fast.Cost(tt.now, 0, 1, tau); got != tt.cheaper {
 			t.Errorf("at %v: slow cheaper = %v, want %v", time.Duration(tt.now-sec), got, tt.cheaper)
 		}
 	}
@@ -133,7 +151,7 @@ func TestCostAndObserveAllocateNothing(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() {
 		now += ms
 		e.Observe(now, 5*time.Millisecond, tau)
-		_ = e.Cost(now, 2, tau)
+		_ = e.Cost(now, 2, 0.25, tau)
 	}); n != 0 {
 		t.Fatalf("Observe+Cost: %v allocs, want 0", n)
 	}
@@ -147,7 +165,7 @@ func TestConcurrentObserveAndCost(t *testing.T) {
 			for i := range 1000 {
 				now := int64(g*1000+i+1) * ms
 				e.Observe(now, time.Duration(1+i%7)*time.Millisecond, tau)
-				if c := e.Cost(now, i%3, tau); c < 0 || math.IsNaN(c) {
+				if c := e.Cost(now, i%3, 0.25, tau); c < 0 || math.IsNaN(c) {
 					t.Errorf("Cost = %v", c)
 					return
 				}
