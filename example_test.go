@@ -9,5 +9,5 @@ import (
 // A program can report which release of the module it was built with.
 func ExampleVersion() {
 	fmt.Println("grpc-resilience", resilience.Version)
-	// Output: grpc-resilience v0.4.3
+	// Output: grpc-resilience v0.5.0
 }

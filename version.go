@@ -5,4 +5,4 @@ package resilience
 // `go get github.com/grpc-resilience/resilience@` followed by it. It is the
 // newest release of CHANGELOG.md; a build from a commit after that release
 // still reports it.
-const Version = "v0.4.3"
+const Version = "v0.5.0"
