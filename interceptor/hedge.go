@@ -170,6 +170,7 @@ func (c *Client) hedged(ctx context.Context, st *clientState, mp *methodPolicy, 
 		// A copy's per-attempt timeout is a call option's (the caller's)
 		// or the deadline's headroom: none counts against an endpoint.
 		h.copies = trail.NewContext(h.copies, time.Time{})
+		h.trail = trail.FromContext(h.copies)
 	}
 	h.job = newHedgeJob(c, st, mp, h.hp.nonFatal, method, in, out, cc, invoker, opts, &h.caller)
 	h.job.mm = h.r.mm
@@ -194,7 +195,10 @@ type hedgeCall struct {
 	ctx    context.Context // the caller's, marked for one-layer mode
 	copies context.Context // ctx, cancelled by close: every copy's parent
 	cancel context.CancelFunc
-	job    *hedgeJob // what every copy reads; set before the first copy
+	// trail is the copies' trail of endpoints; nil when the channel's
+	// policy reads none.
+	trail *trail.Trail
+	job   *hedgeJob // what every copy reads; set before the first copy
 	// caller holds where the caller's Header, Trailer and Peer options
 	// want the deciding copy's values; set with job.
 	caller callerDest
@@ -247,8 +251,15 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 }
 
 // close ends the call: it cancels the copies still running, which then
-// settle their own accounts, and stops the timer.
+// settle their own accounts, and stops the timer. While the caller is
+// still there, the trail first says that the call ended: the endpoint
+// policy then reads a running copy's cancellation as its endpoint not
+// having answered in that time (a lower bound of its latency), not as the
+// caller's.
 func (h *hedgeCall) close() {
+	if h.trail != nil && h.ctx.Err() == nil {
+		h.trail.MarkEnded()
+	}
 	h.cancel()
 	if h.timer != nil {
 		h.timer.Stop()

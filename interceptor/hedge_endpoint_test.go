@@ -90,3 +90,45 @@ func TestHedgingDelayUnderABudgetThatPaysForEveryCallStaysThePolicys(t *testing.
 		}
 	})
 }
+
+// TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun pins that a hedged copy
+// cancelled because another copy answered first tells peak_ewma its
+// endpoint had not answered in that time. One backend of three 200× slower
+// than the others (1 ms, 200 ms), hedging after 10 ms, sequential calls:
+// every call sent first to the slow backend is answered by its hedge on a
+// fast one, and its own attempt is cancelled. Before, that cancellation
+// said nothing (as a caller's does), the slow backend was never measured,
+// its estimate stayed empty (cost 0), and peak_ewma sent it a first attempt
+// whenever it was one of the two candidates: 26–30 of 60 calls, where
+// round_robin sends it 20. Now its first call measures it (at least 10 ms)
+// and it gets almost none.
+func TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mc := serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
+			HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 10 * time.Millisecond,
+				NonFatalStatusCodes: []codes.Code{codes.Unavailable}}}
+		c := newTestClient(t, WithMethodConfig(mc), WithRetryBudget(nil))
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"peak_ewma": {}}], `+noEjection[1:]))...)
+		rg.waitReady(3)
+		for i, b := range rg.backends {
+			d := time.Millisecond
+			if i == 1 {
+				d = 200 * time.Millisecond
+			}
+			b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: d} })
+		}
+		for i := range 60 {
+			if _, err := rg.echo().Echo(t.Context(), &echov1.EchoRequest{Message: "x"}); err != nil {
+				t.Fatalf("call %d: %v", i, err)
+			}
+		}
+		synctest.Wait()
+		if n := rg.counts()[1]; n > 3 {
+			t.Fatalf("the slow backend got %d of 60 first attempts: its hedged-away attempts did not measure it", n)
+		}
+		s := rg.snapshot()
+		if est := s.Endpoints[1].Latency; est < 10*time.Millisecond {
+			t.Fatalf("slow backend's estimate %v, want at least the hedging delay:\n%s", est, s)
+		}
+	})
+}

@@ -138,6 +138,10 @@ type attemptEnd struct {
 	// timedOut: the Client's per-attempt timer ended the attempt (streams:
 	// Trail.MarkTimedOut before it cancels).
 	timedOut bool
+	// ended: the Client ended the attempt's call while the attempt ran (a
+	// hedged copy that another copy answered first: Trail.MarkEnded before
+	// it cancels).
+	ended bool
 }
 
 // classify returns how the attempt that ended with di counts toward its
@@ -151,6 +155,9 @@ type attemptEnd struct {
 //     attempt's own deadline, or a stream's timer when the caller had
 //     sent its whole request and nothing was received): a failure, its
 //     time a lower bound of the latency;
+//   - CANCELLED as the Client ended the attempt's call (a hedged copy
+//     that another copy answered first): nothing, its time a lower bound
+//     of the latency: the endpoint had not answered in it;
 //   - nothing received and UNAVAILABLE: a local-origin failure (the
 //     connection was refused or reset before any response);
 //   - nothing received, another code: nothing (the client's own error,
@@ -178,6 +185,11 @@ func classify(di balancer.DoneInfo, failures rescodes.Set, end attemptEnd) (outl
 		// a stream commits on the caller's reads, so one that the caller
 		// reads late is cut though its endpoint answered in time.
 		return outlier.Failure, latencyPeak
+	case c == codes.Canceled && end.ended:
+		// A hedged copy that lost: without this, an endpoint slower than
+		// the hedging delay is never measured when every call to it is
+		// hedged, and looks cheap to peak_ewma.
+		return outlier.Ignored, latencyPeak
 	case !di.BytesReceived && c == codes.Unavailable:
 		return outlier.LocalFailure, latencyNone
 	case !di.BytesReceived:

@@ -160,10 +160,14 @@
 //     gets one at a time. A success is a latency sample; an error answer (a
 //     failure or an application's), and the Client's per-attempt timeout,
 //     only raise the estimate (a caller provoking quick errors must not make
-//     a slow endpoint look fast); a local-origin failure, the caller's
-//     cancellation and a busy answer say nothing of latency. The latency is
-//     the attempt's, from pick to end: a long-lived stream measures its
-//     lifetime, so use peak_ewma for unary calls and short streams.
+//     a slow endpoint look fast); a hedged copy cancelled because another
+//     copy of its call answered first only raises it too (its endpoint had
+//     not answered in that time: without it, an endpoint slower than the
+//     hedging delay would never be measured, and would look cheap); a
+//     local-origin failure, the caller's cancellation and a busy answer say
+//     nothing of latency. The latency is the attempt's, from pick to end: a
+//     long-lived stream measures its lifetime, so use peak_ewma for unary
+//     calls and short streams.
 //
 // Other policies (weighted_round_robin, least_request, ...) are not
 // supported as the child: the policy must know each endpoint's picker to

@@ -272,8 +272,9 @@ func init() {
 func (a *pick) finish(di balancer.DoneInfo) {
 	e, inner := a.e, a.inner
 	e.outstanding.Add(-1)
-	if a.tr != nil && a.tr.TimedOut(a.slot) {
-		a.end.timedOut = true
+	if a.tr != nil {
+		a.end.timedOut = a.tr.TimedOut(a.slot)
+		a.end.ended = a.tr.Ended()
 	}
 	e.record(di, a)
 	*a = pick{done: a.done}

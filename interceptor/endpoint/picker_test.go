@@ -251,6 +251,9 @@ func TestClassify(t *testing.T) {
 		// answered and whose caller read late is cut by the timer too.
 		{"stream's per-attempt timer, the endpoint had answered", sent(st(codes.Canceled), true), timer, outlier.Ignored, latencyNone},
 		{"cancel, not the timer", sent(st(codes.Canceled), true), own, outlier.Ignored, latencyNone},
+		{"hedged copy another copy outran", sent(st(codes.Canceled), false), attemptEnd{ended: true}, outlier.Ignored, latencyPeak},
+		{"hedged copy another copy outran, headers in", sent(st(codes.Canceled), true), attemptEnd{ended: true}, outlier.Ignored, latencyPeak},
+		{"a failure as the call ended", sent(st(codes.Unavailable), true), attemptEnd{ended: true}, outlier.Failure, latencyPeak},
 		{"application error", sent(st(codes.NotFound), true), attemptEnd{}, outlier.Ignored, latencyPeak},
 	}
 	for _, tt := range tests {

@@ -37,6 +37,9 @@ type Trail struct {
 	// timedOut[i] is set when the client's per-attempt timer ended the
 	// attempt of pick i (streams: the timer cancels the attempt).
 	timedOut [Size]atomic.Bool
+	// ended is set when the call ended while copies of it still ran: the
+	// client cancels them (a hedged call that another copy answered).
+	ended atomic.Bool
 	// own is the instant (UnixNano) before which an attempt's deadline is
 	// the client's per-attempt timeout rather than its caller's; 0: no
 	// attempt's deadline is. Written before the Trail is shared.
@@ -91,6 +94,16 @@ func (t *Trail) TimedOut(slot int) bool {
 	return slot >= 0 && slot < Size && t.timedOut[slot].Load()
 }
 
+// MarkEnded records that the call has ended with attempts still running,
+// which the client is about to cancel: their CANCELLED then says that they
+// had not answered by the time the call's outcome was known (another copy
+// answered first), not that the caller gave up. The client calls it before
+// it cancels them.
+func (t *Trail) MarkEnded() { t.ended.Store(true) }
+
+// Ended reports whether MarkEnded was called.
+func (t *Trail) Ended() bool { return t.ended.Load() }
+
 // Context is a context carrying a Trail, in one value: a caller embeds it
 // in an allocation it makes for the call anyway (a stream's), and Resets
 // it once, before the call's first attempt. A Context must never be Reset
@@ -121,6 +134,7 @@ func (c *Context) Reset(parent context.Context, own time.Time) {
 		c.t.ids[i].Store(0)
 		c.t.timedOut[i].Store(false)
 	}
+	c.t.ended.Store(false)
 	c.t.own = 0
 	if !own.IsZero() {
 		c.t.own = own.UnixNano()

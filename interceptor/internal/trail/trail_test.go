@@ -71,6 +71,16 @@ func TestResetStartsAFreshTrail(t *testing.T) {
 	if FromContext(&c) != tr || c.Value(k{}) != "v" {
 		t.Fatal("Reset: the trail or the parent's value is lost")
 	}
+	tr.Add(1)
+	tr.MarkTimedOut()
+	tr.MarkEnded()
+	if !tr.Ended() || !tr.TimedOut(0) {
+		t.Fatal("MarkEnded or MarkTimedOut not recorded")
+	}
+	c.Reset(context.Background(), time.Time{})
+	if tr.Len() != 0 || tr.TimedOut(0) || tr.Ended() {
+		t.Fatal("Reset keeps the last call's picks, timer or end")
+	}
 }
 
 // TestWantCountsPoliciesPerTarget pins the registry the Client asks before
