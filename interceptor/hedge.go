@@ -252,12 +252,13 @@ func (c *Client) newHedgeCall(ctx context.Context, st *clientState, mp *methodPo
 
 // close ends the call: it cancels the copies still running, which then
 // settle their own accounts, and stops the timer. While the caller is
-// still there, the trail first says that the call ended: the endpoint
-// policy then reads a running copy's cancellation as its endpoint not
-// having answered in that time (a lower bound of its latency), not as the
-// caller's.
+// still there (callerErr, as onResult asks it: its deadline passed on the
+// clock is the caller's end, though the context's timer has not run), the
+// trail first says that the call ended: the endpoint policy then reads a
+// running copy's cancellation as its endpoint not having answered in that
+// time (a lower bound of its latency), not as the caller's.
 func (h *hedgeCall) close() {
-	if h.trail != nil && h.ctx.Err() == nil {
+	if h.trail != nil && callerErr(h.ctx) == nil {
 		h.trail.MarkEnded()
 	}
 	h.cancel()
