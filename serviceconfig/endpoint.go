@@ -35,7 +35,7 @@ const (
 	DefaultPeakEWMAEndpointConcurrency = 4
 	// maxPeakEWMAEndpointConcurrency is the largest endpoint concurrency
 	// accepted.
-	maxPeakEWMAEndpointConcurrency    = 1024
+	maxPeakEWMAEndpointConcurrency    = 16
 	DefaultEndpointBaseEjectionTime   = 30 * time.Second
 	DefaultEndpointMaxEjectionTime    = 300 * time.Second
 	DefaultEndpointMaxEjectionPercent = 50
@@ -351,7 +351,7 @@ type wirePeakEWMA struct {
 	EndpointConcurrency leaf[int]
 }
 
-const concurrencyRange = "must be in [1, 1024] (or 0 for the default 4): the attempts an endpoint serves at once"
+const concurrencyRange = "must be in [1, 16] (or 0 for the default 4): the attempts an endpoint serves at once; above 16 the attempts in flight hardly count, and calls herd onto the endpoint whose latency reads lowest"
 
 // peakEWMASettings reads peak_ewma's settings: {"decayTime": "10s",
 // "endpointConcurrency": 4}, either, or none.

@@ -42,8 +42,8 @@ func TestParseEndpointPolicyErrorsNameThePath(t *testing.T) {
 		{`{"childPolicy": [{"peak_ewma": {"decayTime": "-1s"}}]}`, "childPolicy[0].peak_ewma.decayTime"},
 		{`{"childPolicy": [{"peak_ewma": {"decay": "1s"}}]}`, "childPolicy[0].peak_ewma.decay"},
 		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 0.5}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency:"},
-		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": -1}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency: must be in [1, 1024]"},
-		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 1025}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency: must be in [1, 1024]"},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": -1}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency: must be in [1, 16]"},
+		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 17}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency: must be in [1, 16]"},
 		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": "4"}}]}`, "childPolicy[0].peak_ewma.endpointConcurrency:"},
 		{`{"childPolicy": [{"round_robin": {"endpointConcurrency": 4}}]}`, "childPolicy[0].round_robin"},
 		{`{"childPolicy": [{"peak_ewma": []}]}`, "childPolicy[0].peak_ewma: must be an object"},
@@ -159,7 +159,7 @@ func TestParsePeakEWMAChildAndLocalOriginFailures(t *testing.T) {
 		{`{"childPolicy": [{"peak_ewma": {}}]}`, "peak_ewma", 0, 0, 0},
 		{`{"childPolicy": [{"peak_ewma": {"decayTime": "2.5s"}}], "consecutiveLocalOriginFailures": 3}`, "peak_ewma", 2500 * time.Millisecond, 0, 3},
 		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": 1}}]}`, "peak_ewma", 0, 1, 0},
-		{`{"childPolicy": [{"peak_ewma": {"decayTime": "1s", "endpointConcurrency": 1024}}]}`, "peak_ewma", time.Second, 1024, 0},
+		{`{"childPolicy": [{"peak_ewma": {"decayTime": "1s", "endpointConcurrency": 16}}]}`, "peak_ewma", time.Second, 16, 0},
 		{`{"childPolicy": [{"peak_ewma": {"endpointConcurrency": null}}]}`, "peak_ewma", 0, 0, 0},
 		{`{"childPolicy": [{"least_request_experimental": {}}, {"peak_ewma": {}}]}`, "peak_ewma", 0, 0, 0},
 		{`{"consecutiveLocalOriginFailures": -1}`, "", 0, 0, -1},
@@ -180,8 +180,8 @@ func TestParsePeakEWMAChildAndLocalOriginFailures(t *testing.T) {
 	}{
 		{EndpointPolicy{DecayTime: time.Second}, "decayTime is peak_ewma's"},
 		{EndpointPolicy{EndpointConcurrency: 4}, "childPolicy: endpointConcurrency is peak_ewma's"},
-		{EndpointPolicy{ChildPolicy: "peak_ewma", EndpointConcurrency: -1}, "childPolicy.peak_ewma.endpointConcurrency: must be in [1, 1024]"},
-		{EndpointPolicy{ChildPolicy: "peak_ewma", EndpointConcurrency: 1025}, "childPolicy.peak_ewma.endpointConcurrency: must be in [1, 1024]"},
+		{EndpointPolicy{ChildPolicy: "peak_ewma", EndpointConcurrency: -1}, "childPolicy.peak_ewma.endpointConcurrency: must be in [1, 16]"},
+		{EndpointPolicy{ChildPolicy: "peak_ewma", EndpointConcurrency: 17}, "childPolicy.peak_ewma.endpointConcurrency: must be in [1, 16]"},
 	} {
 		if err := tt.p.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Validate(%+v) = %v, want %q", tt.p, err, tt.want)

@@ -39,12 +39,13 @@ type lbConfig struct {
 	grpcsc.LoadBalancingConfig
 	mode  mode
 	decay time.Duration // peak_ewma's τ
-	// perAttempt is the share of its latency that each attempt
-	// outstanding adds to an endpoint's peak_ewma cost: 1 / its
-	// endpointConcurrency.
-	perAttempt float64
-	outlier    outlier.Config
-	failures   rescodes.Set
+	// concurrency is peak_ewma's endpointConcurrency, and perAttempt the
+	// share of its latency that each attempt outstanding adds to an
+	// endpoint's cost: 1 / concurrency.
+	concurrency int
+	perAttempt  float64
+	outlier     outlier.Config
+	failures    rescodes.Set
 }
 
 // newConfig normalizes p, which is valid.
@@ -56,11 +57,11 @@ func newConfig(p *serviceconfig.EndpointPolicy) *lbConfig {
 	case "peak_ewma":
 		c.mode = p2c
 	}
-	conc := p.EndpointConcurrency
-	if conc == 0 {
-		conc = serviceconfig.DefaultPeakEWMAEndpointConcurrency
+	c.concurrency = p.EndpointConcurrency
+	if c.concurrency == 0 {
+		c.concurrency = serviceconfig.DefaultPeakEWMAEndpointConcurrency
 	}
-	c.perAttempt = 1 / float64(conc)
+	c.perAttempt = 1 / float64(c.concurrency)
 	if len(p.FailureStatusCodes) > 0 {
 		c.failures = rescodes.Of(p.FailureStatusCodes...)
 	}
@@ -139,8 +140,8 @@ type attemptEnd struct {
 	// Trail.MarkTimedOut before it cancels).
 	timedOut bool
 	// ended: the Client ended the attempt's call while the attempt ran (a
-	// hedged copy that another copy answered first: Trail.MarkEnded before
-	// it cancels).
+	// hedged copy still running when another copy's outcome ended the
+	// call: Trail.MarkEnded before it cancels).
 	ended bool
 }
 
@@ -156,8 +157,9 @@ type attemptEnd struct {
 //     sent its whole request and nothing was received): a failure, its
 //     time a lower bound of the latency;
 //   - CANCELLED as the Client ended the attempt's call (a hedged copy
-//     that another copy answered first): nothing, its time a lower bound
-//     of the latency: the endpoint had not answered in it;
+//     still running when another copy's outcome, an answer or a fatal
+//     status, ended the call): nothing, its time a lower bound of the
+//     latency: the endpoint had not answered in it;
 //   - nothing received and UNAVAILABLE: a local-origin failure (the
 //     connection was refused or reset before any response);
 //   - nothing received, another code: nothing (the client's own error,
@@ -186,9 +188,9 @@ func classify(di balancer.DoneInfo, failures rescodes.Set, end attemptEnd) (outl
 		// reads late is cut though its endpoint answered in time.
 		return outlier.Failure, latencyPeak
 	case c == codes.Canceled && end.ended:
-		// A hedged copy that lost: without this, an endpoint slower than
-		// the hedging delay is never measured when every call to it is
-		// hedged, and looks cheap to peak_ewma.
+		// A hedged copy another copy's outcome outran: without this, an
+		// endpoint slower than the hedging delay is never measured when
+		// every call to it is hedged, and looks cheap to peak_ewma.
 		return outlier.Ignored, latencyPeak
 	case !di.BytesReceived && c == codes.Unavailable:
 		return outlier.LocalFailure, latencyNone

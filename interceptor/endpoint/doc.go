@@ -42,13 +42,15 @@
 // counts toward its endpoint's ejection; the engine computes every
 // transition from outcomes and the time, with no timer or goroutine:
 //
-//   - nothing: an attempt that sent nothing (grpc abandoned the pick as
-//     the connection closed, or the client failed first, as failing
-//     per-RPC credentials do); the caller's cancellation or deadline; an
-//     application's answer (any code not listed below); and an error
-//     raised on the client with nothing received, other than UNAVAILABLE
-//     (grpc's INTERNAL for a request that does not marshal, which a caller
-//     could send on purpose);
+//   - nothing: an attempt that sent nothing (grpc abandoned the pick as the
+//     connection closed, or the client failed first, as failing per-RPC
+//     credentials do); the caller's cancellation or deadline; a hedged copy
+//     the Client cancelled because its call had ended on another copy's
+//     outcome (it only raises peak_ewma's estimate: see below); an
+//     application's answer (any code not listed below); and an error raised
+//     on the client with nothing received, other than UNAVAILABLE (grpc's
+//     INTERNAL for a request that does not marshal, which a caller could send
+//     on purpose);
 //   - success;
 //   - busy, never a failure and no break in a run of failures:
 //     RESOURCE_EXHAUSTED, or any status with a grpc-retry-pushback-ms
@@ -160,14 +162,14 @@
 //     gets one at a time. A success is a latency sample; an error answer (a
 //     failure or an application's), and the Client's per-attempt timeout,
 //     only raise the estimate (a caller provoking quick errors must not make
-//     a slow endpoint look fast); a hedged copy cancelled because another
-//     copy of its call answered first only raises it too (its endpoint had
-//     not answered in that time: without it, an endpoint slower than the
-//     hedging delay would never be measured, and would look cheap); a
-//     local-origin failure, the caller's cancellation and a busy answer say
-//     nothing of latency. The latency is the attempt's, from pick to end: a
-//     long-lived stream measures its lifetime, so use peak_ewma for unary
-//     calls and short streams.
+//     a slow endpoint look fast); a hedged copy cancelled because its call
+//     ended on another copy's outcome (an answer, a fatal status) only raises
+//     it too (its endpoint had not answered in that time: without it, an
+//     endpoint slower than the hedging delay would never be measured, and
+//     would look cheap); a local-origin failure, the caller's cancellation
+//     and a busy answer say nothing of latency. The latency is the attempt's,
+//     from pick to end: a long-lived stream measures its lifetime, so use
+//     peak_ewma for unary calls and short streams.
 //
 // Other policies (weighted_round_robin, least_request, ...) are not
 // supported as the child: the policy must know each endpoint's picker to

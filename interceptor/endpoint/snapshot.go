@@ -22,6 +22,11 @@ type Snapshot struct {
 	Target      string    // the channel's target
 	ChildPolicy string    // round_robin, pick_first or peak_ewma
 	At          time.Time // when the snapshot was taken (the now of Snapshots)
+	// DecayTime and EndpointConcurrency are peak_ewma's settings in
+	// effect, defaults applied; zero under the other children and in an
+	// Idle snapshot.
+	DecayTime           time.Duration
+	EndpointConcurrency int
 	// Idle is set for a channel whose policy grpc has closed (the channel
 	// went idle, or was closed) while it still held ejections: the policy
 	// keeps them for the channel's next policy, for as long as they last
@@ -99,6 +104,9 @@ func (b *lb) snapshot(now time.Time) Snapshot {
 	}
 	s := Snapshot{Target: b.target, ChildPolicy: cfg.mode.String(), At: now, Ejections: ej, Overflow: refused,
 		Returns: returns, AttemptsAvoided: b.avoided.Load()}
+	if cfg.mode == p2c {
+		s.DecayTime, s.EndpointConcurrency = cfg.decay, cfg.concurrency
+	}
 	conn := map[*entry]connectivity.State{}
 	if b.last.Picker != nil {
 		for _, cs := range endpointsharding.ChildStatesFromPicker(b.last.Picker) {
@@ -147,8 +155,12 @@ func (s Snapshot) String() string {
 	if s.Idle {
 		idle = ", idle"
 	}
+	child := s.ChildPolicy
+	if s.EndpointConcurrency > 0 {
+		child += fmt.Sprintf(" decayTime %v endpointConcurrency %d", s.DecayTime, s.EndpointConcurrency)
+	}
 	fmt.Fprintf(&sb, "%s (%s, %s%s): %d ejections, %d refused by maxEjectionPercent, %d returns, %d attempts sent elsewhere\n",
-		s.Target, Name, s.ChildPolicy, idle, s.Ejections, s.Overflow, s.Returns, s.AttemptsAvoided)
+		s.Target, Name, child, idle, s.Ejections, s.Overflow, s.Returns, s.AttemptsAvoided)
 	for _, e := range s.Endpoints {
 		state := "in rotation"
 		switch {

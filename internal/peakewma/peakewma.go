@@ -129,7 +129,8 @@ func (e *Estimator) Estimate(now int64, tau time.Duration) time.Duration {
 // Cost returns the balancer's cost of the endpoint at now with outstanding
 // requests in flight, each weighing perAttempt of its latency: Estimate ×
 // (1 + perAttempt × outstanding), or Penalty + outstanding when requests
-// are outstanding and no observation came within tau. A perAttempt of 1 is
+// are outstanding and no observation came within tau, or the estimate is
+// 0. A perAttempt of 1 is
 // Finagle's and Linkerd's cost, Estimate × (outstanding + 1).
 func (e *Estimator) Cost(now int64, outstanding int, perAttempt float64, tau time.Duration) float64 {
 	stamp := e.stamp.Load()
@@ -139,7 +140,14 @@ func (e *Estimator) Cost(now int64, outstanding int, perAttempt float64, tau tim
 	if stamp == 0 {
 		return 0
 	}
-	return decay(math.Float64frombits(e.cost.Load()), now-stamp, tau) * (1 + perAttempt*float64(outstanding))
+	c := decay(math.Float64frombits(e.cost.Load()), now-stamp, tau)
+	if c == 0 && outstanding > 0 {
+		// A latency of 0 (an answer within a clock tick) would make the
+		// work in flight weigh nothing: price it as Finagle does, as the
+		// unmeasured.
+		return Penalty + float64(outstanding)
+	}
+	return c * (1 + perAttempt*float64(outstanding))
 }
 
 // decay returns c after td nanoseconds of decay with time constant tau.

@@ -1,12 +1,13 @@
 // Package trail carries, in the context of every attempt of one logical
 // call, the endpoints the call's attempts (its first, retries, hedged
 // copies) were sent to, and what the endpoint policy needs to know of the
-// client's own timers. The client interceptor puts a Trail in the context
-// of each attempt of a call that may send more than one; the endpoint
-// load-balancing policy reads it when it picks, prefers an endpoint not on
-// it, and adds the one it picked. Identity is exact: the policy records its
-// own endpoint, whatever address the connection reports (a host name in
-// the resolver, a proxy).
+// client's own timers and of the call's end (a hedged copy cancelled as
+// another copy's outcome ended the call). The client interceptor puts a
+// Trail in the context of each attempt of a call that may send more than
+// one; the endpoint load-balancing policy reads it when it picks, prefers an
+// endpoint not on it, and adds the one it picked. Identity is exact: the
+// policy records its own endpoint, whatever address the connection reports
+// (a host name in the resolver, a proxy).
 //
 // A call that sends one attempt carries no Trail, and neither does a call
 // on a channel whose load-balancing policy is not the endpoint policy
@@ -37,8 +38,8 @@ type Trail struct {
 	// timedOut[i] is set when the client's per-attempt timer ended the
 	// attempt of pick i (streams: the timer cancels the attempt).
 	timedOut [Size]atomic.Bool
-	// ended is set when the call ended while copies of it still ran: the
-	// client cancels them (a hedged call that another copy answered).
+	// ended is set when a hedged call's outcome is known, before the
+	// client cancels the copies still running, if any.
 	ended atomic.Bool
 	// own is the instant (UnixNano) before which an attempt's deadline is
 	// the client's per-attempt timeout rather than its caller's; 0: no
@@ -94,11 +95,11 @@ func (t *Trail) TimedOut(slot int) bool {
 	return slot >= 0 && slot < Size && t.timedOut[slot].Load()
 }
 
-// MarkEnded records that the call has ended with attempts still running,
-// which the client is about to cancel: their CANCELLED then says that they
-// had not answered by the time the call's outcome was known (another copy
-// answered first), not that the caller gave up. The client calls it before
-// it cancels them.
+// MarkEnded records that the call's outcome is known (a copy's answer or
+// fatal status), while its caller is still there: the CANCELLED of an
+// attempt still running then says that it had not answered by that time,
+// not that the caller gave up. The client calls it before it cancels
+// them.
 func (t *Trail) MarkEnded() { t.ended.Store(true) }
 
 // Ended reports whether MarkEnded was called.
