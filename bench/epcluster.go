@@ -347,9 +347,10 @@ const (
 	lbOursRR   = `{"resilience_endpoint":{"childPolicy":[{"round_robin":{}}]}}`
 	lbOursPF   = `{"resilience_endpoint":{"childPolicy":[{"pick_first":{}}]}}`
 	lbOursEWMA = `{"resilience_endpoint":{"childPolicy":[{"peak_ewma":{}}]}}`
-	// lbOursEWMALinkerd prices an attempt in flight as Finagle and Linkerd
-	// do: a whole latency.
-	lbOursEWMALinkerd = `{"resilience_endpoint":{"childPolicy":[{"peak_ewma":{"endpointConcurrency":1}}]}}`
+	// lbOursEWMALinkerd is peak_ewma with Finagle's and Linkerd's settings:
+	// an attempt in flight costs a whole latency, and a latency counts for
+	// 10s.
+	lbOursEWMALinkerd = `{"resilience_endpoint":{"childPolicy":[{"peak_ewma":{"endpointConcurrency":1,"decayTime":"10s"}}]}}`
 	lbRR              = `{"round_robin":{}}`
 	lbPF              = `{"pick_first":{}}`
 	lbLeast           = `{"least_request_experimental":{"choiceCount":2}}`
@@ -363,8 +364,8 @@ const (
 	epOursRR   = "grpc-resilience, resilience_endpoint (round_robin)"
 	epOursPF   = "grpc-resilience, resilience_endpoint (pick_first)"
 	epOursEWMA = "grpc-resilience, resilience_endpoint (peak_ewma)"
-	// epOursEWMALinkerd is peak_ewma with endpointConcurrency 1.
-	epOursEWMALinkerd = "grpc-resilience, resilience_endpoint (peak_ewma, endpointConcurrency 1)"
+	// epOursEWMALinkerd is peak_ewma with Finagle's and Linkerd's settings.
+	epOursEWMALinkerd = "grpc-resilience, resilience_endpoint (peak_ewma, endpointConcurrency 1, decayTime 10s)"
 	epOursHedged      = "grpc-resilience hedged, resilience_endpoint (round_robin)"
 	epHostSuffix      = ", host names"
 )

@@ -541,7 +541,7 @@ func EndpointSlow() Scenario {
 			"hedging, no error (so no retry). 16 closed-loop callers for 4 phases. First the same cluster all healthy (every " +
 			"backend 5 ms) under ours with round_robin: its p99 is the baseline. 'slow share' is backend 1's share of the " +
 			"calls, 'largest share' the most loaded backend's (33.33% when the calls spread evenly). peak_ewma runs with " +
-			"its default endpointConcurrency (4) and with 1, Finagle's and Linkerd's cost.",
+			"its defaults (endpointConcurrency 4, decayTime 1s) and with Finagle's and Linkerd's (1 and 10s).",
 		Run: runEndpointSlow,
 	}
 }
@@ -592,7 +592,7 @@ func runEndpointSlow(ctx context.Context, sz Size) ([]Table, error) {
 	t.Notes = append(t.Notes, "target (issue 30): ours latency-aware (peak_ewma) p99 ≤ 1.5× the all-healthy p99, where round robin's p99 is the slow backend's.",
 		"endpointConcurrency 1 prices each call in flight as a whole latency (Finagle's and Linkerd's cost): 16 callers keep about 8 calls on "+
 			"each fast backend, which then costs about what the idle slow one does (5 ms × 9 against 50 ms × 1), so the slow one gets a share "+
-			"of the calls that reaches the p99; at 4 it would need 36 in flight.",
+			"of the calls that reaches the p99; at 4 it would need more than 36 in flight (about 28 at the 6.3 ms a fast call takes here).",
 		"least_request counts outstanding requests only: a slow backend holds more of them, so it gets fewer, but not few enough for the p99; "+
 			"weighted_round_robin needs the servers' ORCA load reports (none here) to weigh anything.")
 	return []Table{t}, nil

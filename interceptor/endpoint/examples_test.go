@@ -105,11 +105,12 @@ func ExampleSetLogger() {
 // with no retry, hedge or error involved. (It is measured by the calls it
 // gets: its first, or one while the others' estimates are still unknown.)
 // endpointConcurrency says how many calls a backend serves at once before
-// they slow one another; each call in flight adds 1/endpointConcurrency of
-// its latency to its cost.
+// they slow one another (each call in flight adds 1/endpointConcurrency of
+// its latency to its cost), and decayTime how long a latency counts; the
+// values here are the defaults.
 func Example_peakEWMA() {
 	cluster, stop, err := resiliencetest.ServeCluster(3, nil, resiliencetest.WithServiceConfig(
-		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s", "endpointConcurrency": 4}}]}}]}`))
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "1s", "endpointConcurrency": 4}}]}}]}`))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -30,19 +30,19 @@
 // takes a quarter by default, and says why). An endpoint with work in
 // flight and no observation within τ (never measured, or back after a long
 // absence) costs Penalty + outstanding: it gets one request at a time
-// until that request
-// measures it, instead of every request while its stale estimate looks
-// cheap.
+// until that request measures it, instead of every request while its
+// stale estimate looks cheap.
 //
 // # Decay time
 //
-// Finagle and Linkerd both use τ = 10 s, the default here
-// (DefaultDecayTime). Shorter, one slow response is forgotten sooner but a
-// slow endpoint is probed again sooner (a probe costs one caller the slow
-// latency); longer, the balancer remembers a bad spell longer. 10 s keeps a
-// 10× slower endpoint out for about τ·ln(10) ≈ 23 s between probes when it
-// is idle, while a healthy endpoint's estimate follows its latency within
-// seconds.
+// Finagle and Linkerd both use τ = 10 s (DefaultDecayTime). Shorter, one
+// slow response is forgotten sooner but a slow endpoint is probed again
+// sooner (a probe costs one caller the slow latency); longer, the balancer
+// remembers a bad spell longer. One slow answer keeps an endpoint from the
+// calls of a balancer that compares it with busier ones for about
+// τ·ln(slow/busy cost): at 10 s, seconds of a healthy endpoint left idle
+// after one pause. interceptor/endpoint takes 1 s by default, and says
+// why.
 //
 // # Concurrency
 //
@@ -62,7 +62,8 @@ import (
 	"time"
 )
 
-// DefaultDecayTime is Finagle's and Linkerd's decay time τ.
+// DefaultDecayTime is Finagle's and Linkerd's decay time τ (the gRPC
+// policy's default is shorter: serviceconfig.DefaultPeakEWMADecayTime).
 const DefaultDecayTime = 10 * time.Second
 
 // Penalty is the cost of an endpoint with work outstanding and no recent
