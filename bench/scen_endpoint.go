@@ -541,7 +541,7 @@ func EndpointSlow() Scenario {
 			"hedging, no error (so no retry). 16 closed-loop callers for 4 phases. First the same cluster all healthy (every " +
 			"backend 5 ms) under ours with round_robin: its p99 is the baseline. 'slow share' is backend 1's share of the " +
 			"calls, 'largest share' the most loaded backend's (33.33% when the calls spread evenly). peak_ewma runs with " +
-			"its defaults (endpointConcurrency 4, decayTime 1s) and with Finagle's and Linkerd's (1 and 10s).",
+			"its defaults (endpointConcurrency 4, decayTime 10s) and with Finagle's and Linkerd's cost (endpointConcurrency 1).",
 		Run: runEndpointSlow,
 	}
 }

@@ -24,9 +24,9 @@ const (
 	// DefaultEndpointConsecutiveLocalOriginFailures is Envoy's
 	// consecutive_local_origin_failure default.
 	DefaultEndpointConsecutiveLocalOriginFailures = 5
-	// DefaultPeakEWMADecayTime is the peak_ewma child's decay time
-	// (Finagle's and Linkerd's is 10s: see EndpointPolicy.DecayTime).
-	DefaultPeakEWMADecayTime = time.Second
+	// DefaultPeakEWMADecayTime is the peak_ewma child's decay time:
+	// Finagle's and Linkerd's (see EndpointPolicy.DecayTime).
+	DefaultPeakEWMADecayTime = 10 * time.Second
 	// minPeakEWMADecayTime is the shortest decay time accepted.
 	minPeakEWMADecayTime = 100 * time.Millisecond
 	// DefaultPeakEWMAEndpointConcurrency is the peak_ewma child's endpoint
@@ -70,19 +70,20 @@ type EndpointPolicy struct {
 	// not dropped; peak_ewma takes decayTime and endpointConcurrency.
 	ChildPolicy string
 	// DecayTime is peak_ewma's decay time τ ({"peak_ewma": {"decayTime":
-	// "1s"}}): how long a latency counts. 0 means 1s, else at least 100ms.
-	// Only with ChildPolicy "peak_ewma".
+	// "10s"}}): how long a latency counts. 0 means 10s (Finagle's and
+	// Linkerd's), else at least 100ms. Only with ChildPolicy "peak_ewma".
 	//
-	// Finagle and Linkerd take 10s. The estimate takes a slower latency at
-	// once, so one slow answer (a pause) keeps an endpoint from every pick
-	// until its estimate decays below a busy endpoint's cost, about
-	// τ·ln(that ratio): with 16 callers over three 5ms endpoints, one 50ms
-	// answer kept a healthy endpoint from every call for 9.6s at 10s, for
-	// about 1s at 1s (endpointConcurrency 4, on fake time). A persistently
-	// slow endpoint is tried again about as often, which costs little: one
-	// backend of three 10× slower got 0.23–0.26% of the calls at 1s against
-	// 0.17–0.45% at 10s, at the same p99 (1.01–1.08× against 1.02–1.18× the
-	// all-healthy p99; bench/'s endpoint-slow, 3 runs).
+	// The estimate takes a slower latency at once and decays toward zero
+	// between samples, so τ sets two things. A persistently slow endpoint
+	// is tried again about once per τ·ln(its latency / the others'): a 10×
+	// slower one got 4% of the calls at one call a second, 0.5% at ten (20%
+	// and 4% at 1s). And one slow answer (a pause) keeps a healthy endpoint
+	// from every pick for about τ·ln(the pause / a busy endpoint's cost):
+	// 16 callers over three 5ms endpoints, one 50ms answer, 9s at 10s, 1s at
+	// 1s (endpointConcurrency 4; on fake time). Shorten it only for
+	// channels with hundreds of calls a second and methods far faster
+	// than τ: an endpoint with calls in flight and no answer within τ is
+	// priced as never measured.
 	DecayTime time.Duration
 	// EndpointConcurrency is peak_ewma's count of attempts an endpoint
 	// serves at once before they slow one another ({"peak_ewma":
@@ -99,12 +100,16 @@ type EndpointPolicy struct {
 	// endpoints, one of them 10× slower, keep about 8 attempts on each fast
 	// endpoint, which then looks about as dear as the idle slow one, and
 	// the slow one got 1.22–1.58% of the calls: the p99 was its latency
-	// (5.5–5.9× the all-healthy p99). At 4 it gets 0.23–0.26% and the p99
-	// is 1.01–1.08×; with every endpoint healthy the most loaded of three
-	// takes 33.9–34.6% of the calls (34.5–34.8% at 1). At 16 the attempts
-	// in flight hardly count and latency noise decides: 43% on one of three
-	// in one run. Lower it toward 1 for endpoints that serve one call at a
-	// time.
+	// (5.5–5.9× the all-healthy p99). At 4 it gets 0.17–0.45% and the p99
+	// is 1.02–1.18×; with every endpoint healthy the most loaded of three
+	// takes 35.0–35.5% of the calls (34.5–34.8% at 1). The price: one slow
+	// answer keeps an endpoint from every pick until its estimate decays
+	// below a busy endpoint's cost (about 9s at the default decay time, see
+	// DecayTime), where at 1 a busy endpoint soon costs as much and the
+	// paused one gets calls again at once, though fewer (a tenth of the
+	// next 20s). At 16 the attempts in flight hardly count and latency
+	// noise decides: 43% on one of three in one run. Lower it toward 1 for
+	// endpoints that serve one call at a time.
 	EndpointConcurrency int
 	// ConsecutiveFailures ejects an endpoint after that many failures in a
 	// row; 0 means 5 unless FailurePercentage is set; −1 is off.

@@ -134,53 +134,56 @@
 //     resolver's order, and a retry to the next. Unlike grpc's pick_first,
 //     it keeps a connection to every endpoint: a pick_first holding one
 //     connection could not send a retry anywhere else;
-//   - "peak_ewma" ({"peak_ewma": {"decayTime": "1s", "endpointConcurrency":
+//   - "peak_ewma" ({"peak_ewma": {"decayTime": "10s", "endpointConcurrency":
 //     4}}) picks the cheaper of two endpoints drawn at random among the
 //     READY, non-ejected ones the call has not used (power of two choices),
 //     the cost being a peak-sensitive moving average of the endpoint's
 //     latency weighted by its attempts outstanding: Finagle's and Linkerd's
-//     algorithm, with two defaults changed for gRPC servers. First, they
-//     price each attempt in flight as a whole latency, latency ×
-//     (outstanding + 1), as if an endpoint served one at a time; a gRPC
-//     server serves calls concurrently, and its latency estimate already
-//     rises when load slows it, so the cost here is latency × (1 +
-//     outstanding / endpointConcurrency), default 4 (1 is theirs). With
-//     theirs, 16 callers over three endpoints, one of them 10× slower, keep
-//     about 8 attempts on each fast one, which then costs about as much as
-//     the idle slow one: in bench/'s endpoint-slow the slow one got 1.2–1.6%
-//     of the calls and the p99 was its latency (5.5–5.9× the all-healthy
-//     p99); with the defaults here it gets 0.23–0.26% and the p99 is
-//     1.01–1.08× (3 runs), and with every endpoint healthy the most loaded
-//     of three takes 33.9–34.6% of the calls (34.5–34.8% with theirs). At 16
-//     the attempts in flight hardly count (43% on one of three in one run,
-//     latency noise outweighing load): 16 is the most accepted. Second, the
-//     decay time τ, how long a latency counts: theirs is 10s, the default
-//     here 1s. The estimate takes a slower latency at once, so one slow
-//     answer (a pause) keeps an endpoint from every pick until its estimate
-//     decays below a busier endpoint's cost: 16 callers, three 5ms
-//     endpoints, one 50ms answer kept a healthy endpoint out for 9.6s at 10s
-//     and about 1s at 1s (endpointConcurrency 4, fake time), while a
-//     persistently slow endpoint, tried again about as often, still got only
-//     0.23–0.26% of the calls (0.17–0.45% at 10s). It moves load away from a
-//     slow endpoint before any error, without the servers' help (grpc's
-//     weighted_round_robin needs ORCA load reports; least_request sees only
-//     outstanding requests). Between samples the estimate decays toward
-//     zero, so an endpoint not picked because it looked slow is tried again
-//     in time (after about τ·ln(its latency / the others') when idle), and
+//     algorithm, with one default changed for gRPC servers. They price each
+//     attempt in flight as a whole latency, latency × (outstanding + 1), as
+//     if an endpoint served one at a time; a gRPC server serves calls
+//     concurrently, and its latency estimate already rises when load slows
+//     it, so the cost here is latency × (1 + outstanding /
+//     endpointConcurrency), default 4 (1 is theirs). With theirs, 16 callers
+//     over three endpoints, one of them 10× slower, keep about 8 attempts on
+//     each fast one, which then costs about as much as the idle slow one: in
+//     bench/'s endpoint-slow the slow one got 1.2–1.6% of the calls and the
+//     p99 was its latency (5.5–5.9× the all-healthy p99); at 4 it gets
+//     0.17–0.45% and the p99 is 1.02–1.18× (3 runs), and with every endpoint
+//     healthy the most loaded of three takes 35.0–35.5% of the calls
+//     (34.5–34.8% with theirs). At 16 the attempts in flight hardly count
+//     (43% on one of three in one run, latency noise outweighing load): 16 is
+//     the most accepted. The price of 4: one slow answer (a pause) keeps an
+//     endpoint from every pick until its estimate decays below a busy
+//     endpoint's cost, about τ·ln(the pause / that cost): 16 callers, three
+//     5ms endpoints, one 50ms answer, about 9s (on fake time), where with
+//     theirs a busy endpoint soon costs as much and the paused one gets calls
+//     at once, if fewer. It moves load away from a slow endpoint before any
+//     error, without the servers' help (grpc's weighted_round_robin needs
+//     ORCA load reports; least_request sees only outstanding requests). The
+//     estimate takes a slower latency at once and forgets it with the decay
+//     time τ (default 10s, Finagle's and Linkerd's); between samples it
+//     decays toward zero, so an endpoint not picked because it looked slow is
+//     tried again in time, about once per τ·ln(its latency / the others') (a
+//     10× slower one: 4% of the calls at one call a second, 0.5% at ten), and
 //     an endpoint with attempts outstanding and no sample within τ gets one
-//     at a time. A success is a latency sample; an error answer (a failure
-//     or an application's), and the Client's per-attempt timeout, only raise
-//     the estimate (a caller provoking quick errors must not make a slow
-//     endpoint look fast); a hedged copy cancelled because its call ended on
-//     another copy's outcome (an answer, a fatal status) only raises it too
-//     (its endpoint had not answered in that time: without it, an endpoint
-//     slower than the hedging delay would never be measured, and would look
-//     cheap); a local-origin failure, the caller's cancellation and a busy
-//     answer say nothing of latency. The latency is the attempt's, from pick
-//     to end: a long-lived stream measures its lifetime, so use peak_ewma
-//     for unary calls and short streams. A client older than v0.5.0 refuses
-//     endpointConcurrency: set it in a service config such clients read only
-//     once they are upgraded.
+//     at a time. A decay time of 1s brings a paused endpoint back within a
+//     second, but tries a slow one ten times as often (20% of the calls at
+//     one a second) and prices an endpoint busy with calls slower than τ as
+//     never measured: keep τ well above a method's latency. A success is a
+//     latency sample; an error answer (a failure or an application's), and
+//     the Client's per-attempt timeout, only raise the estimate (a caller
+//     provoking quick errors must not make a slow endpoint look fast); a
+//     hedged copy cancelled because its call ended on another copy's outcome
+//     (an answer, a fatal status) only raises it too (its endpoint had not
+//     answered in that time: without it, an endpoint slower than the hedging
+//     delay would never be measured, and would look cheap); a local-origin
+//     failure, the caller's cancellation and a busy answer say nothing of
+//     latency. The latency is the attempt's, from pick to end: a long-lived
+//     stream measures its lifetime, so use peak_ewma for unary calls and
+//     short streams. A client older than v0.5.0 refuses endpointConcurrency:
+//     set it in a service config such clients read only once they are
+//     upgraded.
 //
 // Other policies (weighted_round_robin, least_request, ...) are not
 // supported as the child: the policy must know each endpoint's picker to

@@ -110,7 +110,7 @@ func ExampleSetLogger() {
 // values here are the defaults.
 func Example_peakEWMA() {
 	cluster, stop, err := resiliencetest.ServeCluster(3, nil, resiliencetest.WithServiceConfig(
-		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "1s", "endpointConcurrency": 4}}]}}]}`))
+		`{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [{"peak_ewma": {"decayTime": "10s", "endpointConcurrency": 4}}]}}]}`))
 	if err != nil {
 		log.Fatal(err)
 	}

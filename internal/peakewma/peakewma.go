@@ -35,14 +35,15 @@
 //
 // # Decay time
 //
-// Finagle and Linkerd both use τ = 10 s (DefaultDecayTime). Shorter, one
-// slow response is forgotten sooner but a slow endpoint is probed again
-// sooner (a probe costs one caller the slow latency); longer, the balancer
-// remembers a bad spell longer. One slow answer keeps an endpoint from the
-// calls of a balancer that compares it with busier ones for about
-// τ·ln(slow/busy cost): at 10 s, seconds of a healthy endpoint left idle
-// after one pause. interceptor/endpoint takes 1 s by default, and says
-// why.
+// Finagle and Linkerd both use τ = 10 s (DefaultDecayTime), the gRPC
+// policy's default too. Shorter, one slow response is forgotten sooner but
+// a slow endpoint is probed again sooner (a probe costs one caller the
+// slow latency); longer, the balancer remembers a bad spell longer. 10 s
+// keeps an idle 10× slower endpoint out for about τ·ln(10) ≈ 23 s between
+// probes, while a healthy endpoint's estimate follows its latency within
+// seconds; one slow response keeps an endpoint from the picks of a
+// balancer that compares it with busier ones for about τ·ln(slow/busy
+// cost).
 //
 // # Concurrency
 //
@@ -62,8 +63,7 @@ import (
 	"time"
 )
 
-// DefaultDecayTime is Finagle's and Linkerd's decay time τ (the gRPC
-// policy's default is shorter: serviceconfig.DefaultPeakEWMADecayTime).
+// DefaultDecayTime is Finagle's and Linkerd's decay time τ.
 const DefaultDecayTime = 10 * time.Second
 
 // Penalty is the cost of an endpoint with work outstanding and no recent
