@@ -181,6 +181,18 @@ func (rg *rig) waitReady(n int) {
 	rg.t.Fatalf("%d endpoints never READY", n)
 }
 
+// slowBackend makes backend slow answer in slowD and every other backend
+// in fast.
+func (rg *rig) slowBackend(slow int, fast, slowD time.Duration) {
+	for i, b := range rg.backends {
+		d := fast
+		if i == slow {
+			d = slowD
+		}
+		b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: d} })
+	}
+}
+
 // counts returns the attempts of Echo each backend has seen.
 func (rg *rig) counts() []int {
 	out := make([]int, len(rg.backends))

@@ -492,13 +492,7 @@ func TestPeakEWMAMovesCallsAwayFromASlowBackend(t *testing.T) {
 				c := newTestClient(t, WithRetryBudget(nil))
 				rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"`+tt.child+`": {}}]}`))...)
 				rg.waitReady(3)
-				for i, b := range rg.backends {
-					d := time.Millisecond
-					if i == 1 {
-						d = 20 * time.Millisecond
-					}
-					b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: d} })
-				}
+				rg.slowBackend(1, time.Millisecond, 20*time.Millisecond)
 				if errs := callN(rg.echo(), 16, 30); len(errs) > 0 {
 					t.Fatal(errs[0])
 				}

@@ -110,13 +110,7 @@ func TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun(t *testing.T) {
 		c := newTestClient(t, WithMethodConfig(mc), WithRetryBudget(nil))
 		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"peak_ewma": {}}], `+noEjection[1:]))...)
 		rg.waitReady(3)
-		for i, b := range rg.backends {
-			d := time.Millisecond
-			if i == 1 {
-				d = 200 * time.Millisecond
-			}
-			b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step { return resiliencetest.Step{Delay: d} })
-		}
+		rg.slowBackend(1, time.Millisecond, 200*time.Millisecond)
 		for i := range 60 {
 			if _, err := rg.echo().Echo(t.Context(), &echov1.EchoRequest{Message: "x"}); err != nil {
 				t.Fatalf("call %d: %v", i, err)
