@@ -70,16 +70,23 @@ func testIdemLeaseRenewed(t *testing.T, env *idemEnv) {
 type idemStealStore struct {
 	idempotency.Store
 	renews atomic.Int64
+	lost   chan struct{} // closed at the first Renew: the server learns the key is lost
+	once   sync.Once
+}
+
+func newIdemStealStore(s idempotency.Store) *idemStealStore {
+	return &idemStealStore{Store: s, lost: make(chan struct{})}
 }
 
 func (s *idemStealStore) Renew(ctx context.Context, k idempotency.RecordKey, token string, lease time.Duration) error {
 	s.renews.Add(1)
+	s.once.Do(func() { close(s.lost) })
 	return idempotency.ErrNotOwner // as if the lease had ended: the key is lost
 }
 
 func testIdemLeaseLostWaiters(t *testing.T, env *idemEnv) {
 	e, started := idemSlowEcho()
-	store := &idemStealStore{Store: env.store}
+	store := newIdemStealStore(env.store)
 	cc := idemStart(t, e, Idempotency{Store: store, Lease: idemShortLease})
 	ctx := context.Background()
 	var wg sync.WaitGroup
@@ -89,8 +96,13 @@ func testIdemLeaseLostWaiters(t *testing.T, env *idemEnv) {
 	for i := 1; i < len(results); i++ {
 		wg.Go(func() { results[i] = idemDo(ctx, cc, "k", "m") })
 	}
-	// The lease ends; another server claims the key and keeps it.
-	time.Sleep(2 * idemShortLease)
+	// The lease ends: once the server has learned it (its first renewal
+	// says the key is lost), the stored lease is ended on the store's own
+	// clock (Redis: its TTLs shortened, not a real-time sleep that a busy
+	// machine may outrun), and another server claims the key and keeps it.
+	// A record still there would be one claimed since: a duplicate run.
+	<-store.lost
+	env.advance(2 * idemShortLease)
 	other, err := env.newStore().Claim(ctx, idempotency.RecordKey{FullMethod: idemEchoMethod, Key: "k"}, make([]byte, 32), time.Minute)
 	if err != nil || other.State != idempotency.Owned {
 		t.Fatalf("another server's Claim = %v, %v, want Owned", other.State, err)
