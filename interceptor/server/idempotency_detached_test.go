@@ -193,7 +193,7 @@ func TestIdempotencyDetachedHandlerContext(t *testing.T) {
 			cause, child  error // once the lease was lost
 		}
 		got := make(chan seen, 1)
-		steal := &idemStealStore{Store: store}
+		steal := newIdemStealStore(store)
 		e := &idemEcho{fn: func(ctx context.Context, req *echov1.EchoRequest) (*echov1.EchoResponse, error) {
 			var s seen
 			dl, _ := ctx.Deadline()
