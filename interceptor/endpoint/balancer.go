@@ -261,7 +261,7 @@ func (b *lb) noteConnectivityLocked(s balancer.State) []*entry {
 // pickerLocked returns the picker over the READY endpoints of s.
 func (b *lb) pickerLocked(s balancer.State) balancer.Picker {
 	cfg := b.cfg.Load()
-	p := &picker{b: b, fallback: s.Picker, mode: cfg.mode, decay: cfg.decay, perAttempt: cfg.perAttempt}
+	p := newPicker(b, cfg, s.Picker)
 	for _, cs := range endpointsharding.ChildStatesFromPicker(s.Picker) {
 		if cs.State.ConnectivityState != connectivity.Ready {
 			continue

@@ -31,6 +31,12 @@ type picker struct {
 	spilled    atomic.Uint32 // the rotation among the best, when next's is not
 }
 
+// newPicker returns a picker of b under cfg, with no endpoint yet, that
+// falls back to fallback (nil in tests that never fall back).
+func newPicker(b *lb, cfg *lbConfig, fallback balancer.Picker) *picker {
+	return &picker{b: b, fallback: fallback, mode: cfg.mode, decay: cfg.decay, perAttempt: cfg.perAttempt}
+}
+
 type choice struct {
 	e      *entry
 	picker balancer.Picker // the endpoint's pick_first

@@ -42,8 +42,7 @@ func newTestPicker(t testing.TB, n int, p serviceconfig.EndpointPolicy) (*picker
 	b := newLB("test", nil)
 	b.rand = rand.New(rand.NewPCG(1, 2)).Uint64
 	b.setConfig(newConfig(&p))
-	cfg := b.cfg.Load()
-	pk := &picker{b: b, mode: cfg.mode, decay: cfg.decay, perAttempt: cfg.perAttempt}
+	pk := newPicker(b, b.cfg.Load(), nil)
 	b.mu.Lock()
 	for i := range n {
 		e, _ := b.newEntryLocked(resolver.Endpoint{Addresses: []resolver.Address{{Addr: "ep" + string(rune('0'+i))}}})
