@@ -207,9 +207,13 @@ func printChannel(w io.Writer, ch *adminv1.Channel) {
 	if ch.GetIdle() {
 		idle = ", idle"
 	}
+	child := ch.GetChildPolicy()
+	if ch.GetEndpointConcurrency() > 0 { // peak_ewma's settings in effect
+		child += fmt.Sprintf(" decayTime %v endpointConcurrency %d", ch.GetDecayTime().AsDuration(), ch.GetEndpointConcurrency())
+	}
 	fmt.Fprintf(w, "\nCHANNEL %s (resilience_endpoint, %s%s): %d ejections, %d returns, %d refused by maxEjectionPercent, %d attempts sent elsewhere\n",
-		ch.GetTarget(), ch.GetChildPolicy(), idle, ch.GetEjections(), ch.GetReturns(), ch.GetOverflow(), ch.GetAttemptsAvoided())
-	t := newTable(w, "ENDPOINT", "CONNECTIVITY", "STATE", "FAILURES", "WHY")
+		ch.GetTarget(), child, idle, ch.GetEjections(), ch.GetReturns(), ch.GetOverflow(), ch.GetAttemptsAvoided())
+	t := newTable(w, "ENDPOINT", "CONNECTIVITY", "STATE", "FAILURES", "LOAD", "WHY")
 	for _, e := range ch.GetEndpoints() {
 		state := "in rotation"
 		if e.GetProbation() {
@@ -222,9 +226,20 @@ func printChannel(w io.Writer, ch *adminv1.Channel) {
 			}
 		}
 		t.row(strings.Join(e.GetAddresses(), ","), e.GetConnectivity(), state,
-			fmt.Sprintf("%d in a row, %d/%d in the window", e.GetConsecutiveFailures(), e.GetFailures(), e.GetCalls()), dash(e.GetCause()))
+			fmt.Sprintf("%d in a row, %d/%d in the window", e.GetConsecutiveFailures(), e.GetFailures(), e.GetCalls()), endpointLoad(e),
+			dash(e.GetCause()))
 	}
 	_ = t.flush()
+}
+
+// endpointLoad is an endpoint's attempts in flight and, under peak_ewma,
+// its latency estimate.
+func endpointLoad(e *adminv1.Endpoint) string {
+	load := strconv.FormatInt(e.GetOutstanding(), 10) + " in flight"
+	if e.GetLatency() != nil {
+		load += ", latency " + e.GetLatency().AsDuration().String()
+	}
+	return load
 }
 
 func printEvents(w io.Writer, events []*adminv1.Event, dropped uint64) error {

@@ -67,6 +67,9 @@ func (w *endpointWatch) poll(now time.Time) []*adminv1.Channel {
 	for _, s := range snaps {
 		ch := &adminv1.Channel{Target: s.Target, ChildPolicy: s.ChildPolicy, Ejections: s.Ejections, Overflow: s.Overflow,
 			AttemptsAvoided: s.AttemptsAvoided, Returns: s.Returns, Idle: s.Idle}
+		if s.EndpointConcurrency > 0 { // peak_ewma's settings in effect
+			ch.DecayTime, ch.EndpointConcurrency = durationpb.New(s.DecayTime), int64(s.EndpointConcurrency)
+		}
 		for _, e := range s.Endpoints {
 			pe := &adminv1.Endpoint{Addresses: e.Addresses, Connectivity: e.Connectivity.String(), Ejections: e.Ejections,
 				ConsecutiveFailures: int64(e.ConsecutiveFailures), Calls: int64(e.Calls), Failures: int64(e.Failures),

@@ -3,6 +3,9 @@ package admin
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -281,5 +284,54 @@ func TestRateLimitKeyFloodIsBounded(t *testing.T) {
 	got := eventsOf(v, adminv1.Part_PART_RATE_LIMIT, adminv1.EventKind_EVENT_KIND_REFUSED)
 	if len(got) != eventsPerPart || got[len(got)-1].GetTenant() != "t1999" {
 		t.Errorf("%d events kept, the newest %v; want %d, the newest t1999's", len(got), got[len(got)-1], eventsPerPart)
+	}
+}
+
+// TestPeakEWMAChannelShowsItsSettings: a channel under peak_ewma carries the
+// settings in effect (decayTime, endpointConcurrency) and each endpoint's
+// latency estimate and attempts in flight into the view and onto the page;
+// one under round_robin carries no setting.
+func TestPeakEWMAChannelShowsItsSettings(t *testing.T) {
+	v, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.eps.snapshots = func(time.Time) []endpoint.Snapshot {
+		return []endpoint.Snapshot{
+			{Target: "dns:///orders", ChildPolicy: "peak_ewma", DecayTime: 10 * time.Second, EndpointConcurrency: 4,
+				Endpoints: []endpoint.EndpointState{{Addresses: []string{"10.0.0.1:443"}, Connectivity: connectivity.Ready,
+					Outstanding: 3, Latency: 6 * time.Millisecond}}},
+			{Target: "dns:///users", ChildPolicy: "round_robin",
+				Endpoints: []endpoint.EndpointState{{Addresses: []string{"10.0.0.2:443"}, Connectivity: connectivity.Ready}}},
+		}
+	}
+	chs := v.Snapshot().GetChannels()
+	if len(chs) != 2 {
+		t.Fatalf("channels = %v, want 2", chs)
+	}
+	ewma, rr := chs[0], chs[1]
+	if ewma.GetDecayTime().AsDuration() != 10*time.Second || ewma.GetEndpointConcurrency() != 4 {
+		t.Errorf("peak_ewma channel: decay_time %v, endpoint_concurrency %d, want 10s and 4", ewma.GetDecayTime(), ewma.GetEndpointConcurrency())
+	}
+	if e := ewma.GetEndpoints()[0]; e.GetLatency().AsDuration() != 6*time.Millisecond || e.GetOutstanding() != 3 {
+		t.Errorf("peak_ewma endpoint: latency %v, outstanding %d, want 6ms and 3", e.GetLatency(), e.GetOutstanding())
+	}
+	if rr.GetDecayTime() != nil || rr.GetEndpointConcurrency() != 0 {
+		t.Errorf("round_robin channel: decay_time %v, endpoint_concurrency %d, want neither", rr.GetDecayTime(), rr.GetEndpointConcurrency())
+	}
+	hs := httptest.NewServer(v.Handler())
+	defer hs.Close()
+	resp, err := http.Get(hs.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(b)
+	for _, want := range []string{"channel dns:///orders (peak_ewma, decayTime 10s, endpointConcurrency 4)",
+		"latency 6ms, 3 in flight", "channel dns:///users (round_robin)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
 	}
 }

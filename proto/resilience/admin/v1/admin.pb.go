@@ -2148,7 +2148,7 @@ type Channel struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// target is the channel's target.
 	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
-	// child_policy is round_robin or pick_first.
+	// child_policy is round_robin, pick_first or peak_ewma.
 	ChildPolicy string `protobuf:"bytes,2,opt,name=child_policy,json=childPolicy,proto3" json:"child_policy,omitempty"`
 	// endpoints are the channel's endpoints, in the resolver's order.
 	Endpoints []*Endpoint `protobuf:"bytes,3,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
@@ -2165,9 +2165,15 @@ type Channel struct {
 	// idle is set for a channel whose policy grpc closed (the channel went
 	// idle, or was closed) while endpoints were still ejected: the policy
 	// keeps them for the channel's next policy.
-	Idle          bool `protobuf:"varint,8,opt,name=idle,proto3" json:"idle,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Idle bool `protobuf:"varint,8,opt,name=idle,proto3" json:"idle,omitempty"`
+	// decay_time is peak_ewma's decayTime in effect; unset under another
+	// child policy.
+	DecayTime *durationpb.Duration `protobuf:"bytes,9,opt,name=decay_time,json=decayTime,proto3" json:"decay_time,omitempty"`
+	// endpoint_concurrency is peak_ewma's endpointConcurrency in effect; 0
+	// under another child policy.
+	EndpointConcurrency int64 `protobuf:"varint,10,opt,name=endpoint_concurrency,json=endpointConcurrency,proto3" json:"endpoint_concurrency,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Channel) Reset() {
@@ -2254,6 +2260,20 @@ func (x *Channel) GetIdle() bool {
 		return x.Idle
 	}
 	return false
+}
+
+func (x *Channel) GetDecayTime() *durationpb.Duration {
+	if x != nil {
+		return x.DecayTime
+	}
+	return nil
+}
+
+func (x *Channel) GetEndpointConcurrency() int64 {
+	if x != nil {
+		return x.EndpointConcurrency
+	}
+	return 0
 }
 
 // Endpoint is one endpoint of a channel.
@@ -2807,7 +2827,7 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\bfailures\x18\x02 \x01(\x04R\bfailures\x12!\n" +
 	"\flast_failure\x18\x03 \x01(\tR\vlastFailure\x12F\n" +
 	"\x11last_failure_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastFailureTime\x12 \n" +
-	"\vdescription\x18\x05 \x01(\tR\vdescription\"\x94\x02\n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\"\x81\x03\n" +
 	"\aChannel\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12!\n" +
 	"\fchild_policy\x18\x02 \x01(\tR\vchildPolicy\x12;\n" +
@@ -2816,7 +2836,11 @@ const file_resilience_admin_v1_admin_proto_rawDesc = "" +
 	"\boverflow\x18\x05 \x01(\x04R\boverflow\x12)\n" +
 	"\x10attempts_avoided\x18\x06 \x01(\x04R\x0fattemptsAvoided\x12\x18\n" +
 	"\areturns\x18\a \x01(\x04R\areturns\x12\x12\n" +
-	"\x04idle\x18\b \x01(\bR\x04idle\"\xe1\x04\n" +
+	"\x04idle\x18\b \x01(\bR\x04idle\x128\n" +
+	"\n" +
+	"decay_time\x18\t \x01(\v2\x19.google.protobuf.DurationR\tdecayTime\x121\n" +
+	"\x14endpoint_concurrency\x18\n" +
+	" \x01(\x03R\x13endpointConcurrency\"\xe1\x04\n" +
 	"\bEndpoint\x12\x1c\n" +
 	"\taddresses\x18\x01 \x03(\tR\taddresses\x12\"\n" +
 	"\fconnectivity\x18\x02 \x01(\tR\fconnectivity\x12?\n" +
@@ -2993,28 +3017,29 @@ var file_resilience_admin_v1_admin_proto_depIdxs = []int32{
 	26, // 33: resilience.admin.v1.Limit.busiest_tenants:type_name -> resilience.admin.v1.TenantLoad
 	32, // 34: resilience.admin.v1.Store.last_failure_time:type_name -> google.protobuf.Timestamp
 	30, // 35: resilience.admin.v1.Channel.endpoints:type_name -> resilience.admin.v1.Endpoint
-	32, // 36: resilience.admin.v1.Endpoint.ejected_until:type_name -> google.protobuf.Timestamp
-	32, // 37: resilience.admin.v1.Endpoint.ejected_since:type_name -> google.protobuf.Timestamp
-	33, // 38: resilience.admin.v1.Endpoint.latency:type_name -> google.protobuf.Duration
-	32, // 39: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 40: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
-	3,  // 41: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
-	32, // 42: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
-	22, // 43: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
-	32, // 44: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
-	4,  // 45: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
-	6,  // 46: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
-	8,  // 47: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
-	10, // 48: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
-	5,  // 49: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
-	7,  // 50: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
-	9,  // 51: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
-	11, // 52: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
-	49, // [49:53] is the sub-list for method output_type
-	45, // [45:49] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	33, // 36: resilience.admin.v1.Channel.decay_time:type_name -> google.protobuf.Duration
+	32, // 37: resilience.admin.v1.Endpoint.ejected_until:type_name -> google.protobuf.Timestamp
+	32, // 38: resilience.admin.v1.Endpoint.ejected_since:type_name -> google.protobuf.Timestamp
+	33, // 39: resilience.admin.v1.Endpoint.latency:type_name -> google.protobuf.Duration
+	32, // 40: resilience.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 41: resilience.admin.v1.Event.part:type_name -> resilience.admin.v1.Part
+	3,  // 42: resilience.admin.v1.Event.kind:type_name -> resilience.admin.v1.EventKind
+	32, // 43: resilience.admin.v1.Event.last_time:type_name -> google.protobuf.Timestamp
+	22, // 44: resilience.admin.v1.Event.failures:type_name -> resilience.admin.v1.Failure
+	32, // 45: resilience.admin.v1.Event.until:type_name -> google.protobuf.Timestamp
+	4,  // 46: resilience.admin.v1.AdminService.GetView:input_type -> resilience.admin.v1.GetViewRequest
+	6,  // 47: resilience.admin.v1.AdminService.ListEvents:input_type -> resilience.admin.v1.ListEventsRequest
+	8,  // 48: resilience.admin.v1.AdminService.WatchEvents:input_type -> resilience.admin.v1.WatchEventsRequest
+	10, // 49: resilience.admin.v1.AdminService.ControlBreaker:input_type -> resilience.admin.v1.ControlBreakerRequest
+	5,  // 50: resilience.admin.v1.AdminService.GetView:output_type -> resilience.admin.v1.GetViewResponse
+	7,  // 51: resilience.admin.v1.AdminService.ListEvents:output_type -> resilience.admin.v1.ListEventsResponse
+	9,  // 52: resilience.admin.v1.AdminService.WatchEvents:output_type -> resilience.admin.v1.WatchEventsResponse
+	11, // 53: resilience.admin.v1.AdminService.ControlBreaker:output_type -> resilience.admin.v1.ControlBreakerResponse
+	50, // [50:54] is the sub-list for method output_type
+	46, // [46:50] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_resilience_admin_v1_admin_proto_init() }
