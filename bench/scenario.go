@@ -82,6 +82,7 @@ func All() []Scenario {
 		HedgeBudget(),
 		EndpointOutage(),
 		EndpointSlow(),
+		EndpointPause(),
 		EndpointRestart(),
 		EndpointScaleDown(),
 		EndpointHealthy(),
