@@ -31,7 +31,7 @@ func EndpointPause() Scenario {
 			"(one pause), then in 5 ms again. 16 closed-loop callers for 14 phases, no hedging, no retry. Backend 1's " +
 			"share of the calls (33.33% when they spread evenly) in the phase after the end of its slow answer and in " +
 			"the 10 phases after it; 'back to 25%' is when its share of a half phase first reaches 25% again, after the " +
-			"end of the slow answer.",
+			"end of the slow answer ('never': not within the run).",
 		Run: runEndpointPause,
 	}
 }
@@ -56,7 +56,7 @@ func runEndpointPause(ctx context.Context, sz Size) ([]Table, error) {
 		}
 		row, err := epRow(ctx, p, epNoRetry, epBackends, false, behave, func(c *epCluster) []string {
 			l := c.run(ctx, d)
-			first, later, back := "no pause", "—", "—"
+			first, later, back := "(no pause)", "—", "—"
 			if at := paused.Load(); at > 0 {
 				end := time.Duration(at-1) + pauseSlow
 				first = c.shares(end, end+sz.Phase)[1]
@@ -85,7 +85,7 @@ func runEndpointPause(ctx context.Context, sz Size) ([]Table, error) {
 
 // backTo returns how long after from backend b's share of the first
 // attempts in a bucket first reached share, in milliseconds, looking at
-// buckets of the given length up to to; "not within the run" when none did.
+// buckets of the given length up to to; "never" when none did.
 func (c *epCluster) backTo(b int, share float64, from, to, bucket time.Duration) string {
 	for at := from; at+bucket <= to; at += bucket {
 		counts, all := c.firstAttempts(at, at+bucket)
@@ -93,5 +93,5 @@ func (c *epCluster) backTo(b int, share float64, from, to, bucket time.Duration)
 			return strconv.FormatInt((at - from).Milliseconds(), 10)
 		}
 	}
-	return "not within the run (> " + strconv.FormatInt((to-from).Milliseconds(), 10) + ")"
+	return "never"
 }
