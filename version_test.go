@@ -11,22 +11,32 @@ import (
 // release matches a release heading of CHANGELOG.md: "## v0.4.0 — 2026-12-01".
 var release = regexp.MustCompile(`^## (v\d+\.\d+\.\d+) — (\d{4}-\d{2}-\d{2})$`)
 
+// unreleased is the heading of the changes on main since the newest
+// release: allowed first, and only first.
+const unreleased = "## Unreleased"
+
 // TestVersionIsTheChangelogsNewestRelease: Version names the newest release
 // of CHANGELOG.md, so that the version a program prints is one the changelog
-// describes; and every release heading is dated, newest first.
+// describes; and every release heading is dated, newest first, after at
+// most one "## Unreleased" section.
 func TestVersionIsTheChangelogsNewestRelease(t *testing.T) {
 	data, err := os.ReadFile("CHANGELOG.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var versions, dates []string
+	headings := 0
 	for _, line := range strings.Split(string(data), "\n") {
 		if !strings.HasPrefix(line, "## ") {
 			continue
 		}
+		headings++
+		if line == unreleased && headings == 1 { // what main holds beyond the newest release
+			continue
+		}
 		m := release.FindStringSubmatch(line)
 		if m == nil {
-			t.Errorf("CHANGELOG.md: %q is not a release heading (## vX.Y.Z — YYYY-MM-DD)", line)
+			t.Errorf("CHANGELOG.md: %q is not a release heading (## vX.Y.Z — YYYY-MM-DD), nor %q first", line, unreleased)
 			continue
 		}
 		versions = append(versions, m[1])
