@@ -2,6 +2,9 @@ package admin
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 
@@ -64,4 +67,22 @@ func serveHolding(t *testing.T, srv *server.Server) (echov1.EchoServiceClient, f
 		once.Do(func() { close(e.release) })
 		wg.Wait()
 	}
+}
+
+// getPage serves v's handler over loopback HTTP and returns the status and
+// body of a GET of path.
+func getPage(t *testing.T, v *View, path string) (int, string) {
+	t.Helper()
+	hs := httptest.NewServer(v.Handler())
+	defer hs.Close()
+	resp, err := http.Get(hs.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }

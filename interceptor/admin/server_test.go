@@ -3,9 +3,6 @@ package admin
 import (
 	"context"
 	"errors"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -319,15 +316,7 @@ func TestPeakEWMAChannelShowsItsSettings(t *testing.T) {
 	if rr.GetDecayTime() != nil || rr.GetEndpointConcurrency() != 0 {
 		t.Errorf("round_robin channel: decay_time %v, endpoint_concurrency %d, want neither", rr.GetDecayTime(), rr.GetEndpointConcurrency())
 	}
-	hs := httptest.NewServer(v.Handler())
-	defer hs.Close()
-	resp, err := http.Get(hs.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	page := string(b)
+	_, page := getPage(t, v, "/")
 	for _, want := range []string{"channel dns:///orders (peak_ewma, decayTime 10s, endpointConcurrency 4)",
 		"latency 6ms, 3 in flight", "channel dns:///users (round_robin)"} {
 		if !strings.Contains(page, want) {

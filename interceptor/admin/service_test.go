@@ -299,15 +299,7 @@ func TestPageRendersEveryPart(t *testing.T) {
 	edge.OnRefusal(context.Background(), server.Refusal{FullMethod: echoMethod, Reason: server.RefusalRateLimit, Limit: "per-tenant",
 		RateLimits: []string{"per-tenant"}, Key: "acme", Tenant: "acme", Wait: 20 * time.Millisecond,
 		Err: status.Error(codes.ResourceExhausted, "over the rate limit")})
-	hs := httptest.NewServer(v.Handler())
-	defer hs.Close()
-	resp, err := http.Get(hs.URL + "/?refresh=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	page := string(b)
+	code, page := getPage(t, v, "/?refresh=5")
 	for _, want := range []string{
 		`<meta http-equiv="refresh" content="5">`, "client orders", "1h0m0s", "rejects 0%", "0 in flight, 0 queued",
 		"10.0 of 10 tokens", "server api", `data-limit="(server)"`, "CRITICAL: 0 / 0 / 0", `data-healthy="false"`,
@@ -320,7 +312,7 @@ func TestPageRendersEveryPart(t *testing.T) {
 			t.Errorf("page lacks %q", want)
 		}
 	}
-	if resp.StatusCode != http.StatusOK || strings.Contains(page, "rendering the page failed") {
-		t.Errorf("page = %d:\n%s", resp.StatusCode, page)
+	if code != http.StatusOK || strings.Contains(page, "rendering the page failed") {
+		t.Errorf("page = %d:\n%s", code, page)
 	}
 }
