@@ -318,7 +318,7 @@ func TestPeakEWMAChannelShowsItsSettings(t *testing.T) {
 	}
 	_, page := getPage(t, v, "/")
 	for _, want := range []string{"channel dns:///orders (peak_ewma, decayTime 10s, endpointConcurrency 4)",
-		"latency 6ms, 3 in flight", "channel dns:///users (round_robin)"} {
+		"3 in flight, latency 6ms", "channel dns:///users (round_robin)"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)
 		}

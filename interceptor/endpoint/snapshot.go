@@ -129,7 +129,9 @@ func (b *lb) snapshot(now time.Time) Snapshot {
 		es := endpointState(e.addrs, e.out.State(now))
 		es.Connectivity = c
 		es.Outstanding = int(e.outstanding.Load())
-		es.Latency = e.lat.Estimate(t, cfg.decay)
+		if cfg.mode == p2c { // the estimate is fed by peak_ewma only: under another child it is a stale one
+			es.Latency = e.lat.Estimate(t, cfg.decay)
+		}
 		s.Endpoints = append(s.Endpoints, es)
 	}
 	return s
