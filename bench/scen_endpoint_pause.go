@@ -28,7 +28,7 @@ func EndpointPause() Scenario {
 	return Scenario{
 		Name: "endpoint-pause",
 		Workload: "Three backends on loopback TCP answering in 5 ms; two phases in, backend 1 answers one call in 50 ms " +
-			"(one pause), then in 5 ms again. 16 closed-loop callers for 14 phases, no hedging, no retry. Backend 1's " +
+			"(one pause), then in 5 ms again. 16 closed-loop callers for 32 phases, no hedging, no retry. Backend 1's " +
 			"share of the calls (33.33% when they spread evenly) in the phase after the end of its slow answer and in " +
 			"the 10 phases after it; 'back to 25%' is when its share of a half phase first reaches 25% again, after the " +
 			"end of the slow answer ('never': not within the run).",
@@ -43,7 +43,10 @@ func runEndpointPause(ctx context.Context, sz Size) ([]Table, error) {
 		oursLB(epOursEWMALinkerd, lbOursEWMALinkerd),
 		oursLB(epOursRR, lbOursRR),
 	}
-	pauseAt, d, after := 2*sz.Phase, 14*sz.Phase, 10*sz.Phase
+	// 30 phases after the pause: at the default size, 3τ of peak_ewma's
+	// default decay time, past the τ·ln(50/5) ≈ 2.3τ its recovery takes at
+	// most, so that "back to 25%" reads a recovery, not the run's end.
+	pauseAt, d, after := 2*sz.Phase, 32*sz.Phase, 10*sz.Phase
 	t := Table{Title: "One answer 10× slower from one backend of three, then all healthy",
 		Header: []string{"peer", "calls", "its share, the phase after", "its share, 10 phases after", "back to 25% after (ms)", "p99 (ms)"}}
 	for _, p := range rows {
