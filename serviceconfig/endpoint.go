@@ -80,7 +80,9 @@ type EndpointPolicy struct {
 	// and 4% at 1s). And one slow answer (a pause) keeps a healthy endpoint
 	// from every pick for about τ·ln(the pause / a busy endpoint's cost):
 	// 16 callers over three 5ms endpoints, one 50ms answer, 9s at 10s, 1s at
-	// 1s (endpointConcurrency 4; on fake time). Shorten it only for
+	// 1s (endpointConcurrency 4, on fake time; in real time, bench/'s
+	// endpoint-pause, a quarter of the calls again after about 10s at 10s,
+	// 2s at 1s). Shorten it only for
 	// channels with hundreds of calls a second and methods far faster
 	// than τ: an endpoint with calls in flight and no answer within τ is
 	// priced as never measured.
@@ -106,8 +108,8 @@ type EndpointPolicy struct {
 	// answer keeps an endpoint from every pick until its estimate decays
 	// below a busy endpoint's cost (about 9s at the default decay time, see
 	// DecayTime), where at 1 a busy endpoint soon costs as much and the
-	// paused one gets calls again at once, though fewer (a tenth of the
-	// next 20s). At 16 the attempts in flight hardly count and latency
+	// paused one gets calls again at once, though fewer (in real time an
+	// eighth of them at once, a quarter after about 9s). At 16 the attempts in flight hardly count and latency
 	// noise decides: 43% on one of three in one run. Lower it toward 1 for
 	// endpoints that serve one call at a time.
 	EndpointConcurrency int

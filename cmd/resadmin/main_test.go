@@ -59,6 +59,13 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &env{v: v, addr: serveView(t, v), client: c, server: ss}
+}
+
+// serveView serves v's AdminService over loopback TCP until the test ends
+// and returns its address, for resadmin's -addr.
+func serveView(t *testing.T, v *admin.View) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +74,7 @@ func newEnv(t *testing.T) *env {
 	admin.Register(gs, v)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
-	return &env{v: v, addr: lis.Addr().String(), client: c, server: ss}
+	return lis.Addr().String()
 }
 
 func (e *env) run(t *testing.T, args ...string) (code int, stdout, stderr string) {

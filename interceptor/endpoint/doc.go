@@ -156,9 +156,11 @@
 //     the most accepted. The price of 4: one slow answer (a pause) keeps an
 //     endpoint from every pick until its estimate decays below a busy
 //     endpoint's cost, about τ·ln(the pause / that cost): 16 callers, three
-//     5ms endpoints, one 50ms answer, about 9s (on fake time), where with
-//     theirs a busy endpoint soon costs as much and the paused one gets calls
-//     at once, if fewer. It moves load away from a slow endpoint before any
+//     5ms endpoints, one 50ms answer, about 9s on fake time; in real time
+//     (bench/'s endpoint-pause) it gets 0.2% of the next second's calls and a
+//     quarter of them again after about 10s. With theirs a busy endpoint
+//     soon costs as much and the paused one gets calls at once, if fewer
+//     (an eighth at once, a quarter after about 9s, in real time). It moves load away from a slow endpoint before any
 //     error, without the servers' help (grpc's weighted_round_robin needs
 //     ORCA load reports; least_request sees only outstanding requests). The
 //     estimate takes a slower latency at once and forgets it with the decay

@@ -5,48 +5,39 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/grpc-resilience/resilience/interceptor/admin"
 	echov1 "github.com/grpc-resilience/resilience/proto/resilience/echo/v1"
 	"github.com/grpc-resilience/resilience/resiliencetest"
 )
 
-func adv42Policy(child string) string {
+// endpointPolicy is a service config with the resilience_endpoint policy
+// over the child policy child, given as JSON.
+func endpointPolicy(child string) string {
 	return `{"loadBalancingConfig": [{"resilience_endpoint": {"childPolicy": [` + child + `]}}]}`
 }
 
-// adv42Admin serves a View with the endpoint channels over real gRPC
-// (loopback TCP) and over HTTP.
-func adv42Admin(t *testing.T) (addr string, hs *httptest.Server) {
+// viewWithEndpoints serves a View that watches the endpoint channels over
+// real gRPC (serveView) and over HTTP, and returns both addresses.
+func viewWithEndpoints(t *testing.T) (addr string, hs *httptest.Server) {
 	t.Helper()
 	v, err := admin.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	admin.Register(gs, v)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
 	hs = httptest.NewServer(v.Handler())
 	t.Cleanup(hs.Close)
-	return lis.Addr().String(), hs
+	return serveView(t, v), hs
 }
 
-// adv42Channel returns resadmin's CHANNEL block of target: its CHANNEL line
+// channelBlock returns resadmin's CHANNEL block of target: its CHANNEL line
 // and its endpoint table.
-func adv42Channel(t *testing.T, addr, target string) string {
+func channelBlock(t *testing.T, addr, target string) string {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	if code := run(context.Background(), []string{"-addr", addr}, &out, &errOut); code != exitOK {
@@ -64,14 +55,25 @@ func adv42Channel(t *testing.T, addr, target string) string {
 	return s
 }
 
-func adv42JSONChannel(t *testing.T, hs *httptest.Server, target string) map[string]any {
+// get returns the body of a GET of url.
+func get(t *testing.T, url string) []byte {
 	t.Helper()
-	resp, err := http.Get(hs.URL + "/view.json")
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// jsonChannel returns the channel of target in the view's /view.json.
+func jsonChannel(t *testing.T, hs *httptest.Server, target string) map[string]any {
+	t.Helper()
+	b := get(t, hs.URL+"/view.json")
 	var v struct{ Channels []map[string]any }
 	if err := json.Unmarshal(b, &v); err != nil {
 		t.Fatalf("view.json: %v\n%s", err, b)
@@ -85,15 +87,11 @@ func adv42JSONChannel(t *testing.T, hs *httptest.Server, target string) map[stri
 	return nil
 }
 
-func adv42Page(t *testing.T, hs *httptest.Server, target string) string {
+// pageChannel returns the page's section of the channel of target: its
+// heading and its endpoint table.
+func pageChannel(t *testing.T, hs *httptest.Server, target string) string {
 	t.Helper()
-	resp, err := http.Get(hs.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	s := string(b)
+	s := string(get(t, hs.URL+"/"))
 	i := strings.Index(s, "<h3>channel "+target)
 	if i < 0 {
 		t.Fatalf("page has no channel %s", target)
@@ -105,7 +103,9 @@ func adv42Page(t *testing.T, hs *httptest.Server, target string) string {
 	return s
 }
 
-func adv42Calls(t *testing.T, cl *resiliencetest.Cluster, n int) {
+// echoCalls makes n Echo calls on the cluster's channel, each of which
+// must succeed.
+func echoCalls(t *testing.T, cl *resiliencetest.Cluster, n int) {
 	t.Helper()
 	echo := cl.EchoClient()
 	for range n {
@@ -118,40 +118,40 @@ func adv42Calls(t *testing.T, cl *resiliencetest.Cluster, n int) {
 	}
 }
 
-// TestAdv42ChildSwitchShowsOnlyTheSettingsInEffect: over a real channel
+// TestChannelShowsOnlyTheChildPolicysSettingsInEffect: over a real channel
 // and the admin view read through gRPC (resadmin's run) and HTTP
 // (view.json, the page), peak_ewma's settings appear under peak_ewma,
 // disappear under round_robin, and come back, updated, under peak_ewma.
 // Under round_robin nothing measures latency, so no latency estimate may
 // be shown: the estimate left from peak_ewma is not one the picks compare.
-func TestAdv42ChildSwitchShowsOnlyTheSettingsInEffect(t *testing.T) {
-	addr, hs := adv42Admin(t)
+func TestChannelShowsOnlyTheChildPolicysSettingsInEffect(t *testing.T) {
+	addr, hs := viewWithEndpoints(t)
 	cl := resiliencetest.StartCluster(t, 2, nil,
-		resiliencetest.WithServiceConfig(adv42Policy(`{"peak_ewma": {"decayTime": "3600s", "endpointConcurrency": 2}}`)))
+		resiliencetest.WithServiceConfig(endpointPolicy(`{"peak_ewma": {"decayTime": "3600s", "endpointConcurrency": 2}}`)))
 	target := cl.Conn.Target()
-	adv42Calls(t, cl, 20)
+	echoCalls(t, cl, 20)
 
-	ch := adv42Channel(t, addr, target)
+	ch := channelBlock(t, addr, target)
 	if !strings.Contains(ch, "(resilience_endpoint, peak_ewma decayTime 1h0m0s endpointConcurrency 2)") || !strings.Contains(ch, "latency ") {
 		t.Errorf("peak_ewma: resadmin's channel:\n%s", ch)
 	}
-	js := adv42JSONChannel(t, hs, target)
+	js := jsonChannel(t, hs, target)
 	if js["decayTime"] != "3600s" || js["endpointConcurrency"] != "2" {
 		t.Errorf("peak_ewma: view.json channel: %v", js)
 	}
 
-	if err := cl.SetServiceConfig(adv42Policy(`{"round_robin": {}}`)); err != nil {
+	if err := cl.SetServiceConfig(endpointPolicy(`{"round_robin": {}}`)); err != nil {
 		t.Fatal(err)
 	}
-	adv42Calls(t, cl, 4)
-	ch = adv42Channel(t, addr, target)
+	echoCalls(t, cl, 4)
+	ch = channelBlock(t, addr, target)
 	if !strings.Contains(ch, "(resilience_endpoint, round_robin)") || strings.Contains(ch, "decayTime") {
 		t.Errorf("round_robin: resadmin's channel line:\n%s", ch)
 	}
 	if strings.Contains(ch, "latency") {
 		t.Errorf("round_robin: resadmin shows a latency estimate nothing measures (peak_ewma's, left over):\n%s", ch)
 	}
-	js = adv42JSONChannel(t, hs, target)
+	js = jsonChannel(t, hs, target)
 	if _, ok := js["decayTime"]; ok {
 		t.Errorf("round_robin: view.json channel has decayTime: %v", js)
 	}
@@ -160,31 +160,31 @@ func TestAdv42ChildSwitchShowsOnlyTheSettingsInEffect(t *testing.T) {
 			t.Errorf("round_robin: view.json endpoint has latency %v", l)
 		}
 	}
-	if p := adv42Page(t, hs, target); strings.Contains(p, "latency") || strings.Contains(p, "decayTime") {
+	if p := pageChannel(t, hs, target); strings.Contains(p, "latency") || strings.Contains(p, "decayTime") {
 		t.Errorf("round_robin: the page shows peak_ewma's state:\n%s", p)
 	}
 
-	if err := cl.SetServiceConfig(adv42Policy(`{"peak_ewma": {"decayTime": "2s"}}`)); err != nil {
+	if err := cl.SetServiceConfig(endpointPolicy(`{"peak_ewma": {"decayTime": "2s"}}`)); err != nil {
 		t.Fatal(err)
 	}
-	adv42Calls(t, cl, 10)
-	ch = adv42Channel(t, addr, target)
+	echoCalls(t, cl, 10)
+	ch = channelBlock(t, addr, target)
 	if !strings.Contains(ch, "(resilience_endpoint, peak_ewma decayTime 2s endpointConcurrency 4)") {
 		t.Errorf("back to peak_ewma: resadmin's channel:\n%s", ch)
 	}
-	if p := adv42Page(t, hs, target); !strings.Contains(p, "(peak_ewma, decayTime 2s, endpointConcurrency 4)") {
+	if p := pageChannel(t, hs, target); !strings.Contains(p, "(peak_ewma, decayTime 2s, endpointConcurrency 4)") {
 		t.Errorf("back to peak_ewma: page:\n%s", p)
 	}
 }
 
-// TestAdv42InFlightWithoutEstimate: under peak_ewma an endpoint whose
+// TestPageShowsAttemptsInFlightWithoutAnEstimate: under peak_ewma an endpoint whose
 // calls are all still in flight has no latency estimate yet; its attempts
 // in flight (what peak_ewma's picks compare then: Penalty + outstanding)
 // should still be on the page, as resadmin's LOAD column shows them.
-func TestAdv42InFlightWithoutEstimate(t *testing.T) {
-	addr, hs := adv42Admin(t)
+func TestPageShowsAttemptsInFlightWithoutAnEstimate(t *testing.T) {
+	addr, hs := viewWithEndpoints(t)
 	cl := resiliencetest.StartCluster(t, 1, nil,
-		resiliencetest.WithServiceConfig(adv42Policy(`{"peak_ewma": {}}`)))
+		resiliencetest.WithServiceConfig(endpointPolicy(`{"peak_ewma": {}}`)))
 	target := cl.Conn.Target()
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 8)
@@ -212,11 +212,11 @@ func TestAdv42InFlightWithoutEstimate(t *testing.T) {
 			<-done
 		}
 	}()
-	ch := adv42Channel(t, addr, target)
+	ch := channelBlock(t, addr, target)
 	if !strings.Contains(ch, "3 in flight") {
 		t.Errorf("resadmin:\n%s", ch)
 	}
-	if p := adv42Page(t, hs, target); !strings.Contains(p, "3 in flight") {
+	if p := pageChannel(t, hs, target); !strings.Contains(p, "3 in flight") {
 		t.Errorf("the page hides 3 attempts in flight of a peak_ewma endpoint with no estimate yet:\n%s", p)
 	}
 }
