@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -123,6 +124,62 @@ func TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun(t *testing.T) {
 		s := rg.snapshot()
 		if est := s.Endpoints[1].Latency; est < 10*time.Millisecond {
 			t.Fatalf("slow backend's estimate %v, want at least the hedging delay:\n%s", est, s)
+		}
+	})
+}
+
+// TestPeakEWMATriesAHedgedAwayEndpointRarelyAtALowRate pins how often
+// peak_ewma tries again an endpoint it knows only through copies its
+// hedges outran, when calls are few (bench/'s endpoint-hedge runs each row
+// a sixth of the time, and a client at a few calls a second is the same):
+// the estimate decays with time, not with calls, so the fewer the calls,
+// the larger the share that meets the slow endpoint. One backend of three
+// 10× slower (50 ms), the fast ones at 5 ms with every fifth answer at
+// 10 ms (a fast endpoint's cost peaks, as on a busy machine), hedging
+// after 7 ms, one call every 100 ms for 60 s. A hedged-away copy is cut at
+// about 12 ms (the delay plus a fast answer); counted as its endpoint's
+// latency (ObservePeak), the slow endpoint was tried again whenever its
+// decayed 12 ms fell below a fast one's peak: 18–22 first attempts of 600
+// (3.0–3.7%), so the p99 was a hedged call's. Counted as a latency cut
+// short (ObserveCut: about twice the cut), it gets 8–9 (40 runs).
+func TestPeakEWMATriesAHedgedAwayEndpointRarelyAtALowRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mc := serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
+			HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 7 * time.Millisecond,
+				NonFatalStatusCodes: []codes.Code{codes.Unavailable}}}
+		c := newTestClient(t, WithMethodConfig(mc), WithRetryBudget(nil))
+		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"peak_ewma": {}}], `+noEjection[1:]))...)
+		rg.waitReady(3)
+		for i, b := range rg.backends {
+			var n atomic.Int64
+			b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
+				if i == 1 {
+					return resiliencetest.Step{Delay: 50 * time.Millisecond}
+				}
+				if n.Add(1)%5 == 0 {
+					return resiliencetest.Step{Delay: 10 * time.Millisecond}
+				}
+				return resiliencetest.Step{Delay: 5 * time.Millisecond}
+			})
+		}
+		const calls = 600
+		for i := range calls {
+			if _, err := rg.echo().Echo(t.Context(), &echov1.EchoRequest{Message: "x"}); err != nil {
+				t.Fatalf("call %d: %v", i, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		synctest.Wait()
+		first := 0
+		for _, a := range rg.backends[1].Attempts(resiliencetest.EchoMethod) {
+			if a.Previous <= 0 {
+				first++
+			}
+		}
+		t.Logf("first attempts on the slow backend: %d of %d", first, calls)
+		if first > calls/50 {
+			t.Fatalf("the slow backend got %d of %d first attempts (%.1f%%), want at most 2%%: its hedged-away copies priced it at the cut",
+				first, calls, 100*float64(first)/calls)
 		}
 	})
 }

@@ -127,7 +127,8 @@ type latencyUse uint8
 const (
 	latencyNone   latencyUse = iota // nothing (no answer, or the caller cut it short)
 	latencySample                   // a latency: the endpoint answered
-	latencyPeak                     // a lower bound: raise the estimate, never lower it
+	latencyPeak                     // an error answer: raise the estimate to it, never lower it
+	latencyCut                      // cut short unanswered: raise the estimate to what such a latency is expected to be
 )
 
 // attemptEnd is what the policy knows of an attempt when grpc reports its
@@ -154,12 +155,12 @@ type attemptEnd struct {
 //   - RESOURCE_EXHAUSTED, or any status with a pushback: busy;
 //   - the Client's own per-attempt timeout (DEADLINE_EXCEEDED with the
 //     attempt's own deadline, or a stream's timer when the caller had
-//     sent its whole request and nothing was received): a failure, its
-//     time a lower bound of the latency;
+//     sent its whole request and nothing was received): a failure, and a
+//     latency cut short (peakewma.Estimator.ObserveCut): the endpoint had
+//     not answered in that time;
 //   - CANCELLED as the Client ended the attempt's call (a hedged copy
 //     still running when another copy's outcome, an answer or a fatal
-//     status, ended the call): nothing, its time a lower bound of the
-//     latency: the endpoint had not answered in it;
+//     status, ended the call): nothing, and a latency cut short, as above;
 //   - nothing received and UNAVAILABLE: a local-origin failure (the
 //     connection was refused or reset before any response);
 //   - nothing received, another code: nothing (the client's own error,
@@ -186,12 +187,12 @@ func classify(di balancer.DoneInfo, failures rescodes.Set, end attemptEnd) (outl
 		// A stream's timer counts only when the endpoint had sent nothing:
 		// a stream commits on the caller's reads, so one that the caller
 		// reads late is cut though its endpoint answered in time.
-		return outlier.Failure, latencyPeak
+		return outlier.Failure, latencyCut
 	case c == codes.Canceled && end.ended:
 		// A hedged copy another copy's outcome outran: without this, an
 		// endpoint slower than the hedging delay is never measured when
 		// every call to it is hedged, and looks cheap to peak_ewma.
-		return outlier.Ignored, latencyPeak
+		return outlier.Ignored, latencyCut
 	case !di.BytesReceived && c == codes.Unavailable:
 		return outlier.LocalFailure, latencyNone
 	case !di.BytesReceived:

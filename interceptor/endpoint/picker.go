@@ -308,6 +308,8 @@ func (e *entry) record(di balancer.DoneInfo, a *pick) {
 			e.lat.Observe(t, time.Duration(t-a.start), cfg.decay)
 		case latencyPeak:
 			e.lat.ObservePeak(t, time.Duration(t-a.start), cfg.decay)
+		case latencyCut:
+			e.lat.ObserveCut(t, time.Duration(t-a.start), cfg.decay)
 		}
 	}
 	if o == outlier.Ignored || o == outlier.Busy {

@@ -243,15 +243,15 @@ func TestClassify(t *testing.T) {
 			Trailer: metadata.Pairs(pushbackKey, "100")}, attemptEnd{}, outlier.Busy, latencyNone},
 		{"caller's cancel", sent(st(codes.Canceled), true), attemptEnd{}, outlier.Ignored, latencyNone},
 		{"caller's deadline", sent(st(codes.DeadlineExceeded), false), attemptEnd{}, outlier.Ignored, latencyNone},
-		{"per-attempt timeout", sent(st(codes.DeadlineExceeded), false), own, outlier.Failure, latencyPeak},
-		{"per-attempt timeout, server's status", sent(st(codes.DeadlineExceeded), true), own, outlier.Failure, latencyPeak},
-		{"stream's per-attempt timer", sent(st(codes.Canceled), false), timer, outlier.Failure, latencyPeak},
+		{"per-attempt timeout", sent(st(codes.DeadlineExceeded), false), own, outlier.Failure, latencyCut},
+		{"per-attempt timeout, server's status", sent(st(codes.DeadlineExceeded), true), own, outlier.Failure, latencyCut},
+		{"stream's per-attempt timer", sent(st(codes.Canceled), false), timer, outlier.Failure, latencyCut},
 		// A stream commits on the caller's reads: one whose endpoint had
 		// answered and whose caller read late is cut by the timer too.
 		{"stream's per-attempt timer, the endpoint had answered", sent(st(codes.Canceled), true), timer, outlier.Ignored, latencyNone},
 		{"cancel, not the timer", sent(st(codes.Canceled), true), own, outlier.Ignored, latencyNone},
-		{"hedged copy another copy outran", sent(st(codes.Canceled), false), attemptEnd{ended: true}, outlier.Ignored, latencyPeak},
-		{"hedged copy another copy outran, headers in", sent(st(codes.Canceled), true), attemptEnd{ended: true}, outlier.Ignored, latencyPeak},
+		{"hedged copy another copy outran", sent(st(codes.Canceled), false), attemptEnd{ended: true}, outlier.Ignored, latencyCut},
+		{"hedged copy another copy outran, headers in", sent(st(codes.Canceled), true), attemptEnd{ended: true}, outlier.Ignored, latencyCut},
 		{"a failure as the call ended", sent(st(codes.Unavailable), true), attemptEnd{ended: true}, outlier.Failure, latencyPeak},
 		{"application error", sent(st(codes.NotFound), true), attemptEnd{}, outlier.Ignored, latencyPeak},
 	}

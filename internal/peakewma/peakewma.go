@@ -22,6 +22,12 @@
 // until it is picked again and measured (REVIEW class 1: a state that only
 // moves through the traffic it refuses must also age with time).
 //
+// Two kinds of observation only raise the estimate: an error answer
+// (ObservePeak: c ← max(c, x)), and a request cut short unanswered after x,
+// by a timeout or by a hedged sibling's answer (ObserveCut: c ←
+// max(c, x + min(c, x)), the latency expected of a request that has
+// already lasted x; see ObserveCut).
+//
 // Cost, for the balancer, is c·(1 + a·outstanding): an endpoint with work
 // in flight is dearer in proportion, each request outstanding weighing a
 // share a of a latency. Finagle and Linkerd take a = 1, c·(outstanding +
@@ -82,25 +88,63 @@ type Estimator struct {
 
 // Observe counts the latency rtt of a request that ended at now.
 func (e *Estimator) Observe(now int64, rtt time.Duration, tau time.Duration) {
-	e.observe(now, rtt, tau, false)
+	e.observe(now, rtt, tau, sample)
 }
 
-// ObservePeak counts rtt as a lower bound of a latency (a request cut short
-// by a timeout): it raises the estimate to rtt when it is above it, and
-// never lowers it.
+// ObservePeak counts rtt as a lower bound of a latency (an error answer,
+// which must not make an endpoint look fast): it raises the estimate to
+// rtt when it is above it, and never lowers it.
 func (e *Estimator) ObservePeak(now int64, rtt time.Duration, tau time.Duration) {
-	e.observe(now, rtt, tau, true)
+	e.observe(now, rtt, tau, peak)
 }
 
-func (e *Estimator) observe(now int64, rtt, tau time.Duration, peakOnly bool) {
+// ObserveCut counts a request cut short unanswered after elapsed (a
+// timeout, or a hedged copy whose sibling answered first): its latency is
+// more than elapsed, by how much no one saw. It raises the estimate c
+// (decayed to now) to
+//
+//	elapsed + min(c, elapsed)
+//
+// and never lowers it. A request still unanswered after elapsed is
+// expected to take about elapsed more than the estimate: that is the
+// expected latency given that it exceeded elapsed when latencies are
+// memoryless (exponential, with the estimate as their mean). Taking the
+// bare elapsed instead would price an endpoint by the cut, not by itself:
+// one 10× slower than the others, reached only by copies that its hedges
+// outrun, would be known by the hedging delay plus a fast answer, and be
+// tried again as soon as a fast endpoint's cost peaks above that. The
+// estimate counts at most once more than elapsed, so that cuts that come
+// together (several copies outrun at once) or in a row raise it to at
+// most twice the longest of them: the decay, not a growing estimate,
+// decides when the endpoint is tried again. The first observation of an
+// endpoint sets the estimate to elapsed.
+func (e *Estimator) ObserveCut(now int64, elapsed time.Duration, tau time.Duration) {
+	e.observe(now, elapsed, tau, cut)
+}
+
+// kind is how observe counts a latency.
+type kind uint8
+
+const (
+	sample kind = iota // Observe
+	peak               // ObservePeak
+	cut                // ObserveCut
+)
+
+func (e *Estimator) observe(now int64, rtt, tau time.Duration, k kind) {
 	x := float64(max(rtt, 0))
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c, stamp := math.Float64frombits(e.cost.Load()), e.stamp.Load()
 	switch {
-	case x > c || stamp == 0:
+	case stamp == 0:
 		c = x
-	case peakOnly:
+	case k == cut:
+		c = decay(c, now-stamp, tau)
+		c = max(c, x+min(c, x))
+	case x > c:
+		c = x
+	case k == peak:
 		c = decay(c, now-stamp, tau) // what a read would give
 		if x > c {
 			c = x

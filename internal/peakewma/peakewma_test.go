@@ -68,6 +68,60 @@ func TestObservePeakNeverLowers(t *testing.T) {
 	}
 }
 
+// TestObserveCutExpectsMoreThanTheCut pins ObserveCut: a request cut short
+// unanswered after x raises the estimate c (decayed to then) to
+// x + min(c, x), never lowers it, and sets a fresh estimate to x; cuts
+// together or in a row stop at twice the longest.
+func TestObserveCutExpectsMoreThanTheCut(t *testing.T) {
+	const x = 13 * time.Millisecond
+	var fresh Estimator
+	fresh.ObserveCut(sec, x, tau)
+	if got := fresh.Estimate(sec, tau); got != x {
+		t.Fatalf("first observation a cut: Estimate = %v, want %v", got, x)
+	}
+
+	// The bench's hedged-away copy: a slow endpoint known only by an
+	// earlier cut, decayed to 10 ms, cut again at 13 ms: 23 ms, where
+	// ObservePeak leaves 13 (and the endpoint is tried again τ·ln(23/13)
+	// ≈ 5.7 s later at the same fast cost).
+	var e Estimator
+	e.Observe(sec, 10*time.Millisecond, tau)
+	e.ObserveCut(sec, x, tau)
+	if got := e.Estimate(sec, tau); got != 23*time.Millisecond {
+		t.Fatalf("cut at 13ms over an estimate of 10ms: Estimate = %v, want 23ms", got)
+	}
+	var p Estimator
+	p.Observe(sec, 10*time.Millisecond, tau)
+	p.ObservePeak(sec, x, tau)
+	if got := p.Estimate(sec, tau); got != x {
+		t.Fatalf("ObservePeak at 13ms over 10ms: Estimate = %v, want 13ms", got)
+	}
+
+	// Cuts in a row, at one instant: at most twice the longest.
+	for range 5 {
+		e.ObserveCut(sec, x, tau)
+	}
+	if got := e.Estimate(sec, tau); got != 2*x {
+		t.Fatalf("six cuts of 13ms: Estimate = %v, want %v (twice the cut)", got, 2*x)
+	}
+
+	// The estimate decays before the cut weighs it: 26 ms read τ later is
+	// 26/e ≈ 9.56 ms, and a cut of 5 ms then gives 10 ms (5 + min(9.56, 5)).
+	e.ObserveCut(sec+int64(tau), 5*time.Millisecond, tau)
+	if got := e.Estimate(sec+int64(tau), tau); got != 10*time.Millisecond {
+		t.Fatalf("cut of 5ms over a decayed 9.56ms: Estimate = %v, want 10ms", got)
+	}
+
+	// A cut shorter than half the estimate changes nothing: the endpoint is
+	// known to be slower than that.
+	var slow Estimator
+	slow.Observe(sec, 50*time.Millisecond, tau)
+	slow.ObserveCut(sec, x, tau)
+	if got := slow.Estimate(sec, tau); got != 50*time.Millisecond {
+		t.Fatalf("cut at 13ms over 50ms: Estimate = %v, want 50ms (unchanged)", got)
+	}
+}
+
 // TestCostWeighsOutstandingAndPenalizesTheUnmeasured pins Cost: estimate ×
 // (1 + perAttempt × outstanding); an endpoint with requests outstanding and no
 // observation within τ costs Penalty + outstanding, so it gets one request
