@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -115,7 +116,7 @@ func printClient(w io.Writer, c *adminv1.Client) {
 			}
 		}
 		if d := m.GetHedgingDelay(); d != nil {
-			hd = d.AsDuration().String()
+			hd = measured(d.AsDuration())
 		}
 		if fs := m.GetRecentFailures(); len(fs) > 0 {
 			f := fs[len(fs)-1]
@@ -172,7 +173,7 @@ func printServer(w io.Writer, s *adminv1.Server) {
 			shed += c.GetShedLimit() + c.GetShedDeadline()
 		}
 		t.row(l.GetName(), strconv.FormatInt(l.GetLimit(), 10), strconv.FormatInt(l.GetInFlight(), 10), strconv.FormatInt(l.GetQueued(), 10),
-			l.GetBaseRtt().AsDuration().String(), l.GetSmoothedRtt().AsDuration().String(), strconv.FormatInt(l.GetTenants(), 10),
+			measured(l.GetBaseRtt().AsDuration()), measured(l.GetSmoothedRtt().AsDuration()), strconv.FormatInt(l.GetTenants(), 10),
 			strconv.FormatUint(admitted, 10), strconv.FormatUint(shed, 10))
 	}
 	_ = t.flush()
@@ -237,9 +238,20 @@ func printChannel(w io.Writer, ch *adminv1.Channel) {
 func endpointLoad(e *adminv1.Endpoint) string {
 	load := strconv.FormatInt(e.GetOutstanding(), 10) + " in flight"
 	if e.GetLatency() != nil {
-		load += ", latency " + e.GetLatency().AsDuration().String()
+		load += ", latency " + measured(e.GetLatency().AsDuration())
 	}
 	return load
+}
+
+// measured prints a measured duration (an estimate, an average, an adaptive
+// delay) to four significant digits at most: 6.123ms, not 6.123456ms,
+// whose last digits are noise that only widens a column. Settings print
+// as they were set.
+func measured(d time.Duration) string {
+	unit := time.Duration(1)
+	for top := max(d, -d) / 10000; unit <= top; unit *= 10 {
+	}
+	return d.Round(unit).String()
 }
 
 func printEvents(w io.Writer, events []*adminv1.Event, dropped uint64) error {
