@@ -178,9 +178,11 @@
 //     not make a slow endpoint look fast); an attempt cut short unanswered,
 //     by the Client's per-attempt timeout or as a hedged copy cancelled
 //     because its call ended on another copy's outcome (an answer, a fatal
-//     status), raises it to its time plus the estimate, at most twice its
-//     time: the latency expected of an attempt that has already lasted that
-//     long (internal/peakewma's ObserveCut). Without it, an endpoint slower
+//     status), raises it to its time plus the estimate it was sent under,
+//     at most twice its time: the latency expected of an attempt that has
+//     already lasted that long (internal/peakewma's ObserveCut; attempts in
+//     flight together count once, so sixteen callers meeting one black hole
+//     price it as one does). Without it, an endpoint slower
 //     than the hedging delay would never be measured, and would look cheap;
 //     priced at the bare cut, one reached only by copies its hedges outran
 //     looks as cheap as the delay plus a fast answer, and is tried again

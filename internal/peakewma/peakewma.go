@@ -25,8 +25,9 @@
 // Two kinds of observation only raise the estimate: an error answer
 // (ObservePeak: c ← max(c, x)), and a request cut short unanswered after x,
 // by a timeout or by a hedged sibling's answer (ObserveCut: c ←
-// max(c, x + min(c, x)), the latency expected of a request that has
-// already lasted x; see ObserveCut).
+// max(c, x + min(b, x)), b the estimate the request was sent under: the
+// latency expected of a request that has already lasted x; requests in
+// flight together count once; see ObserveCut).
 //
 // Cost, for the balancer, is c·(1 + a·outstanding): an endpoint with work
 // in flight is dearer in proportion, each request outstanding weighing a
@@ -84,6 +85,13 @@ type Estimator struct {
 	mu    sync.Mutex    // held by Observe
 	cost  atomic.Uint64 // the estimate c at stamp: float64 bits, nanoseconds
 	stamp atomic.Int64  // the instant of the last observation; 0: none
+
+	// The estimate before the latest run of cuts of requests in flight
+	// together (ObserveCut), at its instant (0: none), and when the
+	// latest cut came; guarded by mu.
+	before      float64
+	beforeStamp int64
+	lastCut     int64
 }
 
 // Observe counts the latency rtt of a request that ended at now.
@@ -103,21 +111,27 @@ func (e *Estimator) ObservePeak(now int64, rtt time.Duration, tau time.Duration)
 // more than elapsed, by how much no one saw. It raises the estimate c
 // (decayed to now) to
 //
-//	elapsed + min(c, elapsed)
+//	elapsed + min(b, elapsed)
 //
-// and never lowers it. A request still unanswered after elapsed is
-// expected to take about elapsed more than the estimate: that is the
-// expected latency given that it exceeded elapsed when latencies are
-// memoryless (exponential, with the estimate as their mean). Taking the
-// bare elapsed instead would price an endpoint by the cut, not by itself:
-// one 10× slower than the others, reached only by copies that its hedges
-// outrun, would be known by the hedging delay plus a fast answer, and be
-// tried again as soon as a fast endpoint's cost peaks above that. The
-// estimate counts at most once more than elapsed, so that cuts that come
-// together (several copies outrun at once) or in a row raise it to at
-// most twice the longest of them: the decay, not a growing estimate,
-// decides when the endpoint is tried again. The first observation of an
-// endpoint sets the estimate to elapsed.
+// and never lowers it, where b is the estimate the request was sent
+// under. A request still unanswered after elapsed is expected to take
+// about elapsed more than its estimate: that is the expected latency given
+// that it exceeded elapsed when latencies are memoryless (exponential,
+// with the estimate as their mean). Taking the bare elapsed instead would
+// price an endpoint by the cut, not by itself: one 10× slower than the
+// others, reached only by copies that its hedges outran, would be known by
+// the hedging delay plus a fast answer, and be tried again as soon as a
+// fast endpoint's cost peaks above that.
+//
+// Cuts in a row build on each other, each request having been sent under
+// the estimate the one before it raised; cuts of requests that were in
+// flight together (sent before the first of them was cut: sixteen callers
+// meeting one black hole) are one piece of news, not several, and are each
+// weighed against the estimate from before the first of them, so the
+// number of callers does not change the price. Either way the estimate is
+// at most twice the longest cut, so that the decay, not a growing
+// estimate, decides when the endpoint is tried again. The first
+// observation of an endpoint, a cut, sets the estimate to elapsed.
 func (e *Estimator) ObserveCut(now int64, elapsed time.Duration, tau time.Duration) {
 	e.observe(now, elapsed, tau, cut)
 }
@@ -136,12 +150,12 @@ func (e *Estimator) observe(now int64, rtt, tau time.Duration, k kind) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c, stamp := math.Float64frombits(e.cost.Load()), e.stamp.Load()
+	if k == cut { // the estimate expected of it, taken as a peak
+		k, x = peak, e.cutLocked(now, x, c, stamp, tau)
+	}
 	switch {
 	case stamp == 0:
 		c = x
-	case k == cut:
-		c = decay(c, now-stamp, tau)
-		c = max(c, x+min(c, x))
 	case x > c:
 		c = x
 	case k == peak:
@@ -159,6 +173,22 @@ func (e *Estimator) observe(now int64, rtt, tau time.Duration, k kind) {
 	// as of then, and moving the stamp back would decay it again over
 	// time it has already decayed through.
 	e.stamp.Store(max(now, stamp, 1))
+}
+
+// cutLocked returns the estimate after a request cut short unanswered
+// after x at now (ObserveCut), c at stamp being the estimate before it.
+func (e *Estimator) cutLocked(now int64, x, c float64, stamp int64, tau time.Duration) float64 {
+	if sent := now - int64(x); e.lastCut == 0 || sent >= e.lastCut {
+		// Sent after the latest cut (or none yet): news of its own, sent
+		// under the estimate as it is now.
+		e.before, e.beforeStamp = c, stamp
+	}
+	e.lastCut = max(e.lastCut, now)
+	b := 0.0 // never measured: no estimate to add
+	if e.beforeStamp != 0 {
+		b = decay(e.before, now-e.beforeStamp, tau)
+	}
+	return x + min(b, x)
 }
 
 // Estimate returns the latency estimate at now, decayed since the last

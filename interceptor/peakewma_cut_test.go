@@ -19,13 +19,13 @@ import (
 // latency), as the endpoint package documents. One backend of three
 // black-holed for 30 s (the others answer in 5 ms), perAttemptRecvTimeout
 // 500 ms, 16 callers: the first calls land on the unmeasured backend
-// together and are all cut at T. Counted as ObservePeak (its bare time),
-// the estimate was T and the healed backend got a call again 8.3–10.8 s
-// after it healed (6 runs). ObserveCut compounds the cuts that come
-// together (each takes the estimate the previous one raised as the mean
-// of the latency still to come) and prices it at 2T at once: it is tried
-// again τ·ln 2 ≈ 7 s later, 14.8–17.2 s after it healed, though nothing
-// more was learned of it than one cut says.
+// together and are all cut at T. Counted as its bare time (ObservePeak),
+// the estimate was T and the healed backend got a call again 7.0–10.8 s
+// after it healed. The first ObserveCut (stop 43's adversary) made each
+// cut build on the estimate the one before it raised, though they were
+// sent together: 2T at once, and the healed backend waited τ·ln 2 ≈ 7 s
+// more (15.9–17.5 s). Cuts of requests in flight together now count once:
+// 7.8–10.3 s.
 func TestPeakEWMABringsBackABlackHoledEndpointAsSoonAsItsTimeoutSays(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := fastPolicy(3)
@@ -69,7 +69,7 @@ func TestPeakEWMABringsBackABlackHoledEndpointAsSoonAsItsTimeoutSays(t *testing.
 		after := time.Duration(back.Load() - healedAt.UnixNano())
 		t.Logf("the healed backend got a call again %v after it healed", after)
 		if after > 12500*time.Millisecond {
-			t.Fatalf("the healed backend got a call again %v after it healed, want within 12.5s (8.3–10.8s when a cut counted its bare time): cuts that came together priced it at twice the timeout", after)
+			t.Fatalf("the healed backend got a call again %v after it healed, want within 12.5s (7.0–10.8s when a cut counted its bare time): cuts of attempts sent together counted more than once", after)
 		}
 	})
 }
