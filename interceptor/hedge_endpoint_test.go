@@ -105,12 +105,7 @@ func TestHedgingDelayUnderABudgetThatPaysForEveryCallStaysThePolicys(t *testing.
 // and it gets almost none.
 func TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mc := serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
-			HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 10 * time.Millisecond,
-				NonFatalStatusCodes: []codes.Code{codes.Unavailable}}}
-		c := newTestClient(t, WithMethodConfig(mc), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"peak_ewma": {}}], `+noEjection[1:]))...)
-		rg.waitReady(3)
+		rg := hedgedPeakEWMARig(t, 10 * time.Millisecond)
 		rg.slowBackend(1, time.Millisecond, 200*time.Millisecond)
 		for i := range 60 {
 			if _, err := rg.echo().Echo(t.Context(), &echov1.EchoRequest{Message: "x"}); err != nil {
@@ -141,15 +136,11 @@ func TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun(t *testing.T) {
 // latency (ObservePeak), the slow endpoint was tried again whenever its
 // decayed 12 ms fell below a fast one's peak: 18–22 first attempts of 600
 // (3.0–3.7%), so the p99 was a hedged call's. Counted as a latency cut
-// short (ObserveCut: about twice the cut), it gets 8–9 (40 runs).
+// short (ObserveCut: the cut plus the estimate it was sent under), it gets
+// 8–9 (40 runs).
 func TestPeakEWMATriesAHedgedAwayEndpointRarelyAtALowRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mc := serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
-			HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: 7 * time.Millisecond,
-				NonFatalStatusCodes: []codes.Code{codes.Unavailable}}}
-		c := newTestClient(t, WithMethodConfig(mc), WithRetryBudget(nil))
-		rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"peak_ewma": {}}], `+noEjection[1:]))...)
-		rg.waitReady(3)
+		rg := hedgedPeakEWMARig(t, 7 * time.Millisecond)
 		for i, b := range rg.backends {
 			var n atomic.Int64
 			b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step {
@@ -182,4 +173,18 @@ func TestPeakEWMATriesAHedgedAwayEndpointRarelyAtALowRate(t *testing.T) {
 				first, calls, 100*float64(first)/calls)
 		}
 	})
+}
+
+// hedgedPeakEWMARig starts three READY backends behind the endpoint policy
+// with the peak_ewma child and no ejection, called with one hedge after
+// delay and no retry budget.
+func hedgedPeakEWMARig(t *testing.T, delay time.Duration) *rig {
+	t.Helper()
+	mc := serviceconfig.MethodConfig{Name: []serviceconfig.Name{{Service: echoService}},
+		HedgingPolicy: &serviceconfig.HedgingPolicy{MaxAttempts: 2, HedgingDelay: delay,
+			NonFatalStatusCodes: []codes.Code{codes.Unavailable}}}
+	c := newTestClient(t, WithMethodConfig(mc), WithRetryBudget(nil))
+	rg := newRig(t, 3, append(c.DialOptions(), lbDial(`{"childPolicy": [{"peak_ewma": {}}], `+noEjection[1:]))...)
+	rg.waitReady(3)
+	return rg
 }
