@@ -105,7 +105,7 @@ func TestHedgingDelayUnderABudgetThatPaysForEveryCallStaysThePolicys(t *testing.
 // and it gets almost none.
 func TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rg := hedgedPeakEWMARig(t, 10 * time.Millisecond)
+		rg := hedgedPeakEWMARig(t, 10*time.Millisecond)
 		rg.slowBackend(1, time.Millisecond, 200*time.Millisecond)
 		for i := range 60 {
 			if _, err := rg.echo().Echo(t.Context(), &echov1.EchoRequest{Message: "x"}); err != nil {
@@ -140,7 +140,7 @@ func TestPeakEWMAMeasuresTheEndpointItsHedgesOutrun(t *testing.T) {
 // 8–9 (40 runs).
 func TestPeakEWMATriesAHedgedAwayEndpointRarelyAtALowRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rg := hedgedPeakEWMARig(t, 7 * time.Millisecond)
+		rg := hedgedPeakEWMARig(t, 7*time.Millisecond)
 		for i, b := range rg.backends {
 			var n atomic.Int64
 			b.OnCall(func(resiliencetest.Attempt) resiliencetest.Step {

@@ -24,8 +24,8 @@ import (
 // after it healed. The first ObserveCut (stop 43's adversary) made each
 // cut build on the estimate the one before it raised, though they were
 // sent together: 2T at once, and the healed backend waited τ·ln 2 ≈ 7 s
-// more (15.9–17.5 s). Cuts of requests in flight together now count once:
-// 7.8–10.3 s.
+// more (15.9–17.5 s). Each cut now weighs the estimate its attempt was
+// sent under, so attempts sent together count once: 7.0–10.3 s.
 func TestPeakEWMABringsBackABlackHoledEndpointAsSoonAsItsTimeoutSays(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := fastPolicy(3)

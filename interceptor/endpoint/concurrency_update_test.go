@@ -307,10 +307,10 @@ func TestSlowEndpointLooksCheaperOnlyPast36AtTheDefault(t *testing.T) {
 		{35, 0, 0}, {36, 1, 0}, {37, 1, 1},
 	} {
 		pk.ready[0].e.outstanding.Store(tt.out)
-		if got := pk.cheaper(1, 0, now); got != tt.slowFirst {
+		if got, _ := pk.cheaper(1, 0, now); got != tt.slowFirst {
 			t.Errorf("%d out on the fast one: cheaper(slow, fast) = ep%d, want ep%d", tt.out, got, tt.slowFirst)
 		}
-		if got := pk.cheaper(0, 1, now); got != tt.fastFirst {
+		if got, _ := pk.cheaper(0, 1, now); got != tt.fastFirst {
 			t.Errorf("%d out on the fast one: cheaper(fast, slow) = ep%d, want ep%d", tt.out, got, tt.fastFirst)
 		}
 	}

@@ -180,9 +180,10 @@
 //     because its call ended on another copy's outcome (an answer, a fatal
 //     status), raises it to its time plus the estimate it was sent under,
 //     at most twice its time: the latency expected of an attempt that has
-//     already lasted that long (internal/peakewma's ObserveCut; attempts in
-//     flight together count once, so sixteen callers meeting one black hole
-//     price it as one does). Without it, an endpoint slower
+//     already lasted that long (internal/peakewma's ObserveCut; the estimate
+//     read when the attempt was picked, so attempts sent together count
+//     once, and sixteen callers meeting one black hole price it as one
+//     does, while attempts sent one after another's cut build on it). Without it, an endpoint slower
 //     than the hedging delay would never be measured, and would look cheap;
 //     priced at the bare cut, one reached only by copies its hedges outran
 //     looks as cheap as the delay plus a fast answer, and is tried again

@@ -65,10 +65,11 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	tr := trail.FromContext(info.Ctx)
 	var now time.Time // read only when an endpoint may be ejected
 	var k, r int
-	var mono int64 // peak_ewma's instant: the monotonic clock alone
+	var mono int64             // peak_ewma's instant: the monotonic clock alone
+	var est time.Duration = -1 // peak_ewma's estimate of the endpoint picked; −1: not read
 	if p.mode == p2c {
 		mono = p.b.nanotimeNow()
-		k, r = p.twoChoices(tr, &now, mono)
+		k, r, est = p.twoChoices(tr, &now, mono)
 	} else {
 		k, r = p.inTurn(tr, &now)
 	}
@@ -87,6 +88,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 	}
 	a.start = mono
+	if mono != 0 {
+		if est < 0 {
+			est = c.e.lat.Estimate(mono, p.decay)
+		}
+		a.sentUnder = est
+	}
 	c.e.outstanding.Add(1)
 	res.Done = a.done
 	return res, nil
@@ -161,16 +168,17 @@ func (p *picker) nthOfRank(first, rank, j int, tr *trail.Trail, now *time.Time) 
 	return first
 }
 
-// twoChoices returns the endpoint of a peak_ewma pick, and its rank: of
+// twoChoices returns the endpoint of a peak_ewma pick, its rank, and its
+// latency estimate when it compared costs (−1 when it did not): of
 // two distinct endpoints drawn at random among those of the best rank (on
 // the common path, two drawn among all that both rank best), the one of
 // lower cost (peakewma.Estimator.Cost: latency × (1 + outstanding /
 // endpointConcurrency)).
-func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, int) {
+func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, int, time.Duration) {
 	n := len(p.ready)
 	x := p.b.rand()
 	if n == 1 {
-		return 0, p.rank(0, tr, now)
+		return 0, p.rank(0, tr, now), -1
 	}
 	i := int(x % uint64(n))
 	j := int((x >> 32) % uint64(n-1))
@@ -179,31 +187,33 @@ func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, i
 	}
 	ri, rj := p.rank(i, tr, now), p.rank(j, tr, now)
 	if ri == 0 && rj == 0 {
-		return p.cheaper(i, j, mono), 0
+		k, est := p.cheaper(i, j, mono)
+		return k, 0, est
 	}
 	rank, count, first := p.best(tr, now)
 	p.noteAvoided(tr, ri|rj, rank)
 	if count == 1 {
-		return first, rank
+		return first, rank, -1
 	}
 	a := int((x >> 16) % uint64(count))
 	b := int((x >> 40) % uint64(count-1))
 	if b >= a {
 		b++
 	}
-	return p.cheaper(p.nthOfRank(first, rank, a, tr, now), p.nthOfRank(first, rank, b, tr, now), mono), rank
+	k, est := p.cheaper(p.nthOfRank(first, rank, a, tr, now), p.nthOfRank(first, rank, b, tr, now), mono)
+	return k, rank, est
 }
 
 // cheaper returns i or j, whichever costs less at the instant t (i on a
-// tie).
-func (p *picker) cheaper(i, j int, t int64) int {
+// tie), and its latency estimate.
+func (p *picker) cheaper(i, j int, t int64) (int, time.Duration) {
 	ei, ej := p.ready[i].e, p.ready[j].e
-	ci := ei.lat.Cost(t, int(ei.outstanding.Load()), p.perAttempt, p.decay)
-	cj := ej.lat.Cost(t, int(ej.outstanding.Load()), p.perAttempt, p.decay)
+	ci, li := ei.lat.Price(t, int(ei.outstanding.Load()), p.perAttempt, p.decay)
+	cj, lj := ej.lat.Price(t, int(ej.outstanding.Load()), p.perAttempt, p.decay)
 	if cj < ci {
-		return j
+		return j, lj
 	}
-	return i
+	return i, li
 }
 
 // The rank bits: a pick prefers rank 0, an endpoint neither ejected nor
@@ -254,9 +264,10 @@ type pick struct {
 	// lastResort: picked while ejected, as no endpoint in rotation was
 	// usable.
 	lastResort bool
-	gen        uint32     // the endpoint's connection at the pick (entry.gen)
-	start      int64      // nanotime of the pick (peak_ewma); 0: not timed
-	end        attemptEnd // what the client's timers say
+	gen        uint32        // the endpoint's connection at the pick (entry.gen)
+	start      int64         // nanotime of the pick (peak_ewma); 0: not timed
+	sentUnder  time.Duration // the endpoint's latency estimate at the pick (peak_ewma; ObserveCut)
+	end        attemptEnd    // what the client's timers say
 	done       func(balancer.DoneInfo)
 }
 
@@ -309,7 +320,7 @@ func (e *entry) record(di balancer.DoneInfo, a *pick) {
 		case latencyPeak:
 			e.lat.ObservePeak(t, time.Duration(t-a.start), cfg.decay)
 		case latencyCut:
-			e.lat.ObserveCut(t, time.Duration(t-a.start), cfg.decay)
+			e.lat.ObserveCut(t, time.Duration(t-a.start), a.sentUnder, cfg.decay)
 		}
 	}
 	if o == outlier.Ignored || o == outlier.Busy {

@@ -354,8 +354,8 @@ func TestPeakEWMAWeighsOutstandingByEndpointConcurrency(t *testing.T) {
 			pk.ready[i].e.lat.Observe(now, d, pk.decay)
 		}
 		pk.ready[0].e.outstanding.Store(tt.out)
-		if got := pk.cheaper(0, 1, now) == 1; got != tt.slowWins {
-			t.Errorf("endpointConcurrency %d, %d out on the fast one: slow one cheaper = %v, want %v", tt.conc, tt.out, got, tt.slowWins)
+		if k, _ := pk.cheaper(0, 1, now); (k == 1) != tt.slowWins {
+			t.Errorf("endpointConcurrency %d, %d out on the fast one: slow one cheaper = %v, want %v", tt.conc, tt.out, k == 1, tt.slowWins)
 		}
 		pk.ready[0].e.outstanding.Store(0)
 	}

@@ -176,7 +176,7 @@ func TestZeroLatencyEstimateStillWeighsOutstanding(t *testing.T) {
 	pk.ready[1].e.lat.Observe(now, 5*time.Millisecond, pk.decay)
 	pk.ready[0].e.outstanding.Store(100)
 	defer pk.ready[0].e.outstanding.Store(0)
-	if got := pk.cheaper(0, 1, now); got != 1 {
+	if got, _ := pk.cheaper(0, 1, now); got != 1 {
 		t.Errorf("cheaper(0ms with 100 in flight, 5ms idle) = ep%d, want ep1", got)
 	}
 }

@@ -134,7 +134,7 @@ func TestPeakEWMAPricesABusyEndpointOfASlowMethodAsUnmeasured(t *testing.T) {
 		pk.ready[2].e.lat.Observe(t0, 20*time.Second, pk.decay)
 		pk.ready[0].e.outstanding.Store(1)
 		now := t0 + int64(1100*time.Millisecond)
-		if got := pk.cheaper(0, 2, now); got != 0 {
+		if got, _ := pk.cheaper(0, 2, now); got != 0 {
 			t.Errorf("τ %v: cheaper(2s measured 1.1s ago with 1 in flight, 20s measured 1.1s ago idle) = ep%d, want ep0 (costs %.3g vs %.3g ns)",
 				pk.decay, got,
 				pk.ready[0].e.lat.Cost(now, 1, pk.perAttempt, pk.decay), pk.ready[2].e.lat.Cost(now, 0, pk.perAttempt, pk.decay))

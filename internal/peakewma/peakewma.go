@@ -26,8 +26,8 @@
 // (ObservePeak: c ← max(c, x)), and a request cut short unanswered after x,
 // by a timeout or by a hedged sibling's answer (ObserveCut: c ←
 // max(c, x + min(b, x)), b the estimate the request was sent under: the
-// latency expected of a request that has already lasted x; requests in
-// flight together count once; see ObserveCut).
+// latency expected of a request that has already lasted x, so that
+// requests sent together count once; see ObserveCut).
 //
 // Cost, for the balancer, is c·(1 + a·outstanding): an endpoint with work
 // in flight is dearer in proportion, each request outstanding weighing a
@@ -85,13 +85,6 @@ type Estimator struct {
 	mu    sync.Mutex    // held by Observe
 	cost  atomic.Uint64 // the estimate c at stamp: float64 bits, nanoseconds
 	stamp atomic.Int64  // the instant of the last observation; 0: none
-
-	// The estimate before the latest run of cuts of requests in flight
-	// together (ObserveCut), at its instant (0: none), and when the
-	// latest cut came; guarded by mu.
-	before      float64
-	beforeStamp int64
-	lastCut     int64
 }
 
 // Observe counts the latency rtt of a request that ended at now.
@@ -107,33 +100,33 @@ func (e *Estimator) ObservePeak(now int64, rtt time.Duration, tau time.Duration)
 }
 
 // ObserveCut counts a request cut short unanswered after elapsed (a
-// timeout, or a hedged copy whose sibling answered first): its latency is
-// more than elapsed, by how much no one saw. It raises the estimate c
-// (decayed to now) to
+// timeout, or a hedged copy whose sibling answered first), sent while the
+// estimate was sentUnder (Estimate when it was sent; the caller reads it
+// then): its latency is more than elapsed, by how much no one saw. It
+// raises the estimate (decayed to now) to
 //
-//	elapsed + min(b, elapsed)
+//	elapsed + min(sentUnder, elapsed)
 //
-// and never lowers it, where b is the estimate the request was sent
-// under. A request still unanswered after elapsed is expected to take
-// about elapsed more than its estimate: that is the expected latency given
-// that it exceeded elapsed when latencies are memoryless (exponential,
-// with the estimate as their mean). Taking the bare elapsed instead would
-// price an endpoint by the cut, not by itself: one 10× slower than the
-// others, reached only by copies that its hedges outran, would be known by
-// the hedging delay plus a fast answer, and be tried again as soon as a
-// fast endpoint's cost peaks above that.
+// and never lowers it. A request still unanswered after elapsed is
+// expected to take about elapsed more than its estimate: that is the
+// expected latency given that it exceeded elapsed when latencies are
+// memoryless (exponential, with the estimate as their mean). Taking the
+// bare elapsed instead would price an endpoint by the cut, not by itself:
+// one 10× slower than the others, reached only by copies that its hedges
+// outran, would be known by the hedging delay plus a fast answer, and be
+// tried again as soon as a fast endpoint's cost peaks above that.
 //
-// Cuts in a row build on each other, each request having been sent under
-// the estimate the one before it raised; cuts of requests that were in
-// flight together (sent before the first of them was cut: sixteen callers
-// meeting one black hole) are one piece of news, not several, and are each
-// weighed against the estimate from before the first of them, so the
-// number of callers does not change the price. Either way the estimate is
-// at most twice the longest cut, so that the decay, not a growing
-// estimate, decides when the endpoint is tried again. The first
-// observation of an endpoint, a cut, sets the estimate to elapsed.
-func (e *Estimator) ObserveCut(now int64, elapsed time.Duration, tau time.Duration) {
-	e.observe(now, elapsed, tau, cut)
+// The estimate a request was sent under, not the estimate when it is cut,
+// is what makes cuts count right whatever the traffic: requests sent
+// together (sixteen callers meeting one black hole) weigh the same
+// estimate, so their cuts count as one does, while requests sent one
+// after another's cut build on it, up to twice the cut: the decay, not a
+// growing estimate, decides when the endpoint is tried again. An endpoint
+// never measured was sent requests under 0: its first cut sets the
+// estimate to elapsed.
+func (e *Estimator) ObserveCut(now int64, elapsed, sentUnder, tau time.Duration) {
+	x := float64(max(elapsed, 0))
+	e.observe(now, time.Duration(x+min(float64(max(sentUnder, 0)), x)), tau, peak)
 }
 
 // kind is how observe counts a latency.
@@ -141,8 +134,7 @@ type kind uint8
 
 const (
 	sample kind = iota // Observe
-	peak               // ObservePeak
-	cut                // ObserveCut
+	peak               // ObservePeak, ObserveCut
 )
 
 func (e *Estimator) observe(now int64, rtt, tau time.Duration, k kind) {
@@ -150,9 +142,6 @@ func (e *Estimator) observe(now int64, rtt, tau time.Duration, k kind) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c, stamp := math.Float64frombits(e.cost.Load()), e.stamp.Load()
-	if k == cut { // the estimate expected of it, taken as a peak
-		k, x = peak, e.cutLocked(now, x, c, stamp, tau)
-	}
 	switch {
 	case stamp == 0:
 		c = x
@@ -175,22 +164,6 @@ func (e *Estimator) observe(now int64, rtt, tau time.Duration, k kind) {
 	e.stamp.Store(max(now, stamp, 1))
 }
 
-// cutLocked returns the estimate after a request cut short unanswered
-// after x at now (ObserveCut), c at stamp being the estimate before it.
-func (e *Estimator) cutLocked(now int64, x, c float64, stamp int64, tau time.Duration) float64 {
-	if sent := now - int64(x); e.lastCut == 0 || sent >= e.lastCut {
-		// Sent after the latest cut (or none yet): news of its own, sent
-		// under the estimate as it is now.
-		e.before, e.beforeStamp = c, stamp
-	}
-	e.lastCut = max(e.lastCut, now)
-	b := 0.0 // never measured: no estimate to add
-	if e.beforeStamp != 0 {
-		b = decay(e.before, now-e.beforeStamp, tau)
-	}
-	return x + min(b, x)
-}
-
 // Estimate returns the latency estimate at now, decayed since the last
 // observation; 0 when never measured.
 func (e *Estimator) Estimate(now int64, tau time.Duration) time.Duration {
@@ -208,21 +181,28 @@ func (e *Estimator) Estimate(now int64, tau time.Duration) time.Duration {
 // 0. A perAttempt of 1 is
 // Finagle's and Linkerd's cost, Estimate × (outstanding + 1).
 func (e *Estimator) Cost(now int64, outstanding int, perAttempt float64, tau time.Duration) float64 {
+	cost, _ := e.Price(now, outstanding, perAttempt, tau)
+	return cost
+}
+
+// Price returns Cost and Estimate at now together, reading the state once:
+// a balancer compares the costs, and keeps the estimate of the endpoint it
+// picks for ObserveCut.
+func (e *Estimator) Price(now int64, outstanding int, perAttempt float64, tau time.Duration) (cost float64, estimate time.Duration) {
 	stamp := e.stamp.Load()
-	if outstanding > 0 && (stamp == 0 || now-stamp > int64(tau)) {
-		return Penalty + float64(outstanding)
-	}
 	if stamp == 0 {
-		return 0
+		if outstanding > 0 {
+			return Penalty + float64(outstanding), 0
+		}
+		return 0, 0
 	}
 	c := decay(math.Float64frombits(e.cost.Load()), now-stamp, tau)
-	if c == 0 && outstanding > 0 {
-		// A latency of 0 (an answer within a clock tick) would make the
-		// work in flight weigh nothing: price it as Finagle does, as the
-		// unmeasured.
-		return Penalty + float64(outstanding)
+	// A latency of 0 (an answer within a clock tick) would make the work
+	// in flight weigh nothing: price it as Finagle does, as the unmeasured.
+	if outstanding > 0 && (now-stamp > int64(tau) || c == 0) {
+		return Penalty + float64(outstanding), time.Duration(c)
 	}
-	return c * (1 + perAttempt*float64(outstanding))
+	return c * (1 + perAttempt*float64(outstanding)), time.Duration(c)
 }
 
 // decay returns c after td nanoseconds of decay with time constant tau.

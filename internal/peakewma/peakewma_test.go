@@ -69,29 +69,26 @@ func TestObservePeakNeverLowers(t *testing.T) {
 }
 
 // TestObserveCutExpectsMoreThanTheCut pins ObserveCut: a request cut short
-// unanswered after x raises the estimate to x + min(b, x), b the estimate
-// it was sent under, never lowers it, and sets a fresh estimate to x;
-// cuts in a row build up to twice the longest, and cuts of requests in
-// flight together count once.
+// unanswered after x, sent under the estimate b, raises the estimate to
+// x + min(b, x), never lowers it, and a fresh estimate (b = 0) to x; cuts
+// of requests sent one after another's cut build up to twice the cut.
 func TestObserveCutExpectsMoreThanTheCut(t *testing.T) {
 	const x = 13 * time.Millisecond
+	const xn = int64(x)
 	var fresh Estimator
-	fresh.ObserveCut(sec, x, tau)
+	fresh.ObserveCut(sec, x, 0, tau)
 	if got := fresh.Estimate(sec, tau); got != x {
 		t.Fatalf("first observation a cut: Estimate = %v, want %v", got, x)
 	}
 
 	// The bench's hedged-away copy: a slow endpoint estimated at 10 ms,
-	// cut at 13 ms: about 23 ms, where ObservePeak leaves 13 (and the
-	// endpoint is tried again τ·ln(23/13) ≈ 5.7 s later at the same fast
-	// cost). sentUnder is x + the 10 ms decayed over x.
-	const xn = int64(x)
-	sentUnder := func(x int64) float64 { return float64(x) + 10e6*math.Exp(-float64(x)/float64(tau)) }
+	// cut at 13 ms: 23 ms, where ObservePeak leaves 13 (and the endpoint
+	// is tried again τ·ln(23/13) ≈ 5.7 s later at the same fast cost).
 	var e Estimator
 	e.Observe(sec, 10*time.Millisecond, tau)
-	e.ObserveCut(sec+xn, x, tau) // sent at sec, under 10 ms
-	if got := e.Estimate(sec+xn, tau); !near(float64(got), sentUnder(xn)) {
-		t.Fatalf("cut at 13ms over an estimate of 10ms: Estimate = %v, want %v", got, time.Duration(sentUnder(xn)))
+	e.ObserveCut(sec+xn, x, e.Estimate(sec, tau), tau) // sent at sec
+	if got := e.Estimate(sec+xn, tau); got != 23*time.Millisecond {
+		t.Fatalf("cut at 13ms of a request sent under 10ms: Estimate = %v, want 23ms", got)
 	}
 	var p Estimator
 	p.Observe(sec, 10*time.Millisecond, tau)
@@ -100,59 +97,57 @@ func TestObserveCutExpectsMoreThanTheCut(t *testing.T) {
 		t.Fatalf("ObservePeak at 13ms over 10ms: Estimate = %v, want 13ms", got)
 	}
 
-	// Requests sent together with that one (at sec), cut 1 to 5 ms later:
-	// each weighs the 10 ms they were sent under, not the estimate the
-	// first cut raised, so the last gives 18 ms + 10 ms decayed, where
-	// building on each other would give 36 ms.
+	// Requests sent with that one, under the same 10 ms, cut 1 to 5 ms
+	// later: the last gives 18 + 10 = 28 ms, where weighing the estimate
+	// the cuts before them raised would give 36 ms.
 	for i := int64(1); i <= 5; i++ {
-		e.ObserveCut(sec+xn+i*ms, time.Duration(xn+i*ms), tau)
+		e.ObserveCut(sec+xn+i*ms, time.Duration(xn+i*ms), 10*time.Millisecond, tau)
 	}
-	if got, last := e.Estimate(sec+xn+5*ms, tau), xn+5*ms; !near(float64(got), sentUnder(last)) {
-		t.Fatalf("six requests sent together, the last cut at 18ms: Estimate = %v, want %v", got, time.Duration(sentUnder(last)))
+	if got := e.Estimate(sec+xn+5*ms, tau); got != 28*time.Millisecond {
+		t.Fatalf("six requests sent together under 10ms, the last cut at 18ms: Estimate = %v, want 28ms", got)
 	}
 
 	// Cuts in a row (each request sent after the cut before it) build on
 	// each other, up to twice the cut.
 	var row Estimator
-	now := sec
-	row.ObserveCut(now, x, tau) // 13 ms
+	now := int64(sec)
+	row.ObserveCut(now, x, 0, tau)
 	for range 10 {
-		now += int64(x) // sent as the previous one was cut
-		row.ObserveCut(now, x, tau)
+		sent := now
+		now += xn
+		row.ObserveCut(now, x, row.Estimate(sent, tau), tau)
 	}
-	if got := row.Estimate(now, tau); got < 2*x-time.Millisecond || got > 2*x {
-		t.Fatalf("eleven cuts of 13ms in a row: Estimate = %v, want just under %v (twice the cut)", got, 2*x)
-	}
-
-	// The estimate decays before the cut weighs it: 26 ms read τ later is
-	// 26/e ≈ 9.56 ms, and a cut of 5 ms then gives 10 ms (5 + min(9.56, 5)).
-	var d Estimator
-	d.Observe(sec, 2*x, tau)
-	d.ObserveCut(sec+int64(tau), 5*time.Millisecond, tau)
-	if got := d.Estimate(sec+int64(tau), tau); got != 10*time.Millisecond {
-		t.Fatalf("cut of 5ms over a decayed 9.56ms: Estimate = %v, want 10ms", got)
+	if got := row.Estimate(now, tau); got != 2*x {
+		t.Fatalf("eleven cuts of 13ms in a row: Estimate = %v, want %v (twice the cut)", got, 2*x)
 	}
 
-	// A cut shorter than half the estimate changes nothing: the endpoint is
-	// known to be slower than that.
+	// A cut shorter than half the estimate changes nothing but the decay:
+	// the endpoint is known to be slower than that.
 	var slow Estimator
 	slow.Observe(sec, 50*time.Millisecond, tau)
-	slow.ObserveCut(sec+xn, x, tau)
+	slow.ObserveCut(sec+xn, x, slow.Estimate(sec, tau), tau)
 	if got := slow.Estimate(sec+xn, tau); !near(float64(got), 50e6*math.Exp(-float64(xn)/float64(tau))) {
 		t.Fatalf("cut at 13ms over 50ms: Estimate = %v, want 50ms decayed by 13ms (unchanged)", got)
 	}
+
+	// A negative elapsed or estimate counts as 0.
+	var neg Estimator
+	neg.ObserveCut(sec, -x, -x, tau)
+	if got := neg.Estimate(sec, tau); got != 0 {
+		t.Fatalf("cut of −13ms sent under −13ms: Estimate = %v, want 0", got)
+	}
 }
 
-// TestSimultaneousCutsOfANewEndpointCountOnce pins the adversary's black
-// hole (stop 43): sixteen requests sent together to an endpoint never
-// measured, all cut by a timeout T, price it at T, as one cut does. Each
-// weighing the estimate the previous cut raised, they priced it at 2T,
-// and a healed endpoint was tried again τ·ln 2 ≈ 7 s later.
+// TestSimultaneousCutsOfANewEndpointCountOnce pins the first adversary's
+// black hole (stop 43): sixteen requests sent together to an endpoint
+// never measured, all cut by a timeout T, price it at T, as one cut does.
+// Each weighing the estimate the previous cut raised, they priced it at
+// 2T, and a healed endpoint was tried again τ·ln 2 ≈ 7 s later.
 func TestSimultaneousCutsOfANewEndpointCountOnce(t *testing.T) {
 	const T = 500 * time.Millisecond
 	var e Estimator
 	for i := range 16 {
-		e.ObserveCut(sec+int64(T)+int64(i)*ms/10, T+time.Duration(i)*time.Microsecond*100, tau)
+		e.ObserveCut(sec+int64(T)+int64(i)*ms/10, T+time.Duration(i)*100*time.Microsecond, 0, tau)
 	}
 	if got := e.Estimate(sec+int64(T)+2*ms, tau); got > T+2*time.Millisecond {
 		t.Fatalf("16 requests sent together, cut at %v: Estimate = %v, want about %v", T, got, T)
