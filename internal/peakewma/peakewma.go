@@ -54,8 +54,9 @@
 //
 // # Concurrency
 //
-// An Estimator is safe for concurrent use. Cost and Estimate read two atomic
-// words with no lock and allocate nothing; Observe takes a mutex. A read
+// An Estimator is safe for concurrent use. Cost, Price and Estimate read
+// two atomic words with no lock and allocate nothing; the observations
+// take a mutex. A read
 // racing an observation may pair the new estimate with the old instant (or
 // the reverse), which decays it a little more or less for that one read.
 // Observations may arrive out of order (two requests end together): the
