@@ -82,10 +82,9 @@ type EndpointPolicy struct {
 	// 16 callers over three 5ms endpoints, one 50ms answer, 9s at 10s, 1s at
 	// 1s (endpointConcurrency 4, on fake time; in real time, bench/'s
 	// endpoint-pause, a quarter of the calls again after about 10s at 10s,
-	// 2s at 1s). Shorten it only for
-	// channels with hundreds of calls a second and methods far faster
-	// than τ: an endpoint with calls in flight and no answer within τ is
-	// priced as never measured.
+	// 2s at 1s). Shorten it only for channels with hundreds of calls a
+	// second and methods far faster than τ: an endpoint with calls in
+	// flight and no answer within τ is priced as never measured.
 	DecayTime time.Duration
 	// EndpointConcurrency is peak_ewma's count of attempts an endpoint
 	// serves at once before they slow one another ({"peak_ewma":
@@ -109,9 +108,10 @@ type EndpointPolicy struct {
 	// below a busy endpoint's cost (about 9s at the default decay time, see
 	// DecayTime), where at 1 a busy endpoint soon costs as much and the
 	// paused one gets calls again at once, though fewer (in real time an
-	// eighth of them at once, a quarter after about 9s). At 16 the attempts in flight hardly count and latency
-	// noise decides: 43% on one of three in one run. Lower it toward 1 for
-	// endpoints that serve one call at a time.
+	// eighth of them at once, a quarter after about 9s). At 16 the attempts
+	// in flight hardly count and latency noise decides: 43% on one of three
+	// in one run. Lower it toward 1 for endpoints that serve one call at a
+	// time.
 	EndpointConcurrency int
 	// ConsecutiveFailures ejects an endpoint after that many failures in a
 	// row; 0 means 5 unless FailurePercentage is set; −1 is off.

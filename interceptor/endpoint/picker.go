@@ -65,8 +65,8 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	tr := trail.FromContext(info.Ctx)
 	var now time.Time // read only when an endpoint may be ejected
 	var k, r int
-	var mono int64             // peak_ewma's instant: the monotonic clock alone
-	var est time.Duration = -1 // peak_ewma's estimate of the endpoint picked; −1: not read
+	var mono int64        // peak_ewma's instant: the monotonic clock alone
+	var est time.Duration // peak_ewma's latency estimate of the endpoint picked
 	if p.mode == p2c {
 		mono = p.b.nanotimeNow()
 		k, r, est = p.twoChoices(tr, &now, mono)
@@ -87,13 +87,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			a.end.own = tr.OwnDeadline(dl)
 		}
 	}
-	a.start = mono
-	if mono != 0 {
-		if est < 0 {
-			est = c.e.lat.Estimate(mono, p.decay)
-		}
-		a.sentUnder = est
-	}
+	a.start, a.sentUnder = mono, est
 	c.e.outstanding.Add(1)
 	res.Done = a.done
 	return res, nil
@@ -169,7 +163,7 @@ func (p *picker) nthOfRank(first, rank, j int, tr *trail.Trail, now *time.Time) 
 }
 
 // twoChoices returns the endpoint of a peak_ewma pick, its rank, and its
-// latency estimate when it compared costs (−1 when it did not): of
+// latency estimate (read with its cost when it compared costs): of
 // two distinct endpoints drawn at random among those of the best rank (on
 // the common path, two drawn among all that both rank best), the one of
 // lower cost (peakewma.Estimator.Cost: latency × (1 + outstanding /
@@ -178,7 +172,7 @@ func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, i
 	n := len(p.ready)
 	x := p.b.rand()
 	if n == 1 {
-		return 0, p.rank(0, tr, now), -1
+		return 0, p.rank(0, tr, now), p.estimate(0, mono)
 	}
 	i := int(x % uint64(n))
 	j := int((x >> 32) % uint64(n-1))
@@ -193,7 +187,7 @@ func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, i
 	rank, count, first := p.best(tr, now)
 	p.noteAvoided(tr, ri|rj, rank)
 	if count == 1 {
-		return first, rank, -1
+		return first, rank, p.estimate(first, mono)
 	}
 	a := int((x >> 16) % uint64(count))
 	b := int((x >> 40) % uint64(count-1))
@@ -203,6 +197,9 @@ func (p *picker) twoChoices(tr *trail.Trail, now *time.Time, mono int64) (int, i
 	k, est := p.cheaper(p.nthOfRank(first, rank, a, tr, now), p.nthOfRank(first, rank, b, tr, now), mono)
 	return k, rank, est
 }
+
+// estimate returns the k-th READY endpoint's latency estimate at t.
+func (p *picker) estimate(k int, t int64) time.Duration { return p.ready[k].e.lat.Estimate(t, p.decay) }
 
 // cheaper returns i or j, whichever costs less at the instant t (i on a
 // tie), and its latency estimate.

@@ -90,14 +90,14 @@ type Estimator struct {
 
 // Observe counts the latency rtt of a request that ended at now.
 func (e *Estimator) Observe(now int64, rtt time.Duration, tau time.Duration) {
-	e.observe(now, rtt, tau, sample)
+	e.observe(now, rtt, tau, false)
 }
 
 // ObservePeak counts rtt as a lower bound of a latency (an error answer,
 // which must not make an endpoint look fast): it raises the estimate to
 // rtt when it is above it, and never lowers it.
 func (e *Estimator) ObservePeak(now int64, rtt time.Duration, tau time.Duration) {
-	e.observe(now, rtt, tau, peak)
+	e.observe(now, rtt, tau, true)
 }
 
 // ObserveCut counts a request cut short unanswered after elapsed (a
@@ -126,29 +126,21 @@ func (e *Estimator) ObservePeak(now int64, rtt time.Duration, tau time.Duration)
 // never measured was sent requests under 0: its first cut sets the
 // estimate to elapsed.
 func (e *Estimator) ObserveCut(now int64, elapsed, sentUnder, tau time.Duration) {
-	x := float64(max(elapsed, 0))
-	e.observe(now, time.Duration(x+min(float64(max(sentUnder, 0)), x)), tau, peak)
+	x := max(elapsed, 0)
+	e.observe(now, x+min(max(sentUnder, 0), x), tau, true)
 }
 
-// kind is how observe counts a latency.
-type kind uint8
-
-const (
-	sample kind = iota // Observe
-	peak               // ObservePeak, ObserveCut
-)
-
-func (e *Estimator) observe(now int64, rtt, tau time.Duration, k kind) {
+// observe counts the latency rtt, at most raising the estimate when
+// peakOnly (ObservePeak, ObserveCut).
+func (e *Estimator) observe(now int64, rtt, tau time.Duration, peakOnly bool) {
 	x := float64(max(rtt, 0))
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c, stamp := math.Float64frombits(e.cost.Load()), e.stamp.Load()
 	switch {
-	case stamp == 0:
+	case x > c || stamp == 0:
 		c = x
-	case x > c:
-		c = x
-	case k == peak:
+	case peakOnly:
 		c = decay(c, now-stamp, tau) // what a read would give
 		if x > c {
 			c = x
